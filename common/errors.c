@@ -1,0 +1,93 @@
+/* common/errors.c -- sw_strerror, sw_err_name and friends, generated from
+ * SW_ERR_MAP so the code, the name and the sentence cannot drift apart. */
+#include <string.h>
+
+#include <nats/nats.h>
+#include <streamwire/errors.h>
+
+#define SW__NATS_MAX 0x1000
+
+int
+sw_err_is_nats(int err)
+{
+    return err > SW_ENATS_BASE && err < SW_ENATS_BASE + SW__NATS_MAX;
+}
+
+int
+sw_err_nats_status(int err)
+{
+    return sw_err_is_nats(err) ? err - SW_ENATS_BASE : 0;
+}
+
+sw_err
+sw_err_from_nats(int nats_status)
+{
+    if (nats_status == NATS_OK)
+        return SW_OK;
+    if (nats_status == NATS_NO_MEMORY)
+        return SW_ENOMEM;
+    if (nats_status == NATS_TIMEOUT)
+        return SW_ETIMEDOUT;
+    if (nats_status == NATS_MAX_PAYLOAD)
+        return SW_EMSGSIZE;
+    if (nats_status == NATS_NO_RESPONDERS)
+        return SW_NO_RESPONDERS;
+    if (nats_status < 0 || nats_status >= SW__NATS_MAX)
+        return SW_ENATS;
+    return (sw_err)(SW_ENATS_BASE + nats_status);
+}
+
+const char *
+sw_strerror(int err)
+{
+    switch (err) {
+#define SW__ERR_STR(name, val, str, msg) \
+    case val:                            \
+        return msg;
+        SW_ERR_MAP(SW__ERR_STR)
+#undef SW__ERR_STR
+    default:
+        break;
+    }
+    if (sw_err_is_nats(err))
+        return natsStatus_GetText((natsStatus)sw_err_nats_status(err));
+    return "unknown error";
+}
+
+const char *
+sw_err_name(int err)
+{
+    switch (err) {
+#define SW__ERR_NAME(name, val, str, msg) \
+    case val:                             \
+        return str;
+        SW_ERR_MAP(SW__ERR_NAME)
+#undef SW__ERR_NAME
+    default:
+        break;
+    }
+    if (sw_err_is_nats(err))
+        return "nats_error";
+    return "unknown_error";
+}
+
+sw_err
+sw_err_from_name(const char *name, sw_err *out)
+{
+    if (name == NULL || out == NULL)
+        return SW_EINVAL;
+#define SW__ERR_PARSE(n, val, str, msg) \
+    if (strcmp(name, str) == 0) {       \
+        *out = (sw_err)val;             \
+        return SW_OK;                   \
+    }
+    SW_ERR_MAP(SW__ERR_PARSE)
+#undef SW__ERR_PARSE
+    return SW_EINVAL;
+}
+
+int
+sw_err_is_stream_reason(int err)
+{
+    return err >= 100 && err < 200;
+}

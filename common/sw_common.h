@@ -1,0 +1,78 @@
+/* common/sw_common.h -- internal helpers shared by every layer: clocks,
+ * random ids, hex, logging, small sync wrappers. Internal symbols use the
+ * swi_ prefix and are hidden from the shared library. */
+#ifndef SW_COMMON_H
+#define SW_COMMON_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <streamwire/streamwire.h>
+
+#define SW_REQUEST_ID_BYTES 16
+#define SW_REQUEST_ID_HEX (2 * SW_REQUEST_ID_BYTES + 1)
+
+#if defined(__GNUC__)
+#define SWI_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define SWI_PRINTF(a, b)
+#endif
+
+/* Monotonic milliseconds / microseconds (CLOCK_MONOTONIC). */
+int64_t swi_now_ms(void);
+int64_t swi_now_us(void);
+/* Wall clock, milliseconds since the Unix epoch. */
+int64_t swi_unix_ms(void);
+
+/* Initialises libsodium once (thread-safe). Returns SW_OK or SW_ECRYPTO. */
+sw_err swi_init(void);
+
+/* Fills buf with random bytes (libsodium). swi_init() must have succeeded. */
+void swi_random(void *buf, size_t len);
+/* Writes 2*len lowercase hex chars plus NUL into out (size >= 2*len+1). */
+void swi_hex(char *out, const uint8_t *in, size_t len);
+/* A random id of 16 lowercase hex characters into out[17]. */
+void swi_random_token(char out[17]);
+
+/* strdup that returns NULL for NULL. */
+char *swi_strdup(const char *s);
+
+/* Condition variable on CLOCK_MONOTONIC, and a wait with an absolute
+ * monotonic deadline in ms (deadline < 0 waits forever). Returns 0 or
+ * ETIMEDOUT. */
+int swi_cond_init(pthread_cond_t *c);
+int swi_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadline_ms);
+
+/* Logging into a user sink; formats only when a sink is set. */
+typedef struct swi_logger {
+    sw_log_fn fn;
+    void *arg;
+} swi_logger;
+void swi_log(const swi_logger *lg, sw_log_level lvl, const char *fmt, ...) SWI_PRINTF(3, 4);
+
+/* Validates an application error code token: 1..64 chars of [a-z0-9_.-]. */
+int swi_valid_code(const char *code);
+
+/* Hash map from 16-byte request id to pointer; open addressing, grows.
+ * Not thread-safe: callers lock. */
+typedef struct swi_idmap_slot {
+    uint8_t key[SW_REQUEST_ID_BYTES];
+    void *val; /* NULL = empty; SWI_IDMAP_TOMB = deleted */
+} swi_idmap_slot;
+typedef struct swi_idmap {
+    swi_idmap_slot *slots;
+    size_t cap;  /* power of two */
+    size_t used; /* live + tombstones */
+    size_t live;
+} swi_idmap;
+int swi_idmap_init(swi_idmap *m, size_t initial);
+void swi_idmap_fini(swi_idmap *m);
+void *swi_idmap_get(const swi_idmap *m, const uint8_t *key);
+int swi_idmap_put(swi_idmap *m, const uint8_t *key, void *val); /* 0 ok, -1 nomem */
+void *swi_idmap_del(swi_idmap *m, const uint8_t *key);
+/* Calls fn for each live entry; fn must not modify the map. */
+void swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg);
+
+#endif

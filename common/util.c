@@ -1,0 +1,264 @@
+/* common/util.c -- clocks, ids, sync helpers, the request-id hash map. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "common/sw_common.h"
+
+const char *
+sw_version(void)
+{
+    return "0.1.0";
+}
+
+int64_t
+swi_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t
+swi_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t
+swi_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static pthread_once_t swi_once = PTHREAD_ONCE_INIT;
+static int swi_sodium_ok;
+
+static void
+swi_init_once(void)
+{
+    swi_sodium_ok = sodium_init() >= 0;
+}
+
+sw_err
+swi_init(void)
+{
+    pthread_once(&swi_once, swi_init_once);
+    return swi_sodium_ok ? SW_OK : SW_ECRYPTO;
+}
+
+void
+swi_random(void *buf, size_t len)
+{
+    randombytes_buf(buf, len);
+}
+
+void
+swi_hex(char *out, const uint8_t *in, size_t len)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < len; i++) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 0xf];
+    }
+    out[2 * len] = '\0';
+}
+
+void
+swi_random_token(char out[17])
+{
+    uint8_t b[8];
+    swi_random(b, sizeof(b));
+    swi_hex(out, b, sizeof(b));
+}
+
+char *
+swi_strdup(const char *s)
+{
+    size_t n;
+    char *d;
+    if (s == NULL)
+        return NULL;
+    n = strlen(s) + 1;
+    d = malloc(n);
+    if (d != NULL)
+        memcpy(d, s, n);
+    return d;
+}
+
+int
+swi_cond_init(pthread_cond_t *c)
+{
+    pthread_condattr_t a;
+    int rv;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    rv = pthread_cond_init(c, &a);
+    pthread_condattr_destroy(&a);
+    return rv;
+}
+
+int
+swi_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadline_ms)
+{
+    struct timespec ts;
+    if (deadline_ms < 0)
+        return pthread_cond_wait(c, m);
+    ts.tv_sec = (time_t)(deadline_ms / 1000);
+    ts.tv_nsec = (long)(deadline_ms % 1000) * 1000000L;
+    return pthread_cond_timedwait(c, m, &ts);
+}
+
+int
+swi_valid_code(const char *code)
+{
+    size_t n = 0;
+    if (code == NULL || *code == '\0')
+        return 0;
+    for (const char *p = code; *p; p++, n++) {
+        char ch = *p;
+        if (n >= 64)
+            return 0;
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' ||
+              ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* ---------------------------------------------------------------- idmap */
+
+static char swi_tomb_marker;
+#define SWI_IDMAP_TOMB ((void *)&swi_tomb_marker)
+
+static size_t
+swi_idmap_hash(const uint8_t *key)
+{
+    /* Request ids are random: the first 8 bytes are a good hash already. */
+    uint64_t h;
+    memcpy(&h, key, sizeof(h));
+    return (size_t)(h ^ (h >> 29));
+}
+
+int
+swi_idmap_init(swi_idmap *m, size_t initial)
+{
+    size_t cap = 16;
+    while (cap < initial * 2)
+        cap <<= 1;
+    m->slots = calloc(cap, sizeof(*m->slots));
+    m->cap = m->slots ? cap : 0;
+    m->used = m->live = 0;
+    return m->slots ? 0 : -1;
+}
+
+void
+swi_idmap_fini(swi_idmap *m)
+{
+    free(m->slots);
+    m->slots = NULL;
+    m->cap = m->used = m->live = 0;
+}
+
+static swi_idmap_slot *
+swi_idmap_find(const swi_idmap *m, const uint8_t *key)
+{
+    size_t mask = m->cap - 1;
+    size_t i = swi_idmap_hash(key) & mask;
+    if (m->cap == 0)
+        return NULL;
+    for (size_t n = 0; n < m->cap; n++, i = (i + 1) & mask) {
+        swi_idmap_slot *s = &m->slots[i];
+        if (s->val == NULL)
+            return NULL;
+        if (s->val != SWI_IDMAP_TOMB && memcmp(s->key, key, SW_REQUEST_ID_BYTES) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+void *
+swi_idmap_get(const swi_idmap *m, const uint8_t *key)
+{
+    swi_idmap_slot *s = swi_idmap_find(m, key);
+    return s ? s->val : NULL;
+}
+
+static int
+swi_idmap_grow(swi_idmap *m)
+{
+    size_t ncap = m->live * 4 > m->cap ? m->cap * 2 : m->cap; /* rehash drops tombstones */
+    swi_idmap_slot *old = m->slots;
+    size_t ocap = m->cap;
+    swi_idmap_slot *ns = calloc(ncap, sizeof(*ns));
+    if (ns == NULL)
+        return -1;
+    m->slots = ns;
+    m->cap = ncap;
+    m->used = m->live = 0;
+    for (size_t i = 0; i < ocap; i++) {
+        if (old[i].val != NULL && old[i].val != SWI_IDMAP_TOMB) {
+            size_t mask = ncap - 1, j = swi_idmap_hash(old[i].key) & mask;
+            while (ns[j].val != NULL)
+                j = (j + 1) & mask;
+            ns[j] = old[i];
+            m->used++;
+            m->live++;
+        }
+    }
+    free(old);
+    return 0;
+}
+
+int
+swi_idmap_put(swi_idmap *m, const uint8_t *key, void *val)
+{
+    swi_idmap_slot *s = swi_idmap_find(m, key);
+    size_t mask, i;
+    if (s != NULL) {
+        s->val = val;
+        return 0;
+    }
+    if ((m->used + 1) * 4 > m->cap * 3 && swi_idmap_grow(m) != 0)
+        return -1;
+    mask = m->cap - 1;
+    i = swi_idmap_hash(key) & mask;
+    while (m->slots[i].val != NULL && m->slots[i].val != SWI_IDMAP_TOMB)
+        i = (i + 1) & mask;
+    if (m->slots[i].val == NULL)
+        m->used++;
+    memcpy(m->slots[i].key, key, SW_REQUEST_ID_BYTES);
+    m->slots[i].val = val;
+    m->live++;
+    return 0;
+}
+
+void *
+swi_idmap_del(swi_idmap *m, const uint8_t *key)
+{
+    swi_idmap_slot *s = swi_idmap_find(m, key);
+    void *v;
+    if (s == NULL)
+        return NULL;
+    v = s->val;
+    s->val = SWI_IDMAP_TOMB;
+    m->live--;
+    return v;
+}
+
+void
+swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg)
+{
+    for (size_t i = 0; i < m->cap; i++) {
+        void *v = m->slots[i].val;
+        if (v != NULL && v != SWI_IDMAP_TOMB)
+            fn(v, arg);
+    }
+}

@@ -1,0 +1,396 @@
+/*
+ * streamwire/streamwire.h -- response streams between frontends and workers
+ * over NATS, with exactly one typed terminal per stream.
+ *
+ * Layers (each a handle type, created and destroyed in pairs):
+ *
+ *   sw_conn      one NATS connection (transport). Shared by everything below.
+ *   sw_ingress   the worker side: serves one endpoint, runs a handler per
+ *                request on a bounded thread pool, hands it a sw_responder.
+ *   sw_router    the frontend side: opens sw_streams to instances through one
+ *                wildcard response subscription.
+ *   sw_stream    one request's response stream: data items in order, then
+ *                exactly one terminal item.
+ *
+ * Conventions (all functions):
+ *   - Out-parameter first, sw_err returned; SW_OK is 0.
+ *   - Options are plain structs: call the *_opts_init() function, then set
+ *     fields. Zero means "default". Options are copied at create time; the
+ *     caller may free or change them afterwards.
+ *   - Destroy/close functions accept NULL.
+ *   - Strings passed in are copied unless stated otherwise.
+ *   - The library never prints. It reports through the sw_log_fn in the
+ *     options (NULL = silent) and through the *_stats() counters.
+ *   - A user callback is never called with a library lock held.
+ *   - When a function that takes a callback returns an error, the callback is
+ *     never called.
+ */
+#ifndef STREAMWIRE_H
+#define STREAMWIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <streamwire/errors.h>
+#include <streamwire/export.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SW_VERSION_MAJOR 0
+#define SW_VERSION_MINOR 1
+#define SW_VERSION_PATCH 0
+#define SW_PROTOCOL_VERSION 1
+
+/* Library version string, "0.1.0". */
+SW_API const char *sw_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Logging                                                                   */
+
+typedef enum sw_log_level {
+    SW_LOG_ERROR = 0,
+    SW_LOG_WARN = 1,
+    SW_LOG_INFO = 2,
+    SW_LOG_DEBUG = 3
+} sw_log_level;
+
+/* Log sink. Called from library threads, possibly concurrently; msg is valid
+ * only during the call. Must not call back into the object that logs. */
+typedef void (*sw_log_fn)(void *arg, sw_log_level level, const char *msg);
+
+/* "error", "warn", "info", "debug". */
+SW_API const char *sw_log_level_name(sw_log_level level);
+
+/* ------------------------------------------------------------------------ */
+/* Names                                                                     */
+
+/* Maximum length of one name token (instance id, router id, endpoint part). */
+#define SW_MAX_TOKEN 64
+/* Maximum length of an endpoint "ns.component.endpoint". */
+#define SW_MAX_ENDPOINT (3 * SW_MAX_TOKEN + 2)
+
+/* Checks one subject token: 1..64 chars of [A-Za-z0-9_-]. No dots, no
+ * wildcards, no spaces. Returns SW_OK or SW_EINVAL. NULL gives SW_EINVAL. */
+SW_API sw_err sw_validate_token(const char *token);
+
+/* Checks an endpoint: exactly three valid tokens joined by '.'.
+ * Returns SW_OK or SW_EINVAL. */
+SW_API sw_err sw_validate_endpoint(const char *endpoint);
+
+/* ------------------------------------------------------------------------ */
+/* Connection (transport)                                                    */
+
+typedef struct sw_conn sw_conn;
+
+typedef struct sw_conn_opts {
+    const char *url;            /* default "nats://127.0.0.1:4222"; comma list allowed */
+    const char *name;           /* connection name shown by the server; default "streamwire" */
+    int connect_timeout_ms;     /* default 2000 */
+    int max_reconnect;          /* default 60; -1 = forever */
+    int reconnect_wait_ms;      /* default 250 */
+    int no_send_asap;           /* 0 (default): flush every publish at once (lowest latency) */
+    const char *user;           /* optional credentials */
+    const char *password;
+    const char *token;
+    sw_log_fn log;              /* connection events (disconnect, reconnect) */
+    void *log_arg;
+} sw_conn_opts;
+
+SW_API void sw_conn_opts_init(sw_conn_opts *opts);
+
+/* Connects. On success *out owns a connection; destroy it with sw_conn_close.
+ * Errors: SW_EINVAL (NULL out/opts), SW_ECONNECT (no server reachable),
+ * SW_ENOMEM, or a wrapped NATS status. Thread-safe. */
+SW_API SW_NODISCARD sw_err sw_conn_open(sw_conn **out, const sw_conn_opts *opts);
+
+/* Closes and frees. Every sw_ingress and sw_router created on the connection
+ * must be destroyed first. NULL is a no-op. */
+SW_API void sw_conn_close(sw_conn *conn);
+
+/* The server's max payload in bytes (0 if not connected). Thread-safe. */
+SW_API size_t sw_conn_max_payload(sw_conn *conn);
+
+/* The underlying natsConnection* for advanced use (registry backends, custom
+ * subscriptions). Owned by conn; valid until sw_conn_close. */
+SW_API void *sw_conn_nats(sw_conn *conn);
+
+/* ------------------------------------------------------------------------ */
+/* Terminal status                                                           */
+
+typedef enum sw_status {
+    SW_STATUS_COMPLETED = 1,  /* the handler finished normally ("stop") */
+    SW_STATUS_INCOMPLETE = 2, /* finished early for a reason ("max_tokens") */
+    SW_STATUS_FAILED = 3,     /* the handler failed with an application code */
+    SW_STATUS_CANCELLED = 4,  /* cancelled by the frontend */
+    SW_STATUS_ERROR = 5       /* a streamwire error; see sw_terminal.error */
+} sw_status;
+
+/* "completed", "incomplete", "failed", "cancelled", "error"; "unknown" for
+ * anything else. */
+SW_API const char *sw_status_name(int status);
+
+/* ------------------------------------------------------------------------ */
+/* Ingress (worker side)                                                     */
+
+typedef struct sw_ingress sw_ingress;
+typedef struct sw_responder sw_responder;
+
+/* Handler for one request. Runs on one of the ingress's handler threads.
+ *
+ * Ownership: the responder belongs to the library for the duration of the
+ * call. If the handler returns without calling sw_responder_retain(), the
+ * library releases it on return, and a responder released without a terminal
+ * gets a FAILED terminal ("handler_returned") sent for it. To keep streaming
+ * from another thread (an engine's scheduler), call sw_responder_retain()
+ * inside the handler and sw_responder_release() when done. */
+typedef void (*sw_handler_fn)(sw_responder *resp, void *arg);
+
+typedef struct sw_ingress_opts {
+    const char *endpoint;       /* required: "ns.component.endpoint" */
+    const char *instance_id;    /* default: 16 random hex characters */
+    sw_handler_fn handler;      /* required */
+    void *handler_arg;
+    unsigned max_inflight;      /* live streams (incl. retained responders); default 64.
+                                   A request beyond it gets an "overloaded" terminal. */
+    unsigned handler_threads;   /* default 4 */
+    size_t max_request_bytes;   /* default: the server's max payload */
+    unsigned send_timeout_ms;   /* how long send() waits for credit; default 30000 */
+    unsigned max_window;        /* cap on a request's credit window; default 1024 */
+    sw_log_fn log;
+    void *log_arg;
+} sw_ingress_opts;
+
+SW_API void sw_ingress_opts_init(sw_ingress_opts *opts);
+
+/* Subscribes to the instance's request and control subjects and starts the
+ * handler threads and the heartbeat timer. On success *out owns the ingress.
+ * Errors: SW_EINVAL (missing handler, invalid endpoint or instance id),
+ * SW_ENOMEM, wrapped NATS status. conn must outlive the ingress. */
+SW_API SW_NODISCARD sw_err sw_ingress_start(sw_ingress **out, sw_conn *conn,
+                                            const sw_ingress_opts *opts);
+
+/* Stops accepting requests (the request subscription is removed, so routers
+ * see no_responders and pick another instance) and waits
+ * up to grace_ms for in-flight streams to finish. Streams still open after
+ * that are cancelled (their handlers see cancellation; a FAILED/CANCELLED
+ * terminal is sent). Returns SW_OK when all finished in time, SW_ETIMEDOUT
+ * when some had to be cancelled. Idempotent. Must not be called from a
+ * handler thread. */
+SW_API sw_err sw_ingress_drain(sw_ingress *ing, int64_t grace_ms);
+
+/* Drains with grace 0, stops all threads, frees. Retained responders stay
+ * valid as objects (their calls return SW_ECLOSED) until released. NULL ok.
+ * Must not be called from a handler thread. */
+SW_API void sw_ingress_destroy(sw_ingress *ing);
+
+/* Owned by ing; valid until destroy. */
+SW_API const char *sw_ingress_instance_id(const sw_ingress *ing);
+SW_API const char *sw_ingress_endpoint(const sw_ingress *ing);
+SW_API const char *sw_ingress_request_subject(const sw_ingress *ing);
+SW_API const char *sw_ingress_control_subject(const sw_ingress *ing);
+
+typedef struct sw_ingress_stats {
+    uint64_t requests;          /* requests accepted */
+    uint64_t rejected_overload; /* answered "overloaded" */
+    uint64_t bad_requests;      /* did not decode / invalid */
+    uint64_t items_sent;        /* data items published (first sends) */
+    uint64_t items_resent;      /* retransmissions answering RESEND */
+    uint64_t items_shed;        /* droppable items shed for lack of credit */
+    uint64_t heartbeats;
+    uint64_t cancels;           /* streams cancelled by the frontend */
+    uint64_t finished[6];       /* terminals sent, indexed by sw_status (1..5) */
+    uint64_t inflight;          /* gauge */
+} sw_ingress_stats;
+
+SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);
+
+/* --- responder. All functions are thread-safe. --------------------------- */
+
+/* The request payload; owned by the responder, valid until it is released. */
+SW_API const void *sw_responder_payload(const sw_responder *r, size_t *len);
+/* max_tokens hint from the request (0 = unset). */
+SW_API uint32_t sw_responder_max_tokens(const sw_responder *r);
+/* Request id as 32 hex characters; owned by r. */
+SW_API const char *sw_responder_request_id(const sw_responder *r);
+/* Milliseconds left before the request deadline; -1 = no deadline. */
+SW_API int64_t sw_responder_deadline_left_ms(const sw_responder *r);
+
+/* Sends one data item (copied). Blocks while the stream has no credit, until
+ * credit arrives, the stream is cancelled, or the ingress send timeout passes.
+ * Errors: SW_ECANCELLED (frontend cancelled or gone, or deadline passed),
+ * SW_ECLOSED (a terminal was already sent, or the ingress is gone),
+ * SW_ETIMEDOUT (no credit in time), SW_EMSGSIZE (item exceeds max payload;
+ * nothing sent, the stream stays usable), SW_EINVAL. */
+SW_API sw_err sw_responder_send(sw_responder *r, const void *data, size_t len);
+
+/* As send, but returns SW_EAGAIN at once instead of blocking for credit. */
+SW_API sw_err sw_responder_try_send(sw_responder *r, const void *data, size_t len);
+
+/* Sends a droppable item (metrics): when no credit is left it is shed
+ * (counted in items_shed) and SW_OK is returned. Never blocks. */
+SW_API sw_err sw_responder_send_droppable(sw_responder *r, const void *data, size_t len);
+
+/* Ends the stream with COMPLETED or INCOMPLETE and a finish reason
+ * (NULL = "stop" for completed; required for incomplete, e.g. "max_tokens").
+ * Errors: SW_EINVAL (other status), SW_ECLOSED (already terminated). */
+SW_API sw_err sw_responder_finish(sw_responder *r, sw_status status, const char *reason);
+
+/* Ends the stream with FAILED, an application error code token (1..64 chars
+ * of [a-z0-9_.-], e.g. "engine_error") and a human message (may be NULL).
+ * Errors: SW_EINVAL (bad code), SW_ECLOSED. */
+SW_API sw_err sw_responder_fail(sw_responder *r, const char *code, const char *message);
+
+/* 1 once the frontend cancelled (or vanished, or the deadline passed). */
+SW_API int sw_responder_cancelled(const sw_responder *r);
+
+/* Called once, from a library thread, when the stream is cancelled. If the
+ * stream is already cancelled, called at once on the calling thread. */
+typedef void (*sw_cancel_fn)(sw_responder *r, void *arg);
+SW_API void sw_responder_on_cancel(sw_responder *r, sw_cancel_fn fn, void *arg);
+
+/* Reference counting; see sw_handler_fn. Release without a terminal sends a
+ * FAILED terminal (app code "responder_released"). */
+SW_API void sw_responder_retain(sw_responder *r);
+SW_API void sw_responder_release(sw_responder *r);
+
+/* ------------------------------------------------------------------------ */
+/* Egress (frontend side)                                                    */
+
+typedef struct sw_router sw_router;
+typedef struct sw_stream sw_stream;
+
+typedef enum sw_item_kind { SW_ITEM_DATA = 1, SW_ITEM_TERMINAL = 2 } sw_item_kind;
+
+typedef struct sw_terminal {
+    sw_status status;
+    sw_err error;            /* SW_OK unless status == SW_STATUS_ERROR */
+    const char *reason;      /* "stop", "max_tokens", app code, "cancelled", or sw_err_name(error) */
+    const char *message;     /* human text; "" when none */
+} sw_terminal;
+
+typedef struct sw_item {
+    sw_item_kind kind;
+    uint64_t seq;            /* DATA: 1, 2, ...; TERMINAL: the final's seq, or 0 if synthesized */
+    const void *data;        /* DATA only */
+    size_t len;
+    int droppable;
+    sw_terminal terminal;    /* TERMINAL only */
+    const char *instance_id; /* the instance that served the stream ("" if none) */
+} sw_item;
+
+/* Callback mode: called on a library thread for each item in order, never
+ * concurrently for one stream, the terminal last and exactly once. The item
+ * is valid only during the call. The callback may call sw_stream_cancel and,
+ * after (or on) the terminal, sw_stream_close. */
+typedef void (*sw_item_fn)(sw_stream *s, const sw_item *item, void *arg);
+
+typedef struct sw_router_opts {
+    const char *router_id;        /* default: 16 random hex characters */
+    unsigned credit_window;       /* items in flight per stream; default 64; 0 here = default */
+    unsigned heartbeat_ms;        /* asked of workers; default 250 */
+    unsigned inactivity_ms;       /* silence (incl. heartbeats) that ends a stream with
+                                     stream_incomplete; default 4 * heartbeat_ms + 500 */
+    unsigned gap_timeout_ms;      /* how long a sequence gap may stay open; default 500 */
+    unsigned final_linger_ms;     /* hold the terminal this long after the final to catch
+                                     items sent after it (item_after_final); default 0 */
+    unsigned max_streams;         /* open streams; default 65536 */
+    sw_log_fn log;
+    void *log_arg;
+} sw_router_opts;
+
+SW_API void sw_router_opts_init(sw_router_opts *opts);
+
+/* Creates a router: one wildcard subscription on its response subjects.
+ * Errors: SW_EINVAL, SW_ENOMEM, wrapped NATS status. conn must outlive it. */
+SW_API SW_NODISCARD sw_err sw_router_create(sw_router **out, sw_conn *conn,
+                                            const sw_router_opts *opts);
+
+/* Ends every open stream (its consumer gets a terminal: error "closed"),
+ * waits for callbacks in flight, frees. Streams not yet closed by the user
+ * stay valid objects until sw_stream_close. NULL ok. Must not be called from
+ * an item callback. */
+SW_API void sw_router_destroy(sw_router *r);
+
+SW_API const char *sw_router_id(const sw_router *r);
+
+typedef struct sw_request_opts {
+    const char *endpoint;      /* required: "ns.component.endpoint" */
+    const char *instance_id;   /* required until the registry lands: the target instance */
+    uint32_t deadline_ms;      /* 0 = none */
+    uint32_t max_tokens;       /* hint passed to the engine; 0 = unset */
+    unsigned credit_window;    /* 0 = router default */
+    unsigned heartbeat_ms;     /* 0 = router default */
+    sw_item_fn on_item;        /* NULL = blocking mode (sw_stream_next) */
+    void *on_item_arg;
+} sw_request_opts;
+
+SW_API void sw_request_opts_init(sw_request_opts *opts);
+
+/* Sends a request and returns its stream in *out (owned by the caller; free
+ * with sw_stream_close). payload is copied.
+ *
+ * Stream-level failures do NOT make this return an error: the stream is
+ * returned and its only item is a terminal (payload_too_large,
+ * no_responders, no_instances, ...). Errors returned here are API errors:
+ * SW_EINVAL (bad options or endpoint), SW_ENOMEM, SW_ECLOSED (router
+ * destroyed), SW_EBUSY (max_streams reached). Thread-safe. */
+SW_API SW_NODISCARD sw_err sw_router_open(sw_stream **out, sw_router *r,
+                                          const sw_request_opts *opts,
+                                          const void *payload, size_t len);
+
+/* Blocking mode: waits up to timeout_ms (-1 = forever, 0 = poll) for the next
+ * item. *item stays valid until the next call on this stream or close.
+ * Returns SW_OK with an item, SW_ETIMEDOUT if none arrived in time,
+ * SW_EEOF after the terminal was delivered, SW_EBUSY in callback mode.
+ * Call from one thread at a time. */
+SW_API sw_err sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms);
+
+/* Cancels: no data item is delivered after this call; the next item is the
+ * terminal CANCELLED (unless a terminal was already queued). The worker is
+ * told (CANCEL) and its handler sees the cancellation. Returns SW_OK, or
+ * SW_EEOF if the stream already has its terminal. Thread-safe. */
+SW_API sw_err sw_stream_cancel(sw_stream *s);
+
+/* As cancel, but the worker drops the stream without a terminal (KILL). */
+SW_API sw_err sw_stream_kill(sw_stream *s);
+
+/* Closes and frees. A stream closed before its terminal is cancelled first.
+ * In callback mode it may be called from the stream's own callback. NULL ok. */
+SW_API void sw_stream_close(sw_stream *s);
+
+/* Owned by s; valid until close. */
+SW_API const char *sw_stream_request_id(const sw_stream *s);
+SW_API const char *sw_stream_instance_id(const sw_stream *s);
+
+typedef struct sw_stream_stats {
+    uint64_t items;           /* data items delivered */
+    uint64_t duplicates;      /* dropped as duplicates */
+    uint64_t reordered;       /* held and delivered after a gap filled */
+    uint64_t resend_requests; /* RESEND controls sent */
+    uint64_t heartbeats;
+    uint64_t peak_pending;    /* most items queued for the consumer at once */
+} sw_stream_stats;
+
+SW_API void sw_stream_stats_get(sw_stream *s, sw_stream_stats *out);
+
+typedef struct sw_router_stats {
+    uint64_t streams_opened;
+    uint64_t terminals[6];         /* by sw_status (1..5) */
+    uint64_t errors[9];            /* SW_STATUS_ERROR terminals by stream reason:
+                                      index = sw_err - 100 (stream_incomplete .. auth_failed) */
+    uint64_t errors_other;         /* SW_STATUS_ERROR terminals with a non-stream code (overloaded, closed) */
+    uint64_t items;                /* data items delivered */
+    uint64_t unknown_stream;       /* messages for no open stream (late, stray) */
+    uint64_t items_after_final;    /* seen after a delivered terminal */
+    uint64_t nats_dropped;         /* nats.c slow-consumer drops on the mux subscription */
+    uint64_t open_streams;         /* gauge */
+} sw_router_stats;
+
+SW_API void sw_router_stats_get(sw_router *r, sw_router_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

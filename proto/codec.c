@@ -1,0 +1,221 @@
+/* proto/codec.c -- see sw_codec.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sw_common.h"
+#include "proto/sw_codec.h"
+
+int
+swp_valid_subject(const char *s)
+{
+    size_t n = 0, tok = 0;
+    if (s == NULL || *s == '\0')
+        return 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++, n++) {
+        if (n >= SWP_MAX_SUBJECT)
+            return 0;
+        if (*p == '.') {
+            if (tok == 0)
+                return 0;
+            tok = 0;
+            continue;
+        }
+        if (*p <= ' ' || *p == 0x7f || *p == '*' || *p == '>')
+            return 0;
+        tok++;
+    }
+    return tok > 0;
+}
+
+/* Unpacks with the length cap applied first. */
+static sw_err
+swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, size_t max,
+           ProtobufCMessage **out)
+{
+    *out = NULL;
+    if (buf == NULL && len != 0)
+        return SW_EINVAL;
+    if (len > max)
+        return SW_EMSGSIZE;
+    *out = protobuf_c_message_unpack(d, NULL, len, buf);
+    return *out ? SW_OK : SW_EPROTO;
+}
+
+#define SWP_DECODE(fn, type, desc, validate)                                            \
+    sw_err fn(const uint8_t *buf, size_t len, size_t max, type **out)                   \
+    {                                                                                   \
+        ProtobufCMessage *m;                                                            \
+        sw_err rv;                                                                      \
+        if (out == NULL)                                                                \
+            return SW_EINVAL;                                                           \
+        *out = NULL;                                                                    \
+        if ((rv = swp_unpack(&desc, buf, len, max, &m)) != SW_OK)                       \
+            return rv;                                                                  \
+        if ((rv = validate((type *)m)) != SW_OK) {                                      \
+            protobuf_c_message_free_unpacked(m, NULL);                                  \
+            return rv;                                                                  \
+        }                                                                               \
+        *out = (type *)m;                                                               \
+        return SW_OK;                                                                   \
+    }
+
+static int
+swp_id_ok(ProtobufCBinaryData id)
+{
+    return id.len == SW_REQUEST_ID_BYTES;
+}
+
+static sw_err
+swp_check_request(swp_request *m)
+{
+    if (m->version != SW_PROTOCOL_VERSION)
+        return SW_EVERSION;
+    if (!swp_id_ok(m->request_id) || !swp_valid_subject(m->response_subject) ||
+        sw_validate_token(m->router_id) != SW_OK)
+        return SW_EPROTO;
+    if (m->endpoint[0] != '\0' && sw_validate_endpoint(m->endpoint) != SW_OK)
+        return SW_EPROTO;
+    if (m->credit_window > SWP_MAX_WINDOW || m->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+        return SW_EPROTO;
+    return SW_OK;
+}
+
+static sw_err
+swp_check_terminal(const swp_terminal *t)
+{
+    if (t == NULL)
+        return SW_EPROTO;
+    switch (t->status) {
+    case STREAMWIRE__V1__STATUS__STATUS_COMPLETED:
+    case STREAMWIRE__V1__STATUS__STATUS_INCOMPLETE:
+    case STREAMWIRE__V1__STATUS__STATUS_CANCELLED:
+        return SW_OK;
+    case STREAMWIRE__V1__STATUS__STATUS_FAILED:
+        if (t->error == NULL)
+            return SW_EPROTO;
+        if (t->error->sw_code == 0 && !swi_valid_code(t->error->app_code))
+            return SW_EPROTO;
+        return SW_OK;
+    default:
+        return SW_EPROTO;
+    }
+}
+
+static sw_err
+swp_check_item(swp_item *m)
+{
+    if (m->version != SW_PROTOCOL_VERSION)
+        return SW_EVERSION;
+    if (!swp_id_ok(m->request_id))
+        return SW_EPROTO;
+    if (m->complete_final) {
+        if (m->seq == 0 || m->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT)
+            return SW_EPROTO;
+        return swp_check_terminal(m->terminal);
+    }
+    switch (m->body_case) {
+    case STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA:
+        return m->seq != 0 ? SW_OK : SW_EPROTO;
+    case STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT:
+        return m->seq == 0 ? SW_OK : SW_EPROTO;
+    default:
+        return SW_EPROTO;
+    }
+}
+
+static sw_err
+swp_check_control(swp_control *m)
+{
+    if (m->version != SW_PROTOCOL_VERSION)
+        return SW_EVERSION;
+    switch (m->kind) {
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE:
+        if (m->request_id.len != 0 && !swp_id_ok(m->request_id))
+            return SW_EPROTO;
+        return SW_OK;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
+        if (!swp_id_ok(m->request_id) || m->resend_from == 0 || m->resend_to < m->resend_from ||
+            m->resend_to - m->resend_from >= SWP_MAX_WINDOW)
+            return SW_EPROTO;
+        return SW_OK;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
+        return swp_id_ok(m->request_id) ? SW_OK : SW_EPROTO;
+    default:
+        return SW_EPROTO;
+    }
+}
+
+static sw_err
+swp_check_probe_reply(swp_probe_reply *m)
+{
+    if (m->version != SW_PROTOCOL_VERSION)
+        return SW_EVERSION;
+    return sw_validate_token(m->instance_id) == SW_OK ? SW_OK : SW_EPROTO;
+}
+
+static sw_err
+swp_check_instance(swp_instance *m)
+{
+    if (m->version != SW_PROTOCOL_VERSION)
+        return SW_EVERSION;
+    if (sw_validate_token(m->instance_id) != SW_OK || sw_validate_endpoint(m->endpoint) != SW_OK ||
+        !swp_valid_subject(m->request_subject) || !swp_valid_subject(m->control_subject))
+        return SW_EPROTO;
+    return SW_OK;
+}
+
+SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor, swp_check_request)
+SWP_DECODE(swp_decode_item, swp_item, streamwire__v1__stream_item_wrapper__descriptor,
+           swp_check_item)
+SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor, swp_check_control)
+SWP_DECODE(swp_decode_probe_reply, swp_probe_reply, streamwire__v1__probe_reply__descriptor,
+           swp_check_probe_reply)
+SWP_DECODE(swp_decode_instance, swp_instance, streamwire__v1__instance_info__descriptor,
+           swp_check_instance)
+
+void
+swp_free(void *msg)
+{
+    if (msg != NULL)
+        protobuf_c_message_free_unpacked((ProtobufCMessage *)msg, NULL);
+}
+
+size_t
+swp_encoded_size(const void *msg)
+{
+    return protobuf_c_message_get_packed_size((const ProtobufCMessage *)msg);
+}
+
+sw_err
+swp_encode(const void *msg, uint8_t *buf, size_t cap, size_t *len)
+{
+    size_t n;
+    if (msg == NULL || len == NULL || (buf == NULL && cap != 0))
+        return SW_EINVAL;
+    n = swp_encoded_size(msg);
+    if (n > cap)
+        return SW_EMSGSIZE;
+    *len = protobuf_c_message_pack((const ProtobufCMessage *)msg, buf);
+    return SW_OK;
+}
+
+sw_err
+swp_encode_alloc(const void *msg, size_t max, uint8_t **out, size_t *len)
+{
+    size_t n;
+    uint8_t *b;
+    if (msg == NULL || out == NULL || len == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    n = swp_encoded_size(msg);
+    if (n > max)
+        return SW_EMSGSIZE;
+    b = malloc(n ? n : 1);
+    if (b == NULL)
+        return SW_ENOMEM;
+    *len = protobuf_c_message_pack((const ProtobufCMessage *)msg, b);
+    *out = b;
+    return SW_OK;
+}

@@ -1,0 +1,166 @@
+/* transport/conn.c -- sw_conn: one NATS connection and bounded publishing. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/sw_transport.h"
+
+void
+sw_conn_opts_init(sw_conn_opts *o)
+{
+    if (o == NULL)
+        return;
+    memset(o, 0, sizeof(*o));
+    o->url = "nats://127.0.0.1:4222";
+    o->name = "streamwire";
+    o->connect_timeout_ms = 2000;
+    o->max_reconnect = 60;
+    o->reconnect_wait_ms = 250;
+}
+
+static void
+swt_on_disconnect(natsConnection *nc, void *arg)
+{
+    sw_conn *c = arg;
+    swi_log(&c->log, SW_LOG_WARN, "nats: disconnected");
+}
+
+static void
+swt_on_reconnect(natsConnection *nc, void *arg)
+{
+    sw_conn *c = arg;
+    swi_log(&c->log, SW_LOG_INFO, "nats: reconnected");
+}
+
+static void
+swt_on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *arg)
+{
+    sw_conn *c = arg;
+    swi_log(&c->log, SW_LOG_ERROR, "nats: async error: %s", natsStatus_GetText(err));
+}
+
+sw_err
+sw_conn_open(sw_conn **out, const sw_conn_opts *o)
+{
+    sw_conn *c;
+    natsStatus s;
+    sw_err rv;
+
+    if (out == NULL || o == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    if ((rv = swi_init()) != SW_OK)
+        return rv;
+    if ((c = calloc(1, sizeof(*c))) == NULL)
+        return SW_ENOMEM;
+    c->log.fn = o->log;
+    c->log.arg = o->log_arg;
+
+    s = natsOptions_Create(&c->opts);
+    if (s == NATS_OK)
+        s = natsOptions_SetServers(c->opts, NULL, 0);
+    if (s == NATS_OK)
+        s = natsOptions_SetURL(c->opts, o->url ? o->url : "nats://127.0.0.1:4222");
+    if (s == NATS_OK)
+        s = natsOptions_SetName(c->opts, o->name ? o->name : "streamwire");
+    if (s == NATS_OK)
+        s = natsOptions_SetTimeout(c->opts, o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 2000);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxReconnect(c->opts, o->max_reconnect != 0 ? o->max_reconnect : 60);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectWait(c->opts,
+                                         o->reconnect_wait_ms > 0 ? o->reconnect_wait_ms : 250);
+    if (s == NATS_OK)
+        s = natsOptions_SetSendAsap(c->opts, o->no_send_asap ? false : true);
+    if (s == NATS_OK && o->user != NULL)
+        s = natsOptions_SetUserInfo(c->opts, o->user, o->password ? o->password : "");
+    if (s == NATS_OK && o->token != NULL)
+        s = natsOptions_SetToken(c->opts, o->token);
+    if (s == NATS_OK)
+        s = natsOptions_SetDisconnectedCB(c->opts, swt_on_disconnect, c);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectedCB(c->opts, swt_on_reconnect, c);
+    if (s == NATS_OK)
+        s = natsOptions_SetErrorHandler(c->opts, swt_on_error, c);
+    /* Big pending buffers during reconnect would hide a dead server. */
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectBufSize(c->opts, 8 * 1024 * 1024);
+    if (s != NATS_OK) {
+        rv = sw_err_from_nats(s);
+        goto fail;
+    }
+    s = natsConnection_Connect(&c->nc, c->opts);
+    if (s != NATS_OK) {
+        rv = (s == NATS_NO_SERVER) ? SW_ECONNECT : sw_err_from_nats(s);
+        goto fail;
+    }
+    *out = c;
+    return SW_OK;
+fail:
+    natsOptions_Destroy(c->opts);
+    free(c);
+    return rv;
+}
+
+void
+sw_conn_close(sw_conn *c)
+{
+    if (c == NULL)
+        return;
+    if (c->nc != NULL) {
+        natsConnection_Flush(c->nc);
+        natsConnection_Close(c->nc);
+        natsConnection_Destroy(c->nc);
+    }
+    natsOptions_Destroy(c->opts);
+    free(c);
+}
+
+size_t
+sw_conn_max_payload(sw_conn *c)
+{
+    int64_t m;
+    if (c == NULL || c->nc == NULL)
+        return 0;
+    m = natsConnection_GetMaxPayload(c->nc);
+    return m > 0 ? (size_t)m : 0;
+}
+
+void *
+sw_conn_nats(sw_conn *c)
+{
+    return c ? c->nc : NULL;
+}
+
+sw_err
+swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len)
+{
+    natsStatus s;
+    size_t max = sw_conn_max_payload(c);
+    if (max != 0 && len > max)
+        return SW_EMSGSIZE;
+    if (len > (size_t)INT32_MAX)
+        return SW_EMSGSIZE;
+    if (reply != NULL)
+        s = natsConnection_PublishRequest(c->nc, subj, reply, data, (int)len);
+    else
+        s = natsConnection_Publish(c->nc, subj, data, (int)len);
+    return sw_err_from_nats(s);
+}
+
+sw_err
+swt_request(sw_conn *c, natsMsg **reply, const char *subj, const void *data, size_t len,
+            int64_t timeout_ms)
+{
+    natsStatus s;
+    size_t max = sw_conn_max_payload(c);
+    *reply = NULL;
+    if ((max != 0 && len > max) || len > (size_t)INT32_MAX)
+        return SW_EMSGSIZE;
+    s = natsConnection_Request(reply, c->nc, subj, data, (int)len, timeout_ms);
+    if (s == NATS_OK && *reply != NULL && natsMsg_IsNoResponders(*reply)) {
+        natsMsg_Destroy(*reply);
+        *reply = NULL;
+        return SW_NO_RESPONDERS;
+    }
+    return sw_err_from_nats(s);
+}

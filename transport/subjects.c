@@ -1,0 +1,120 @@
+/* transport/subjects.c -- subject naming and validation. Every name that
+ * becomes part of a subject passes sw_validate_token first, so a wildcard,
+ * space or empty token can never reach the server. */
+#include <stdio.h>
+#include <string.h>
+
+#include "transport/sw_transport.h"
+
+sw_err
+sw_validate_token(const char *t)
+{
+    size_t n = 0;
+    if (t == NULL || *t == '\0')
+        return SW_EINVAL;
+    for (; *t; t++, n++) {
+        char ch = *t;
+        if (n >= SW_MAX_TOKEN)
+            return SW_EINVAL;
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '-'))
+            return SW_EINVAL;
+    }
+    return SW_OK;
+}
+
+sw_err
+sw_validate_endpoint(const char *e)
+{
+    char tok[SW_MAX_TOKEN + 1];
+    int parts = 0;
+    if (e == NULL)
+        return SW_EINVAL;
+    for (;;) {
+        const char *dot = strchr(e, '.');
+        size_t n = dot ? (size_t)(dot - e) : strlen(e);
+        if (n == 0 || n > SW_MAX_TOKEN)
+            return SW_EINVAL;
+        memcpy(tok, e, n);
+        tok[n] = '\0';
+        if (sw_validate_token(tok) != SW_OK)
+            return SW_EINVAL;
+        parts++;
+        if (dot == NULL)
+            break;
+        e = dot + 1;
+    }
+    return parts == 3 ? SW_OK : SW_EINVAL;
+}
+
+static sw_err
+swt_fmt_check(int n, size_t cap)
+{
+    return (n < 0 || (size_t)n >= cap) ? SW_EINVAL : SW_OK;
+}
+
+sw_err
+swt_subject_request(char *out, size_t cap, const char *endpoint, const char *instance)
+{
+    if (sw_validate_endpoint(endpoint) != SW_OK || sw_validate_token(instance) != SW_OK)
+        return SW_EINVAL;
+    return swt_fmt_check(snprintf(out, cap, "sw.req.%s.%s", endpoint, instance), cap);
+}
+
+sw_err
+swt_subject_control(char *out, size_t cap, const char *instance)
+{
+    if (sw_validate_token(instance) != SW_OK)
+        return SW_EINVAL;
+    return swt_fmt_check(snprintf(out, cap, "sw.ctl.%s", instance), cap);
+}
+
+sw_err
+swt_subject_response(char *out, size_t cap, const char *router, const char *reqhex)
+{
+    if (sw_validate_token(router) != SW_OK || sw_validate_token(reqhex) != SW_OK)
+        return SW_EINVAL;
+    return swt_fmt_check(snprintf(out, cap, "sw.rsp.%s.%s", router, reqhex), cap);
+}
+
+sw_err
+swt_subject_response_wildcard(char *out, size_t cap, const char *router)
+{
+    if (sw_validate_token(router) != SW_OK)
+        return SW_EINVAL;
+    return swt_fmt_check(snprintf(out, cap, "sw.rsp.%s.*", router), cap);
+}
+
+sw_err
+swt_subject_router(char *out, size_t cap, const char *router)
+{
+    if (sw_validate_token(router) != SW_OK)
+        return SW_EINVAL;
+    return swt_fmt_check(snprintf(out, cap, "sw.rtr.%s", router), cap);
+}
+
+static int
+swt_unhex(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+int
+swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES])
+{
+    const char *last = subject ? strrchr(subject, '.') : NULL;
+    if (last == NULL || strlen(last + 1) != 2 * SW_REQUEST_ID_BYTES)
+        return -1;
+    last++;
+    for (int i = 0; i < SW_REQUEST_ID_BYTES; i++) {
+        int hi = swt_unhex(last[2 * i]), lo = swt_unhex(last[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        id[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}

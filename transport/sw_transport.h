@@ -1,0 +1,42 @@
+/* transport/sw_transport.h -- the NATS layer: the connection, subject naming
+ * and validation, bounded publishing. Ingress, egress and router talk to NATS
+ * only through this header. */
+#ifndef SW_TRANSPORT_H
+#define SW_TRANSPORT_H
+
+#include <nats/nats.h>
+
+#include "common/sw_common.h"
+
+struct sw_conn {
+    natsConnection *nc;
+    natsOptions *opts;
+    swi_logger log;
+};
+
+/* Subject buffers: prefix + endpoint + tokens always fit in this. */
+#define SWT_SUBJECT_MAX 320
+
+/* sw.req.<ns>.<component>.<endpoint>.<instance> */
+sw_err swt_subject_request(char *out, size_t cap, const char *endpoint, const char *instance);
+/* sw.ctl.<instance> */
+sw_err swt_subject_control(char *out, size_t cap, const char *instance);
+/* sw.rsp.<router>.<request id hex> */
+sw_err swt_subject_response(char *out, size_t cap, const char *router, const char *reqhex);
+/* sw.rsp.<router>.* : the router's one mux subscription */
+sw_err swt_subject_response_wildcard(char *out, size_t cap, const char *router);
+/* sw.rtr.<router>: the frontend's own control subject (liveness probes) */
+sw_err swt_subject_router(char *out, size_t cap, const char *router);
+/* Extracts the last token of a response subject into a 16-byte id. 0 ok. */
+int swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]);
+
+/* Publishes data on subj (reply may be NULL). Checks len against the
+ * server's max payload first: SW_EMSGSIZE, nothing sent. */
+sw_err swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len);
+
+/* Request-reply with timeout; *reply owned by caller (natsMsg_Destroy).
+ * SW_NO_RESPONDERS when nobody is subscribed, SW_ETIMEDOUT on timeout. */
+sw_err swt_request(sw_conn *c, natsMsg **reply, const char *subj, const void *data, size_t len,
+                   int64_t timeout_ms);
+
+#endif

@@ -1,0 +1,30 @@
+/* ingress/sw_ingress_internal.h -- fault-injection hooks for tests and the
+ * CLI's demo worker (--chaos, --hang-after). Not part of the public API: they
+ * let a worker break the protocol on purpose so the egress's synthesized
+ * terminals can be exercised for real. All are thread-safe. */
+#ifndef SW_INGRESS_INTERNAL_H
+#define SW_INGRESS_INTERNAL_H
+
+#include <streamwire/streamwire.h>
+
+/* Publishes raw bytes on the stream's response subject (garbage). */
+sw_err swi_responder_publish_raw(sw_responder *r, const void *bytes, size_t len);
+
+/* Consumes one sequence number without sending it (a gap that can never be
+ * repaired: the skipped number is not kept for resend). */
+sw_err swi_responder_skip_seq(sw_responder *r);
+
+/* Marks the stream finished without publishing anything more: no heartbeats,
+ * no final marker (--hang-after, --chaos no-final). */
+void swi_responder_abandon(sw_responder *r);
+
+/* After a terminal was sent, publishes one more data item with the next
+ * sequence number (--chaos after-final). SW_EBUSY if no terminal was sent. */
+sw_err swi_responder_send_after_final(sw_responder *r, const void *data, size_t len);
+
+/* Test-only loss injection: drop this fraction (0..1) of first-time data
+ * publishes on this ingress (resends are never dropped). Also settable with
+ * the environment variable SW_TEST_DROP_RATE at sw_ingress_start. */
+void swi_ingress_set_drop_rate(sw_ingress *ing, double rate);
+
+#endif

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include <nats/nats.h>
-#include <streamwire/errors.h>
+#include <streamwire/streamwire.h>
 
 #define SW__NATS_MAX 0x1000
 
@@ -90,4 +90,23 @@ int
 sw_err_is_stream_reason(int err)
 {
     return err >= 100 && err < 200;
+}
+
+const char *
+sw_status_name(int status)
+{
+    switch (status) {
+    case 1:
+        return "completed";
+    case 2:
+        return "incomplete";
+    case 3:
+        return "failed";
+    case 4:
+        return "cancelled";
+    case 5:
+        return "error";
+    default:
+        return "unknown";
+    }
 }

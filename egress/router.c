@@ -1,0 +1,1116 @@
+/* egress/router.c -- the frontend side: sw_router and sw_stream.
+ *
+ * One wildcard subscription (sw.rsp.<router>.*) receives every response of
+ * every stream this router opened; the last subject token is the request id,
+ * so a message is routed to its stream without decoding. Opening a stream
+ * costs one publish and no SUB round trip.
+ *
+ * Each stream reassembles by sequence number into a FIFO of data items for
+ * the consumer, then exactly one terminal. The terminal is decided once
+ * (term_state 0 -> 1) and delivered once (1 -> 2); every path that ends a
+ * stream goes through st_set_terminal, so "exactly one" is structural.
+ *
+ * Threads: nats.c's delivery thread runs rt_on_msg; one timer thread
+ * enforces inactivity, deadlines, gap timeouts and lingering terminals; the
+ * consumer calls sw_stream_next, or gets callbacks from whichever of those
+ * threads made an item ready (serialised by the `dispatching` flag).
+ *
+ * Locks: r->mu (table, counters) and s->mu (one stream) are never held
+ * together; user callbacks run with neither held. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sw_common.h"
+#include "proto/sw_codec.h"
+#include "transport/sw_transport.h"
+
+#define SWE_TICK_MS 10
+#define SWE_REASON_MAX 96
+#define SWE_MSG_MAX 256
+
+typedef struct swe_q {
+    struct swe_q *next;
+    uint64_t seq;
+    int final; /* a held final marker (no data) */
+    int droppable;
+    size_t len;
+    uint8_t data[];
+} swe_q;
+
+struct sw_router {
+    sw_conn *conn;
+    swi_logger log;
+    atomic_int refs;
+    char id[SW_MAX_TOKEN + 1];
+    char wildcard[SWT_SUBJECT_MAX];
+    unsigned window, hb_ms, inactivity_ms, gap_ms, linger_ms, max_streams;
+    natsSubscription *mux;
+    pthread_mutex_t mu;
+    pthread_cond_t tick_cv;
+    swi_idmap streams;
+    pthread_t timer;
+    int timer_started;
+    int closing; /* no new streams */
+    int closed;  /* no more publishing */
+    sw_router_stats st;
+};
+
+enum { TERM_NONE = 0, TERM_QUEUED = 1, TERM_DELIVERED = 2 };
+
+struct sw_stream {
+    sw_router *r;
+    atomic_int refs;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char idhex[SW_REQUEST_ID_HEX];
+    char instance[SW_MAX_TOKEN + 1];
+    char ctl_subj[SWT_SUBJECT_MAX];
+    sw_item_fn on_item;
+    void *on_item_arg;
+    unsigned window;
+    unsigned inactivity_ms;
+
+    /* reassembly */
+    uint64_t expected; /* next seq to hand to the queue */
+    swe_q **hold;      /* out-of-order items, seq % hold_cap */
+    size_t hold_cap;
+    size_t held;
+    uint64_t final_seq; /* seq of the received final, 0 = none yet */
+    sw_status w_status; /* the final's terminal, decoded at receipt */
+    sw_err w_err;
+    char w_reason[SWE_REASON_MAX];
+    char w_msg[SWE_MSG_MAX];
+
+    /* consumer queue and terminal */
+    swe_q *qh, *qt;
+    size_t qlen;
+    int term_state;
+    int term_from_wire;
+    int64_t term_ready_ms;
+    sw_terminal term;
+    uint64_t term_seq;
+    char term_reason[SWE_REASON_MAX];
+    char term_msg[SWE_MSG_MAX];
+    sw_item cur;
+    swe_q *cur_q;
+
+    /* timers, ms monotonic */
+    int64_t last_rx_ms;
+    int64_t gap_since_ms;
+    int64_t last_resend_ms;
+    int64_t deadline_ms; /* -1 = none */
+
+    /* credit */
+    uint64_t consumed;
+    uint64_t credit_sent; /* highest credit_limit granted */
+
+    int in_table;
+    int dispatching;
+    int closed_by_user;
+    sw_stream_stats st;
+};
+
+/* ---------------------------------------------------------------- refs */
+
+static void
+rt_unref(sw_router *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    swi_idmap_fini(&r->streams);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->tick_cv);
+    free(r);
+}
+
+static void
+st_ref(sw_stream *s)
+{
+    atomic_fetch_add(&s->refs, 1);
+}
+
+static void
+st_free_q(swe_q *q)
+{
+    while (q != NULL) {
+        swe_q *n = q->next;
+        free(q);
+        q = n;
+    }
+}
+
+static void
+st_clear_hold(sw_stream *s)
+{
+    if (s->hold == NULL)
+        return;
+    for (size_t i = 0; i < s->hold_cap; i++) {
+        free(s->hold[i]);
+        s->hold[i] = NULL;
+    }
+    s->held = 0;
+}
+
+static void
+st_unref(sw_stream *s)
+{
+    if (atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    st_clear_hold(s);
+    free(s->hold);
+    st_free_q(s->qh);
+    free(s->cur_q);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    rt_unref(s->r);
+    free(s);
+}
+
+/* ---------------------------------------------------------------- table */
+
+static sw_stream *
+rt_lookup(sw_router *r, const uint8_t *id)
+{
+    sw_stream *s;
+    pthread_mutex_lock(&r->mu);
+    s = swi_idmap_get(&r->streams, id);
+    if (s != NULL)
+        st_ref(s);
+    pthread_mutex_unlock(&r->mu);
+    return s;
+}
+
+static void
+rt_remove(sw_stream *s)
+{
+    sw_router *r = s->r;
+    int drop = 0;
+    pthread_mutex_lock(&r->mu);
+    if (s->in_table) {
+        s->in_table = 0;
+        swi_idmap_del(&r->streams, s->id);
+        r->st.open_streams--;
+        drop = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (drop)
+        st_unref(s);
+}
+
+/* ---------------------------------------------------------------- control out */
+
+typedef struct swe_ctl {
+    int kind; /* 0 = none */
+    uint64_t limit, ack, from, to;
+} swe_ctl;
+
+static void
+st_send_control(sw_stream *s, const swe_ctl *c)
+{
+    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+    uint8_t buf[128];
+    size_t len;
+    if (c->kind == 0 || s->r->closed)
+        return;
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = s->id;
+    m.request_id.len = SW_REQUEST_ID_BYTES;
+    m.kind = (Streamwire__V1__ControlKind)c->kind;
+    m.credit_limit = c->limit;
+    m.ack_seq = c->ack;
+    m.resend_from = c->from;
+    m.resend_to = c->to;
+    m.router_id = s->r->id;
+    if (swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
+        (void)swt_publish(s->r->conn, s->ctl_subj, NULL, buf, len);
+}
+
+/* Credit bookkeeping after the consumer took one data item (s->mu held). */
+static void
+st_consumed(sw_stream *s, swe_ctl *out)
+{
+    s->consumed++;
+    s->st.items++;
+    if (s->window == 0)
+        return;
+    if (s->consumed + s->window / 2 >= s->credit_sent) {
+        s->credit_sent = s->consumed + s->window;
+        out->kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT;
+        out->limit = s->credit_sent;
+        out->ack = s->expected - 1;
+    }
+}
+
+/* ---------------------------------------------------------------- terminal */
+
+/* Decides the terminal (s->mu held). First decision wins; the one exception
+ * is a worker's final not yet delivered, which item_after_final replaces.
+ * Returns 1 if this call decided it. */
+static int
+st_set_terminal(sw_stream *s, sw_status status, sw_err err, const char *reason, const char *msg,
+                uint64_t seq, int from_wire)
+{
+    if (s->term_state == TERM_DELIVERED)
+        return 0;
+    if (s->term_state == TERM_QUEUED && !(s->term_from_wire && err == SW_ITEM_AFTER_FINAL))
+        return 0;
+    s->term_state = TERM_QUEUED;
+    s->term_from_wire = from_wire;
+    s->term_ready_ms = from_wire ? swi_now_ms() + s->r->linger_ms : 0;
+    s->term.status = status;
+    s->term.error = err;
+    snprintf(s->term_reason, sizeof(s->term_reason), "%s",
+             reason ? reason : (status == SW_STATUS_ERROR ? sw_err_name(err) : ""));
+    snprintf(s->term_msg, sizeof(s->term_msg), "%s",
+             msg ? msg : (status == SW_STATUS_ERROR ? sw_strerror(err) : ""));
+    s->term.reason = s->term_reason;
+    s->term.message = s->term_msg;
+    s->term_seq = seq;
+    s->gap_since_ms = 0;
+    st_clear_hold(s);
+    if (status == SW_STATUS_CANCELLED) {
+        /* No data after a cancel. */
+        st_free_q(s->qh);
+        s->qh = s->qt = NULL;
+        s->qlen = 0;
+    }
+    pthread_cond_broadcast(&s->cv);
+    return 1;
+}
+
+static void
+rt_count_terminal(sw_router *r, const sw_terminal *t)
+{
+    pthread_mutex_lock(&r->mu);
+    if (t->status >= 1 && t->status <= 5)
+        r->st.terminals[t->status]++;
+    if (t->status == SW_STATUS_ERROR) {
+        if (t->error >= 100 && t->error < 109)
+            r->st.errors[t->error - 100]++;
+        else
+            r->st.errors_other++;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void st_dispatch(sw_stream *s);
+
+/* Ends a stream with a synthesized error and tells the worker to drop it. */
+static void
+st_fail(sw_stream *s, sw_err err, const char *msg, int tell_worker)
+{
+    int set;
+    swe_ctl c = {0, 0, 0, 0, 0};
+    pthread_mutex_lock(&s->mu);
+    set = st_set_terminal(s, SW_STATUS_ERROR, err, NULL, msg, 0, 0);
+    pthread_mutex_unlock(&s->mu);
+    if (!set)
+        return;
+    swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
+    rt_remove(s);
+    if (tell_worker) {
+        c.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL;
+        st_send_control(s, &c);
+    }
+    st_dispatch(s);
+}
+
+/* ---------------------------------------------------------------- reassembly */
+
+/* Hands one in-order item to the queue or, for the final, decides the
+ * terminal (s->mu held). Takes ownership of q. */
+static void
+st_accept(sw_stream *s, swe_q *q, swe_ctl *ack)
+{
+    s->expected = q->seq + 1;
+    if (q->final) {
+        st_set_terminal(s, s->w_status, s->w_err, s->w_reason, s->w_msg, q->seq, 1);
+        ack->kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT;
+        ack->limit = s->credit_sent;
+        ack->ack = q->seq;
+        free(q);
+        return;
+    }
+    q->next = NULL;
+    if (s->qt)
+        s->qt->next = q;
+    else
+        s->qh = q;
+    s->qt = q;
+    s->qlen++;
+    if (s->qlen > s->st.peak_pending)
+        s->st.peak_pending = s->qlen;
+}
+
+static swe_q *
+st_make_q(const swp_item *w)
+{
+    size_t len = w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA ? w->data.len : 0;
+    swe_q *q = malloc(sizeof(*q) + len);
+    if (q == NULL)
+        return NULL;
+    q->next = NULL;
+    q->seq = w->seq;
+    q->final = w->complete_final;
+    q->droppable = w->droppable;
+    q->len = len;
+    if (len)
+        memcpy(q->data, w->data.data, len);
+    return q;
+}
+
+/* Records the terminal a worker's final carries (s->mu held). */
+static void
+st_note_final(sw_stream *s, const swp_item *w)
+{
+    const swp_terminal *t = w->terminal;
+    s->final_seq = w->seq;
+    s->w_err = SW_OK;
+    s->w_msg[0] = '\0';
+    switch (t->status) {
+    case STREAMWIRE__V1__STATUS__STATUS_COMPLETED:
+        s->w_status = SW_STATUS_COMPLETED;
+        snprintf(s->w_reason, sizeof(s->w_reason), "%s",
+                 t->finish_reason[0] ? t->finish_reason : "stop");
+        break;
+    case STREAMWIRE__V1__STATUS__STATUS_INCOMPLETE:
+        s->w_status = SW_STATUS_INCOMPLETE;
+        snprintf(s->w_reason, sizeof(s->w_reason), "%s",
+                 t->finish_reason[0] ? t->finish_reason : "incomplete");
+        break;
+    case STREAMWIRE__V1__STATUS__STATUS_CANCELLED:
+        s->w_status = SW_STATUS_CANCELLED;
+        snprintf(s->w_reason, sizeof(s->w_reason), "cancelled");
+        break;
+    default: /* FAILED (validated by the codec) */
+        snprintf(s->w_msg, sizeof(s->w_msg), "%s", t->error->message);
+        if (t->error->sw_code != 0) {
+            const char *name = sw_err_name((int)t->error->sw_code);
+            s->w_status = SW_STATUS_ERROR;
+            s->w_err = strcmp(name, "unknown_error") == 0 ? SW_EPROTO : (sw_err)t->error->sw_code;
+            snprintf(s->w_reason, sizeof(s->w_reason), "%s", sw_err_name(s->w_err));
+        } else {
+            s->w_status = SW_STATUS_FAILED;
+            snprintf(s->w_reason, sizeof(s->w_reason), "%s", t->error->app_code);
+        }
+        break;
+    }
+}
+
+static void
+st_on_item(sw_stream *s, const swp_item *w)
+{
+    swe_ctl ctl = {0, 0, 0, 0, 0};
+    int64_t now = swi_now_ms();
+    int fail = 0;
+    sw_err fail_err = SW_OK;
+    const char *fail_msg = NULL;
+    int after_final_wins = 0;
+    int is_hb = w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+
+    pthread_mutex_lock(&s->mu);
+    if (s->instance[0] == '\0' && w->instance_id[0] != '\0')
+        snprintf(s->instance, sizeof(s->instance), "%s", w->instance_id);
+    if (s->term_state != TERM_NONE) {
+        /* Something arrived after the terminal was decided. */
+        if (!is_hb && s->final_seq != 0 && w->seq > s->final_seq) {
+            if (s->term_state == TERM_QUEUED && s->term_from_wire)
+                after_final_wins = st_set_terminal(
+                    s, SW_STATUS_ERROR, SW_ITEM_AFTER_FINAL, NULL,
+                    "the worker sent an item after its final marker", 0, 0);
+            else {
+                pthread_mutex_lock(&s->r->mu);
+                s->r->st.items_after_final++;
+                pthread_mutex_unlock(&s->r->mu);
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (after_final_wins) {
+            rt_remove(s);
+            st_dispatch(s);
+        }
+        return;
+    }
+    s->last_rx_ms = now;
+    if (is_hb) {
+        s->st.heartbeats++;
+        /* Heartbeats follow the items they count on the wire: anything
+         * missing up to last_seq was lost. */
+        if (w->heartbeat->last_seq >= s->expected && s->window != 0 &&
+            now - s->last_resend_ms >= 20) {
+            if (s->gap_since_ms == 0)
+                s->gap_since_ms = now;
+            ctl.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND;
+            ctl.from = s->expected;
+            ctl.to = w->heartbeat->last_seq;
+            s->last_resend_ms = now;
+            s->st.resend_requests++;
+        }
+        goto out;
+    }
+    if (s->final_seq != 0 && w->seq > s->final_seq) {
+        fail = 1;
+        fail_err = SW_ITEM_AFTER_FINAL;
+        fail_msg = "the worker sent an item after its final marker";
+        goto out;
+    }
+    if (w->seq < s->expected) {
+        s->st.duplicates++;
+        goto out;
+    }
+    if (w->complete_final) {
+        if (s->final_seq != 0 && s->final_seq != w->seq) {
+            fail = 1;
+            fail_err = SW_ITEM_AFTER_FINAL;
+            fail_msg = "the worker sent two final markers";
+            goto out;
+        }
+        st_note_final(s, w);
+    }
+    if (w->seq == s->expected) {
+        swe_q *q = st_make_q(w);
+        if (q == NULL) {
+            fail = 1;
+            fail_err = SW_ENOMEM;
+            goto out;
+        }
+        st_accept(s, q, &ctl);
+        while (s->term_state == TERM_NONE && s->held > 0) {
+            swe_q **slot = &s->hold[s->expected % s->hold_cap];
+            if (*slot == NULL || (*slot)->seq != s->expected)
+                break;
+            q = *slot;
+            *slot = NULL;
+            s->held--;
+            s->st.reordered++;
+            st_accept(s, q, &ctl);
+        }
+        if (s->held == 0)
+            s->gap_since_ms = 0;
+        goto out;
+    }
+    /* A gap: hold the item and ask for the missing range. */
+    if (w->seq - s->expected >= s->hold_cap) {
+        fail = 1;
+        fail_err = SW_SEQUENCE_GAP;
+        fail_msg = "an item arrived beyond the reorder window";
+        goto out;
+    }
+    {
+        swe_q **slot = &s->hold[w->seq % s->hold_cap];
+        if (*slot != NULL) {
+            s->st.duplicates++;
+            goto out;
+        }
+        if ((*slot = st_make_q(w)) == NULL) {
+            fail = 1;
+            fail_err = SW_ENOMEM;
+            goto out;
+        }
+        s->held++;
+        if (s->gap_since_ms == 0) {
+            s->gap_since_ms = now;
+            if (s->window != 0) {
+                ctl.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND;
+                ctl.from = s->expected;
+                ctl.to = w->seq - 1;
+                s->last_resend_ms = now;
+                s->st.resend_requests++;
+            }
+        }
+    }
+out:
+    pthread_mutex_unlock(&s->mu);
+    if (fail) {
+        st_fail(s, fail_err, fail_msg, 1);
+        return;
+    }
+    st_send_control(s, &ctl);
+    if (s->on_item != NULL)
+        st_dispatch(s);
+    else
+        pthread_cond_broadcast(&s->cv);
+}
+
+/* ---------------------------------------------------------------- delivery */
+
+static void
+st_fill_terminal(sw_stream *s)
+{
+    memset(&s->cur, 0, sizeof(s->cur));
+    s->cur.kind = SW_ITEM_TERMINAL;
+    s->cur.seq = s->term_seq;
+    s->cur.terminal = s->term;
+    s->cur.instance_id = s->instance;
+}
+
+static void
+st_fill_data(sw_stream *s, swe_q *q)
+{
+    memset(&s->cur, 0, sizeof(s->cur));
+    s->cur.kind = SW_ITEM_DATA;
+    s->cur.seq = q->seq;
+    s->cur.data = q->data;
+    s->cur.len = q->len;
+    s->cur.droppable = q->droppable;
+    s->cur.instance_id = s->instance;
+}
+
+/* Pops the next ready item into s->cur (s->mu held). Returns 1 data,
+ * 2 terminal, 0 nothing ready. */
+static int
+st_pop(sw_stream *s, swe_ctl *credit)
+{
+    free(s->cur_q);
+    s->cur_q = NULL;
+    if (s->qh != NULL) {
+        swe_q *q = s->qh;
+        s->qh = q->next;
+        if (s->qh == NULL)
+            s->qt = NULL;
+        s->qlen--;
+        s->cur_q = q;
+        st_fill_data(s, q);
+        st_consumed(s, credit);
+        return 1;
+    }
+    if (s->term_state == TERM_QUEUED && swi_now_ms() >= s->term_ready_ms) {
+        s->term_state = TERM_DELIVERED;
+        st_fill_terminal(s);
+        return 2;
+    }
+    return 0;
+}
+
+static void
+st_delivered_terminal(sw_stream *s)
+{
+    rt_count_terminal(s->r, &s->term);
+    rt_remove(s);
+}
+
+static void
+st_dispatch(sw_stream *s)
+{
+    if (s->on_item == NULL) {
+        pthread_cond_broadcast(&s->cv);
+        return;
+    }
+    st_ref(s);
+    pthread_mutex_lock(&s->mu);
+    if (s->dispatching) {
+        pthread_mutex_unlock(&s->mu);
+        st_unref(s);
+        return;
+    }
+    s->dispatching = 1;
+    for (;;) {
+        swe_ctl credit = {0, 0, 0, 0, 0};
+        int got = st_pop(s, &credit);
+        sw_item item;
+        if (got == 0)
+            break;
+        item = s->cur;
+        pthread_mutex_unlock(&s->mu);
+        st_send_control(s, &credit);
+        if (got == 2)
+            st_delivered_terminal(s);
+        s->on_item(s, &item, s->on_item_arg);
+        pthread_mutex_lock(&s->mu);
+    }
+    free(s->cur_q);
+    s->cur_q = NULL;
+    s->dispatching = 0;
+    pthread_mutex_unlock(&s->mu);
+    st_unref(s);
+}
+
+sw_err
+sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
+{
+    int64_t until;
+    swe_ctl credit = {0, 0, 0, 0, 0};
+    int got = 0;
+
+    if (s == NULL || item == NULL)
+        return SW_EINVAL;
+    *item = NULL;
+    if (s->on_item != NULL)
+        return SW_EBUSY;
+    until = timeout_ms < 0 ? -1 : swi_now_ms() + timeout_ms;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        int64_t wake = until;
+        if (s->term_state == TERM_DELIVERED && s->qh == NULL) {
+            free(s->cur_q);
+            s->cur_q = NULL;
+            pthread_mutex_unlock(&s->mu);
+            return SW_EEOF;
+        }
+        if ((got = st_pop(s, &credit)) != 0)
+            break;
+        if (s->term_state == TERM_QUEUED && (wake < 0 || s->term_ready_ms < wake))
+            wake = s->term_ready_ms;
+        if (until >= 0 && swi_now_ms() >= until) {
+            pthread_mutex_unlock(&s->mu);
+            return SW_ETIMEDOUT;
+        }
+        swi_cond_wait_until(&s->cv, &s->mu, wake);
+    }
+    *item = &s->cur;
+    pthread_mutex_unlock(&s->mu);
+    st_send_control(s, &credit);
+    if (got == 2)
+        st_delivered_terminal(s);
+    return SW_OK;
+}
+
+/* ---------------------------------------------------------------- cancel, close */
+
+static sw_err
+st_cancel(sw_stream *s, int kill)
+{
+    int set;
+    swe_ctl c = {0, 0, 0, 0, 0};
+    if (s == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    if (s->term_state != TERM_NONE) {
+        pthread_mutex_unlock(&s->mu);
+        return SW_EEOF;
+    }
+    set = st_set_terminal(s, SW_STATUS_CANCELLED, SW_OK, "cancelled",
+                          kill ? "killed by the frontend" : "cancelled by the frontend", 0, 0);
+    pthread_mutex_unlock(&s->mu);
+    if (!set)
+        return SW_EEOF;
+    rt_remove(s);
+    c.kind = kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
+                  : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL;
+    st_send_control(s, &c);
+    st_dispatch(s);
+    return SW_OK;
+}
+
+sw_err
+sw_stream_cancel(sw_stream *s)
+{
+    return st_cancel(s, 0);
+}
+
+sw_err
+sw_stream_kill(sw_stream *s)
+{
+    return st_cancel(s, 1);
+}
+
+void
+sw_stream_close(sw_stream *s)
+{
+    if (s == NULL)
+        return;
+    (void)st_cancel(s, 0);
+    rt_remove(s);
+    st_unref(s);
+}
+
+const char *
+sw_stream_request_id(const sw_stream *s)
+{
+    return s ? s->idhex : "";
+}
+
+const char *
+sw_stream_instance_id(const sw_stream *s)
+{
+    return s ? s->instance : "";
+}
+
+void
+sw_stream_stats_get(sw_stream *s, sw_stream_stats *out)
+{
+    if (s == NULL || out == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------- mux */
+
+static void
+rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    sw_router *r = arg;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    sw_stream *s = NULL;
+    swp_item *w = NULL;
+    sw_err rv;
+
+    if (swt_response_subject_id(natsMsg_GetSubject(msg), id) != 0 ||
+        (s = rt_lookup(r, id)) == NULL) {
+        pthread_mutex_lock(&r->mu);
+        r->st.unknown_stream++;
+        pthread_mutex_unlock(&r->mu);
+        goto done;
+    }
+    if (natsMsg_IsNoResponders(msg)) {
+        st_fail(s, SW_NO_RESPONDERS, "no worker is subscribed to the request subject", 0);
+        goto done;
+    }
+    rv = swp_decode_item((const uint8_t *)natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
+                         sw_conn_max_payload(r->conn) + 1024, &w);
+    if (rv == SW_OK && memcmp(w->request_id.data, id, SW_REQUEST_ID_BYTES) != 0)
+        rv = SW_EPROTO;
+    if (rv != SW_OK) {
+        char m[128];
+        snprintf(m, sizeof(m), "a stream item did not decode (%s)", sw_err_name(rv));
+        st_fail(s, SW_DECODE_ERROR, m, 1);
+        goto done;
+    }
+    st_on_item(s, w);
+done:
+    swp_free(w);
+    if (s != NULL)
+        st_unref(s);
+    natsMsg_Destroy(msg);
+}
+
+/* ---------------------------------------------------------------- timer */
+
+typedef struct {
+    sw_stream **v;
+    size_t n, cap;
+} st_vec;
+
+static void
+st_collect(void *val, void *arg)
+{
+    st_vec *vec = arg;
+    if (vec->n < vec->cap) {
+        st_ref(val);
+        vec->v[vec->n++] = val;
+    }
+}
+
+static void
+rt_snapshot(sw_router *r, st_vec *vec)
+{
+    pthread_mutex_lock(&r->mu);
+    vec->n = 0;
+    if (vec->cap < r->streams.live) {
+        size_t ncap = r->streams.live * 2;
+        sw_stream **nv = realloc(vec->v, ncap * sizeof(*nv));
+        if (nv != NULL) {
+            vec->v = nv;
+            vec->cap = ncap;
+        }
+    }
+    swi_idmap_each(&r->streams, st_collect, vec);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void
+st_tick(sw_stream *s, int64_t now)
+{
+    sw_err fail = SW_OK;
+    const char *msg = NULL;
+    int linger_ready = 0;
+    swe_ctl ctl = {0, 0, 0, 0, 0};
+    sw_router *r = s->r;
+
+    pthread_mutex_lock(&s->mu);
+    if (s->term_state == TERM_NONE) {
+        if (s->deadline_ms >= 0 && now >= s->deadline_ms) {
+            fail = SW_DEADLINE_EXCEEDED;
+            msg = "the request deadline passed";
+        } else if (s->gap_since_ms != 0 && now - s->gap_since_ms >= (int64_t)r->gap_ms) {
+            fail = SW_SEQUENCE_GAP;
+            msg = "a sequence gap was not repaired in time";
+        } else if (now - s->last_rx_ms >= (int64_t)s->inactivity_ms) {
+            fail = SW_STREAM_INCOMPLETE;
+            msg = "no item or heartbeat within the inactivity timeout";
+        } else if (s->gap_since_ms != 0 && s->window != 0 &&
+                   now - s->last_resend_ms >= (int64_t)r->gap_ms / 4) {
+            ctl.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND;
+            ctl.from = s->expected;
+            ctl.to = s->expected + s->hold_cap - 1;
+            s->last_resend_ms = now;
+            s->st.resend_requests++;
+        }
+    } else if (s->term_state == TERM_QUEUED && s->on_item != NULL && now >= s->term_ready_ms) {
+        linger_ready = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (fail != SW_OK)
+        st_fail(s, fail, msg, 1);
+    st_send_control(s, &ctl);
+    if (linger_ready)
+        st_dispatch(s);
+    else if (s->term_state == TERM_QUEUED)
+        pthread_cond_broadcast(&s->cv);
+}
+
+static void *
+rt_timer_main(void *arg)
+{
+    sw_router *r = arg;
+    st_vec vec = {NULL, 0, 0};
+    pthread_mutex_lock(&r->mu);
+    while (!r->closing) {
+        swi_cond_wait_until(&r->tick_cv, &r->mu, swi_now_ms() + SWE_TICK_MS);
+        if (r->closing)
+            break;
+        pthread_mutex_unlock(&r->mu);
+        rt_snapshot(r, &vec);
+        int64_t now = swi_now_ms();
+        for (size_t i = 0; i < vec.n; i++) {
+            st_tick(vec.v[i], now);
+            st_unref(vec.v[i]);
+        }
+        pthread_mutex_lock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
+    free(vec.v);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- router */
+
+void
+sw_router_opts_init(sw_router_opts *o)
+{
+    if (o == NULL)
+        return;
+    memset(o, 0, sizeof(*o));
+    o->credit_window = 128;
+    o->heartbeat_ms = 250;
+    o->gap_timeout_ms = 500;
+    o->max_streams = 65536;
+}
+
+void
+sw_request_opts_init(sw_request_opts *o)
+{
+    if (o != NULL)
+        memset(o, 0, sizeof(*o));
+}
+
+sw_err
+sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
+{
+    sw_router *r;
+    natsStatus ns;
+    sw_err rv;
+
+    if (out == NULL || conn == NULL || o == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    if (o->router_id != NULL && sw_validate_token(o->router_id) != SW_OK)
+        return SW_EINVAL;
+    if (o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+        return SW_EINVAL;
+    if ((rv = swi_init()) != SW_OK)
+        return rv;
+    if ((r = calloc(1, sizeof(*r))) == NULL)
+        return SW_ENOMEM;
+    atomic_init(&r->refs, 1);
+    r->conn = conn;
+    r->log.fn = o->log;
+    r->log.arg = o->log_arg;
+    if (o->router_id != NULL)
+        snprintf(r->id, sizeof(r->id), "%s", o->router_id);
+    else
+        swi_random_token(r->id);
+    r->window = o->credit_window ? o->credit_window : 128;
+    r->hb_ms = o->heartbeat_ms ? o->heartbeat_ms : 250;
+    r->inactivity_ms = o->inactivity_ms ? o->inactivity_ms : 4 * r->hb_ms + 500;
+    r->gap_ms = o->gap_timeout_ms ? o->gap_timeout_ms : 500;
+    r->linger_ms = o->final_linger_ms;
+    r->max_streams = o->max_streams ? o->max_streams : 65536;
+    pthread_mutex_init(&r->mu, NULL);
+    swi_cond_init(&r->tick_cv);
+    if (swi_idmap_init(&r->streams, 256) != 0) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
+    (void)swt_subject_response_wildcard(r->wildcard, sizeof(r->wildcard), r->id);
+    ns = natsConnection_Subscribe(&r->mux, conn->nc, r->wildcard, rt_on_msg, r);
+    if (ns == NATS_OK)
+        ns = natsSubscription_SetPendingLimits(r->mux, -1, -1);
+    if (ns == NATS_OK)
+        ns = natsConnection_FlushTimeout(conn->nc, 5000);
+    if (ns != NATS_OK) {
+        rv = sw_err_from_nats(ns);
+        goto fail;
+    }
+    if (pthread_create(&r->timer, NULL, rt_timer_main, r) != 0) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
+    r->timer_started = 1;
+    *out = r;
+    return SW_OK;
+fail:
+    if (r->mux != NULL) {
+        natsSubscription_Unsubscribe(r->mux);
+        natsSubscription_Destroy(r->mux);
+    }
+    rt_unref(r);
+    return rv;
+}
+
+const char *
+sw_router_id(const sw_router *r)
+{
+    return r ? r->id : "";
+}
+
+void
+sw_router_stats_get(sw_router *r, sw_router_stats *out)
+{
+    int64_t dropped = 0;
+    if (r == NULL || out == NULL)
+        return;
+    if (r->mux != NULL)
+        natsSubscription_GetDropped(r->mux, &dropped);
+    pthread_mutex_lock(&r->mu);
+    *out = r->st;
+    pthread_mutex_unlock(&r->mu);
+    out->nats_dropped = (uint64_t)dropped;
+}
+
+void
+sw_router_destroy(sw_router *r)
+{
+    st_vec vec = {NULL, 0, 0};
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->closing = 1;
+    pthread_cond_broadcast(&r->tick_cv);
+    pthread_mutex_unlock(&r->mu);
+    if (r->timer_started)
+        pthread_join(r->timer, NULL);
+    if (r->mux != NULL) {
+        if (natsSubscription_Drain(r->mux) == NATS_OK)
+            natsSubscription_WaitForDrainCompletion(r->mux, 5000);
+        else
+            natsSubscription_Unsubscribe(r->mux);
+    }
+    rt_snapshot(r, &vec);
+    for (size_t i = 0; i < vec.n; i++) {
+        st_fail(vec.v[i], SW_ECLOSED, "the router was destroyed", 1);
+        st_unref(vec.v[i]);
+    }
+    free(vec.v);
+    natsConnection_Flush(r->conn->nc);
+    pthread_mutex_lock(&r->mu);
+    r->closed = 1;
+    pthread_mutex_unlock(&r->mu);
+    if (r->mux != NULL) {
+        natsSubscription_Destroy(r->mux);
+        r->mux = NULL;
+    }
+    rt_unref(r);
+}
+
+/* ---------------------------------------------------------------- open */
+
+sw_err
+sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const void *payload,
+               size_t len)
+{
+    sw_stream *s;
+    char req_subj[SWT_SUBJECT_MAX];
+    char resp_subj[SWT_SUBJECT_MAX];
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    uint8_t *buf = NULL;
+    size_t blen = 0;
+    sw_err rv;
+    int full = 0, closing = 0;
+
+    if (out == NULL || r == NULL || o == NULL || (payload == NULL && len != 0))
+        return SW_EINVAL;
+    *out = NULL;
+    if (sw_validate_endpoint(o->endpoint) != SW_OK || o->instance_id == NULL ||
+        sw_validate_token(o->instance_id) != SW_OK || o->credit_window > SWP_MAX_WINDOW ||
+        o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+        return SW_EINVAL;
+    if ((s = calloc(1, sizeof(*s))) == NULL)
+        return SW_ENOMEM;
+    atomic_init(&s->refs, 1);
+    atomic_fetch_add(&r->refs, 1);
+    s->r = r;
+    pthread_mutex_init(&s->mu, NULL);
+    swi_cond_init(&s->cv);
+    swi_random(s->id, sizeof(s->id));
+    swi_hex(s->idhex, s->id, sizeof(s->id));
+    snprintf(s->instance, sizeof(s->instance), "%s", o->instance_id);
+    s->on_item = o->on_item;
+    s->on_item_arg = o->on_item_arg;
+    s->window = o->credit_window ? o->credit_window : r->window;
+    s->credit_sent = s->window;
+    s->inactivity_ms = r->inactivity_ms;
+    if (o->heartbeat_ms != 0 && o->heartbeat_ms != r->hb_ms)
+        s->inactivity_ms = 4 * o->heartbeat_ms + 500;
+    s->expected = 1;
+    s->hold_cap = (size_t)s->window + 2;
+    if (s->window == 0)
+        s->hold_cap = 256;
+    if ((s->hold = calloc(s->hold_cap, sizeof(*s->hold))) == NULL) {
+        st_unref(s);
+        return SW_ENOMEM;
+    }
+    (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), o->instance_id);
+    (void)swt_subject_request(req_subj, sizeof(req_subj), o->endpoint, o->instance_id);
+    (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
+    s->last_rx_ms = swi_now_ms();
+    s->deadline_ms = o->deadline_ms ? s->last_rx_ms + o->deadline_ms : -1;
+
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = s->id;
+    m.request_id.len = sizeof(s->id);
+    m.response_subject = resp_subj;
+    m.router_id = r->id;
+    m.payload.data = (uint8_t *)payload;
+    m.payload.len = len;
+    m.credit_window = s->window;
+    m.heartbeat_ms = o->heartbeat_ms ? o->heartbeat_ms : r->hb_ms;
+    m.deadline_ms = o->deadline_ms;
+    m.endpoint = (char *)o->endpoint;
+    m.max_tokens = o->max_tokens;
+
+    pthread_mutex_lock(&r->mu);
+    if (r->closing)
+        closing = 1;
+    else if (r->st.open_streams >= r->max_streams)
+        full = 1;
+    else if (swi_idmap_put(&r->streams, s->id, s) != 0)
+        full = 2;
+    else {
+        st_ref(s); /* the table's */
+        s->in_table = 1;
+        r->st.open_streams++;
+        r->st.streams_opened++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (closing || full) {
+        st_unref(s);
+        return closing ? SW_ECLOSED : full == 2 ? SW_ENOMEM : SW_EBUSY;
+    }
+    *out = s;
+
+    /* From here on, every failure is the stream's terminal. */
+    rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
+    if (rv == SW_OK)
+        rv = swt_publish(r->conn, req_subj, resp_subj, buf, blen);
+    free(buf);
+    if (rv == SW_EMSGSIZE)
+        st_fail(s, SW_EMSGSIZE, "the request exceeds the server's max payload", 0);
+    else if (rv != SW_OK)
+        st_fail(s, rv, "the request could not be published", 0);
+    return SW_OK;
+}

@@ -1,0 +1,1332 @@
+/* ingress/ingress.c -- the worker side.
+ *
+ * Threads:
+ *   - nats.c delivers requests (request subscription) and controls (control
+ *     subscription) on its own threads; those callbacks never run user code
+ *     except the cancel callback, which they call with no lock held;
+ *   - `handler_threads` pool threads run the user's handler;
+ *   - one timer thread sends heartbeats, enforces deadlines and retires
+ *     finished streams whose final was never acknowledged.
+ *
+ * Locks: ing->mu guards the stream table, the work queue and counters;
+ * r->mu guards one responder. They are never held together. Publishing
+ * happens under r->mu (it is our lock, and it keeps one stream's items in
+ * sequence order on the wire).
+ *
+ * Lifetimes: the ingress and each responder are reference counted. A
+ * responder holds a reference on its ingress, so a retained responder stays a
+ * valid object after sw_ingress_destroy (its calls then return SW_ECLOSED). */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/sw_common.h"
+#include "ingress/sw_ingress_internal.h"
+#include "proto/sw_codec.h"
+#include "transport/sw_transport.h"
+
+#define SWI_MAX_CONTROL_BYTES 4096
+#define SWI_TICK_MS 10
+#define SWI_LINGER_MIN_MS 2000
+
+typedef struct swi_slot {
+    uint64_t seq;
+    uint8_t *buf; /* packed wrapper; NULL for a skipped or shed number */
+    size_t len;
+} swi_slot;
+
+struct sw_responder {
+    sw_ingress *ing;
+    atomic_int refs;  /* memory */
+    int holds;        /* user holds: 1 for the handler call + retains (under mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char idhex[SW_REQUEST_ID_HEX];
+    char resp_subj[SWP_MAX_SUBJECT + 1];
+    char router_id[SW_MAX_TOKEN + 1];
+    uint8_t *payload;
+    size_t plen;
+    uint32_t max_tokens;
+
+    uint64_t next_seq;     /* next sequence number to assign */
+    uint64_t credit_limit; /* may send seq <= credit_limit (UINT64_MAX: no flow control) */
+    uint64_t acked;        /* every seq <= acked was received by the frontend */
+    uint32_t window;
+    swi_slot *ring; /* window + 1 slots, seq % cap; NULL without flow control */
+    size_t ring_cap;
+
+    uint32_t hb_ms;
+    int64_t last_pub_ms;
+    int64_t deadline_ms; /* absolute monotonic, -1 = none */
+    int64_t done_ms;     /* when the terminal went out */
+    uint64_t final_seq;
+
+    int terminated; /* terminal sent, abandoned or killed: nothing more goes out */
+    int cancelled;
+    int closed; /* ingress destroyed */
+    int registered;
+    int counted; /* counts in ing->inflight */
+    sw_cancel_fn cancel_fn;
+    void *cancel_arg;
+    int cancel_fired;
+
+    sw_responder *qnext;
+};
+
+struct sw_ingress {
+    sw_conn *conn;
+    swi_logger log;
+    atomic_int refs;
+    char endpoint[SW_MAX_ENDPOINT + 1];
+    char instance_id[SW_MAX_TOKEN + 1];
+    char req_subj[SWT_SUBJECT_MAX];
+    char ctl_subj[SWT_SUBJECT_MAX];
+    sw_handler_fn handler;
+    void *handler_arg;
+    unsigned max_inflight;
+    unsigned nthreads;
+    unsigned send_timeout_ms;
+    unsigned max_window;
+    size_t max_req;
+
+    natsSubscription *req_sub;
+    natsSubscription *ctl_sub;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* work queue, drain progress */
+    pthread_cond_t tick_cv; /* timer thread */
+    swi_idmap streams;
+    sw_responder *q_head, *q_tail;
+    pthread_t *threads;
+    unsigned started_threads;
+    pthread_t timer;
+    int timer_started;
+    int stopping;
+    int draining;
+    int destroyed;
+    unsigned inflight;
+    double drop_rate;
+    sw_ingress_stats st;
+};
+
+/* ---------------------------------------------------------------- refs */
+
+static void
+ing_unref(sw_ingress *ing)
+{
+    if (atomic_fetch_sub(&ing->refs, 1) != 1)
+        return;
+    swi_idmap_fini(&ing->streams);
+    pthread_mutex_destroy(&ing->mu);
+    pthread_cond_destroy(&ing->cv);
+    pthread_cond_destroy(&ing->tick_cv);
+    free(ing->threads);
+    free(ing);
+}
+
+static void
+resp_ref(sw_responder *r)
+{
+    atomic_fetch_add(&r->refs, 1);
+}
+
+static void
+resp_unref(sw_responder *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    if (r->ring != NULL) {
+        for (size_t i = 0; i < r->ring_cap; i++)
+            free(r->ring[i].buf);
+        free(r->ring);
+    }
+    free(r->payload);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    ing_unref(r->ing);
+    free(r);
+}
+
+/* ---------------------------------------------------------------- publish */
+
+/* Builds and packs one wrapper. *out is malloc'd. */
+static sw_err
+resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t seq,
+          const void *data, size_t len, int droppable, const swp_terminal *term, int hb,
+          uint64_t hb_last, size_t max, uint8_t **out, size_t *outlen)
+{
+    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
+    w.version = SW_PROTOCOL_VERSION;
+    w.request_id.data = (uint8_t *)id;
+    w.request_id.len = SW_REQUEST_ID_BYTES;
+    w.seq = seq;
+    w.instance_id = (char *)instance;
+    if (hb) {
+        h.last_seq = hb_last;
+        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+        w.heartbeat = &h;
+    } else if (term == NULL) {
+        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+        w.data.data = (uint8_t *)data;
+        w.data.len = len;
+        w.droppable = droppable != 0;
+    } else {
+        w.complete_final = 1;
+        w.terminal = (swp_terminal *)term;
+    }
+    return swp_encode_alloc(&w, max ? max : SIZE_MAX, out, outlen);
+}
+
+static int
+resp_should_drop(sw_ingress *ing)
+{
+    uint32_t v;
+    if (ing->drop_rate <= 0.0)
+        return 0;
+    swi_random(&v, sizeof(v));
+    return (double)v / 4294967296.0 < ing->drop_rate;
+}
+
+/* Publishes a packed wrapper (r->mu held). */
+static sw_err
+resp_publish(sw_responder *r, const uint8_t *buf, size_t len)
+{
+    sw_err rv = swt_publish(r->ing->conn, r->resp_subj, NULL, buf, len);
+    if (rv == SW_OK)
+        r->last_pub_ms = swi_now_ms();
+    return rv;
+}
+
+/* Keeps a packed item for resend (r->mu held). Takes ownership of buf. */
+static void
+resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
+{
+    swi_slot *s;
+    if (r->ring == NULL) {
+        free(buf);
+        return;
+    }
+    s = &r->ring[seq % r->ring_cap];
+    free(s->buf);
+    s->seq = seq;
+    s->buf = buf;
+    s->len = len;
+}
+
+static void
+resp_release_acked(sw_responder *r, uint64_t ack)
+{
+    if (ack <= r->acked)
+        return;
+    if (r->ring != NULL) {
+        uint64_t from = r->acked + 1;
+        if (ack - r->acked > r->ring_cap)
+            from = ack - r->ring_cap + 1;
+        for (uint64_t q = from; q <= ack; q++) {
+            swi_slot *s = &r->ring[q % r->ring_cap];
+            if (s->seq == q) {
+                free(s->buf);
+                s->buf = NULL;
+                s->seq = 0;
+            }
+        }
+    }
+    r->acked = ack;
+}
+
+/* ---------------------------------------------------------------- stream end */
+
+static void unregister_stream(sw_responder *r);
+
+/* Bookkeeping once nothing more will be sent (r->mu held). */
+static void
+resp_mark_terminated(sw_responder *r)
+{
+    sw_ingress *ing = r->ing;
+    int counted = r->counted;
+    r->terminated = 1;
+    r->counted = 0;
+    r->done_ms = swi_now_ms();
+    pthread_cond_broadcast(&r->cv);
+    if (counted) {
+        pthread_mutex_lock(&ing->mu);
+        ing->inflight--;
+        ing->st.inflight = ing->inflight;
+        pthread_cond_broadcast(&ing->cv);
+        pthread_mutex_unlock(&ing->mu);
+    }
+}
+
+/* Sends the final wrapper (r->mu held, not terminated). */
+static sw_err
+resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
+{
+    sw_ingress *ing = r->ing;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t seq = r->next_seq;
+    sw_err rv;
+
+    if (r->closed)
+        return SW_ECLOSED;
+    rv = resp_pack(r->id, ing->instance_id, seq, NULL, 0, 0, t, 0, 0, sw_conn_max_payload(ing->conn),
+                   &buf, &len);
+    if (rv == SW_EMSGSIZE) {
+        /* A message too long for the bus: send the terminal without it. */
+        swp_terminal t2 = *t;
+        swp_error e2;
+        if (t->error != NULL) {
+            e2 = *t->error;
+            e2.message = (char *)"";
+            t2.error = &e2;
+        }
+        rv = resp_pack(r->id, ing->instance_id, seq, NULL, 0, 0, &t2, 0, 0,
+                       sw_conn_max_payload(ing->conn), &buf, &len);
+    }
+    if (rv != SW_OK)
+        return rv;
+    r->next_seq++;
+    r->final_seq = seq;
+    rv = resp_publish(r, buf, len);
+    resp_keep(r, seq, buf, len);
+    resp_mark_terminated(r);
+    pthread_mutex_lock(&ing->mu);
+    ing->st.finished[counted_as]++;
+    pthread_mutex_unlock(&ing->mu);
+    if (r->window == 0)
+        unregister_stream(r); /* nothing to resend, no ack will come */
+    return rv;
+}
+
+static sw_err
+resp_send_error_final(sw_responder *r, sw_err code, const char *message)
+{
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    swp_error e = STREAMWIRE__V1__ERROR__INIT;
+    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
+    e.sw_code = (uint32_t)code;
+    e.message = (char *)(message ? message : sw_strerror(code));
+    t.error = &e;
+    return resp_send_final(r, &t, SW_STATUS_ERROR);
+}
+
+/* Fires the cancel callback once, with no lock held. */
+static void
+resp_fire_cancel(sw_responder *r)
+{
+    sw_cancel_fn fn = NULL;
+    void *arg = NULL;
+    pthread_mutex_lock(&r->mu);
+    if (r->cancelled && !r->cancel_fired && r->cancel_fn != NULL) {
+        r->cancel_fired = 1;
+        fn = r->cancel_fn;
+        arg = r->cancel_arg;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (fn != NULL)
+        fn(r, arg);
+}
+
+/* ---------------------------------------------------------------- table */
+
+static void
+unregister_stream(sw_responder *r)
+{
+    sw_ingress *ing = r->ing;
+    int drop = 0;
+    pthread_mutex_lock(&ing->mu);
+    if (r->registered) {
+        r->registered = 0;
+        swi_idmap_del(&ing->streams, r->id);
+        drop = 1;
+    }
+    pthread_mutex_unlock(&ing->mu);
+    /* Every caller holds a reference of its own (user hold, control or timer
+     * transient), so dropping the table's cannot free r under its lock. */
+    if (drop)
+        resp_unref(r);
+}
+
+/* ---------------------------------------------------------------- responder API */
+
+const void *
+sw_responder_payload(const sw_responder *r, size_t *len)
+{
+    if (r == NULL) {
+        if (len)
+            *len = 0;
+        return NULL;
+    }
+    if (len)
+        *len = r->plen;
+    return r->payload;
+}
+
+uint32_t
+sw_responder_max_tokens(const sw_responder *r)
+{
+    return r ? r->max_tokens : 0;
+}
+
+const char *
+sw_responder_request_id(const sw_responder *r)
+{
+    return r ? r->idhex : "";
+}
+
+int64_t
+sw_responder_deadline_left_ms(const sw_responder *r)
+{
+    int64_t left;
+    if (r == NULL || r->deadline_ms < 0)
+        return -1;
+    left = r->deadline_ms - swi_now_ms();
+    return left > 0 ? left : 0;
+}
+
+int
+sw_responder_cancelled(const sw_responder *r)
+{
+    int c;
+    if (r == NULL)
+        return 1;
+    pthread_mutex_lock((pthread_mutex_t *)&r->mu);
+    c = r->cancelled || r->closed;
+    pthread_mutex_unlock((pthread_mutex_t *)&r->mu);
+    return c;
+}
+
+void
+sw_responder_on_cancel(sw_responder *r, sw_cancel_fn fn, void *arg)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->cancel_fn = fn;
+    r->cancel_arg = arg;
+    r->cancel_fired = 0;
+    pthread_mutex_unlock(&r->mu);
+    resp_fire_cancel(r);
+}
+
+/* mode: 0 blocking, 1 non-blocking, 2 droppable */
+static sw_err
+resp_send(sw_responder *r, const void *data, size_t len, int mode)
+{
+    sw_ingress *ing;
+    int64_t wait_until;
+    uint8_t *buf = NULL;
+    size_t blen = 0;
+    uint64_t seq;
+    sw_err rv;
+
+    if (r == NULL || (data == NULL && len != 0))
+        return SW_EINVAL;
+    ing = r->ing;
+    pthread_mutex_lock(&r->mu);
+    wait_until = swi_now_ms() + ing->send_timeout_ms;
+    for (;;) {
+        if (r->cancelled) {
+            rv = SW_ECANCELLED;
+            goto out;
+        }
+        if (r->terminated || r->closed) {
+            rv = SW_ECLOSED;
+            goto out;
+        }
+        if (r->next_seq <= r->credit_limit)
+            break;
+        if (mode == 2) {
+            pthread_mutex_lock(&ing->mu);
+            ing->st.items_shed++;
+            pthread_mutex_unlock(&ing->mu);
+            rv = SW_OK;
+            goto out;
+        }
+        if (mode == 1) {
+            rv = SW_EAGAIN;
+            goto out;
+        }
+        if (swi_cond_wait_until(&r->cv, &r->mu, wait_until) != 0 && swi_now_ms() >= wait_until) {
+            rv = SW_ETIMEDOUT;
+            goto out;
+        }
+    }
+    seq = r->next_seq;
+    rv = resp_pack(r->id, ing->instance_id, seq, data, len, mode == 2, NULL, 0, 0,
+                   sw_conn_max_payload(ing->conn), &buf, &blen);
+    if (rv != SW_OK)
+        goto out; /* SW_EMSGSIZE: nothing consumed, the stream goes on */
+    r->next_seq++;
+    if (resp_should_drop(ing))
+        rv = SW_OK; /* test-only loss injection: kept for resend, not published */
+    else
+        rv = resp_publish(r, buf, blen);
+    resp_keep(r, seq, buf, blen);
+    if (rv == SW_OK) {
+        pthread_mutex_lock(&ing->mu);
+        ing->st.items_sent++;
+        pthread_mutex_unlock(&ing->mu);
+    }
+out:
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+sw_err
+sw_responder_send(sw_responder *r, const void *data, size_t len)
+{
+    return resp_send(r, data, len, 0);
+}
+
+sw_err
+sw_responder_try_send(sw_responder *r, const void *data, size_t len)
+{
+    return resp_send(r, data, len, 1);
+}
+
+sw_err
+sw_responder_send_droppable(sw_responder *r, const void *data, size_t len)
+{
+    return resp_send(r, data, len, 2);
+}
+
+static sw_err
+resp_check_open(sw_responder *r)
+{
+    if (r->cancelled)
+        return SW_ECANCELLED;
+    if (r->terminated || r->closed)
+        return SW_ECLOSED;
+    return SW_OK;
+}
+
+sw_err
+sw_responder_finish(sw_responder *r, sw_status status, const char *reason)
+{
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    sw_err rv;
+    if (r == NULL)
+        return SW_EINVAL;
+    if (status == SW_STATUS_COMPLETED) {
+        t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+        t.finish_reason = (char *)(reason ? reason : "stop");
+    } else if (status == SW_STATUS_INCOMPLETE && reason != NULL && *reason != '\0') {
+        t.status = STREAMWIRE__V1__STATUS__STATUS_INCOMPLETE;
+        t.finish_reason = (char *)reason;
+    } else {
+        return SW_EINVAL;
+    }
+    if (strlen(t.finish_reason) > 256)
+        return SW_EINVAL;
+    pthread_mutex_lock(&r->mu);
+    rv = resp_check_open(r);
+    if (rv == SW_OK)
+        rv = resp_send_final(r, &t, status);
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+sw_err
+sw_responder_fail(sw_responder *r, const char *code, const char *message)
+{
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    swp_error e = STREAMWIRE__V1__ERROR__INIT;
+    sw_err rv;
+    if (r == NULL || !swi_valid_code(code))
+        return SW_EINVAL;
+    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
+    e.app_code = (char *)code;
+    e.message = (char *)(message ? message : "");
+    t.error = &e;
+    pthread_mutex_lock(&r->mu);
+    rv = resp_check_open(r);
+    if (rv == SW_OK)
+        rv = resp_send_final(r, &t, SW_STATUS_FAILED);
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+void
+sw_responder_retain(sw_responder *r)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->holds++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void
+resp_fail_released(sw_responder *r, const char *code, const char *message)
+{
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    swp_error e = STREAMWIRE__V1__ERROR__INIT;
+    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
+    e.app_code = (char *)code;
+    e.message = (char *)message;
+    t.error = &e;
+    (void)resp_send_final(r, &t, SW_STATUS_FAILED);
+}
+
+static void
+resp_drop_hold(sw_responder *r, const char *code, const char *message)
+{
+    int last;
+    pthread_mutex_lock(&r->mu);
+    last = --r->holds == 0;
+    if (last && !r->terminated && !r->closed) {
+        swi_log(&r->ing->log, SW_LOG_WARN, "stream %s released without a terminal: sending FAILED",
+                r->idhex);
+        resp_fail_released(r, code, message);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (last)
+        resp_unref(r);
+}
+
+void
+sw_responder_release(sw_responder *r)
+{
+    if (r == NULL)
+        return;
+    resp_drop_hold(r, "responder_released", "the responder was released without a terminal");
+}
+
+/* ---------------------------------------------------------------- chaos hooks */
+
+sw_err
+swi_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
+{
+    sw_err rv;
+    if (r == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&r->mu);
+    rv = r->closed ? SW_ECLOSED : resp_publish(r, bytes, len);
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+sw_err
+swi_responder_skip_seq(sw_responder *r)
+{
+    sw_err rv = SW_OK;
+    if (r == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&r->mu);
+    if (r->terminated || r->closed)
+        rv = SW_ECLOSED;
+    else
+        r->next_seq++;
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+void
+swi_responder_abandon(sw_responder *r)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    if (!r->terminated)
+        resp_mark_terminated(r);
+    pthread_mutex_unlock(&r->mu);
+    unregister_stream(r);
+}
+
+sw_err
+swi_responder_send_after_final(sw_responder *r, const void *data, size_t len)
+{
+    uint8_t *buf = NULL;
+    size_t blen = 0;
+    sw_err rv;
+    if (r == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&r->mu);
+    if (!r->terminated || r->final_seq == 0) {
+        pthread_mutex_unlock(&r->mu);
+        return SW_EBUSY;
+    }
+    rv = resp_pack(r->id, r->ing->instance_id, r->next_seq++, data, len, 0, NULL, 0, 0,
+                   sw_conn_max_payload(r->ing->conn), &buf, &blen);
+    if (rv == SW_OK && !r->closed)
+        rv = resp_publish(r, buf, blen);
+    free(buf);
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+void
+swi_ingress_set_drop_rate(sw_ingress *ing, double rate)
+{
+    if (ing != NULL)
+        ing->drop_rate = rate < 0 ? 0 : rate > 1 ? 1 : rate;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+/* Answers a request that cannot be served with a one-item stream: a final
+ * wrapper (seq 1) carrying a streamwire error code. */
+static void
+ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_BYTES],
+           sw_err code, const char *message)
+{
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    swp_error e = STREAMWIRE__V1__ERROR__INIT;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
+    e.sw_code = (uint32_t)code;
+    e.message = (char *)message;
+    t.error = &e;
+    if (resp_pack(id, ing->instance_id, 1, NULL, 0, 0, &t, 0, 0, sw_conn_max_payload(ing->conn),
+                  &buf, &len) == SW_OK)
+        (void)swt_publish(ing->conn, subject, NULL, buf, len);
+    free(buf);
+}
+
+static void
+ing_on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    sw_ingress *ing = arg;
+    const char *reply = natsMsg_GetReply(msg);
+    const uint8_t *data = (const uint8_t *)natsMsg_GetData(msg);
+    size_t len = (size_t)natsMsg_GetDataLength(msg);
+    swp_request *req = NULL;
+    sw_responder *r = NULL;
+    uint8_t rid[SW_REQUEST_ID_BYTES];
+    sw_err rv;
+    int overloaded = 0, dup = 0;
+
+    rv = swp_decode_request(data, len, ing->max_req, &req);
+    if (rv != SW_OK) {
+        pthread_mutex_lock(&ing->mu);
+        ing->st.bad_requests++;
+        pthread_mutex_unlock(&ing->mu);
+        if (reply != NULL && swp_valid_subject(reply) && swt_response_subject_id(reply, rid) == 0) {
+            swi_log(&ing->log, SW_LOG_WARN, "bad request on %s: %s; answered with an error terminal",
+                    ing->req_subj, sw_err_name(rv));
+            ing_reject(ing, reply, rid, rv, sw_strerror(rv));
+        } else {
+            swi_log(&ing->log, SW_LOG_WARN, "bad request on %s: %s; no usable reply subject, dropped",
+                    ing->req_subj, sw_err_name(rv));
+        }
+        goto done;
+    }
+    if (req->endpoint[0] != '\0' && strcmp(req->endpoint, ing->endpoint) != 0) {
+        pthread_mutex_lock(&ing->mu);
+        ing->st.bad_requests++;
+        pthread_mutex_unlock(&ing->mu);
+        ing_reject(ing, req->response_subject, req->request_id.data, SW_EINVAL,
+                   "request for another endpoint");
+        goto done;
+    }
+
+    if ((r = calloc(1, sizeof(*r))) == NULL)
+        goto nomem;
+    r->ing = ing;
+    atomic_init(&r->refs, 2); /* table + user hold */
+    r->holds = 1;
+    pthread_mutex_init(&r->mu, NULL);
+    swi_cond_init(&r->cv);
+    memcpy(r->id, req->request_id.data, SW_REQUEST_ID_BYTES);
+    swi_hex(r->idhex, r->id, SW_REQUEST_ID_BYTES);
+    snprintf(r->resp_subj, sizeof(r->resp_subj), "%s", req->response_subject);
+    snprintf(r->router_id, sizeof(r->router_id), "%s", req->router_id);
+    r->max_tokens = req->max_tokens;
+    r->next_seq = 1;
+    r->window = req->credit_window;
+    if (r->window > ing->max_window)
+        r->window = ing->max_window;
+    r->credit_limit = r->window ? r->window : UINT64_MAX;
+    r->hb_ms = req->heartbeat_ms;
+    if (r->hb_ms != 0 && r->hb_ms < 10)
+        r->hb_ms = 10;
+    r->last_pub_ms = swi_now_ms();
+    r->deadline_ms = req->deadline_ms ? r->last_pub_ms + req->deadline_ms : -1;
+    if (req->payload.len > 0) {
+        if ((r->payload = malloc(req->payload.len)) == NULL)
+            goto nomem;
+        memcpy(r->payload, req->payload.data, req->payload.len);
+        r->plen = req->payload.len;
+    }
+    if (r->window > 0) {
+        r->ring_cap = (size_t)r->window + 1;
+        if ((r->ring = calloc(r->ring_cap, sizeof(*r->ring))) == NULL)
+            goto nomem;
+    }
+
+    pthread_mutex_lock(&ing->mu);
+    if (ing->draining || ing->stopping) {
+        overloaded = 1;
+    } else if (swi_idmap_get(&ing->streams, r->id) != NULL) {
+        dup = 1;
+    } else if (ing->inflight >= ing->max_inflight) {
+        overloaded = 1;
+        ing->st.rejected_overload++;
+    } else if (swi_idmap_put(&ing->streams, r->id, r) != 0) {
+        pthread_mutex_unlock(&ing->mu);
+        goto nomem;
+    } else {
+        atomic_fetch_add(&ing->refs, 1);
+        r->registered = 1;
+        r->counted = 1;
+        ing->inflight++;
+        ing->st.inflight = ing->inflight;
+        ing->st.requests++;
+        if (ing->q_tail)
+            ing->q_tail->qnext = r;
+        else
+            ing->q_head = r;
+        ing->q_tail = r;
+        pthread_cond_signal(&ing->cv);
+    }
+    pthread_mutex_unlock(&ing->mu);
+    if (overloaded || dup) {
+        if (overloaded) {
+            swi_log(&ing->log, SW_LOG_WARN, "request %s rejected: overloaded (%u in flight)",
+                    r->idhex, ing->max_inflight);
+            ing_reject(ing, req->response_subject, r->id, SW_EOVERLOADED,
+                       "the instance is at its concurrency limit");
+        }
+        goto free_r;
+    }
+    goto done;
+
+nomem:
+    swi_log(&ing->log, SW_LOG_ERROR, "out of memory accepting a request");
+    ing_reject(ing, req->response_subject, req->request_id.data, SW_ENOMEM, "worker out of memory");
+free_r:
+    if (r != NULL) {
+        free(r->ring);
+        free(r->payload);
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        free(r);
+    }
+done:
+    swp_free(req);
+    natsMsg_Destroy(msg);
+}
+
+static void *
+ing_worker_main(void *arg)
+{
+    sw_ingress *ing = arg;
+    for (;;) {
+        sw_responder *r;
+        pthread_mutex_lock(&ing->mu);
+        while (ing->q_head == NULL && !ing->stopping)
+            pthread_cond_wait(&ing->cv, &ing->mu);
+        if (ing->q_head == NULL) {
+            pthread_mutex_unlock(&ing->mu);
+            return NULL;
+        }
+        r = ing->q_head;
+        ing->q_head = r->qnext;
+        if (ing->q_head == NULL)
+            ing->q_tail = NULL;
+        r->qnext = NULL;
+        pthread_mutex_unlock(&ing->mu);
+
+        if (!sw_responder_cancelled(r))
+            ing->handler(r, ing->handler_arg);
+        resp_drop_hold(r, "handler_returned", "the handler returned without a terminal");
+    }
+}
+
+/* ---------------------------------------------------------------- control */
+
+static void
+resp_cancel(sw_responder *r, int kill)
+{
+    sw_ingress *ing = r->ing;
+    int newly = 0;
+    pthread_mutex_lock(&r->mu);
+    if (!r->cancelled) {
+        r->cancelled = 1;
+        newly = 1;
+    }
+    if (!r->terminated) {
+        if (kill) {
+            resp_mark_terminated(r);
+        } else {
+            swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+            t.status = STREAMWIRE__V1__STATUS__STATUS_CANCELLED;
+            t.finish_reason = (char *)"cancelled";
+            (void)resp_send_final(r, &t, SW_STATUS_CANCELLED);
+        }
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (newly) {
+        pthread_mutex_lock(&ing->mu);
+        ing->st.cancels++;
+        pthread_mutex_unlock(&ing->mu);
+        resp_fire_cancel(r);
+    }
+    if (kill)
+        unregister_stream(r);
+}
+
+static void
+resp_resend(sw_responder *r, uint64_t from, uint64_t to)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&r->mu);
+    if (r->ring != NULL && !r->closed) {
+        if (to >= r->next_seq)
+            to = r->next_seq - 1;
+        if (from <= r->acked)
+            from = r->acked + 1;
+        for (uint64_t q = from; q <= to; q++) {
+            swi_slot *s = &r->ring[q % r->ring_cap];
+            if (s->seq == q && s->buf != NULL && resp_publish(r, s->buf, s->len) == SW_OK)
+                n++;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (n) {
+        pthread_mutex_lock(&r->ing->mu);
+        r->ing->st.items_resent += n;
+        pthread_mutex_unlock(&r->ing->mu);
+    }
+}
+
+static void
+ing_probe_reply(sw_ingress *ing, natsMsg *msg, sw_responder *r)
+{
+    swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
+    uint8_t buf[256];
+    size_t len;
+    const char *reply = natsMsg_GetReply(msg);
+    if (reply == NULL)
+        return;
+    p.version = SW_PROTOCOL_VERSION;
+    p.instance_id = ing->instance_id;
+    pthread_mutex_lock(&ing->mu);
+    p.inflight = ing->inflight;
+    p.draining = ing->draining != 0;
+    pthread_mutex_unlock(&ing->mu);
+    if (r != NULL) {
+        pthread_mutex_lock(&r->mu);
+        p.known = !r->terminated || r->final_seq != 0;
+        p.last_seq = r->next_seq - 1;
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
+        (void)swt_publish(ing->conn, reply, NULL, buf, len);
+}
+
+static void
+ing_on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    sw_ingress *ing = arg;
+    swp_control *c = NULL;
+    sw_responder *r = NULL;
+    sw_err rv = swp_decode_control((const uint8_t *)natsMsg_GetData(msg),
+                                   (size_t)natsMsg_GetDataLength(msg), SWI_MAX_CONTROL_BYTES, &c);
+    if (rv != SW_OK) {
+        swi_log(&ing->log, SW_LOG_WARN, "bad control message: %s", sw_err_name(rv));
+        goto done;
+    }
+    if (c->request_id.len == SW_REQUEST_ID_BYTES) {
+        pthread_mutex_lock(&ing->mu);
+        r = swi_idmap_get(&ing->streams, c->request_id.data);
+        if (r != NULL)
+            resp_ref(r);
+        pthread_mutex_unlock(&ing->mu);
+    }
+    switch (c->kind) {
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE:
+        ing_probe_reply(ing, msg, r);
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
+        if (r != NULL)
+            resp_cancel(r, c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL);
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
+        if (r != NULL) {
+            int retire;
+            pthread_mutex_lock(&r->mu);
+            if (r->window != 0 && c->credit_limit > r->credit_limit) {
+                r->credit_limit = c->credit_limit;
+                pthread_cond_broadcast(&r->cv);
+            }
+            resp_release_acked(r, c->ack_seq);
+            retire = r->terminated && r->final_seq != 0 && c->ack_seq >= r->final_seq;
+            pthread_mutex_unlock(&r->mu);
+            if (retire)
+                unregister_stream(r);
+        }
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
+        if (r != NULL)
+            resp_resend(r, c->resend_from, c->resend_to);
+        break;
+    default:
+        break;
+    }
+done:
+    if (r != NULL)
+        resp_unref(r);
+    swp_free(c);
+    natsMsg_Destroy(msg);
+}
+
+/* ---------------------------------------------------------------- timer */
+
+typedef struct {
+    sw_responder **v;
+    size_t n, cap;
+} resp_vec;
+
+static void
+collect_cb(void *val, void *arg)
+{
+    resp_vec *vec = arg;
+    if (vec->n < vec->cap) {
+        resp_ref(val);
+        vec->v[vec->n++] = val;
+    }
+}
+
+/* Snapshot of the registered responders, each with a reference. */
+static void
+ing_snapshot(sw_ingress *ing, resp_vec *vec)
+{
+    pthread_mutex_lock(&ing->mu);
+    vec->n = 0;
+    if (vec->cap < ing->streams.live) {
+        size_t ncap = ing->streams.live * 2;
+        sw_responder **nv = realloc(vec->v, ncap * sizeof(*nv));
+        if (nv != NULL) {
+            vec->v = nv;
+            vec->cap = ncap;
+        }
+    }
+    swi_idmap_each(&ing->streams, collect_cb, vec);
+    pthread_mutex_unlock(&ing->mu);
+}
+
+static void
+ing_tick_one(sw_responder *r, int64_t now)
+{
+    int deadline = 0, retire = 0;
+    pthread_mutex_lock(&r->mu);
+    if (!r->terminated && !r->closed) {
+        if (r->deadline_ms >= 0 && now >= r->deadline_ms) {
+            deadline = !r->cancelled;
+            r->cancelled = 1;
+            (void)resp_send_error_final(r, SW_DEADLINE_EXCEEDED, "the request deadline passed");
+        } else if (r->hb_ms != 0 && now - r->last_pub_ms >= (int64_t)r->hb_ms) {
+            uint8_t *buf = NULL;
+            size_t len = 0;
+            if (resp_pack(r->id, r->ing->instance_id, 0, NULL, 0, 0, NULL, 1, r->next_seq - 1, 0,
+                          &buf, &len) == SW_OK &&
+                resp_publish(r, buf, len) == SW_OK) {
+                pthread_mutex_lock(&r->ing->mu);
+                r->ing->st.heartbeats++;
+                pthread_mutex_unlock(&r->ing->mu);
+            }
+            free(buf);
+        }
+    } else if (r->terminated) {
+        /* A final never acknowledged: keep it for resend for a while, then let go. */
+        int64_t linger = 4 * (int64_t)r->hb_ms + SWI_LINGER_MIN_MS;
+        retire = now - r->done_ms >= linger;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (deadline)
+        resp_fire_cancel(r);
+    if (retire)
+        unregister_stream(r);
+}
+
+static void *
+ing_timer_main(void *arg)
+{
+    sw_ingress *ing = arg;
+    resp_vec vec = {NULL, 0, 0};
+    pthread_mutex_lock(&ing->mu);
+    while (!ing->stopping) {
+        swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + SWI_TICK_MS);
+        if (ing->stopping)
+            break;
+        pthread_mutex_unlock(&ing->mu);
+        ing_snapshot(ing, &vec);
+        int64_t now = swi_now_ms();
+        for (size_t i = 0; i < vec.n; i++) {
+            ing_tick_one(vec.v[i], now);
+            resp_unref(vec.v[i]);
+        }
+        pthread_mutex_lock(&ing->mu);
+    }
+    pthread_mutex_unlock(&ing->mu);
+    free(vec.v);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+void
+sw_ingress_opts_init(sw_ingress_opts *o)
+{
+    if (o == NULL)
+        return;
+    memset(o, 0, sizeof(*o));
+    o->max_inflight = 64;
+    o->handler_threads = 4;
+    o->send_timeout_ms = 30000;
+    o->max_window = 1024;
+}
+
+static sw_err
+ing_subscribe(sw_ingress *ing, natsSubscription **sub, const char *subj, natsMsgHandler cb)
+{
+    natsStatus s = natsConnection_Subscribe(sub, ing->conn->nc, subj, cb, ing);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(*sub, -1, -1);
+    return sw_err_from_nats(s);
+}
+
+static void ing_stop(sw_ingress *ing);
+
+sw_err
+sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
+{
+    sw_ingress *ing;
+    sw_err rv;
+    const char *drop;
+
+    if (out == NULL || conn == NULL || o == NULL || o->handler == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    if (sw_validate_endpoint(o->endpoint) != SW_OK)
+        return SW_EINVAL;
+    if (o->instance_id != NULL && sw_validate_token(o->instance_id) != SW_OK)
+        return SW_EINVAL;
+    if ((rv = swi_init()) != SW_OK)
+        return rv;
+    if ((ing = calloc(1, sizeof(*ing))) == NULL)
+        return SW_ENOMEM;
+    atomic_init(&ing->refs, 1);
+    ing->conn = conn;
+    ing->log.fn = o->log;
+    ing->log.arg = o->log_arg;
+    snprintf(ing->endpoint, sizeof(ing->endpoint), "%s", o->endpoint);
+    if (o->instance_id != NULL)
+        snprintf(ing->instance_id, sizeof(ing->instance_id), "%s", o->instance_id);
+    else
+        swi_random_token(ing->instance_id);
+    ing->handler = o->handler;
+    ing->handler_arg = o->handler_arg;
+    ing->max_inflight = o->max_inflight ? o->max_inflight : 64;
+    ing->nthreads = o->handler_threads ? o->handler_threads : 4;
+    ing->send_timeout_ms = o->send_timeout_ms ? o->send_timeout_ms : 30000;
+    ing->max_window = o->max_window ? o->max_window : 1024;
+    ing->max_req = o->max_request_bytes ? o->max_request_bytes : sw_conn_max_payload(conn);
+    if (ing->max_req == 0)
+        ing->max_req = 1024 * 1024;
+    if ((drop = getenv("SW_TEST_DROP_RATE")) != NULL)
+        swi_ingress_set_drop_rate(ing, atof(drop));
+    pthread_mutex_init(&ing->mu, NULL);
+    swi_cond_init(&ing->cv);
+    swi_cond_init(&ing->tick_cv);
+    if (swi_idmap_init(&ing->streams, 64) != 0 ||
+        (ing->threads = calloc(ing->nthreads, sizeof(pthread_t))) == NULL) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
+    if (swt_subject_request(ing->req_subj, sizeof(ing->req_subj), ing->endpoint,
+                            ing->instance_id) != SW_OK ||
+        swt_subject_control(ing->ctl_subj, sizeof(ing->ctl_subj), ing->instance_id) != SW_OK) {
+        rv = SW_EINVAL;
+        goto fail;
+    }
+    for (unsigned i = 0; i < ing->nthreads; i++) {
+        if (pthread_create(&ing->threads[i], NULL, ing_worker_main, ing) != 0) {
+            rv = SW_ENOMEM;
+            goto fail;
+        }
+        ing->started_threads++;
+    }
+    if (pthread_create(&ing->timer, NULL, ing_timer_main, ing) != 0) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
+    ing->timer_started = 1;
+    if ((rv = ing_subscribe(ing, &ing->ctl_sub, ing->ctl_subj, ing_on_control)) != SW_OK ||
+        (rv = ing_subscribe(ing, &ing->req_sub, ing->req_subj, ing_on_request)) != SW_OK)
+        goto fail;
+    /* Make sure the server has the interest before anyone is told we exist. */
+    natsConnection_FlushTimeout(conn->nc, 5000);
+    swi_log(&ing->log, SW_LOG_INFO, "serving %s as instance %s on %s", ing->endpoint,
+            ing->instance_id, ing->req_subj);
+    *out = ing;
+    return SW_OK;
+fail:
+    ing_stop(ing);
+    ing_unref(ing);
+    return rv;
+}
+
+static void
+sub_drain(natsSubscription **sub)
+{
+    if (*sub == NULL)
+        return;
+    if (natsSubscription_Drain(*sub) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(*sub, 5000);
+    else
+        natsSubscription_Unsubscribe(*sub);
+    natsSubscription_Destroy(*sub);
+    *sub = NULL;
+}
+
+static void
+cancel_cb(void *val, void *arg)
+{
+    (void)arg;
+    resp_ref(val);
+}
+
+sw_err
+sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
+{
+    resp_vec vec = {NULL, 0, 0};
+    int64_t until;
+    sw_err rv = SW_OK;
+
+    if (ing == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&ing->mu);
+    ing->draining = 1;
+    pthread_mutex_unlock(&ing->mu);
+    sub_drain(&ing->req_sub);
+    until = swi_now_ms() + (grace_ms > 0 ? grace_ms : 0);
+    pthread_mutex_lock(&ing->mu);
+    while (ing->inflight > 0 && swi_now_ms() < until)
+        swi_cond_wait_until(&ing->cv, &ing->mu, until);
+    if (ing->inflight > 0)
+        rv = SW_ETIMEDOUT;
+    pthread_mutex_unlock(&ing->mu);
+    if (rv == SW_OK)
+        return SW_OK;
+    /* Out of time: end what is left. The frontend sees instance_lost. */
+    ing_snapshot(ing, &vec);
+    for (size_t i = 0; i < vec.n; i++) {
+        sw_responder *r = vec.v[i];
+        int newly = 0;
+        pthread_mutex_lock(&r->mu);
+        if (!r->terminated) {
+            newly = !r->cancelled;
+            r->cancelled = 1;
+            (void)resp_send_error_final(r, SW_INSTANCE_LOST, "the worker is shutting down");
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (newly)
+            resp_fire_cancel(r);
+        resp_unref(r);
+    }
+    free(vec.v);
+    (void)cancel_cb;
+    return rv;
+}
+
+/* Stops threads and subscriptions; safe on a half-built ingress. */
+static void
+ing_stop(sw_ingress *ing)
+{
+    sub_drain(&ing->req_sub);
+    sub_drain(&ing->ctl_sub);
+    pthread_mutex_lock(&ing->mu);
+    ing->stopping = 1;
+    pthread_cond_broadcast(&ing->cv);
+    pthread_cond_broadcast(&ing->tick_cv);
+    pthread_mutex_unlock(&ing->mu);
+    for (unsigned i = 0; i < ing->started_threads; i++)
+        pthread_join(ing->threads[i], NULL);
+    ing->started_threads = 0;
+    if (ing->timer_started) {
+        pthread_join(ing->timer, NULL);
+        ing->timer_started = 0;
+    }
+}
+
+void
+sw_ingress_destroy(sw_ingress *ing)
+{
+    resp_vec vec = {NULL, 0, 0};
+    if (ing == NULL)
+        return;
+    (void)sw_ingress_drain(ing, 0);
+    ing_stop(ing);
+    /* Requests still queued never reached a handler: drop their hold. */
+    for (;;) {
+        sw_responder *r;
+        pthread_mutex_lock(&ing->mu);
+        r = ing->q_head;
+        if (r != NULL) {
+            ing->q_head = r->qnext;
+            if (ing->q_head == NULL)
+                ing->q_tail = NULL;
+        }
+        pthread_mutex_unlock(&ing->mu);
+        if (r == NULL)
+            break;
+        resp_drop_hold(r, "handler_returned", "shutting down");
+    }
+    ing_snapshot(ing, &vec);
+    for (size_t i = 0; i < vec.n; i++) {
+        sw_responder *r = vec.v[i];
+        pthread_mutex_lock(&r->mu);
+        r->closed = 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        unregister_stream(r);
+        resp_unref(r);
+    }
+    free(vec.v);
+    swi_log(&ing->log, SW_LOG_INFO, "instance %s stopped", ing->instance_id);
+    ing_unref(ing);
+}
+
+const char *
+sw_ingress_instance_id(const sw_ingress *ing)
+{
+    return ing ? ing->instance_id : "";
+}
+
+const char *
+sw_ingress_endpoint(const sw_ingress *ing)
+{
+    return ing ? ing->endpoint : "";
+}
+
+const char *
+sw_ingress_request_subject(const sw_ingress *ing)
+{
+    return ing ? ing->req_subj : "";
+}
+
+const char *
+sw_ingress_control_subject(const sw_ingress *ing)
+{
+    return ing ? ing->ctl_subj : "";
+}
+
+void
+sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out)
+{
+    if (ing == NULL || out == NULL)
+        return;
+    pthread_mutex_lock(&ing->mu);
+    *out = ing->st;
+    pthread_mutex_unlock(&ing->mu);
+}

@@ -46,6 +46,7 @@ struct sw_router {
     char wildcard[SWT_SUBJECT_MAX];
     unsigned window, hb_ms, inactivity_ms, gap_ms, linger_ms, max_streams;
     natsSubscription *mux;
+    natsSubscription *live; /* sw.rtr.<id>: answers workers' liveness probes */
     pthread_mutex_t mu;
     pthread_cond_t tick_cv;
     swi_idmap streams;
@@ -778,6 +779,22 @@ done:
     natsMsg_Destroy(msg);
 }
 
+/* A worker asks whether this frontend still exists; any answer will do. */
+static void
+rt_on_probe(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    sw_router *r = arg;
+    swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
+    uint8_t buf[128];
+    size_t len;
+    const char *reply = natsMsg_GetReply(msg);
+    p.version = SW_PROTOCOL_VERSION;
+    p.instance_id = r->id;
+    if (reply != NULL && swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
+        (void)swt_publish(r->conn, reply, NULL, buf, len);
+    natsMsg_Destroy(msg);
+}
+
 /* ---------------------------------------------------------------- timer */
 
 typedef struct {
@@ -879,6 +896,19 @@ rt_timer_main(void *arg)
 
 /* ---------------------------------------------------------------- router */
 
+static void
+rt_unsubscribe(natsSubscription **sub)
+{
+    if (*sub == NULL)
+        return;
+    if (natsSubscription_Drain(*sub) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(*sub, 5000);
+    else
+        natsSubscription_Unsubscribe(*sub);
+    natsSubscription_Destroy(*sub);
+    *sub = NULL;
+}
+
 void
 sw_router_opts_init(sw_router_opts *o)
 {
@@ -904,6 +934,7 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     sw_router *r;
     natsStatus ns;
     sw_err rv;
+    char live_subj[SWT_SUBJECT_MAX];
 
     if (out == NULL || conn == NULL || o == NULL)
         return SW_EINVAL;
@@ -937,9 +968,12 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         goto fail;
     }
     (void)swt_subject_response_wildcard(r->wildcard, sizeof(r->wildcard), r->id);
+    (void)swt_subject_router(live_subj, sizeof(live_subj), r->id);
     ns = natsConnection_Subscribe(&r->mux, conn->nc, r->wildcard, rt_on_msg, r);
     if (ns == NATS_OK)
         ns = natsSubscription_SetPendingLimits(r->mux, -1, -1);
+    if (ns == NATS_OK)
+        ns = natsConnection_Subscribe(&r->live, conn->nc, live_subj, rt_on_probe, r);
     if (ns == NATS_OK)
         ns = natsConnection_FlushTimeout(conn->nc, 5000);
     if (ns != NATS_OK) {
@@ -954,10 +988,8 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     *out = r;
     return SW_OK;
 fail:
-    if (r->mux != NULL) {
-        natsSubscription_Unsubscribe(r->mux);
-        natsSubscription_Destroy(r->mux);
-    }
+    rt_unsubscribe(&r->live);
+    rt_unsubscribe(&r->mux);
     rt_unref(r);
     return rv;
 }
@@ -994,6 +1026,7 @@ sw_router_destroy(sw_router *r)
     pthread_mutex_unlock(&r->mu);
     if (r->timer_started)
         pthread_join(r->timer, NULL);
+    rt_unsubscribe(&r->live);
     if (r->mux != NULL) {
         if (natsSubscription_Drain(r->mux) == NATS_OK)
             natsSubscription_WaitForDrainCompletion(r->mux, 5000);

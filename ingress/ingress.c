@@ -104,6 +104,9 @@ struct sw_ingress {
     unsigned started_threads;
     pthread_t timer;
     int timer_started;
+    pthread_t live;
+    int live_started;
+    unsigned probe_ms, probe_timeout_ms;
     int stopping;
     int draining;
     int destroyed;
@@ -1072,6 +1075,115 @@ ing_timer_main(void *arg)
     return NULL;
 }
 
+/* ---------------------------------------------------------------- frontend liveness */
+
+/* Core NATS cannot tell a publisher that nobody listens any more, so the
+ * worker asks: every probe_ms it sends a request to each frontend that has a
+ * live stream here (sw.rtr.<router>). A dead process has no subscription,
+ * and the server answers "no responders" at once; a frozen one times out. */
+
+#define SWI_MAX_FRONTENDS 64
+
+typedef struct {
+    char id[SW_MAX_TOKEN + 1];
+    int misses;
+    int seen;
+} swi_frontend;
+
+typedef struct {
+    swi_frontend *v;
+    size_t n;
+} swi_frontends;
+
+static void
+frontend_collect(void *val, void *arg)
+{
+    sw_responder *r = val;
+    swi_frontends *f = arg;
+    size_t i;
+    for (i = 0; i < f->n; i++) {
+        if (strcmp(f->v[i].id, r->router_id) == 0) {
+            f->v[i].seen = 1;
+            return;
+        }
+    }
+    if (f->n < SWI_MAX_FRONTENDS) {
+        snprintf(f->v[f->n].id, sizeof(f->v[f->n].id), "%s", r->router_id);
+        f->v[f->n].misses = 0;
+        f->v[f->n].seen = 1;
+        f->n++;
+    }
+}
+
+static void
+ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
+{
+    resp_vec vec = {NULL, 0, 0};
+    unsigned n = 0;
+    ing_snapshot(ing, &vec);
+    for (size_t i = 0; i < vec.n; i++) {
+        sw_responder *r = vec.v[i];
+        if (strcmp(r->router_id, router_id) == 0 && !sw_responder_cancelled(r)) {
+            resp_cancel(r, 1);
+            n++;
+        }
+        resp_unref(r);
+    }
+    free(vec.v);
+    pthread_mutex_lock(&ing->mu);
+    ing->st.frontends_lost++;
+    pthread_mutex_unlock(&ing->mu);
+    swi_log(&ing->log, SW_LOG_WARN, "frontend %s %s: cancelled %u stream(s)", router_id, why, n);
+}
+
+static void *
+ing_live_main(void *arg)
+{
+    sw_ingress *ing = arg;
+    swi_frontend table[SWI_MAX_FRONTENDS];
+    swi_frontends f = {table, 0};
+    for (;;) {
+        size_t i, keep = 0;
+        pthread_mutex_lock(&ing->mu);
+        if (!ing->stopping)
+            swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + ing->probe_ms);
+        if (ing->stopping) {
+            pthread_mutex_unlock(&ing->mu);
+            return NULL;
+        }
+        for (i = 0; i < f.n; i++)
+            f.v[i].seen = 0;
+        /* Every registered stream, including finished ones lingering for a
+         * final ack: probing their frontend costs one request per frontend. */
+        swi_idmap_each(&ing->streams, frontend_collect, &f);
+        pthread_mutex_unlock(&ing->mu);
+        for (i = 0; i < f.n; i++) {
+            char subj[SWT_SUBJECT_MAX];
+            natsMsg *reply = NULL;
+            sw_err rv;
+            if (!f.v[i].seen)
+                continue;
+            if (swt_subject_router(subj, sizeof(subj), f.v[i].id) != SW_OK)
+                continue;
+            rv = swt_request(ing->conn, &reply, subj, NULL, 0, ing->probe_timeout_ms);
+            natsMsg_Destroy(reply);
+            if (rv == SW_OK) {
+                f.v[i].misses = 0;
+            } else if (rv == SW_NO_RESPONDERS) {
+                ing_cancel_frontend(ing, f.v[i].id, "is gone (no responders)");
+                f.v[i].seen = 0;
+            } else if (rv == SW_ETIMEDOUT && ++f.v[i].misses >= 2) {
+                ing_cancel_frontend(ing, f.v[i].id, "did not answer two probes");
+                f.v[i].seen = 0;
+            }
+        }
+        for (i = 0; i < f.n; i++)
+            if (f.v[i].seen)
+                f.v[keep++] = f.v[i];
+        f.n = keep;
+    }
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 void
@@ -1084,6 +1196,8 @@ sw_ingress_opts_init(sw_ingress_opts *o)
     o->handler_threads = 4;
     o->send_timeout_ms = 30000;
     o->max_window = 1024;
+    o->frontend_probe_ms = 250;
+    o->frontend_timeout_ms = 500;
 }
 
 static sw_err
@@ -1130,6 +1244,8 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     ing->nthreads = o->handler_threads ? o->handler_threads : 4;
     ing->send_timeout_ms = o->send_timeout_ms ? o->send_timeout_ms : 30000;
     ing->max_window = o->max_window ? o->max_window : 1024;
+    ing->probe_ms = o->frontend_probe_ms ? o->frontend_probe_ms : 250;
+    ing->probe_timeout_ms = o->frontend_timeout_ms ? o->frontend_timeout_ms : 500;
     ing->max_req = o->max_request_bytes ? o->max_request_bytes : sw_conn_max_payload(conn);
     if (ing->max_req == 0)
         ing->max_req = 1024 * 1024;
@@ -1161,6 +1277,11 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         goto fail;
     }
     ing->timer_started = 1;
+    if (pthread_create(&ing->live, NULL, ing_live_main, ing) != 0) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
+    ing->live_started = 1;
     if ((rv = ing_subscribe(ing, &ing->ctl_sub, ing->ctl_subj, ing_on_control)) != SW_OK ||
         (rv = ing_subscribe(ing, &ing->req_sub, ing->req_subj, ing_on_request)) != SW_OK)
         goto fail;
@@ -1256,6 +1377,10 @@ ing_stop(sw_ingress *ing)
     if (ing->timer_started) {
         pthread_join(ing->timer, NULL);
         ing->timer_started = 0;
+    }
+    if (ing->live_started) {
+        pthread_join(ing->live, NULL);
+        ing->live_started = 0;
     }
 }
 

@@ -158,6 +158,10 @@ typedef struct sw_ingress_opts {
     size_t max_request_bytes;   /* default: the server's max payload */
     unsigned send_timeout_ms;   /* how long send() waits for credit; default 30000 */
     unsigned max_window;        /* cap on a request's credit window; default 1024 */
+    unsigned frontend_probe_ms; /* how often the frontends of live streams are probed; default 250 */
+    unsigned frontend_timeout_ms; /* a probe unanswered this long is a miss; two misses in a row,
+                                     or a no-responders answer, cancel that frontend's streams;
+                                     default 500 */
     sw_log_fn log;
     void *log_arg;
 } sw_ingress_opts;
@@ -199,7 +203,8 @@ typedef struct sw_ingress_stats {
     uint64_t items_resent;      /* retransmissions answering RESEND */
     uint64_t items_shed;        /* droppable items shed for lack of credit */
     uint64_t heartbeats;
-    uint64_t cancels;           /* streams cancelled by the frontend */
+    uint64_t cancels;           /* streams cancelled by the frontend (or its loss) */
+    uint64_t frontends_lost;    /* frontends declared gone by the liveness probe */
     uint64_t finished[6];       /* terminals sent, indexed by sw_status (1..5) */
     uint64_t inflight;          /* gauge */
 } sw_ingress_stats;

@@ -1,0 +1,174 @@
+/*
+ * streamwire/registry.h -- the discovery registry: workers register with a
+ * lease, routers list and watch live instances and report dead ones.
+ *
+ * Backends are a const table of operations (sw_registry_backend), selected by
+ * name: "nats-kv" (JetStream KV, the default; needs nats-server -js) and
+ * "memory" (in-process, for unit tests). Every backend passes the same
+ * conformance suite (tests/unit/test_registry.c).
+ *
+ * Liveness without per-key TTL (nats-server 2.9): a worker rewrites its entry
+ * every refresh_ms (default lease_ms / 3). A router counts an entry live while
+ * it has seen a new revision of it within lease_ms, measured on its own
+ * monotonic clock from the moment it observed the revision (for entries found
+ * at start-up, from the server's timestamp of that revision). So an entry that
+ * stops being refreshed is dead for every router after lease_ms, even though
+ * nothing deletes it.
+ *
+ * Reporting a dead instance writes a tombstone (InstanceInfo.dead) guarded by
+ * the revision the reporter saw: if the worker refreshed in between (it is
+ * alive) the report fails with SW_EBUSY and changes nothing. A live worker
+ * that finds its entry tombstoned registers again with a new revision.
+ *
+ * Thread safety: every function is thread-safe. Watch callbacks run on a
+ * registry thread, never concurrently with each other, with no lock held.
+ */
+#ifndef STREAMWIRE_REGISTRY_H
+#define STREAMWIRE_REGISTRY_H
+
+#include <streamwire/streamwire.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sw_registry sw_registry;
+
+/* One instance as the registry knows it. Strings are owned by whatever
+ * returned the struct (see each function). */
+typedef struct sw_instance {
+    const char *instance_id;
+    const char *endpoint;
+    const char *request_subject;
+    const char *control_subject;
+    const char *host;
+    uint32_t pid;
+    int64_t started_unix_ms;
+    uint32_t lease_ms;
+    uint64_t revision;   /* backend revision of this entry */
+    int64_t age_ms;      /* since the entry was last refreshed, as this process sees it */
+    int draining;        /* shutting down: do not route new requests */
+} sw_instance;
+
+typedef enum sw_registry_event {
+    SW_REGISTRY_ADDED = 1,   /* new live instance (or back after being dead) */
+    SW_REGISTRY_UPDATED = 2, /* refreshed with a change (draining, labels) */
+    SW_REGISTRY_REMOVED = 3  /* deregistered, reported dead, or lease expired */
+} sw_registry_event;
+
+/* Watch callback. inst and its strings are valid only during the call. */
+typedef void (*sw_registry_watch_fn)(void *arg, sw_registry_event ev, const sw_instance *inst);
+
+/* --- backends (plugins) ------------------------------------------------- */
+
+#define SW_REGISTRY_BACKEND_VERSION 1
+
+/* A raw entry: key, value bytes, revision, and the backend's timestamp of that
+ * revision (Unix ms; 0 if unknown). */
+typedef struct sw_registry_entry {
+    const char *key;
+    const uint8_t *value;
+    size_t len;
+    uint64_t revision;
+    int64_t created_unix_ms;
+} sw_registry_entry;
+
+typedef void (*sw_registry_entry_fn)(void *arg, const sw_registry_entry *e, int deleted);
+
+typedef struct sw_registry_backend {
+    const char *name;
+    unsigned version; /* SW_REGISTRY_BACKEND_VERSION */
+    /* Opens the store named `bucket`. *state is the backend's. */
+    sw_err (*open)(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms);
+    void (*close)(void *state);
+    /* Writes key. expect_rev == 0: create or overwrite. Otherwise only if the
+     * current revision equals expect_rev (SW_EBUSY if not, SW_ENOTFOUND if the
+     * key does not exist). *rev gets the new revision. */
+    sw_err (*put)(void *state, const char *key, const uint8_t *val, size_t len,
+                  uint64_t expect_rev, uint64_t *rev);
+    /* Removes key (no error if absent). */
+    sw_err (*del)(void *state, const char *key);
+    /* Calls fn for every current entry. */
+    sw_err (*list)(void *state, sw_registry_entry_fn fn, void *arg);
+    /* Calls fn for every later change, from a backend thread, until
+     * unwatch. Returns a handle in *watch. */
+    sw_err (*watch)(void *state, sw_registry_entry_fn fn, void *arg, void **watch);
+    void (*unwatch)(void *state, void *watch);
+} sw_registry_backend;
+
+/* The built-in backends. */
+SW_API const sw_registry_backend *sw_registry_backend_nats_kv(void);
+SW_API const sw_registry_backend *sw_registry_backend_memory(void);
+/* Looks a backend up by name ("nats-kv", "memory"); NULL if unknown. */
+SW_API const sw_registry_backend *sw_registry_backend_find(const char *name);
+
+/* --- the registry ------------------------------------------------------- */
+
+typedef struct sw_registry_opts {
+    const char *backend;       /* "nats-kv" (default) or "memory" */
+    const sw_registry_backend *backend_ops; /* overrides `backend` */
+    const char *bucket;        /* default "streamwire_instances" */
+    unsigned lease_ms;         /* default 3000 */
+    unsigned refresh_ms;       /* default lease_ms / 3 */
+    sw_log_fn log;
+    void *log_arg;
+} sw_registry_opts;
+
+SW_API void sw_registry_opts_init(sw_registry_opts *opts);
+
+/* Opens (and for nats-kv creates if missing) the registry and starts
+ * watching it. conn may be NULL for the memory backend.
+ * Errors: SW_EINVAL (unknown backend, bad bucket name, backend table of the
+ * wrong version or missing entries), SW_ENOMEM, SW_ENATS... (JetStream not
+ * enabled shows as a wrapped NATS status). */
+SW_API SW_NODISCARD sw_err sw_registry_open(sw_registry **out, sw_conn *conn,
+                                            const sw_registry_opts *opts);
+
+/* Stops keep-alives (entries registered through this handle are NOT
+ * deregistered: call sw_registry_deregister first for a clean exit), stops
+ * watching, frees. NULL ok. */
+SW_API void sw_registry_close(sw_registry *reg);
+
+/* Worker side: registers the ingress's instance and keeps its lease alive
+ * from a registry thread until deregistered. If the entry is found
+ * tombstoned or deleted while the worker lives, it registers again.
+ * Errors: SW_EINVAL, SW_EEXIST (already registered via this handle),
+ * backend errors. */
+SW_API sw_err sw_registry_register(sw_registry *reg, sw_ingress *ing);
+
+/* Marks the entry draining (routers stop picking it) without removing it. */
+SW_API sw_err sw_registry_set_draining(sw_registry *reg, const char *instance_id);
+
+/* Stops the keep-alive and deletes the entry. SW_ENOTFOUND if this handle
+ * did not register it. */
+SW_API sw_err sw_registry_deregister(sw_registry *reg, const char *instance_id);
+
+/* Router side: reports an instance dead. `revision` is the revision the
+ * reporter last saw (0 = the current one, unguarded). Returns SW_OK when
+ * the tombstone was written, SW_EBUSY when the entry has a newer revision
+ * (the instance refreshed: it is alive), SW_ENOTFOUND when there is no
+ * entry. */
+SW_API sw_err sw_registry_report_dead(sw_registry *reg, const char *instance_id,
+                                      uint64_t revision, const char *reason);
+
+/* Live instances serving `endpoint` (NULL = all), from this handle's watched
+ * view. *out is an array of *n entries owned by the caller: free it with
+ * sw_instances_free. */
+SW_API sw_err sw_registry_list(sw_registry *reg, const char *endpoint, sw_instance **out,
+                               size_t *n);
+SW_API void sw_instances_free(sw_instance *v, size_t n);
+
+/* Adds a watcher. Current live instances are reported as ADDED first.
+ * Returns a watcher id (> 0) in *id for sw_registry_unwatch. */
+SW_API sw_err sw_registry_watch(sw_registry *reg, sw_registry_watch_fn fn, void *arg, int *id);
+/* Removes a watcher; when it returns, the callback is not running and will
+ * not be called again. Must not be called from the callback. */
+SW_API void sw_registry_unwatch(sw_registry *reg, int id);
+
+/* Lease of this registry handle, ms. */
+SW_API unsigned sw_registry_lease_ms(const sw_registry *reg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,788 @@
+/* router/registry.c -- the registry core on top of a backend table:
+ * encoding, leases and liveness, dead reports with a revision guard,
+ * re-registration of wrongly removed workers, and watchers.
+ *
+ * One registry thread does the keep-alive writes, expires entries whose
+ * lease ran out, and delivers watch events in order. The backend's watch
+ * callback (reg_on_entry) only updates the view and queues events. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/sw_common.h"
+#include "proto/sw_codec.h"
+#include <streamwire/registry.h>
+
+#define REG_MAX_VALUE (64 * 1024)
+#define REG_TICK_MS 50
+#define REG_KEY_MAX (SW_MAX_ENDPOINT + SW_MAX_TOKEN + 2)
+
+typedef struct reg_view {
+    char key[REG_KEY_MAX];
+    swp_instance *info;
+    uint64_t rev;
+    int64_t seen_ms; /* monotonic time this revision counts from */
+    int live;
+} reg_view;
+
+typedef struct reg_own {
+    char key[REG_KEY_MAX];
+    char instance[SW_MAX_TOKEN + 1];
+    char endpoint[SW_MAX_ENDPOINT + 1];
+    char req_subj[SWP_MAX_SUBJECT + 1];
+    char ctl_subj[SWP_MAX_SUBJECT + 1];
+    int64_t started_unix_ms;
+    int draining;
+    uint64_t rev;
+    int64_t next_refresh_ms;
+} reg_own;
+
+typedef struct reg_event {
+    struct reg_event *next;
+    int target; /* watcher id, 0 = every watcher */
+    sw_registry_event ev;
+    swp_instance *info; /* owned copy */
+    uint64_t rev;
+    int64_t age_ms;
+} reg_event;
+
+typedef struct reg_watcher {
+    int id;
+    sw_registry_watch_fn fn;
+    void *arg;
+} reg_watcher;
+
+struct sw_registry {
+    const sw_registry_backend *be;
+    void *bs;
+    void *bw;
+    swi_logger log;
+    unsigned lease_ms, refresh_ms;
+    char host[64];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    reg_view *view;
+    size_t nview, capview;
+    reg_own *own;
+    size_t nown, capown;
+    reg_watcher *w;
+    size_t nw, capw;
+    int next_id;
+    int dispatching; /* watcher id whose callback runs now */
+    reg_event *eh, *et;
+    pthread_t thread;
+    int started;
+    int stopping;
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static swp_instance *
+info_copy(const swp_instance *in)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    swp_instance *out = NULL;
+    if (swp_encode_alloc(in, REG_MAX_VALUE, &buf, &len) == SW_OK)
+        (void)swp_decode_instance(buf, len, REG_MAX_VALUE, &out);
+    free(buf);
+    return out;
+}
+
+/* Queues an event (reg->mu held). */
+static void
+reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_instance *info,
+          uint64_t rev, int64_t age_ms)
+{
+    reg_event *e;
+    if (reg->nw == 0 && target == 0)
+        return;
+    if ((e = calloc(1, sizeof(*e))) == NULL || (e->info = info_copy(info)) == NULL) {
+        free(e);
+        swi_log(&reg->log, SW_LOG_ERROR, "registry: out of memory queueing an event");
+        return;
+    }
+    e->target = target;
+    e->ev = ev;
+    e->rev = rev;
+    e->age_ms = age_ms;
+    if (reg->et)
+        reg->et->next = e;
+    else
+        reg->eh = e;
+    reg->et = e;
+    pthread_cond_broadcast(&reg->cv);
+}
+
+static reg_view *
+view_find_key(sw_registry *reg, const char *key)
+{
+    for (size_t i = 0; i < reg->nview; i++)
+        if (strcmp(reg->view[i].key, key) == 0)
+            return &reg->view[i];
+    return NULL;
+}
+
+static reg_view *
+view_find_instance(sw_registry *reg, const char *instance)
+{
+    for (size_t i = 0; i < reg->nview; i++)
+        if (strcmp(reg->view[i].info->instance_id, instance) == 0)
+            return &reg->view[i];
+    return NULL;
+}
+
+static reg_own *
+own_find(sw_registry *reg, const char *key)
+{
+    for (size_t i = 0; i < reg->nown; i++)
+        if (strcmp(reg->own[i].key, key) == 0)
+            return &reg->own[i];
+    return NULL;
+}
+
+/* The view entry for key, added empty if absent; NULL on no memory. */
+static reg_view *
+view_get_or_add(sw_registry *reg, const char *key)
+{
+    reg_view *v = view_find_key(reg, key);
+    if (v != NULL)
+        return v;
+    if (reg->nview == reg->capview) {
+        size_t ncap = reg->capview ? reg->capview * 2 : 16;
+        reg_view *nv = realloc(reg->view, ncap * sizeof(*nv));
+        if (nv == NULL)
+            return NULL;
+        reg->view = nv;
+        reg->capview = ncap;
+    }
+    v = &reg->view[reg->nview++];
+    memset(v, 0, sizeof(*v));
+    snprintf(v->key, sizeof(v->key), "%s", key);
+    return v;
+}
+
+static void
+view_remove(sw_registry *reg, reg_view *v)
+{
+    swp_free(v->info);
+    *v = reg->view[--reg->nview];
+}
+
+/* ---------------------------------------------------------------- backend events */
+
+static void
+reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
+{
+    sw_registry *reg = arg;
+    swp_instance *info = NULL;
+    reg_view *v;
+    reg_own *own;
+    int64_t now = swi_now_ms();
+
+    if (!deleted) {
+        sw_err rv = swp_decode_instance(e->value, e->len, REG_MAX_VALUE, &info);
+        if (rv != SW_OK) {
+            swi_log(&reg->log, SW_LOG_WARN, "registry: entry %s does not decode (%s): ignored",
+                    e->key, sw_err_name(rv));
+            return;
+        }
+    }
+    pthread_mutex_lock(&reg->mu);
+    v = view_find_key(reg, e->key);
+    own = own_find(reg, e->key);
+    if (v != NULL && e->revision <= v->rev) {
+        /* An older revision than we know (list/watch overlap). */
+        pthread_mutex_unlock(&reg->mu);
+        swp_free(info);
+        return;
+    }
+    if (deleted || info->dead) {
+        if (v != NULL && v->live)
+            reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
+        if (deleted) {
+            if (v != NULL)
+                view_remove(reg, v);
+        } else if ((v = view_get_or_add(reg, e->key)) != NULL) {
+            swp_free(v->info);
+            v->info = info;
+            info = NULL;
+            v->rev = e->revision;
+            v->seen_ms = now;
+            v->live = 0;
+        }
+        if (own != NULL) {
+            /* We are alive: whoever removed us was wrong. */
+            swi_log(&reg->log, SW_LOG_WARN,
+                    "registry: instance %s was %s while alive; registering again", own->instance,
+                    deleted ? "deleted" : "reported dead");
+            own->rev = 0;
+            own->next_refresh_ms = now;
+            pthread_cond_broadcast(&reg->cv);
+        }
+        pthread_mutex_unlock(&reg->mu);
+        swp_free(info);
+        return;
+    }
+    if (v == NULL && (v = view_get_or_add(reg, e->key)) == NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        swp_free(info);
+        return;
+    }
+    {
+        int was_live = v->live;
+        int drain_changed = v->info != NULL && v->info->draining != info->draining;
+        /* An entry whose revision is already older than a lease on the
+         * server's clock counts as expired until its next refresh. */
+        int64_t age_unix = e->created_unix_ms ? swi_unix_ms() - e->created_unix_ms : 0;
+        int stale = age_unix > (int64_t)reg->lease_ms;
+        swp_free(v->info);
+        v->info = info;
+        info = NULL;
+        v->rev = e->revision;
+        v->seen_ms = stale ? now - reg->lease_ms : now;
+        v->live = !stale;
+        if (v->live && !was_live)
+            reg_queue(reg, 0, SW_REGISTRY_ADDED, v->info, v->rev, 0);
+        else if (!v->live && was_live)
+            reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, reg->lease_ms);
+        else if (v->live && drain_changed)
+            reg_queue(reg, 0, SW_REGISTRY_UPDATED, v->info, v->rev, 0);
+    }
+    pthread_mutex_unlock(&reg->mu);
+}
+
+/* ---------------------------------------------------------------- keep-alive */
+
+static sw_err
+own_encode(sw_registry *reg, const reg_own *o, uint8_t **buf, size_t *len)
+{
+    swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
+    m.version = SW_PROTOCOL_VERSION;
+    m.instance_id = (char *)o->instance;
+    m.endpoint = (char *)o->endpoint;
+    m.request_subject = (char *)o->req_subj;
+    m.control_subject = (char *)o->ctl_subj;
+    m.started_unix_ms = (uint64_t)o->started_unix_ms;
+    m.host = reg->host;
+    m.pid = (uint32_t)getpid();
+    m.refreshed_unix_ms = (uint64_t)swi_unix_ms();
+    m.lease_ms = reg->lease_ms;
+    m.draining = o->draining != 0;
+    return swp_encode_alloc(&m, REG_MAX_VALUE, buf, len);
+}
+
+/* One keep-alive write for own entry `key` (reg->mu NOT held). */
+static void
+reg_refresh(sw_registry *reg, const char *key)
+{
+    reg_own copy, *o;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t rev = 0;
+    sw_err rv;
+
+    pthread_mutex_lock(&reg->mu);
+    o = own_find(reg, key);
+    if (o == NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        return;
+    }
+    copy = *o;
+    pthread_mutex_unlock(&reg->mu);
+
+    if (own_encode(reg, &copy, &buf, &len) != SW_OK)
+        return;
+    rv = reg->be->put(reg->bs, copy.key, buf, len, copy.rev, &rev);
+    if (rv == SW_EBUSY || rv == SW_ENOTFOUND) {
+        swi_log(&reg->log, SW_LOG_WARN,
+                "registry: entry of live instance %s was changed by someone else; registering again",
+                copy.instance);
+        rv = reg->be->put(reg->bs, copy.key, buf, len, 0, &rev);
+    }
+    free(buf);
+    pthread_mutex_lock(&reg->mu);
+    o = own_find(reg, key);
+    if (o != NULL) {
+        if (rv == SW_OK)
+            o->rev = rev;
+        o->next_refresh_ms = swi_now_ms() + (rv == SW_OK ? reg->refresh_ms : REG_TICK_MS * 4);
+    }
+    pthread_mutex_unlock(&reg->mu);
+    if (rv != SW_OK)
+        swi_log(&reg->log, SW_LOG_ERROR, "registry: refresh of %s failed: %s", copy.instance,
+                sw_err_name(rv));
+}
+
+/* ---------------------------------------------------------------- thread */
+
+static void *
+reg_main(void *arg)
+{
+    sw_registry *reg = arg;
+    pthread_mutex_lock(&reg->mu);
+    while (!reg->stopping) {
+        int64_t now = swi_now_ms(), wake = now + REG_TICK_MS;
+        char due[REG_KEY_MAX];
+
+        /* Events, in order, one at a time, no lock held during callbacks. */
+        if (reg->eh != NULL) {
+            reg_event *e = reg->eh;
+            reg_watcher *snap;
+            size_t nsnap = reg->nw;
+            reg->eh = e->next;
+            if (reg->eh == NULL)
+                reg->et = NULL;
+            /* Call the watchers as they were when the event was taken; one
+             * removed meanwhile is skipped (sw_registry_unwatch). */
+            snap = malloc((nsnap ? nsnap : 1) * sizeof(*snap));
+            for (size_t i = 0; snap != NULL && i < nsnap; i++)
+                snap[i] = reg->w[i];
+            for (size_t i = 0; snap != NULL && i < nsnap; i++) {
+                reg_watcher w = snap[i];
+                sw_instance inst;
+                int present = 0;
+                if (e->target != 0 && e->target != w.id)
+                    continue;
+                for (size_t j = 0; j < reg->nw; j++)
+                    present |= reg->w[j].id == w.id;
+                if (!present)
+                    continue;
+                inst.instance_id = e->info->instance_id;
+                inst.endpoint = e->info->endpoint;
+                inst.request_subject = e->info->request_subject;
+                inst.control_subject = e->info->control_subject;
+                inst.host = e->info->host;
+                inst.pid = e->info->pid;
+                inst.started_unix_ms = (int64_t)e->info->started_unix_ms;
+                inst.lease_ms = e->info->lease_ms;
+                inst.revision = e->rev;
+                inst.age_ms = e->age_ms;
+                inst.draining = e->info->draining;
+                reg->dispatching = w.id;
+                pthread_mutex_unlock(&reg->mu);
+                w.fn(w.arg, e->ev, &inst);
+                pthread_mutex_lock(&reg->mu);
+                reg->dispatching = 0;
+                pthread_cond_broadcast(&reg->cv);
+            }
+            free(snap);
+            swp_free(e->info);
+            free(e);
+            continue;
+        }
+
+        /* Leases: an entry not refreshed within lease_ms is dead. */
+        for (size_t i = 0; i < reg->nview; i++) {
+            reg_view *v = &reg->view[i];
+            if (v->live && now - v->seen_ms >= (int64_t)reg->lease_ms) {
+                v->live = 0;
+                swi_log(&reg->log, SW_LOG_INFO, "registry: lease of %s expired",
+                        v->info->instance_id);
+                reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
+            }
+        }
+
+        /* Keep-alives. */
+        due[0] = '\0';
+        for (size_t i = 0; i < reg->nown; i++) {
+            if (reg->own[i].next_refresh_ms <= now) {
+                snprintf(due, sizeof(due), "%s", reg->own[i].key);
+                break;
+            }
+            if (reg->own[i].next_refresh_ms < wake)
+                wake = reg->own[i].next_refresh_ms;
+        }
+        if (due[0] != '\0') {
+            pthread_mutex_unlock(&reg->mu);
+            reg_refresh(reg, due);
+            pthread_mutex_lock(&reg->mu);
+            continue;
+        }
+        if (reg->eh == NULL)
+            swi_cond_wait_until(&reg->cv, &reg->mu, wake);
+    }
+    pthread_mutex_unlock(&reg->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- API */
+
+const sw_registry_backend *
+sw_registry_backend_find(const char *name)
+{
+    if (name == NULL || strcmp(name, "nats-kv") == 0)
+        return sw_registry_backend_nats_kv();
+    if (strcmp(name, "memory") == 0)
+        return sw_registry_backend_memory();
+    return NULL;
+}
+
+void
+sw_registry_opts_init(sw_registry_opts *o)
+{
+    if (o == NULL)
+        return;
+    memset(o, 0, sizeof(*o));
+    o->backend = "nats-kv";
+    o->bucket = "streamwire_instances";
+    o->lease_ms = 3000;
+}
+
+static int
+backend_ok(const sw_registry_backend *be)
+{
+    return be != NULL && be->version == SW_REGISTRY_BACKEND_VERSION && be->name != NULL &&
+           be->open != NULL && be->close != NULL && be->put != NULL && be->del != NULL &&
+           be->list != NULL && be->watch != NULL && be->unwatch != NULL;
+}
+
+sw_err
+sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
+{
+    sw_registry *reg;
+    const sw_registry_backend *be;
+    const char *bucket;
+    sw_err rv;
+
+    if (out == NULL || o == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    be = o->backend_ops ? o->backend_ops : sw_registry_backend_find(o->backend);
+    bucket = o->bucket ? o->bucket : "streamwire_instances";
+    if (!backend_ok(be) || sw_validate_token(bucket) != SW_OK)
+        return SW_EINVAL;
+    if ((rv = swi_init()) != SW_OK)
+        return rv;
+    if ((reg = calloc(1, sizeof(*reg))) == NULL)
+        return SW_ENOMEM;
+    reg->be = be;
+    reg->log.fn = o->log;
+    reg->log.arg = o->log_arg;
+    reg->lease_ms = o->lease_ms ? o->lease_ms : 3000;
+    reg->refresh_ms = o->refresh_ms ? o->refresh_ms : reg->lease_ms / 3;
+    if (reg->refresh_ms == 0 || reg->refresh_ms >= reg->lease_ms)
+        reg->refresh_ms = reg->lease_ms / 3 ? reg->lease_ms / 3 : 1;
+    if (gethostname(reg->host, sizeof(reg->host) - 1) != 0)
+        snprintf(reg->host, sizeof(reg->host), "unknown");
+    pthread_mutex_init(&reg->mu, NULL);
+    swi_cond_init(&reg->cv);
+    reg->next_id = 1;
+    /* Garbage collection of abandoned entries: well past any lease. */
+    rv = be->open(&reg->bs, conn, bucket, 20 * reg->lease_ms < 60000 ? 60000 : 20 * reg->lease_ms);
+    if (rv != SW_OK)
+        goto fail;
+    /* Watch before listing, so nothing falls between the two; the
+     * revision check drops whatever both report. */
+    if ((rv = be->watch(reg->bs, reg_on_entry, reg, &reg->bw)) != SW_OK)
+        goto fail;
+    if ((rv = be->list(reg->bs, reg_on_entry, reg)) != SW_OK)
+        goto fail;
+    if (pthread_create(&reg->thread, NULL, reg_main, reg) != 0) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
+    reg->started = 1;
+    *out = reg;
+    return SW_OK;
+fail:
+    sw_registry_close(reg);
+    return rv;
+}
+
+void
+sw_registry_close(sw_registry *reg)
+{
+    if (reg == NULL)
+        return;
+    if (reg->bw != NULL)
+        reg->be->unwatch(reg->bs, reg->bw);
+    pthread_mutex_lock(&reg->mu);
+    reg->stopping = 1;
+    pthread_cond_broadcast(&reg->cv);
+    pthread_mutex_unlock(&reg->mu);
+    if (reg->started)
+        pthread_join(reg->thread, NULL);
+    if (reg->bs != NULL)
+        reg->be->close(reg->bs);
+    while (reg->eh != NULL) {
+        reg_event *e = reg->eh;
+        reg->eh = e->next;
+        swp_free(e->info);
+        free(e);
+    }
+    for (size_t i = 0; i < reg->nview; i++)
+        swp_free(reg->view[i].info);
+    free(reg->view);
+    free(reg->own);
+    free(reg->w);
+    pthread_mutex_destroy(&reg->mu);
+    pthread_cond_destroy(&reg->cv);
+    free(reg);
+}
+
+unsigned
+sw_registry_lease_ms(const sw_registry *reg)
+{
+    return reg ? reg->lease_ms : 0;
+}
+
+sw_err
+sw_registry_register(sw_registry *reg, sw_ingress *ing)
+{
+    reg_own o;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t rev = 0;
+    sw_err rv;
+
+    if (reg == NULL || ing == NULL)
+        return SW_EINVAL;
+    memset(&o, 0, sizeof(o));
+    snprintf(o.instance, sizeof(o.instance), "%s", sw_ingress_instance_id(ing));
+    snprintf(o.endpoint, sizeof(o.endpoint), "%s", sw_ingress_endpoint(ing));
+    snprintf(o.req_subj, sizeof(o.req_subj), "%s", sw_ingress_request_subject(ing));
+    snprintf(o.ctl_subj, sizeof(o.ctl_subj), "%s", sw_ingress_control_subject(ing));
+    snprintf(o.key, sizeof(o.key), "%s.%s", o.endpoint, o.instance);
+    o.started_unix_ms = swi_unix_ms();
+
+    pthread_mutex_lock(&reg->mu);
+    if (own_find(reg, o.key) != NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        return SW_EEXIST;
+    }
+    pthread_mutex_unlock(&reg->mu);
+    if ((rv = own_encode(reg, &o, &buf, &len)) != SW_OK)
+        return rv;
+    rv = reg->be->put(reg->bs, o.key, buf, len, 0, &rev);
+    free(buf);
+    if (rv != SW_OK)
+        return rv;
+    o.rev = rev;
+    o.next_refresh_ms = swi_now_ms() + reg->refresh_ms;
+    pthread_mutex_lock(&reg->mu);
+    if (reg->nown == reg->capown) {
+        size_t ncap = reg->capown ? reg->capown * 2 : 4;
+        reg_own *nv = realloc(reg->own, ncap * sizeof(*nv));
+        if (nv == NULL) {
+            pthread_mutex_unlock(&reg->mu);
+            (void)reg->be->del(reg->bs, o.key);
+            return SW_ENOMEM;
+        }
+        reg->own = nv;
+        reg->capown = ncap;
+    }
+    reg->own[reg->nown++] = o;
+    pthread_cond_broadcast(&reg->cv);
+    pthread_mutex_unlock(&reg->mu);
+    swi_log(&reg->log, SW_LOG_INFO, "registry: registered %s (revision %llu)", o.instance,
+            (unsigned long long)rev);
+    return SW_OK;
+}
+
+static reg_own *
+own_find_instance(sw_registry *reg, const char *instance)
+{
+    for (size_t i = 0; i < reg->nown; i++)
+        if (strcmp(reg->own[i].instance, instance) == 0)
+            return &reg->own[i];
+    return NULL;
+}
+
+sw_err
+sw_registry_set_draining(sw_registry *reg, const char *instance_id)
+{
+    reg_own *o;
+    char key[REG_KEY_MAX];
+    if (reg == NULL || instance_id == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&reg->mu);
+    o = own_find_instance(reg, instance_id);
+    if (o == NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        return SW_ENOTFOUND;
+    }
+    o->draining = 1;
+    snprintf(key, sizeof(key), "%s", o->key);
+    pthread_mutex_unlock(&reg->mu);
+    reg_refresh(reg, key);
+    return SW_OK;
+}
+
+sw_err
+sw_registry_deregister(sw_registry *reg, const char *instance_id)
+{
+    reg_own *o;
+    char key[REG_KEY_MAX];
+    if (reg == NULL || instance_id == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&reg->mu);
+    o = own_find_instance(reg, instance_id);
+    if (o == NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        return SW_ENOTFOUND;
+    }
+    snprintf(key, sizeof(key), "%s", o->key);
+    *o = reg->own[--reg->nown];
+    pthread_mutex_unlock(&reg->mu);
+    return reg->be->del(reg->bs, key);
+}
+
+sw_err
+sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revision,
+                        const char *reason)
+{
+    reg_view *v;
+    swp_instance *tomb;
+    char key[REG_KEY_MAX];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t rev;
+    sw_err rv;
+
+    if (reg == NULL || sw_validate_token(instance_id) != SW_OK)
+        return SW_EINVAL;
+    pthread_mutex_lock(&reg->mu);
+    v = view_find_instance(reg, instance_id);
+    if (v == NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        return SW_ENOTFOUND;
+    }
+    if (v->info->dead) {
+        pthread_mutex_unlock(&reg->mu);
+        return SW_OK;
+    }
+    rev = revision ? revision : v->rev;
+    snprintf(key, sizeof(key), "%s", v->key);
+    tomb = info_copy(v->info);
+    pthread_mutex_unlock(&reg->mu);
+    if (tomb == NULL)
+        return SW_ENOMEM;
+    {
+        /* A shallow copy: the decoded message keeps owning its fields. */
+        swp_instance t = *tomb;
+        t.dead = 1;
+        t.dead_reason = (char *)(reason ? reason : "reported dead");
+        t.reported_by = reg->host;
+        rv = swp_encode_alloc(&t, REG_MAX_VALUE, &buf, &len);
+    }
+    swp_free(tomb);
+    if (rv != SW_OK)
+        return rv;
+    rv = reg->be->put(reg->bs, key, buf, len, rev, NULL);
+    free(buf);
+    if (rv == SW_OK)
+        swi_log(&reg->log, SW_LOG_INFO, "registry: reported %s dead (%s)", instance_id,
+                reason ? reason : "reported dead");
+    return rv;
+}
+
+void
+sw_instances_free(sw_instance *v, size_t n)
+{
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        free((void *)v[i].instance_id);
+        free((void *)v[i].endpoint);
+        free((void *)v[i].request_subject);
+        free((void *)v[i].control_subject);
+        free((void *)v[i].host);
+    }
+    free(v);
+}
+
+sw_err
+sw_registry_list(sw_registry *reg, const char *endpoint, sw_instance **out, size_t *n)
+{
+    sw_instance *v;
+    size_t k = 0;
+    int64_t now = swi_now_ms();
+    if (reg == NULL || out == NULL || n == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&reg->mu);
+    v = calloc(reg->nview ? reg->nview : 1, sizeof(*v));
+    if (v == NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        return SW_ENOMEM;
+    }
+    for (size_t i = 0; i < reg->nview; i++) {
+        reg_view *e = &reg->view[i];
+        sw_instance *d = &v[k];
+        if (!e->live || (endpoint != NULL && strcmp(e->info->endpoint, endpoint) != 0))
+            continue;
+        d->instance_id = swi_strdup(e->info->instance_id);
+        d->endpoint = swi_strdup(e->info->endpoint);
+        d->request_subject = swi_strdup(e->info->request_subject);
+        d->control_subject = swi_strdup(e->info->control_subject);
+        d->host = swi_strdup(e->info->host);
+        d->pid = e->info->pid;
+        d->started_unix_ms = (int64_t)e->info->started_unix_ms;
+        d->lease_ms = e->info->lease_ms;
+        d->revision = e->rev;
+        d->age_ms = now - e->seen_ms;
+        d->draining = e->info->draining;
+        k++;
+        if (!d->instance_id || !d->endpoint || !d->request_subject || !d->control_subject ||
+            !d->host) {
+            pthread_mutex_unlock(&reg->mu);
+            sw_instances_free(v, k);
+            return SW_ENOMEM;
+        }
+    }
+    pthread_mutex_unlock(&reg->mu);
+    *out = v;
+    *n = k;
+    return SW_OK;
+}
+
+sw_err
+sw_registry_watch(sw_registry *reg, sw_registry_watch_fn fn, void *arg, int *id)
+{
+    int64_t now = swi_now_ms();
+    if (reg == NULL || fn == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&reg->mu);
+    if (reg->nw == reg->capw) {
+        size_t ncap = reg->capw ? reg->capw * 2 : 4;
+        reg_watcher *nv = realloc(reg->w, ncap * sizeof(*nv));
+        if (nv == NULL) {
+            pthread_mutex_unlock(&reg->mu);
+            return SW_ENOMEM;
+        }
+        reg->w = nv;
+        reg->capw = ncap;
+    }
+    reg->w[reg->nw].id = reg->next_id++;
+    reg->w[reg->nw].fn = fn;
+    reg->w[reg->nw].arg = arg;
+    if (id != NULL)
+        *id = reg->w[reg->nw].id;
+    reg->nw++;
+    for (size_t i = 0; i < reg->nview; i++)
+        if (reg->view[i].live)
+            reg_queue(reg, reg->w[reg->nw - 1].id, SW_REGISTRY_ADDED, reg->view[i].info,
+                      reg->view[i].rev, now - reg->view[i].seen_ms);
+    pthread_mutex_unlock(&reg->mu);
+    return SW_OK;
+}
+
+void
+sw_registry_unwatch(sw_registry *reg, int id)
+{
+    if (reg == NULL)
+        return;
+    pthread_mutex_lock(&reg->mu);
+    for (size_t i = 0; i < reg->nw; i++)
+        if (reg->w[i].id == id) {
+            memmove(&reg->w[i], &reg->w[i + 1], (reg->nw - i - 1) * sizeof(reg->w[0]));
+            reg->nw--;
+            break;
+        }
+    while (reg->dispatching == id)
+        pthread_cond_wait(&reg->cv, &reg->mu);
+    pthread_mutex_unlock(&reg->mu);
+}

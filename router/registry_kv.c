@@ -1,0 +1,229 @@
+/* router/registry_kv.c -- the NATS JetStream KV registry backend (default).
+ * Needs nats-server -js. The bucket is created if missing, with history 1
+ * and a max age that garbage-collects entries nobody refreshes any more
+ * (liveness itself is judged by the registry core from refresh revisions,
+ * since nats-server 2.9 has no per-key TTL). */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sw_common.h"
+#include "transport/sw_transport.h"
+#include <streamwire/registry.h>
+
+typedef struct kv_state {
+    jsCtx *js;
+    kvStore *kv;
+    swi_logger log;
+} kv_state;
+
+typedef struct kv_watch {
+    kv_state *st;
+    kvWatcher *w;
+    sw_registry_entry_fn fn;
+    void *arg;
+    pthread_t thread;
+    int started;
+    atomic_int stop;
+} kv_watch;
+
+static sw_err
+kv_open(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms)
+{
+    kv_state *st;
+    natsStatus s;
+    if (conn == NULL)
+        return SW_EINVAL;
+    if ((st = calloc(1, sizeof(*st))) == NULL)
+        return SW_ENOMEM;
+    s = natsConnection_JetStream(&st->js, conn->nc, NULL);
+    if (s == NATS_OK) {
+        s = js_KeyValue(&st->kv, st->js, bucket);
+        if (s == NATS_NOT_FOUND) {
+            kvConfig cfg;
+            kvConfig_Init(&cfg);
+            cfg.Bucket = bucket;
+            cfg.History = 1;
+            cfg.TTL = (int64_t)max_age_ms * 1000000; /* nanoseconds */
+            cfg.Description = "streamwire instance registry";
+            s = js_CreateKeyValue(&st->kv, st->js, &cfg);
+            if (s != NATS_OK) /* lost a creation race? bind again */
+                s = js_KeyValue(&st->kv, st->js, bucket);
+        }
+    }
+    if (s != NATS_OK) {
+        kvStore_Destroy(st->kv);
+        jsCtx_Destroy(st->js);
+        free(st);
+        return sw_err_from_nats(s);
+    }
+    *state = st;
+    return SW_OK;
+}
+
+static void
+kv_close(void *state)
+{
+    kv_state *st = state;
+    kvStore_Destroy(st->kv);
+    jsCtx_Destroy(st->js);
+    free(st);
+}
+
+static sw_err
+kv_put(void *state, const char *key, const uint8_t *val, size_t len, uint64_t expect_rev,
+       uint64_t *rev)
+{
+    kv_state *st = state;
+    natsStatus s;
+    uint64_t r = 0;
+    if (len > (size_t)INT32_MAX)
+        return SW_EMSGSIZE;
+    if (expect_rev == 0) {
+        s = kvStore_Put(&r, st->kv, key, val, (int)len);
+    } else {
+        s = kvStore_Update(&r, st->kv, key, val, (int)len, expect_rev);
+        if (s != NATS_OK) {
+            /* Wrong last sequence: tell "someone else wrote" from "gone". */
+            kvEntry *e = NULL;
+            if (kvStore_Get(&e, st->kv, key) == NATS_NOT_FOUND)
+                return SW_ENOTFOUND;
+            kvEntry_Destroy(e);
+            return SW_EBUSY;
+        }
+    }
+    if (s != NATS_OK)
+        return sw_err_from_nats(s);
+    if (rev != NULL)
+        *rev = r;
+    return SW_OK;
+}
+
+static sw_err
+kv_del(void *state, const char *key)
+{
+    kv_state *st = state;
+    natsStatus s = kvStore_Delete(st->kv, key);
+    return sw_err_from_nats(s);
+}
+
+static int64_t
+kv_created_ms(kvEntry *e)
+{
+    int64_t c = kvEntry_Created(e);
+    return c > 100000000000000LL ? c / 1000000 : c; /* nanoseconds in this nats.c */
+}
+
+/* Hands one kvEntry to fn. */
+static void
+kv_emit(kvEntry *e, sw_registry_entry_fn fn, void *arg)
+{
+    sw_registry_entry re;
+    kvOperation op = kvEntry_Operation(e);
+    re.key = kvEntry_Key(e);
+    re.value = (const uint8_t *)kvEntry_Value(e);
+    re.len = (size_t)kvEntry_ValueLen(e);
+    re.revision = kvEntry_Revision(e);
+    re.created_unix_ms = kv_created_ms(e);
+    fn(arg, &re, op == kvOp_Delete || op == kvOp_Purge);
+}
+
+static sw_err
+kv_list(void *state, sw_registry_entry_fn fn, void *arg)
+{
+    kv_state *st = state;
+    kvWatcher *w = NULL;
+    kvWatchOptions o;
+    natsStatus s;
+    kvWatchOptions_Init(&o);
+    o.IgnoreDeletes = true;
+    s = kvStore_WatchAll(&w, st->kv, &o);
+    while (s == NATS_OK) {
+        kvEntry *e = NULL;
+        s = kvWatcher_Next(&e, w, 5000);
+        if (s != NATS_OK || e == NULL)
+            break; /* NULL entry: initial values done */
+        if (kvEntry_Operation(e) == kvOp_Put)
+            kv_emit(e, fn, arg);
+        kvEntry_Destroy(e);
+    }
+    kvWatcher_Destroy(w);
+    return sw_err_from_nats(s);
+}
+
+static void *
+kv_watch_main(void *arg)
+{
+    kv_watch *kw = arg;
+    while (!kw->stop) {
+        kvEntry *e = NULL;
+        natsStatus s = kvWatcher_Next(&e, kw->w, 250);
+        if (s == NATS_OK && e != NULL) {
+            kv_emit(e, kw->fn, kw->arg);
+            kvEntry_Destroy(e);
+        } else if (s != NATS_OK && s != NATS_TIMEOUT) {
+            if (kw->stop || s == NATS_ILLEGAL_STATE)
+                break;
+        }
+    }
+    return NULL;
+}
+
+static sw_err
+kv_watch_add(void *state, sw_registry_entry_fn fn, void *arg, void **handle)
+{
+    kv_state *st = state;
+    kv_watch *kw = calloc(1, sizeof(*kw));
+    kvWatchOptions o;
+    natsStatus s;
+    if (kw == NULL)
+        return SW_ENOMEM;
+    kw->st = st;
+    kw->fn = fn;
+    kw->arg = arg;
+    kvWatchOptions_Init(&o);
+    s = kvStore_WatchAll(&kw->w, st->kv, &o);
+    if (s != NATS_OK) {
+        free(kw);
+        return sw_err_from_nats(s);
+    }
+    if (pthread_create(&kw->thread, NULL, kv_watch_main, kw) != 0) {
+        kvWatcher_Destroy(kw->w);
+        free(kw);
+        return SW_ENOMEM;
+    }
+    kw->started = 1;
+    *handle = kw;
+    return SW_OK;
+}
+
+static void
+kv_unwatch(void *state, void *handle)
+{
+    kv_watch *kw = handle;
+    (void)state;
+    kw->stop = 1;
+    kvWatcher_Stop(kw->w);
+    if (kw->started)
+        pthread_join(kw->thread, NULL);
+    kvWatcher_Destroy(kw->w);
+    free(kw);
+}
+
+static const sw_registry_backend kv_backend = {
+    .name = "nats-kv",
+    .version = SW_REGISTRY_BACKEND_VERSION,
+    .open = kv_open,
+    .close = kv_close,
+    .put = kv_put,
+    .del = kv_del,
+    .list = kv_list,
+    .watch = kv_watch_add,
+    .unwatch = kv_unwatch,
+};
+
+const sw_registry_backend *
+sw_registry_backend_nats_kv(void)
+{
+    return &kv_backend;
+}

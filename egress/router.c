@@ -23,6 +23,7 @@
 
 #include "common/sw_common.h"
 #include "proto/sw_codec.h"
+#include "router/sw_pool.h"
 #include "transport/sw_transport.h"
 
 #define SWE_TICK_MS 10
@@ -38,6 +39,17 @@ typedef struct swe_q {
     uint8_t data[];
 } swe_q;
 
+/* An instance this router has streams open to, probed while it has any. */
+typedef struct rt_inst {
+    char id[SW_MAX_TOKEN + 1];
+    char ctl_subj[SWT_SUBJECT_MAX];
+    unsigned nstreams;
+    int outstanding;    /* a probe is in flight */
+    int64_t sent_ms;    /* when the last probe went out */
+    int64_t last_ok_ms; /* last sign of life (probe answer) */
+    unsigned misses;
+} rt_inst;
+
 struct sw_router {
     sw_conn *conn;
     swi_logger log;
@@ -47,6 +59,11 @@ struct sw_router {
     unsigned window, hb_ms, inactivity_ms, gap_ms, linger_ms, max_streams;
     natsSubscription *mux;
     natsSubscription *live; /* sw.rtr.<id>: answers workers' liveness probes */
+    natsSubscription *prb;  /* sw.prb.<id>.*: answers to our instance probes */
+    swr_pool *pool;
+    unsigned probe_ms, probe_timeout_ms, probe_misses;
+    rt_inst *inst;
+    size_t ninst, capinst;
     pthread_mutex_t mu;
     pthread_cond_t tick_cv;
     swi_idmap streams;
@@ -108,6 +125,7 @@ struct sw_stream {
     uint64_t credit_sent; /* highest credit_limit granted */
 
     int in_table;
+    int pooled; /* counted in the pool and the probe table */
     int dispatching;
     int closed_by_user;
     sw_stream_stats st;
@@ -121,6 +139,8 @@ rt_unref(sw_router *r)
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
     swi_idmap_fini(&r->streams);
+    swr_pool_destroy(r->pool);
+    free(r->inst);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->tick_cv);
     free(r);
@@ -183,19 +203,68 @@ rt_lookup(sw_router *r, const uint8_t *id)
     return s;
 }
 
+static rt_inst *
+rt_inst_find(sw_router *r, const char *id)
+{
+    for (size_t i = 0; i < r->ninst; i++)
+        if (strcmp(r->inst[i].id, id) == 0)
+            return &r->inst[i];
+    return NULL;
+}
+
+/* Counts a stream on its instance (r->mu held). 0 ok, -1 no memory. */
+static int
+rt_inst_add(sw_router *r, const char *id)
+{
+    rt_inst *e = rt_inst_find(r, id);
+    if (e == NULL) {
+        if (r->ninst == r->capinst) {
+            size_t ncap = r->capinst ? r->capinst * 2 : 8;
+            rt_inst *nv = realloc(r->inst, ncap * sizeof(*nv));
+            if (nv == NULL)
+                return -1;
+            r->inst = nv;
+            r->capinst = ncap;
+        }
+        e = &r->inst[r->ninst++];
+        memset(e, 0, sizeof(*e));
+        snprintf(e->id, sizeof(e->id), "%s", id);
+        (void)swt_subject_control(e->ctl_subj, sizeof(e->ctl_subj), id);
+        e->last_ok_ms = swi_now_ms();
+        e->sent_ms = e->last_ok_ms; /* first probe after one interval */
+    }
+    e->nstreams++;
+    return 0;
+}
+
+static void
+rt_inst_del(sw_router *r, const char *id)
+{
+    rt_inst *e = rt_inst_find(r, id);
+    if (e != NULL && --e->nstreams == 0)
+        *e = r->inst[--r->ninst];
+}
+
 static void
 rt_remove(sw_stream *s)
 {
     sw_router *r = s->r;
-    int drop = 0;
+    int drop = 0, pooled = 0;
     pthread_mutex_lock(&r->mu);
     if (s->in_table) {
         s->in_table = 0;
         swi_idmap_del(&r->streams, s->id);
         r->st.open_streams--;
         drop = 1;
+        if (s->pooled) {
+            s->pooled = 0;
+            pooled = 1;
+            rt_inst_del(r, s->instance);
+        }
     }
     pthread_mutex_unlock(&r->mu);
+    if (pooled)
+        swr_pool_done(r->pool, s->instance);
     if (drop)
         st_unref(s);
 }
@@ -795,7 +864,7 @@ rt_on_probe(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
     natsMsg_Destroy(msg);
 }
 
-/* ---------------------------------------------------------------- timer */
+/* ---------------------------------------------------------------- instance loss */
 
 typedef struct {
     sw_stream **v;
@@ -828,6 +897,114 @@ rt_snapshot(sw_router *r, st_vec *vec)
     swi_idmap_each(&r->streams, st_collect, vec);
     pthread_mutex_unlock(&r->mu);
 }
+
+/* The instance is gone: end every stream to it with instance_lost, then
+ * quarantine it and report it so that every router stops routing there. */
+static void
+rt_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms)
+{
+    st_vec vec = {NULL, 0, 0};
+    char msg[160];
+    char inst[SW_MAX_TOKEN + 1];
+    unsigned n = 0;
+    snprintf(inst, sizeof(inst), "%s", id); /* id may live in r->inst */
+    snprintf(msg, sizeof(msg), "instance %s was lost: %s", inst, why);
+    pthread_mutex_lock(&r->mu);
+    r->st.instances_lost++;
+    r->st.last_loss_detect_ms = (uint64_t)(silent_ms > 0 ? silent_ms : 0);
+    pthread_mutex_unlock(&r->mu);
+    rt_snapshot(r, &vec);
+    for (size_t i = 0; i < vec.n; i++) {
+        if (strcmp(vec.v[i]->instance, inst) == 0) {
+            st_fail(vec.v[i], SW_INSTANCE_LOST, msg, 0);
+            n++;
+        }
+        st_unref(vec.v[i]);
+    }
+    free(vec.v);
+    swi_log(&r->log, SW_LOG_WARN, "%s (%u stream(s) ended)", msg, n);
+    swr_pool_dead(r->pool, inst, why);
+}
+
+static void
+rt_on_probe_reply(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    sw_router *r = arg;
+    const char *subj = natsMsg_GetSubject(msg);
+    const char *id = strrchr(subj, '.');
+    int lost = 0;
+    int64_t now = swi_now_ms(), silent = 0;
+    rt_inst *e;
+    if (id == NULL)
+        goto done;
+    id++;
+    pthread_mutex_lock(&r->mu);
+    if ((e = rt_inst_find(r, id)) != NULL) {
+        e->outstanding = 0;
+        if (natsMsg_IsNoResponders(msg)) {
+            lost = 1;
+            silent = now - e->last_ok_ms;
+            e->misses = 0;
+        } else {
+            e->last_ok_ms = now;
+            e->misses = 0;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (lost)
+        rt_instance_lost(r, id, "its subscription is gone (no responders)", silent);
+done:
+    natsMsg_Destroy(msg);
+}
+
+/* One probing round (timer thread). */
+static void
+rt_probe_round(sw_router *r, int64_t now)
+{
+    char lost[SW_MAX_TOKEN + 1] = "";
+    int64_t silent = 0;
+    size_t nsend = 0;
+    struct {
+        char ctl[SWT_SUBJECT_MAX];
+        char reply[SWT_SUBJECT_MAX];
+    } send[8];
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->ninst; i++) {
+        rt_inst *e = &r->inst[i];
+        if (e->outstanding && now - e->sent_ms >= (int64_t)r->probe_timeout_ms) {
+            e->outstanding = 0;
+            if (++e->misses >= r->probe_misses && lost[0] == '\0') {
+                snprintf(lost, sizeof(lost), "%s", e->id);
+                silent = now - e->last_ok_ms;
+                e->misses = 0;
+                continue;
+            }
+        }
+        if (!e->outstanding && now - e->sent_ms >= (int64_t)r->probe_ms && nsend < 8) {
+            e->outstanding = 1;
+            e->sent_ms = now;
+            snprintf(send[nsend].ctl, sizeof(send[nsend].ctl), "%s", e->ctl_subj);
+            snprintf(send[nsend].reply, sizeof(send[nsend].reply), "sw.prb.%s.%s", r->id, e->id);
+            nsend++;
+        }
+    }
+    r->st.probes_sent += nsend;
+    pthread_mutex_unlock(&r->mu);
+    for (size_t i = 0; i < nsend; i++) {
+        swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+        uint8_t buf[64];
+        size_t len;
+        m.version = SW_PROTOCOL_VERSION;
+        m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
+        m.router_id = r->id;
+        if (swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
+            (void)swt_publish(r->conn, send[i].ctl, send[i].reply, buf, len);
+    }
+    if (lost[0] != '\0')
+        rt_instance_lost(r, lost, "it did not answer probes (frozen or partitioned)", silent);
+}
+
+/* ---------------------------------------------------------------- timer */
 
 static void
 st_tick(sw_stream *s, int64_t now)
@@ -887,6 +1064,7 @@ rt_timer_main(void *arg)
             st_tick(vec.v[i], now);
             st_unref(vec.v[i]);
         }
+        rt_probe_round(r, now);
         pthread_mutex_lock(&r->mu);
     }
     pthread_mutex_unlock(&r->mu);
@@ -919,6 +1097,10 @@ sw_router_opts_init(sw_router_opts *o)
     o->heartbeat_ms = 250;
     o->gap_timeout_ms = 500;
     o->max_streams = 65536;
+    o->probe_interval_ms = 100;
+    o->probe_timeout_ms = 300;
+    o->probe_misses = 2;
+    o->quarantine_ms = 1000;
 }
 
 void
@@ -961,11 +1143,24 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     r->gap_ms = o->gap_timeout_ms ? o->gap_timeout_ms : 500;
     r->linger_ms = o->final_linger_ms;
     r->max_streams = o->max_streams ? o->max_streams : 65536;
+    r->probe_ms = o->probe_interval_ms ? o->probe_interval_ms : 100;
+    r->probe_timeout_ms = o->probe_timeout_ms ? o->probe_timeout_ms : 300;
+    r->probe_misses = o->probe_misses ? o->probe_misses : 2;
     pthread_mutex_init(&r->mu, NULL);
     swi_cond_init(&r->tick_cv);
     if (swi_idmap_init(&r->streams, 256) != 0) {
         rv = SW_ENOMEM;
         goto fail;
+    }
+    {
+        swr_pool_opts po;
+        memset(&po, 0, sizeof(po));
+        po.registry = o->registry;
+        po.policy = o->policy;
+        po.quarantine_ms = o->quarantine_ms;
+        po.log = r->log;
+        if ((rv = swr_pool_create(&r->pool, &po)) != SW_OK)
+            goto fail;
     }
     (void)swt_subject_response_wildcard(r->wildcard, sizeof(r->wildcard), r->id);
     (void)swt_subject_router(live_subj, sizeof(live_subj), r->id);
@@ -974,6 +1169,11 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         ns = natsSubscription_SetPendingLimits(r->mux, -1, -1);
     if (ns == NATS_OK)
         ns = natsConnection_Subscribe(&r->live, conn->nc, live_subj, rt_on_probe, r);
+    if (ns == NATS_OK) {
+        char prb[SWT_SUBJECT_MAX];
+        snprintf(prb, sizeof(prb), "sw.prb.%s.*", r->id);
+        ns = natsConnection_Subscribe(&r->prb, conn->nc, prb, rt_on_probe_reply, r);
+    }
     if (ns == NATS_OK)
         ns = natsConnection_FlushTimeout(conn->nc, 5000);
     if (ns != NATS_OK) {
@@ -988,6 +1188,7 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     *out = r;
     return SW_OK;
 fail:
+    rt_unsubscribe(&r->prb);
     rt_unsubscribe(&r->live);
     rt_unsubscribe(&r->mux);
     rt_unref(r);
@@ -1027,6 +1228,7 @@ sw_router_destroy(sw_router *r)
     if (r->timer_started)
         pthread_join(r->timer, NULL);
     rt_unsubscribe(&r->live);
+    rt_unsubscribe(&r->prb);
     if (r->mux != NULL) {
         if (natsSubscription_Drain(r->mux) == NATS_OK)
             natsSubscription_WaitForDrainCompletion(r->mux, 5000);
@@ -1063,14 +1265,14 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     uint8_t *buf = NULL;
     size_t blen = 0;
     sw_err rv;
-    int full = 0, closing = 0;
+    int full = 0, closing = 0, no_instances = 0;
 
     if (out == NULL || r == NULL || o == NULL || (payload == NULL && len != 0))
         return SW_EINVAL;
     *out = NULL;
-    if (sw_validate_endpoint(o->endpoint) != SW_OK || o->instance_id == NULL ||
-        sw_validate_token(o->instance_id) != SW_OK || o->credit_window > SWP_MAX_WINDOW ||
-        o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+    if (sw_validate_endpoint(o->endpoint) != SW_OK ||
+        (o->instance_id != NULL && sw_validate_token(o->instance_id) != SW_OK) ||
+        o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
         return SW_EINVAL;
     if ((s = calloc(1, sizeof(*s))) == NULL)
         return SW_ENOMEM;
@@ -1081,7 +1283,15 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     swi_cond_init(&s->cv);
     swi_random(s->id, sizeof(s->id));
     swi_hex(s->idhex, s->id, sizeof(s->id));
-    snprintf(s->instance, sizeof(s->instance), "%s", o->instance_id);
+    if (o->instance_id != NULL) {
+        snprintf(s->instance, sizeof(s->instance), "%s", o->instance_id);
+        swr_pool_begin(r->pool, s->instance);
+        s->pooled = 1;
+    } else if (swr_pool_pick(r->pool, o->endpoint, s->instance) == SW_OK) {
+        s->pooled = 1;
+    } else {
+        no_instances = 1;
+    }
     s->on_item = o->on_item;
     s->on_item_arg = o->on_item_arg;
     s->window = o->credit_window ? o->credit_window : r->window;
@@ -1094,11 +1304,15 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     if (s->window == 0)
         s->hold_cap = 256;
     if ((s->hold = calloc(s->hold_cap, sizeof(*s->hold))) == NULL) {
+        if (s->pooled)
+            swr_pool_done(r->pool, s->instance);
         st_unref(s);
         return SW_ENOMEM;
     }
-    (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), o->instance_id);
-    (void)swt_subject_request(req_subj, sizeof(req_subj), o->endpoint, o->instance_id);
+    if (!no_instances) {
+        (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), s->instance);
+        (void)swt_subject_request(req_subj, sizeof(req_subj), o->endpoint, s->instance);
+    }
     (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
     s->last_rx_ms = swi_now_ms();
     s->deadline_ms = o->deadline_ms ? s->last_rx_ms + o->deadline_ms : -1;
@@ -1123,7 +1337,10 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
         full = 1;
     else if (swi_idmap_put(&r->streams, s->id, s) != 0)
         full = 2;
-    else {
+    else if (s->pooled && rt_inst_add(r, s->instance) != 0) {
+        swi_idmap_del(&r->streams, s->id);
+        full = 2;
+    } else {
         st_ref(s); /* the table's */
         s->in_table = 1;
         r->st.open_streams++;
@@ -1131,10 +1348,16 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     }
     pthread_mutex_unlock(&r->mu);
     if (closing || full) {
+        if (s->pooled)
+            swr_pool_done(r->pool, s->instance);
         st_unref(s);
         return closing ? SW_ECLOSED : full == 2 ? SW_ENOMEM : SW_EBUSY;
     }
     *out = s;
+    if (no_instances) {
+        st_fail(s, SW_NO_INSTANCES, "no live instance serves the endpoint", 0);
+        return SW_OK;
+    }
 
     /* From here on, every failure is the stream's terminal. */
     rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);

@@ -265,6 +265,19 @@ SW_API void sw_responder_release(sw_responder *r);
 
 typedef struct sw_router sw_router;
 typedef struct sw_stream sw_stream;
+typedef struct sw_registry sw_registry; /* see streamwire/registry.h */
+
+/* How a router picks an instance when the request names none. */
+typedef enum sw_policy {
+    SW_POLICY_ROUND_ROBIN = 0,
+    SW_POLICY_RANDOM = 1,
+    SW_POLICY_LEAST_INFLIGHT = 2 /* fewest streams open from this router */
+} sw_policy;
+
+/* "round_robin", "random", "least_inflight"; parse with sw_policy_from_name
+ * (SW_EINVAL for an unknown name). */
+SW_API const char *sw_policy_name(sw_policy p);
+SW_API sw_err sw_policy_from_name(const char *name, sw_policy *out);
 
 typedef enum sw_item_kind { SW_ITEM_DATA = 1, SW_ITEM_TERMINAL = 2 } sw_item_kind;
 
@@ -301,6 +314,16 @@ typedef struct sw_router_opts {
     unsigned final_linger_ms;     /* hold the terminal this long after the final to catch
                                      items sent after it (item_after_final); default 0 */
     unsigned max_streams;         /* open streams; default 65536 */
+    sw_registry *registry;        /* optional. Enables routing by endpoint (requests with no
+                                     instance_id) and shares dead-instance reports with every
+                                     other router. Must outlive the router. */
+    sw_policy policy;             /* default round robin */
+    unsigned probe_interval_ms;   /* instances with open streams are probed this often; a dead
+                                     one answers "no responders" at once; default 100 */
+    unsigned probe_timeout_ms;    /* an unanswered probe is a miss; default 300 */
+    unsigned probe_misses;        /* misses in a row that make a frozen instance dead; default 2 */
+    unsigned quarantine_ms;       /* local quarantine of a dead instance, doubling on repeats up
+                                     to 30 s, lifted early when it registers again; default 1000 */
     sw_log_fn log;
     void *log_arg;
 } sw_router_opts;
@@ -322,7 +345,9 @@ SW_API const char *sw_router_id(const sw_router *r);
 
 typedef struct sw_request_opts {
     const char *endpoint;      /* required: "ns.component.endpoint" */
-    const char *instance_id;   /* required until the registry lands: the target instance */
+    const char *instance_id;   /* direct routing to this instance; NULL = pick one through the
+                                  router's registry by policy (no live instance: the stream's
+                                  only item is the terminal error no_instances) */
     uint32_t deadline_ms;      /* 0 = none */
     uint32_t max_tokens;       /* hint passed to the engine; 0 = unset */
     unsigned credit_window;    /* 0 = router default */
@@ -391,6 +416,10 @@ typedef struct sw_router_stats {
     uint64_t items_after_final;    /* seen after a delivered terminal */
     uint64_t nats_dropped;         /* nats.c slow-consumer drops on the mux subscription */
     uint64_t open_streams;         /* gauge */
+    uint64_t instances_lost;       /* instances this router declared dead */
+    uint64_t probes_sent;
+    uint64_t last_loss_detect_ms;  /* detection latency of the last loss: from the last sign of
+                                      life of the instance to its declaration */
 } sw_router_stats;
 
 SW_API void sw_router_stats_get(sw_router *r, sw_router_stats *out);

@@ -1,0 +1,254 @@
+/* router/pool.c -- see sw_pool.h. The table is small (instances of a
+ * cluster), so it is a flat array searched linearly under one lock. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "router/sw_pool.h"
+
+#define POOL_MAX_QUARANTINE_MS 30000
+
+typedef struct pool_inst {
+    char id[SW_MAX_TOKEN + 1];
+    char endpoint[SW_MAX_ENDPOINT + 1];
+    uint64_t revision;
+    int live;     /* the registry says it is there */
+    int draining;
+    unsigned inflight;
+    int64_t quarantine_until; /* monotonic ms; 0 = none */
+    unsigned backoff_ms;
+} pool_inst;
+
+struct swr_pool {
+    pthread_mutex_t mu;
+    sw_registry *reg;
+    int watch_id;
+    sw_policy policy;
+    unsigned quarantine_ms;
+    swi_logger log;
+    pool_inst *v;
+    size_t n, cap;
+    size_t rr; /* round-robin cursor */
+};
+
+const char *
+sw_policy_name(sw_policy p)
+{
+    switch (p) {
+    case SW_POLICY_ROUND_ROBIN:
+        return "round_robin";
+    case SW_POLICY_RANDOM:
+        return "random";
+    case SW_POLICY_LEAST_INFLIGHT:
+        return "least_inflight";
+    }
+    return "unknown";
+}
+
+sw_err
+sw_policy_from_name(const char *name, sw_policy *out)
+{
+    static const sw_policy all[] = {SW_POLICY_ROUND_ROBIN, SW_POLICY_RANDOM,
+                                    SW_POLICY_LEAST_INFLIGHT};
+    if (name == NULL || out == NULL)
+        return SW_EINVAL;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (strcmp(name, sw_policy_name(all[i])) == 0) {
+            *out = all[i];
+            return SW_OK;
+        }
+    return SW_EINVAL;
+}
+
+static pool_inst *
+pool_find(swr_pool *p, const char *id)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (strcmp(p->v[i].id, id) == 0)
+            return &p->v[i];
+    return NULL;
+}
+
+static pool_inst *
+pool_get(swr_pool *p, const char *id)
+{
+    pool_inst *e = pool_find(p, id);
+    if (e != NULL)
+        return e;
+    if (p->n == p->cap) {
+        size_t ncap = p->cap ? p->cap * 2 : 16;
+        pool_inst *nv = realloc(p->v, ncap * sizeof(*nv));
+        if (nv == NULL)
+            return NULL;
+        p->v = nv;
+        p->cap = ncap;
+    }
+    e = &p->v[p->n++];
+    memset(e, 0, sizeof(*e));
+    snprintf(e->id, sizeof(e->id), "%s", id);
+    return e;
+}
+
+static void
+pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
+{
+    swr_pool *p = arg;
+    pool_inst *e;
+    pthread_mutex_lock(&p->mu);
+    e = pool_get(p, inst->instance_id);
+    if (e != NULL) {
+        snprintf(e->endpoint, sizeof(e->endpoint), "%s", inst->endpoint);
+        e->revision = inst->revision;
+        e->draining = inst->draining;
+        if (ev == SW_REGISTRY_REMOVED) {
+            e->live = 0;
+        } else {
+            if (ev == SW_REGISTRY_ADDED && e->quarantine_until != 0) {
+                /* It registered again: proof of life beats our quarantine. */
+                swi_log(&p->log, SW_LOG_INFO, "instance %s is back; lifting its quarantine",
+                        e->id);
+                e->quarantine_until = 0;
+            }
+            e->live = 1;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+sw_err
+swr_pool_create(swr_pool **out, const swr_pool_opts *o)
+{
+    swr_pool *p = calloc(1, sizeof(*p));
+    sw_err rv;
+    if (p == NULL)
+        return SW_ENOMEM;
+    pthread_mutex_init(&p->mu, NULL);
+    p->reg = o->registry;
+    p->policy = o->policy;
+    p->quarantine_ms = o->quarantine_ms ? o->quarantine_ms : 1000;
+    p->log = o->log;
+    if (p->reg != NULL && (rv = sw_registry_watch(p->reg, pool_on_event, p, &p->watch_id)) != SW_OK) {
+        pthread_mutex_destroy(&p->mu);
+        free(p);
+        return rv;
+    }
+    *out = p;
+    return SW_OK;
+}
+
+void
+swr_pool_destroy(swr_pool *p)
+{
+    if (p == NULL)
+        return;
+    if (p->reg != NULL)
+        sw_registry_unwatch(p->reg, p->watch_id);
+    pthread_mutex_destroy(&p->mu);
+    free(p->v);
+    free(p);
+}
+
+static int
+pool_eligible(const pool_inst *e, const char *endpoint, int64_t now)
+{
+    return e->live && !e->draining && strcmp(e->endpoint, endpoint) == 0 &&
+           (e->quarantine_until == 0 || now >= e->quarantine_until);
+}
+
+sw_err
+swr_pool_pick(swr_pool *p, const char *endpoint, char out[SW_MAX_TOKEN + 1])
+{
+    int64_t now = swi_now_ms();
+    size_t k = 0, pick = 0, count = 0;
+    pool_inst *chosen = NULL;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < p->n; i++)
+        if (pool_eligible(&p->v[i], endpoint, now))
+            count++;
+    if (count == 0) {
+        pthread_mutex_unlock(&p->mu);
+        return SW_NO_INSTANCES;
+    }
+    switch (p->policy) {
+    case SW_POLICY_RANDOM: {
+        uint32_t r;
+        swi_random(&r, sizeof(r));
+        pick = r % count;
+        break;
+    }
+    case SW_POLICY_LEAST_INFLIGHT:
+        for (size_t i = 0; i < p->n; i++)
+            if (pool_eligible(&p->v[i], endpoint, now) &&
+                (chosen == NULL || p->v[i].inflight < chosen->inflight))
+                chosen = &p->v[i];
+        break;
+    default:
+        pick = p->rr++ % count;
+        break;
+    }
+    for (size_t i = 0; chosen == NULL && i < p->n; i++)
+        if (pool_eligible(&p->v[i], endpoint, now) && k++ == pick)
+            chosen = &p->v[i];
+    chosen->inflight++;
+    snprintf(out, SW_MAX_TOKEN + 1, "%s", chosen->id);
+    pthread_mutex_unlock(&p->mu);
+    return SW_OK;
+}
+
+void
+swr_pool_begin(swr_pool *p, const char *instance)
+{
+    pool_inst *e;
+    pthread_mutex_lock(&p->mu);
+    if ((e = pool_get(p, instance)) != NULL)
+        e->inflight++;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void
+swr_pool_done(swr_pool *p, const char *instance)
+{
+    pool_inst *e;
+    pthread_mutex_lock(&p->mu);
+    if ((e = pool_find(p, instance)) != NULL && e->inflight > 0)
+        e->inflight--;
+    pthread_mutex_unlock(&p->mu);
+}
+
+int
+swr_pool_quarantined(swr_pool *p, const char *instance)
+{
+    pool_inst *e;
+    int q;
+    pthread_mutex_lock(&p->mu);
+    e = pool_find(p, instance);
+    q = e != NULL && e->quarantine_until != 0 && swi_now_ms() < e->quarantine_until;
+    pthread_mutex_unlock(&p->mu);
+    return q;
+}
+
+void
+swr_pool_dead(swr_pool *p, const char *instance, const char *reason)
+{
+    pool_inst *e;
+    int64_t now = swi_now_ms();
+    int report = 0;
+    pthread_mutex_lock(&p->mu);
+    if ((e = pool_get(p, instance)) != NULL) {
+        if (e->quarantine_until == 0 || now >= e->quarantine_until) {
+            e->backoff_ms = e->backoff_ms == 0 ? p->quarantine_ms : e->backoff_ms * 2;
+            if (e->backoff_ms > POOL_MAX_QUARANTINE_MS)
+                e->backoff_ms = POOL_MAX_QUARANTINE_MS;
+            e->quarantine_until = now + e->backoff_ms;
+            report = e->live;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (report && p->reg != NULL) {
+        /* Revision 0: guard with the newest revision the registry view has
+         * seen (plain refreshes raise no pool event, so ours may be older). */
+        sw_err rv = sw_registry_report_dead(p->reg, instance, 0, reason);
+        swi_log(&p->log, rv == SW_OK ? SW_LOG_INFO : SW_LOG_WARN,
+                "reported instance %s dead (%s): %s", instance, reason, sw_err_name(rv));
+    }
+}

@@ -1,0 +1,38 @@
+/* router/sw_pool.h -- instance selection for the egress: the router layer's
+ * interface. A pool knows the live instances (from a registry watch), their
+ * local quarantine, and how many streams this frontend has open to each; it
+ * picks one per request by policy and turns "this instance is dead" into a
+ * local quarantine plus a registry report, so every router learns it. */
+#ifndef SW_POOL_H
+#define SW_POOL_H
+
+#include "common/sw_common.h"
+#include <streamwire/registry.h>
+
+typedef struct swr_pool swr_pool;
+
+typedef struct swr_pool_opts {
+    sw_registry *registry;  /* may be NULL: only direct routing then */
+    sw_policy policy;
+    unsigned quarantine_ms; /* first quarantine; doubles on repeats up to 30 s */
+    swi_logger log;
+} swr_pool_opts;
+
+sw_err swr_pool_create(swr_pool **out, const swr_pool_opts *o);
+void swr_pool_destroy(swr_pool *p);
+
+/* Picks an instance serving endpoint into out (SW_OK), or SW_NO_INSTANCES.
+ * Counts one stream in flight on it (release with swr_pool_done). */
+sw_err swr_pool_pick(swr_pool *p, const char *endpoint, char out[SW_MAX_TOKEN + 1]);
+/* Counts a stream on a directly named instance. */
+void swr_pool_begin(swr_pool *p, const char *instance);
+void swr_pool_done(swr_pool *p, const char *instance);
+
+/* The instance is dead: quarantine it here and report it to the registry
+ * (guarded by the revision this pool saw). Safe to call repeatedly. */
+void swr_pool_dead(swr_pool *p, const char *instance, const char *reason);
+
+/* 1 if the instance is quarantined here right now. */
+int swr_pool_quarantined(swr_pool *p, const char *instance);
+
+#endif

@@ -1075,12 +1075,13 @@ rt_timer_main(void *arg)
 /* ---------------------------------------------------------------- router */
 
 static void
-rt_unsubscribe(natsSubscription **sub)
+rt_unsubscribe(sw_conn *conn, natsSubscription **sub)
 {
     if (*sub == NULL)
         return;
-    if (natsSubscription_Drain(*sub) == NATS_OK)
-        natsSubscription_WaitForDrainCompletion(*sub, 5000);
+    if (natsConnection_Status(conn->nc) == NATS_CONN_STATUS_CONNECTED &&
+        natsSubscription_Drain(*sub) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(*sub, 2000);
     else
         natsSubscription_Unsubscribe(*sub);
     natsSubscription_Destroy(*sub);
@@ -1188,9 +1189,9 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     *out = r;
     return SW_OK;
 fail:
-    rt_unsubscribe(&r->prb);
-    rt_unsubscribe(&r->live);
-    rt_unsubscribe(&r->mux);
+    rt_unsubscribe(r->conn, &r->prb);
+    rt_unsubscribe(r->conn, &r->live);
+    rt_unsubscribe(r->conn, &r->mux);
     rt_unref(r);
     return rv;
 }
@@ -1227,11 +1228,12 @@ sw_router_destroy(sw_router *r)
     pthread_mutex_unlock(&r->mu);
     if (r->timer_started)
         pthread_join(r->timer, NULL);
-    rt_unsubscribe(&r->live);
-    rt_unsubscribe(&r->prb);
+    rt_unsubscribe(r->conn, &r->live);
+    rt_unsubscribe(r->conn, &r->prb);
     if (r->mux != NULL) {
-        if (natsSubscription_Drain(r->mux) == NATS_OK)
-            natsSubscription_WaitForDrainCompletion(r->mux, 5000);
+        if (natsConnection_Status(r->conn->nc) == NATS_CONN_STATUS_CONNECTED &&
+            natsSubscription_Drain(r->mux) == NATS_OK)
+            natsSubscription_WaitForDrainCompletion(r->mux, 2000);
         else
             natsSubscription_Unsubscribe(r->mux);
     }
@@ -1241,7 +1243,8 @@ sw_router_destroy(sw_router *r)
         st_unref(vec.v[i]);
     }
     free(vec.v);
-    natsConnection_Flush(r->conn->nc);
+    if (natsConnection_Status(r->conn->nc) == NATS_CONN_STATUS_CONNECTED)
+        natsConnection_FlushTimeout(r->conn->nc, 1000);
     pthread_mutex_lock(&r->mu);
     r->closed = 1;
     pthread_mutex_unlock(&r->mu);

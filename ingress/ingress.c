@@ -1123,13 +1123,27 @@ ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
     ing_snapshot(ing, &vec);
     for (size_t i = 0; i < vec.n; i++) {
         sw_responder *r = vec.v[i];
-        if (strcmp(r->router_id, router_id) == 0 && !sw_responder_cancelled(r)) {
-            resp_cancel(r, 1);
-            n++;
+        if (strcmp(r->router_id, router_id) == 0) {
+            int finished;
+            pthread_mutex_lock(&r->mu);
+            finished = r->terminated;
+            pthread_mutex_unlock(&r->mu);
+            if (!finished && !sw_responder_cancelled(r)) {
+                resp_cancel(r, 1);
+                n++;
+            } else if (finished) {
+                /* A final waiting for an ack that will never come. */
+                unregister_stream(r);
+            }
         }
         resp_unref(r);
     }
     free(vec.v);
+    if (n == 0) {
+        swi_log(&ing->log, SW_LOG_DEBUG, "frontend %s %s; no stream of it was running", router_id,
+                why);
+        return;
+    }
     pthread_mutex_lock(&ing->mu);
     ing->st.frontends_lost++;
     pthread_mutex_unlock(&ing->mu);
@@ -1297,24 +1311,20 @@ fail:
     return rv;
 }
 
+/* Lets a subscription's queued messages finish, then removes it. Without a
+ * server there is nothing to drain: unsubscribe at once. */
 static void
-sub_drain(natsSubscription **sub)
+sub_drain(sw_conn *conn, natsSubscription **sub)
 {
     if (*sub == NULL)
         return;
-    if (natsSubscription_Drain(*sub) == NATS_OK)
-        natsSubscription_WaitForDrainCompletion(*sub, 5000);
+    if (natsConnection_Status(conn->nc) == NATS_CONN_STATUS_CONNECTED &&
+        natsSubscription_Drain(*sub) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(*sub, 2000);
     else
         natsSubscription_Unsubscribe(*sub);
     natsSubscription_Destroy(*sub);
     *sub = NULL;
-}
-
-static void
-cancel_cb(void *val, void *arg)
-{
-    (void)arg;
-    resp_ref(val);
 }
 
 sw_err
@@ -1329,7 +1339,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     pthread_mutex_lock(&ing->mu);
     ing->draining = 1;
     pthread_mutex_unlock(&ing->mu);
-    sub_drain(&ing->req_sub);
+    sub_drain(ing->conn, &ing->req_sub);
     until = swi_now_ms() + (grace_ms > 0 ? grace_ms : 0);
     pthread_mutex_lock(&ing->mu);
     while (ing->inflight > 0 && swi_now_ms() < until)
@@ -1356,7 +1366,6 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
         resp_unref(r);
     }
     free(vec.v);
-    (void)cancel_cb;
     return rv;
 }
 
@@ -1364,8 +1373,8 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
 static void
 ing_stop(sw_ingress *ing)
 {
-    sub_drain(&ing->req_sub);
-    sub_drain(&ing->ctl_sub);
+    sub_drain(ing->conn, &ing->req_sub);
+    sub_drain(ing->conn, &ing->ctl_sub);
     pthread_mutex_lock(&ing->mu);
     ing->stopping = 1;
     pthread_cond_broadcast(&ing->cv);

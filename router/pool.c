@@ -127,10 +127,25 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
     p->policy = o->policy;
     p->quarantine_ms = o->quarantine_ms ? o->quarantine_ms : 1000;
     p->log = o->log;
+    /* Start round robin at a random place, so that many short-lived routers
+     * (one request each) still spread their load. */
+    swi_random(&p->rr, sizeof(p->rr));
     if (p->reg != NULL && (rv = sw_registry_watch(p->reg, pool_on_event, p, &p->watch_id)) != SW_OK) {
         pthread_mutex_destroy(&p->mu);
         free(p);
         return rv;
+    }
+    if (p->reg != NULL) {
+        /* Watch events arrive on the registry thread; seed the table now so
+         * the first request after creation can be routed. Later events for
+         * the same instances are idempotent. */
+        sw_instance *v = NULL;
+        size_t n = 0;
+        if (sw_registry_list(p->reg, NULL, &v, &n) == SW_OK) {
+            for (size_t i = 0; i < n; i++)
+                pool_on_event(p, SW_REGISTRY_ADDED, &v[i]);
+            sw_instances_free(v, n);
+        }
     }
     *out = p;
     return SW_OK;

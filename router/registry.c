@@ -237,11 +237,13 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
          * server's clock counts as expired until its next refresh. */
         int64_t age_unix = e->created_unix_ms ? swi_unix_ms() - e->created_unix_ms : 0;
         int stale = age_unix > (int64_t)reg->lease_ms;
+        if (age_unix < 0) /* clocks disagree: trust our own observation */
+            age_unix = 0;
         swp_free(v->info);
         v->info = info;
         info = NULL;
         v->rev = e->revision;
-        v->seen_ms = stale ? now - reg->lease_ms : now;
+        v->seen_ms = now - (stale ? (int64_t)reg->lease_ms : age_unix);
         v->live = !stale;
         if (v->live && !was_live)
             reg_queue(reg, 0, SW_REGISTRY_ADDED, v->info, v->rev, 0);

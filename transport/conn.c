@@ -21,7 +21,8 @@ static void
 swt_on_disconnect(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
-    swi_log(&c->log, SW_LOG_WARN, "nats: disconnected");
+    if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+        swi_log(&c->log, SW_LOG_WARN, "nats: disconnected");
 }
 
 static void
@@ -106,8 +107,10 @@ sw_conn_close(sw_conn *c)
 {
     if (c == NULL)
         return;
+    __atomic_store_n(&c->closing, 1, __ATOMIC_RELEASE);
     if (c->nc != NULL) {
-        natsConnection_Flush(c->nc);
+        if (natsConnection_Status(c->nc) == NATS_CONN_STATUS_CONNECTED)
+            natsConnection_FlushTimeout(c->nc, 1000);
         natsConnection_Close(c->nc);
         natsConnection_Destroy(c->nc);
     }

@@ -12,6 +12,7 @@ struct sw_conn {
     natsConnection *nc;
     natsOptions *opts;
     swi_logger log;
+    int closing; /* sw_conn_close started: the disconnect is expected */
 };
 
 /* Subject buffers: prefix + endpoint + tokens always fit in this. */

@@ -178,9 +178,10 @@ SW_API SW_NODISCARD sw_err sw_ingress_start(sw_ingress **out, sw_conn *conn,
 /* Stops accepting requests (the request subscription is removed, so routers
  * see no_responders and pick another instance) and waits
  * up to grace_ms for in-flight streams to finish. Streams still open after
- * that are cancelled (their handlers see cancellation; a FAILED/CANCELLED
- * terminal is sent). Returns SW_OK when all finished in time, SW_ETIMEDOUT
- * when some had to be cancelled. Idempotent. Must not be called from a
+ * that are cancelled: their handlers see the cancellation, and their
+ * frontends get the terminal error instance_lost ("the worker is shutting
+ * down"), which a migrating router may retry elsewhere. Returns SW_OK
+ * when all finished in time, SW_ETIMEDOUT when some had to be cancelled. Idempotent. Must not be called from a
  * handler thread. */
 SW_API sw_err sw_ingress_drain(sw_ingress *ing, int64_t grace_ms);
 

@@ -1,0 +1,141 @@
+/* cmd/cli.h -- shared pieces of the streamwire CLI: the option parser, the
+ * log sink, output helpers and the stream runner used by `generate` and
+ * `demo`. */
+#ifndef SW_CMD_CLI_H
+#define SW_CMD_CLI_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <streamwire/streamwire.h>
+
+#if defined(__GNUC__)
+#define CLI_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define CLI_PRINTF(a, b)
+#endif
+
+/* Exit statuses. */
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_FAIL 1    /* stream ended in anything but completed; runtime error */
+#define CLI_EXIT_USAGE 2   /* bad command line */
+#define CLI_EXIT_CONNECT 3 /* could not connect to the NATS server */
+
+/* ------------------------------------------------------------------------ */
+/* Option parsing (one table per subcommand).                                */
+
+typedef enum cli_kind {
+    CLI_FLAG,   /* no value; out: int *, set to 1 */
+    CLI_STRING, /* out: const char ** (points into argv) */
+    CLI_INT,    /* out: long *, checked against [min, max] */
+    CLI_CHOICE  /* out: const char **, one of choices "a|b|c" */
+} cli_kind;
+
+typedef struct cli_opt {
+    const char *name; /* long name without the dashes: "tokens" */
+    cli_kind kind;
+    const char *metavar; /* "N", "URL"; NULL for flags */
+    const char *help;    /* one or more lines ('\n' separated) */
+    void *out;
+    long min, max;       /* CLI_INT */
+    const char *choices; /* CLI_CHOICE */
+    int required;
+} cli_opt;
+
+typedef struct cli_cmd {
+    const char *name;    /* "worker" */
+    const char *summary; /* one line for `streamwire --help` */
+    const char *about;   /* paragraph under the usage line; may be NULL */
+    const char *epilog;  /* text after the options (exit statuses...); may be NULL */
+    const cli_opt *opts;
+    size_t nopts;
+} cli_cmd;
+
+enum { CLI_PARSE_OK = 0, CLI_PARSE_HELP = 1, CLI_PARSE_ERROR = 2 };
+
+/* Parses argv[1..argc-1] (argv[0] is the subcommand name) into the table's
+ * outputs. Accepts --name VALUE, --name=VALUE, -h/--help and "--".
+ * CLI_PARSE_HELP: usage was printed to stdout (exit 0). CLI_PARSE_ERROR: a
+ * message was printed to stderr (exit 2). */
+int cli_parse(const cli_cmd *cmd, int argc, char **argv);
+
+/* Prints the full usage of cmd. */
+void cli_usage(const cli_cmd *cmd, FILE *f);
+
+/* Prints "streamwire CMD: <message>" and a hint to stderr; returns
+ * CLI_EXIT_USAGE. */
+int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
+
+/* ------------------------------------------------------------------------ */
+/* Helpers                                                                   */
+
+/* Set by the SIGINT/SIGTERM handler installed with cli_catch_signals. */
+extern volatile sig_atomic_t cli_signalled;
+
+/* Installs a SIGINT/SIGTERM handler that sets cli_signalled and, when
+ * wake_fd >= 0, writes one byte to wake_fd. SIGPIPE is ignored. */
+void cli_catch_signals(int wake_fd);
+
+/* Log sink: writes "[<arg>] level: msg" to stderr (arg is a const char *
+ * tag). */
+void cli_log_stderr(void *arg, sw_log_level level, const char *msg);
+
+/* Monotonic milliseconds. */
+int64_t cli_now_ms(void);
+/* Sleeps ms (nanosleep, resumed after EINTR unless cli_signalled). */
+void cli_sleep_ms(int64_t ms);
+
+/* Writes data as the inside of a JSON string: ", \ and control bytes
+ * escaped, every byte outside 0x20..0x7e as \u00XX. */
+void cli_json_escape(FILE *f, const void *data, size_t len);
+/* Writes data readably: printable ASCII as is, anything else as \xXX. */
+void cli_print_readable(FILE *f, const void *data, size_t len);
+
+/* ------------------------------------------------------------------------ */
+/* Stream runner: opens one stream on a router and reads it to its terminal. */
+
+typedef struct cli_stream_req {
+    const char *endpoint;
+    const char *instance_id;
+    uint32_t deadline_ms;
+    uint32_t max_tokens;
+    unsigned credit_window;
+    unsigned heartbeat_ms;
+    const void *payload;
+    size_t len;
+    long cancel_after;  /* cancel after this many data items; -1 = never */
+    long read_delay_ms; /* sleep after each data item */
+    int64_t give_up_ms; /* > 0: stop waiting for a terminal after this long */
+    void (*on_data)(const sw_item *item, void *arg); /* may be NULL */
+    void *on_data_arg;
+} cli_stream_req;
+
+typedef struct cli_stream_result {
+    int got_terminal; /* 0 when gave up or interrupted before one */
+    int interrupted;  /* a signal arrived (the stream was cancelled) */
+    sw_status status;
+    sw_err error;
+    char reason[128];
+    char message[1024];
+    char instance[SW_MAX_TOKEN + 1];
+    uint64_t terminal_seq;
+    uint64_t items;     /* data items received */
+    int64_t elapsed_ms; /* from just before sw_router_open to the terminal */
+} cli_stream_result;
+
+/* Returns the sw_router_open error (SW_OK when the stream was opened and
+ * read; see res->got_terminal). On a signal (cli_signalled) the stream is
+ * cancelled once and reading goes on to its terminal. */
+sw_err cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *res);
+
+/* ------------------------------------------------------------------------ */
+/* Subcommands: argv[0] is the subcommand name. Return the exit status.      */
+
+int cli_worker_main(int argc, char **argv);
+int cli_generate_main(int argc, char **argv);
+int cli_demo_main(int argc, char **argv);
+int cli_instances_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,256 @@
+/* cmd/generate.c -- `streamwire generate`: sends one request and prints its
+ * response stream, then its terminal. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include <streamwire/registry.h>
+
+typedef struct gen_out {
+    int json;
+} gen_out;
+
+static void
+gen_on_data(const sw_item *item, void *arg)
+{
+    const gen_out *g = arg;
+
+    if (g->json) {
+        printf("{\"seq\":%llu,\"data\":\"", (unsigned long long)item->seq);
+        cli_json_escape(stdout, item->data, item->len);
+        printf("\"}\n");
+    } else {
+        printf("%6llu  ", (unsigned long long)item->seq);
+        cli_print_readable(stdout, item->data, item->len);
+        printf("%s\n", item->droppable ? "  (droppable)" : "");
+    }
+    fflush(stdout);
+}
+
+static void
+gen_print_terminal(const cli_stream_result *res, int json)
+{
+    const char *status = sw_status_name(res->status);
+
+    if (json) {
+        printf("{\"terminal\":\"");
+        cli_json_escape(stdout, status, strlen(status));
+        printf("\",\"reason\":\"");
+        cli_json_escape(stdout, res->reason, strlen(res->reason));
+        printf("\",\"instance\":\"");
+        cli_json_escape(stdout, res->instance, strlen(res->instance));
+        printf("\",\"items\":%llu,\"elapsed_ms\":%lld", (unsigned long long)res->items,
+               (long long)res->elapsed_ms);
+        if (res->message[0] != '\0') {
+            printf(",\"message\":\"");
+            cli_json_escape(stdout, res->message, strlen(res->message));
+            printf("\"");
+        }
+        printf("}\n");
+    } else {
+        printf("-- %s (%s) from instance %s: %llu items in %lld ms", status, res->reason,
+               res->instance[0] != '\0' ? res->instance : "(none)", (unsigned long long)res->items,
+               (long long)res->elapsed_ms);
+        if (res->message[0] != '\0')
+            printf(": %s", res->message);
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+int
+cli_generate_main(int argc, char **argv)
+{
+    const char *server = NULL, *endpoint = NULL, *instance = NULL, *prompt = "hello";
+    long max_tokens = 0, cancel_after = -1, read_delay = 0, timeout = 0, linger = 20;
+    long heartbeat = 0, window = 0, inactivity = 0, gap_timeout = 0, payload_bytes = -1;
+    const char *policy = "round_robin", *bucket = NULL;
+    int json = 0, verbose = 0;
+    const cli_opt opts[] = {
+        {"server", CLI_STRING, "URL", "NATS server URL, e.g. nats://127.0.0.1:4222", &server, 0, 0,
+         NULL, 1},
+        {"endpoint", CLI_STRING, "NS.COMPONENT.ENDPOINT", "endpoint to call", &endpoint, 0, 0, NULL,
+         1},
+        {"instance-id", CLI_STRING, "ID",
+         "send to this instance directly; default: pick a live\ninstance from the discovery "
+         "registry (JetStream KV)",
+         &instance, 0, 0, NULL, 0},
+        {"policy", CLI_CHOICE, "round_robin|random|least_inflight",
+         "how to pick an instance without --instance-id\n(default round_robin)", &policy, 0, 0,
+         "round_robin|random|least_inflight", 0},
+        {"bucket", CLI_STRING, "NAME", "registry bucket (default streamwire_instances)", &bucket, 0,
+         0, NULL, 0},
+        {"prompt", CLI_STRING, "TEXT", "request payload (default \"hello\")", &prompt, 0, 0, NULL,
+         0},
+        {"payload-bytes", CLI_INT, "N",
+         "send N bytes ('x' repeated) instead of --prompt\n(e.g. more than the server's max "
+         "payload)",
+         &payload_bytes, 0, 1L << 30, NULL, 0},
+        {"max-tokens", CLI_INT, "N", "max_tokens hint for the engine (default 0 = unset)",
+         &max_tokens, 0, 4294967295L, NULL, 0},
+        {"cancel-after", CLI_INT, "K",
+         "cancel the stream after K data items (0 = at once),\nthen read on to the terminal",
+         &cancel_after, 0, 100000000, NULL, 0},
+        {"read-delay-ms", CLI_INT, "MS",
+         "sleep after each data item: a slow consumer, to\nsee flow control work (default 0)",
+         &read_delay, 0, 3600000, NULL, 0},
+        {"timeout-ms", CLI_INT, "MS",
+         "request deadline; the stream ends with error\ndeadline_exceeded when it passes "
+         "(default 0 = none)",
+         &timeout, 0, 4294967295L, NULL, 0},
+        {"json", CLI_FLAG, NULL,
+         "one JSON object per line: {\"seq\":N,\"data\":\"...\"} per item,\nthen the "
+         "terminal {\"terminal\":...}",
+         &json, 0, 0, NULL, 0},
+        {"final-linger-ms", CLI_INT, "MS",
+         "hold the terminal this long after the final to catch\nitems sent after it "
+         "(item_after_final) (default 20)",
+         &linger, 0, 600000, NULL, 0},
+        {"heartbeat-ms", CLI_INT, "MS", "heartbeat interval asked of the worker (default 250)",
+         &heartbeat, 0, 600000, NULL, 0},
+        {"inactivity-ms", CLI_INT, "MS",
+         "silence that ends the stream with stream_incomplete\n(default 4 * heartbeat + 500)",
+         &inactivity, 0, 3600000, NULL, 0},
+        {"gap-timeout-ms", CLI_INT, "MS",
+         "how long a sequence gap may stay open before\nsequence_gap (default 500)", &gap_timeout,
+         0, 3600000, NULL, 0},
+        {"window", CLI_INT, "N", "credit window: items in flight (default 64)", &window, 0, 1000000,
+         NULL, 0},
+        {"verbose", CLI_FLAG, NULL, "print library log lines to stderr", &verbose, 0, 0, NULL, 0},
+    };
+    const cli_cmd cmd = {
+        "generate",
+        "Send one request to an endpoint instance and print the response stream: the\n"
+        "data items in order, then exactly one terminal.",
+        "Terminals: completed (stop), incomplete (max_tokens), failed (<app code>),\n"
+        "cancelled (cancelled), error (<reason>: stream_incomplete, item_after_final,\n"
+        "decode_error, sequence_gap, no_responders, deadline_exceeded,\n"
+        "payload_too_large, instance_lost, ...). SIGINT cancels the stream.",
+        "Exit status: 0 completed; 1 any other terminal; 2 usage error;\n"
+        "3 cannot connect to the NATS server.",
+        opts,
+        sizeof(opts) / sizeof(opts[0]),
+    };
+    gen_out g;
+    sw_conn_opts copts;
+    sw_router_opts ropts;
+    sw_conn *conn = NULL;
+    sw_router *router = NULL;
+    sw_registry *reg = NULL;
+    cli_stream_req req;
+    cli_stream_result res;
+    char *padding = NULL;
+    sw_err err;
+    int rc;
+
+    rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_PARSE_OK)
+        return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    if (server[0] == '\0')
+        return cli_usage_error(&cmd, "--server: empty URL");
+    if (sw_validate_endpoint(endpoint) != SW_OK)
+        return cli_usage_error(&cmd,
+                               "--endpoint: '%s' is not NS.COMPONENT.ENDPOINT (three tokens of "
+                               "[A-Za-z0-9_-], 1..64 chars each)",
+                               endpoint);
+    if (instance != NULL && sw_validate_token(instance) != SW_OK)
+        return cli_usage_error(&cmd, "--instance-id: '%s' is not 1..64 chars of [A-Za-z0-9_-]",
+                               instance);
+
+    memset(&req, 0, sizeof(req));
+    req.endpoint = endpoint;
+    req.instance_id = instance;
+    req.deadline_ms = (uint32_t)timeout;
+    req.max_tokens = (uint32_t)max_tokens;
+    req.credit_window = (unsigned)window;
+    req.heartbeat_ms = (unsigned)heartbeat;
+    req.cancel_after = cancel_after;
+    req.read_delay_ms = read_delay;
+    if (payload_bytes >= 0) {
+        padding = malloc((size_t)payload_bytes + 1);
+        if (padding == NULL) {
+            fprintf(stderr, "streamwire generate: out of memory for %ld payload bytes\n",
+                    payload_bytes);
+            return CLI_EXIT_FAIL;
+        }
+        memset(padding, 'x', (size_t)payload_bytes);
+        req.payload = padding;
+        req.len = (size_t)payload_bytes;
+    } else {
+        req.payload = prompt;
+        req.len = strlen(prompt);
+    }
+    g.json = json;
+    req.on_data = gen_on_data;
+    req.on_data_arg = &g;
+
+    cli_catch_signals(-1);
+    sw_conn_opts_init(&copts);
+    copts.url = server;
+    copts.name = "streamwire-generate";
+    copts.log = verbose ? cli_log_stderr : NULL;
+    copts.log_arg = (void *)"generate";
+    err = sw_conn_open(&conn, &copts);
+    if (err != SW_OK) {
+        fprintf(stderr, "streamwire generate: cannot connect to NATS server at %s: %s (%s)\n",
+                server, sw_strerror(err), sw_err_name(err));
+        free(padding);
+        return CLI_EXIT_CONNECT;
+    }
+    sw_router_opts_init(&ropts);
+    if (instance == NULL) {
+        sw_registry_opts gopts;
+        sw_registry_opts_init(&gopts);
+        if (bucket != NULL)
+            gopts.bucket = bucket;
+        gopts.log = verbose ? cli_log_stderr : NULL;
+        gopts.log_arg = (void *)"generate";
+        err = sw_registry_open(&reg, conn, &gopts);
+        if (err != SW_OK) {
+            fprintf(stderr,
+                    "streamwire generate: cannot open the registry: %s (%s)\n"
+                    "  (does the server run JetStream, nats-server -js? or pass --instance-id)\n",
+                    sw_strerror(err), sw_err_name(err));
+            rc = CLI_EXIT_FAIL;
+            goto out;
+        }
+        ropts.registry = reg;
+        (void)sw_policy_from_name(policy, &ropts.policy);
+    }
+    ropts.final_linger_ms = (unsigned)linger;
+    ropts.heartbeat_ms = (unsigned)heartbeat;
+    ropts.inactivity_ms = (unsigned)inactivity;
+    ropts.gap_timeout_ms = (unsigned)gap_timeout;
+    ropts.credit_window = (unsigned)window;
+    ropts.log = verbose ? cli_log_stderr : NULL;
+    ropts.log_arg = (void *)"generate";
+    err = sw_router_create(&router, conn, &ropts);
+    if (err != SW_OK) {
+        fprintf(stderr, "streamwire generate: cannot create a router: %s (%s)\n", sw_strerror(err),
+                sw_err_name(err));
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
+
+    err = cli_run_stream(router, &req, &res);
+    if (err != SW_OK) {
+        fprintf(stderr, "streamwire generate: cannot open the stream: %s (%s)\n", sw_strerror(err),
+                sw_err_name(err));
+        rc = err == SW_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;
+        goto out;
+    }
+    if (!res.got_terminal) {
+        fprintf(stderr, "streamwire generate: %s\n", res.reason);
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
+    gen_print_terminal(&res, json);
+    rc = res.status == SW_STATUS_COMPLETED ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+
+out:
+    sw_router_destroy(router);
+    sw_registry_close(reg);
+    sw_conn_close(conn);
+    free(padding);
+    return rc;
+}

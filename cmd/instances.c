@@ -1,0 +1,109 @@
+/* cmd/instances.c -- `streamwire instances`: the live instances in the
+ * discovery registry, as a table or as JSON lines. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include <streamwire/registry.h>
+
+int
+cli_instances_main(int argc, char **argv)
+{
+    const char *server = NULL, *endpoint = NULL, *bucket = NULL;
+    long lease = 0;
+    int json = 0;
+    const cli_opt opts[] = {
+        {"server", CLI_STRING, "URL", "NATS server URL, e.g. nats://127.0.0.1:4222", &server, 0, 0,
+         NULL, 1},
+        {"endpoint", CLI_STRING, "NS.COMPONENT.ENDPOINT", "only instances serving this endpoint",
+         &endpoint, 0, 0, NULL, 0},
+        {"bucket", CLI_STRING, "NAME", "registry bucket (default streamwire_instances)", &bucket, 0,
+         0, NULL, 0},
+        {"lease-ms", CLI_INT, "MS",
+         "count an entry dead when not refreshed for this long\n(default 3000, as the workers')",
+         &lease, 100, 3600000, NULL, 0},
+        {"json", CLI_FLAG, NULL,
+         "one JSON object per line:\n{\"instance\":\"...\",\"endpoint\":\"...\",\"age_ms\":N,...}",
+         &json, 0, 0, NULL, 0},
+    };
+    const cli_cmd cmd = {
+        "instances",
+        "List the live instances in the discovery registry (JetStream KV). An entry\n"
+        "counts as live while it is refreshed within its lease and not reported dead.",
+        NULL,
+        "Exit status: 0 listed (even none); 1 registry error; 2 usage error;\n"
+        "3 cannot connect to the NATS server.",
+        opts,
+        sizeof(opts) / sizeof(opts[0]),
+    };
+    sw_conn_opts copts;
+    sw_registry_opts ropts;
+    sw_conn *conn = NULL;
+    sw_registry *reg = NULL;
+    sw_instance *v = NULL;
+    size_t n = 0;
+    sw_err err;
+    int rc;
+
+    rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_PARSE_OK)
+        return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    if (endpoint != NULL && sw_validate_endpoint(endpoint) != SW_OK)
+        return cli_usage_error(&cmd, "--endpoint: '%s' is not NS.COMPONENT.ENDPOINT", endpoint);
+
+    sw_conn_opts_init(&copts);
+    copts.url = server;
+    copts.name = "streamwire-instances";
+    err = sw_conn_open(&conn, &copts);
+    if (err != SW_OK) {
+        fprintf(stderr, "streamwire instances: cannot connect to NATS server at %s: %s (%s)\n",
+                server, sw_strerror(err), sw_err_name(err));
+        return CLI_EXIT_CONNECT;
+    }
+    sw_registry_opts_init(&ropts);
+    if (bucket != NULL)
+        ropts.bucket = bucket;
+    ropts.lease_ms = (unsigned)lease;
+    err = sw_registry_open(&reg, conn, &ropts);
+    if (err == SW_OK)
+        err = sw_registry_list(reg, endpoint, &v, &n);
+    if (err != SW_OK) {
+        fprintf(stderr,
+                "streamwire instances: cannot read the registry: %s (%s)\n"
+                "  (does the server run JetStream, nats-server -js?)\n",
+                sw_strerror(err), sw_err_name(err));
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
+    if (!json)
+        printf("%-20s %-28s %8s %-16s %7s %s\n", "INSTANCE", "ENDPOINT", "AGE_MS", "HOST", "PID",
+               "STATE");
+    for (size_t i = 0; i < n; i++) {
+        if (json) {
+            printf("{\"instance\":\"");
+            cli_json_escape(stdout, v[i].instance_id, strlen(v[i].instance_id));
+            printf("\",\"endpoint\":\"");
+            cli_json_escape(stdout, v[i].endpoint, strlen(v[i].endpoint));
+            printf("\",\"age_ms\":%lld,\"host\":\"", (long long)v[i].age_ms);
+            cli_json_escape(stdout, v[i].host, strlen(v[i].host));
+            printf("\",\"pid\":%u,\"revision\":%llu,\"draining\":%s,\"lease_ms\":%u,"
+                   "\"subject\":\"",
+                   v[i].pid, (unsigned long long)v[i].revision, v[i].draining ? "true" : "false",
+                   v[i].lease_ms);
+            cli_json_escape(stdout, v[i].request_subject, strlen(v[i].request_subject));
+            printf("\"}\n");
+        } else {
+            printf("%-20s %-28s %8lld %-16s %7u %s\n", v[i].instance_id, v[i].endpoint,
+                   (long long)v[i].age_ms, v[i].host, v[i].pid,
+                   v[i].draining ? "draining" : "live");
+        }
+    }
+    if (!json)
+        printf("%zu live instance%s\n", n, n == 1 ? "" : "s");
+    rc = CLI_EXIT_OK;
+out:
+    sw_instances_free(v, n);
+    sw_registry_close(reg);
+    sw_conn_close(conn);
+    return rc;
+}

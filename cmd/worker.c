@@ -1,0 +1,380 @@
+/* cmd/worker.c -- `streamwire worker`: serves an endpoint with the demo
+ * engine (token-0, token-1, ...) and optional fault injection. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "ingress/sw_ingress_internal.h"
+#include <streamwire/registry.h>
+
+enum worker_chaos { CHAOS_NONE = 0, CHAOS_AFTER_FINAL, CHAOS_GARBAGE, CHAOS_GAP, CHAOS_NO_FINAL };
+
+typedef struct worker_cfg {
+    long tokens;
+    long interval_ms;
+    long crash_after; /* -1 = off */
+    long hang_after;
+    long fail_after;
+    int chaos;
+    int quiet;
+} worker_cfg;
+
+static void
+worker_note(const worker_cfg *cfg, sw_responder *r, const char *what, long k)
+{
+    char msg[256];
+
+    if (cfg->quiet)
+        return;
+    snprintf(msg, sizeof(msg), "request %s: %s after %ld items", sw_responder_request_id(r), what,
+             k);
+    cli_log_stderr("worker", SW_LOG_INFO, msg);
+}
+
+/* Sleeps ms in slices of at most 10 ms; returns 1 as soon as the stream is
+ * cancelled (frontend cancel, frontend gone, deadline passed). */
+static int
+worker_sleep(sw_responder *r, long ms)
+{
+    int64_t end = cli_now_ms() + ms;
+
+    for (;;) {
+        int64_t left;
+
+        if (sw_responder_cancelled(r))
+            return 1;
+        left = end - cli_now_ms();
+        if (left <= 0)
+            return 0;
+        cli_sleep_ms(left < 10 ? left : 10);
+    }
+}
+
+static void
+worker_handler(sw_responder *r, void *arg)
+{
+    static const unsigned char garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0xde,
+                                            0xad, 0xbe, 0xef, 0x00, 0x01};
+    const worker_cfg *cfg = arg;
+    uint32_t max_tokens = sw_responder_max_tokens(r);
+    long total = cfg->tokens;
+    int limited = 0;
+    long sent = 0;
+    sw_err err;
+
+    if (max_tokens != 0 && (long)max_tokens < total) {
+        total = (long)max_tokens;
+        limited = 1;
+    }
+    for (;;) {
+        char buf[32];
+        int len;
+
+        /* Faults fire once exactly `sent` items have gone out. */
+        if (cfg->crash_after == sent) {
+            worker_note(cfg, r, "crashing (abort) as asked by --crash-after", sent);
+            fflush(stderr);
+            abort();
+        }
+        if (cfg->hang_after == sent) {
+            worker_note(cfg, r, "hanging (abandoned: no items, heartbeats or final)", sent);
+            swi_responder_abandon(r);
+            return;
+        }
+        if (cfg->fail_after == sent) {
+            char msg[96];
+
+            snprintf(msg, sizeof(msg), "injected failure after %ld items", sent);
+            err = sw_responder_fail(r, "engine_error", msg);
+            if (err != SW_OK && err != SW_ECLOSED && !cfg->quiet)
+                fprintf(stderr, "[worker] warn: fail: %s\n", sw_err_name(err));
+            return;
+        }
+        if (sent == total)
+            break;
+        if (sent == total / 2 && cfg->chaos == CHAOS_GARBAGE) {
+            worker_note(cfg, r, "publishing garbage bytes (--chaos garbage)", sent);
+            err = swi_responder_publish_raw(r, garbage, sizeof(garbage));
+            if (err != SW_OK && !cfg->quiet)
+                fprintf(stderr, "[worker] warn: publish_raw: %s\n", sw_err_name(err));
+        }
+        if (sent == total / 2 && cfg->chaos == CHAOS_GAP) {
+            worker_note(cfg, r, "skipping a sequence number (--chaos gap)", sent);
+            err = swi_responder_skip_seq(r);
+            if (err != SW_OK && !cfg->quiet)
+                fprintf(stderr, "[worker] warn: skip_seq: %s\n", sw_err_name(err));
+        }
+        if (sent > 0 && cfg->interval_ms > 0 && worker_sleep(r, cfg->interval_ms))
+            return; /* cancelled: the library sends the CANCELLED terminal */
+        len = snprintf(buf, sizeof(buf), "token-%ld", sent);
+        err = sw_responder_send(r, buf, (size_t)len);
+        if (err == SW_ECANCELLED || err == SW_ECLOSED)
+            return;
+        if (err != SW_OK) {
+            if (!cfg->quiet)
+                fprintf(stderr, "[worker] warn: request %s: send: %s\n", sw_responder_request_id(r),
+                        sw_err_name(err));
+            sw_responder_fail(r, "send_failed", sw_strerror(err));
+            return;
+        }
+        sent++;
+    }
+    if (cfg->chaos == CHAOS_NO_FINAL) {
+        worker_note(cfg, r, "ending without a final marker (--chaos no-final)", sent);
+        swi_responder_abandon(r);
+        return;
+    }
+    if (limited)
+        err = sw_responder_finish(r, SW_STATUS_INCOMPLETE, "max_tokens");
+    else
+        err = sw_responder_finish(r, SW_STATUS_COMPLETED, "stop");
+    if (err != SW_OK) {
+        if (err != SW_ECLOSED && !cfg->quiet)
+            fprintf(stderr, "[worker] warn: finish: %s\n", sw_err_name(err));
+        return;
+    }
+    if (cfg->chaos == CHAOS_AFTER_FINAL) {
+        worker_note(cfg, r, "sending an item after the final (--chaos after-final)", sent);
+        err = swi_responder_send_after_final(r, "token-extra", 11);
+        if (err != SW_OK && !cfg->quiet)
+            fprintf(stderr, "[worker] warn: send_after_final: %s\n", sw_err_name(err));
+    }
+}
+
+static int
+worker_chaos_kind(const char *s)
+{
+    if (s == NULL)
+        return CHAOS_NONE;
+    if (strcmp(s, "after-final") == 0)
+        return CHAOS_AFTER_FINAL;
+    if (strcmp(s, "garbage") == 0)
+        return CHAOS_GARBAGE;
+    if (strcmp(s, "gap") == 0)
+        return CHAOS_GAP;
+    return CHAOS_NO_FINAL;
+}
+
+int
+cli_worker_main(int argc, char **argv)
+{
+    const char *server = NULL, *endpoint = NULL, *instance = NULL, *chaos = NULL;
+    long tokens = 16, interval = 0, crash = -1, hang = -1, fail = -1;
+    long max_inflight = 0, threads = 0, grace = 5000, send_timeout = 0, lease = 0;
+    const char *registry = "nats-kv", *bucket = NULL;
+    int quiet = 0;
+    const cli_opt opts[] = {
+        {"server", CLI_STRING, "URL", "NATS server URL, e.g. nats://127.0.0.1:4222", &server, 0, 0,
+         NULL, 1},
+        {"endpoint", CLI_STRING, "NS.COMPONENT.ENDPOINT",
+         "endpoint to serve: three tokens of [A-Za-z0-9_-]", &endpoint, 0, 0, NULL, 1},
+        {"instance-id", CLI_STRING, "ID",
+         "this instance's id (1..64 chars of [A-Za-z0-9_-]);\ndefault: 16 random hex chars",
+         &instance, 0, 0, NULL, 0},
+        {"tokens", CLI_INT, "N", "items per request: token-0 .. token-<N-1> (default 16)", &tokens,
+         0, 100000000, NULL, 0},
+        {"token-interval-ms", CLI_INT, "MS", "pause between items (default 0)", &interval, 0,
+         3600000, NULL, 0},
+        {"crash-after", CLI_INT, "K", "fault: abort() the process after sending K items", &crash, 0,
+         100000000, NULL, 0},
+        {"hang-after", CLI_INT, "K",
+         "fault: after K items send nothing more for that stream\n(no items, heartbeats or "
+         "final); the worker stays alive",
+         &hang, 0, 100000000, NULL, 0},
+        {"fail-after", CLI_INT, "K",
+         "fault: after K items fail the stream with app code\nengine_error", &fail, 0, 100000000,
+         NULL, 0},
+        {"chaos", CLI_CHOICE, "after-final|garbage|gap|no-final",
+         "protocol fault: after-final = an item after the final;\ngarbage = undecodable bytes "
+         "mid-stream; gap = skip a\nsequence number mid-stream; no-final = all items but no\n"
+         "final marker",
+         &chaos, 0, 0, "after-final|garbage|gap|no-final", 0},
+        {"max-inflight", CLI_INT, "N",
+         "live streams before requests get an overloaded\nterminal (default: library's, 64)",
+         &max_inflight, 0, 1000000, NULL, 0},
+        {"threads", CLI_INT, "N", "handler threads (default: library's, 4)", &threads, 0, 1024,
+         NULL, 0},
+        {"send-timeout-ms", CLI_INT, "MS",
+         "how long a send waits for credit (default: library's,\n30000)", &send_timeout, 0, 3600000,
+         NULL, 0},
+        {"drain-grace-ms", CLI_INT, "MS",
+         "on SIGTERM/SIGINT, how long in-flight streams may\nfinish before they are cancelled "
+         "(default 5000)",
+         &grace, 0, 3600000, NULL, 0},
+        {"registry", CLI_CHOICE, "nats-kv|none",
+         "register in the discovery registry (JetStream KV,\nneeds nats-server -js) so routers "
+         "find this\ninstance; none = direct requests only (default nats-kv)",
+         &registry, 0, 0, "nats-kv|none", 0},
+        {"bucket", CLI_STRING, "NAME", "registry bucket (default streamwire_instances)", &bucket, 0,
+         0, NULL, 0},
+        {"lease-ms", CLI_INT, "MS",
+         "registry lease: routers count the instance dead when it\nis not refreshed for this "
+         "long (default 3000)",
+         &lease, 100, 3600000, NULL, 0},
+        {"quiet", CLI_FLAG, NULL, "no log lines on stderr", &quiet, 0, 0, NULL, 0},
+    };
+    const cli_cmd cmd = {
+        "worker",
+        "Serve an endpoint with the demo engine: every request gets --tokens items\n"
+        "(token-0, token-1, ...), then a COMPLETED terminal (reason stop), or INCOMPLETE\n"
+        "(reason max_tokens) when the request's max_tokens is smaller.",
+        "Once serving, prints one line to stdout:\n"
+        "  worker ready instance=<id> endpoint=<endpoint> subject=<request subject>\n"
+        "Logs go to stderr as \"[worker] level: message\" unless --quiet. SIGTERM or\n"
+        "SIGINT drains (the registry entry is marked draining, no new requests,\n"
+        "in-flight streams get --drain-grace-ms to finish), deregisters and exits 0.",
+        "Exit status: 0 after a drain, 1 runtime error, 2 usage error, 3 cannot connect.",
+        opts,
+        sizeof(opts) / sizeof(opts[0]),
+    };
+    worker_cfg cfg;
+    sw_conn_opts copts;
+    sw_ingress_opts iopts;
+    sw_conn *conn = NULL;
+    sw_ingress *ing = NULL;
+    sw_registry *reg = NULL;
+    sw_err err;
+    int wake[2];
+    int rc;
+
+    rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_PARSE_OK)
+        return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    if (server[0] == '\0')
+        return cli_usage_error(&cmd, "--server: empty URL");
+    if (sw_validate_endpoint(endpoint) != SW_OK)
+        return cli_usage_error(&cmd,
+                               "--endpoint: '%s' is not NS.COMPONENT.ENDPOINT (three tokens of "
+                               "[A-Za-z0-9_-], 1..64 chars each)",
+                               endpoint);
+    if (instance != NULL && sw_validate_token(instance) != SW_OK)
+        return cli_usage_error(&cmd, "--instance-id: '%s' is not 1..64 chars of [A-Za-z0-9_-]",
+                               instance);
+
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.tokens = tokens;
+    cfg.interval_ms = interval;
+    cfg.crash_after = crash;
+    cfg.hang_after = hang;
+    cfg.fail_after = fail;
+    cfg.chaos = worker_chaos_kind(chaos);
+    cfg.quiet = quiet;
+    if (crash >= 0) {
+        /* An injected crash should not leave a core file behind. */
+        struct rlimit rl = {0, 0};
+        setrlimit(RLIMIT_CORE, &rl);
+    }
+
+    if (pipe(wake) != 0) {
+        fprintf(stderr, "streamwire worker: pipe: %s\n", strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    fcntl(wake[0], F_SETFD, FD_CLOEXEC);
+    fcntl(wake[1], F_SETFD, FD_CLOEXEC);
+    fcntl(wake[1], F_SETFL, O_NONBLOCK);
+    cli_catch_signals(wake[1]);
+
+    sw_conn_opts_init(&copts);
+    copts.url = server;
+    copts.name = "streamwire-worker";
+    copts.log = quiet ? NULL : cli_log_stderr;
+    copts.log_arg = (void *)"worker";
+    err = sw_conn_open(&conn, &copts);
+    if (err != SW_OK) {
+        fprintf(stderr, "streamwire worker: cannot connect to NATS server at %s: %s (%s)\n", server,
+                sw_strerror(err), sw_err_name(err));
+        rc = CLI_EXIT_CONNECT;
+        goto out;
+    }
+
+    sw_ingress_opts_init(&iopts);
+    iopts.endpoint = endpoint;
+    iopts.instance_id = instance;
+    iopts.handler = worker_handler;
+    iopts.handler_arg = &cfg;
+    iopts.max_inflight = (unsigned)max_inflight;
+    iopts.handler_threads = (unsigned)threads;
+    iopts.send_timeout_ms = (unsigned)send_timeout;
+    iopts.log = quiet ? NULL : cli_log_stderr;
+    iopts.log_arg = (void *)"worker";
+    err = sw_ingress_start(&ing, conn, &iopts);
+    if (err != SW_OK) {
+        fprintf(stderr, "streamwire worker: cannot serve %s: %s (%s)\n", endpoint, sw_strerror(err),
+                sw_err_name(err));
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
+    if (strcmp(registry, "none") != 0) {
+        sw_registry_opts ropts;
+        sw_registry_opts_init(&ropts);
+        ropts.backend = registry;
+        if (bucket != NULL)
+            ropts.bucket = bucket;
+        ropts.lease_ms = (unsigned)lease;
+        ropts.log = quiet ? NULL : cli_log_stderr;
+        ropts.log_arg = (void *)"worker";
+        err = sw_registry_open(&reg, conn, &ropts);
+        if (err == SW_OK)
+            err = sw_registry_register(reg, ing);
+        if (err != SW_OK) {
+            fprintf(stderr,
+                    "streamwire worker: cannot register in the %s registry: %s (%s)\n"
+                    "  (does the server run JetStream, nats-server -js? --registry none "
+                    "serves without it)\n",
+                    registry, sw_strerror(err), sw_err_name(err));
+            rc = CLI_EXIT_FAIL;
+            goto out;
+        }
+    }
+    printf("worker ready instance=%s endpoint=%s subject=%s\n", sw_ingress_instance_id(ing),
+           sw_ingress_endpoint(ing), sw_ingress_request_subject(ing));
+    fflush(stdout);
+
+    while (!cli_signalled) {
+        char c;
+        ssize_t r = read(wake[0], &c, 1);
+
+        if (r < 0 && errno != EINTR)
+            break;
+    }
+
+    if (!quiet)
+        fprintf(stderr, "[worker] info: signal received: draining (grace %ld ms)\n", grace);
+    if (reg != NULL)
+        (void)sw_registry_set_draining(reg, sw_ingress_instance_id(ing));
+    err = sw_ingress_drain(ing, grace);
+    if (reg != NULL) {
+        sw_err derr = sw_registry_deregister(reg, sw_ingress_instance_id(ing));
+        if (!quiet)
+            fprintf(stderr, "[worker] info: deregistered from the registry: %s\n",
+                    sw_err_name(derr));
+    }
+    if (!quiet) {
+        sw_ingress_stats st;
+
+        sw_ingress_stats_get(ing, &st);
+        fprintf(stderr,
+                "[worker] info: drained (%s): %llu requests, %llu items, %llu cancels; "
+                "terminals: completed %llu, incomplete %llu, failed %llu, cancelled %llu, "
+                "error %llu\n",
+                err == SW_OK ? "all streams finished" : "some streams were cancelled",
+                (unsigned long long)st.requests, (unsigned long long)st.items_sent,
+                (unsigned long long)st.cancels, (unsigned long long)st.finished[1],
+                (unsigned long long)st.finished[2], (unsigned long long)st.finished[3],
+                (unsigned long long)st.finished[4], (unsigned long long)st.finished[5]);
+    }
+    rc = CLI_EXIT_OK;
+
+out:
+    sw_registry_close(reg);
+    sw_ingress_destroy(ing);
+    sw_conn_close(conn);
+    cli_catch_signals(-1);
+    close(wake[0]);
+    close(wake[1]);
+    return rc;
+}

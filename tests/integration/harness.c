@@ -1,0 +1,122 @@
+/* tests/integration/harness.c -- see harness.h. The nats-server launcher and
+ * process helpers are cmd/natsd.c, compiled into this file so that the demo
+ * and the tests share one implementation. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include "../../cmd/natsd.c"
+
+#include "harness.h"
+
+#define SWH_MAX_ARGS 128
+
+const char *
+swh_cli_path(void)
+{
+    const char *env = getenv("SW_CLI_PATH");
+
+    if (env != NULL && env[0] != '\0')
+        return env;
+#ifdef SW_CLI_PATH
+    return SW_CLI_PATH;
+#else
+    return NULL;
+#endif
+}
+
+pid_t
+swh_spawn_err(const char *const argv[], int *stdout_fd, int stderr_fd)
+{
+    const char *full[SWH_MAX_ARGS + 2];
+    const char *cli = swh_cli_path();
+    size_t i = 0, n = 0;
+
+    if (stdout_fd != NULL)
+        *stdout_fd = -1;
+    if (cli == NULL) {
+        fprintf(stderr, "swh_spawn: no CLI path: set SW_CLI_PATH (environment or compile "
+                        "definition)\n");
+        return -1;
+    }
+    if (argv != NULL && argv[0] != NULL &&
+        (strcmp(argv[0], "streamwire") == 0 || strchr(argv[0], '/') != NULL))
+        i = 1; /* argv includes a program name: replace it */
+    full[n++] = cli;
+    for (; argv != NULL && argv[i] != NULL; i++) {
+        if (n >= SWH_MAX_ARGS) {
+            fprintf(stderr, "swh_spawn: more than %d arguments\n", SWH_MAX_ARGS);
+            return -1;
+        }
+        full[n++] = argv[i];
+    }
+    full[n] = NULL;
+    return swh_spawn_path(cli, full, stdout_fd, stderr_fd);
+}
+
+pid_t
+swh_spawn(const char *const argv[], int *stdout_fd)
+{
+    return swh_spawn_err(argv, stdout_fd, -1);
+}
+
+int
+swh_run(const char *const argv[], char *out, size_t cap, int timeout_ms)
+{
+    long long deadline = swh_now_ms() + timeout_ms;
+    size_t used = 0;
+    int fd = -1;
+    int st = 0;
+    pid_t pid = swh_spawn(argv, &fd);
+
+    if (out != NULL && cap > 0)
+        out[0] = '\0';
+    if (pid < 0)
+        return -1;
+    for (;;) {
+        struct pollfd pfd;
+        char buf[4096];
+        long long left = deadline - swh_now_ms();
+        ssize_t r;
+        int pr;
+
+        if (left <= 0)
+            break;
+        pfd.fd = fd;
+        pfd.events = POLLIN;
+        pfd.revents = 0;
+        pr = poll(&pfd, 1, (int)left);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            break;
+        r = read(fd, buf, sizeof(buf));
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r <= 0)
+            break;
+        if (out != NULL && cap > 0 && used < cap - 1) {
+            size_t k = (size_t)r < cap - 1 - used ? (size_t)r : cap - 1 - used;
+            memcpy(out + used, buf, k);
+            used += k;
+            out[used] = '\0';
+        }
+    }
+    close(fd);
+    {
+        long long left = deadline - swh_now_ms();
+
+        if (swh_wait_exit(pid, left > 0 ? (int)left : 0, &st) != 0) {
+            fprintf(stderr, "swh_run: %s %s did not exit within %d ms; killed\n", swh_cli_path(),
+                    argv[0] != NULL ? argv[0] : "", timeout_ms);
+            kill(pid, SIGKILL);
+            swh_wait_exit(pid, 5000, NULL);
+            return -1;
+        }
+    }
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return -1;
+}

@@ -10,8 +10,13 @@
 
 #include "cli.h"
 #include "natsd.h"
+#include <streamwire/registry.h>
 
 #define DEMO_ENDPOINT "demo.engine.generate"
+#define DEMO_POOL_ENDPOINT "demo.engine.pool"
+/* The demo's own registry bucket: its chaos workers never show up in the
+ * bucket real routers use, even with --server. */
+#define DEMO_BUCKET "streamwire_demo"
 #define DEMO_MAX_PAYLOAD 65536
 #define DEMO_WORKER_FLAGS 6
 
@@ -28,6 +33,7 @@ enum {
 };
 
 typedef struct demo_worker {
+    const char *endpoint;                     /* NULL = DEMO_ENDPOINT */
     const char *name;                         /* id prefix */
     const char *flags[DEMO_WORKER_FLAGS + 1]; /* extra worker flags, NULL-terminated */
     const char *desc;
@@ -60,8 +66,9 @@ static void
 demo_make_workers(demo_worker *w)
 {
     static const demo_worker init[DW_COUNT] = {
-        {"ok", {NULL}, "plain demo engine (16 tokens)", "", "", 0, -1, 0},
-        {"slow",
+        {NULL, "ok", {NULL}, "plain demo engine (16 tokens)", "", "", 0, -1, 0},
+        {NULL,
+         "slow",
          {"--tokens", "40", "--token-interval-ms", "50", NULL},
          "40 tokens, 50 ms apart",
          "",
@@ -69,16 +76,36 @@ demo_make_workers(demo_worker *w)
          0,
          -1,
          0},
-        {"fail", {"--fail-after", "4", NULL}, "--fail-after 4", "", "", 0, -1, 0},
-        {"hang", {"--hang-after", "3", NULL}, "--hang-after 3", "", "", 0, -1, 0},
-        {"after-final", {"--chaos", "after-final", NULL}, "--chaos after-final", "", "", 0, -1, 0},
-        {"garbage", {"--chaos", "garbage", NULL}, "--chaos garbage", "", "", 0, -1, 0},
-        {"gap", {"--chaos", "gap", NULL}, "--chaos gap", "", "", 0, -1, 0},
+        {NULL, "fail", {"--fail-after", "4", NULL}, "--fail-after 4", "", "", 0, -1, 0},
+        {NULL, "hang", {"--hang-after", "3", NULL}, "--hang-after 3", "", "", 0, -1, 0},
+        {NULL, "after-final", {"--chaos", "after-final", NULL}, "--chaos after-final", "", "", 0, -1, 0},
+        {NULL, "garbage", {"--chaos", "garbage", NULL}, "--chaos garbage", "", "", 0, -1, 0},
+        {NULL, "gap", {"--chaos", "gap", NULL}, "--chaos gap", "", "", 0, -1, 0},
+    };
+    static const demo_worker pool[2] = {
+        {DEMO_POOL_ENDPOINT,
+         "pool-a",
+         {"--tokens", "60", "--token-interval-ms", "50", NULL},
+         "60 tokens, 50 ms apart",
+         "",
+         "",
+         0,
+         -1,
+         0},
+        {DEMO_POOL_ENDPOINT,
+         "pool-b",
+         {"--tokens", "60", "--token-interval-ms", "50", NULL},
+         "60 tokens, 50 ms apart",
+         "",
+         "",
+         0,
+         -1,
+         0},
     };
     int i;
 
-    for (i = 0; i < DW_COUNT; i++) {
-        w[i] = init[i];
+    for (i = 0; i < DW_COUNT + 2; i++) {
+        w[i] = i < DW_COUNT ? init[i] : pool[i - DW_COUNT];
         snprintf(w[i].id, sizeof(w[i].id), "%s-%lx", w[i].name, (unsigned long)getpid());
     }
 }
@@ -113,7 +140,7 @@ demo_self_exe(char *out, size_t cap)
 static int
 demo_spawn_worker(demo_worker *w, const char *exe, const char *url, const char *dir, int verbose)
 {
-    const char *argv[16 + DEMO_WORKER_FLAGS];
+    const char *argv[20 + DEMO_WORKER_FLAGS];
     int argc = 0;
     int errfd = -1;
     int i;
@@ -123,11 +150,13 @@ demo_spawn_worker(demo_worker *w, const char *exe, const char *url, const char *
     argv[argc++] = "--server";
     argv[argc++] = url;
     argv[argc++] = "--endpoint";
-    argv[argc++] = DEMO_ENDPOINT;
+    argv[argc++] = w->endpoint ? w->endpoint : DEMO_ENDPOINT;
     argv[argc++] = "--instance-id";
     argv[argc++] = w->id;
     argv[argc++] = "--drain-grace-ms";
     argv[argc++] = "1000";
+    argv[argc++] = "--bucket";
+    argv[argc++] = DEMO_BUCKET;
     for (i = 0; i < DEMO_WORKER_FLAGS && w->flags[i] != NULL; i++)
         argv[argc++] = w->flags[i];
     argv[argc] = NULL;
@@ -258,6 +287,148 @@ demo_summary(const demo_outcome *out, size_t ran)
     printf("\n%zu/%zu scenarios ended in their expected terminal.\n", ok, DEMO_N);
 }
 
+/* Act 2: instance loss. Two registered workers, a stream to each routed
+ * through the registry; one is SIGKILLed mid-stream. Shows its stream ending
+ * with instance_lost, the registry dropping it, and traffic moving to the
+ * survivor. Returns the number of failed checks. */
+static int
+demo_instance_loss(sw_conn *conn, const char *exe, const char *url, const char *dir, int verbose,
+                   demo_worker pool[2])
+{
+    sw_registry_opts gopts;
+    sw_router_opts ropts;
+    sw_registry *reg = NULL;
+    sw_router *router = NULL;
+    sw_stream *s[2] = {NULL, NULL};
+    const sw_item *it;
+    char line[512];
+    int failed = 0, victim = -1, survivor, on_survivor = 0, listed = -1;
+    int64_t t_kill = 0, t_term = 0, t_gone = -1;
+    char lost_reason[64] = "none";
+    sw_err err;
+
+    printf("\nInstance loss: two workers registered in the discovery registry\n");
+    for (int i = 0; i < 2; i++) {
+        if (demo_spawn_worker(&pool[i], exe, url, dir, verbose) != 0 ||
+            swh_wait_line(pool[i].out_fd, "worker ready", line, sizeof(line),
+                          10000 * swh_slow()) != 0) {
+            printf("  worker %s did not start\n", pool[i].id);
+            return 1;
+        }
+        pool[i].ready = 1;
+    }
+    sw_registry_opts_init(&gopts);
+    gopts.bucket = DEMO_BUCKET;
+    gopts.log = verbose ? cli_log_stderr : NULL;
+    gopts.log_arg = (void *)"demo";
+    if ((err = sw_registry_open(&reg, conn, &gopts)) != SW_OK) {
+        printf("  cannot open the registry: %s\n", sw_err_name(err));
+        return 1;
+    }
+    sw_router_opts_init(&ropts);
+    ropts.registry = reg;
+    ropts.log = verbose ? cli_log_stderr : NULL;
+    ropts.log_arg = (void *)"demo";
+    if ((err = sw_router_create(&router, conn, &ropts)) != SW_OK) {
+        printf("  cannot create a router: %s\n", sw_err_name(err));
+        sw_registry_close(reg);
+        return 1;
+    }
+    for (int i = 0; i < 2; i++) {
+        sw_request_opts q;
+        sw_request_opts_init(&q);
+        q.endpoint = DEMO_POOL_ENDPOINT; /* no instance id: the router picks */
+        if (sw_router_open(&s[i], router, &q, "hello", 5) != SW_OK)
+            failed++;
+    }
+    if (failed == 0) {
+        printf("  [a] two streams, routed by the registry: %s and %s\n",
+               sw_stream_instance_id(s[0]), sw_stream_instance_id(s[1]));
+        for (int k = 0; k < 5; k++)
+            (void)sw_stream_next(s[0], &it, 5000 * swh_slow());
+        victim = strcmp(sw_stream_instance_id(s[0]), pool[0].id) == 0 ? 0 : 1;
+        survivor = 1 - victim;
+        t_kill = cli_now_ms();
+        kill(pool[victim].pid, SIGKILL);
+        printf("  [b] SIGKILL %s (pid %d) after 5 items of its stream\n", pool[victim].id,
+               (int)pool[victim].pid);
+        while (sw_stream_next(s[0], &it, 10000 * swh_slow()) == SW_OK) {
+            if (it->kind == SW_ITEM_TERMINAL) {
+                t_term = cli_now_ms();
+                snprintf(lost_reason, sizeof(lost_reason), "%s/%s",
+                         sw_status_name(it->terminal.status), it->terminal.reason);
+                break;
+            }
+        }
+        printf("  [c] its stream ended: %s, %lld ms after the kill %s\n", lost_reason,
+               (long long)(t_term - t_kill),
+               strcmp(lost_reason, "error/instance_lost") == 0 ? "ok" : "UNEXPECTED");
+        failed += strcmp(lost_reason, "error/instance_lost") != 0;
+        for (int64_t until = cli_now_ms() + 3000 * swh_slow(); cli_now_ms() < until;) {
+            sw_instance *v = NULL;
+            size_t n = 0, k;
+            if (sw_registry_list(reg, DEMO_POOL_ENDPOINT, &v, &n) == SW_OK) {
+                for (k = 0; k < n && strcmp(v[k].instance_id, pool[victim].id) != 0; k++)
+                    ;
+                listed = (int)n;
+                sw_instances_free(v, n);
+                if (k == n) {
+                    t_gone = cli_now_ms() - t_kill;
+                    break;
+                }
+            }
+            cli_sleep_ms(20);
+        }
+        printf("  [d] registry: %s %s (%d live instance%s left) %s\n", pool[victim].id,
+               t_gone >= 0 ? "reported dead and dropped" : "still listed", listed,
+               listed == 1 ? "" : "s", t_gone >= 0 ? "ok" : "UNEXPECTED");
+        failed += t_gone < 0;
+        for (int k = 0; k < 10; k++) {
+            sw_request_opts q;
+            sw_stream *t = NULL;
+            sw_request_opts_init(&q);
+            q.endpoint = DEMO_POOL_ENDPOINT;
+            q.max_tokens = 2;
+            if (sw_router_open(&t, router, &q, "hi", 2) == SW_OK) {
+                while (sw_stream_next(t, &it, 10000 * swh_slow()) == SW_OK) {
+                    if (it->kind == SW_ITEM_TERMINAL) {
+                        on_survivor += it->terminal.status == SW_STATUS_INCOMPLETE &&
+                                       strcmp(it->instance_id, pool[survivor].id) == 0;
+                        break;
+                    }
+                }
+            }
+            sw_stream_close(t);
+        }
+        printf("  [e] next 10 requests: %d/10 served by the survivor %s %s\n", on_survivor,
+               pool[survivor].id, on_survivor == 10 ? "ok" : "UNEXPECTED");
+        failed += on_survivor != 10;
+        {
+            int items = 0, completed = 0;
+            while (sw_stream_next(s[1], &it, 10000 * swh_slow()) == SW_OK) {
+                if (it->kind == SW_ITEM_TERMINAL) {
+                    completed = it->terminal.status == SW_STATUS_COMPLETED;
+                    break;
+                }
+                items++;
+            }
+            printf("  [f] the other stream went on: %s after %d more items %s\n",
+                   completed ? "completed" : "not completed", items, completed ? "ok" : "UNEXPECTED");
+            failed += !completed;
+        }
+    }
+    sw_stream_close(s[0]);
+    sw_stream_close(s[1]);
+    sw_router_destroy(router);
+    sw_registry_close(reg);
+    if (victim >= 0) {
+        int st;
+        (void)swh_wait_exit(pool[victim].pid, 5000, &st);
+        pool[victim].pid = 0; /* reaped: not a worker to stop cleanly */
+    }
+    return failed;
+}
+
 int
 cli_demo_main(int argc, char **argv)
 {
@@ -289,8 +460,9 @@ cli_demo_main(int argc, char **argv)
         opts,
         sizeof(opts) / sizeof(opts[0]),
     };
-    demo_worker workers[DW_COUNT];
+    demo_worker workers[DW_COUNT + 2];
     demo_outcome out[DEMO_N];
+    int loss_failed = -1;
     swh_nats nats;
     char exe[1024], dir[256] = "", line[512];
     const char *url;
@@ -393,6 +565,8 @@ cli_demo_main(int argc, char **argv)
     }
 
     demo_run(router, workers, sw_conn_max_payload(conn), out, verbose);
+    if (!cli_signalled)
+        loss_failed = demo_instance_loss(conn, exe, url, dir, verbose, &workers[DW_COUNT]);
     for (ran = 0; ran < DEMO_N && (out[ran].got[0] != '\0'); ran++)
         ;
     for (i = 0; i < DEMO_N; i++) {
@@ -400,6 +574,10 @@ cli_demo_main(int argc, char **argv)
             all_ok = 0;
     }
     demo_summary(out, ran);
+    if (loss_failed == 0)
+        printf("Instance loss: instance_lost at once, registry updated, traffic moved. ok\n");
+    else
+        all_ok = 0;
     rc = all_ok ? CLI_EXIT_OK : CLI_EXIT_FAIL;
     if (cli_signalled) {
         printf("interrupted\n");
@@ -412,11 +590,14 @@ cleanup:
     {
         int clean = 1;
 
-        for (i = 0; i < DW_COUNT; i++) {
+        for (i = 0; i < DW_COUNT + 2; i++) {
             int st;
 
-            if (workers[i].pid <= 0)
+            if (workers[i].pid <= 0) {
+                if (workers[i].out_fd >= 0)
+                    close(workers[i].out_fd);
                 continue;
+            }
             st = swh_terminate(workers[i].pid, 5000 * swh_slow());
             if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
                 clean = 0;

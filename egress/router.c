@@ -165,7 +165,7 @@ st_free_q(swe_q *q)
 static void
 st_clear_hold(sw_stream *s)
 {
-    if (s->hold == NULL)
+    if (s->hold == NULL || s->held == 0)
         return;
     for (size_t i = 0; i < s->hold_cap; i++) {
         free(s->hold[i]);
@@ -526,6 +526,13 @@ st_on_item(sw_stream *s, const swp_item *w)
         fail_msg = "the worker sent an item after its final marker";
         goto out;
     }
+    if (w->credit_window != 0 && w->credit_window < s->window) {
+        /* The worker grants less than we asked (its max_window): adopt its
+         * window, or we would wait for credit it never needs. */
+        s->window = w->credit_window;
+        if (s->credit_sent > s->consumed + s->window)
+            s->credit_sent = s->window > s->consumed ? s->window : s->consumed;
+    }
     if (w->seq < s->expected) {
         s->st.duplicates++;
         goto out;
@@ -566,6 +573,11 @@ st_on_item(sw_stream *s, const swp_item *w)
         fail = 1;
         fail_err = SW_SEQUENCE_GAP;
         fail_msg = "an item arrived beyond the reorder window";
+        goto out;
+    }
+    if (s->hold == NULL && (s->hold = calloc(s->hold_cap, sizeof(*s->hold))) == NULL) {
+        fail = 1;
+        fail_err = SW_ENOMEM;
         goto out;
     }
     {
@@ -817,6 +829,7 @@ rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
     uint8_t id[SW_REQUEST_ID_BYTES];
     sw_stream *s = NULL;
     swp_item *w = NULL;
+    swp_arena arena;
     sw_err rv;
 
     if (swt_response_subject_id(natsMsg_GetSubject(msg), id) != 0 ||
@@ -830,8 +843,9 @@ rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
         st_fail(s, SW_NO_RESPONDERS, "no worker is subscribed to the request subject", 0);
         goto done;
     }
-    rv = swp_decode_item((const uint8_t *)natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
-                         sw_conn_max_payload(r->conn) + 1024, &w);
+    rv = swp_decode_item_arena((const uint8_t *)natsMsg_GetData(msg),
+                               (size_t)natsMsg_GetDataLength(msg),
+                               sw_conn_max_payload(r->conn) + 1024, &arena, &w);
     if (rv == SW_OK && memcmp(w->request_id.data, id, SW_REQUEST_ID_BYTES) != 0)
         rv = SW_EPROTO;
     if (rv != SW_OK) {
@@ -842,7 +856,7 @@ rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
     }
     st_on_item(s, w);
 done:
-    swp_free(w);
+    swp_free_arena(w, &arena);
     if (s != NULL)
         st_unref(s);
     natsMsg_Destroy(msg);
@@ -1011,7 +1025,7 @@ st_tick(sw_stream *s, int64_t now)
 {
     sw_err fail = SW_OK;
     const char *msg = NULL;
-    int linger_ready = 0;
+    int linger_ready = 0, queued;
     swe_ctl ctl = {0, 0, 0, 0, 0};
     sw_router *r = s->r;
 
@@ -1037,13 +1051,14 @@ st_tick(sw_stream *s, int64_t now)
     } else if (s->term_state == TERM_QUEUED && s->on_item != NULL && now >= s->term_ready_ms) {
         linger_ready = 1;
     }
+    queued = s->term_state == TERM_QUEUED;
     pthread_mutex_unlock(&s->mu);
     if (fail != SW_OK)
         st_fail(s, fail, msg, 1);
     st_send_control(s, &ctl);
     if (linger_ready)
         st_dispatch(s);
-    else if (s->term_state == TERM_QUEUED)
+    else if (queued)
         pthread_cond_broadcast(&s->cv);
 }
 
@@ -1094,7 +1109,7 @@ sw_router_opts_init(sw_router_opts *o)
     if (o == NULL)
         return;
     memset(o, 0, sizeof(*o));
-    o->credit_window = 128;
+    o->credit_window = 256;
     o->heartbeat_ms = 250;
     o->gap_timeout_ms = 500;
     o->max_streams = 65536;
@@ -1138,7 +1153,7 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         snprintf(r->id, sizeof(r->id), "%s", o->router_id);
     else
         swi_random_token(r->id);
-    r->window = o->credit_window ? o->credit_window : 128;
+    r->window = o->credit_window ? o->credit_window : 256;
     r->hb_ms = o->heartbeat_ms ? o->heartbeat_ms : 250;
     r->inactivity_ms = o->inactivity_ms ? o->inactivity_ms : 4 * r->hb_ms + 500;
     r->gap_ms = o->gap_timeout_ms ? o->gap_timeout_ms : 500;
@@ -1303,15 +1318,10 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     if (o->heartbeat_ms != 0 && o->heartbeat_ms != r->hb_ms)
         s->inactivity_ms = 4 * o->heartbeat_ms + 500;
     s->expected = 1;
+    /* The reorder array is allocated on the first out-of-order item. */
     s->hold_cap = (size_t)s->window + 2;
     if (s->window == 0)
         s->hold_cap = 256;
-    if ((s->hold = calloc(s->hold_cap, sizeof(*s->hold))) == NULL) {
-        if (s->pooled)
-            swr_pool_done(r->pool, s->instance);
-        st_unref(s);
-        return SW_ENOMEM;
-    }
     if (!no_instances) {
         (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), s->instance);
         (void)swt_subject_request(req_subj, sizeof(req_subj), o->endpoint, s->instance);

@@ -29,6 +29,7 @@
 #define SWI_MAX_CONTROL_BYTES 4096
 #define SWI_TICK_MS 10
 #define SWI_LINGER_MIN_MS 2000
+#define SWI_RING_MIN 16
 
 typedef struct swi_slot {
     uint64_t seq;
@@ -55,7 +56,8 @@ struct sw_responder {
     uint64_t credit_limit; /* may send seq <= credit_limit (UINT64_MAX: no flow control) */
     uint64_t acked;        /* every seq <= acked was received by the frontend */
     uint32_t window;
-    swi_slot *ring; /* window + 1 slots, seq % cap; NULL without flow control */
+    int capped;     /* window lowered to the ingress's max_window */
+    swi_slot *ring; /* grows up to window + 1 slots, seq % cap; NULL without flow control */
     size_t ring_cap;
 
     uint32_t hb_ms;
@@ -167,7 +169,10 @@ resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t 
     w.request_id.data = (uint8_t *)id;
     w.request_id.len = SW_REQUEST_ID_BYTES;
     w.seq = seq;
-    w.instance_id = (char *)instance;
+    /* The frontend knows the instance it sent to; say it on the first item,
+     * heartbeats and the final only, not on every token. */
+    if (seq <= 1 || hb || term != NULL)
+        w.instance_id = (char *)instance;
     if (hb) {
         h.last_seq = hb_last;
         w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
@@ -181,6 +186,28 @@ resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t 
         w.complete_final = 1;
         w.terminal = (swp_terminal *)term;
     }
+    return swp_encode_alloc(&w, max ? max : SIZE_MAX, out, outlen);
+}
+
+/* Packs a data item of stream r (r->mu held), telling the frontend the
+ * window this worker really grants when it capped the requested one. */
+static sw_err
+resp_pack_data(sw_responder *r, uint64_t seq, const void *data, size_t len, int droppable,
+               uint8_t **out, size_t *outlen)
+{
+    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    size_t max = sw_conn_max_payload(r->ing->conn);
+    w.version = SW_PROTOCOL_VERSION;
+    w.request_id.data = r->id;
+    w.request_id.len = SW_REQUEST_ID_BYTES;
+    w.seq = seq;
+    if (seq <= 1)
+        w.instance_id = r->ing->instance_id;
+    w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+    w.data.data = (uint8_t *)data;
+    w.data.len = len;
+    w.droppable = droppable != 0;
+    w.credit_window = r->capped ? r->window : 0;
     return swp_encode_alloc(&w, max ? max : SIZE_MAX, out, outlen);
 }
 
@@ -205,6 +232,31 @@ resp_publish(sw_responder *r, const uint8_t *buf, size_t len)
 }
 
 /* Keeps a packed item for resend (r->mu held). Takes ownership of buf. */
+/* Grows the resend ring so that seqs acked+1 .. seq fit (r->mu held).
+ * 0 ok, -1 no memory (the ring keeps what fits). */
+static int
+resp_ring_fit(sw_responder *r, uint64_t seq)
+{
+    size_t need = (size_t)(seq - r->acked), ncap = r->ring_cap;
+    size_t limit = (size_t)r->window + 1;
+    swi_slot *nr;
+    if (need <= r->ring_cap || r->ring_cap >= limit)
+        return 0;
+    while (ncap < need && ncap < limit)
+        ncap *= 2;
+    if (ncap > limit)
+        ncap = limit;
+    if ((nr = calloc(ncap, sizeof(*nr))) == NULL)
+        return -1;
+    for (size_t i = 0; i < r->ring_cap; i++)
+        if (r->ring[i].buf != NULL)
+            nr[r->ring[i].seq % ncap] = r->ring[i];
+    free(r->ring);
+    r->ring = nr;
+    r->ring_cap = ncap;
+    return 0;
+}
+
 static void
 resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
 {
@@ -213,6 +265,7 @@ resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
         free(buf);
         return;
     }
+    (void)resp_ring_fit(r, seq);
     s = &r->ring[seq % r->ring_cap];
     free(s->buf);
     s->seq = seq;
@@ -460,8 +513,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
         }
     }
     seq = r->next_seq;
-    rv = resp_pack(r->id, ing->instance_id, seq, data, len, mode == 2, NULL, 0, 0,
-                   sw_conn_max_payload(ing->conn), &buf, &blen);
+    rv = resp_pack_data(r, seq, data, len, mode == 2, &buf, &blen);
     if (rv != SW_OK)
         goto out; /* SW_EMSGSIZE: nothing consumed, the stream goes on */
     r->next_seq++;
@@ -743,8 +795,10 @@ ing_on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
     r->max_tokens = req->max_tokens;
     r->next_seq = 1;
     r->window = req->credit_window;
-    if (r->window > ing->max_window)
+    if (r->window > ing->max_window) {
         r->window = ing->max_window;
+        r->capped = 1;
+    }
     r->credit_limit = r->window ? r->window : UINT64_MAX;
     r->hb_ms = req->heartbeat_ms;
     if (r->hb_ms != 0 && r->hb_ms < 10)
@@ -758,7 +812,8 @@ ing_on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
         r->plen = req->payload.len;
     }
     if (r->window > 0) {
-        r->ring_cap = (size_t)r->window + 1;
+        /* Small at first: most streams never have many items unacked. */
+        r->ring_cap = r->window + 1 < SWI_RING_MIN ? (size_t)r->window + 1 : SWI_RING_MIN;
         if ((r->ring = calloc(r->ring_cap, sizeof(*r->ring))) == NULL)
             goto nomem;
     }

@@ -30,14 +30,14 @@ swp_valid_subject(const char *s)
 /* Unpacks with the length cap applied first. */
 static sw_err
 swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, size_t max,
-           ProtobufCMessage **out)
+           ProtobufCAllocator *alloc, ProtobufCMessage **out)
 {
     *out = NULL;
     if (buf == NULL && len != 0)
         return SW_EINVAL;
     if (len > max)
         return SW_EMSGSIZE;
-    *out = protobuf_c_message_unpack(d, NULL, len, buf);
+    *out = protobuf_c_message_unpack(d, alloc, len, buf);
     return *out ? SW_OK : SW_EPROTO;
 }
 
@@ -49,7 +49,7 @@ swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, 
         if (out == NULL)                                                                \
             return SW_EINVAL;                                                           \
         *out = NULL;                                                                    \
-        if ((rv = swp_unpack(&desc, buf, len, max, &m)) != SW_OK)                       \
+        if ((rv = swp_unpack(&desc, buf, len, max, NULL, &m)) != SW_OK)                 \
             return rv;                                                                  \
         if ((rv = validate((type *)m)) != SW_OK) {                                      \
             protobuf_c_message_free_unpacked(m, NULL);                                  \
@@ -174,6 +174,57 @@ SWP_DECODE(swp_decode_probe_reply, swp_probe_reply, streamwire__v1__probe_reply_
            swp_check_probe_reply)
 SWP_DECODE(swp_decode_instance, swp_instance, streamwire__v1__instance_info__descriptor,
            swp_check_instance)
+
+static void *
+swp_arena_alloc(void *data, size_t size)
+{
+    swp_arena *a = data;
+    size_t at = (a->used + 15) & ~(size_t)15;
+    if (size <= SWP_ARENA_BYTES && at <= SWP_ARENA_BYTES - size) {
+        a->used = at + size;
+        return a->buf + at;
+    }
+    return malloc(size);
+}
+
+static void
+swp_arena_free(void *data, void *p)
+{
+    swp_arena *a = data;
+    if ((uint8_t *)p >= a->buf && (uint8_t *)p < a->buf + SWP_ARENA_BYTES)
+        return; /* the whole arena goes at once */
+    free(p);
+}
+
+sw_err
+swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, swp_item **out)
+{
+    ProtobufCMessage *m;
+    sw_err rv;
+    if (out == NULL || a == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    a->used = 0;
+    a->alloc.alloc = swp_arena_alloc;
+    a->alloc.free = swp_arena_free;
+    a->alloc.allocator_data = a;
+    if ((rv = swp_unpack(&streamwire__v1__stream_item_wrapper__descriptor, buf, len, max,
+                         &a->alloc, &m)) != SW_OK)
+        return rv;
+    if ((rv = swp_check_item((swp_item *)m)) != SW_OK) {
+        protobuf_c_message_free_unpacked(m, &a->alloc);
+        return rv;
+    }
+    *out = (swp_item *)m;
+    return SW_OK;
+}
+
+void
+swp_free_arena(void *msg, swp_arena *a)
+{
+    if (msg != NULL)
+        protobuf_c_message_free_unpacked((ProtobufCMessage *)msg, &a->alloc);
+}
 
 void
 swp_free(void *msg)

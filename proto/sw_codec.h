@@ -39,6 +39,20 @@ sw_err swp_decode_instance(const uint8_t *buf, size_t len, size_t max, swp_insta
 /* Frees any decoded message. NULL ok. */
 void swp_free(void *msg);
 
+/* Hot-path decoding without malloc: the message is unpacked into a caller's
+ * arena (typically on the stack), falling back to malloc for what does not
+ * fit. Same bounds and validation as swp_decode_item. The message lives
+ * until swp_free_arena; the arena must outlive it and serves one message. */
+#define SWP_ARENA_BYTES 2048
+typedef struct swp_arena {
+    ProtobufCAllocator alloc;
+    size_t used;
+    _Alignas(16) uint8_t buf[SWP_ARENA_BYTES];
+} swp_arena;
+sw_err swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *arena,
+                             swp_item **out);
+void swp_free_arena(void *msg, swp_arena *arena);
+
 /* Packs msg into buf[cap]; *len gets the size. SW_EMSGSIZE if it does not
  * fit (nothing useful in buf then). */
 sw_err swp_encode(const void *msg, uint8_t *buf, size_t cap, size_t *len);

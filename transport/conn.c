@@ -29,6 +29,8 @@ static void
 swt_on_reconnect(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
+    /* The new server may have another max payload. */
+    __atomic_store_n(&c->max_payload, natsConnection_GetMaxPayload(nc), __ATOMIC_RELEASE);
     swi_log(&c->log, SW_LOG_INFO, "nats: reconnected");
 }
 
@@ -94,6 +96,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         rv = (s == NATS_NO_SERVER) ? SW_ECONNECT : sw_err_from_nats(s);
         goto fail;
     }
+    __atomic_store_n(&c->max_payload, natsConnection_GetMaxPayload(c->nc), __ATOMIC_RELEASE);
     *out = c;
     return SW_OK;
 fail:
@@ -124,7 +127,7 @@ sw_conn_max_payload(sw_conn *c)
     int64_t m;
     if (c == NULL || c->nc == NULL)
         return 0;
-    m = natsConnection_GetMaxPayload(c->nc);
+    m = __atomic_load_n(&c->max_payload, __ATOMIC_ACQUIRE);
     return m > 0 ? (size_t)m : 0;
 }
 

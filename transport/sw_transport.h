@@ -13,6 +13,7 @@ struct sw_conn {
     natsOptions *opts;
     swi_logger log;
     int closing; /* sw_conn_close started: the disconnect is expected */
+    int64_t max_payload; /* cached; refreshed on (re)connect (atomic access) */
 };
 
 /* Subject buffers: prefix + endpoint + tokens always fit in this. */

@@ -307,7 +307,9 @@ typedef void (*sw_item_fn)(sw_stream *s, const sw_item *item, void *arg);
 
 typedef struct sw_router_opts {
     const char *router_id;        /* default: 16 random hex characters */
-    unsigned credit_window;       /* items in flight per stream; default 64; 0 here = default */
+    unsigned credit_window;       /* items in flight per stream; default 256. Bounds the frontend's
+                                     memory per stream (window x item size). A worker may grant
+                                     less (its max_window); the router then adopts that. */
     unsigned heartbeat_ms;        /* asked of workers; default 250 */
     unsigned inactivity_ms;       /* silence (incl. heartbeats) that ends a stream with
                                      stream_incomplete; default 4 * heartbeat_ms + 500 */

@@ -26,7 +26,8 @@
 #include "router/sw_pool.h"
 #include "transport/sw_transport.h"
 
-#define SWE_TICK_MS 10
+#define SWE_TICK_MS 10       /* probe rounds */
+#define SWE_SCAN_MS 25       /* stream scans: inactivity, deadline, gap, linger */
 #define SWE_REASON_MAX 96
 #define SWE_MSG_MAX 256
 
@@ -1067,17 +1068,23 @@ rt_timer_main(void *arg)
 {
     sw_router *r = arg;
     st_vec vec = {NULL, 0, 0};
+    int64_t next_scan = 0;
     pthread_mutex_lock(&r->mu);
     while (!r->closing) {
+        int64_t now;
         swi_cond_wait_until(&r->tick_cv, &r->mu, swi_now_ms() + SWE_TICK_MS);
         if (r->closing)
             break;
         pthread_mutex_unlock(&r->mu);
-        rt_snapshot(r, &vec);
-        int64_t now = swi_now_ms();
-        for (size_t i = 0; i < vec.n; i++) {
-            st_tick(vec.v[i], now);
-            st_unref(vec.v[i]);
+        now = swi_now_ms();
+        if (now >= next_scan) {
+            /* Every open stream: cheap each, but 10k streams add up. */
+            next_scan = now + SWE_SCAN_MS;
+            rt_snapshot(r, &vec);
+            for (size_t i = 0; i < vec.n; i++) {
+                st_tick(vec.v[i], now);
+                st_unref(vec.v[i]);
+            }
         }
         rt_probe_round(r, now);
         pthread_mutex_lock(&r->mu);

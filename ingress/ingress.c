@@ -27,7 +27,7 @@
 #include "transport/sw_transport.h"
 
 #define SWI_MAX_CONTROL_BYTES 4096
-#define SWI_TICK_MS 10
+#define SWI_TICK_MS 25 /* heartbeat and deadline precision */
 #define SWI_LINGER_MIN_MS 2000
 #define SWI_RING_MIN 16
 

@@ -49,8 +49,12 @@ sw_strerror(int err)
     default:
         break;
     }
-    if (sw_err_is_nats(err))
-        return natsStatus_GetText((natsStatus)sw_err_nats_status(err));
+    if (sw_err_is_nats(err)) {
+        /* natsStatus_GetText does not bound its table index. */
+        int st = sw_err_nats_status(err);
+        const char *t = st <= NATS_MISSED_HEARTBEAT ? natsStatus_GetText((natsStatus)st) : NULL;
+        return t != NULL ? t : "NATS client error";
+    }
     return "unknown error";
 }
 

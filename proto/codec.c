@@ -27,6 +27,41 @@ swp_valid_subject(const char *s)
     return tok > 0;
 }
 
+/* 1 if m or a sub-message holds an unknown field numbered 0. protobuf-c 1.4
+ * rejects field 0 in a one-byte tag but keeps it when the tag varint is
+ * padded (0x82 0x00); such a message would not survive re-encoding. */
+static int
+swp_has_field0(const ProtobufCMessage *m)
+{
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return 1;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(const void *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *v =
+                *(ProtobufCMessage *const *const *)(const void *)(base + f->offset);
+            for (size_t j = 0; j < n; j++)
+                if (v[j] != NULL && swp_has_field0(v[j]))
+                    return 1;
+        } else {
+            const ProtobufCMessage *sub;
+            if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+                *(const uint32_t *)(const void *)(base + f->quantifier_offset) != f->id)
+                continue;
+            sub = *(ProtobufCMessage *const *)(const void *)(base + f->offset);
+            if (sub != NULL && swp_has_field0(sub))
+                return 1;
+        }
+    }
+    return 0;
+}
+
 /* Unpacks with the length cap applied first. */
 static sw_err
 swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, size_t max,
@@ -38,6 +73,10 @@ swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, 
     if (len > max)
         return SW_EMSGSIZE;
     *out = protobuf_c_message_unpack(d, alloc, len, buf);
+    if (*out != NULL && swp_has_field0(*out)) {
+        protobuf_c_message_free_unpacked(*out, alloc);
+        *out = NULL;
+    }
     return *out ? SW_OK : SW_EPROTO;
 }
 

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "proto/streamwire.pb-c.h"
-#include <streamwire/errors.h>
+#include <streamwire/streamwire.h>
 
 typedef Streamwire__V1__Request swp_request;
 typedef Streamwire__V1__StreamItemWrapper swp_item;
@@ -28,7 +28,8 @@ typedef Streamwire__V1__Heartbeat swp_heartbeat;
 
 #define SWP_MAX_WINDOW (1u << 20)
 #define SWP_MAX_HEARTBEAT_MS 3600000u
-#define SWP_MAX_SUBJECT 255
+/* The longest subject we build: sw.req.<endpoint>.<instance>. */
+#define SWP_MAX_SUBJECT (7 + SW_MAX_ENDPOINT + 1 + SW_MAX_TOKEN)
 
 sw_err swp_decode_request(const uint8_t *buf, size_t len, size_t max, swp_request **out);
 sw_err swp_decode_item(const uint8_t *buf, size_t len, size_t max, swp_item **out);
@@ -61,7 +62,7 @@ sw_err swp_encode(const void *msg, uint8_t *buf, size_t cap, size_t *len);
 sw_err swp_encode_alloc(const void *msg, size_t max, uint8_t **out, size_t *len);
 size_t swp_encoded_size(const void *msg);
 
-/* A NATS subject we publish to: 1..255 chars, non-empty tokens, no spaces
+/* A NATS subject we publish to: 1..SWP_MAX_SUBJECT chars, non-empty tokens, no spaces
  * or control characters, no wildcards. 1 if valid. */
 int swp_valid_subject(const char *s);
 

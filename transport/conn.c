@@ -35,6 +35,16 @@ swt_on_reconnect(natsConnection *nc, void *arg)
 }
 
 static void
+swt_on_closed(natsConnection *nc, void *arg)
+{
+    sw_conn *c = arg;
+    pthread_mutex_lock(&c->cb_mu);
+    c->cb_closed = 1;
+    pthread_cond_broadcast(&c->cb_cv);
+    pthread_mutex_unlock(&c->cb_mu);
+}
+
+static void
 swt_on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *arg)
 {
     sw_conn *c = arg;
@@ -57,6 +67,8 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         return SW_ENOMEM;
     c->log.fn = o->log;
     c->log.arg = o->log_arg;
+    pthread_mutex_init(&c->cb_mu, NULL);
+    swi_cond_init(&c->cb_cv);
 
     s = natsOptions_Create(&c->opts);
     if (s == NATS_OK)
@@ -84,6 +96,8 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         s = natsOptions_SetReconnectedCB(c->opts, swt_on_reconnect, c);
     if (s == NATS_OK)
         s = natsOptions_SetErrorHandler(c->opts, swt_on_error, c);
+    if (s == NATS_OK)
+        s = natsOptions_SetClosedCB(c->opts, swt_on_closed, c);
     /* Big pending buffers during reconnect would hide a dead server. */
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(c->opts, 8 * 1024 * 1024);
@@ -101,6 +115,8 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     return SW_OK;
 fail:
     natsOptions_Destroy(c->opts);
+    pthread_mutex_destroy(&c->cb_mu);
+    pthread_cond_destroy(&c->cb_cv);
     free(c);
     return rv;
 }
@@ -115,9 +131,20 @@ sw_conn_close(sw_conn *c)
         if (natsConnection_Status(c->nc) == NATS_CONN_STATUS_CONNECTED)
             natsConnection_FlushTimeout(c->nc, 1000);
         natsConnection_Close(c->nc);
+        /* Wait for the last callback (bounded: a lost callback must not
+         * hang the caller forever). */
+        pthread_mutex_lock(&c->cb_mu);
+        {
+            int64_t until = swi_now_ms() + 5000;
+            while (!c->cb_closed && swi_now_ms() < until)
+                swi_cond_wait_until(&c->cb_cv, &c->cb_mu, until);
+        }
+        pthread_mutex_unlock(&c->cb_mu);
         natsConnection_Destroy(c->nc);
     }
     natsOptions_Destroy(c->opts);
+    pthread_mutex_destroy(&c->cb_mu);
+    pthread_cond_destroy(&c->cb_cv);
     free(c);
 }
 

@@ -14,6 +14,12 @@ struct sw_conn {
     swi_logger log;
     int closing; /* sw_conn_close started: the disconnect is expected */
     int64_t max_payload; /* cached; refreshed on (re)connect (atomic access) */
+    /* nats.c calls the connection callbacks on its own thread, possibly after
+     * natsConnection_Close returned; the closed callback is the last one, so
+     * sw_conn_close waits for it before freeing. */
+    pthread_mutex_t cb_mu;
+    pthread_cond_t cb_cv;
+    int cb_closed;
 };
 
 /* Subject buffers: prefix + endpoint + tokens always fit in this. */

@@ -1,6 +1,7 @@
 /* streamwire/export.h -- symbol visibility. Symbols are hidden by default
- * (-fvisibility=hidden); SW_API marks the public ones. SW_STATIC is defined by
- * consumers of the static library (the CMake target and streamwire.pc do it). */
+ * (-fvisibility=hidden); SW_API marks the public ones. SW_STATIC is defined for
+ * consumers of the static library by the streamwire_static CMake target; it
+ * only matters on Windows, where it drops __declspec(dllimport). */
 #ifndef STREAMWIRE_EXPORT_H
 #define STREAMWIRE_EXPORT_H
 

@@ -72,6 +72,8 @@ struct sw_router {
     int timer_started;
     int closing; /* no new streams */
     int closed;  /* no more publishing */
+    int64_t mux_idle_ms; /* last time the mux had nothing queued (timer thread only) */
+    uint64_t items;      /* data items delivered (atomic) */
     sw_router_stats st;
 };
 
@@ -128,6 +130,8 @@ struct sw_stream {
     int in_table;
     int pooled; /* counted in the pool and the probe table */
     int dispatching;
+    int in_cb;          /* an item callback runs now, on cb_thread */
+    pthread_t cb_thread;
     int closed_by_user;
     sw_stream_stats st;
 };
@@ -304,6 +308,7 @@ st_consumed(sw_stream *s, swe_ctl *out)
 {
     s->consumed++;
     s->st.items++;
+    __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);
     if (s->window == 0)
         return;
     if (s->consumed + s->window / 2 >= s->credit_sent) {
@@ -504,7 +509,7 @@ st_on_item(sw_stream *s, const swp_item *w)
         }
         return;
     }
-    s->last_rx_ms = now;
+    __atomic_store_n(&s->last_rx_ms, now, __ATOMIC_RELAXED); /* read by probe rounds */
     if (is_hb) {
         s->st.heartbeats++;
         /* Heartbeats follow the items they count on the wire: anything
@@ -696,12 +701,16 @@ st_dispatch(sw_stream *s)
         if (got == 0)
             break;
         item = s->cur;
+        s->in_cb = 1;
+        s->cb_thread = pthread_self();
         pthread_mutex_unlock(&s->mu);
         st_send_control(s, &credit);
         if (got == 2)
             st_delivered_terminal(s);
         s->on_item(s, &item, s->on_item_arg);
         pthread_mutex_lock(&s->mu);
+        s->in_cb = 0;
+        pthread_cond_broadcast(&s->cv);
     }
     free(s->cur_q);
     s->cur_q = NULL;
@@ -766,6 +775,10 @@ st_cancel(sw_stream *s, int kill)
     }
     set = st_set_terminal(s, SW_STATUS_CANCELLED, SW_OK, "cancelled",
                           kill ? "killed by the frontend" : "cancelled by the frontend", 0, 0);
+    /* A data callback already under way on another thread finishes before
+     * we return: after this call, no data item reaches the consumer. */
+    while (s->in_cb && !pthread_equal(s->cb_thread, pthread_self()))
+        pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     if (!set)
         return SW_EEOF;
@@ -972,6 +985,33 @@ done:
     natsMsg_Destroy(msg);
 }
 
+typedef struct {
+    const char *id;
+    int64_t since;
+    int active;
+} rt_activity;
+
+static void
+rt_activity_cb(void *val, void *arg)
+{
+    sw_stream *s = val;
+    rt_activity *a = arg;
+    if (!a->active && strcmp(s->instance, a->id) == 0 &&
+        __atomic_load_n(&s->last_rx_ms, __ATOMIC_RELAXED) >= a->since)
+        a->active = 1;
+}
+
+/* 1 if a stream to instance id received anything since `since` (r->mu
+ * held): a worker that streams is alive, answered probe or not (its control
+ * thread may be busy in a user's cancel callback). */
+static int
+rt_inst_active_since(sw_router *r, const char *id, int64_t since)
+{
+    rt_activity a = {id, since, 0};
+    swi_idmap_each(&r->streams, rt_activity_cb, &a);
+    return a.active;
+}
+
 /* One probing round (timer thread). */
 static void
 rt_probe_round(sw_router *r, int64_t now)
@@ -988,7 +1028,10 @@ rt_probe_round(sw_router *r, int64_t now)
         rt_inst *e = &r->inst[i];
         if (e->outstanding && now - e->sent_ms >= (int64_t)r->probe_timeout_ms) {
             e->outstanding = 0;
-            if (++e->misses >= r->probe_misses && lost[0] == '\0') {
+            if (rt_inst_active_since(r, e->id, e->sent_ms)) {
+                e->misses = 0;
+                e->last_ok_ms = now;
+            } else if (++e->misses >= r->probe_misses && lost[0] == '\0') {
                 snprintf(lost, sizeof(lost), "%s", e->id);
                 silent = now - e->last_ok_ms;
                 e->misses = 0;
@@ -1021,8 +1064,12 @@ rt_probe_round(sw_router *r, int64_t now)
 
 /* ---------------------------------------------------------------- timer */
 
+/* now: the time; quiet: the time up to which this router has processed
+ * everything it received (now when the mux queue is empty). Silence is
+ * judged up to `quiet`, so a router behind on its own queue never blames
+ * the worker. */
 static void
-st_tick(sw_stream *s, int64_t now)
+st_tick(sw_stream *s, int64_t now, int64_t quiet)
 {
     sw_err fail = SW_OK;
     const char *msg = NULL;
@@ -1035,10 +1082,10 @@ st_tick(sw_stream *s, int64_t now)
         if (s->deadline_ms >= 0 && now >= s->deadline_ms) {
             fail = SW_DEADLINE_EXCEEDED;
             msg = "the request deadline passed";
-        } else if (s->gap_since_ms != 0 && now - s->gap_since_ms >= (int64_t)r->gap_ms) {
+        } else if (s->gap_since_ms != 0 && quiet - s->gap_since_ms >= (int64_t)r->gap_ms) {
             fail = SW_SEQUENCE_GAP;
             msg = "a sequence gap was not repaired in time";
-        } else if (now - s->last_rx_ms >= (int64_t)s->inactivity_ms) {
+        } else if (quiet - s->last_rx_ms >= (int64_t)s->inactivity_ms) {
             fail = SW_STREAM_INCOMPLETE;
             msg = "no item or heartbeat within the inactivity timeout";
         } else if (s->gap_since_ms != 0 && s->window != 0 &&
@@ -1078,11 +1125,14 @@ rt_timer_main(void *arg)
         pthread_mutex_unlock(&r->mu);
         now = swi_now_ms();
         if (now >= next_scan) {
+            int pending = 0;
             /* Every open stream: cheap each, but 10k streams add up. */
             next_scan = now + SWE_SCAN_MS;
+            if (natsSubscription_GetPending(r->mux, &pending, NULL) != NATS_OK || pending == 0)
+                r->mux_idle_ms = now;
             rt_snapshot(r, &vec);
             for (size_t i = 0; i < vec.n; i++) {
-                st_tick(vec.v[i], now);
+                st_tick(vec.v[i], now, r->mux_idle_ms < now ? r->mux_idle_ms : now);
                 st_unref(vec.v[i]);
             }
         }
@@ -1235,6 +1285,7 @@ sw_router_stats_get(sw_router *r, sw_router_stats *out)
     pthread_mutex_lock(&r->mu);
     *out = r->st;
     pthread_mutex_unlock(&r->mu);
+    out->items = __atomic_load_n(&r->items, __ATOMIC_RELAXED);
     out->nats_dropped = (uint64_t)dropped;
 }
 
@@ -1261,8 +1312,16 @@ sw_router_destroy(sw_router *r)
     }
     rt_snapshot(r, &vec);
     for (size_t i = 0; i < vec.n; i++) {
-        st_fail(vec.v[i], SW_ECLOSED, "the router was destroyed", 1);
-        st_unref(vec.v[i]);
+        sw_stream *s = vec.v[i];
+        /* A terminal held back by final_linger_ms goes out now: the timer
+         * that would have released it is gone. */
+        pthread_mutex_lock(&s->mu);
+        if (s->term_state == TERM_QUEUED)
+            s->term_ready_ms = 0;
+        pthread_mutex_unlock(&s->mu);
+        st_fail(s, SW_ECLOSED, "the router was destroyed", 1);
+        st_dispatch(s);
+        st_unref(s);
     }
     free(vec.v);
     if (natsConnection_Status(r->conn->nc) == NATS_CONN_STATUS_CONNECTED)

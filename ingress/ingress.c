@@ -76,6 +76,7 @@ struct sw_responder {
     int cancel_fired;
 
     sw_responder *qnext;
+    sw_responder *all_prev, *all_next; /* every live responder (ing->all), under ing->mu */
 };
 
 struct sw_ingress {
@@ -101,6 +102,7 @@ struct sw_ingress {
     pthread_cond_t cv;      /* work queue, drain progress */
     pthread_cond_t tick_cv; /* timer thread */
     swi_idmap streams;
+    sw_responder *all; /* every responder not yet freed, registered or not */
     sw_responder *q_head, *q_tail;
     pthread_t *threads;
     unsigned started_threads;
@@ -138,6 +140,18 @@ resp_ref(sw_responder *r)
     atomic_fetch_add(&r->refs, 1);
 }
 
+/* A reference unless the responder is already being freed (its count hit
+ * zero and it waits for ing->mu to leave ing->all). 1 if taken. */
+static int
+resp_tryref(sw_responder *r)
+{
+    int v = atomic_load(&r->refs);
+    while (v > 0)
+        if (atomic_compare_exchange_weak(&r->refs, &v, v + 1))
+            return 1;
+    return 0;
+}
+
 static void
 resp_unref(sw_responder *r)
 {
@@ -149,6 +163,14 @@ resp_unref(sw_responder *r)
         free(r->ring);
     }
     free(r->payload);
+    pthread_mutex_lock(&r->ing->mu);
+    if (r->all_prev != NULL)
+        r->all_prev->all_next = r->all_next;
+    else if (r->ing->all == r)
+        r->ing->all = r->all_next;
+    if (r->all_next != NULL)
+        r->all_next->all_prev = r->all_prev;
+    pthread_mutex_unlock(&r->ing->mu);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     ing_unref(r->ing);
@@ -486,11 +508,15 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
     pthread_mutex_lock(&r->mu);
     wait_until = swi_now_ms() + ing->send_timeout_ms;
     for (;;) {
+        if (r->closed) { /* the ingress is gone: that outranks a cancel */
+            rv = SW_ECLOSED;
+            goto out;
+        }
         if (r->cancelled) {
             rv = SW_ECANCELLED;
             goto out;
         }
-        if (r->terminated || r->closed) {
+        if (r->terminated) {
             rv = SW_ECLOSED;
             goto out;
         }
@@ -553,9 +579,11 @@ sw_responder_send_droppable(sw_responder *r, const void *data, size_t len)
 static sw_err
 resp_check_open(sw_responder *r)
 {
+    if (r->closed)
+        return SW_ECLOSED;
     if (r->cancelled)
         return SW_ECANCELLED;
-    if (r->terminated || r->closed)
+    if (r->terminated)
         return SW_ECLOSED;
     return SW_OK;
 }
@@ -762,7 +790,8 @@ ing_on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
         pthread_mutex_lock(&ing->mu);
         ing->st.bad_requests++;
         pthread_mutex_unlock(&ing->mu);
-        if (reply != NULL && swp_valid_subject(reply) && swt_response_subject_id(reply, rid) == 0) {
+        if (reply != NULL && strncmp(reply, "sw.rsp.", 7) == 0 && swp_valid_subject(reply) &&
+            swt_response_subject_id(reply, rid) == 0) {
             swi_log(&ing->log, SW_LOG_WARN, "bad request on %s: %s; answered with an error terminal",
                     ing->req_subj, sw_err_name(rv));
             ing_reject(ing, reply, rid, rv, sw_strerror(rv));
@@ -831,6 +860,10 @@ ing_on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
         goto nomem;
     } else {
         atomic_fetch_add(&ing->refs, 1);
+        r->all_next = ing->all;
+        if (ing->all != NULL)
+            ing->all->all_prev = r;
+        ing->all = r;
         r->registered = 1;
         r->counted = 1;
         ing->inflight++;
@@ -1266,7 +1299,7 @@ sw_ingress_opts_init(sw_ingress_opts *o)
     o->send_timeout_ms = 30000;
     o->max_window = 1024;
     o->frontend_probe_ms = 250;
-    o->frontend_timeout_ms = 500;
+    o->frontend_timeout_ms = 1000;
 }
 
 static sw_err
@@ -1314,7 +1347,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     ing->send_timeout_ms = o->send_timeout_ms ? o->send_timeout_ms : 30000;
     ing->max_window = o->max_window ? o->max_window : 1024;
     ing->probe_ms = o->frontend_probe_ms ? o->frontend_probe_ms : 250;
-    ing->probe_timeout_ms = o->frontend_timeout_ms ? o->frontend_timeout_ms : 500;
+    ing->probe_timeout_ms = o->frontend_timeout_ms ? o->frontend_timeout_ms : 1000;
     ing->max_req = o->max_request_bytes ? o->max_request_bytes : sw_conn_max_payload(conn);
     if (ing->max_req == 0)
         ing->max_req = 1024 * 1024;
@@ -1471,7 +1504,16 @@ sw_ingress_destroy(sw_ingress *ing)
             break;
         resp_drop_hold(r, "handler_returned", "shutting down");
     }
-    ing_snapshot(ing, &vec);
+    /* Every responder still alive, registered or not (a retained one whose
+     * final was acknowledged is no longer registered): closed from now on. */
+    pthread_mutex_lock(&ing->mu);
+    for (sw_responder *r = ing->all; r != NULL; r = r->all_next)
+        vec.cap++;
+    vec.v = calloc(vec.cap ? vec.cap : 1, sizeof(*vec.v));
+    for (sw_responder *r = ing->all; vec.v != NULL && r != NULL; r = r->all_next)
+        if (resp_tryref(r))
+            vec.v[vec.n++] = r;
+    pthread_mutex_unlock(&ing->mu);
     for (size_t i = 0; i < vec.n; i++) {
         sw_responder *r = vec.v[i];
         pthread_mutex_lock(&r->mu);

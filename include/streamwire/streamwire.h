@@ -161,7 +161,7 @@ typedef struct sw_ingress_opts {
     unsigned frontend_probe_ms; /* how often the frontends of live streams are probed; default 250 */
     unsigned frontend_timeout_ms; /* a probe unanswered this long is a miss; two misses in a row,
                                      or a no-responders answer, cancel that frontend's streams;
-                                     default 500 */
+                                     default 1000 */
     sw_log_fn log;
     void *log_arg;
 } sw_ingress_opts;
@@ -252,7 +252,10 @@ SW_API sw_err sw_responder_fail(sw_responder *r, const char *code, const char *m
 SW_API int sw_responder_cancelled(const sw_responder *r);
 
 /* Called once, from a library thread, when the stream is cancelled. If the
- * stream is already cancelled, called at once on the calling thread. */
+ * stream is already cancelled, called at once on the calling thread. It runs
+ * on the thread that handles control messages for the whole instance: keep
+ * it short (set a flag, signal the engine), or credits and probe answers for
+ * every stream wait behind it. */
 typedef void (*sw_cancel_fn)(sw_responder *r, void *arg);
 SW_API void sw_responder_on_cancel(sw_responder *r, sw_cancel_fn fn, void *arg);
 
@@ -302,7 +305,10 @@ typedef struct sw_item {
 /* Callback mode: called on a library thread for each item in order, never
  * concurrently for one stream, the terminal last and exactly once. The item
  * is valid only during the call. The callback may call sw_stream_cancel and,
- * after (or on) the terminal, sw_stream_close. */
+ * after (or on) the terminal, sw_stream_close. It usually runs on the
+ * router's one delivery thread, shared by all its streams: a slow callback
+ * delays every stream of the router (never ends them: silence is measured
+ * only while the router is not behind). Hand heavy work to another thread. */
 typedef void (*sw_item_fn)(sw_stream *s, const sw_item *item, void *arg);
 
 typedef struct sw_router_opts {
@@ -380,10 +386,12 @@ SW_API SW_NODISCARD sw_err sw_router_open(sw_stream **out, sw_router *r,
  * Call from one thread at a time. */
 SW_API sw_err sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms);
 
-/* Cancels: no data item is delivered after this call; the next item is the
- * terminal CANCELLED (unless a terminal was already queued). The worker is
- * told (CANCEL) and its handler sees the cancellation. Returns SW_OK, or
- * SW_EEOF if the stream already has its terminal. Thread-safe. */
+/* Cancels: no data item is delivered after this call returns; the next item
+ * is the terminal CANCELLED (unless a terminal was already queued). The
+ * worker is told (CANCEL) and its handler sees the cancellation. In callback
+ * mode, called from another thread while an item callback of this stream
+ * runs, it waits for that callback to return. Returns SW_OK, or SW_EEOF if
+ * the stream already has its terminal. Thread-safe. */
 SW_API sw_err sw_stream_cancel(sw_stream *s);
 
 /* As cancel, but the worker drops the stream without a terminal (KILL). */

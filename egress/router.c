@@ -74,6 +74,7 @@ struct sw_router {
     int closed;  /* no more publishing */
     int64_t mux_idle_ms; /* last time the mux had nothing queued (timer thread only) */
     uint64_t items;      /* data items delivered (atomic) */
+    uint64_t items_after_final; /* (atomic) */
     sw_router_stats st;
 };
 
@@ -129,6 +130,11 @@ struct sw_stream {
 
     int in_table;
     int pooled; /* counted in the pool and the probe table */
+    int routed;     /* the instance was picked by the pool (no instance_id given) */
+    int rerouted;   /* already sent elsewhere once after no_responders */
+    char endpoint[SW_MAX_ENDPOINT + 1];
+    uint8_t *req_buf; /* the encoded request, kept until the first answer (re-routing) */
+    size_t req_len;
     int dispatching;
     int in_cb;          /* an item callback runs now, on cb_thread */
     pthread_t cb_thread;
@@ -188,6 +194,7 @@ st_unref(sw_stream *s)
     free(s->hold);
     st_free_q(s->qh);
     free(s->cur_q);
+    free(s->req_buf);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     rt_unref(s->r);
@@ -255,6 +262,7 @@ rt_remove(sw_stream *s)
 {
     sw_router *r = s->r;
     int drop = 0, pooled = 0;
+    char inst[SW_MAX_TOKEN + 1];
     pthread_mutex_lock(&r->mu);
     if (s->in_table) {
         s->in_table = 0;
@@ -265,11 +273,12 @@ rt_remove(sw_stream *s)
             s->pooled = 0;
             pooled = 1;
             rt_inst_del(r, s->instance);
+            memcpy(inst, s->instance, sizeof(inst)); /* changes only under r->mu */
         }
     }
     pthread_mutex_unlock(&r->mu);
     if (pooled)
-        swr_pool_done(r->pool, s->instance);
+        swr_pool_done(r->pool, inst);
     if (drop)
         st_unref(s);
 }
@@ -287,8 +296,13 @@ st_send_control(sw_stream *s, const swe_ctl *c)
     swp_control m = STREAMWIRE__V1__CONTROL__INIT;
     uint8_t buf[128];
     size_t len;
-    if (c->kind == 0 || s->r->closed)
+    char subj[SWT_SUBJECT_MAX];
+    if (c->kind == 0 || __atomic_load_n(&s->r->closed, __ATOMIC_ACQUIRE))
         return;
+    /* The control subject changes if the request is re-routed. */
+    pthread_mutex_lock(&s->mu);
+    memcpy(subj, s->ctl_subj, sizeof(subj));
+    pthread_mutex_unlock(&s->mu);
     m.version = SW_PROTOCOL_VERSION;
     m.request_id.data = s->id;
     m.request_id.len = SW_REQUEST_ID_BYTES;
@@ -299,7 +313,7 @@ st_send_control(sw_stream *s, const swe_ctl *c)
     m.resend_to = c->to;
     m.router_id = s->r->id;
     if (swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
-        (void)swt_publish(s->r->conn, s->ctl_subj, NULL, buf, len);
+        (void)swt_publish(s->r->conn, subj, NULL, buf, len);
 }
 
 /* Credit bookkeeping after the consumer took one data item (s->mu held). */
@@ -487,8 +501,10 @@ st_on_item(sw_stream *s, const swp_item *w)
     int is_hb = w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
 
     pthread_mutex_lock(&s->mu);
-    if (s->instance[0] == '\0' && w->instance_id[0] != '\0')
-        snprintf(s->instance, sizeof(s->instance), "%s", w->instance_id);
+    if (s->req_buf != NULL) { /* the instance answered: no re-routing any more */
+        free(s->req_buf);
+        s->req_buf = NULL;
+    }
     if (s->term_state != TERM_NONE) {
         /* Something arrived after the terminal was decided. */
         if (!is_hb && s->final_seq != 0 && w->seq > s->final_seq) {
@@ -496,11 +512,8 @@ st_on_item(sw_stream *s, const swp_item *w)
                 after_final_wins = st_set_terminal(
                     s, SW_STATUS_ERROR, SW_ITEM_AFTER_FINAL, NULL,
                     "the worker sent an item after its final marker", 0, 0);
-            else {
-                pthread_mutex_lock(&s->r->mu);
-                s->r->st.items_after_final++;
-                pthread_mutex_unlock(&s->r->mu);
-            }
+            else
+                __atomic_fetch_add(&s->r->items_after_final, 1, __ATOMIC_RELAXED);
         }
         pthread_mutex_unlock(&s->mu);
         if (after_final_wins) {
@@ -834,6 +847,65 @@ sw_stream_stats_get(sw_stream *s, sw_stream_stats *out)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* ---------------------------------------------------------------- re-routing */
+
+/* A request routed by the registry found nobody on the instance's request
+ * subject (it drains, or died since the last probe): quarantine that
+ * instance here and send the same request, once, to another. Returns 1 if
+ * the request went out again. The instance switch holds r->mu, then s->mu:
+ * readers of s->instance hold either. */
+static int
+st_reroute(sw_stream *s)
+{
+    sw_router *r = s->r;
+    char old[SW_MAX_TOKEN + 1], next[SW_MAX_TOKEN + 1];
+    char req_subj[SWT_SUBJECT_MAX], resp_subj[SWT_SUBJECT_MAX];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int moved = 0;
+
+    pthread_mutex_lock(&s->mu);
+    if (!s->routed || s->rerouted || s->req_buf == NULL || s->term_state != TERM_NONE ||
+        (buf = malloc(s->req_len)) == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    s->rerouted = 1;
+    memcpy(buf, s->req_buf, s->req_len);
+    len = s->req_len;
+    memcpy(old, s->instance, sizeof(old));
+    pthread_mutex_unlock(&s->mu);
+
+    (void)swr_pool_quarantine(r->pool, old); /* local only: it may be alive and draining */
+    if (swr_pool_pick(r->pool, s->endpoint, next) != SW_OK) {
+        free(buf);
+        return 0;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (s->in_table && s->pooled && rt_inst_add(r, next) == 0) {
+        rt_inst_del(r, old);
+        pthread_mutex_lock(&s->mu);
+        memcpy(s->instance, next, sizeof(next));
+        (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), next);
+        pthread_mutex_unlock(&s->mu);
+        moved = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!moved) {
+        swr_pool_done(r->pool, next);
+        free(buf);
+        return 0;
+    }
+    swr_pool_done(r->pool, old);
+    (void)swt_subject_request(req_subj, sizeof(req_subj), s->endpoint, next);
+    (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
+    swi_log(&r->log, SW_LOG_INFO, "stream %s: no responder on %s; re-routed to %s", s->idhex, old,
+            next);
+    moved = swt_publish(r->conn, req_subj, resp_subj, buf, len) == SW_OK;
+    free(buf);
+    return moved;
+}
+
 /* ---------------------------------------------------------------- mux */
 
 static void
@@ -854,7 +926,8 @@ rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
         goto done;
     }
     if (natsMsg_IsNoResponders(msg)) {
-        st_fail(s, SW_NO_RESPONDERS, "no worker is subscribed to the request subject", 0);
+        if (!st_reroute(s))
+            st_fail(s, SW_NO_RESPONDERS, "no worker is subscribed to the request subject", 0);
         goto done;
     }
     rv = swp_decode_item_arena((const uint8_t *)natsMsg_GetData(msg),
@@ -935,15 +1008,23 @@ rt_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_m
     char msg[160];
     char inst[SW_MAX_TOKEN + 1];
     unsigned n = 0;
+    int report;
     snprintf(inst, sizeof(inst), "%s", id); /* id may live in r->inst */
     snprintf(msg, sizeof(msg), "instance %s was lost: %s", inst, why);
+    /* Quarantine before any consumer hears of it: one that retries at once
+     * must not be routed straight back. */
+    report = swr_pool_quarantine(r->pool, inst);
     pthread_mutex_lock(&r->mu);
     r->st.instances_lost++;
     r->st.last_loss_detect_ms = (uint64_t)(silent_ms > 0 ? silent_ms : 0);
     pthread_mutex_unlock(&r->mu);
     rt_snapshot(r, &vec);
     for (size_t i = 0; i < vec.n; i++) {
-        if (strcmp(vec.v[i]->instance, inst) == 0) {
+        int match;
+        pthread_mutex_lock(&vec.v[i]->mu);
+        match = strcmp(vec.v[i]->instance, inst) == 0;
+        pthread_mutex_unlock(&vec.v[i]->mu);
+        if (match) {
             st_fail(vec.v[i], SW_INSTANCE_LOST, msg, 0);
             n++;
         }
@@ -951,7 +1032,8 @@ rt_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_m
     }
     free(vec.v);
     swi_log(&r->log, SW_LOG_WARN, "%s (%u stream(s) ended)", msg, n);
-    swr_pool_dead(r->pool, inst, why);
+    if (report)
+        swr_pool_report(r->pool, inst, why);
 }
 
 static void
@@ -1286,6 +1368,7 @@ sw_router_stats_get(sw_router *r, sw_router_stats *out)
     *out = r->st;
     pthread_mutex_unlock(&r->mu);
     out->items = __atomic_load_n(&r->items, __ATOMIC_RELAXED);
+    out->items_after_final = __atomic_load_n(&r->items_after_final, __ATOMIC_RELAXED);
     out->nats_dropped = (uint64_t)dropped;
 }
 
@@ -1326,9 +1409,7 @@ sw_router_destroy(sw_router *r)
     free(vec.v);
     if (natsConnection_Status(r->conn->nc) == NATS_CONN_STATUS_CONNECTED)
         natsConnection_FlushTimeout(r->conn->nc, 1000);
-    pthread_mutex_lock(&r->mu);
-    r->closed = 1;
-    pthread_mutex_unlock(&r->mu);
+    __atomic_store_n(&r->closed, 1, __ATOMIC_RELEASE);
     if (r->mux != NULL) {
         natsSubscription_Destroy(r->mux);
         r->mux = NULL;
@@ -1373,9 +1454,11 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
         s->pooled = 1;
     } else if (swr_pool_pick(r->pool, o->endpoint, s->instance) == SW_OK) {
         s->pooled = 1;
+        s->routed = 1;
     } else {
         no_instances = 1;
     }
+    snprintf(s->endpoint, sizeof(s->endpoint), "%s", o->endpoint);
     s->on_item = o->on_item;
     s->on_item_arg = o->on_item_arg;
     s->window = o->credit_window ? o->credit_window : r->window;
@@ -1440,6 +1523,15 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
 
     /* From here on, every failure is the stream's terminal. */
     rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
+    if (rv == SW_OK && s->routed) {
+        /* Kept until the instance answers, to re-route on no responders. */
+        pthread_mutex_lock(&s->mu);
+        if ((s->req_buf = malloc(blen)) != NULL) {
+            memcpy(s->req_buf, buf, blen);
+            s->req_len = blen;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
     if (rv == SW_OK)
         rv = swt_publish(r->conn, req_subj, resp_subj, buf, blen);
     free(buf);

@@ -242,28 +242,41 @@ swr_pool_quarantined(swr_pool *p, const char *instance)
     return q;
 }
 
-void
-swr_pool_dead(swr_pool *p, const char *instance, const char *reason)
+int
+swr_pool_quarantine(swr_pool *p, const char *instance)
 {
     pool_inst *e;
     int64_t now = swi_now_ms();
     int report = 0;
     pthread_mutex_lock(&p->mu);
-    if ((e = pool_get(p, instance)) != NULL) {
-        if (e->quarantine_until == 0 || now >= e->quarantine_until) {
-            e->backoff_ms = e->backoff_ms == 0 ? p->quarantine_ms : e->backoff_ms * 2;
-            if (e->backoff_ms > POOL_MAX_QUARANTINE_MS)
-                e->backoff_ms = POOL_MAX_QUARANTINE_MS;
-            e->quarantine_until = now + e->backoff_ms;
-            report = e->live;
-        }
+    if ((e = pool_get(p, instance)) != NULL &&
+        (e->quarantine_until == 0 || now >= e->quarantine_until)) {
+        e->backoff_ms = e->backoff_ms == 0 ? p->quarantine_ms : e->backoff_ms * 2;
+        if (e->backoff_ms > POOL_MAX_QUARANTINE_MS)
+            e->backoff_ms = POOL_MAX_QUARANTINE_MS;
+        e->quarantine_until = now + e->backoff_ms;
+        report = e->live;
     }
     pthread_mutex_unlock(&p->mu);
-    if (report && p->reg != NULL) {
-        /* Revision 0: guard with the newest revision the registry view has
-         * seen (plain refreshes raise no pool event, so ours may be older). */
-        sw_err rv = sw_registry_report_dead(p->reg, instance, 0, reason);
-        swi_log(&p->log, rv == SW_OK ? SW_LOG_INFO : SW_LOG_WARN,
-                "reported instance %s dead (%s): %s", instance, reason, sw_err_name(rv));
-    }
+    return report && p->reg != NULL;
+}
+
+void
+swr_pool_report(swr_pool *p, const char *instance, const char *reason)
+{
+    sw_err rv;
+    if (p->reg == NULL)
+        return;
+    /* Revision 0: guard with the newest revision the registry view has
+     * seen (plain refreshes raise no pool event, so ours may be older). */
+    rv = sw_registry_report_dead(p->reg, instance, 0, reason);
+    swi_log(&p->log, rv == SW_OK ? SW_LOG_INFO : SW_LOG_WARN, "reported instance %s dead (%s): %s",
+            instance, reason, sw_err_name(rv));
+}
+
+void
+swr_pool_dead(swr_pool *p, const char *instance, const char *reason)
+{
+    if (swr_pool_quarantine(p, instance))
+        swr_pool_report(p, instance, reason);
 }

@@ -60,6 +60,10 @@ struct sw_registry {
     swi_logger log;
     unsigned lease_ms, refresh_ms;
     char host[64];
+    /* Serialises every write of our own entries (keep-alive, draining,
+     * deregister), so a refresh in flight can neither resurrect a
+     * deregistered entry nor undo a draining flag. Order: wmu, then mu. */
+    pthread_mutex_t wmu;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     reg_view *view;
@@ -235,20 +239,21 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         int drain_changed = v->info != NULL && v->info->draining != info->draining;
         /* An entry whose revision is already older than a lease on the
          * server's clock counts as expired until its next refresh. */
+        int64_t lease = info->lease_ms ? (int64_t)info->lease_ms : (int64_t)reg->lease_ms;
         int64_t age_unix = e->created_unix_ms ? swi_unix_ms() - e->created_unix_ms : 0;
-        int stale = age_unix > (int64_t)reg->lease_ms;
+        int stale = age_unix > lease;
         if (age_unix < 0) /* clocks disagree: trust our own observation */
             age_unix = 0;
         swp_free(v->info);
         v->info = info;
         info = NULL;
         v->rev = e->revision;
-        v->seen_ms = now - (stale ? (int64_t)reg->lease_ms : age_unix);
+        v->seen_ms = now - (stale ? lease : age_unix);
         v->live = !stale;
         if (v->live && !was_live)
             reg_queue(reg, 0, SW_REGISTRY_ADDED, v->info, v->rev, 0);
         else if (!v->live && was_live)
-            reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, reg->lease_ms);
+            reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, lease);
         else if (v->live && drain_changed)
             reg_queue(reg, 0, SW_REGISTRY_UPDATED, v->info, v->rev, 0);
     }
@@ -285,17 +290,21 @@ reg_refresh(sw_registry *reg, const char *key)
     uint64_t rev = 0;
     sw_err rv;
 
+    pthread_mutex_lock(&reg->wmu);
     pthread_mutex_lock(&reg->mu);
     o = own_find(reg, key);
     if (o == NULL) {
         pthread_mutex_unlock(&reg->mu);
+        pthread_mutex_unlock(&reg->wmu);
         return;
     }
     copy = *o;
     pthread_mutex_unlock(&reg->mu);
 
-    if (own_encode(reg, &copy, &buf, &len) != SW_OK)
+    if (own_encode(reg, &copy, &buf, &len) != SW_OK) {
+        pthread_mutex_unlock(&reg->wmu);
         return;
+    }
     rv = reg->be->put(reg->bs, copy.key, buf, len, copy.rev, &rev);
     if (rv == SW_EBUSY || rv == SW_ENOTFOUND) {
         swi_log(&reg->log, SW_LOG_WARN,
@@ -312,6 +321,7 @@ reg_refresh(sw_registry *reg, const char *key)
         o->next_refresh_ms = swi_now_ms() + (rv == SW_OK ? reg->refresh_ms : REG_TICK_MS * 4);
     }
     pthread_mutex_unlock(&reg->mu);
+    pthread_mutex_unlock(&reg->wmu);
     if (rv != SW_OK)
         swi_log(&reg->log, SW_LOG_ERROR, "registry: refresh of %s failed: %s", copy.instance,
                 sw_err_name(rv));
@@ -378,7 +388,9 @@ reg_main(void *arg)
         /* Leases: an entry not refreshed within lease_ms is dead. */
         for (size_t i = 0; i < reg->nview; i++) {
             reg_view *v = &reg->view[i];
-            if (v->live && now - v->seen_ms >= (int64_t)reg->lease_ms) {
+            /* Each entry by the lease its worker announced. */
+            int64_t lease = v->info->lease_ms ? (int64_t)v->info->lease_ms : (int64_t)reg->lease_ms;
+            if (v->live && now - v->seen_ms >= lease) {
                 v->live = 0;
                 swi_log(&reg->log, SW_LOG_INFO, "registry: lease of %s expired",
                         v->info->instance_id);
@@ -388,13 +400,19 @@ reg_main(void *arg)
 
         /* Keep-alives. */
         due[0] = '\0';
-        for (size_t i = 0; i < reg->nown; i++) {
-            if (reg->own[i].next_refresh_ms <= now) {
-                snprintf(due, sizeof(due), "%s", reg->own[i].key);
-                break;
+        {
+            /* The most overdue entry first, so a slow write never starves
+             * the others. */
+            int64_t oldest = now + 1;
+            for (size_t i = 0; i < reg->nown; i++) {
+                if (reg->own[i].next_refresh_ms <= now &&
+                    reg->own[i].next_refresh_ms < oldest) {
+                    oldest = reg->own[i].next_refresh_ms;
+                    snprintf(due, sizeof(due), "%s", reg->own[i].key);
+                }
+                if (reg->own[i].next_refresh_ms < wake)
+                    wake = reg->own[i].next_refresh_ms;
             }
-            if (reg->own[i].next_refresh_ms < wake)
-                wake = reg->own[i].next_refresh_ms;
         }
         if (due[0] != '\0') {
             pthread_mutex_unlock(&reg->mu);
@@ -468,6 +486,7 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
         reg->refresh_ms = reg->lease_ms / 3 ? reg->lease_ms / 3 : 1;
     if (gethostname(reg->host, sizeof(reg->host) - 1) != 0)
         snprintf(reg->host, sizeof(reg->host), "unknown");
+    pthread_mutex_init(&reg->wmu, NULL);
     pthread_mutex_init(&reg->mu, NULL);
     swi_cond_init(&reg->cv);
     reg->next_id = 1;
@@ -519,6 +538,7 @@ sw_registry_close(sw_registry *reg)
     free(reg->view);
     free(reg->own);
     free(reg->w);
+    pthread_mutex_destroy(&reg->wmu);
     pthread_mutex_destroy(&reg->mu);
     pthread_cond_destroy(&reg->cv);
     free(reg);
@@ -549,18 +569,21 @@ sw_registry_register(sw_registry *reg, sw_ingress *ing)
     snprintf(o.key, sizeof(o.key), "%s.%s", o.endpoint, o.instance);
     o.started_unix_ms = swi_unix_ms();
 
+    pthread_mutex_lock(&reg->wmu);
     pthread_mutex_lock(&reg->mu);
     if (own_find(reg, o.key) != NULL) {
         pthread_mutex_unlock(&reg->mu);
+        pthread_mutex_unlock(&reg->wmu);
         return SW_EEXIST;
     }
     pthread_mutex_unlock(&reg->mu);
-    if ((rv = own_encode(reg, &o, &buf, &len)) != SW_OK)
-        return rv;
-    rv = reg->be->put(reg->bs, o.key, buf, len, 0, &rev);
+    if ((rv = own_encode(reg, &o, &buf, &len)) == SW_OK)
+        rv = reg->be->put(reg->bs, o.key, buf, len, 0, &rev);
     free(buf);
-    if (rv != SW_OK)
+    if (rv != SW_OK) {
+        pthread_mutex_unlock(&reg->wmu);
         return rv;
+    }
     o.rev = rev;
     o.next_refresh_ms = swi_now_ms() + reg->refresh_ms;
     pthread_mutex_lock(&reg->mu);
@@ -570,6 +593,7 @@ sw_registry_register(sw_registry *reg, sw_ingress *ing)
         if (nv == NULL) {
             pthread_mutex_unlock(&reg->mu);
             (void)reg->be->del(reg->bs, o.key);
+            pthread_mutex_unlock(&reg->wmu);
             return SW_ENOMEM;
         }
         reg->own = nv;
@@ -578,6 +602,7 @@ sw_registry_register(sw_registry *reg, sw_ingress *ing)
     reg->own[reg->nown++] = o;
     pthread_cond_broadcast(&reg->cv);
     pthread_mutex_unlock(&reg->mu);
+    pthread_mutex_unlock(&reg->wmu);
     swi_log(&reg->log, SW_LOG_INFO, "registry: registered %s (revision %llu)", o.instance,
             (unsigned long long)rev);
     return SW_OK;
@@ -617,18 +642,23 @@ sw_registry_deregister(sw_registry *reg, const char *instance_id)
 {
     reg_own *o;
     char key[REG_KEY_MAX];
+    sw_err rv;
     if (reg == NULL || instance_id == NULL)
         return SW_EINVAL;
+    pthread_mutex_lock(&reg->wmu);
     pthread_mutex_lock(&reg->mu);
     o = own_find_instance(reg, instance_id);
     if (o == NULL) {
         pthread_mutex_unlock(&reg->mu);
+        pthread_mutex_unlock(&reg->wmu);
         return SW_ENOTFOUND;
     }
     snprintf(key, sizeof(key), "%s", o->key);
     *o = reg->own[--reg->nown];
     pthread_mutex_unlock(&reg->mu);
-    return reg->be->del(reg->bs, key);
+    rv = reg->be->del(reg->bs, key);
+    pthread_mutex_unlock(&reg->wmu);
+    return rv;
 }
 
 sw_err

@@ -28,8 +28,14 @@ sw_err swr_pool_pick(swr_pool *p, const char *endpoint, char out[SW_MAX_TOKEN + 
 void swr_pool_begin(swr_pool *p, const char *instance);
 void swr_pool_done(swr_pool *p, const char *instance);
 
-/* The instance is dead: quarantine it here and report it to the registry
- * (guarded by the revision this pool saw). Safe to call repeatedly. */
+/* Quarantines the instance here (with backoff). Returns 1 when this starts
+ * a new quarantine of an instance the registry lists as live: then the
+ * caller should swr_pool_report it. */
+int swr_pool_quarantine(swr_pool *p, const char *instance);
+/* Reports the instance dead in the registry (guarded by the newest revision
+ * the registry view has seen). */
+void swr_pool_report(swr_pool *p, const char *instance, const char *reason);
+/* Both: the instance is dead. Safe to call repeatedly. */
 void swr_pool_dead(swr_pool *p, const char *instance, const char *reason);
 
 /* 1 if the instance is quarantined here right now. */

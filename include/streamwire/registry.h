@@ -9,7 +9,9 @@
  *
  * Liveness without per-key TTL (nats-server 2.9): a worker rewrites its entry
  * every refresh_ms (default lease_ms / 3). A router counts an entry live while
- * it has seen a new revision of it within lease_ms, measured on its own
+ * it has seen a new revision of it within the entry's lease (the lease_ms the
+ * worker announced in it; the router's own lease_ms for an entry that
+ * announces none), measured on its own
  * monotonic clock from the moment it observed the revision (for entries found
  * at start-up, from the server's timestamp of that revision). So an entry that
  * stops being refreshed is dead for every router after lease_ms, even though
@@ -91,7 +93,8 @@ typedef struct sw_registry_backend {
     /* Calls fn for every current entry. */
     sw_err (*list)(void *state, sw_registry_entry_fn fn, void *arg);
     /* Calls fn for every later change, from a backend thread, until
-     * unwatch. Returns a handle in *watch. */
+     * unwatch (a backend may first replay current entries: the core drops
+     * revisions it already knows). Returns a handle in *watch. */
     sw_err (*watch)(void *state, sw_registry_entry_fn fn, void *arg, void **watch);
     void (*unwatch)(void *state, void *watch);
 } sw_registry_backend;
@@ -108,7 +111,8 @@ typedef struct sw_registry_opts {
     const char *backend;       /* "nats-kv" (default) or "memory" */
     const sw_registry_backend *backend_ops; /* overrides `backend` */
     const char *bucket;        /* default "streamwire_instances" */
-    unsigned lease_ms;         /* default 3000 */
+    unsigned lease_ms;         /* default 3000. A worker announces its lease in its entry, and
+                                  routers judge each entry by the lease it announces. */
     unsigned refresh_ms;       /* default lease_ms / 3 */
     sw_log_fn log;
     void *log_arg;
@@ -144,7 +148,8 @@ SW_API sw_err sw_registry_set_draining(sw_registry *reg, const char *instance_id
 SW_API sw_err sw_registry_deregister(sw_registry *reg, const char *instance_id);
 
 /* Router side: reports an instance dead. `revision` is the revision the
- * reporter last saw (0 = the current one, unguarded). Returns SW_OK when
+ * reporter last saw; 0 = the newest revision this handle's view has seen.
+ * The write is guarded by it either way. Returns SW_OK when
  * the tombstone was written, SW_EBUSY when the entry has a newer revision
  * (the instance refreshed: it is alive), SW_ENOTFOUND when there is no
  * entry. */

@@ -175,8 +175,10 @@ SW_API void sw_ingress_opts_init(sw_ingress_opts *opts);
 SW_API SW_NODISCARD sw_err sw_ingress_start(sw_ingress **out, sw_conn *conn,
                                             const sw_ingress_opts *opts);
 
-/* Stops accepting requests (the request subscription is removed, so routers
- * see no_responders and pick another instance) and waits
+/* Stops accepting requests (the request subscription is removed: a router
+ * that picked this instance from the registry gets "no responders" and sends
+ * the request to another instance; call sw_registry_set_draining first so
+ * routers stop picking it at all) and waits
  * up to grace_ms for in-flight streams to finish. Streams still open after
  * that are cancelled: their handlers see the cancellation, and their
  * frontends get the terminal error instance_lost ("the worker is shutting
@@ -401,7 +403,10 @@ SW_API sw_err sw_stream_kill(sw_stream *s);
  * In callback mode it may be called from the stream's own callback. NULL ok. */
 SW_API void sw_stream_close(sw_stream *s);
 
-/* Owned by s; valid until close. */
+/* Owned by s; valid until close. The instance id is final once the first
+ * item arrived: before that, a request routed by the registry that finds no
+ * responder on its instance (draining, or just died) is sent once to
+ * another instance, and the id changes. */
 SW_API const char *sw_stream_request_id(const sw_stream *s);
 SW_API const char *sw_stream_instance_id(const sw_stream *s);
 

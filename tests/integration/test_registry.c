@@ -1,0 +1,1667 @@
+/* tests/integration/test_registry.c -- the registry conformance suite
+ * (issue 4): every test is written once and runs against BOTH backends,
+ * "memory" and "nats-kv", like nng's NUTS_DECLARE_TRAN_TESTS. The backend's
+ * name is the cmocka prestate; the per-test setup builds a fixture for it.
+ *
+ * One nats-server (JetStream on) is started by the harness for the whole
+ * file: the KV backend needs it, and sw_registry_register needs an
+ * sw_ingress, which needs a connection, for both backends.
+ *
+ * Each test uses its own bucket ("itreg_<test>_<random>"): the memory
+ * backend's buckets are process-global by name, and KV buckets outlive a
+ * test in the server.
+ *
+ * Watch callbacks run on registry (or backend) threads: they only record
+ * into a mutex-protected event log that the test thread checks. Every wait
+ * is a generous bound multiplied by swh_slow(); nothing asserts a speed.
+ *
+ * Run one test: test_registry '<glob>', e.g. test_registry '*lease*'. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include <nats/nats.h>
+#include <streamwire/registry.h>
+#include <streamwire/streamwire.h>
+
+#include "harness.h"
+#include "proto/sw_codec.h"
+
+static swh_nats g_nats;
+static int g_slow = 1;
+static int g_verbose;
+
+#define T(ms) ((int64_t)(ms) * g_slow)
+
+static int64_t
+now_ms(void)
+{
+    return (int64_t)swh_now_ms();
+}
+
+static int64_t
+unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void
+cond_init_mono(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static void
+cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t until_ms)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)(until_ms / 1000);
+    ts.tv_nsec = (long)(until_ms % 1000) * 1000000L;
+    (void)pthread_cond_timedwait(cv, mu, &ts);
+}
+
+static void
+test_log(void *arg, sw_log_level level, const char *msg)
+{
+    if (g_verbose || level <= SW_LOG_ERROR)
+        fprintf(stderr, "[%s] %s: %s\n", arg ? (const char *)arg : "reg", sw_log_level_name(level),
+                msg);
+}
+
+/* A random 8-hex suffix, different in every call. */
+static void
+rand_suffix(char out[9])
+{
+    static unsigned counter;
+    unsigned v = (unsigned)getpid() * 2654435761u ^ (unsigned)unix_ms() ^ (++counter * 40503u);
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f != NULL) {
+        unsigned r;
+        if (fread(&r, sizeof(r), 1, f) == 1)
+            v ^= r;
+        fclose(f);
+    }
+    snprintf(out, 9, "%08x", v);
+}
+
+/* ======================================================================== */
+/* Event log: what a watcher saw                                             */
+
+#define EVMAX 1024
+
+typedef struct ev_rec {
+    int ev;
+    char id[SW_MAX_TOKEN + 1];
+    char endpoint[SW_MAX_ENDPOINT + 1];
+    int draining;
+    uint64_t rev;
+    uint32_t pid;
+    int64_t t;
+} ev_rec;
+
+typedef struct evlog {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ev_rec v[EVMAX];
+    int n;
+    int calls;       /* callbacks entered */
+    int in_cb;       /* callbacks running now */
+    int cb_sleep_ms; /* each callback sleeps this long (unwatch test) */
+    int bad;         /* a callback saw inconsistent data */
+} evlog;
+
+static void
+evlog_init(evlog *l)
+{
+    memset(l, 0, sizeof(*l));
+    pthread_mutex_init(&l->mu, NULL);
+    cond_init_mono(&l->cv);
+}
+
+static void
+evlog_fini(evlog *l)
+{
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+}
+
+static void
+on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
+{
+    evlog *l = arg;
+    int sleep_ms;
+    pthread_mutex_lock(&l->mu);
+    l->calls++;
+    l->in_cb++;
+    if (l->in_cb != 1)
+        l->bad++; /* callbacks must never run concurrently */
+    if (inst == NULL || inst->instance_id == NULL || inst->endpoint == NULL ||
+        inst->request_subject == NULL || inst->control_subject == NULL || inst->host == NULL)
+        l->bad++;
+    if (l->n < EVMAX && inst != NULL && inst->instance_id != NULL) {
+        ev_rec *r = &l->v[l->n++];
+        r->ev = (int)ev;
+        snprintf(r->id, sizeof(r->id), "%s", inst->instance_id);
+        snprintf(r->endpoint, sizeof(r->endpoint), "%s", inst->endpoint ? inst->endpoint : "");
+        r->draining = inst->draining;
+        r->rev = inst->revision;
+        r->pid = inst->pid;
+        r->t = now_ms();
+    }
+    sleep_ms = l->cb_sleep_ms;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    if (sleep_ms > 0)
+        swh_sleep_ms(sleep_ms);
+    pthread_mutex_lock(&l->mu);
+    l->in_cb--;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Index of the first event `ev` (0 = any) for id (NULL = any) at or after
+ * index `from`, waiting up to timeout_ms; -1 if none came. */
+static int
+evlog_wait(evlog *l, int ev, const char *id, int from, int64_t timeout_ms)
+{
+    int64_t until = now_ms() + timeout_ms;
+    int found = -1;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        for (int i = from; i < l->n && found < 0; i++)
+            if ((ev == 0 || l->v[i].ev == ev) && (id == NULL || strcmp(l->v[i].id, id) == 0))
+                found = i;
+        if (found >= 0 || now_ms() >= until)
+            break;
+        cond_wait_until(&l->cv, &l->mu, until);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return found;
+}
+
+static int
+evlog_count(evlog *l, int ev, const char *id, int from)
+{
+    int c = 0;
+    pthread_mutex_lock(&l->mu);
+    for (int i = from; i < l->n; i++)
+        if ((ev == 0 || l->v[i].ev == ev) && (id == NULL || strcmp(l->v[i].id, id) == 0))
+            c++;
+    pthread_mutex_unlock(&l->mu);
+    return c;
+}
+
+static int
+evlog_n(evlog *l)
+{
+    int n;
+    pthread_mutex_lock(&l->mu);
+    n = l->n;
+    pthread_mutex_unlock(&l->mu);
+    return n;
+}
+
+static ev_rec
+evlog_get(evlog *l, int i)
+{
+    ev_rec r;
+    pthread_mutex_lock(&l->mu);
+    r = l->v[i];
+    pthread_mutex_unlock(&l->mu);
+    return r;
+}
+
+/* ======================================================================== */
+/* Fixture                                                                   */
+
+#define MAXREG 6
+#define MAXING 6
+#define NLOG 3
+
+typedef struct fx {
+    const char *be; /* backend name: "memory" or "nats-kv" */
+    const sw_registry_backend *ops; /* if set, opened with this table instead */
+    char bucket[SW_MAX_TOKEN + 1];
+    char sfx[9];
+    sw_conn *conn;
+    sw_registry *reg[MAXREG];
+    sw_ingress *ing[MAXING];
+    char ids[MAXING][SW_MAX_TOKEN + 1];
+    evlog log[NLOG];
+    void *raw_state[2];
+    const sw_registry_backend *raw_be[2];
+    void *raw_watch[2];
+} fx;
+
+/* Connections: the NATS connection is closed at teardown, the sw_conn freed
+ * at group teardown (see test_streams.c: nats.c may still run the
+ * connection's callbacks on its own thread right after close). */
+#define MAX_GRAVE 256
+static sw_conn *g_grave[MAX_GRAVE];
+static int g_ngrave;
+
+static void
+conn_retire(sw_conn *c)
+{
+    if (c == NULL)
+        return;
+    natsConnection_Close((natsConnection *)sw_conn_nats(c));
+    if (g_ngrave < MAX_GRAVE)
+        g_grave[g_ngrave++] = c;
+    else
+        sw_conn_close(c);
+}
+
+static int
+setup(void **state)
+{
+    fx *f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        return -1;
+    f->be = *state; /* the prestate: the backend's name */
+    rand_suffix(f->sfx);
+    snprintf(f->bucket, sizeof(f->bucket), "itreg_%s", f->sfx);
+    for (int i = 0; i < NLOG; i++)
+        evlog_init(&f->log[i]);
+    {
+        sw_conn_opts o;
+        sw_conn_opts_init(&o);
+        o.url = g_nats.url;
+        o.name = "itest-registry";
+        if (sw_conn_open(&f->conn, &o) != SW_OK) {
+            free(f);
+            return -1;
+        }
+    }
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    fx *f = *state;
+    for (int i = 0; i < 2; i++) {
+        if (f->raw_watch[i] != NULL)
+            f->raw_be[i]->unwatch(f->raw_state[i], f->raw_watch[i]);
+        if (f->raw_state[i] != NULL)
+            f->raw_be[i]->close(f->raw_state[i]);
+    }
+    for (int i = 0; i < MAXREG; i++)
+        sw_registry_close(f->reg[i]);
+    for (int i = 0; i < MAXING; i++)
+        sw_ingress_destroy(f->ing[i]);
+    conn_retire(f->conn);
+    for (int i = 0; i < NLOG; i++)
+        evlog_fini(&f->log[i]);
+    free(f);
+    return 0;
+}
+
+/* A unique instance id for slot i. */
+static const char *
+fx_id(fx *f, int i)
+{
+    if (f->ids[i][0] == '\0')
+        snprintf(f->ids[i], sizeof(f->ids[i]), "w%d-%s", i, f->sfx);
+    return f->ids[i];
+}
+
+static void
+noop_handler(sw_responder *r, void *arg)
+{
+    (void)arg;
+    (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+}
+
+/* Starts ingress slot i serving endpoint. */
+static sw_ingress *
+fx_ingress(fx *f, int i, const char *endpoint)
+{
+    sw_ingress_opts o;
+    sw_ingress_opts_init(&o);
+    o.endpoint = endpoint;
+    o.instance_id = fx_id(f, i);
+    o.handler = noop_handler;
+    o.handler_threads = 1;
+    assert_null(f->ing[i]);
+    assert_int_equal(sw_ingress_start(&f->ing[i], f->conn, &o), SW_OK);
+    return f->ing[i];
+}
+
+/* Opens registry slot i on the fixture's backend and bucket. */
+static sw_registry *
+fx_reg(fx *f, int i, unsigned lease_ms, unsigned refresh_ms)
+{
+    sw_registry_opts o;
+    sw_registry_opts_init(&o);
+    o.backend = f->be;
+    o.backend_ops = f->ops;
+    o.bucket = f->bucket;
+    o.lease_ms = lease_ms;
+    o.refresh_ms = refresh_ms;
+    o.log = test_log;
+    o.log_arg = (void *)f->be;
+    assert_null(f->reg[i]);
+    /* The memory backend needs no connection: prove it by passing none. */
+    assert_int_equal(sw_registry_open(&f->reg[i], strcmp(f->be, "memory") == 0 ? NULL : f->conn,
+                                      &o),
+                     SW_OK);
+    assert_non_null(f->reg[i]);
+    return f->reg[i];
+}
+
+static void
+fx_reg_close(fx *f, int i)
+{
+    sw_registry_close(f->reg[i]);
+    f->reg[i] = NULL;
+}
+
+/* 1 and a copy of the listed entry in *out (if not NULL; free the strings
+ * with inst_free) when reg lists id; 0 if not. */
+static int
+listed(sw_registry *reg, const char *endpoint, const char *id, sw_instance *out)
+{
+    sw_instance *v = NULL;
+    size_t n = 0;
+    int found = 0;
+    assert_int_equal(sw_registry_list(reg, endpoint, &v, &n), SW_OK);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(v[i].instance_id, id) == 0) {
+            found = 1;
+            if (out != NULL) {
+                *out = v[i];
+                out->instance_id = strdup(v[i].instance_id);
+                out->endpoint = strdup(v[i].endpoint);
+                out->request_subject = strdup(v[i].request_subject);
+                out->control_subject = strdup(v[i].control_subject);
+                out->host = strdup(v[i].host);
+            }
+        }
+    sw_instances_free(v, n);
+    return found;
+}
+
+static void
+inst_free(sw_instance *i)
+{
+    free((void *)i->instance_id);
+    free((void *)i->endpoint);
+    free((void *)i->request_subject);
+    free((void *)i->control_subject);
+    free((void *)i->host);
+    memset(i, 0, sizeof(*i));
+}
+
+static size_t
+list_count(sw_registry *reg, const char *endpoint)
+{
+    sw_instance *v = NULL;
+    size_t n = 0;
+    assert_int_equal(sw_registry_list(reg, endpoint, &v, &n), SW_OK);
+    sw_instances_free(v, n);
+    return n;
+}
+
+/* Waits until reg lists id (want = 1) or does not (want = 0). */
+static int
+wait_listed(sw_registry *reg, const char *id, int want, int64_t timeout_ms)
+{
+    int64_t until = now_ms() + timeout_ms;
+    for (;;) {
+        if (listed(reg, NULL, id, NULL) == want)
+            return 1;
+        if (now_ms() >= until)
+            return 0;
+        swh_sleep_ms(5);
+    }
+}
+
+/* Waits until reg lists id with a revision > rev; returns that revision or 0. */
+static uint64_t
+wait_revision_above(sw_registry *reg, const char *id, uint64_t rev, int64_t timeout_ms)
+{
+    int64_t until = now_ms() + timeout_ms;
+    for (;;) {
+        sw_instance in;
+        if (listed(reg, NULL, id, &in)) {
+            uint64_t r = in.revision;
+            inst_free(&in);
+            if (r > rev)
+                return r;
+        }
+        if (now_ms() >= until)
+            return 0;
+        swh_sleep_ms(5);
+    }
+}
+
+#define EP1 "itreg.llm.generate"
+#define EP2 "itreg.llm.embed"
+
+/* ======================================================================== */
+/* Registry API                                                              */
+
+/* register -> list shows it, with the fields the ingress reports. */
+static void
+register_then_list(void **state)
+{
+    fx *f = *state;
+    sw_ingress *ing = fx_ingress(f, 0, EP1);
+    sw_registry *reg = fx_reg(f, 0, 0, 0);
+    sw_instance in;
+    int64_t before = unix_ms();
+
+    assert_int_equal(sw_registry_lease_ms(reg), 3000); /* the default */
+    assert_int_equal(sw_registry_register(reg, ing), SW_OK);
+    assert_true(wait_listed(reg, fx_id(f, 0), 1, T(2000)));
+    assert_true(listed(reg, EP1, fx_id(f, 0), &in));
+    assert_string_equal(in.instance_id, sw_ingress_instance_id(ing));
+    assert_string_equal(in.endpoint, EP1);
+    assert_string_equal(in.endpoint, sw_ingress_endpoint(ing));
+    assert_string_equal(in.request_subject, sw_ingress_request_subject(ing));
+    assert_string_equal(in.control_subject, sw_ingress_control_subject(ing));
+    assert_true(strlen(in.host) > 0);
+    assert_int_equal(in.pid, (uint32_t)getpid());
+    assert_int_equal(in.lease_ms, 3000);
+    assert_true(in.revision > 0);
+    assert_int_equal(in.draining, 0);
+    assert_true(in.age_ms >= 0 && in.age_ms < 3000);
+    assert_true(in.started_unix_ms >= before - 5000 && in.started_unix_ms <= unix_ms() + 5000);
+    inst_free(&in);
+
+    /* A second, independent handle on the same bucket sees it too. */
+    {
+        sw_registry *r2 = fx_reg(f, 1, 0, 0);
+        assert_true(wait_listed(r2, fx_id(f, 0), 1, T(2000)));
+        assert_true(listed(r2, NULL, fx_id(f, 0), &in));
+        assert_string_equal(in.request_subject, sw_ingress_request_subject(ing));
+        assert_int_equal(in.pid, (uint32_t)getpid());
+        inst_free(&in);
+    }
+
+    /* Clean exit: deregister removes it everywhere. */
+    assert_int_equal(sw_registry_deregister(reg, fx_id(f, 0)), SW_OK);
+    assert_true(wait_listed(reg, fx_id(f, 0), 0, T(2000)));
+    assert_true(wait_listed(f->reg[1], fx_id(f, 0), 0, T(2000)));
+}
+
+/* Watch: ADDED for instances present at watch time and for new ones,
+ * UPDATED on set_draining, REMOVED on deregister. */
+static void
+watch_events(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 0, 0);
+    sw_registry *rreg = fx_reg(f, 1, 0, 0);
+    evlog *l = &f->log[0];
+    int id = 0, i;
+    sw_instance in;
+
+    fx_ingress(f, 0, EP1);
+    fx_ingress(f, 1, EP1);
+    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
+
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, &id), SW_OK);
+    assert_true(id > 0);
+    /* Present at watch time. */
+    i = evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000));
+    assert_true(i >= 0);
+    assert_string_equal(evlog_get(l, i).endpoint, EP1);
+    assert_int_equal(evlog_get(l, i).pid, (uint32_t)getpid());
+    /* New. */
+    assert_int_equal(sw_registry_register(wreg, f->ing[1]), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 1), 0, T(2000)) >= 0);
+
+    /* Draining: UPDATED with draining = 1, still listed, flagged. */
+    assert_int_equal(sw_registry_set_draining(wreg, fx_id(f, 1)), SW_OK);
+    i = evlog_wait(l, SW_REGISTRY_UPDATED, fx_id(f, 1), 0, T(2000));
+    assert_true(i >= 0);
+    assert_int_equal(evlog_get(l, i).draining, 1);
+    {
+        int64_t until = now_ms() + T(2000);
+        int d = 0;
+        while (!d && now_ms() < until) {
+            if (listed(rreg, NULL, fx_id(f, 1), &in)) {
+                d = in.draining;
+                inst_free(&in);
+            }
+            if (!d)
+                swh_sleep_ms(5);
+        }
+        assert_int_equal(d, 1);
+    }
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 1), 0), 0);
+
+    /* Deregister: REMOVED. */
+    assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 0)), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(2000)) >= 0);
+    assert_false(listed(rreg, NULL, fx_id(f, 0), NULL));
+    assert_true(listed(rreg, NULL, fx_id(f, 1), NULL));
+    assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 1)), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 1), 0, T(2000)) >= 0);
+
+    /* A second watcher on the same handle gets its own ADDED replay only:
+     * nothing is live now, so it gets nothing. */
+    {
+        int id2 = 0;
+        assert_int_equal(sw_registry_watch(rreg, on_event, &f->log[1], &id2), SW_OK);
+        assert_true(id2 > 0 && id2 != id);
+        swh_sleep_ms(T(200));
+        assert_int_equal(evlog_n(&f->log[1]), 0);
+    }
+    /* Events only ever come in this order per instance: ADDED first. */
+    for (int k = 0; k < 2; k++) {
+        int a = evlog_wait(l, 0, fx_id(f, k), 0, 0);
+        assert_true(a >= 0);
+        assert_int_equal(evlog_get(l, a).ev, SW_REGISTRY_ADDED);
+    }
+    assert_int_equal(l->bad, 0);
+    assert_int_equal(sw_registry_watch(rreg, NULL, NULL, NULL), SW_EINVAL);
+}
+
+/* Lease: a handle closed without deregistering stops refreshing; every
+ * other handle removes the entry once its lease runs out, and a handle
+ * opened later does not list it either (nothing deletes it from the
+ * store: liveness comes from refresh timestamps). */
+static void
+lease_expiry(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 600, 0); /* refresh 200 */
+    sw_registry *rreg = fx_reg(f, 1, 600, 0);
+    evlog *l = &f->log[0];
+    int64_t t_close, t_removed;
+    int i;
+
+    assert_int_equal(sw_registry_lease_ms(wreg), 600);
+    fx_ingress(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+
+    /* While refreshed, it stays: three leases long, no REMOVED. */
+    swh_sleep_ms(1800);
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), 0);
+    assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
+
+    /* Close without deregistering: no more refreshes. */
+    fx_reg_close(f, 0);
+    t_close = now_ms();
+    i = evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(600 + 1500));
+    assert_true(i >= 0);
+    t_removed = evlog_get(l, i).t;
+    print_message("    lease 600 ms: removed %lld ms after the writer closed\n",
+                  (long long)(t_removed - t_close));
+    /* Not at once: the entry is judged by its last refresh (<= 200 ms
+     * before close, give or take a late keep-alive), not deleted. */
+    assert_true(t_removed - t_close >= 200);
+    assert_false(listed(rreg, NULL, fx_id(f, 0), NULL));
+    /* And it stays removed. */
+    swh_sleep_ms(T(300));
+    assert_false(listed(rreg, NULL, fx_id(f, 0), NULL));
+    assert_int_equal(evlog_count(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0), 1);
+
+    /* A handle opened now finds the stale entry in the store but does not
+     * count it live. */
+    {
+        sw_registry *late = fx_reg(f, 2, 600, 0);
+        swh_sleep_ms(T(200));
+        assert_false(listed(late, NULL, fx_id(f, 0), NULL));
+        assert_int_equal(sw_registry_watch(late, on_event, &f->log[1], NULL), SW_OK);
+        swh_sleep_ms(T(200));
+        assert_int_equal(evlog_count(&f->log[1], SW_REGISTRY_ADDED, fx_id(f, 0), 0), 0);
+    }
+}
+
+/* The lease a router applies is the entry's own (InstanceInfo.lease_ms, the
+ * worker's), not the router handle's: a router whose handle has a shorter
+ * lease must not see a healthy worker flap between REMOVED and ADDED. */
+static void
+lease_is_the_entrys_own(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 1500, 500);
+    sw_registry *rreg = fx_reg(f, 1, 300, 0);
+    evlog *l = &f->log[0];
+    sw_instance in;
+
+    fx_ingress(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    assert_true(listed(rreg, NULL, fx_id(f, 0), &in));
+    assert_int_equal(in.lease_ms, 1500);
+    inst_free(&in);
+    /* Refreshed every 500 ms, well within its 1500 ms lease, for 2 s. */
+    for (int k = 0; k < 40; k++) {
+        swh_sleep_ms(50);
+        if (!listed(rreg, NULL, fx_id(f, 0), NULL))
+            fail_msg("a worker refreshing every 500 ms within its 1500 ms lease vanished from a "
+                     "router whose own lease is 300 ms (after %d ms)",
+                     (k + 1) * 50);
+    }
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), 0);
+}
+
+/* report_dead: the revision guard, the tombstone, and the live worker
+ * registering again by itself. */
+static void
+report_dead_guard_and_reregister(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 1500, 150);
+    sw_registry *rreg = fx_reg(f, 1, 1500, 0);
+    evlog *l = &f->log[0];
+    uint64_t rev0, rev1, tomb_rev;
+    int i_rm, i_add;
+    int64_t t_report;
+
+    fx_ingress(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+
+    /* Unknown id. */
+    assert_int_equal(sw_registry_report_dead(rreg, "nosuch", 0, "test"), SW_ENOTFOUND);
+    assert_int_equal(sw_registry_report_dead(rreg, "a.b", 0, "test"), SW_EINVAL);
+
+    /* A stale revision: the worker refreshed since; the report is refused. */
+    rev0 = wait_revision_above(rreg, fx_id(f, 0), 0, T(2000));
+    assert_true(rev0 > 0);
+    rev1 = wait_revision_above(rreg, fx_id(f, 0), rev0, T(3000));
+    assert_true(rev1 > rev0);
+    assert_int_equal(sw_registry_report_dead(rreg, fx_id(f, 0), rev0, "stale view"), SW_EBUSY);
+    swh_sleep_ms(T(200));
+    assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
+    assert_true(listed(wreg, NULL, fx_id(f, 0), NULL));
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), 0);
+
+    /* Revision 0 (the current one): the tombstone is written; REMOVED; then
+     * the live worker finds itself removed and registers again: ADDED with a
+     * newer revision, listed again. */
+    /* (registry.h calls revision 0 "unguarded", but the core guards it
+     * with the newest revision its view has seen: a keep-alive landing in
+     * between makes it SW_EBUSY. That is the safe reading -- the worker
+     * refreshed, it is alive -- so retry like a reporter would.) */
+    {
+        sw_err rv = SW_EBUSY;
+        int busy = 0;
+        for (int tries = 0; tries < 20 && rv == SW_EBUSY; tries++) {
+            t_report = now_ms();
+            rv = sw_registry_report_dead(rreg, fx_id(f, 0), 0, "test says dead");
+            busy += rv == SW_EBUSY;
+        }
+        assert_int_equal(rv, SW_OK);
+        if (busy > 0)
+            print_message("    report_dead(revision 0) was SW_EBUSY %d time(s) first\n", busy);
+    }
+    i_rm = evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(2000));
+    assert_true(i_rm >= 0);
+    tomb_rev = evlog_get(l, i_rm).rev;
+    i_add = evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), i_rm + 1, T(150 + 2000));
+    assert_true(i_add > i_rm);
+    assert_true(evlog_get(l, i_add).rev > rev1);
+    print_message("    re-registered %lld ms after the report\n",
+                  (long long)(evlog_get(l, i_add).t - t_report));
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
+    (void)tomb_rev;
+
+    /* And it keeps refreshing from there on (its guard revision was reset):
+     * no further flapping. */
+    {
+        int n_rm = evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0);
+        uint64_t r = wait_revision_above(rreg, fx_id(f, 0), evlog_get(l, i_add).rev, T(2000));
+        assert_true(r > 0);
+        swh_sleep_ms(T(500));
+        assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), n_rm);
+        assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
+    }
+
+    /* With the current revision, explicitly: also accepted; again it comes
+     * back. */
+    {
+        sw_instance in;
+        int from = evlog_n(l);
+        uint64_t cur;
+        int rv = SW_EBUSY;
+        /* The worker refreshes every 150 ms: retry on the (legitimate)
+         * SW_EBUSY race with a refresh. */
+        for (int tries = 0; tries < 20 && rv == SW_EBUSY; tries++) {
+            assert_true(listed(rreg, NULL, fx_id(f, 0), &in));
+            cur = in.revision;
+            inst_free(&in);
+            rv = sw_registry_report_dead(rreg, fx_id(f, 0), cur, "current revision");
+        }
+        assert_int_equal(rv, SW_OK);
+        i_rm = evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), from, T(2000));
+        assert_true(i_rm >= 0);
+        assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), i_rm + 1, T(2000)) > i_rm);
+    }
+}
+
+/* report_dead of an instance whose worker is really gone (its handle closed,
+ * no refresh): REMOVED, not listed, and it does not come back. Both with
+ * revision 0 and with the current revision. */
+static void
+report_dead_of_gone_worker(void **state)
+{
+    fx *f = *state;
+    sw_registry *rreg = fx_reg(f, 1, 3000, 0);
+    evlog *l = &f->log[0];
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+
+    for (int k = 0; k < 2; k++) {
+        sw_registry *wreg = fx_reg(f, 0, 3000, 0);
+        sw_instance in;
+        int i;
+        uint64_t rev;
+        fx_ingress(f, k, EP1);
+        assert_int_equal(sw_registry_register(wreg, f->ing[k]), SW_OK);
+        assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, k), 0, T(2000)) >= 0);
+        assert_true(wait_listed(rreg, fx_id(f, k), 1, T(2000)));
+        assert_true(listed(rreg, NULL, fx_id(f, k), &in));
+        rev = in.revision;
+        inst_free(&in);
+        fx_reg_close(f, 0); /* the "process" is gone, without deregistering */
+        assert_int_equal(sw_registry_report_dead(rreg, fx_id(f, k), k == 0 ? 0 : rev, "gone"),
+                         SW_OK);
+        i = evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, k), 0, T(2000));
+        assert_true(i >= 0);
+        assert_true(wait_listed(rreg, fx_id(f, k), 0, T(1000)));
+        /* Reporting again is harmless. */
+        {
+            sw_err rv = sw_registry_report_dead(rreg, fx_id(f, k), 0, "again");
+            assert_true(rv == SW_OK || rv == SW_ENOTFOUND);
+        }
+        swh_sleep_ms(T(300));
+        assert_false(listed(rreg, NULL, fx_id(f, k), NULL));
+        assert_int_equal(evlog_count(l, SW_REGISTRY_ADDED, fx_id(f, k), 0), 1);
+        /* A handle opened later does not list a tombstone either. */
+        {
+            sw_registry *late = fx_reg(f, 2, 3000, 0);
+            swh_sleep_ms(T(100));
+            assert_false(listed(late, NULL, fx_id(f, k), NULL));
+            fx_reg_close(f, 2);
+        }
+    }
+}
+
+/* A live worker whose entry someone deletes outright registers again. */
+static void
+deleted_entry_reregisters(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 1500, 0);
+    sw_registry *rreg = fx_reg(f, 1, 1500, 0);
+    const sw_registry_backend *be = sw_registry_backend_find(f->be);
+    evlog *l = &f->log[0];
+    char key[256];
+    int i;
+
+    fx_ingress(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    assert_non_null(be);
+    f->raw_be[0] = be;
+    assert_int_equal(be->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+    snprintf(key, sizeof(key), "%s.%s", EP1, fx_id(f, 0));
+    assert_int_equal(be->del(f->raw_state[0], key), SW_OK);
+    i = evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(2000));
+    assert_true(i >= 0);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), i + 1, T(2000)) > i);
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
+}
+
+/* Error codes of the registry API. */
+static void
+api_errors(void **state)
+{
+    fx *f = *state;
+    sw_registry *reg = fx_reg(f, 0, 0, 0);
+    sw_instance *v = NULL;
+    size_t n = 0;
+
+    fx_ingress(f, 0, EP1);
+    assert_int_equal(sw_registry_register(reg, f->ing[0]), SW_OK);
+    assert_int_equal(sw_registry_register(reg, f->ing[0]), SW_EEXIST);
+    assert_int_equal(sw_registry_deregister(reg, "nosuch"), SW_ENOTFOUND);
+    assert_int_equal(sw_registry_set_draining(reg, "nosuch"), SW_ENOTFOUND);
+    assert_int_equal(sw_registry_report_dead(reg, "nosuch", 0, NULL), SW_ENOTFOUND);
+    assert_int_equal(sw_registry_register(NULL, f->ing[0]), SW_EINVAL);
+    assert_int_equal(sw_registry_register(reg, NULL), SW_EINVAL);
+    assert_int_equal(sw_registry_deregister(reg, NULL), SW_EINVAL);
+    assert_int_equal(sw_registry_list(NULL, NULL, &v, &n), SW_EINVAL);
+    assert_int_equal(sw_registry_list(reg, NULL, NULL, &n), SW_EINVAL);
+    assert_int_equal(sw_registry_deregister(reg, fx_id(f, 0)), SW_OK);
+    assert_int_equal(sw_registry_deregister(reg, fx_id(f, 0)), SW_ENOTFOUND);
+    /* After deregistering, registering again is allowed. */
+    assert_int_equal(sw_registry_register(reg, f->ing[0]), SW_OK);
+    assert_true(wait_listed(reg, fx_id(f, 0), 1, T(2000)));
+    assert_int_equal(sw_registry_deregister(reg, fx_id(f, 0)), SW_OK);
+    /* NULL-tolerant calls. */
+    sw_registry_close(NULL);
+    sw_instances_free(NULL, 0);
+    sw_registry_unwatch(NULL, 1);
+    sw_registry_unwatch(reg, 12345); /* unknown id: no-op */
+    assert_int_equal(sw_registry_lease_ms(NULL), 0);
+}
+
+/* list(endpoint) filters. */
+static void
+list_filters_by_endpoint(void **state)
+{
+    fx *f = *state;
+    sw_registry *reg = fx_reg(f, 0, 0, 0);
+
+    fx_ingress(f, 0, EP1);
+    fx_ingress(f, 1, EP2);
+    fx_ingress(f, 2, EP1);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(sw_registry_register(reg, f->ing[i]), SW_OK);
+    for (int i = 0; i < 3; i++)
+        assert_true(wait_listed(reg, fx_id(f, i), 1, T(2000)));
+    assert_int_equal(list_count(reg, NULL), 3);
+    assert_int_equal(list_count(reg, EP1), 2);
+    assert_int_equal(list_count(reg, EP2), 1);
+    assert_int_equal(list_count(reg, "itreg.llm.nothing"), 0);
+    assert_true(listed(reg, EP1, fx_id(f, 0), NULL));
+    assert_true(listed(reg, EP1, fx_id(f, 2), NULL));
+    assert_false(listed(reg, EP1, fx_id(f, 1), NULL));
+    assert_true(listed(reg, EP2, fx_id(f, 1), NULL));
+    assert_false(listed(reg, EP2, fx_id(f, 0), NULL));
+}
+
+/* sw_registry_open's argument checks. */
+static void
+open_invalid(void **state)
+{
+    fx *f = *state;
+    static const char *const bad_buckets[] = {"a.b", "", "x y", "a*", "a>", "a/b"};
+    sw_registry_opts o;
+    sw_registry *reg = (sw_registry *)0x1;
+    sw_conn *conn = strcmp(f->be, "memory") == 0 ? NULL : f->conn;
+
+    sw_registry_opts_init(&o);
+    assert_string_equal(o.backend, "nats-kv");
+    assert_string_equal(o.bucket, "streamwire_instances");
+    assert_int_equal(o.lease_ms, 3000);
+
+    o.backend = "no-such-backend";
+    o.bucket = f->bucket;
+    assert_int_equal(sw_registry_open(&reg, f->conn, &o), SW_EINVAL);
+    assert_null(reg);
+    assert_null(sw_registry_backend_find("no-such-backend"));
+    assert_true(sw_registry_backend_find("memory") == sw_registry_backend_memory());
+    assert_true(sw_registry_backend_find("nats-kv") == sw_registry_backend_nats_kv());
+    assert_string_equal(sw_registry_backend_find(f->be)->name, f->be);
+    assert_int_equal(sw_registry_backend_find(f->be)->version, SW_REGISTRY_BACKEND_VERSION);
+
+    o.backend = f->be;
+    for (size_t i = 0; i < sizeof(bad_buckets) / sizeof(bad_buckets[0]); i++) {
+        reg = (sw_registry *)0x1;
+        o.bucket = bad_buckets[i];
+        if (sw_registry_open(&reg, conn, &o) != SW_EINVAL)
+            fail_msg("bucket \"%s\" was accepted", bad_buckets[i]);
+        assert_null(reg);
+    }
+    o.bucket = f->bucket;
+    assert_int_equal(sw_registry_open(NULL, conn, &o), SW_EINVAL);
+    assert_int_equal(sw_registry_open(&reg, conn, NULL), SW_EINVAL);
+
+    /* A backend table of the wrong version, or with a missing entry. */
+    {
+        sw_registry_backend t = *sw_registry_backend_find(f->be);
+        o.backend = "no-such-backend"; /* backend_ops overrides the name */
+        o.backend_ops = &t;
+        t.version = SW_REGISTRY_BACKEND_VERSION + 1;
+        assert_int_equal(sw_registry_open(&reg, conn, &o), SW_EINVAL);
+        t.version = 0;
+        assert_int_equal(sw_registry_open(&reg, conn, &o), SW_EINVAL);
+        for (int k = 0; k < 8; k++) {
+            t = *sw_registry_backend_find(f->be);
+            switch (k) {
+            case 0: t.open = NULL; break;
+            case 1: t.close = NULL; break;
+            case 2: t.put = NULL; break;
+            case 3: t.del = NULL; break;
+            case 4: t.list = NULL; break;
+            case 5: t.watch = NULL; break;
+            case 6: t.unwatch = NULL; break;
+            default: t.name = NULL; break;
+            }
+            reg = (sw_registry *)0x1;
+            if (sw_registry_open(&reg, conn, &o) != SW_EINVAL)
+                fail_msg("a backend table missing entry %d was accepted", k);
+            assert_null(reg);
+        }
+        /* The same table, complete: accepted, via backend_ops (closed
+         * here: the table must outlive the handle). */
+        t = *sw_registry_backend_find(f->be);
+        assert_int_equal(sw_registry_open(&reg, conn, &o), SW_OK);
+        assert_non_null(reg);
+        sw_registry_close(reg);
+    }
+    if (strcmp(f->be, "nats-kv") == 0) {
+        /* The KV backend needs a connection. */
+        o.backend_ops = NULL;
+        o.backend = f->be;
+        reg = (sw_registry *)0x1;
+        assert_int_not_equal(sw_registry_open(&reg, NULL, &o), SW_OK);
+        assert_null(reg);
+    }
+}
+
+/* Two handles opening the same, not yet existing bucket at once (the KV
+ * backend creates it: one of them loses the creation race). */
+typedef struct open_arg {
+    fx *f;
+    sw_registry *reg;
+    sw_err rv;
+} open_arg;
+
+static void *
+open_thread(void *p)
+{
+    open_arg *a = p;
+    sw_registry_opts o;
+    sw_registry_opts_init(&o);
+    o.backend = a->f->be;
+    o.bucket = a->f->bucket;
+    a->rv = sw_registry_open(&a->reg, a->f->conn, &o);
+    return NULL;
+}
+
+static void
+open_same_new_bucket_concurrently(void **state)
+{
+    fx *f = *state;
+    open_arg a[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
+        a[i].f = f;
+        a[i].reg = NULL;
+        a[i].rv = SW_EINTERNAL;
+        assert_int_equal(pthread_create(&t[i], NULL, open_thread, &a[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        f->reg[i] = a[i].reg;
+    }
+    for (int i = 0; i < 4; i++)
+        if (a[i].rv != SW_OK)
+            fail_msg("concurrent open %d of a new bucket failed: %s", i, sw_err_name(a[i].rv));
+    /* They share it. */
+    fx_ingress(f, 0, EP1);
+    assert_int_equal(sw_registry_register(f->reg[0], f->ing[0]), SW_OK);
+    for (int i = 0; i < 4; i++)
+        assert_true(wait_listed(f->reg[i], fx_id(f, 0), 1, T(2000)));
+}
+
+/* Garbage written straight into the bucket is ignored, before and after a
+ * handle opens, and does not disturb real entries. */
+static void
+garbage_entries_ignored(void **state)
+{
+    fx *f = *state;
+    const sw_registry_backend *be = sw_registry_backend_find(f->be);
+    void *st = NULL;
+    static const uint8_t junk[] = {0xff, 0x00, 0x13, 0x37, 0xde, 0xad, 0xbe, 0xef, 0x0a, 0x81};
+    uint64_t rev = 0;
+    sw_registry *reg;
+    evlog *l = &f->log[0];
+    uint8_t *enc = NULL;
+    size_t enc_len = 0;
+
+    assert_non_null(be);
+    f->raw_be[0] = be;
+    assert_int_equal(be->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+    st = f->raw_state[0];
+    /* Before the handle opens (seen by its initial list). */
+    assert_int_equal(be->put(st, EP1 ".junk1", junk, sizeof(junk), 0, &rev), SW_OK);
+    assert_int_equal(be->put(st, EP1 ".empty", (const uint8_t *)"", 0, 0, &rev), SW_OK);
+    reg = fx_reg(f, 0, 0, 0);
+    assert_int_equal(sw_registry_watch(reg, on_event, l, NULL), SW_OK);
+
+    /* After (seen through its watch): junk, text, and a well-formed
+     * InstanceInfo of another protocol version and one with an invalid id. */
+    assert_int_equal(be->put(st, EP1 ".junk2", junk, sizeof(junk), 0, &rev), SW_OK);
+    assert_int_equal(be->put(st, EP1 ".text", (const uint8_t *)"{\"instance\":\"x\"}", 16, 0, &rev),
+                     SW_OK);
+    {
+        swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
+        m.version = SW_PROTOCOL_VERSION + 1;
+        m.instance_id = "future";
+        m.endpoint = EP1;
+        m.request_subject = "sw.req.x";
+        m.control_subject = "sw.ctl.x";
+        m.lease_ms = 3000;
+        assert_int_equal(swp_encode_alloc(&m, 65536, &enc, &enc_len), SW_OK);
+        assert_int_equal(be->put(st, EP1 ".future", enc, enc_len, 0, &rev), SW_OK);
+        free(enc);
+        m.version = SW_PROTOCOL_VERSION;
+        m.instance_id = "bad id with spaces";
+        assert_int_equal(swp_encode_alloc(&m, 65536, &enc, &enc_len), SW_OK);
+        assert_int_equal(be->put(st, EP1 ".badid", enc, enc_len, 0, &rev), SW_OK);
+        free(enc);
+    }
+
+    /* A real one still works. */
+    fx_ingress(f, 0, EP1);
+    assert_int_equal(sw_registry_register(reg, f->ing[0]), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    assert_true(wait_listed(reg, fx_id(f, 0), 1, T(2000)));
+    swh_sleep_ms(T(100));
+    assert_int_equal(list_count(reg, NULL), 1);
+    assert_int_equal(evlog_count(l, 0, NULL, 0), 1); /* only that ADDED */
+    /* A later handle (initial list path) agrees. */
+    {
+        sw_registry *r2 = fx_reg(f, 1, 0, 0);
+        assert_true(wait_listed(r2, fx_id(f, 0), 1, T(2000)));
+        assert_int_equal(list_count(r2, NULL), 1);
+    }
+    /* Garbage over the real entry's key: ignored by the readers, and the
+     * live worker's next refresh puts it right. */
+    {
+        char key[256];
+        int from = evlog_n(l);
+        snprintf(key, sizeof(key), "%s.%s", EP1, fx_id(f, 0));
+        assert_int_equal(be->put(st, key, junk, sizeof(junk), 0, &rev), SW_OK);
+        assert_true(wait_revision_above(f->reg[1], fx_id(f, 0), rev, T(3000 + 2000)) > rev);
+        assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), from), 0);
+    }
+    assert_int_equal(sw_registry_deregister(reg, fx_id(f, 0)), SW_OK);
+    assert_true(wait_listed(reg, fx_id(f, 0), 0, T(2000)));
+    assert_int_equal(l->bad, 0);
+}
+
+/* unwatch: when it returns, the callback is not running and is never called
+ * again -- also when it is called while a callback runs. */
+static void
+unwatch_stops_callbacks(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 0, 0);
+    sw_registry *rreg = fx_reg(f, 1, 0, 0);
+    evlog *l0 = &f->log[0], *l1 = &f->log[1];
+    int id0 = 0, id1 = 0, calls;
+
+    fx_ingress(f, 0, EP1);
+    fx_ingress(f, 1, EP1);
+    fx_ingress(f, 2, EP1);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l0, &id0), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l1, &id1), SW_OK);
+    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    assert_true(evlog_wait(l0, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    assert_true(evlog_wait(l1, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+
+    /* Quiet unwatch. */
+    sw_registry_unwatch(rreg, id0);
+    calls = l0->calls;
+    assert_int_equal(sw_registry_register(wreg, f->ing[1]), SW_OK);
+    assert_true(evlog_wait(l1, SW_REGISTRY_ADDED, fx_id(f, 1), 0, T(2000)) >= 0);
+    assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 1)), SW_OK);
+    assert_true(evlog_wait(l1, SW_REGISTRY_REMOVED, fx_id(f, 1), 0, T(2000)) >= 0);
+    swh_sleep_ms(T(200));
+    pthread_mutex_lock(&l0->mu);
+    assert_int_equal(l0->calls, calls);
+    pthread_mutex_unlock(&l0->mu);
+
+    /* Unwatch while its callback is running (it sleeps 300 ms). */
+    pthread_mutex_lock(&l1->mu);
+    l1->cb_sleep_ms = 300;
+    calls = l1->calls;
+    pthread_mutex_unlock(&l1->mu);
+    assert_int_equal(sw_registry_register(wreg, f->ing[2]), SW_OK);
+    {
+        int64_t until = now_ms() + T(2000);
+        pthread_mutex_lock(&l1->mu);
+        while (l1->in_cb == 0 && l1->calls == calls && now_ms() < until)
+            cond_wait_until(&l1->cv, &l1->mu, until);
+        assert_true(l1->calls > calls);
+        pthread_mutex_unlock(&l1->mu);
+    }
+    sw_registry_unwatch(rreg, id1);
+    pthread_mutex_lock(&l1->mu);
+    assert_int_equal(l1->in_cb, 0); /* it returned before unwatch did */
+    calls = l1->calls;
+    pthread_mutex_unlock(&l1->mu);
+    assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 2)), SW_OK);
+    assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 0)), SW_OK);
+    assert_true(wait_listed(rreg, fx_id(f, 0), 0, T(2000)));
+    swh_sleep_ms(T(200));
+    pthread_mutex_lock(&l1->mu);
+    assert_int_equal(l1->calls, calls);
+    assert_int_equal(l1->bad, 0);
+    pthread_mutex_unlock(&l1->mu);
+}
+
+/* ======================================================================== */
+/* Raw backend conformance                                                   */
+
+typedef struct raw_ev {
+    char key[128];
+    char val[64];
+    size_t len;
+    uint64_t rev;
+    int deleted;
+} raw_ev;
+
+typedef struct raw_log {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    raw_ev v[256];
+    int n;
+} raw_log;
+
+static void
+raw_on_entry(void *arg, const sw_registry_entry *e, int deleted)
+{
+    raw_log *l = arg;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < 256) {
+        raw_ev *r = &l->v[l->n++];
+        snprintf(r->key, sizeof(r->key), "%s", e->key);
+        r->len = e->len;
+        if (!deleted && e->value != NULL)
+            memcpy(r->val, e->value, e->len < sizeof(r->val) - 1 ? e->len : sizeof(r->val) - 1);
+        r->rev = e->revision;
+        r->deleted = deleted;
+    }
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Waits for the first event on key (with deleted == del, -1 any) at or
+ * after index from whose revision is > min_rev; its index or -1. */
+static int
+raw_wait(raw_log *l, const char *key, int del, uint64_t min_rev, int from, int64_t timeout_ms)
+{
+    int64_t until = now_ms() + timeout_ms;
+    int found = -1;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        for (int i = from; i < l->n && found < 0; i++)
+            if (strcmp(l->v[i].key, key) == 0 && (del < 0 || l->v[i].deleted == del) &&
+                l->v[i].rev > min_rev)
+                found = i;
+        if (found >= 0 || now_ms() >= until)
+            break;
+        cond_wait_until(&l->cv, &l->mu, until);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return found;
+}
+
+typedef struct list_acc {
+    int n;
+    char keys[16][128];
+    char vals[16][64];
+    uint64_t revs[16];
+    int64_t created[16];
+    int deleted_seen;
+} list_acc;
+
+static void
+list_cb(void *arg, const sw_registry_entry *e, int deleted)
+{
+    list_acc *a = arg;
+    if (deleted) {
+        a->deleted_seen++;
+        return;
+    }
+    if (a->n < 16) {
+        snprintf(a->keys[a->n], sizeof(a->keys[0]), "%s", e->key);
+        memset(a->vals[a->n], 0, sizeof(a->vals[0]));
+        memcpy(a->vals[a->n], e->value, e->len < 63 ? e->len : 63);
+        a->revs[a->n] = e->revision;
+        a->created[a->n] = e->created_unix_ms;
+    }
+    a->n++;
+}
+
+static int
+acc_find(const list_acc *a, const char *key)
+{
+    for (int i = 0; i < a->n && i < 16; i++)
+        if (strcmp(a->keys[i], key) == 0)
+            return i;
+    return -1;
+}
+
+static void
+raw_backend_ops(void **state)
+{
+    fx *f = *state;
+    const sw_registry_backend *be = sw_registry_backend_find(f->be);
+    void *st, *st2;
+    uint64_t r1 = 0, r2 = 0, r3 = 0, r = 0;
+    list_acc a;
+    raw_log lg;
+    int i, j;
+
+    assert_non_null(be);
+    f->raw_be[0] = f->raw_be[1] = be;
+    assert_int_equal(be->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+    assert_int_equal(be->open(&f->raw_state[1], f->conn, f->bucket, 60000), SW_OK);
+    st = f->raw_state[0];
+    st2 = f->raw_state[1];
+
+    /* put: create, overwrite; revisions grow. */
+    assert_int_equal(be->put(st, "k.one", (const uint8_t *)"v1", 2, 0, &r1), SW_OK);
+    assert_true(r1 > 0);
+    assert_int_equal(be->put(st, "k.one", (const uint8_t *)"v2", 2, 0, &r2), SW_OK);
+    assert_true(r2 > r1);
+    /* put with expect_rev: mismatch -> EBUSY and nothing written. */
+    r = 777;
+    assert_int_equal(be->put(st, "k.one", (const uint8_t *)"vX", 2, r1, &r), SW_EBUSY);
+    /* ... match -> written. */
+    assert_int_equal(be->put(st, "k.one", (const uint8_t *)"v3", 2, r2, &r3), SW_OK);
+    assert_true(r3 > r2);
+    /* ... on a missing key -> ENOTFOUND. */
+    assert_int_equal(be->put(st, "k.missing", (const uint8_t *)"v", 1, r3, &r), SW_ENOTFOUND);
+    /* rev may be NULL. */
+    assert_int_equal(be->put(st, "k.two", (const uint8_t *)"w1", 2, 0, NULL), SW_OK);
+
+    /* list: the current entries, with their latest values and revisions,
+     * seen from the other state (same bucket) too. */
+    for (int k = 0; k < 2; k++) {
+        memset(&a, 0, sizeof(a));
+        assert_int_equal(be->list(k == 0 ? st : st2, list_cb, &a), SW_OK);
+        assert_int_equal(a.n, 2);
+        i = acc_find(&a, "k.one");
+        assert_true(i >= 0);
+        assert_string_equal(a.vals[i], "v3");
+        assert_int_equal(a.revs[i], r3);
+        assert_true(a.created[i] == 0 ||
+                    (a.created[i] > unix_ms() - 60000 && a.created[i] < unix_ms() + 60000));
+        j = acc_find(&a, "k.two");
+        assert_true(j >= 0);
+        assert_string_equal(a.vals[j], "w1");
+        assert_true(a.revs[j] > r3);
+        assert_int_equal(acc_find(&a, "k.missing"), -1);
+    }
+
+    /* watch: later puts and deletes, from either state, in revision order. */
+    memset(&lg, 0, sizeof(lg));
+    pthread_mutex_init(&lg.mu, NULL);
+    cond_init_mono(&lg.cv);
+    assert_int_equal(be->watch(st2, raw_on_entry, &lg, &f->raw_watch[1]), SW_OK);
+    assert_non_null(f->raw_watch[1]);
+    {
+        uint64_t p1 = 0, p2 = 0;
+        int a1, a2, d1, a3;
+        assert_int_equal(be->put(st, "k.w", (const uint8_t *)"x1", 2, 0, &p1), SW_OK);
+        assert_int_equal(be->put(st, "k.w", (const uint8_t *)"x2", 2, p1, &p2), SW_OK);
+        assert_int_equal(be->del(st, "k.w"), SW_OK);
+        assert_int_equal(be->put(st, "k.w2", (const uint8_t *)"y1", 2, 0, NULL), SW_OK);
+        assert_int_equal(be->del(st, "k.one"), SW_OK);
+        /* The backend may first replay what existed when the watch began
+         * (revision <= r3 and k.two); everything later must come, in order. */
+        a1 = raw_wait(&lg, "k.w", 0, r3, 0, T(3000));
+        assert_true(a1 >= 0);
+        a2 = raw_wait(&lg, "k.w", 0, lg.v[a1].rev, a1 + 1, T(3000));
+        assert_true(a2 > a1);
+        d1 = raw_wait(&lg, "k.w", 1, lg.v[a2].rev, a2 + 1, T(3000));
+        assert_true(d1 > a2);
+        a3 = raw_wait(&lg, "k.w2", 0, lg.v[d1].rev, d1 + 1, T(3000));
+        assert_true(a3 > d1);
+        assert_true(raw_wait(&lg, "k.one", 1, r3, a3 + 1, T(3000)) > a3);
+        pthread_mutex_lock(&lg.mu);
+        assert_int_equal(lg.v[a1].rev, p1);
+        assert_int_equal(lg.v[a2].rev, p2);
+        assert_string_equal(lg.v[a1].val, "x1");
+        assert_string_equal(lg.v[a2].val, "x2");
+        assert_string_equal(lg.v[a3].val, "y1");
+        /* Strictly increasing revisions over everything delivered after
+         * the first new event. */
+        for (int k = a1 + 1; k < lg.n; k++)
+            assert_true(lg.v[k].rev > lg.v[k - 1].rev);
+        /* Nothing from before the watch began shows up among them. */
+        for (int k = a1; k < lg.n; k++)
+            assert_true(lg.v[k].rev > r3);
+        /* (The header says watch reports "every later change"; a backend
+         * that first replays the current entries -- JetStream KV's
+         * WatchAll does -- is tolerated: the registry core drops what it
+         * already knows by revision.) */
+        if (a1 > 0)
+            print_message("    %s: watch replayed %d existing entr%s first\n", f->be, a1,
+                          a1 == 1 ? "y" : "ies");
+        pthread_mutex_unlock(&lg.mu);
+    }
+
+    /* del: gone from list; deleting a missing key is not an error; a
+     * guarded put on a deleted key is ENOTFOUND; an unguarded one recreates. */
+    memset(&a, 0, sizeof(a));
+    assert_int_equal(be->list(st, list_cb, &a), SW_OK);
+    assert_int_equal(acc_find(&a, "k.one"), -1);
+    assert_int_equal(acc_find(&a, "k.w"), -1);
+    assert_true(acc_find(&a, "k.two") >= 0);
+    assert_true(acc_find(&a, "k.w2") >= 0);
+    assert_int_equal(a.n, 2);
+    assert_int_equal(a.deleted_seen, 0);
+    assert_int_equal(be->del(st, "k.never"), SW_OK);
+    assert_int_equal(be->put(st, "k.one", (const uint8_t *)"v4", 2, r3, &r), SW_ENOTFOUND);
+    assert_int_equal(be->put(st, "k.one", (const uint8_t *)"v5", 2, 0, &r), SW_OK);
+    assert_true(r > r3);
+
+    /* unwatch: no more callbacks after it returns. */
+    be->unwatch(st2, f->raw_watch[1]);
+    f->raw_watch[1] = NULL;
+    {
+        int n;
+        pthread_mutex_lock(&lg.mu);
+        n = lg.n;
+        pthread_mutex_unlock(&lg.mu);
+        assert_int_equal(be->put(st, "k.after", (const uint8_t *)"z", 1, 0, NULL), SW_OK);
+        assert_int_equal(be->del(st, "k.two"), SW_OK);
+        swh_sleep_ms(T(300));
+        pthread_mutex_lock(&lg.mu);
+        assert_int_equal(lg.n, n);
+        pthread_mutex_unlock(&lg.mu);
+    }
+    pthread_mutex_destroy(&lg.mu);
+    pthread_cond_destroy(&lg.cv);
+}
+
+/* ======================================================================== */
+/* The keep-alive thread racing the API                                      */
+
+typedef struct key_chk {
+    const char *key;
+    int present;
+    int draining; /* decoded from the value; -1 if it did not decode */
+    uint64_t rev;
+} key_chk;
+
+static void
+key_chk_cb(void *arg, const sw_registry_entry *e, int deleted)
+{
+    key_chk *c = arg;
+    swp_instance *m = NULL;
+    if (deleted || strcmp(e->key, c->key) != 0)
+        return;
+    c->present = 1;
+    c->rev = e->revision;
+    c->draining = swp_decode_instance(e->value, e->len, 65536, &m) == SW_OK ? m->draining : -1;
+    swp_free(m);
+}
+
+static key_chk
+raw_get(fx *f, const char *key)
+{
+    key_chk c;
+    memset(&c, 0, sizeof(c));
+    c.key = key;
+    assert_int_equal(f->raw_be[0]->list(f->raw_state[0], key_chk_cb, &c), SW_OK);
+    return c;
+}
+
+/* A backend with latency: the backend under test, whose put is delayed by
+ * g_lag_ms when called from any thread but the test's own (i.e. from the
+ * registry's keep-alive thread), the way a loaded server or a slow network
+ * delays one writer relative to another. The registry core must stay
+ * correct under that: the races below are in the core, not the backend. */
+static const sw_registry_backend *g_inner;
+static pthread_t g_main_thread;
+static int g_lag_ms;
+
+static sw_err
+lag_open(void **st, sw_conn *c, const char *b, uint32_t age)
+{
+    return g_inner->open(st, c, b, age);
+}
+static void
+lag_close(void *st)
+{
+    g_inner->close(st);
+}
+static sw_err
+lag_put(void *st, const char *k, const uint8_t *v, size_t n, uint64_t expect, uint64_t *rev)
+{
+    sw_err rv;
+    int lag = !pthread_equal(pthread_self(), g_main_thread) && g_lag_ms > 0;
+    if (lag)
+        swh_sleep_ms(g_lag_ms);
+    rv = g_inner->put(st, k, v, n, expect, rev);
+    return rv;
+}
+static sw_err
+lag_del(void *st, const char *k)
+{
+    return g_inner->del(st, k);
+}
+static sw_err
+lag_list(void *st, sw_registry_entry_fn fn, void *arg)
+{
+    return g_inner->list(st, fn, arg);
+}
+static sw_err
+lag_watch(void *st, sw_registry_entry_fn fn, void *arg, void **w)
+{
+    return g_inner->watch(st, fn, arg, w);
+}
+static void
+lag_unwatch(void *st, void *w)
+{
+    g_inner->unwatch(st, w);
+}
+
+static const sw_registry_backend lag_backend = {
+    .name = "lagging",
+    .version = SW_REGISTRY_BACKEND_VERSION,
+    .open = lag_open,
+    .close = lag_close,
+    .put = lag_put,
+    .del = lag_del,
+    .list = lag_list,
+    .watch = lag_watch,
+    .unwatch = lag_unwatch,
+};
+
+static void
+lag_setup(fx *f, int lag_ms)
+{
+    g_inner = sw_registry_backend_find(f->be);
+    g_main_thread = pthread_self();
+    g_lag_ms = lag_ms;
+    f->ops = &lag_backend;
+    f->raw_be[0] = g_inner;
+    assert_int_equal(g_inner->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+}
+
+/* Deregister racing the keep-alive: once deregister returns, the entry must
+ * stay gone. A refresh in flight (it copied the entry before deregister
+ * deleted it) fails its guarded put with "not found", and reg_refresh then
+ * re-puts unguarded as if the worker had been wrongly removed: a zombie
+ * entry, live for every router for a lease (and kept in a KV bucket until
+ * max_age). */
+static void
+deregister_races_refresh(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg;
+    char key[256];
+    int zombies = 0, rounds = 10;
+
+    lag_setup(f, 40);
+    wreg = fx_reg(f, 0, 3000, 1); /* keep-alive as often as it can */
+    fx_ingress(f, 0, EP1);
+    snprintf(key, sizeof(key), "%s.%s", EP1, fx_id(f, 0));
+    for (int k = 0; k < rounds; k++) {
+        key_chk c;
+        assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+        swh_sleep_ms(10 + 7 * k % 30);
+        assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 0)), SW_OK);
+        swh_sleep_ms(T(100)); /* > the lag: any refresh in flight has landed */
+        c = raw_get(f, key);
+        if (c.present) {
+            zombies++;
+            (void)g_inner->del(f->raw_state[0], key);
+        }
+    }
+    g_lag_ms = 0;
+    if (zombies > 0)
+        fail_msg("%d of %d deregistered entries came back (a keep-alive in flight re-put them "
+                 "unguarded after deregister deleted them)",
+                 zombies, rounds);
+}
+
+/* set_draining racing the keep-alive: once the entry says draining, it must
+ * keep saying it. A periodic refresh that copied the entry before the flag
+ * was set loses its guarded put to set_draining's write (SW_EBUSY), then
+ * overwrites it unguarded with draining = 0: until the next refresh, every
+ * router sees the draining worker as available again (UPDATED, draining 0)
+ * and routes to it, and its drained request subscription answers
+ * no_responders. Watched on the raw store. */
+typedef struct drain_watch {
+    pthread_mutex_t mu;
+    char key[256];
+    int seen_draining; /* a put of key with draining = 1 was seen */
+    int undone;        /* ... and then one with draining = 0 */
+} drain_watch;
+
+static void
+drain_watch_cb(void *arg, const sw_registry_entry *e, int deleted)
+{
+    drain_watch *d = arg;
+    swp_instance *m = NULL;
+    if (deleted || swp_decode_instance(e->value, e->len, 65536, &m) != SW_OK)
+        return;
+    pthread_mutex_lock(&d->mu);
+    if (strcmp(e->key, d->key) == 0) {
+        if (m->draining)
+            d->seen_draining = 1;
+        else if (d->seen_draining)
+            d->undone = 1;
+    }
+    pthread_mutex_unlock(&d->mu);
+    swp_free(m);
+}
+
+static void
+set_draining_races_refresh(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg;
+    int undone = 0, rounds = 6;
+    drain_watch d;
+
+    memset(&d, 0, sizeof(d));
+    pthread_mutex_init(&d.mu, NULL);
+    lag_setup(f, 40);
+    assert_int_equal(g_inner->watch(f->raw_state[0], drain_watch_cb, &d, &f->raw_watch[0]), SW_OK);
+    for (int k = 0; k < rounds; k++) {
+        char id[SW_MAX_TOKEN + 1];
+        sw_ingress_opts o;
+        sw_ingress *ing = NULL;
+        snprintf(id, sizeof(id), "d%d-%s", k, f->sfx);
+        sw_ingress_opts_init(&o);
+        o.endpoint = EP1;
+        o.instance_id = id;
+        o.handler = noop_handler;
+        o.handler_threads = 1;
+        assert_int_equal(sw_ingress_start(&ing, f->conn, &o), SW_OK);
+        pthread_mutex_lock(&d.mu);
+        snprintf(d.key, sizeof(d.key), "%s.%s", EP1, id);
+        d.seen_draining = d.undone = 0;
+        pthread_mutex_unlock(&d.mu);
+        /* A fresh handle each round, so that its keep-alive thread works
+         * on this entry only. */
+        wreg = fx_reg(f, 0, 3000, 1);
+        assert_int_equal(sw_registry_register(wreg, ing), SW_OK);
+        /* The first keep-alive copies the entry about 1 ms after register
+         * and lands 40 ms later: set the flag in between. */
+        swh_sleep_ms(10 + 5 * (k % 5));
+        assert_int_equal(sw_registry_set_draining(wreg, id), SW_OK);
+        swh_sleep_ms(T(150)); /* a few keep-alives */
+        fx_reg_close(f, 0);
+        pthread_mutex_lock(&d.mu);
+        undone += d.undone;
+        d.key[0] = '\0';
+        pthread_mutex_unlock(&d.mu);
+        sw_ingress_destroy(ing);
+    }
+    g_lag_ms = 0;
+    g_inner->unwatch(f->raw_state[0], f->raw_watch[0]);
+    f->raw_watch[0] = NULL;
+    pthread_mutex_destroy(&d.mu);
+    if (undone > 0)
+        fail_msg("%d of %d set_draining writes were undone (draining 1 -> 0) by a concurrent "
+                 "keep-alive",
+                 undone, rounds);
+}
+
+/* ======================================================================== */
+
+static int
+group_setup(void **state)
+{
+    (void)state;
+    g_slow = swh_slow();
+    g_verbose = getenv("SW_IT_VERBOSE") != NULL;
+    if (swh_nats_start(&g_nats, NULL) != 0) {
+        fprintf(stderr, "test_registry: could not start nats-server\n");
+        return -1;
+    }
+    return 0;
+}
+
+static int
+group_teardown(void **state)
+{
+    (void)state;
+    if (g_ngrave > 0) {
+        swh_sleep_ms(T(300));
+        for (int i = 0; i < g_ngrave; i++)
+            sw_conn_close(g_grave[i]);
+        g_ngrave = 0;
+    }
+    swh_nats_stop(&g_nats);
+    return 0;
+}
+
+/* One entry per (test, backend): "name [backend]". */
+#define RT(f, be) {#f " [" be "]", f, setup, teardown, (void *)be}
+#define REG_TESTS(be)                                                                      \
+    RT(register_then_list, be), RT(watch_events, be), RT(lease_expiry, be),                \
+        RT(lease_is_the_entrys_own, be), RT(report_dead_guard_and_reregister, be),         \
+        RT(report_dead_of_gone_worker, be), RT(deleted_entry_reregisters, be),             \
+        RT(api_errors, be), RT(list_filters_by_endpoint, be), RT(open_invalid, be),        \
+        RT(open_same_new_bucket_concurrently, be), RT(garbage_entries_ignored, be),        \
+        RT(unwatch_stops_callbacks, be), RT(raw_backend_ops, be),                          \
+        RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be)
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        REG_TESTS("memory"),
+        REG_TESTS("nats-kv"),
+    };
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests_name("registry", tests, group_setup, group_teardown);
+}

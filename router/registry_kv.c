@@ -151,13 +151,18 @@ kv_list(void *state, sw_registry_entry_fn fn, void *arg)
     return sw_err_from_nats(s);
 }
 
+/* How often the watch thread looks at its stop flag. We never call
+ * kvWatcher_Stop while it waits in kvWatcher_Next: nats.c 3.4 leaks the
+ * message that Next received if the watcher was stopped meanwhile. */
+#define KV_WATCH_POLL_MS 50
+
 static void *
 kv_watch_main(void *arg)
 {
     kv_watch *kw = arg;
     while (!kw->stop) {
         kvEntry *e = NULL;
-        natsStatus s = kvWatcher_Next(&e, kw->w, 250);
+        natsStatus s = kvWatcher_Next(&e, kw->w, KV_WATCH_POLL_MS);
         if (s == NATS_OK && e != NULL) {
             kv_emit(e, kw->fn, kw->arg);
             kvEntry_Destroy(e);
@@ -203,9 +208,8 @@ kv_unwatch(void *state, void *handle)
     kv_watch *kw = handle;
     (void)state;
     kw->stop = 1;
-    kvWatcher_Stop(kw->w);
     if (kw->started)
-        pthread_join(kw->thread, NULL);
+        pthread_join(kw->thread, NULL); /* within KV_WATCH_POLL_MS */
     kvWatcher_Destroy(kw->w);
     free(kw);
 }

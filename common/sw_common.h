@@ -75,4 +75,14 @@ void *swi_idmap_del(swi_idmap *m, const uint8_t *key);
 /* Calls fn for each live entry; fn must not modify the map. */
 void swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg);
 
+/* A growable array of pointers, reused across snapshots. */
+typedef struct swi_ptrvec {
+    void **v;
+    size_t n, cap;
+} swi_ptrvec;
+/* Fills vec with the map's live values, calling ref on each (the caller
+ * holds the map's lock and later drops each reference). If memory is
+ * short, takes as many as fit. */
+void swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(void *val));
+
 #endif

@@ -262,3 +262,24 @@ swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg)
             fn(v, arg);
     }
 }
+
+void
+swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(void *val))
+{
+    vec->n = 0;
+    if (vec->cap < m->live) {
+        size_t ncap = m->live * 2;
+        void **nv = realloc(vec->v, ncap * sizeof(*nv));
+        if (nv != NULL) {
+            vec->v = nv;
+            vec->cap = ncap;
+        }
+    }
+    for (size_t i = 0; i < m->cap && vec->n < vec->cap; i++) {
+        void *v = m->slots[i].val;
+        if (v != NULL && v != SWI_IDMAP_TOMB) {
+            ref(v);
+            vec->v[vec->n++] = v;
+        }
+    }
+}

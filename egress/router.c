@@ -967,44 +967,29 @@ rt_on_probe(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
 
 /* ---------------------------------------------------------------- instance loss */
 
-typedef struct {
-    sw_stream **v;
-    size_t n, cap;
-} st_vec;
-
 static void
-st_collect(void *val, void *arg)
+st_ref_any(void *s)
 {
-    st_vec *vec = arg;
-    if (vec->n < vec->cap) {
-        st_ref(val);
-        vec->v[vec->n++] = val;
-    }
+    st_ref(s);
 }
 
+/* The open streams, each with a reference (drop with st_unref). */
 static void
-rt_snapshot(sw_router *r, st_vec *vec)
+rt_snapshot(sw_router *r, swi_ptrvec *vec)
 {
     pthread_mutex_lock(&r->mu);
-    vec->n = 0;
-    if (vec->cap < r->streams.live) {
-        size_t ncap = r->streams.live * 2;
-        sw_stream **nv = realloc(vec->v, ncap * sizeof(*nv));
-        if (nv != NULL) {
-            vec->v = nv;
-            vec->cap = ncap;
-        }
-    }
-    swi_idmap_each(&r->streams, st_collect, vec);
+    swi_idmap_snapshot(&r->streams, vec, st_ref_any);
     pthread_mutex_unlock(&r->mu);
 }
+
+#define ST_AT(vec, i) ((sw_stream *)(vec).v[i])
 
 /* The instance is gone: end every stream to it with instance_lost, then
  * quarantine it and report it so that every router stops routing there. */
 static void
 rt_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms)
 {
-    st_vec vec = {NULL, 0, 0};
+    swi_ptrvec vec = {NULL, 0, 0};
     char msg[160];
     char inst[SW_MAX_TOKEN + 1];
     unsigned n = 0;
@@ -1020,15 +1005,16 @@ rt_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_m
     pthread_mutex_unlock(&r->mu);
     rt_snapshot(r, &vec);
     for (size_t i = 0; i < vec.n; i++) {
+        sw_stream *s = ST_AT(vec, i);
         int match;
-        pthread_mutex_lock(&vec.v[i]->mu);
-        match = strcmp(vec.v[i]->instance, inst) == 0;
-        pthread_mutex_unlock(&vec.v[i]->mu);
+        pthread_mutex_lock(&s->mu);
+        match = strcmp(s->instance, inst) == 0;
+        pthread_mutex_unlock(&s->mu);
         if (match) {
-            st_fail(vec.v[i], SW_INSTANCE_LOST, msg, 0);
+            st_fail(s, SW_INSTANCE_LOST, msg, 0);
             n++;
         }
-        st_unref(vec.v[i]);
+        st_unref(s);
     }
     free(vec.v);
     swi_log(&r->log, SW_LOG_WARN, "%s (%u stream(s) ended)", msg, n);
@@ -1196,7 +1182,7 @@ static void *
 rt_timer_main(void *arg)
 {
     sw_router *r = arg;
-    st_vec vec = {NULL, 0, 0};
+    swi_ptrvec vec = {NULL, 0, 0};
     int64_t next_scan = 0;
     pthread_mutex_lock(&r->mu);
     while (!r->closing) {
@@ -1214,8 +1200,8 @@ rt_timer_main(void *arg)
                 r->mux_idle_ms = now;
             rt_snapshot(r, &vec);
             for (size_t i = 0; i < vec.n; i++) {
-                st_tick(vec.v[i], now, r->mux_idle_ms < now ? r->mux_idle_ms : now);
-                st_unref(vec.v[i]);
+                st_tick(ST_AT(vec, i), now, r->mux_idle_ms < now ? r->mux_idle_ms : now);
+                st_unref(ST_AT(vec, i));
             }
         }
         rt_probe_round(r, now);
@@ -1375,7 +1361,7 @@ sw_router_stats_get(sw_router *r, sw_router_stats *out)
 void
 sw_router_destroy(sw_router *r)
 {
-    st_vec vec = {NULL, 0, 0};
+    swi_ptrvec vec = {NULL, 0, 0};
     if (r == NULL)
         return;
     pthread_mutex_lock(&r->mu);
@@ -1395,7 +1381,7 @@ sw_router_destroy(sw_router *r)
     }
     rt_snapshot(r, &vec);
     for (size_t i = 0; i < vec.n; i++) {
-        sw_stream *s = vec.v[i];
+        sw_stream *s = ST_AT(vec, i);
         /* A terminal held back by final_linger_ms goes out now: the timer
          * that would have released it is gone. */
         pthread_mutex_lock(&s->mu);

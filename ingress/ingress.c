@@ -1072,38 +1072,22 @@ done:
 
 /* ---------------------------------------------------------------- timer */
 
-typedef struct {
-    sw_responder **v;
-    size_t n, cap;
-} resp_vec;
-
 static void
-collect_cb(void *val, void *arg)
+resp_ref_any(void *r)
 {
-    resp_vec *vec = arg;
-    if (vec->n < vec->cap) {
-        resp_ref(val);
-        vec->v[vec->n++] = val;
-    }
+    resp_ref(r);
 }
 
 /* Snapshot of the registered responders, each with a reference. */
 static void
-ing_snapshot(sw_ingress *ing, resp_vec *vec)
+ing_snapshot(sw_ingress *ing, swi_ptrvec *vec)
 {
     pthread_mutex_lock(&ing->mu);
-    vec->n = 0;
-    if (vec->cap < ing->streams.live) {
-        size_t ncap = ing->streams.live * 2;
-        sw_responder **nv = realloc(vec->v, ncap * sizeof(*nv));
-        if (nv != NULL) {
-            vec->v = nv;
-            vec->cap = ncap;
-        }
-    }
-    swi_idmap_each(&ing->streams, collect_cb, vec);
+    swi_idmap_snapshot(&ing->streams, vec, resp_ref_any);
     pthread_mutex_unlock(&ing->mu);
 }
+
+#define RESP_AT(vec, i) ((sw_responder *)(vec).v[i])
 
 static void
 ing_tick_one(sw_responder *r, int64_t now)
@@ -1143,7 +1127,7 @@ static void *
 ing_timer_main(void *arg)
 {
     sw_ingress *ing = arg;
-    resp_vec vec = {NULL, 0, 0};
+    swi_ptrvec vec = {NULL, 0, 0};
     pthread_mutex_lock(&ing->mu);
     while (!ing->stopping) {
         swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + SWI_TICK_MS);
@@ -1153,8 +1137,8 @@ ing_timer_main(void *arg)
         ing_snapshot(ing, &vec);
         int64_t now = swi_now_ms();
         for (size_t i = 0; i < vec.n; i++) {
-            ing_tick_one(vec.v[i], now);
-            resp_unref(vec.v[i]);
+            ing_tick_one(RESP_AT(vec, i), now);
+            resp_unref(RESP_AT(vec, i));
         }
         pthread_mutex_lock(&ing->mu);
     }
@@ -1206,11 +1190,11 @@ frontend_collect(void *val, void *arg)
 static void
 ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
 {
-    resp_vec vec = {NULL, 0, 0};
+    swi_ptrvec vec = {NULL, 0, 0};
     unsigned n = 0;
     ing_snapshot(ing, &vec);
     for (size_t i = 0; i < vec.n; i++) {
-        sw_responder *r = vec.v[i];
+        sw_responder *r = RESP_AT(vec, i);
         if (strcmp(r->router_id, router_id) == 0) {
             int finished;
             pthread_mutex_lock(&r->mu);
@@ -1418,7 +1402,7 @@ sub_drain(sw_conn *conn, natsSubscription **sub)
 sw_err
 sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
 {
-    resp_vec vec = {NULL, 0, 0};
+    swi_ptrvec vec = {NULL, 0, 0};
     int64_t until;
     sw_err rv = SW_OK;
 
@@ -1440,7 +1424,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     /* Out of time: end what is left. The frontend sees instance_lost. */
     ing_snapshot(ing, &vec);
     for (size_t i = 0; i < vec.n; i++) {
-        sw_responder *r = vec.v[i];
+        sw_responder *r = RESP_AT(vec, i);
         int newly = 0;
         pthread_mutex_lock(&r->mu);
         if (!r->terminated) {
@@ -1484,7 +1468,7 @@ ing_stop(sw_ingress *ing)
 void
 sw_ingress_destroy(sw_ingress *ing)
 {
-    resp_vec vec = {NULL, 0, 0};
+    swi_ptrvec vec = {NULL, 0, 0};
     if (ing == NULL)
         return;
     (void)sw_ingress_drain(ing, 0);
@@ -1515,7 +1499,7 @@ sw_ingress_destroy(sw_ingress *ing)
             vec.v[vec.n++] = r;
     pthread_mutex_unlock(&ing->mu);
     for (size_t i = 0; i < vec.n; i++) {
-        sw_responder *r = vec.v[i];
+        sw_responder *r = RESP_AT(vec, i);
         pthread_mutex_lock(&r->mu);
         r->closed = 1;
         pthread_cond_broadcast(&r->cv);

@@ -216,3 +216,20 @@ cli_parse(const cli_cmd *cmd, int argc, char **argv)
     }
     return CLI_PARSE_OK;
 }
+
+int
+cli_check_names(const cli_cmd *cmd, const char *server, const char *endpoint,
+                int endpoint_required, const char *instance)
+{
+    if (server != NULL && server[0] == '\0')
+        return cli_usage_error(cmd, "--server: empty URL");
+    if ((endpoint != NULL || endpoint_required) && sw_validate_endpoint(endpoint) != SW_OK)
+        return cli_usage_error(cmd,
+                               "--endpoint: '%s' is not NS.COMPONENT.ENDPOINT (three tokens of "
+                               "[A-Za-z0-9_-], 1..64 chars each)",
+                               endpoint ? endpoint : "");
+    if (instance != NULL && sw_validate_token(instance) != SW_OK)
+        return cli_usage_error(cmd, "--instance-id: '%s' is not 1..64 chars of [A-Za-z0-9_-]",
+                               instance);
+    return CLI_EXIT_OK;
+}

@@ -64,6 +64,13 @@ int cli_parse(const cli_cmd *cmd, int argc, char **argv);
 /* Prints the full usage of cmd. */
 void cli_usage(const cli_cmd *cmd, FILE *f);
 
+/* Checks the common naming flags: a non-empty --server (when server is not
+ * NULL), --endpoint (NULL allowed unless endpoint_required) and
+ * --instance-id (NULL allowed). Returns CLI_EXIT_OK, or prints the usage
+ * error and returns CLI_EXIT_USAGE. */
+int cli_check_names(const cli_cmd *cmd, const char *server, const char *endpoint,
+                    int endpoint_required, const char *instance);
+
 /* Prints "streamwire CMD: <message>" and a hint to stderr; returns
  * CLI_EXIT_USAGE. */
 int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);

@@ -146,16 +146,8 @@ cli_generate_main(int argc, char **argv)
     rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
-    if (server[0] == '\0')
-        return cli_usage_error(&cmd, "--server: empty URL");
-    if (sw_validate_endpoint(endpoint) != SW_OK)
-        return cli_usage_error(&cmd,
-                               "--endpoint: '%s' is not NS.COMPONENT.ENDPOINT (three tokens of "
-                               "[A-Za-z0-9_-], 1..64 chars each)",
-                               endpoint);
-    if (instance != NULL && sw_validate_token(instance) != SW_OK)
-        return cli_usage_error(&cmd, "--instance-id: '%s' is not 1..64 chars of [A-Za-z0-9_-]",
-                               instance);
+    if ((rc = cli_check_names(&cmd, server, endpoint, 1, instance)) != CLI_EXIT_OK)
+        return rc;
 
     memset(&req, 0, sizeof(req));
     req.endpoint = endpoint;

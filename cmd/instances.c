@@ -48,8 +48,8 @@ cli_instances_main(int argc, char **argv)
     rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
-    if (endpoint != NULL && sw_validate_endpoint(endpoint) != SW_OK)
-        return cli_usage_error(&cmd, "--endpoint: '%s' is not NS.COMPONENT.ENDPOINT", endpoint);
+    if ((rc = cli_check_names(&cmd, server, endpoint, 0, NULL)) != CLI_EXIT_OK)
+        return rc;
 
     sw_conn_opts_init(&copts);
     copts.url = server;

@@ -16,6 +16,16 @@
  *      in a child process so the frontend's memory is measured alone)
  *   6  optional, --callgrind: instructions per item under callgrind
  *
+ * and, with no raw counterpart (issues 4 and 5; workers and frontends that
+ * get killed run in child processes: this binary in a hidden mode):
+ *
+ *   7  instance loss: SIGKILL / SIGSTOP of a worker mid-stream -> terminal
+ *      at the consumer; dead report -> another router stops routing there
+ *   8  cancellation: sw_stream_cancel -> the handler's cancel callback;
+ *      SIGKILL of a frontend -> the worker cancels its stream
+ *   9  slow consumers: 1,000 streams read at one item per 10 ms: peak
+ *      frontend RSS against the credit-window bound, loss, nats.c drops
+ *
  * Only the public API (streamwire.h, nats.h) is used. See BENCHMARKS.md.
  */
 #define _GNU_SOURCE
@@ -47,6 +57,7 @@
 #include <unistd.h>
 
 #include <nats/nats.h>
+#include <streamwire/registry.h>
 #include <streamwire/streamwire.h>
 
 /* Scenario 6 (optional): under valgrind --tool=callgrind --instr-atstart=no,
@@ -84,6 +95,12 @@ extern char **environ;
 #define INST_BIG "benchbigwin"
 #define EP_IDLE "bench.sw.idle"
 #define INST_IDLE "benchidle"
+#define EP_LOSS "bench.sw.loss"      /* workers in child processes, found via the registry */
+#define LOSS_BUCKET "swbench_loss"   /* registry bucket of the loss scenario */
+#define EP_CANCEL "bench.sw.cancel"
+#define INST_CANCEL "benchcancel"
+#define EP_SLOW "bench.sw.slow"
+#define INST_SLOW "benchslow"
 
 #define MAX_LIST 8
 #define BIG_WINDOW (1u << 20)
@@ -118,6 +135,11 @@ static struct {
     unsigned window; /* credit_window for the streamwire runs; 0 = router default */
     int side;        /* 0 both, 1 raw only, 2 streamwire only (for profiling) */
     int callgrind;   /* wrap each long-stream run in callgrind client requests */
+    unsigned trials;        /* loss: trials per kind; cancel: frontend SIGKILL trials */
+    unsigned cancel_trials; /* cancel -> handler trials */
+    unsigned slow_streams, slow_items, slow_delay_ms, slow_threads;
+    int frozen_fe; /* cancel: keep another frontend SIGSTOPped during the SIGKILL trials */
+    unsigned live_fe; /* cancel: this many other live frontends (routers) stream meanwhile */
 } cfg;
 
 static const char *g_url;
@@ -366,7 +388,28 @@ static pid_t g_server_pid = -1;
 static char g_server_dir[64];
 static char g_server_url[64];
 static char g_server_version[64] = "external";
-static pid_t g_child_pid = -1;
+/* Child processes (workers, frontends) started by this process; killed on
+ * exit. Only the main thread adds and removes; the signal handler reads. */
+#define MAX_KIDS 32
+static volatile pid_t g_kids[MAX_KIDS];
+
+static void
+kid_add(pid_t pid)
+{
+    for (int i = 0; i < MAX_KIDS; i++)
+        if (g_kids[i] == 0) {
+            g_kids[i] = pid;
+            return;
+        }
+}
+
+static void
+kid_del(pid_t pid)
+{
+    for (int i = 0; i < MAX_KIDS; i++)
+        if (g_kids[i] == pid)
+            g_kids[i] = 0;
+}
 
 static int
 rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -380,10 +423,14 @@ rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 static void
 cleanup(void)
 {
-    if (g_child_pid > 0) {
-        kill(g_child_pid, SIGKILL);
-        waitpid(g_child_pid, NULL, 0);
-        g_child_pid = -1;
+    for (int i = 0; i < MAX_KIDS; i++) {
+        pid_t k = g_kids[i];
+        if (k > 0) {
+            kill(k, SIGKILL);
+            kill(k, SIGCONT);
+            waitpid(k, NULL, 0);
+            g_kids[i] = 0;
+        }
     }
     if (g_server_pid > 0) {
         int waited = 0;
@@ -408,8 +455,11 @@ cleanup(void)
 static void
 on_signal(int sig)
 {
-    if (g_child_pid > 0)
-        kill(g_child_pid, SIGKILL);
+    for (int i = 0; i < MAX_KIDS; i++)
+        if (g_kids[i] > 0) {
+            kill(g_kids[i], SIGKILL);
+            kill(g_kids[i], SIGCONT);
+        }
     if (g_server_pid > 0) {
         kill(g_server_pid, SIGKILL);
         waitpid(g_server_pid, NULL, 0);
@@ -730,7 +780,7 @@ typedef struct row {
     char note[200];
 } row;
 
-static row g_rows[160];
+static row g_rows[256];
 static int g_nrows;
 
 static row *
@@ -1562,33 +1612,62 @@ child_stat(child *c, cstat *st)
         die("idle worker: bad reply to stat");
 }
 
+/* Starts this binary in a hidden mode (argv[1] onwards) with its stdin and
+ * stdout on pipes; does not wait for it. Main thread only (the child's
+ * PR_SET_PDEATHSIG fires when the spawning thread exits). */
 static void
-child_spawn(child *c, unsigned n)
+child_start(child *c, char *const argv[])
 {
     int in[2], out[2];
-    char nbuf[32], line[64];
-    char *argv[5];
     posix_spawn_file_actions_t fa;
     memset(c, 0, sizeof(*c));
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0)
         die("pipe: %s", strerror(errno));
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    if (posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ) != 0)
+        die("posix_spawn %s: %s", argv[1], strerror(errno));
+    posix_spawn_file_actions_destroy(&fa);
+    kid_add(c->pid);
+    close(in[0]);
+    close(out[1]);
+    c->to = in[1];
+    c->from = out[0];
+}
+
+/* Closes the pipes, kills the child if it has not exited within wait_ms,
+ * and reaps it. */
+static void
+child_reap(child *c, int wait_ms)
+{
+    if (c->pid <= 0)
+        return;
+    close(c->to);
+    close(c->from);
+    for (int i = 0; i < wait_ms / 10 && waitpid(c->pid, NULL, WNOHANG) == 0; i++)
+        sleep_ms(10);
+    if (waitpid(c->pid, NULL, WNOHANG) == 0) {
+        kill(c->pid, SIGKILL);
+        kill(c->pid, SIGCONT);
+        waitpid(c->pid, NULL, 0);
+    }
+    kid_del(c->pid);
+    c->pid = -1;
+}
+
+static void
+child_spawn(child *c, unsigned n)
+{
+    char nbuf[32], line[64];
+    char *argv[5];
     snprintf(nbuf, sizeof(nbuf), "%u", n);
     argv[0] = (char *)"streamwire-bench";
     argv[1] = (char *)"--idle-worker";
     argv[2] = (char *)g_url;
     argv[3] = nbuf;
     argv[4] = NULL;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    if (posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ) != 0)
-        die("posix_spawn idle worker: %s", strerror(errno));
-    posix_spawn_file_actions_destroy(&fa);
-    g_child_pid = c->pid;
-    close(in[0]);
-    close(out[1]);
-    c->to = in[1];
-    c->from = out[0];
+    child_start(c, argv);
     if (child_line(c, line, sizeof(line), 20000) != 0 || strcmp(line, "ready") != 0)
         die("idle worker did not start");
 }
@@ -1598,15 +1677,7 @@ child_quit(child *c)
 {
     char line[64];
     (void)child_cmd(c, "quit", line, sizeof(line));
-    close(c->to);
-    close(c->from);
-    for (int i = 0; i < 250 && waitpid(c->pid, NULL, WNOHANG) == 0; i++)
-        sleep_ms(20);
-    if (waitpid(c->pid, NULL, WNOHANG) == 0) {
-        kill(c->pid, SIGKILL);
-        waitpid(c->pid, NULL, 0);
-    }
-    g_child_pid = -1;
+    child_reap(c, 5000);
 }
 
 typedef struct idle_res {
@@ -1808,7 +1879,7 @@ scen_idle(void)
     add_row("5 idle streams", param, "frontend CPU %", r[0].cpu_front, r[1].cpu_front, 1, 1,
             "while idle (% of one core)");
     add_row("5 idle streams", param, "worker CPU %", r[0].cpu_worker, r[1].cpu_worker, 1, 1,
-            "while idle; sw: heartbeats + 10 ms tick");
+            "while idle; sw: heartbeats + 25 ms scans");
     add_row("5 idle streams", param, "server CPU %", r[0].cpu_server, r[1].cpu_server, 1, 1,
             "while idle");
     g_goal_idle_bps = r[1].bytes_per_stream;
@@ -1915,6 +1986,1552 @@ idle_worker_main(const char *url, unsigned n)
     return 0;
 }
 
+/* ------------------------------------------------------------------ 7: instance loss (issue 4) */
+
+/* Workers run in child processes (this binary with --worker-mode), each
+ * registered in the registry bucket LOSS_BUCKET with default options.
+ * Router A (this process; own sw_conn, sw_registry and sw_router, default
+ * options) holds a stream to the victim and is the one that detects the loss
+ * and reports it. Router B (own sw_conn, sw_registry and sw_router, probes
+ * effectively off) sends a short request, routed by the registry, every
+ * 2 ms, and logs which instance each one was routed to. */
+
+static int
+loss_worker_main(const char *url, const char *bucket, const char *inst)
+{
+    sw_ingress_opts io;
+    sw_ingress *ing = NULL;
+    sw_registry_opts ro;
+    sw_registry *reg = NULL;
+    sw_err e;
+    char line[64];
+    pid_t parent = getppid();
+
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        return 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    g_sw_work = sw_connect(url, "bench-loss-worker");
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP_LOSS;
+    io.instance_id = inst;
+    io.handler = sw_bench_handler;
+    io.max_inflight = 256;
+    if ((e = sw_ingress_start(&ing, g_sw_work, &io)) != SW_OK)
+        die("loss worker: sw_ingress_start: %s", sw_err_name(e));
+    sw_registry_opts_init(&ro);
+    ro.bucket = bucket;
+    if ((e = sw_registry_open(&reg, g_sw_work, &ro)) != SW_OK ||
+        (e = sw_registry_register(reg, ing)) != SW_OK)
+        die("loss worker: registry: %s", sw_err_name(e));
+    printf("ready\n");
+    while (fgets(line, sizeof(line), stdin) != NULL)
+        if (strncmp(line, "quit", 4) == 0)
+            break;
+    (void)sw_registry_deregister(reg, inst);
+    sw_registry_close(reg);
+    sw_ingress_destroy(ing);
+    sw_conn_close(g_sw_work);
+    nats_Close();
+    return 0;
+}
+
+static pthread_mutex_t g_loss_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_loss_victim[SW_MAX_TOKEN + 1]; /* "" between trials */
+static int64_t g_loss_rep_t;  /* A's registry logged "reported <victim> dead" */
+static int64_t g_loss_rm_a_t; /* REMOVED <victim> in A's registry handle */
+static int64_t g_loss_rm_b_t; /* REMOVED <victim> in B's registry handle */
+
+static int
+loss_is_victim_locked(const char *id)
+{
+    return g_loss_victim[0] != '\0' && id != NULL && strcmp(id, g_loss_victim) == 0;
+}
+
+/* Router A's registry log: the line the registry writes once the tombstone
+ * of a dead report is stored ("registry: reported <id> dead (...)") is the
+ * report's completion time. */
+static void
+loss_reg_log(void *arg, sw_log_level lvl, const char *msg)
+{
+    static const char pre[] = "registry: reported ";
+    int64_t t = now_ns();
+    (void)arg;
+    if (strncmp(msg, pre, sizeof(pre) - 1) == 0) {
+        const char *id = msg + sizeof(pre) - 1;
+        size_t l;
+        pthread_mutex_lock(&g_loss_mu);
+        l = strlen(g_loss_victim);
+        if (l > 0 && strncmp(id, g_loss_victim, l) == 0 && id[l] == ' ' && g_loss_rep_t == 0)
+            g_loss_rep_t = t;
+        pthread_mutex_unlock(&g_loss_mu);
+    }
+    if (cfg.verbose)
+        progress("  [A registry %s] %s", sw_log_level_name(lvl), msg);
+}
+
+static void
+loss_rt_log(void *arg, sw_log_level lvl, const char *msg)
+{
+    progress("  [%s %s] %s", (const char *)arg, sw_log_level_name(lvl), msg);
+}
+
+/* Watcher on a registry handle: the first REMOVED of the victim. */
+static void
+loss_watch(void *arg, sw_registry_event ev, const sw_instance *inst)
+{
+    int64_t t = now_ns();
+    int64_t *slot = arg;
+    if (ev != SW_REGISTRY_REMOVED)
+        return;
+    pthread_mutex_lock(&g_loss_mu);
+    if (loss_is_victim_locked(inst->instance_id) && *slot == 0)
+        *slot = t;
+    pthread_mutex_unlock(&g_loss_mu);
+}
+
+typedef struct bsub {
+    struct bsub *next;
+    sw_stream *s;
+    int64_t t_open;
+    size_t idx; /* in the pick log */
+    atomic_int done;
+    int status;
+    sw_err err;
+} bsub;
+
+typedef struct bpick {
+    int64_t t;  /* when sw_router_open returned (the pick is made inside it) */
+    int victim; /* routed to the current victim */
+    int result; /* -1 open, 0 failed, 1 completed */
+} bpick;
+
+static struct {
+    sw_conn *conn;
+    sw_registry *reg;
+    sw_router *rt;
+    int watch;
+    pthread_t th;
+    atomic_int stop;
+    pthread_mutex_t mu;
+    bpick *log;
+    size_t n, cap;
+    unsigned long opened, failed, open_errors;
+    unsigned long f_incomplete, f_lost, f_noresp, f_other, f_stuck; /* failures by cause */
+    bsub *grave; /* reaped, freed after the router is destroyed */
+} g_b = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void
+b_item(sw_stream *s, const sw_item *it, void *arg)
+{
+    bsub *x = arg;
+    (void)s;
+    if (it->kind == SW_ITEM_TERMINAL) {
+        x->status = (int)it->terminal.status;
+        x->err = it->terminal.error;
+        atomic_store(&x->done, 1);
+    }
+}
+
+/* Closes B's finished streams (all: every one; else those with a terminal
+ * and those open for more than 3 s, which count as failed). */
+static void
+b_reap(bsub **head, int all)
+{
+    int64_t now = now_ns();
+    bsub **pp = head;
+    while (*pp != NULL) {
+        bsub *x = *pp;
+        int done = atomic_load(&x->done);
+        if (done || all || now - x->t_open > 3000000000LL) {
+            int ok = done && x->status == SW_STATUS_COMPLETED;
+            sw_stream_close(x->s);
+            pthread_mutex_lock(&g_b.mu);
+            g_b.log[x->idx].result = ok;
+            if (!ok) {
+                g_b.failed++;
+                if (!done)
+                    g_b.f_stuck++;
+                else if (x->err == SW_STREAM_INCOMPLETE)
+                    g_b.f_incomplete++;
+                else if (x->err == SW_INSTANCE_LOST)
+                    g_b.f_lost++;
+                else if (x->err == SW_NO_RESPONDERS)
+                    g_b.f_noresp++;
+                else
+                    g_b.f_other++;
+            }
+            pthread_mutex_unlock(&g_b.mu);
+            *pp = x->next;
+            x->next = g_b.grave;
+            g_b.grave = x;
+        } else {
+            pp = &x->next;
+        }
+    }
+}
+
+static void *
+b_main(void *arg)
+{
+    bsub *live = NULL;
+    breq q = {BREQ_MAGIC, K_SEND, 1, 64, 0, 0};
+    (void)arg;
+    while (!atomic_load(&g_b.stop)) {
+        sw_request_opts ro;
+        bsub *x = calloc(1, sizeof(*x));
+        int64_t t;
+        sw_err e;
+        if (x == NULL)
+            die("out of memory");
+        atomic_init(&x->done, 0);
+        sw_request_opts_init(&ro);
+        ro.endpoint = EP_LOSS;
+        ro.on_item = b_item;
+        ro.on_item_arg = x;
+        e = sw_router_open(&x->s, g_b.rt, &ro, &q, sizeof(q));
+        t = now_ns();
+        if (e != SW_OK) {
+            g_b.open_errors++;
+            free(x);
+            sleep_ms(2);
+            continue;
+        }
+        x->t_open = t;
+        {
+            int victim;
+            pthread_mutex_lock(&g_loss_mu);
+            victim = loss_is_victim_locked(sw_stream_instance_id(x->s));
+            pthread_mutex_unlock(&g_loss_mu);
+            pthread_mutex_lock(&g_b.mu);
+            if (g_b.n == g_b.cap) {
+                size_t ncap = g_b.cap ? g_b.cap * 2 : 4096;
+                bpick *nv = realloc(g_b.log, ncap * sizeof(*nv));
+                if (nv == NULL)
+                    die("out of memory");
+                g_b.log = nv;
+                g_b.cap = ncap;
+            }
+            x->idx = g_b.n;
+            g_b.log[g_b.n].t = t;
+            g_b.log[g_b.n].victim = victim;
+            g_b.log[g_b.n].result = -1;
+            g_b.n++;
+            g_b.opened++;
+            pthread_mutex_unlock(&g_b.mu);
+        }
+        x->next = live;
+        live = x;
+        b_reap(&live, 0);
+        sleep_until_ns(t + 2000000LL);
+    }
+    b_reap(&live, 1);
+    return NULL;
+}
+
+typedef struct lkid {
+    child c;
+    char inst[SW_MAX_TOKEN + 1];
+    int state; /* 0 free, 1 starting, 2 ready */
+    unsigned seq;
+} lkid;
+
+static unsigned g_lkid_seq;
+
+static void
+lkid_start(lkid *k)
+{
+    char *argv[6];
+    k->seq = ++g_lkid_seq;
+    snprintf(k->inst, sizeof(k->inst), "lw%d-%u", (int)getpid(), k->seq);
+    argv[0] = (char *)"streamwire-bench";
+    argv[1] = (char *)"--worker-mode";
+    argv[2] = (char *)g_url;
+    argv[3] = (char *)LOSS_BUCKET;
+    argv[4] = k->inst;
+    argv[5] = NULL;
+    child_start(&k->c, argv);
+    k->state = 1;
+}
+
+/* 1 if the registry handle lists inst as live on EP_LOSS. */
+static int
+reg_has(sw_registry *reg, const char *inst)
+{
+    sw_instance *v = NULL;
+    size_t n = 0;
+    int found = 0;
+    if (sw_registry_list(reg, EP_LOSS, &v, &n) != SW_OK)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(v[i].instance_id, inst) == 0)
+            found = 1;
+    sw_instances_free(v, n);
+    return found;
+}
+
+/* Waits for the worker's "ready" and for both routers' registry views to
+ * list it. */
+static void
+lkid_wait(lkid *k, sw_registry *a, sw_registry *b)
+{
+    char line[64];
+    int64_t until;
+    if (k->state == 1) {
+        if (child_line(&k->c, line, sizeof(line), 20000) != 0 || strcmp(line, "ready") != 0)
+            die("loss worker %s did not start", k->inst);
+        k->state = 2;
+    }
+    until = now_ns() + 10000000000LL;
+    while (!reg_has(a, k->inst) || !reg_has(b, k->inst)) {
+        if (now_ns() > until)
+            die("loss worker %s registered but is not listed by both routers after 10 s",
+                k->inst);
+        sleep_ms(2);
+    }
+}
+
+typedef struct asink {
+    atomic_ulong items;
+    int64_t t_term;
+    int status;
+    sw_err err;
+    char reason[96];
+    latch done;
+} asink;
+
+static void
+a_item(sw_stream *s, const sw_item *it, void *arg)
+{
+    asink *k = arg;
+    (void)s;
+    if (it->kind == SW_ITEM_DATA) {
+        atomic_fetch_add(&k->items, 1);
+        return;
+    }
+    k->t_term = now_ns();
+    k->status = (int)it->terminal.status;
+    k->err = it->terminal.error;
+    snprintf(k->reason, sizeof(k->reason), "%s", it->terminal.reason);
+    latch_set(&k->done);
+}
+
+typedef struct ltrial {
+    int stop; /* 0 SIGKILL, 1 SIGSTOP */
+    int ok;   /* the trial ran to the end */
+    int64_t start_t, kill_t, term_t, rep_t, rm_a_t, rm_b_t, end_t;
+    int lost;     /* terminal was error instance_lost */
+    char term[64];
+    /* from B's pick log */
+    int64_t b_last_dead_t; /* B's last pick of the victim in the trial */
+    unsigned dead_picks, after_report, after_report_failed, after_view;
+    int64_t after_report_lag; /* latest such pick - report */
+} ltrial;
+
+/* Latency summary of a set of ns values: sorted in place; ms. */
+static void
+ms_summary(int64_t *v, size_t n, double *p50, double *p99, double *mx)
+{
+    qsort(v, n, sizeof(*v), cmp_i64);
+    *p50 = pct(v, n, 0.50) / 1e6;
+    *p99 = pct(v, n, 0.99) / 1e6;
+    *mx = n ? (double)v[n - 1] / 1e6 : NAN;
+}
+
+/* goal inputs (issue 4) */
+static double g_goal_kill_p99 = NAN, g_goal_stop_p99 = NAN, g_goal_report_p99 = NAN;
+static double g_goal_after_report = NAN;
+static unsigned g_goal_loss_n;
+
+static void
+loss_rows(ltrial *tr, unsigned ntr, const char *err)
+{
+    int64_t *v = calloc(ntr + 1, sizeof(int64_t));
+    size_t n;
+    double p50, p99, mx;
+    char param[48], note[200];
+    unsigned lost[2] = {0, 0}, ran[2] = {0, 0}, after[2] = {0, 0}, afterf[2] = {0, 0};
+    unsigned reported = 0, dead_picks[2] = {0, 0}, after_view[2] = {0, 0};
+    int64_t lag[2] = {0, 0};
+    if (v == NULL)
+        die("out of memory");
+    for (unsigned i = 0; i < ntr; i++)
+        if (tr[i].ok) {
+            ran[tr[i].stop]++;
+            lost[tr[i].stop] += tr[i].lost;
+            after[tr[i].stop] += tr[i].after_report;
+            afterf[tr[i].stop] += tr[i].after_report_failed;
+            dead_picks[tr[i].stop] += tr[i].dead_picks;
+            after_view[tr[i].stop] += tr[i].after_view;
+            if (tr[i].after_report_lag > lag[tr[i].stop])
+                lag[tr[i].stop] = tr[i].after_report_lag;
+            reported += tr[i].rep_t != 0;
+        }
+    for (int stop = 0; stop < 2; stop++) {
+        const char *sig = stop ? "SIGSTOP" : "SIGKILL";
+        n = 0;
+        for (unsigned i = 0; i < ntr; i++)
+            if (tr[i].ok && tr[i].stop == stop && tr[i].term_t)
+                v[n++] = tr[i].term_t - tr[i].kill_t;
+        ms_summary(v, n, &p50, &p99, &mx);
+        snprintf(param, sizeof(param), "%s mid-stream -> terminal, %zu trials", sig, n);
+        snprintf(note, sizeof(note),
+                 "terminal instance_lost in %u/%u; router A defaults (probe %s)%s%.100s",
+                 lost[stop], ran[stop], stop ? "100 ms, timeout 300 ms x 2 misses" : "100 ms",
+                 err[0] ? "; " : "", err);
+        add_row("7 instance loss", param, "p50 ms", NAN, p50, 1, 1, note);
+        add_row("7 instance loss", param, "p99 ms", NAN, p99, 1, 1,
+                stop ? "goal <= 1500 ms (issue 4)" : "goal <= 250 ms (issue 4)");
+        add_row("7 instance loss", param, "max ms", NAN, mx, 1, 1, "");
+        if (stop)
+            g_goal_stop_p99 = p99;
+        else
+            g_goal_kill_p99 = p99;
+    }
+    /* the report's write, after the consumer's terminal */
+    n = 0;
+    for (unsigned i = 0; i < ntr; i++)
+        if (tr[i].ok && tr[i].rep_t && tr[i].term_t)
+            v[n++] = tr[i].rep_t - tr[i].term_t;
+    ms_summary(v, n, &p50, &p99, &mx);
+    snprintf(param, sizeof(param), "A's terminal -> report stored, %zu trials", n);
+    snprintf(note, sizeof(note),
+             "report time = router A's registry logs the stored tombstone; %u/%u trials "
+             "reported",
+             reported, ran[0] + ran[1]);
+    add_row("7 instance loss", param, "p50 ms", NAN, p50, 1, 2, note);
+    add_row("7 instance loss", param, "p99 ms", NAN, p99, 1, 2, "");
+    for (int stop = 1; stop >= 0; stop--) {
+        const char *sig = stop ? "SIGSTOP" : "SIGKILL";
+        n = 0;
+        for (unsigned i = 0; i < ntr; i++)
+            if (tr[i].ok && tr[i].stop == stop && tr[i].rep_t && tr[i].b_last_dead_t)
+                v[n++] = tr[i].b_last_dead_t - tr[i].rep_t;
+        ms_summary(v, n, &p50, &p99, &mx);
+        snprintf(param, sizeof(param), "report -> B's last pick of it, %s", sig);
+        snprintf(note, sizeof(note),
+                 stop ? "signed; B: own conn+registry+router, probes off, a request every 2 ms "
+                        "round robin over all live workers"
+                      : "< 0: B had stopped before the report (its own no-responders re-route "
+                        "quarantines locally)");
+        add_row("7 instance loss", param, "p50 ms", NAN, p50, 1, 1, note);
+        add_row("7 instance loss", param, "p99 ms", NAN, p99, 1, 1, "");
+        add_row("7 instance loss", param, "max ms", NAN, mx, 1, 1, "");
+    }
+    n = 0;
+    for (unsigned i = 0; i < ntr; i++)
+        if (tr[i].ok && tr[i].rep_t && tr[i].rm_b_t)
+            v[n++] = tr[i].rm_b_t - tr[i].rep_t;
+    ms_summary(v, n, &p50, &p99, &mx);
+    snprintf(param, sizeof(param), "report -> REMOVED at router B, %zu trials", n);
+    add_row("7 instance loss", param, "p50 ms", NAN, p50, 1, 2,
+            "watch event in B's registry handle; from then on B's pool can pick survivors only");
+    add_row("7 instance loss", param, "p99 ms", NAN, p99, 1, 2, "");
+    add_row("7 instance loss", param, "max ms", NAN, mx, 1, 2, "");
+    /* goal: report -> all other routers = max(B stops picking, B's view) */
+    n = 0;
+    for (unsigned i = 0; i < ntr; i++)
+        if (tr[i].ok && tr[i].rep_t && tr[i].rm_b_t) {
+            int64_t a = tr[i].rm_b_t, b = tr[i].b_last_dead_t ? tr[i].b_last_dead_t : a;
+            v[n++] = (a > b ? a : b) - tr[i].rep_t;
+        }
+    ms_summary(v, n, &p50, &p99, &mx);
+    g_goal_report_p99 = p99;
+    for (int stop = 1; stop >= 0; stop--) {
+        snprintf(param, sizeof(param), "B requests to dead after report, %s",
+                 stop ? "SIGSTOP" : "SIGKILL");
+        snprintf(note, sizeof(note),
+                 "%u trials; %u failed; latest %.1f ms after the report; %u after B's REMOVED "
+                 "event; %u picks of it since the %s",
+                 ran[stop], afterf[stop], (double)lag[stop] / 1e6, after_view[stop],
+                 dead_picks[stop], stop ? "stop" : "kill");
+        add_row("7 instance loss", param, "count", NAN, after[stop], 1, 0, note);
+    }
+    snprintf(note, sizeof(note),
+             "one every 2 ms; %lu failed: stream_incomplete %lu, instance_lost %lu, "
+             "no_responders %lu, other %lu, closed by the bench before a terminal %lu; "
+             "open errors %lu",
+             g_b.failed, g_b.f_incomplete, g_b.f_lost, g_b.f_noresp, g_b.f_other, g_b.f_stuck,
+             g_b.open_errors);
+    add_row("7 instance loss", "router B, whole scenario", "requests", NAN, (double)g_b.opened,
+            0, 0, note);
+    g_goal_after_report = after[0] + after[1];
+    g_goal_loss_n = ran[0] + ran[1];
+    free(v);
+}
+
+static void
+scen_loss(void)
+{
+    unsigned T = cfg.trials, ntr = 2 * cfg.trials;
+    ltrial *tr = calloc(ntr, sizeof(*tr));
+    lkid kid[3];
+    sw_conn *ca;
+    sw_registry *rega = NULL;
+    sw_router *rta = NULL;
+    sw_registry_opts rgo;
+    sw_router_opts rto;
+    int wa = 0;
+    sw_err e;
+    char err[160] = "";
+
+    if (tr == NULL)
+        die("out of memory");
+    progress("7 instance loss: %u SIGKILL + %u SIGSTOP trials, alternating (workers in child "
+             "processes, registry bucket %s)",
+             T, T, LOSS_BUCKET);
+    memset(kid, 0, sizeof(kid));
+    ca = sw_connect(g_url, "bench-loss-router-a");
+    sw_registry_opts_init(&rgo);
+    rgo.bucket = LOSS_BUCKET;
+    rgo.log = loss_reg_log;
+    if ((e = sw_registry_open(&rega, ca, &rgo)) != SW_OK) {
+        snprintf(err, sizeof(err), "skipped: sw_registry_open: %s (needs nats-server -js)",
+                 sw_err_name(e));
+        progress("  %s", err);
+        sw_conn_close(ca);
+        loss_rows(tr, 0, err);
+        free(tr);
+        return;
+    }
+    if ((e = sw_registry_watch(rega, loss_watch, &g_loss_rm_a_t, &wa)) != SW_OK)
+        die("sw_registry_watch: %s", sw_err_name(e));
+    sw_router_opts_init(&rto);
+    rto.registry = rega;
+    rto.log = cfg.verbose ? loss_rt_log : NULL;
+    rto.log_arg = (void *)"router A";
+    if ((e = sw_router_create(&rta, ca, &rto)) != SW_OK)
+        die("router A: %s", sw_err_name(e));
+
+    g_b.conn = sw_connect(g_url, "bench-loss-router-b");
+    sw_registry_opts_init(&rgo);
+    rgo.bucket = LOSS_BUCKET;
+    if ((e = sw_registry_open(&g_b.reg, g_b.conn, &rgo)) != SW_OK ||
+        (e = sw_registry_watch(g_b.reg, loss_watch, &g_loss_rm_b_t, &g_b.watch)) != SW_OK)
+        die("router B registry: %s", sw_err_name(e));
+    sw_router_opts_init(&rto);
+    rto.registry = g_b.reg;
+    rto.probe_interval_ms = 3600000; /* effectively off: B learns only from the registry
+                                        (and from no-responders on its own requests) */
+    if ((e = sw_router_create(&g_b.rt, g_b.conn, &rto)) != SW_OK)
+        die("router B: %s", sw_err_name(e));
+
+    lkid_start(&kid[0]);
+    lkid_start(&kid[1]);
+    lkid_wait(&kid[0], rega, g_b.reg);
+    lkid_wait(&kid[1], rega, g_b.reg);
+    atomic_store(&g_b.stop, 0);
+    if (pthread_create(&g_b.th, NULL, b_main, NULL) != 0)
+        die("pthread_create");
+
+    for (unsigned i = 0; i < ntr; i++) {
+        ltrial *t = &tr[i];
+        lkid *v = NULL, *fresh = NULL;
+        asink *k;
+        sw_stream *s = NULL;
+        sw_request_opts ro;
+        breq q = {BREQ_MAGIC, K_SEND, 1000000, 64, 500, 0};
+        int64_t until;
+        t->stop = (int)(i % 2);
+        for (int j = 0; j < 3; j++)
+            if (kid[j].state != 0)
+                lkid_wait(&kid[j], rega, g_b.reg);
+        for (int j = 0; j < 3; j++)
+            if (kid[j].state == 2 && (v == NULL || kid[j].seq < v->seq))
+                v = &kid[j];
+        if ((k = calloc(1, sizeof(*k))) == NULL)
+            die("out of memory");
+        latch_init(&k->done);
+        pthread_mutex_lock(&g_loss_mu);
+        snprintf(g_loss_victim, sizeof(g_loss_victim), "%s", v->inst);
+        g_loss_rep_t = g_loss_rm_a_t = g_loss_rm_b_t = 0;
+        t->start_t = now_ns();
+        pthread_mutex_unlock(&g_loss_mu);
+        sw_request_opts_init(&ro);
+        ro.endpoint = EP_LOSS;
+        ro.instance_id = v->inst;
+        ro.on_item = a_item;
+        ro.on_item_arg = k;
+        if ((e = sw_router_open(&s, rta, &ro, &q, sizeof(q))) != SW_OK)
+            die("router A open: %s", sw_err_name(e));
+        until = now_ns() + 5000000000LL;
+        while (atomic_load(&k->items) < 10 && !latch_wait(&k->done, 0) && now_ns() < until)
+            sleep_ms(1);
+        if (atomic_load(&k->items) < 10) {
+            snprintf(err, sizeof(err),
+                     "trial %u: stream to %.24s got %lu items before the kill (%.40s)",
+                     i, v->inst, atomic_load(&k->items), k->reason);
+            progress("  %s", err);
+        }
+        /* decorrelate the kill from the probe timer */
+        sleep_ms(rand() % 50);
+        t->kill_t = now_ns();
+        kill(v->c.pid, t->stop ? SIGSTOP : SIGKILL);
+        for (int j = 0; j < 3; j++)
+            if (kid[j].state == 0 && fresh == NULL)
+                fresh = &kid[j];
+        lkid_start(fresh);
+        if (latch_wait(&k->done, 10000000000LL)) {
+            t->term_t = k->t_term;
+            t->lost = k->status == SW_STATUS_ERROR && k->err == SW_INSTANCE_LOST;
+            snprintf(t->term, sizeof(t->term), "%s/%.40s", sw_status_name(k->status), k->reason);
+        } else {
+            snprintf(t->term, sizeof(t->term), "none in 10 s");
+        }
+        /* the report and both registry views */
+        until = now_ns() + 5000000000LL;
+        for (;;) {
+            int have;
+            pthread_mutex_lock(&g_loss_mu);
+            have = g_loss_rep_t && g_loss_rm_a_t && g_loss_rm_b_t;
+            pthread_mutex_unlock(&g_loss_mu);
+            if (have || now_ns() > until)
+                break;
+            sleep_ms(2);
+        }
+        sleep_ms(40); /* B makes some more picks */
+        pthread_mutex_lock(&g_loss_mu);
+        t->rep_t = g_loss_rep_t;
+        t->rm_a_t = g_loss_rm_a_t;
+        t->rm_b_t = g_loss_rm_b_t;
+        g_loss_victim[0] = '\0';
+        pthread_mutex_unlock(&g_loss_mu);
+        t->end_t = now_ns();
+        t->ok = 1;
+        sw_stream_close(s);
+        latch_fini(&k->done);
+        free(k);
+        if (cfg.verbose || !t->lost || !t->rep_t)
+            progress("  trial %u %s %s: terminal %s after %.1f ms; report %+.1f ms; "
+                     "B view %+.1f ms",
+                     i + 1, t->stop ? "SIGSTOP" : "SIGKILL", v->inst, t->term,
+                     t->term_t ? (double)(t->term_t - t->kill_t) / 1e6 : NAN,
+                     t->rep_t ? (double)(t->rep_t - t->kill_t) / 1e6 : NAN,
+                     t->rm_b_t && t->rep_t ? (double)(t->rm_b_t - t->rep_t) / 1e6 : NAN);
+        if (t->stop) {
+            kill(v->c.pid, SIGKILL);
+            kill(v->c.pid, SIGCONT);
+        }
+        child_reap(&v->c, 0);
+        v->state = 0;
+    }
+    atomic_store(&g_b.stop, 1);
+    pthread_join(g_b.th, NULL);
+
+    /* B's picks per trial window */
+    for (unsigned i = 0; i < ntr; i++) {
+        ltrial *t = &tr[i];
+        int64_t ref = t->rep_t;
+        for (size_t j = 0; j < g_b.n; j++) {
+            bpick *p = &g_b.log[j];
+            if (p->t < t->start_t || p->t >= t->end_t || !p->victim)
+                continue;
+            t->b_last_dead_t = p->t; /* the log is in time order */
+            if (p->t < t->kill_t)
+                continue;
+            t->dead_picks++;
+            if (ref && p->t > ref) {
+                t->after_report++;
+                t->after_report_failed += p->result == 0;
+                if (p->t - ref > t->after_report_lag)
+                    t->after_report_lag = p->t - ref;
+            }
+            if (t->rm_b_t && p->t > t->rm_b_t)
+                t->after_view++;
+        }
+    }
+    loss_rows(tr, ntr, err);
+
+    sw_router_destroy(g_b.rt);
+    while (g_b.grave != NULL) {
+        bsub *x = g_b.grave;
+        g_b.grave = x->next;
+        free(x);
+    }
+    sw_registry_unwatch(g_b.reg, g_b.watch);
+    sw_registry_close(g_b.reg);
+    sw_conn_close(g_b.conn);
+    free(g_b.log);
+    g_b.log = NULL;
+    for (int j = 0; j < 3; j++)
+        if (kid[j].state != 0) {
+            ssize_t w = write(kid[j].c.to, "quit\n", 5);
+            (void)w;
+        }
+    for (int j = 0; j < 3; j++)
+        if (kid[j].state != 0)
+            child_reap(&kid[j].c, 3000);
+    sw_router_destroy(rta);
+    sw_registry_unwatch(rega, wa);
+    sw_registry_close(rega);
+    sw_conn_close(ca);
+    free(tr);
+}
+
+/* ------------------------------------------------------------------ 8: cancellation (issue 5) */
+
+/* The worker side is an ingress in this process (EP_CANCEL, on the worker
+ * connection); its handler registers sw_responder_on_cancel and sends an
+ * item every ms (or every 10 ms for the frontend-kill trials) until send
+ * fails. Each request's cancel callback time is kept by request id. */
+
+typedef struct cslot {
+    struct cslot *next;
+    char reqid[40];
+    int64_t t_cb, t_stop; /* under g_cs_mu */
+    sw_err send_err;
+} cslot;
+
+static pthread_mutex_t g_cs_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cs_cv;
+static cslot *g_cs_head;
+
+static void
+cancel_cb(sw_responder *r, void *arg)
+{
+    cslot *c = arg;
+    int64_t t = now_ns();
+    (void)r;
+    pthread_mutex_lock(&g_cs_mu);
+    if (c->t_cb == 0)
+        c->t_cb = t;
+    pthread_cond_broadcast(&g_cs_cv);
+    pthread_mutex_unlock(&g_cs_mu);
+}
+
+static void
+cancel_handler(sw_responder *r, void *arg)
+{
+    size_t len = 0;
+    const void *p = sw_responder_payload(r, &len);
+    breq q;
+    cslot *c;
+    uint8_t buf[64];
+    sw_err e = SW_OK;
+    int64_t t0, iv;
+    (void)arg;
+    if (p == NULL || len < sizeof(q) || (c = calloc(1, sizeof(*c))) == NULL) {
+        (void)sw_responder_fail(r, "bench_bad_request", NULL);
+        return;
+    }
+    memcpy(&q, p, sizeof(q));
+    snprintf(c->reqid, sizeof(c->reqid), "%s", sw_responder_request_id(r));
+    pthread_mutex_lock(&g_cs_mu);
+    c->next = g_cs_head;
+    g_cs_head = c;
+    pthread_cond_broadcast(&g_cs_cv);
+    pthread_mutex_unlock(&g_cs_mu);
+    sw_responder_on_cancel(r, cancel_cb, c);
+    memset(buf, 0, sizeof(buf));
+    t0 = now_ns();
+    iv = q.rate ? 1000000000LL / q.rate : 0;
+    for (uint32_t i = 0; i < q.n; i++) {
+        if (iv)
+            sleep_until_ns(t0 + (int64_t)i * iv);
+        stamp(buf, sizeof(buf));
+        if ((e = sw_responder_send(r, buf, sizeof(buf))) != SW_OK)
+            break;
+    }
+    if (e == SW_OK)
+        (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+    pthread_mutex_lock(&g_cs_mu);
+    c->t_stop = now_ns();
+    c->send_err = e;
+    pthread_cond_broadcast(&g_cs_cv);
+    pthread_mutex_unlock(&g_cs_mu);
+}
+
+/* The cancel callback time of request reqid (0 if none within timeout);
+ * *t_stop gets the time its handler stopped sending (0 if not yet). */
+static int64_t
+cslot_wait(const char *reqid, int64_t timeout_ns, int64_t *t_stop)
+{
+    int64_t until = now_ns() + timeout_ns, t = 0;
+    struct timespec ts;
+    ts.tv_sec = (time_t)(until / 1000000000LL);
+    ts.tv_nsec = (long)(until % 1000000000LL);
+    pthread_mutex_lock(&g_cs_mu);
+    for (;;) {
+        cslot *c;
+        for (c = g_cs_head; c != NULL && strcmp(c->reqid, reqid) != 0; c = c->next) {
+        }
+        if (c != NULL && c->t_cb != 0) {
+            t = c->t_cb;
+            if (t_stop != NULL)
+                *t_stop = c->t_stop;
+            break;
+        }
+        if (pthread_cond_timedwait(&g_cs_cv, &g_cs_mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    pthread_mutex_unlock(&g_cs_mu);
+    return t;
+}
+
+/* Hidden mode --frontend-mode URL: a frontend process that, on "go", opens a
+ * stream to INST_CANCEL, prints "streaming <request id>" after the first
+ * item and reads until it is killed. */
+static int
+frontend_main(const char *url)
+{
+    sw_conn *c;
+    sw_router *rt = NULL;
+    sw_router_opts o;
+    sw_request_opts ro;
+    sw_stream *s = NULL;
+    breq q = {BREQ_MAGIC, K_SEND, 1000000, 64, 100, 0};
+    char line[64];
+    const sw_item *it;
+    sw_err e;
+    pid_t parent = getppid();
+
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        return 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    c = sw_connect(url, "bench-frontend-child");
+    sw_router_opts_init(&o);
+    if ((e = sw_router_create(&rt, c, &o)) != SW_OK)
+        die("frontend child: sw_router_create: %s", sw_err_name(e));
+    printf("ready\n");
+    if (fgets(line, sizeof(line), stdin) == NULL || strncmp(line, "go", 2) != 0)
+        goto out;
+    sw_request_opts_init(&ro);
+    ro.endpoint = EP_CANCEL;
+    ro.instance_id = INST_CANCEL;
+    if ((e = sw_router_open(&s, rt, &ro, &q, sizeof(q))) != SW_OK)
+        die("frontend child: sw_router_open: %s", sw_err_name(e));
+    for (;;) {
+        if ((e = sw_stream_next(s, &it, 10000)) != SW_OK)
+            die("frontend child: sw_stream_next: %s", sw_err_name(e));
+        if (it->kind == SW_ITEM_DATA)
+            break;
+        die("frontend child: terminal before data: %s", it->terminal.reason);
+    }
+    printf("streaming %s\n", sw_stream_request_id(s));
+    for (;;) {
+        e = sw_stream_next(s, &it, 1000);
+        if (e == SW_OK && it->kind == SW_ITEM_TERMINAL) {
+            printf("ended %s\n", it->terminal.reason);
+            break;
+        }
+        if (e != SW_OK && e != SW_ETIMEDOUT)
+            break;
+    }
+    while (fgets(line, sizeof(line), stdin) != NULL)
+        if (strncmp(line, "quit", 4) == 0)
+            break;
+out:
+    sw_stream_close(s);
+    sw_router_destroy(rt);
+    sw_conn_close(c);
+    nats_Close();
+    return 0;
+}
+
+static void
+fe_start(child *c)
+{
+    char *argv[4];
+    argv[0] = (char *)"streamwire-bench";
+    argv[1] = (char *)"--frontend-mode";
+    argv[2] = (char *)g_url;
+    argv[3] = NULL;
+    child_start(c, argv);
+}
+
+static atomic_ulong g_live_ended;
+
+static void
+discard_item(sw_stream *s, const sw_item *it, void *arg)
+{
+    (void)s;
+    (void)arg;
+    if (it->kind == SW_ITEM_TERMINAL) {
+        atomic_fetch_add(&g_live_ended, 1);
+        if (cfg.verbose)
+            progress("  live frontend stream ended: %s/%s", sw_status_name(it->terminal.status),
+                     it->terminal.reason);
+    }
+}
+
+/* goal inputs (issue 5) */
+static double g_goal_cancel_p99 = NAN, g_goal_fekill_p99 = NAN;
+
+static void
+scen_cancel(void)
+{
+    unsigned n = cfg.cancel_trials, nk = cfg.trials;
+    int64_t *lat = calloc(n + 1, sizeof(int64_t)), *stop = calloc(n + 1, sizeof(int64_t));
+    int64_t *klat = calloc(nk + 1, sizeof(int64_t));
+    size_t got = 0, ngot_stop = 0, kgot = 0;
+    unsigned long data_after = 0, bad_term = 0, errors = 0, kerrors = 0;
+    sw_ingress *ing = NULL;
+    sw_ingress_opts io;
+    sw_ingress_stats is0, is1;
+    pthread_condattr_t ca;
+    breq q = {BREQ_MAGIC, K_SEND, 1000000, 64, 1000, 0};
+    char err[160] = "", kerr[160] = "", param[48], note[200];
+    double p50, p99, mx;
+    sw_router **live_rt = NULL;
+    sw_stream **live_st = NULL;
+    sw_err e;
+
+    if (lat == NULL || stop == NULL || klat == NULL)
+        die("out of memory");
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_cs_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP_CANCEL;
+    io.instance_id = INST_CANCEL;
+    io.handler = cancel_handler;
+    io.max_inflight = 64 + cfg.live_fe; /* 64 is the default */
+    io.log = cfg.verbose ? loss_rt_log : NULL;
+    io.log_arg = (void *)"cancel worker";
+    io.handler_threads = 4 + cfg.live_fe; /* each live stream holds a handler thread */
+    if ((e = sw_ingress_start(&ing, g_sw_work, &io)) != SW_OK)
+        die("sw_ingress_start %s: %s", EP_CANCEL, sw_err_name(e));
+    sw_ingress_stats_get(ing, &is0);
+    progress("8 cancel: %u sw_stream_cancel -> on_cancel trials, then %u frontend SIGKILL trials",
+             n, nk);
+    for (unsigned i = 0; i < n; i++) {
+        sw_request_opts ro;
+        sw_stream *s = NULL;
+        const sw_item *it;
+        unsigned items = 0;
+        int64_t t0, tcb, tstop = 0;
+        sw_request_opts_init(&ro);
+        ro.endpoint = EP_CANCEL;
+        ro.instance_id = INST_CANCEL;
+        ro.credit_window = cfg.window;
+        if ((e = sw_router_open(&s, g_router, &ro, &q, sizeof(q))) != SW_OK)
+            die("sw_router_open: %s", sw_err_name(e));
+        while (items < 3) {
+            if ((e = sw_stream_next(s, &it, 5000)) != SW_OK || it->kind != SW_ITEM_DATA)
+                break;
+            items++;
+        }
+        if (items < 3) {
+            errors++;
+            if (!err[0])
+                snprintf(err, sizeof(err), "trial %u: %u items before the cancel (%s)", i, items,
+                         e != SW_OK ? sw_err_name(e) : it->terminal.reason);
+            sw_stream_close(s);
+            continue;
+        }
+        t0 = now_ns();
+        (void)sw_stream_cancel(s);
+        for (;;) {
+            if ((e = sw_stream_next(s, &it, 5000)) != SW_OK) {
+                bad_term++;
+                break;
+            }
+            if (it->kind == SW_ITEM_DATA) {
+                data_after++;
+                continue;
+            }
+            if (it->terminal.status != SW_STATUS_CANCELLED)
+                bad_term++;
+            break;
+        }
+        tcb = cslot_wait(sw_stream_request_id(s), 5000000000LL, &tstop);
+        if (tcb != 0) {
+            lat[got++] = tcb - t0;
+        } else {
+            errors++;
+            if (!err[0])
+                snprintf(err, sizeof(err), "trial %u: no cancel callback within 5 s", i);
+        }
+        {
+            /* the handler's send returns SW_ECANCELLED at its next item (<= 1 ms) */
+            char rid[40];
+            snprintf(rid, sizeof(rid), "%s", sw_stream_request_id(s));
+            sw_stream_close(s);
+            for (int w = 0; w < 200 && tcb != 0 && tstop == 0; w++) {
+                pthread_mutex_lock(&g_cs_mu);
+                for (cslot *c = g_cs_head; c != NULL; c = c->next)
+                    if (strcmp(c->reqid, rid) == 0)
+                        tstop = c->t_stop;
+                pthread_mutex_unlock(&g_cs_mu);
+                if (tstop == 0)
+                    sleep_ms(1);
+            }
+        }
+        if (tstop != 0)
+            stop[ngot_stop++] = tstop - t0;
+    }
+
+    /* frontend SIGKILL: a child frontend per trial, the next one started
+     * while the current one streams */
+    if (nk > 0 && cfg.live_fe > 0) {
+        /* other live frontends: one router each, a slow stream each */
+        sw_router_opts o;
+        sw_request_opts ro;
+        breq lq = {BREQ_MAGIC, K_SEND, 1000000, 64, 20, 0};
+        if ((live_rt = calloc(cfg.live_fe, sizeof(*live_rt))) == NULL ||
+            (live_st = calloc(cfg.live_fe, sizeof(*live_st))) == NULL)
+            die("out of memory");
+        sw_router_opts_init(&o);
+        sw_request_opts_init(&ro);
+        ro.endpoint = EP_CANCEL;
+        ro.instance_id = INST_CANCEL;
+        ro.on_item = discard_item;
+        for (unsigned i = 0; i < cfg.live_fe; i++)
+            if (sw_router_create(&live_rt[i], g_sw_front, &o) != SW_OK ||
+                sw_router_open(&live_st[i], live_rt[i], &ro, &lq, sizeof(lq)) != SW_OK)
+                die("live frontend %u", i);
+        progress("  %u other live frontends stream meanwhile", cfg.live_fe);
+        sleep_ms(500);
+    }
+    if (nk > 0) {
+        child cur, nxt, fz;
+        char line[128], fz_req[64] = "";
+        fz.pid = -1;
+        fe_start(&cur);
+        if (child_line(&cur, line, sizeof(line), 20000) != 0 || strcmp(line, "ready") != 0)
+            die("frontend child did not start");
+        for (unsigned i = 0; i < nk; i++) {
+            int have_next = i + 1 < nk;
+            size_t kgot_before = kgot;
+            int64_t t0, tcb;
+            char reqid[64];
+            ssize_t w;
+            /* --frozen-frontend: another frontend with a stream here is
+             * SIGSTOPped throughout (replaced once the worker cancels it) */
+            if (cfg.frozen_fe && (fz.pid <= 0 || cslot_wait(fz_req, 0, NULL) != 0)) {
+                if (fz.pid > 0)
+                    child_reap(&fz, 0);
+                fe_start(&fz);
+                w = write(fz.to, "go\n", 3);
+                (void)w;
+                if (child_line(&fz, line, sizeof(line), 20000) != 0 || strcmp(line, "ready") != 0 ||
+                    child_line(&fz, line, sizeof(line), 20000) != 0 ||
+                    sscanf(line, "streaming %63s", fz_req) != 1)
+                    die("frozen frontend child did not start");
+                kill(fz.pid, SIGSTOP);
+                progress("  trial %u: froze frontend %d (stream %s)", i + 1, (int)fz.pid, fz_req);
+            }
+            if (have_next)
+                fe_start(&nxt);
+            w = write(cur.to, "go\n", 3);
+            (void)w;
+            if (child_line(&cur, line, sizeof(line), 10000) != 0 ||
+                sscanf(line, "streaming %63s", reqid) != 1) {
+                kerrors++;
+                if (!kerr[0])
+                    snprintf(kerr, sizeof(kerr), "trial %u: frontend child said \"%.80s\"", i,
+                             line);
+                child_reap(&cur, 0);
+            } else {
+                sleep_ms(10 + rand() % 100); /* decorrelate from the worker's probe timer */
+                t0 = now_ns();
+                kill(cur.pid, SIGKILL);
+                tcb = cslot_wait(reqid, 5000000000LL, NULL);
+                if (tcb != 0) {
+                    klat[kgot++] = tcb - t0;
+                } else {
+                    kerrors++;
+                    if (!kerr[0])
+                        snprintf(kerr, sizeof(kerr), "trial %u: no cancel within 5 s", i);
+                }
+                child_reap(&cur, 0);
+            }
+            if (have_next) {
+                cur = nxt;
+                if (child_line(&cur, line, sizeof(line), 20000) != 0 || strcmp(line, "ready") != 0)
+                    die("frontend child did not start");
+            }
+            if (cfg.verbose || cfg.frozen_fe || cfg.live_fe)
+                progress("  trial %u: frontend SIGKILL -> cancel %.1f ms", i + 1,
+                         kgot > kgot_before ? (double)klat[kgot - 1] / 1e6 : NAN);
+        }
+        if (fz.pid > 0)
+            child_reap(&fz, 0);
+    }
+    if (live_rt != NULL)
+        progress("  %lu of %u other live frontends' streams ended during the trials (want 0)",
+                 atomic_load(&g_live_ended), cfg.live_fe);
+    for (unsigned i = 0; live_rt != NULL && i < cfg.live_fe; i++) {
+        sw_stream_close(live_st[i]);
+        sw_router_destroy(live_rt[i]);
+    }
+    free(live_rt);
+    free(live_st);
+    sw_ingress_stats_get(ing, &is1);
+    sw_ingress_destroy(ing);
+    pthread_mutex_lock(&g_cs_mu);
+    while (g_cs_head != NULL) {
+        cslot *c = g_cs_head;
+        g_cs_head = c->next;
+        free(c);
+    }
+    pthread_mutex_unlock(&g_cs_mu);
+
+    qsort(lat, got, sizeof(int64_t), cmp_i64);
+    snprintf(param, sizeof(param), "sw_stream_cancel -> on_cancel, %zu trials", got);
+    snprintf(note, sizeof(note),
+             "same process, separate sw_conn; data items after cancel %lu; non-cancelled "
+             "terminals %lu; errors %lu%s%.60s",
+             data_after, bad_term, errors, err[0] ? ": " : "", err);
+    add_row("8 cancel", param, "p50 us", NAN, pct(lat, got, 0.5) / 1e3, 1, 1, note);
+    add_row("8 cancel", param, "p99 us", NAN, pct(lat, got, 0.99) / 1e3, 1, 1,
+            "goal <= 20 ms (issue 5)");
+    add_row("8 cancel", param, "max us", NAN, got ? (double)lat[got - 1] / 1e3 : NAN, 1, 1, "");
+    g_goal_cancel_p99 = pct(lat, got, 0.99) / 1e6;
+    qsort(stop, ngot_stop, sizeof(int64_t), cmp_i64);
+    snprintf(param, sizeof(param), "sw_stream_cancel -> send fails, %zu trials", ngot_stop);
+    add_row("8 cancel", param, "p50 us", NAN, pct(stop, ngot_stop, 0.5) / 1e3, 1, 1,
+            "handler sends every 1 ms: its next send returns SW_ECANCELLED");
+    add_row("8 cancel", param, "p99 us", NAN, pct(stop, ngot_stop, 0.99) / 1e3, 1, 1, "");
+    ms_summary(klat, kgot, &p50, &p99, &mx);
+    snprintf(param, sizeof(param), "frontend SIGKILL -> on_cancel, %zu trials", kgot);
+    snprintf(note, sizeof(note),
+             "frontend is a child process; worker frontend_probe_ms 250 (default); "
+             "frontends_lost +%" PRIu64 "; errors %lu%s%.60s",
+             is1.frontends_lost - is0.frontends_lost, kerrors, kerr[0] ? ": " : "", kerr);
+    add_row("8 cancel", param, "p50 ms", NAN, p50, 1, 1, note);
+    add_row("8 cancel", param, "p99 ms", NAN, p99, 1, 1, "goal <= 1000 ms (issue 5)");
+    add_row("8 cancel", param, "max ms", NAN, mx, 1, 1, "");
+    g_goal_fekill_p99 = p99;
+    free(lat);
+    free(stop);
+    free(klat);
+}
+
+/* ------------------------------------------------------------------ 9: slow consumers (issue 5) */
+
+/* Hidden mode --slow-worker URL N: an ingress whose handler retains each
+ * responder and hands it to one of two producer threads, which send with
+ * sw_responder_try_send as fast as credit allows (an engine's scheduler). */
+
+typedef struct sjob {
+    struct sjob *next;
+    sw_responder *r;
+    uint32_t n, size, sent;
+} sjob;
+
+typedef struct sprod {
+    pthread_mutex_t mu;
+    sjob *incoming;
+    pthread_t th;
+} sprod;
+
+#define SLOW_PRODUCERS 2
+static sprod g_sp[SLOW_PRODUCERS];
+static atomic_uint g_sp_rr;
+static atomic_int g_sp_stop;
+static atomic_ulong g_sp_sent, g_sp_done, g_sp_failed;
+
+static void
+slow_handler(sw_responder *r, void *arg)
+{
+    size_t len = 0;
+    const void *p = sw_responder_payload(r, &len);
+    breq q;
+    sjob *j;
+    sprod *pr;
+    (void)arg;
+    if (p == NULL || len < sizeof(q) || (j = calloc(1, sizeof(*j))) == NULL) {
+        (void)sw_responder_fail(r, "bench_bad_request", NULL);
+        return;
+    }
+    memcpy(&q, p, sizeof(q));
+    j->r = r;
+    j->n = q.n;
+    j->size = q.size < 8 ? 8 : q.size > 1024 ? 1024 : q.size;
+    sw_responder_retain(r);
+    pr = &g_sp[atomic_fetch_add(&g_sp_rr, 1) % SLOW_PRODUCERS];
+    pthread_mutex_lock(&pr->mu);
+    j->next = pr->incoming;
+    pr->incoming = j;
+    pthread_mutex_unlock(&pr->mu);
+}
+
+static void *
+slow_producer(void *arg)
+{
+    sprod *pr = arg;
+    sjob *mine = NULL;
+    uint8_t buf[1024];
+    memset(buf, 0x5a, sizeof(buf));
+    while (!atomic_load(&g_sp_stop)) {
+        unsigned long progress = 0;
+        pthread_mutex_lock(&pr->mu);
+        while (pr->incoming != NULL) {
+            sjob *j = pr->incoming;
+            pr->incoming = j->next;
+            j->next = mine;
+            mine = j;
+        }
+        pthread_mutex_unlock(&pr->mu);
+        for (sjob **pp = &mine; *pp != NULL;) {
+            sjob *j = *pp;
+            sw_err e = SW_OK;
+            while (j->sent < j->n) {
+                uint64_t idx = j->sent;
+                memcpy(buf, &idx, 8);
+                if ((e = sw_responder_try_send(j->r, buf, j->size)) != SW_OK)
+                    break;
+                j->sent++;
+                progress++;
+            }
+            if (j->sent == j->n || e != SW_EAGAIN) {
+                if (j->sent == j->n) {
+                    (void)sw_responder_finish(j->r, SW_STATUS_COMPLETED, NULL);
+                    atomic_fetch_add(&g_sp_done, 1);
+                } else {
+                    atomic_fetch_add(&g_sp_failed, 1);
+                }
+                sw_responder_release(j->r);
+                *pp = j->next;
+                free(j);
+            } else {
+                pp = &j->next;
+            }
+        }
+        atomic_fetch_add(&g_sp_sent, progress);
+        if (progress == 0)
+            sleep_until_ns(now_ns() + 200000LL);
+    }
+    while (mine != NULL) {
+        sjob *j = mine;
+        mine = j->next;
+        sw_responder_release(j->r);
+        free(j);
+    }
+    return NULL;
+}
+
+static int
+slow_worker_main(const char *url, unsigned n)
+{
+    sw_ingress_opts io;
+    sw_ingress *ing = NULL;
+    sw_err e;
+    char line[64];
+    pid_t parent = getppid();
+
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        return 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    g_sw_work = sw_connect(url, "bench-slow-worker");
+    for (int i = 0; i < SLOW_PRODUCERS; i++) {
+        pthread_mutex_init(&g_sp[i].mu, NULL);
+        if (pthread_create(&g_sp[i].th, NULL, slow_producer, &g_sp[i]) != 0)
+            die("pthread_create");
+    }
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP_SLOW;
+    io.instance_id = INST_SLOW;
+    io.handler = slow_handler;
+    io.max_inflight = n + 64; /* counts retained responders */
+    io.max_window = 1u << 20; /* only a cap: lets the calibration stream ask for more */
+    if ((e = sw_ingress_start(&ing, g_sw_work, &io)) != SW_OK)
+        die("slow worker: sw_ingress_start: %s", sw_err_name(e));
+    printf("ready\n");
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        if (strncmp(line, "stat", 4) == 0) {
+            printf("stat %ld %lu %lu %lu %lld\n", self_rss_kb(), atomic_load(&g_sp_sent),
+                   atomic_load(&g_sp_done), atomic_load(&g_sp_failed),
+                   (long long)self_cpu_us());
+        } else if (strncmp(line, "quit", 4) == 0) {
+            printf("bye\n");
+            break;
+        }
+    }
+    sw_ingress_destroy(ing);
+    atomic_store(&g_sp_stop, 1);
+    for (int i = 0; i < SLOW_PRODUCERS; i++)
+        pthread_join(g_sp[i].th, NULL);
+    sw_conn_close(g_sw_work);
+    nats_Close();
+    return 0;
+}
+
+typedef struct sstream {
+    sw_stream *s;
+    uint64_t next;
+    int done, ok;
+} sstream;
+
+typedef struct sctx {
+    sstream *v;
+    unsigned n, nthreads, items;
+    int64_t delay_ns;
+    atomic_ulong received, order_errors, bad_terms;
+    atomic_uint finished_threads;
+    latch gate;
+    pthread_mutex_t mu;
+    char err[160];
+} sctx;
+
+typedef struct sthr {
+    sctx *c;
+    unsigned idx;
+    pthread_t th;
+} sthr;
+
+/* One consumer thread: every delay, one sw_stream_next(0) on each of its
+ * streams, so no stream is read faster than one item per delay. */
+static void *
+slow_consumer(void *arg)
+{
+    sthr *t = arg;
+    sctx *c = t->c;
+    int64_t tick;
+    latch_wait(&c->gate, -1);
+    tick = now_ns();
+    for (;;) {
+        unsigned active = 0;
+        int64_t now;
+        for (unsigned i = t->idx; i < c->n; i += c->nthreads) {
+            sstream *x = &c->v[i];
+            const sw_item *it;
+            sw_err e;
+            if (x->done)
+                continue;
+            active++;
+            e = sw_stream_next(x->s, &it, 0);
+            if (e == SW_OK && it->kind == SW_ITEM_DATA) {
+                uint64_t idx = UINT64_MAX;
+                if (it->len >= 8)
+                    memcpy(&idx, it->data, 8);
+                if (it->seq != x->next + 1 || idx != x->next)
+                    atomic_fetch_add(&c->order_errors, 1);
+                x->next++;
+                atomic_fetch_add(&c->received, 1);
+            } else if (e == SW_OK) {
+                x->done = 1;
+                x->ok = it->terminal.status == SW_STATUS_COMPLETED && x->next == c->items;
+                if (!x->ok) {
+                    atomic_fetch_add(&c->bad_terms, 1);
+                    pthread_mutex_lock(&c->mu);
+                    if (!c->err[0])
+                        snprintf(c->err, sizeof(c->err), "stream %u: %s/%s after %" PRIu64
+                                 " items", i, sw_status_name(it->terminal.status),
+                                 it->terminal.reason, x->next);
+                    pthread_mutex_unlock(&c->mu);
+                }
+            } else if (e != SW_ETIMEDOUT) {
+                x->done = 1;
+                atomic_fetch_add(&c->bad_terms, 1);
+            }
+        }
+        if (active == 0)
+            break;
+        tick += c->delay_ns;
+        now = now_ns();
+        if (tick < now)
+            tick = now; /* behind: no catching up, never faster than one item per delay */
+        sleep_until_ns(tick);
+    }
+    atomic_fetch_add(&c->finished_threads, 1);
+    return NULL;
+}
+
+/* goal inputs (issue 5, slow) */
+static double g_goal_slow_peak_mib = NAN, g_goal_slow_bound_mib = NAN;
+static double g_goal_slow_pending = NAN;
+static unsigned g_goal_slow_window, g_goal_slow_n;
+static int g_goal_slow_lossless = -1;
+
+static void
+scen_slow(void)
+{
+    unsigned n = cfg.slow_streams, m = cfg.slow_items;
+    unsigned window = cfg.window ? cfg.window : g_default_window;
+    const unsigned cal_n = 8192;
+    child wk;
+    sw_conn *conn;
+    sw_router *rt = NULL;
+    sw_router_opts rto;
+    sw_router_stats rs0, rs1;
+    sctx c;
+    sthr *th;
+    breq q = {BREQ_MAGIC, K_SEND, m, 64, 0, 0};
+    long base, peak, cal0, cal1, wrss = -1;
+    int have_peak;
+    double item_cost = NAN, secs, fixed;
+    uint64_t max_pending = 0, resends = 0, dups = 0, sum_pending = 0;
+    unsigned full_windows = 0;
+    int64_t t0, last_change;
+    unsigned long last_rx = 0, wsent = 0, wdone = 0, wfailed = 0;
+    long long wcpu = 0;
+    char line[160], param[48], note[200];
+    sw_err e;
+
+    progress("9 slow consumers: %u streams x %u items of 64 B, each read at one item per %u ms "
+             "(worker in a child process)",
+             n, m, cfg.slow_delay_ms);
+    {
+        char nbuf[32];
+        char *argv[5];
+        snprintf(nbuf, sizeof(nbuf), "%u", n);
+        argv[0] = (char *)"streamwire-bench";
+        argv[1] = (char *)"--slow-worker";
+        argv[2] = (char *)g_url;
+        argv[3] = nbuf;
+        argv[4] = NULL;
+        child_start(&wk, argv);
+        if (child_line(&wk, line, sizeof(line), 20000) != 0 || strcmp(line, "ready") != 0)
+            die("slow worker did not start");
+    }
+    conn = sw_connect(g_url, "bench-slow-frontend");
+    sw_router_opts_init(&rto);
+    if ((e = sw_router_create(&rt, conn, &rto)) != SW_OK)
+        die("sw_router_create: %s", sw_err_name(e));
+
+    /* Per-item cost at the frontend: one stream whose consumer does not
+     * read until its window (cal_n items) is all queued. */
+    {
+        sw_request_opts ro;
+        sw_stream *s = NULL;
+        sw_stream_stats st;
+        breq cq = {BREQ_MAGIC, K_SEND, cal_n, 64, 0, 0};
+        const sw_item *it;
+        int64_t until = now_ns() + 20000000000LL;
+        malloc_trim(0);
+        cal0 = self_rss_kb();
+        sw_request_opts_init(&ro);
+        ro.endpoint = EP_SLOW;
+        ro.instance_id = INST_SLOW;
+        ro.credit_window = cal_n;
+        if ((e = sw_router_open(&s, rt, &ro, &cq, sizeof(cq))) != SW_OK)
+            die("sw_router_open: %s", sw_err_name(e));
+        do {
+            sleep_ms(5);
+            sw_stream_stats_get(s, &st);
+        } while (st.peak_pending < cal_n && now_ns() < until);
+        cal1 = self_rss_kb();
+        if (st.peak_pending >= cal_n)
+            item_cost = (double)(cal1 - cal0) * 1024.0 / cal_n;
+        while (sw_stream_next(s, &it, 10000) == SW_OK && it->kind == SW_ITEM_DATA) {
+        }
+        sw_stream_close(s);
+    }
+
+    memset(&c, 0, sizeof(c));
+    c.n = n;
+    c.items = m;
+    c.nthreads = cfg.slow_threads;
+    c.delay_ns = (int64_t)cfg.slow_delay_ms * 1000000LL;
+    latch_init(&c.gate);
+    pthread_mutex_init(&c.mu, NULL);
+    if ((c.v = calloc(n, sizeof(*c.v))) == NULL || (th = calloc(c.nthreads, sizeof(*th))) == NULL)
+        die("out of memory");
+    sw_router_stats_get(rt, &rs0);
+    malloc_trim(0);
+    have_peak = reset_peak_rss() == 0;
+    base = self_rss_kb();
+    peak = base;
+    t0 = now_ns();
+    for (unsigned i = 0; i < n; i++) {
+        sw_request_opts ro;
+        sw_request_opts_init(&ro);
+        ro.endpoint = EP_SLOW;
+        ro.instance_id = INST_SLOW;
+        ro.credit_window = cfg.window;
+        if ((e = sw_router_open(&c.v[i].s, rt, &ro, &q, sizeof(q))) != SW_OK)
+            die("slow stream %u: %s", i, sw_err_name(e));
+    }
+    for (unsigned i = 0; i < c.nthreads; i++) {
+        th[i].c = &c;
+        th[i].idx = i;
+        if (pthread_create(&th[i].th, NULL, slow_consumer, &th[i]) != 0)
+            die("pthread_create");
+    }
+    latch_set(&c.gate);
+    last_change = now_ns();
+    while (atomic_load(&c.finished_threads) < c.nthreads) {
+        long v = self_rss_kb();
+        unsigned long rx = atomic_load(&c.received);
+        if (v > peak)
+            peak = v;
+        if (rx != last_rx) {
+            last_rx = rx;
+            last_change = now_ns();
+        } else if (now_ns() - last_change > 30000000000LL) {
+            die("slow consumers: no progress for 30 s at %lu of %llu items", rx,
+                (unsigned long long)n * m);
+        }
+        sleep_ms(20);
+    }
+    secs = (double)(now_ns() - t0) / 1e9;
+    for (unsigned i = 0; i < c.nthreads; i++)
+        pthread_join(th[i].th, NULL);
+    if (have_peak)
+        peak = status_kb("/proc/self/status", "VmHWM");
+    for (unsigned i = 0; i < n; i++) {
+        sw_stream_stats st;
+        sw_stream_stats_get(c.v[i].s, &st);
+        if (st.peak_pending > max_pending)
+            max_pending = st.peak_pending;
+        sum_pending += st.peak_pending;
+        full_windows += st.peak_pending >= window;
+        resends += st.resend_requests;
+        dups += st.duplicates;
+    }
+    sw_router_stats_get(rt, &rs1);
+    for (unsigned i = 0; i < n; i++)
+        sw_stream_close(c.v[i].s);
+    if (child_cmd(&wk, "stat", line, sizeof(line)) == 0)
+        (void)sscanf(line, "stat %ld %lu %lu %lu %lld", &wrss, &wsent, &wdone, &wfailed, &wcpu);
+    sw_router_destroy(rt);
+    sw_conn_close(conn);
+    child_quit(&wk);
+
+    fixed = !isnan(g_goal_idle_bps) ? g_goal_idle_bps : 4096.0;
+    g_goal_slow_peak_mib = (double)(peak - base) / 1024.0;
+    g_goal_slow_bound_mib = isnan(item_cost)
+                                ? NAN
+                                : ((double)n * window * item_cost + (double)n * fixed) / 1048576.0;
+    g_goal_slow_pending = (double)max_pending;
+    g_goal_slow_window = window;
+    g_goal_slow_n = n;
+    g_goal_slow_lossless = atomic_load(&c.received) == (unsigned long)n * m &&
+                           atomic_load(&c.order_errors) == 0 && atomic_load(&c.bad_terms) == 0 &&
+                           rs1.nats_dropped == rs0.nats_dropped;
+
+    snprintf(param, sizeof(param), "%u streams x %u x 64 B, 1 item/%u ms", n, m,
+             cfg.slow_delay_ms);
+    snprintf(note, sizeof(note),
+             "frontend VmHWM - RSS before opening (worker in a child); bound below; %.1f s, "
+             "%.0f items/s consumed",
+             secs, (double)atomic_load(&c.received) / secs);
+    add_row("9 slow consumers", param, "peak RSS MiB", NAN, g_goal_slow_peak_mib, 1, 1, note);
+    snprintf(note, sizeof(note),
+             "streams x (window %u x %.0f B/item + %.0f B/stream fixed, scenario 5%s)", window,
+             item_cost, fixed, isnan(g_goal_idle_bps) ? " not run: 4096 assumed" : "");
+    add_row("9 slow consumers", param, "bound MiB", NAN, g_goal_slow_bound_mib, 1, 1, note);
+    snprintf(note, sizeof(note),
+             "RSS per queued 64 B item: 1 stream, window %u, all queued before reading", cal_n);
+    add_row("9 slow consumers", param, "B/queued item", NAN, item_cost, 1, 0, note);
+    snprintf(note, sizeof(note),
+             "max over streams of sw_stream_stats peak_pending (<= window %u); mean %.0f; %u "
+             "streams reached a full window",
+             window, (double)sum_pending / n, full_windows);
+    add_row("9 slow consumers", param, "peak pending max", NAN, (double)max_pending, 1, 0, note);
+    snprintf(note, sizeof(note),
+             "received %lu of %llu; order errors %lu; bad terminals %lu%s%.60s; resend requests "
+             "%" PRIu64 ", duplicates %" PRIu64,
+             atomic_load(&c.received), (unsigned long long)n * m, atomic_load(&c.order_errors),
+             atomic_load(&c.bad_terms), c.err[0] ? ": " : "", c.err, resends, dups);
+    add_row("9 slow consumers", param, "items lost", NAN,
+            (double)((unsigned long long)n * m - atomic_load(&c.received)), 1, 0, note);
+    snprintf(note, sizeof(note), "sw_router_stats nats_dropped; worker sent %lu items, %lu "
+             "streams done, %lu failed, worker RSS %ld KiB",
+             wsent, wdone, wfailed, wrss);
+    add_row("9 slow consumers", param, "nats dropped", NAN,
+            (double)(rs1.nats_dropped - rs0.nats_dropped), 1, 0, note);
+    latch_fini(&c.gate);
+    pthread_mutex_destroy(&c.mu);
+    free(c.v);
+    free(th);
+}
+
 /* ------------------------------------------------------------------ output */
 
 static void
@@ -1978,10 +3595,13 @@ print_table(void)
 }
 
 typedef struct goal {
+    int issue;
     const char *name, *target;
     char measured[160];
     int known, met;
 } goal;
+
+#define MAX_GOALS 16
 
 static int
 eval_goals(goal *g)
@@ -2013,19 +3633,91 @@ eval_goals(goal *g)
     snprintf(g[n].measured, sizeof(g[n].measured),
              "%.0f B/stream (window %u, no items buffered)", g_goal_idle_bps, g_goal_idle_window);
     n++;
+    for (int i = 0; i < 4; i++)
+        g[i].issue = 6;
+
+    g[n].issue = 4;
+    g[n].name = "SIGKILL -> terminal, p99";
+    g[n].target = "<= 250 ms";
+    g[n].known = !isnan(g_goal_kill_p99);
+    g[n].met = g[n].known && g_goal_kill_p99 <= 250.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.1f ms (%u trials per kind)", g_goal_kill_p99,
+             cfg.trials);
+    n++;
+    g[n].issue = 4;
+    g[n].name = "SIGSTOP -> terminal, p99";
+    g[n].target = "<= 1500 ms";
+    g[n].known = !isnan(g_goal_stop_p99);
+    g[n].met = g[n].known && g_goal_stop_p99 <= 1500.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.1f ms", g_goal_stop_p99);
+    n++;
+    g[n].issue = 4;
+    g[n].name = "report -> all other routers, p99";
+    g[n].target = "<= 1000 ms";
+    g[n].known = !isnan(g_goal_report_p99);
+    g[n].met = g[n].known && g_goal_report_p99 <= 1000.0;
+    snprintf(g[n].measured, sizeof(g[n].measured),
+             "%.1f ms (router B: REMOVED event or last pick, later)", g_goal_report_p99);
+    n++;
+    g[n].issue = 4;
+    g[n].name = "requests to the dead after report";
+    g[n].target = "0";
+    g[n].known = !isnan(g_goal_after_report);
+    g[n].met = g[n].known && g_goal_after_report == 0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.0f over %u trials (router B)",
+             g_goal_after_report, g_goal_loss_n);
+    n++;
+    g[n].issue = 5;
+    g[n].name = "cancel -> handler observes, p99";
+    g[n].target = "<= 20 ms";
+    g[n].known = !isnan(g_goal_cancel_p99);
+    g[n].met = g[n].known && g_goal_cancel_p99 <= 20.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.3f ms (%u trials)", g_goal_cancel_p99,
+             cfg.cancel_trials);
+    n++;
+    g[n].issue = 5;
+    g[n].name = "frontend SIGKILL -> worker cancel, p99";
+    g[n].target = "<= 1000 ms";
+    g[n].known = !isnan(g_goal_fekill_p99);
+    g[n].met = g[n].known && g_goal_fekill_p99 <= 1000.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.1f ms (%u trials)", g_goal_fekill_p99,
+             cfg.trials);
+    n++;
+    g[n].issue = 5;
+    g[n].name = "peak frontend memory, slow streams";
+    g[n].target = "bounded by the window";
+    g[n].known = !isnan(g_goal_slow_peak_mib) && !isnan(g_goal_slow_bound_mib);
+    g[n].met = g[n].known && g_goal_slow_peak_mib <= g_goal_slow_bound_mib &&
+               g_goal_slow_pending <= g_goal_slow_window && g_goal_slow_lossless == 1;
+    snprintf(g[n].measured, sizeof(g[n].measured),
+             "%.1f MiB for %u streams (bound %.1f); peak pending %.0f <= %u; %s",
+             g_goal_slow_peak_mib, g_goal_slow_n, g_goal_slow_bound_mib, g_goal_slow_pending,
+             g_goal_slow_window, g_goal_slow_lossless == 1 ? "lossless" : "LOSS OR DROPS");
+    n++;
+    g[n].issue = 5;
+    g[n].name = "credit protocol cost at 64 B";
+    g[n].target = "state the ratio";
+    g[n].known = cfg.nsizes > 0 && g_credit_cost[0] > 0;
+    g[n].met = g[n].known;
+    snprintf(g[n].measured, sizeof(g[n].measured), "default window / window %u = %.2f",
+             BIG_WINDOW, g_credit_cost[0]);
+    n++;
     return n;
 }
 
 static void
 print_goals(void)
 {
-    goal g[4];
+    goal g[MAX_GOALS];
     int n = eval_goals(g);
-    printf("\ngoals (issue 6; reported, never asserted):\n");
-    for (int i = 0; i < n; i++)
-        printf("  %-36s %-26s %-44s %s\n", g[i].name, g[i].target,
+    printf("\ngoals (issues 4, 5, 6; reported, never asserted):\n");
+    for (int i = 0; i < n; i++) {
+        if (i == 0 || g[i].issue != g[i - 1].issue)
+            printf(" issue %d\n", g[i].issue);
+        printf("  %-38s %-22s %-48s %s\n", g[i].name, g[i].target,
                g[i].known ? g[i].measured : "not run",
                !g[i].known ? "-" : g[i].met ? "MET" : "MISSED");
+    }
     for (int i = 0; i < cfg.nsizes && i < MAX_LIST; i++)
         if (g_credit_cost[i] > 0)
             printf("  credit protocol cost at %zu B: default window / window %u = %.2f\n",
@@ -2060,7 +3752,7 @@ static void
 write_json(const char *path)
 {
     char cpu[128];
-    goal g[4];
+    goal g[MAX_GOALS];
     int ng = eval_goals(g);
     FILE *f = fopen(path, "w");
     if (f == NULL)
@@ -2105,7 +3797,7 @@ write_json(const char *path)
     }
     fprintf(f, "  ],\n  \"goals\": [\n");
     for (int i = 0; i < ng; i++) {
-        fprintf(f, "    {\"goal\": ");
+        fprintf(f, "    {\"issue\": %d, \"goal\": ", g[i].issue);
         json_str(f, g[i].name);
         fprintf(f, ", \"target\": ");
         json_str(f, g[i].target);
@@ -2138,6 +3830,13 @@ usage(FILE *f)
             "  latency  per-item latency at a fixed rate: p50, p99, p99.9\n"
             "  ttfi     time to first item: p50, p99\n"
             "  idle     idle open streams at the frontend: RSS per stream, idle CPU\n"
+            "  loss     issue 4: SIGKILL / SIGSTOP of a worker (child process) mid-stream ->\n"
+            "           terminal at the consumer; dead report -> another router stops\n"
+            "           routing there; requests routed to the dead instance after the report\n"
+            "  cancel   issue 5: sw_stream_cancel -> the handler's cancel callback; SIGKILL of\n"
+            "           a frontend (child process) -> the worker cancels its stream\n"
+            "  slow     issue 5: many concurrent streams to slow consumers: peak frontend RSS\n"
+            "           against the credit-window bound, peak pending, loss, nats.c drops\n"
             "\n"
             "Options:\n"
             "  --server URL        use this nats-server instead of starting one\n"
@@ -2157,6 +3856,17 @@ usage(FILE *f)
             "  --ttfi-streams N    streams for time to first item (default 2000)\n"
             "  --idle-streams N    idle open streams (default 10000)\n"
             "  --idle-cpu-secs S   idle CPU sampling window (default 2)\n"
+            "  --trials N          loss: trials of each kind (SIGKILL, SIGSTOP); cancel:\n"
+            "                      frontend SIGKILL trials (default 20; quick 2)\n"
+            "  --cancel-trials N   cancel -> handler trials (default 200; quick 20)\n"
+            "  --slow-streams N    concurrent slow streams (default 1000; quick 100)\n"
+            "  --slow-items N      items per slow stream (default 600; quick 300)\n"
+            "  --slow-delay-ms N   a slow consumer reads one item per N ms (default 10; quick 2)\n"
+            "  --slow-threads N    consumer threads polling the slow streams (default 4)\n"
+            "  --frozen-frontend   cancel: keep another frontend with a stream SIGSTOPped\n"
+            "                      during the frontend SIGKILL trials (not in the default run)\n"
+            "  --live-frontends N  cancel: N other routers in this process keep a stream open\n"
+            "                      to the worker during the frontend SIGKILL trials (default 0)\n"
             "  --window N          credit window of the streamwire runs (default: the router's\n"
             "                      default); the ingress max_window is raised to match\n"
             "  --no-send-asap      natsOptions_SetSendAsap(false) on every connection, raw and\n"
@@ -2223,7 +3933,8 @@ static void
 parse_args(int argc, char **argv)
 {
     int set_items = 0, set_reps = 0, set_short = 0, set_lat = 0, set_ttfi = 0, set_idle = 0,
-        set_cpu = 0;
+        set_cpu = 0, set_trials = 0, set_ctrials = 0, set_sstreams = 0, set_sitems = 0,
+        set_sdelay = 0;
     size_t off = 0;
     for (int i = 0; i < argc && off < sizeof(g_cmdline) - 1; i++)
         off += (size_t)snprintf(g_cmdline + off, sizeof(g_cmdline) - off, "%s%s", i ? " " : "",
@@ -2239,6 +3950,7 @@ parse_args(int argc, char **argv)
     cfg.nconc = 3;
     cfg.short_items = 10;
     cfg.rate = 2000;
+    cfg.slow_threads = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -2285,6 +3997,27 @@ parse_args(int argc, char **argv)
         } else if (!strcmp(a, "--idle-cpu-secs")) {
             cfg.idle_cpu_secs = atof(need_arg(argc, argv, &i));
             set_cpu = 1;
+        } else if (!strcmp(a, "--trials")) {
+            cfg.trials = (unsigned)atoi(need_arg(argc, argv, &i));
+            set_trials = 1;
+        } else if (!strcmp(a, "--cancel-trials")) {
+            cfg.cancel_trials = (unsigned)atoi(need_arg(argc, argv, &i));
+            set_ctrials = 1;
+        } else if (!strcmp(a, "--slow-streams")) {
+            cfg.slow_streams = (unsigned)atoi(need_arg(argc, argv, &i));
+            set_sstreams = 1;
+        } else if (!strcmp(a, "--slow-items")) {
+            cfg.slow_items = (unsigned)atoi(need_arg(argc, argv, &i));
+            set_sitems = 1;
+        } else if (!strcmp(a, "--slow-delay-ms")) {
+            cfg.slow_delay_ms = (unsigned)atoi(need_arg(argc, argv, &i));
+            set_sdelay = 1;
+        } else if (!strcmp(a, "--live-frontends")) {
+            cfg.live_fe = (unsigned)atoi(need_arg(argc, argv, &i));
+        } else if (!strcmp(a, "--frozen-frontend")) {
+            cfg.frozen_fe = 1;
+        } else if (!strcmp(a, "--slow-threads")) {
+            cfg.slow_threads = (unsigned)atoi(need_arg(argc, argv, &i));
         } else if (!strcmp(a, "--window")) {
             cfg.window = (unsigned)atoi(need_arg(argc, argv, &i));
         } else if (!strcmp(a, "--side")) {
@@ -2318,6 +4051,19 @@ parse_args(int argc, char **argv)
         cfg.idle_n = cfg.quick ? 1000 : 10000;
     if (!set_cpu)
         cfg.idle_cpu_secs = cfg.quick ? 0.3 : 2.0;
+    if (!set_trials)
+        cfg.trials = cfg.quick ? 2 : 20;
+    if (!set_ctrials)
+        cfg.cancel_trials = cfg.quick ? 20 : 200;
+    if (!set_sstreams)
+        cfg.slow_streams = cfg.quick ? 100 : 1000;
+    if (!set_sitems)
+        cfg.slow_items = cfg.quick ? 300 : 600;
+    if (!set_sdelay)
+        cfg.slow_delay_ms = cfg.quick ? 2 : 10;
+    if (cfg.trials == 0 || cfg.cancel_trials == 0 || cfg.slow_streams == 0 ||
+        cfg.slow_items == 0 || cfg.slow_threads == 0 || cfg.slow_threads > 256)
+        goto bad;
     if (cfg.reps == 0 || cfg.reps > 32 || cfg.items == 0 || cfg.short_items == 0 ||
         cfg.rate == 0 || cfg.ttfi_n == 0 || cfg.idle_n == 0 || cfg.short_secs <= 0 ||
         cfg.lat_secs <= 0 || cfg.idle_cpu_secs <= 0)
@@ -2345,6 +4091,18 @@ main(int argc, char **argv)
     if (argc == 4 && strcmp(argv[1], "--idle-worker") == 0) {
         cfg.send_asap = 1;
         return idle_worker_main(argv[2], (unsigned)strtoul(argv[3], NULL, 10));
+    }
+    if (argc == 5 && strcmp(argv[1], "--worker-mode") == 0) {
+        cfg.send_asap = 1;
+        return loss_worker_main(argv[2], argv[3], argv[4]);
+    }
+    if (argc == 3 && strcmp(argv[1], "--frontend-mode") == 0) {
+        cfg.send_asap = 1;
+        return frontend_main(argv[2]);
+    }
+    if (argc == 4 && strcmp(argv[1], "--slow-worker") == 0) {
+        cfg.send_asap = 1;
+        return slow_worker_main(argv[2], (unsigned)strtoul(argv[3], NULL, 10));
     }
     parse_args(argc, argv);
 #ifndef BENCH_HAVE_CALLGRIND
@@ -2415,9 +4173,16 @@ main(int argc, char **argv)
     if (want("idle"))
         scen_idle();
     {
-        int nidle = g_nrows;
-        row idle_rows[16];
+        int nidle, nslow;
+        row idle_rows[16], slow_rows[16];
+        nidle = g_nrows;
         memcpy(idle_rows, g_rows, sizeof(row) * (size_t)nidle);
+        g_nrows = 0;
+        /* Slow consumers next, for the same reason (frontend peak RSS). */
+        if (want("slow"))
+            scen_slow();
+        nslow = g_nrows;
+        memcpy(slow_rows, g_rows, sizeof(row) * (size_t)nslow);
         g_nrows = 0;
         if (want("long"))
             scen_long();
@@ -2429,6 +4194,12 @@ main(int argc, char **argv)
             scen_ttfi();
         memcpy(&g_rows[g_nrows], idle_rows, sizeof(row) * (size_t)nidle);
         g_nrows += nidle;
+        if (want("loss"))
+            scen_loss();
+        if (want("cancel"))
+            scen_cancel();
+        memcpy(&g_rows[g_nrows], slow_rows, sizeof(row) * (size_t)nslow);
+        g_nrows += nslow;
     }
 
     loadavg(g_load_end, sizeof(g_load_end));

@@ -132,6 +132,12 @@ struct sw_stream {
     int pooled; /* counted in the pool and the probe table */
     int routed;     /* the instance was picked by the pool (no instance_id given) */
     int rerouted;   /* already sent elsewhere once after no_responders */
+    /* What sw_stream_instance_id and items show: each buffer is written once
+     * (a re-route happens at most once) and then published through inst_pub,
+     * so a reader never sees a string being rewritten. */
+    char inst_first[SW_MAX_TOKEN + 1];
+    char inst_second[SW_MAX_TOKEN + 1];
+    const char *inst_pub;
     char endpoint[SW_MAX_ENDPOINT + 1];
     uint8_t *req_buf; /* the encoded request, kept until the first answer (re-routing) */
     size_t req_len;
@@ -644,7 +650,7 @@ st_fill_terminal(sw_stream *s)
     s->cur.kind = SW_ITEM_TERMINAL;
     s->cur.seq = s->term_seq;
     s->cur.terminal = s->term;
-    s->cur.instance_id = s->instance;
+    s->cur.instance_id = __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
 }
 
 static void
@@ -656,7 +662,7 @@ st_fill_data(sw_stream *s, swe_q *q)
     s->cur.data = q->data;
     s->cur.len = q->len;
     s->cur.droppable = q->droppable;
-    s->cur.instance_id = s->instance;
+    s->cur.instance_id = __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
 }
 
 /* Pops the next ready item into s->cur (s->mu held). Returns 1 data,
@@ -834,7 +840,7 @@ sw_stream_request_id(const sw_stream *s)
 const char *
 sw_stream_instance_id(const sw_stream *s)
 {
-    return s ? s->instance : "";
+    return s ? __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE) : "";
 }
 
 void
@@ -886,6 +892,8 @@ st_reroute(sw_stream *s)
         rt_inst_del(r, old);
         pthread_mutex_lock(&s->mu);
         memcpy(s->instance, next, sizeof(next));
+        memcpy(s->inst_second, next, sizeof(next));
+        __atomic_store_n(&s->inst_pub, s->inst_second, __ATOMIC_RELEASE);
         (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), next);
         pthread_mutex_unlock(&s->mu);
         moved = 1;
@@ -1445,6 +1453,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
         no_instances = 1;
     }
     snprintf(s->endpoint, sizeof(s->endpoint), "%s", o->endpoint);
+    memcpy(s->inst_first, s->instance, sizeof(s->inst_first));
+    s->inst_pub = s->inst_first;
     s->on_item = o->on_item;
     s->on_item_arg = o->on_item_arg;
     s->window = o->credit_window ? o->credit_window : r->window;

@@ -110,6 +110,10 @@ struct sw_ingress {
     int timer_started;
     pthread_t live;
     int live_started;
+    pthread_mutex_t live_mu;
+    struct swi_frontend *fe; /* frontends being probed, under live_mu */
+    size_t nfe, capfe;
+    natsSubscription *live_sub; /* sw.lv.<instance>.*: probe answers */
     unsigned probe_ms, probe_timeout_ms;
     int stopping;
     int draining;
@@ -127,6 +131,8 @@ ing_unref(sw_ingress *ing)
     if (atomic_fetch_sub(&ing->refs, 1) != 1)
         return;
     swi_idmap_fini(&ing->streams);
+    free(ing->fe);
+    pthread_mutex_destroy(&ing->live_mu);
     pthread_mutex_destroy(&ing->mu);
     pthread_cond_destroy(&ing->cv);
     pthread_cond_destroy(&ing->tick_cv);
@@ -1154,37 +1160,32 @@ ing_timer_main(void *arg)
  * live stream here (sw.rtr.<router>). A dead process has no subscription,
  * and the server answers "no responders" at once; a frozen one times out. */
 
-#define SWI_MAX_FRONTENDS 64
-
-typedef struct {
+/* One frontend with streams here. The table is unbounded and guarded by
+ * ing->live_mu; probes are asynchronous (replies on sw.lv.<instance>.*), so
+ * a frozen frontend never delays the check of the others. */
+typedef struct swi_frontend {
     char id[SW_MAX_TOKEN + 1];
+    int seen;        /* still has a stream here this round */
+    int outstanding; /* a probe is in flight */
+    int64_t sent_ms;
     int misses;
-    int seen;
 } swi_frontend;
 
-typedef struct {
-    swi_frontend *v;
-    size_t n;
-} swi_frontends;
+typedef char swi_fe_id[SW_MAX_TOKEN + 1];
+
+static swi_frontend *
+fe_find(sw_ingress *ing, const char *id)
+{
+    for (size_t i = 0; i < ing->nfe; i++)
+        if (strcmp(ing->fe[i].id, id) == 0)
+            return &ing->fe[i];
+    return NULL;
+}
 
 static void
-frontend_collect(void *val, void *arg)
+fe_remove(sw_ingress *ing, swi_frontend *e)
 {
-    sw_responder *r = val;
-    swi_frontends *f = arg;
-    size_t i;
-    for (i = 0; i < f->n; i++) {
-        if (strcmp(f->v[i].id, r->router_id) == 0) {
-            f->v[i].seen = 1;
-            return;
-        }
-    }
-    if (f->n < SWI_MAX_FRONTENDS) {
-        snprintf(f->v[f->n].id, sizeof(f->v[f->n].id), "%s", r->router_id);
-        f->v[f->n].misses = 0;
-        f->v[f->n].seen = 1;
-        f->n++;
-    }
+    *e = ing->fe[--ing->nfe];
 }
 
 static void
@@ -1222,52 +1223,125 @@ ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
     swi_log(&ing->log, SW_LOG_WARN, "frontend %s %s: cancelled %u stream(s)", router_id, why, n);
 }
 
+/* A frontend answered a probe, or the server said nobody is there. */
+static void
+ing_on_live_reply(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    sw_ingress *ing = arg;
+    const char *id = strrchr(natsMsg_GetSubject(msg), '.');
+    swi_fe_id gone = "";
+    swi_frontend *e;
+    if (id == NULL)
+        goto done;
+    id++;
+    pthread_mutex_lock(&ing->live_mu);
+    if ((e = fe_find(ing, id)) != NULL) {
+        if (natsMsg_IsNoResponders(msg)) {
+            snprintf(gone, sizeof(gone), "%s", e->id);
+            fe_remove(ing, e);
+        } else {
+            e->outstanding = 0;
+            e->misses = 0;
+        }
+    }
+    pthread_mutex_unlock(&ing->live_mu);
+    if (gone[0] != '\0')
+        ing_cancel_frontend(ing, gone, "is gone (no responders)");
+done:
+    natsMsg_Destroy(msg);
+}
+
 static void *
 ing_live_main(void *arg)
 {
     sw_ingress *ing = arg;
-    swi_frontend table[SWI_MAX_FRONTENDS];
-    swi_frontends f = {table, 0};
+    swi_ptrvec vec = {NULL, 0, 0};
+    swi_fe_id *send = NULL, *lost = NULL;
+    size_t cap = 0;
     for (;;) {
-        size_t i, keep = 0;
+        size_t nsend = 0, nlost = 0;
+        int64_t now;
         pthread_mutex_lock(&ing->mu);
         if (!ing->stopping)
             swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + ing->probe_ms);
         if (ing->stopping) {
             pthread_mutex_unlock(&ing->mu);
-            return NULL;
+            break;
         }
-        for (i = 0; i < f.n; i++)
-            f.v[i].seen = 0;
-        /* Every registered stream, including finished ones lingering for a
-         * final ack: probing their frontend costs one request per frontend. */
-        swi_idmap_each(&ing->streams, frontend_collect, &f);
         pthread_mutex_unlock(&ing->mu);
-        for (i = 0; i < f.n; i++) {
-            char subj[SWT_SUBJECT_MAX];
-            natsMsg *reply = NULL;
-            sw_err rv;
-            if (!f.v[i].seen)
-                continue;
-            if (swt_subject_router(subj, sizeof(subj), f.v[i].id) != SW_OK)
-                continue;
-            rv = swt_request(ing->conn, &reply, subj, NULL, 0, ing->probe_timeout_ms);
-            natsMsg_Destroy(reply);
-            if (rv == SW_OK) {
-                f.v[i].misses = 0;
-            } else if (rv == SW_NO_RESPONDERS) {
-                ing_cancel_frontend(ing, f.v[i].id, "is gone (no responders)");
-                f.v[i].seen = 0;
-            } else if (rv == SW_ETIMEDOUT && ++f.v[i].misses >= 2) {
-                ing_cancel_frontend(ing, f.v[i].id, "did not answer two probes");
-                f.v[i].seen = 0;
+        /* Every registered stream names its frontend (router_id never
+         * changes); finished ones lingering for an ack count too. */
+        ing_snapshot(ing, &vec);
+        pthread_mutex_lock(&ing->live_mu);
+        for (size_t i = 0; i < ing->nfe; i++)
+            ing->fe[i].seen = 0;
+        for (size_t i = 0; i < vec.n; i++) {
+            const char *rid = RESP_AT(vec, i)->router_id;
+            swi_frontend *e = fe_find(ing, rid);
+            if (e == NULL) {
+                if (ing->nfe == ing->capfe) {
+                    size_t ncap = ing->capfe ? ing->capfe * 2 : 16;
+                    swi_frontend *nv = realloc(ing->fe, ncap * sizeof(*nv));
+                    if (nv == NULL)
+                        continue;
+                    ing->fe = nv;
+                    ing->capfe = ncap;
+                }
+                e = &ing->fe[ing->nfe++];
+                memset(e, 0, sizeof(*e));
+                snprintf(e->id, sizeof(e->id), "%s", rid);
+            }
+            e->seen = 1;
+        }
+        if (cap < ing->nfe) {
+            swi_fe_id *ns = realloc(send, ing->nfe * sizeof(*ns));
+            swi_fe_id *nl = ns ? realloc(lost, ing->nfe * sizeof(*nl)) : NULL;
+            if (ns != NULL)
+                send = ns;
+            if (nl != NULL) {
+                lost = nl;
+                cap = ing->nfe;
             }
         }
-        for (i = 0; i < f.n; i++)
-            if (f.v[i].seen)
-                f.v[keep++] = f.v[i];
-        f.n = keep;
+        now = swi_now_ms();
+        for (size_t i = 0; i < ing->nfe;) {
+            swi_frontend *e = &ing->fe[i];
+            if (!e->seen) {
+                fe_remove(ing, e);
+                continue;
+            }
+            if (e->outstanding && now - e->sent_ms >= (int64_t)ing->probe_timeout_ms) {
+                e->outstanding = 0;
+                if (++e->misses >= 2 && nlost < cap) {
+                    memcpy(lost[nlost++], e->id, sizeof(swi_fe_id));
+                    fe_remove(ing, e);
+                    continue;
+                }
+            }
+            if (!e->outstanding && nsend < cap) {
+                e->outstanding = 1;
+                e->sent_ms = now;
+                memcpy(send[nsend++], e->id, sizeof(swi_fe_id));
+            }
+            i++;
+        }
+        pthread_mutex_unlock(&ing->live_mu);
+        for (size_t i = 0; i < vec.n; i++)
+            resp_unref(RESP_AT(vec, i));
+        for (size_t i = 0; i < nsend; i++) {
+            char subj[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
+            if (swt_subject_router(subj, sizeof(subj), send[i]) != SW_OK)
+                continue;
+            snprintf(reply, sizeof(reply), "sw.lv.%s.%s", ing->instance_id, send[i]);
+            (void)swt_publish(ing->conn, subj, reply, NULL, 0);
+        }
+        for (size_t i = 0; i < nlost; i++)
+            ing_cancel_frontend(ing, lost[i], "did not answer two probes");
     }
+    free(vec.v);
+    free(send);
+    free(lost);
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -1338,6 +1412,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     if ((drop = getenv("SW_TEST_DROP_RATE")) != NULL)
         swi_ingress_set_drop_rate(ing, atof(drop));
     pthread_mutex_init(&ing->mu, NULL);
+    pthread_mutex_init(&ing->live_mu, NULL);
     swi_cond_init(&ing->cv);
     swi_cond_init(&ing->tick_cv);
     if (swi_idmap_init(&ing->streams, 64) != 0 ||
@@ -1368,6 +1443,12 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         goto fail;
     }
     ing->live_started = 1;
+    {
+        char lv[SWT_SUBJECT_MAX];
+        snprintf(lv, sizeof(lv), "sw.lv.%s.*", ing->instance_id);
+        if ((rv = ing_subscribe(ing, &ing->live_sub, lv, ing_on_live_reply)) != SW_OK)
+            goto fail;
+    }
     if ((rv = ing_subscribe(ing, &ing->ctl_sub, ing->ctl_subj, ing_on_control)) != SW_OK ||
         (rv = ing_subscribe(ing, &ing->req_sub, ing->req_subj, ing_on_request)) != SW_OK)
         goto fail;
@@ -1447,6 +1528,7 @@ ing_stop(sw_ingress *ing)
 {
     sub_drain(ing->conn, &ing->req_sub);
     sub_drain(ing->conn, &ing->ctl_sub);
+    sub_drain(ing->conn, &ing->live_sub);
     pthread_mutex_lock(&ing->mu);
     ing->stopping = 1;
     pthread_cond_broadcast(&ing->cv);

@@ -403,10 +403,12 @@ SW_API sw_err sw_stream_kill(sw_stream *s);
  * In callback mode it may be called from the stream's own callback. NULL ok. */
 SW_API void sw_stream_close(sw_stream *s);
 
-/* Owned by s; valid until close. The instance id is final once the first
- * item arrived: before that, a request routed by the registry that finds no
- * responder on its instance (draining, or just died) is sent once to
- * another instance, and the id changes. */
+/* Owned by s; valid until close. Safe to call from any thread at any time.
+ * The instance id is final once the first item arrived: before that, a
+ * request routed by the registry that finds no responder on its instance
+ * (draining, or just died) is sent once to another instance, and a later
+ * call returns the new id (a string returned earlier stays valid and
+ * unchanged). */
 SW_API const char *sw_stream_request_id(const sw_stream *s);
 SW_API const char *sw_stream_instance_id(const sw_stream *s);
 

@@ -49,6 +49,7 @@ typedef struct rt_inst {
     int64_t sent_ms;    /* when the last probe went out */
     int64_t last_ok_ms; /* last sign of life (probe answer) */
     unsigned misses;
+    int suspect; /* the registry removed it: one unanswered probe is enough */
 } rt_inst;
 
 struct sw_router {
@@ -1052,6 +1053,7 @@ rt_on_probe_reply(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void 
         } else {
             e->last_ok_ms = now;
             e->misses = 0;
+            e->suspect = 0; /* it answered: alive, whatever the registry said */
         }
     }
     pthread_mutex_unlock(&r->mu);
@@ -1088,6 +1090,23 @@ rt_inst_active_since(sw_router *r, const char *id, int64_t since)
     return a.active;
 }
 
+/* The registry removed an instance (another router reported it dead, or
+ * its lease ran out). If we have streams to it, probe it now instead of
+ * waiting for the next round, and let a single miss decide. */
+static void
+rt_on_removed(void *arg, const char *instance)
+{
+    sw_router *r = arg;
+    rt_inst *e;
+    pthread_mutex_lock(&r->mu);
+    if ((e = rt_inst_find(r, instance)) != NULL) {
+        e->suspect = 1;
+        if (!e->outstanding)
+            e->sent_ms = 0; /* due at the next round, within SWE_TICK_MS */
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* One probing round (timer thread). */
 static void
 rt_probe_round(sw_router *r, int64_t now)
@@ -1106,8 +1125,9 @@ rt_probe_round(sw_router *r, int64_t now)
             e->outstanding = 0;
             if (rt_inst_active_since(r, e->id, e->sent_ms)) {
                 e->misses = 0;
+                e->suspect = 0;
                 e->last_ok_ms = now;
-            } else if (++e->misses >= r->probe_misses && lost[0] == '\0') {
+            } else if ((++e->misses >= r->probe_misses || e->suspect) && lost[0] == '\0') {
                 snprintf(lost, sizeof(lost), "%s", e->id);
                 silent = now - e->last_ok_ms;
                 e->misses = 0;
@@ -1308,6 +1328,8 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         po.policy = o->policy;
         po.quarantine_ms = o->quarantine_ms;
         po.log = r->log;
+        po.on_removed = rt_on_removed;
+        po.on_removed_arg = r;
         if ((rv = swr_pool_create(&r->pool, &po)) != SW_OK)
             goto fail;
     }

@@ -26,6 +26,8 @@ struct swr_pool {
     sw_policy policy;
     unsigned quarantine_ms;
     swi_logger log;
+    void (*on_removed)(void *arg, const char *instance);
+    void *on_removed_arg;
     pool_inst *v;
     size_t n, cap;
     size_t rr; /* round-robin cursor */
@@ -94,6 +96,7 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
 {
     swr_pool *p = arg;
     pool_inst *e;
+    int removed = 0;
     pthread_mutex_lock(&p->mu);
     e = pool_get(p, inst->instance_id);
     if (e != NULL) {
@@ -101,6 +104,7 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
         e->revision = inst->revision;
         e->draining = inst->draining;
         if (ev == SW_REGISTRY_REMOVED) {
+            removed = e->live;
             e->live = 0;
         } else {
             if (ev == SW_REGISTRY_ADDED && e->quarantine_until != 0) {
@@ -113,6 +117,8 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
         }
     }
     pthread_mutex_unlock(&p->mu);
+    if (removed && p->on_removed != NULL)
+        p->on_removed(p->on_removed_arg, inst->instance_id);
 }
 
 sw_err
@@ -127,6 +133,8 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
     p->policy = o->policy;
     p->quarantine_ms = o->quarantine_ms ? o->quarantine_ms : 1000;
     p->log = o->log;
+    p->on_removed = o->on_removed;
+    p->on_removed_arg = o->on_removed_arg;
     /* Start round robin at a random place, so that many short-lived routers
      * (one request each) still spread their load. */
     swi_random(&p->rr, sizeof(p->rr));

@@ -16,6 +16,11 @@ typedef struct swr_pool_opts {
     sw_policy policy;
     unsigned quarantine_ms; /* first quarantine; doubles on repeats up to 30 s */
     swi_logger log;
+    /* Called (on the registry thread, no pool lock held) when the registry
+     * removes an instance: reported dead elsewhere, deregistered, or lease
+     * expired. The egress probes it at once. May be NULL. */
+    void (*on_removed)(void *arg, const char *instance);
+    void *on_removed_arg;
 } swr_pool_opts;
 
 sw_err swr_pool_create(swr_pool **out, const swr_pool_opts *o);

@@ -1141,9 +1141,11 @@ two_routers(world *w, int sig)
             r2_lost = strtoull(p + 11, NULL, 10);
     }
     pthread_mutex_unlock(&w->r2.mu);
-    /* It never declared anything dead itself: what it learned came from
-     * the registry. */
-    assert_int_equal(r2_lost, 0);
+    /* Its own probing is off: it learned of the death from the registry.
+     * The REMOVED event makes a router confirm with one probe, so that
+     * streams it still had open to the victim end at once; that
+     * confirmation may count one loss (never more: one victim). */
+    assert_true(r2_lost <= 1);
     for (int i = 0; i < n; i++) {
         int wi = world_widx(w, v[i].inst);
         if (wi == victim) {

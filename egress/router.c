@@ -1242,20 +1242,6 @@ rt_timer_main(void *arg)
 
 /* ---------------------------------------------------------------- router */
 
-static void
-rt_unsubscribe(sw_conn *conn, natsSubscription **sub)
-{
-    if (*sub == NULL)
-        return;
-    if (natsConnection_Status(conn->nc) == NATS_CONN_STATUS_CONNECTED &&
-        natsSubscription_Drain(*sub) == NATS_OK)
-        natsSubscription_WaitForDrainCompletion(*sub, 2000);
-    else
-        natsSubscription_Unsubscribe(*sub);
-    natsSubscription_Destroy(*sub);
-    *sub = NULL;
-}
-
 void
 sw_router_opts_init(sw_router_opts *o)
 {
@@ -1359,9 +1345,9 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     *out = r;
     return SW_OK;
 fail:
-    rt_unsubscribe(r->conn, &r->prb);
-    rt_unsubscribe(r->conn, &r->live);
-    rt_unsubscribe(r->conn, &r->mux);
+    swt_sub_close(r->conn, &r->prb);
+    swt_sub_close(r->conn, &r->live);
+    swt_sub_close(r->conn, &r->mux);
     rt_unref(r);
     return rv;
 }
@@ -1400,15 +1386,9 @@ sw_router_destroy(sw_router *r)
     pthread_mutex_unlock(&r->mu);
     if (r->timer_started)
         pthread_join(r->timer, NULL);
-    rt_unsubscribe(r->conn, &r->live);
-    rt_unsubscribe(r->conn, &r->prb);
-    if (r->mux != NULL) {
-        if (natsConnection_Status(r->conn->nc) == NATS_CONN_STATUS_CONNECTED &&
-            natsSubscription_Drain(r->mux) == NATS_OK)
-            natsSubscription_WaitForDrainCompletion(r->mux, 2000);
-        else
-            natsSubscription_Unsubscribe(r->mux);
-    }
+    swt_sub_close(r->conn, &r->live);
+    swt_sub_close(r->conn, &r->prb);
+    swt_sub_close(r->conn, &r->mux);
     rt_snapshot(r, &vec);
     for (size_t i = 0; i < vec.n; i++) {
         sw_stream *s = ST_AT(vec, i);
@@ -1426,10 +1406,6 @@ sw_router_destroy(sw_router *r)
     if (natsConnection_Status(r->conn->nc) == NATS_CONN_STATUS_CONNECTED)
         natsConnection_FlushTimeout(r->conn->nc, 1000);
     __atomic_store_n(&r->closed, 1, __ATOMIC_RELEASE);
-    if (r->mux != NULL) {
-        natsSubscription_Destroy(r->mux);
-        r->mux = NULL;
-    }
     rt_unref(r);
 }
 

@@ -185,11 +185,12 @@ resp_unref(sw_responder *r)
 
 /* ---------------------------------------------------------------- publish */
 
-/* Builds and packs one wrapper. *out is malloc'd. */
+/* Builds and packs a heartbeat (hb) or a final (term). Data items go
+ * through resp_pack_data. *out is malloc'd. */
 static sw_err
 resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t seq,
-          const void *data, size_t len, int droppable, const swp_terminal *term, int hb,
-          uint64_t hb_last, size_t max, uint8_t **out, size_t *outlen)
+          const swp_terminal *term, int hb, uint64_t hb_last, size_t max, uint8_t **out,
+          size_t *outlen)
 {
     swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
     swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
@@ -199,17 +200,11 @@ resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t 
     w.seq = seq;
     /* The frontend knows the instance it sent to; say it on the first item,
      * heartbeats and the final only, not on every token. */
-    if (seq <= 1 || hb || term != NULL)
-        w.instance_id = (char *)instance;
+    w.instance_id = (char *)instance;
     if (hb) {
         h.last_seq = hb_last;
         w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
         w.heartbeat = &h;
-    } else if (term == NULL) {
-        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
-        w.data.data = (uint8_t *)data;
-        w.data.len = len;
-        w.droppable = droppable != 0;
     } else {
         w.complete_final = 1;
         w.terminal = (swp_terminal *)term;
@@ -357,8 +352,8 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
 
     if (r->closed)
         return SW_ECLOSED;
-    rv = resp_pack(r->id, ing->instance_id, seq, NULL, 0, 0, t, 0, 0, sw_conn_max_payload(ing->conn),
-                   &buf, &len);
+    rv = resp_pack(r->id, ing->instance_id, seq, t, 0, 0, sw_conn_max_payload(ing->conn), &buf,
+                   &len);
     if (rv == SW_EMSGSIZE) {
         /* A message too long for the bus: send the terminal without it. */
         swp_terminal t2 = *t;
@@ -368,8 +363,8 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
             e2.message = (char *)"";
             t2.error = &e2;
         }
-        rv = resp_pack(r->id, ing->instance_id, seq, NULL, 0, 0, &t2, 0, 0,
-                       sw_conn_max_payload(ing->conn), &buf, &len);
+        rv = resp_pack(r->id, ing->instance_id, seq, &t2, 0, 0, sw_conn_max_payload(ing->conn),
+                       &buf, &len);
     }
     if (rv != SW_OK)
         return rv;
@@ -386,16 +381,28 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     return rv;
 }
 
+/* Fills a FAILED terminal: a streamwire code (sw_code != SW_OK) or an
+ * application code token. */
+static void
+term_failed(swp_terminal *t, swp_error *e, sw_err sw_code, const char *app_code,
+            const char *message)
+{
+    t->status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
+    e->sw_code = (uint32_t)sw_code;
+    if (app_code != NULL)
+        e->app_code = (char *)app_code;
+    e->message = (char *)(message ? message : sw_code != SW_OK ? sw_strerror(sw_code) : "");
+    t->error = e;
+}
+
+/* Sends a FAILED final (r->mu held, not terminated). */
 static sw_err
-resp_send_error_final(sw_responder *r, sw_err code, const char *message)
+resp_send_failed(sw_responder *r, sw_err sw_code, const char *app_code, const char *message)
 {
     swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
     swp_error e = STREAMWIRE__V1__ERROR__INIT;
-    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
-    e.sw_code = (uint32_t)code;
-    e.message = (char *)(message ? message : sw_strerror(code));
-    t.error = &e;
-    return resp_send_final(r, &t, SW_STATUS_ERROR);
+    term_failed(&t, &e, sw_code, app_code, message);
+    return resp_send_final(r, &t, sw_code != SW_OK ? SW_STATUS_ERROR : SW_STATUS_FAILED);
 }
 
 /* Fires the cancel callback once, with no lock held. */
@@ -623,19 +630,13 @@ sw_responder_finish(sw_responder *r, sw_status status, const char *reason)
 sw_err
 sw_responder_fail(sw_responder *r, const char *code, const char *message)
 {
-    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
-    swp_error e = STREAMWIRE__V1__ERROR__INIT;
     sw_err rv;
     if (r == NULL || !swi_valid_code(code))
         return SW_EINVAL;
-    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
-    e.app_code = (char *)code;
-    e.message = (char *)(message ? message : "");
-    t.error = &e;
     pthread_mutex_lock(&r->mu);
     rv = resp_check_open(r);
     if (rv == SW_OK)
-        rv = resp_send_final(r, &t, SW_STATUS_FAILED);
+        rv = resp_send_failed(r, SW_OK, code, message);
     pthread_mutex_unlock(&r->mu);
     return rv;
 }
@@ -651,18 +652,6 @@ sw_responder_retain(sw_responder *r)
 }
 
 static void
-resp_fail_released(sw_responder *r, const char *code, const char *message)
-{
-    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
-    swp_error e = STREAMWIRE__V1__ERROR__INIT;
-    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
-    e.app_code = (char *)code;
-    e.message = (char *)message;
-    t.error = &e;
-    (void)resp_send_final(r, &t, SW_STATUS_FAILED);
-}
-
-static void
 resp_drop_hold(sw_responder *r, const char *code, const char *message)
 {
     int last;
@@ -671,7 +660,7 @@ resp_drop_hold(sw_responder *r, const char *code, const char *message)
     if (last && !r->terminated && !r->closed) {
         swi_log(&r->ing->log, SW_LOG_WARN, "stream %s released without a terminal: sending FAILED",
                 r->idhex);
-        resp_fail_released(r, code, message);
+        (void)resp_send_failed(r, SW_OK, code, message);
     }
     pthread_mutex_unlock(&r->mu);
     if (last)
@@ -740,8 +729,7 @@ swi_responder_send_after_final(sw_responder *r, const void *data, size_t len)
         pthread_mutex_unlock(&r->mu);
         return SW_EBUSY;
     }
-    rv = resp_pack(r->id, r->ing->instance_id, r->next_seq++, data, len, 0, NULL, 0, 0,
-                   sw_conn_max_payload(r->ing->conn), &buf, &blen);
+    rv = resp_pack_data(r, r->next_seq++, data, len, 0, &buf, &blen);
     if (rv == SW_OK && !r->closed)
         rv = resp_publish(r, buf, blen);
     free(buf);
@@ -768,12 +756,9 @@ ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_
     swp_error e = STREAMWIRE__V1__ERROR__INIT;
     uint8_t *buf = NULL;
     size_t len = 0;
-    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
-    e.sw_code = (uint32_t)code;
-    e.message = (char *)message;
-    t.error = &e;
-    if (resp_pack(id, ing->instance_id, 1, NULL, 0, 0, &t, 0, 0, sw_conn_max_payload(ing->conn),
-                  &buf, &len) == SW_OK)
+    term_failed(&t, &e, code, NULL, message);
+    if (resp_pack(id, ing->instance_id, 1, &t, 0, 0, sw_conn_max_payload(ing->conn), &buf, &len) ==
+        SW_OK)
         (void)swt_publish(ing->conn, subject, NULL, buf, len);
     free(buf);
 }
@@ -1104,12 +1089,12 @@ ing_tick_one(sw_responder *r, int64_t now)
         if (r->deadline_ms >= 0 && now >= r->deadline_ms) {
             deadline = !r->cancelled;
             r->cancelled = 1;
-            (void)resp_send_error_final(r, SW_DEADLINE_EXCEEDED, "the request deadline passed");
+            (void)resp_send_failed(r, SW_DEADLINE_EXCEEDED, NULL, "the request deadline passed");
         } else if (r->hb_ms != 0 && now - r->last_pub_ms >= (int64_t)r->hb_ms) {
             uint8_t *buf = NULL;
             size_t len = 0;
-            if (resp_pack(r->id, r->ing->instance_id, 0, NULL, 0, 0, NULL, 1, r->next_seq - 1, 0,
-                          &buf, &len) == SW_OK &&
+            if (resp_pack(r->id, r->ing->instance_id, 0, NULL, 1, r->next_seq - 1, 0, &buf,
+                          &len) == SW_OK &&
                 resp_publish(r, buf, len) == SW_OK) {
                 pthread_mutex_lock(&r->ing->mu);
                 r->ing->st.heartbeats++;
@@ -1464,22 +1449,6 @@ fail:
     return rv;
 }
 
-/* Lets a subscription's queued messages finish, then removes it. Without a
- * server there is nothing to drain: unsubscribe at once. */
-static void
-sub_drain(sw_conn *conn, natsSubscription **sub)
-{
-    if (*sub == NULL)
-        return;
-    if (natsConnection_Status(conn->nc) == NATS_CONN_STATUS_CONNECTED &&
-        natsSubscription_Drain(*sub) == NATS_OK)
-        natsSubscription_WaitForDrainCompletion(*sub, 2000);
-    else
-        natsSubscription_Unsubscribe(*sub);
-    natsSubscription_Destroy(*sub);
-    *sub = NULL;
-}
-
 sw_err
 sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
 {
@@ -1492,7 +1461,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     pthread_mutex_lock(&ing->mu);
     ing->draining = 1;
     pthread_mutex_unlock(&ing->mu);
-    sub_drain(ing->conn, &ing->req_sub);
+    swt_sub_close(ing->conn, &ing->req_sub);
     until = swi_now_ms() + (grace_ms > 0 ? grace_ms : 0);
     pthread_mutex_lock(&ing->mu);
     while (ing->inflight > 0 && swi_now_ms() < until)
@@ -1511,7 +1480,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
         if (!r->terminated) {
             newly = !r->cancelled;
             r->cancelled = 1;
-            (void)resp_send_error_final(r, SW_INSTANCE_LOST, "the worker is shutting down");
+            (void)resp_send_failed(r, SW_INSTANCE_LOST, NULL, "the worker is shutting down");
         }
         pthread_mutex_unlock(&r->mu);
         if (newly)
@@ -1526,9 +1495,9 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
 static void
 ing_stop(sw_ingress *ing)
 {
-    sub_drain(ing->conn, &ing->req_sub);
-    sub_drain(ing->conn, &ing->ctl_sub);
-    sub_drain(ing->conn, &ing->live_sub);
+    swt_sub_close(ing->conn, &ing->req_sub);
+    swt_sub_close(ing->conn, &ing->ctl_sub);
+    swt_sub_close(ing->conn, &ing->live_sub);
     pthread_mutex_lock(&ing->mu);
     ing->stopping = 1;
     pthread_cond_broadcast(&ing->cv);

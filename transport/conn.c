@@ -180,20 +180,16 @@ swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, s
     return sw_err_from_nats(s);
 }
 
-sw_err
-swt_request(sw_conn *c, natsMsg **reply, const char *subj, const void *data, size_t len,
-            int64_t timeout_ms)
+void
+swt_sub_close(sw_conn *c, natsSubscription **sub)
 {
-    natsStatus s;
-    size_t max = sw_conn_max_payload(c);
-    *reply = NULL;
-    if ((max != 0 && len > max) || len > (size_t)INT32_MAX)
-        return SW_EMSGSIZE;
-    s = natsConnection_Request(reply, c->nc, subj, data, (int)len, timeout_ms);
-    if (s == NATS_OK && *reply != NULL && natsMsg_IsNoResponders(*reply)) {
-        natsMsg_Destroy(*reply);
-        *reply = NULL;
-        return SW_NO_RESPONDERS;
-    }
-    return sw_err_from_nats(s);
+    if (*sub == NULL)
+        return;
+    if (natsConnection_Status(c->nc) == NATS_CONN_STATUS_CONNECTED &&
+        natsSubscription_Drain(*sub) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(*sub, 2000);
+    else
+        natsSubscription_Unsubscribe(*sub);
+    natsSubscription_Destroy(*sub);
+    *sub = NULL;
 }

@@ -42,9 +42,10 @@ int swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]
  * server's max payload first: SW_EMSGSIZE, nothing sent. */
 sw_err swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len);
 
-/* Request-reply with timeout; *reply owned by caller (natsMsg_Destroy).
- * SW_NO_RESPONDERS when nobody is subscribed, SW_ETIMEDOUT on timeout. */
-sw_err swt_request(sw_conn *c, natsMsg **reply, const char *subj, const void *data, size_t len,
-                   int64_t timeout_ms);
+/* Removes a subscription: lets the messages it already has run through its
+ * callback (drain, up to 2 s) when connected, unsubscribes at once when
+ * not, then destroys it and sets *sub to NULL. When it returns, the
+ * callback is not running. NULL *sub is a no-op. */
+void swt_sub_close(sw_conn *c, natsSubscription **sub);
 
 #endif

@@ -29,14 +29,11 @@
  * Only the public API (streamwire.h, nats.h) is used. See BENCHMARKS.md.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -49,7 +46,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -59,6 +55,8 @@
 #include <nats/nats.h>
 #include <streamwire/registry.h>
 #include <streamwire/streamwire.h>
+
+#include "../cmd/natsd.h"
 
 /* Scenario 6 (optional): under valgrind --tool=callgrind --instr-atstart=no,
  * --callgrind collects only during each long- and short-stream run and dumps
@@ -384,9 +382,10 @@ latch_wait(latch *l, int64_t timeout_ns)
 
 /* ------------------------------------------------------------------ nats-server */
 
-static pid_t g_server_pid = -1;
-static char g_server_dir[64];
-static char g_server_url[64];
+/* Our own nats-server (not with --server), started and stopped by the shared
+ * launcher in cmd/natsd.c (also used by the CLI demo and the integration
+ * tests). Its pid gives the server CPU and RSS figures (/proc). */
+static swh_nats g_nats;
 static char g_server_version[64] = "external";
 /* Child processes (workers, frontends) started by this process; killed on
  * exit. Only the main thread adds and removes; the signal handler reads. */
@@ -411,15 +410,6 @@ kid_del(pid_t pid)
             g_kids[i] = 0;
 }
 
-static int
-rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static void
 cleanup(void)
 {
@@ -432,23 +422,7 @@ cleanup(void)
             g_kids[i] = 0;
         }
     }
-    if (g_server_pid > 0) {
-        int waited = 0;
-        kill(g_server_pid, SIGTERM);
-        while (waited < 3000 && waitpid(g_server_pid, NULL, WNOHANG) == 0) {
-            sleep_ms(20);
-            waited += 20;
-        }
-        if (waited >= 3000) {
-            kill(g_server_pid, SIGKILL);
-            waitpid(g_server_pid, NULL, 0);
-        }
-        g_server_pid = -1;
-    }
-    if (g_server_dir[0] != '\0') {
-        nftw(g_server_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-        g_server_dir[0] = '\0';
-    }
+    swh_nats_stop(&g_nats);
 }
 
 /* Async-signal-safe version of cleanup for SIGINT/SIGTERM. */
@@ -460,14 +434,14 @@ on_signal(int sig)
             kill(g_kids[i], SIGKILL);
             kill(g_kids[i], SIGCONT);
         }
-    if (g_server_pid > 0) {
-        kill(g_server_pid, SIGKILL);
-        waitpid(g_server_pid, NULL, 0);
+    if (g_nats.pid > 0) {
+        kill(g_nats.pid, SIGKILL);
+        waitpid(g_nats.pid, NULL, 0);
     }
-    if (g_server_dir[0] != '\0') {
+    if (g_nats.dir[0] != '\0') {
         pid_t p = fork();
         if (p == 0) {
-            execlp("rm", "rm", "-rf", g_server_dir, (char *)NULL);
+            execlp("rm", "rm", "-rf", g_nats.dir, (char *)NULL);
             _exit(127);
         }
         if (p > 0)
@@ -476,61 +450,17 @@ on_signal(int sig)
     _exit(128 + sig);
 }
 
-static int
-free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t al = sizeof(a);
-    int port = -1;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &al) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
-static int
-port_open(int port)
-{
-    struct sockaddr_in a;
-    int ok;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return 0;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons((uint16_t)port);
-    ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-    close(fd);
-    return ok;
-}
-
+/* "nats-server: vX.Y.Z" of the running server's binary. */
 static void
-dump_server_log(void)
+server_version(pid_t pid)
 {
-    char path[128], line[512];
-    FILE *f;
-    snprintf(path, sizeof(path), "%s/server.log", g_server_dir);
-    if ((f = fopen(path, "r")) == NULL)
-        return;
-    fprintf(stderr, "--- nats-server log ---\n");
-    while (fgets(line, sizeof(line), f))
-        fputs(line, stderr);
-    fclose(f);
-}
-
-static void
-server_version(const char *bin)
-{
-    char cmd[600];
+    char exe[64], bin[1024], cmd[1100];
+    ssize_t n;
     FILE *p;
+    snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)pid);
+    if ((n = readlink(exe, bin, sizeof(bin) - 1)) <= 0)
+        return;
+    bin[n] = '\0';
     snprintf(cmd, sizeof(cmd), "'%s' --version 2>&1", bin);
     if ((p = popen(cmd, "r")) == NULL)
         return;
@@ -539,72 +469,43 @@ server_version(const char *bin)
     pclose(p);
 }
 
-/* Starts nats-server -js on a free port with a fresh store dir. Called before
- * any thread exists (it forks). */
+/* Starts nats-server -js on a free port with a fresh store dir (cmd/natsd.c).
+ * bin (--nats-server) is handed to the launcher as SW_NATS_SERVER; a name
+ * without a slash is looked up on PATH first, as execlp did. NULL: the
+ * launcher's default (SW_NATS_SERVER, else nats-server on PATH). Called
+ * before any thread exists (it forks). */
 static void
 start_server(const char *bin)
 {
-    snprintf(g_server_dir, sizeof(g_server_dir), "/tmp/swbench.XXXXXX");
-    if (mkdtemp(g_server_dir) == NULL) {
-        g_server_dir[0] = '\0';
-        die("mkdtemp: %s", strerror(errno));
+    if (bin != NULL && strchr(bin, '/') == NULL) {
+        static char found[1024];
+        const char *path = getenv("PATH");
+        for (found[0] = '\0'; path != NULL && *path != '\0' && found[0] == '\0';) {
+            size_t len = strcspn(path, ":");
+            snprintf(found, sizeof(found), "%.*s/%s", (int)len, path, bin);
+            if (len == 0 || access(found, X_OK) != 0)
+                found[0] = '\0';
+            path = path[len] == ':' ? path + len + 1 : NULL;
+        }
+        if (found[0] == '\0')
+            die("%s not found on PATH (use --nats-server PATH or --server)", bin);
+        bin = found;
     }
-    for (int attempt = 0; attempt < 3; attempt++) {
-        char portstr[16], logpath[128];
-        int port = free_port();
-        pid_t pid;
-        if (port <= 0)
-            die("cannot pick a free port");
-        snprintf(portstr, sizeof(portstr), "%d", port);
-        snprintf(logpath, sizeof(logpath), "%s/server.log", g_server_dir);
-        pid = fork();
-        if (pid < 0)
-            die("fork: %s", strerror(errno));
-        if (pid == 0) {
-            int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (fd >= 0) {
-                dup2(fd, 1);
-                dup2(fd, 2);
-                close(fd);
-            }
-            execlp(bin, bin, "-js", "-a", "127.0.0.1", "-p", portstr, "-sd", g_server_dir,
-                   (char *)NULL);
-            fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
-            _exit(127);
-        }
-        g_server_pid = pid;
-        for (int waited = 0; waited < 10000; waited += 20) {
-            int st;
-            if (waitpid(pid, &st, WNOHANG) == pid) {
-                g_server_pid = -1;
-                break;
-            }
-            if (port_open(port)) {
-                snprintf(g_server_url, sizeof(g_server_url), "nats://127.0.0.1:%d", port);
-                server_version(bin);
-                return;
-            }
-            sleep_ms(20);
-        }
-        if (g_server_pid > 0) {
-            kill(g_server_pid, SIGKILL);
-            waitpid(g_server_pid, NULL, 0);
-            g_server_pid = -1;
-        }
-        dump_server_log();
-        progress("nats-server did not start on port %d (attempt %d)", port, attempt + 1);
-    }
-    die("could not start %s (is it on PATH? use --nats-server or --server)", bin);
+    if (bin != NULL)
+        setenv("SW_NATS_SERVER", bin, 1);
+    if (swh_nats_start(&g_nats, NULL) != 0)
+        die("could not start %s (is it on PATH? use --nats-server or --server)",
+            bin != NULL ? bin : "nats-server");
+    server_version(g_nats.pid);
 }
 
 static long
 server_rss_kb(void)
 {
     char path[64];
-    if (g_server_pid <= 0)
+    if (g_nats.pid <= 0)
         return -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)g_server_pid);
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)g_nats.pid);
     return status_kb(path, "VmRSS");
 }
 
@@ -616,9 +517,9 @@ server_cpu_us(void)
     FILE *f;
     char *p;
     unsigned long ut = 0, st = 0;
-    if (g_server_pid <= 0)
+    if (g_nats.pid <= 0)
         return -1;
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)g_server_pid);
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)g_nats.pid);
     if ((f = fopen(path, "r")) == NULL)
         return -1;
     p = fgets(buf, sizeof(buf), f);
@@ -1723,25 +1624,72 @@ idle_cpu(child *c, idle_res *r)
     r->cpu_server = s0 >= 0 && s1 >= 0 ? (double)(s1 - s0) / 1e4 / secs : NAN;
 }
 
+/* RSS bookkeeping around opening n idle streams, the same for raw and sw:
+ * idle_open_begin before the first open, idle_open_tick after each,
+ * idle_open_end once all are open (waits until the worker holds them, fills
+ * the RSS and open-time figures of r, then measures idle CPU). */
+typedef struct idle_open {
+    cstat c0;
+    long base, peak, srv0;
+    int64_t t0;
+    int have_peak;
+} idle_open;
+
+static void
+idle_open_begin(child *c, idle_open *o)
+{
+    child_stat(c, &o->c0);
+    malloc_trim(0);
+    o->have_peak = reset_peak_rss() == 0;
+    o->base = self_rss_kb();
+    o->peak = o->base;
+    o->srv0 = server_rss_kb();
+    o->t0 = now_ns();
+}
+
+static void
+idle_open_tick(idle_open *o, unsigned i)
+{
+    if (i % 1000 == 999) {
+        long v = self_rss_kb();
+        if (v > o->peak)
+            o->peak = v;
+    }
+}
+
+static void
+idle_open_end(child *c, idle_open *o, int sw, unsigned n, idle_res *r)
+{
+    cstat c1;
+    long after, srv1;
+    idle_wait(c, sw, (sw ? o->c0.sw : o->c0.raw) + n, &c1);
+    r->open_secs = (double)(now_ns() - o->t0) / 1e9;
+    after = self_rss_kb();
+    if (o->have_peak)
+        o->peak = status_kb("/proc/self/status", "VmHWM");
+    else if (after > o->peak)
+        o->peak = after;
+    srv1 = server_rss_kb();
+    r->bytes_per_stream = (double)(after - o->base) * 1024.0 / n;
+    r->peak_bytes_per_stream = (double)(o->peak - o->base) * 1024.0 / n;
+    r->worker_bytes_per_stream = (double)(c1.rss_kb - o->c0.rss_kb) * 1024.0 / n;
+    r->server_bytes_per_stream =
+        o->srv0 > 0 && srv1 > 0 ? (double)(srv1 - o->srv0) * 1024.0 / n : NAN;
+    progress("  %s: %u open, RSS %+ld KiB (peak %+ld KiB); measuring idle CPU", sw ? "sw" : "raw",
+             n, after - o->base, o->peak - o->base);
+    idle_cpu(c, r);
+}
+
 static void
 idle_raw(child *c, unsigned n, idle_res *r)
 {
     natsInbox **inbox = calloc(n, sizeof(*inbox));
     natsSubscription **sub = calloc(n, sizeof(*sub));
     breq q = {BREQ_MAGIC, K_IDLE, 0, 0, 0, 0};
-    cstat c0, c1;
-    long base, after, peak, srv0, srv1;
-    int64_t t0;
-    int have_peak;
+    idle_open o;
     if (inbox == NULL || sub == NULL)
         die("out of memory");
-    child_stat(c, &c0);
-    malloc_trim(0);
-    have_peak = reset_peak_rss() == 0;
-    base = self_rss_kb();
-    peak = base;
-    srv0 = server_rss_kb();
-    t0 = now_ns();
+    idle_open_begin(c, &o);
     for (unsigned i = 0; i < n; i++) {
         natsStatus s = natsInbox_Create(&inbox[i]);
         if (s == NATS_OK)
@@ -1751,28 +1699,10 @@ idle_raw(child *c, unsigned n, idle_res *r)
                                               (int)sizeof(q));
         if (s != NATS_OK)
             die("raw idle stream %u: %s", i, natsStatus_GetText(s));
-        if (i % 1000 == 999) {
-            long v = self_rss_kb();
-            if (v > peak)
-                peak = v;
-        }
+        idle_open_tick(&o, i);
     }
     (void)natsConnection_Flush(g_raw_front);
-    idle_wait(c, 0, c0.raw + n, &c1);
-    r->open_secs = (double)(now_ns() - t0) / 1e9;
-    after = self_rss_kb();
-    if (have_peak)
-        peak = status_kb("/proc/self/status", "VmHWM");
-    else if (after > peak)
-        peak = after;
-    srv1 = server_rss_kb();
-    r->bytes_per_stream = (double)(after - base) * 1024.0 / n;
-    r->peak_bytes_per_stream = (double)(peak - base) * 1024.0 / n;
-    r->worker_bytes_per_stream = (double)(c1.rss_kb - c0.rss_kb) * 1024.0 / n;
-    r->server_bytes_per_stream = srv0 > 0 && srv1 > 0 ? (double)(srv1 - srv0) * 1024.0 / n : NAN;
-    progress("  raw: %u open, RSS %+ld KiB (peak %+ld KiB); measuring idle CPU", n, after - base,
-             peak - base);
-    idle_cpu(c, r);
+    idle_open_end(c, &o, 0, n, r);
     for (unsigned i = 0; i < n; i++) {
         natsSubscription_Unsubscribe(sub[i]);
         natsSubscription_Destroy(sub[i]);
@@ -1790,10 +1720,7 @@ idle_sw(child *c, unsigned n, idle_res *r)
     breq q = {BREQ_MAGIC, K_IDLE, 0, 0, 0, 0};
     sw_request_opts ro;
     sw_router_stats rs0, rs1;
-    cstat c0, c1;
-    long base, after, peak, srv0, srv1;
-    int64_t t0;
-    int have_peak;
+    idle_open o;
     char line[64];
     if (ss == NULL)
         die("out of memory");
@@ -1801,39 +1728,15 @@ idle_sw(child *c, unsigned n, idle_res *r)
     ro.endpoint = EP_IDLE;
     ro.instance_id = INST_IDLE;
     ro.credit_window = cfg.window;
-    child_stat(c, &c0);
     sw_router_stats_get(g_router, &rs0);
-    malloc_trim(0);
-    have_peak = reset_peak_rss() == 0;
-    base = self_rss_kb();
-    peak = base;
-    srv0 = server_rss_kb();
-    t0 = now_ns();
+    idle_open_begin(c, &o);
     for (unsigned i = 0; i < n; i++) {
         sw_err e = sw_router_open(&ss[i], g_router, &ro, &q, sizeof(q));
         if (e != SW_OK)
             die("sw idle stream %u: %s", i, sw_err_name(e));
-        if (i % 1000 == 999) {
-            long v = self_rss_kb();
-            if (v > peak)
-                peak = v;
-        }
+        idle_open_tick(&o, i);
     }
-    idle_wait(c, 1, c0.sw + n, &c1);
-    r->open_secs = (double)(now_ns() - t0) / 1e9;
-    after = self_rss_kb();
-    if (have_peak)
-        peak = status_kb("/proc/self/status", "VmHWM");
-    else if (after > peak)
-        peak = after;
-    srv1 = server_rss_kb();
-    r->bytes_per_stream = (double)(after - base) * 1024.0 / n;
-    r->peak_bytes_per_stream = (double)(peak - base) * 1024.0 / n;
-    r->worker_bytes_per_stream = (double)(c1.rss_kb - c0.rss_kb) * 1024.0 / n;
-    r->server_bytes_per_stream = srv0 > 0 && srv1 > 0 ? (double)(srv1 - srv0) * 1024.0 / n : NAN;
-    progress("  sw: %u open, RSS %+ld KiB (peak %+ld KiB); measuring idle CPU", n, after - base,
-             peak - base);
-    idle_cpu(c, r);
+    idle_open_end(c, &o, 1, n, r);
     sw_router_stats_get(g_router, &rs1);
     {
         uint64_t ended = 0;
@@ -2328,14 +2231,27 @@ typedef struct ltrial {
     int64_t after_report_lag; /* latest such pick - report */
 } ltrial;
 
-/* Latency summary of a set of ns values: sorted in place; ms. */
-static void
-ms_summary(int64_t *v, size_t n, double *p50, double *p99, double *mx)
+/* The rows of a streamwire-only latency set (raw column "-"): "p50 <unit>"
+ * (note50), "p99 <unit>" (note99) and, when with_max, "max <unit>". v holds n
+ * ns values, sorted in place; unit is "ms" or "us". Returns the p99. */
+static double
+lat_rows_sw(const char *scen, const char *param, int64_t *v, size_t n, const char *unit,
+            int prec, int with_max, const char *note50, const char *note99)
 {
+    double div = strcmp(unit, "ms") == 0 ? 1e6 : 1e3;
+    double p99;
+    char metric[16];
     qsort(v, n, sizeof(*v), cmp_i64);
-    *p50 = pct(v, n, 0.50) / 1e6;
-    *p99 = pct(v, n, 0.99) / 1e6;
-    *mx = n ? (double)v[n - 1] / 1e6 : NAN;
+    p99 = pct(v, n, 0.99) / div;
+    snprintf(metric, sizeof(metric), "p50 %s", unit);
+    add_row(scen, param, metric, NAN, pct(v, n, 0.50) / div, 1, prec, note50);
+    snprintf(metric, sizeof(metric), "p99 %s", unit);
+    add_row(scen, param, metric, NAN, p99, 1, prec, note99);
+    if (with_max) {
+        snprintf(metric, sizeof(metric), "max %s", unit);
+        add_row(scen, param, metric, NAN, n ? (double)v[n - 1] / div : NAN, 1, prec, "");
+    }
+    return p99;
 }
 
 /* goal inputs (issue 4) */
@@ -2348,7 +2264,7 @@ loss_rows(ltrial *tr, unsigned ntr, const char *err)
 {
     int64_t *v = calloc(ntr + 1, sizeof(int64_t));
     size_t n;
-    double p50, p99, mx;
+    double p99;
     char param[48], note[200];
     unsigned lost[2] = {0, 0}, ran[2] = {0, 0}, after[2] = {0, 0}, afterf[2] = {0, 0};
     unsigned reported = 0, dead_picks[2] = {0, 0}, after_view[2] = {0, 0};
@@ -2373,16 +2289,13 @@ loss_rows(ltrial *tr, unsigned ntr, const char *err)
         for (unsigned i = 0; i < ntr; i++)
             if (tr[i].ok && tr[i].stop == stop && tr[i].term_t)
                 v[n++] = tr[i].term_t - tr[i].kill_t;
-        ms_summary(v, n, &p50, &p99, &mx);
         snprintf(param, sizeof(param), "%s mid-stream -> terminal, %zu trials", sig, n);
         snprintf(note, sizeof(note),
                  "terminal instance_lost in %u/%u; router A defaults (probe %s)%s%.100s",
                  lost[stop], ran[stop], stop ? "100 ms, timeout 300 ms x 2 misses" : "100 ms",
                  err[0] ? "; " : "", err);
-        add_row("7 instance loss", param, "p50 ms", NAN, p50, 1, 1, note);
-        add_row("7 instance loss", param, "p99 ms", NAN, p99, 1, 1,
-                stop ? "goal <= 1500 ms (issue 4)" : "goal <= 250 ms (issue 4)");
-        add_row("7 instance loss", param, "max ms", NAN, mx, 1, 1, "");
+        p99 = lat_rows_sw("7 instance loss", param, v, n, "ms", 1, 1, note,
+                          stop ? "goal <= 1500 ms (issue 4)" : "goal <= 250 ms (issue 4)");
         if (stop)
             g_goal_stop_p99 = p99;
         else
@@ -2393,41 +2306,35 @@ loss_rows(ltrial *tr, unsigned ntr, const char *err)
     for (unsigned i = 0; i < ntr; i++)
         if (tr[i].ok && tr[i].rep_t && tr[i].term_t)
             v[n++] = tr[i].rep_t - tr[i].term_t;
-    ms_summary(v, n, &p50, &p99, &mx);
     snprintf(param, sizeof(param), "A's terminal -> report stored, %zu trials", n);
     snprintf(note, sizeof(note),
              "report time = router A's registry logs the stored tombstone; %u/%u trials "
              "reported",
              reported, ran[0] + ran[1]);
-    add_row("7 instance loss", param, "p50 ms", NAN, p50, 1, 2, note);
-    add_row("7 instance loss", param, "p99 ms", NAN, p99, 1, 2, "");
+    lat_rows_sw("7 instance loss", param, v, n, "ms", 2, 0, note, "");
     for (int stop = 1; stop >= 0; stop--) {
         const char *sig = stop ? "SIGSTOP" : "SIGKILL";
         n = 0;
         for (unsigned i = 0; i < ntr; i++)
             if (tr[i].ok && tr[i].stop == stop && tr[i].rep_t && tr[i].b_last_dead_t)
                 v[n++] = tr[i].b_last_dead_t - tr[i].rep_t;
-        ms_summary(v, n, &p50, &p99, &mx);
         snprintf(param, sizeof(param), "report -> B's last pick of it, %s", sig);
         snprintf(note, sizeof(note),
                  stop ? "signed; B: own conn+registry+router, probes off, a request every 2 ms "
                         "round robin over all live workers"
                       : "< 0: B had stopped before the report (its own no-responders re-route "
                         "quarantines locally)");
-        add_row("7 instance loss", param, "p50 ms", NAN, p50, 1, 1, note);
-        add_row("7 instance loss", param, "p99 ms", NAN, p99, 1, 1, "");
-        add_row("7 instance loss", param, "max ms", NAN, mx, 1, 1, "");
+        lat_rows_sw("7 instance loss", param, v, n, "ms", 1, 1, note, "");
     }
     n = 0;
     for (unsigned i = 0; i < ntr; i++)
         if (tr[i].ok && tr[i].rep_t && tr[i].rm_b_t)
             v[n++] = tr[i].rm_b_t - tr[i].rep_t;
-    ms_summary(v, n, &p50, &p99, &mx);
     snprintf(param, sizeof(param), "report -> REMOVED at router B, %zu trials", n);
-    add_row("7 instance loss", param, "p50 ms", NAN, p50, 1, 2,
-            "watch event in B's registry handle; from then on B's pool can pick survivors only");
-    add_row("7 instance loss", param, "p99 ms", NAN, p99, 1, 2, "");
-    add_row("7 instance loss", param, "max ms", NAN, mx, 1, 2, "");
+    lat_rows_sw("7 instance loss", param, v, n, "ms", 2, 1,
+                "watch event in B's registry handle; from then on B's pool can pick survivors "
+                "only",
+                "");
     /* goal: report -> all other routers = max(B stops picking, B's view) */
     n = 0;
     for (unsigned i = 0; i < ntr; i++)
@@ -2435,8 +2342,8 @@ loss_rows(ltrial *tr, unsigned ntr, const char *err)
             int64_t a = tr[i].rm_b_t, b = tr[i].b_last_dead_t ? tr[i].b_last_dead_t : a;
             v[n++] = (a > b ? a : b) - tr[i].rep_t;
         }
-    ms_summary(v, n, &p50, &p99, &mx);
-    g_goal_report_p99 = p99;
+    qsort(v, n, sizeof(*v), cmp_i64);
+    g_goal_report_p99 = pct(v, n, 0.99) / 1e6;
     for (int stop = 1; stop >= 0; stop--) {
         snprintf(param, sizeof(param), "B requests to dead after report, %s",
                  stop ? "SIGSTOP" : "SIGKILL");
@@ -2872,7 +2779,6 @@ scen_cancel(void)
     pthread_condattr_t ca;
     breq q = {BREQ_MAGIC, K_SEND, 1000000, 64, 1000, 0};
     char err[160] = "", kerr[160] = "", param[48], note[200];
-    double p50, p99, mx;
     sw_router **live_rt = NULL;
     sw_stream **live_st = NULL;
     sw_err e;
@@ -3069,32 +2975,23 @@ scen_cancel(void)
     }
     pthread_mutex_unlock(&g_cs_mu);
 
-    qsort(lat, got, sizeof(int64_t), cmp_i64);
     snprintf(param, sizeof(param), "sw_stream_cancel -> on_cancel, %zu trials", got);
     snprintf(note, sizeof(note),
              "same process, separate sw_conn; data items after cancel %lu; non-cancelled "
              "terminals %lu; errors %lu%s%.60s",
              data_after, bad_term, errors, err[0] ? ": " : "", err);
-    add_row("8 cancel", param, "p50 us", NAN, pct(lat, got, 0.5) / 1e3, 1, 1, note);
-    add_row("8 cancel", param, "p99 us", NAN, pct(lat, got, 0.99) / 1e3, 1, 1,
-            "goal <= 20 ms (issue 5)");
-    add_row("8 cancel", param, "max us", NAN, got ? (double)lat[got - 1] / 1e3 : NAN, 1, 1, "");
+    lat_rows_sw("8 cancel", param, lat, got, "us", 1, 1, note, "goal <= 20 ms (issue 5)");
     g_goal_cancel_p99 = pct(lat, got, 0.99) / 1e6;
-    qsort(stop, ngot_stop, sizeof(int64_t), cmp_i64);
     snprintf(param, sizeof(param), "sw_stream_cancel -> send fails, %zu trials", ngot_stop);
-    add_row("8 cancel", param, "p50 us", NAN, pct(stop, ngot_stop, 0.5) / 1e3, 1, 1,
-            "handler sends every 1 ms: its next send returns SW_ECANCELLED");
-    add_row("8 cancel", param, "p99 us", NAN, pct(stop, ngot_stop, 0.99) / 1e3, 1, 1, "");
-    ms_summary(klat, kgot, &p50, &p99, &mx);
+    lat_rows_sw("8 cancel", param, stop, ngot_stop, "us", 1, 0,
+                "handler sends every 1 ms: its next send returns SW_ECANCELLED", "");
     snprintf(param, sizeof(param), "frontend SIGKILL -> on_cancel, %zu trials", kgot);
     snprintf(note, sizeof(note),
              "frontend is a child process; worker frontend_probe_ms 250 (default); "
              "frontends_lost +%" PRIu64 "; errors %lu%s%.60s",
              is1.frontends_lost - is0.frontends_lost, kerrors, kerr[0] ? ": " : "", kerr);
-    add_row("8 cancel", param, "p50 ms", NAN, p50, 1, 1, note);
-    add_row("8 cancel", param, "p99 ms", NAN, p99, 1, 1, "goal <= 1000 ms (issue 5)");
-    add_row("8 cancel", param, "max ms", NAN, mx, 1, 1, "");
-    g_goal_fekill_p99 = p99;
+    g_goal_fekill_p99 =
+        lat_rows_sw("8 cancel", param, klat, kgot, "ms", 1, 1, note, "goal <= 1000 ms (issue 5)");
     free(lat);
     free(stop);
     free(klat);
@@ -3840,8 +3737,9 @@ usage(FILE *f)
             "\n"
             "Options:\n"
             "  --server URL        use this nats-server instead of starting one\n"
-            "  --nats-server PATH  nats-server binary to start (default: nats-server on PATH);\n"
-            "                      it runs with -js -a 127.0.0.1 -p <free port> -sd <tmp dir>\n"
+            "  --nats-server PATH  nats-server binary to start (default: $SW_NATS_SERVER, else\n"
+            "                      nats-server on PATH); it runs with -js -a 127.0.0.1\n"
+            "                      -p <free port> -sd <tmp dir>/js (cmd/natsd.c)\n"
             "  --json FILE         also write the results as JSON\n"
             "  --quick             small sizes, a few seconds (CI smoke; never assert figures)\n"
             "  --only LIST         run only these scenarios (default: all)\n"
@@ -3939,7 +3837,6 @@ parse_args(int argc, char **argv)
     for (int i = 0; i < argc && off < sizeof(g_cmdline) - 1; i++)
         off += (size_t)snprintf(g_cmdline + off, sizeof(g_cmdline) - off, "%s%s", i ? " " : "",
                                 i ? argv[i] : "streamwire-bench");
-    cfg.nats_server = "nats-server";
     cfg.send_asap = 1;
     cfg.sizes[0] = 64;
     cfg.sizes[1] = 1024;
@@ -4122,8 +4019,8 @@ main(int argc, char **argv)
         g_url = cfg.server_url;
     } else {
         start_server(cfg.nats_server);
-        g_url = g_server_url;
-        progress("started %s at %s (store %s)", g_server_version, g_url, g_server_dir);
+        g_url = g_nats.url;
+        progress("started %s at %s (store %s/js)", g_server_version, g_url, g_nats.dir);
     }
 
     /* raw side */

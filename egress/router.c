@@ -951,6 +951,22 @@ rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
         goto done;
     }
     st_on_item(s, w);
+    /* A batch: the items the worker had queued behind the first, in order,
+     * each handled as if it had come in a message of its own. */
+    for (size_t i = 0; i < w->n_batch; i++) {
+        const swp_batched *b = w->batch[i];
+        swp_item one = *w;
+        one.n_batch = 0;
+        one.batch = NULL;
+        one.seq = b->seq;
+        one.data = b->data;
+        one.droppable = b->droppable;
+        one.complete_final = b->complete_final;
+        one.terminal = b->terminal;
+        one.body_case = b->complete_final ? STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY__NOT_SET
+                                          : STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+        st_on_item(s, &one);
+    }
 done:
     swp_free_arena(w, &arena);
     if (s != NULL)

@@ -30,11 +30,21 @@
 #define SWI_TICK_MS 25 /* heartbeat and deadline precision */
 #define SWI_LINGER_MIN_MS 2000
 #define SWI_RING_MIN 16
+/* Coalescing: a stream whose last publish ended less than SWI_HOT_US ago
+ * hands its items to the ingress's sender thread, which puts every item
+ * queued meanwhile into one message (at most SWI_BATCH_ITEMS items and
+ * SWI_BATCH_BYTES bytes). A stream that was quiet publishes inline. */
+#define SWI_HOT_US 200
+#define SWI_BATCH_ITEMS 128
+#define SWI_BATCH_BYTES (64 * 1024)
+#define SWI_MSG_STACK 4096
 
 typedef struct swi_slot {
     uint64_t seq;
-    uint8_t *buf; /* packed wrapper; NULL for a skipped or shed number */
+    uint8_t *buf; /* the item's body (swp_data_body_write or a final's);
+                     NULL for a skipped number */
     size_t len;
+    int lose; /* test-only loss injection: left out of its first publish */
 } swi_slot;
 
 struct sw_responder {
@@ -59,6 +69,13 @@ struct sw_responder {
     int capped;     /* window lowered to the ingress's max_window */
     swi_slot *ring; /* grows up to window + 1 slots, seq % cap; NULL without flow control */
     size_t ring_cap;
+    /* Items acked+1 .. pub_seq went out; pub_seq+1 .. next_seq-1 wait in
+     * the ring to be published, in order, by the one thread that has set
+     * `sending` (it drops mu while it publishes). */
+    uint64_t pub_seq;
+    int sending;
+    int in_sendq;      /* on ing->sq (under ing->smu) */
+    int64_t last_end_us; /* when the last publish of items returned */
 
     uint32_t hb_ms;
     int64_t last_pub_ms;
@@ -76,6 +93,7 @@ struct sw_responder {
     int cancel_fired;
 
     sw_responder *qnext;
+    sw_responder *snext; /* ing->sq, under ing->smu */
     sw_responder *all_prev, *all_next; /* every live responder (ing->all), under ing->mu */
 };
 
@@ -110,6 +128,14 @@ struct sw_ingress {
     int timer_started;
     pthread_t live;
     int live_started;
+    /* the sender thread and the streams waiting for it */
+    pthread_mutex_t smu;
+    pthread_cond_t scv;
+    sw_responder *sq_head, *sq_tail;
+    pthread_t sender;
+    int sender_on;   /* running and taking work (under smu) */
+    int sender_idle; /* waiting on scv */
+    int sender_stop;
     pthread_mutex_t live_mu;
     struct swi_frontend *fe; /* frontends being probed, under live_mu */
     size_t nfe, capfe;
@@ -133,6 +159,8 @@ ing_unref(sw_ingress *ing)
     swi_idmap_fini(&ing->streams);
     free(ing->fe);
     pthread_mutex_destroy(&ing->live_mu);
+    pthread_mutex_destroy(&ing->smu);
+    pthread_cond_destroy(&ing->scv);
     pthread_mutex_destroy(&ing->mu);
     pthread_cond_destroy(&ing->cv);
     pthread_cond_destroy(&ing->tick_cv);
@@ -185,8 +213,9 @@ resp_unref(sw_responder *r)
 
 /* ---------------------------------------------------------------- publish */
 
-/* Builds and packs a heartbeat (hb) or a final (term). Data items go
- * through resp_pack_data. *out is malloc'd. */
+/* Packs a complete wrapper with protobuf-c: a heartbeat (hb) or a final
+ * (term). Used for heartbeats and for rejections, which have no stream
+ * state; stream items go through the ring and resp_build. *out is malloc'd. */
 static sw_err
 resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t seq,
           const swp_terminal *term, int hb, uint64_t hb_last, size_t max, uint8_t **out,
@@ -198,8 +227,6 @@ resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t 
     w.request_id.data = (uint8_t *)id;
     w.request_id.len = SW_REQUEST_ID_BYTES;
     w.seq = seq;
-    /* The frontend knows the instance it sent to; say it on the first item,
-     * heartbeats and the final only, not on every token. */
     w.instance_id = (char *)instance;
     if (hb) {
         h.last_seq = hb_last;
@@ -209,28 +236,6 @@ resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t 
         w.complete_final = 1;
         w.terminal = (swp_terminal *)term;
     }
-    return swp_encode_alloc(&w, max ? max : SIZE_MAX, out, outlen);
-}
-
-/* Packs a data item of stream r (r->mu held), telling the frontend the
- * window this worker really grants when it capped the requested one. */
-static sw_err
-resp_pack_data(sw_responder *r, uint64_t seq, const void *data, size_t len, int droppable,
-               uint8_t **out, size_t *outlen)
-{
-    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
-    size_t max = sw_conn_max_payload(r->ing->conn);
-    w.version = SW_PROTOCOL_VERSION;
-    w.request_id.data = r->id;
-    w.request_id.len = SW_REQUEST_ID_BYTES;
-    w.seq = seq;
-    if (seq <= 1)
-        w.instance_id = r->ing->instance_id;
-    w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
-    w.data.data = (uint8_t *)data;
-    w.data.len = len;
-    w.droppable = droppable != 0;
-    w.credit_window = r->capped ? r->window : 0;
     return swp_encode_alloc(&w, max ? max : SIZE_MAX, out, outlen);
 }
 
@@ -244,6 +249,13 @@ resp_should_drop(sw_ingress *ing)
     return (double)v / 4294967296.0 < ing->drop_rate;
 }
 
+static size_t
+resp_max_payload(const sw_responder *r)
+{
+    size_t max = sw_conn_max_payload(r->ing->conn);
+    return max ? max : SIZE_MAX;
+}
+
 /* Publishes a packed wrapper (r->mu held). */
 static sw_err
 resp_publish(sw_responder *r, const uint8_t *buf, size_t len)
@@ -254,17 +266,127 @@ resp_publish(sw_responder *r, const uint8_t *buf, size_t len)
     return rv;
 }
 
-/* Keeps a packed item for resend (r->mu held). Takes ownership of buf. */
-/* Grows the resend ring so that seqs acked+1 .. seq fit (r->mu held).
- * 0 ok, -1 no memory (the ring keeps what fits). */
+/* The wrapper header for a message whose items run from seq `first` to
+ * `last`. The frontend knows the instance it sent to: say it with seq 1 and
+ * the final only, not with every token. */
+static void
+resp_hdr(const sw_responder *r, uint64_t first, uint64_t last, int resent, swp_hdr *h)
+{
+    h->request_id = r->id;
+    h->instance_id =
+        first <= 1 || (r->final_seq != 0 && last >= r->final_seq) ? r->ing->instance_id : NULL;
+    h->credit_window = r->capped ? r->window : 0;
+    h->resent = resent;
+}
+
+/* The scratch a message is built in: on the stack when it fits. */
+typedef struct swi_msgbuf {
+    uint8_t *p;
+    size_t cap;
+    uint8_t stack[SWI_MSG_STACK];
+} swi_msgbuf;
+
+static int
+msgbuf_fit(swi_msgbuf *m, size_t need)
+{
+    uint8_t *np;
+    if (need <= m->cap)
+        return 0;
+    if ((np = malloc(need)) == NULL)
+        return -1;
+    if (m->p != m->stack)
+        free(m->p);
+    m->p = np;
+    m->cap = need;
+    return 0;
+}
+
+static void
+msgbuf_init(swi_msgbuf *m)
+{
+    m->p = m->stack;
+    m->cap = sizeof(m->stack);
+}
+
+static void
+msgbuf_free(swi_msgbuf *m)
+{
+    if (m->p != m->stack)
+        free(m->p);
+}
+
+/* Builds one message of the kept items from seq `from` up to `to` (r->mu
+ * held): the first one in the wrapper, the rest in `batch`, as many as fit
+ * in SWI_BATCH_ITEMS, SWI_BATCH_BYTES and the max payload (always at least
+ * one). Numbers with no kept body are passed over, and so, on a first send
+ * (!resent), are items the test-only loss injection marked. *last gets the
+ * highest seq the message accounts for, *nitems the items in it (0: nothing
+ * to publish) and *data_items (if not NULL) those of them that are not the
+ * final. Returns the message length; 0 and *last = from - 1 without
+ * memory. */
+static size_t
+resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swi_msgbuf *m, uint64_t *last,
+           unsigned *nitems, unsigned *data_items)
+{
+    size_t max = resp_max_payload(r), total = SWP_HDR_MAX, n;
+    size_t limit = max < SWI_BATCH_BYTES ? max : SWI_BATCH_BYTES;
+    uint64_t first = 0, q;
+    unsigned k = 0;
+    swp_hdr h;
+
+    *nitems = 0;
+    /* First pass: which items go in. */
+    for (q = from; q <= to && k < SWI_BATCH_ITEMS; q++) {
+        const swi_slot *sl = &r->ring[q % r->ring_cap];
+        size_t add;
+        if (sl->seq != q || sl->buf == NULL || (!resent && sl->lose))
+            continue;
+        add = sl->len + (k ? SWP_PREFIX_MAX : 0);
+        if (k > 0 && total + add > limit)
+            break;
+        if (k == 0)
+            first = q;
+        total += add;
+        k++;
+    }
+    *last = q - 1;
+    if (k == 0)
+        return 0;
+    if (msgbuf_fit(m, total) != 0) {
+        *last = from - 1;
+        return 0;
+    }
+    resp_hdr(r, first, *last, resent, &h);
+    n = swp_hdr_write(&h, m->p);
+    for (q = first, k = 0; q <= *last; q++) {
+        const swi_slot *sl = &r->ring[q % r->ring_cap];
+        if (sl->seq != q || sl->buf == NULL || (!resent && sl->lose))
+            continue;
+        if (k > 0)
+            n += swp_batch_prefix(m->p + n, sl->len);
+        memcpy(m->p + n, sl->buf, sl->len);
+        n += sl->len;
+        k++;
+    }
+    *nitems = k;
+    if (data_items != NULL)
+        *data_items = k - (r->final_seq != 0 && r->final_seq >= first && r->final_seq <= *last);
+    return n;
+}
+
+/* Grows the resend ring so that seqs acked+1 .. seq fit (r->mu held): at
+ * most window + 1 slots (the window's items plus the final). 0 ok, -1 no
+ * memory. */
 static int
 resp_ring_fit(sw_responder *r, uint64_t seq)
 {
     size_t need = (size_t)(seq - r->acked), ncap = r->ring_cap;
     size_t limit = (size_t)r->window + 1;
     swi_slot *nr;
-    if (need <= r->ring_cap || r->ring_cap >= limit)
+    if (need <= r->ring_cap)
         return 0;
+    if (r->ring_cap >= limit)
+        return -1; /* cannot happen while the frontend keeps to its credit */
     while (ncap < need && ncap < limit)
         ncap *= 2;
     if (ncap > limit)
@@ -280,20 +402,174 @@ resp_ring_fit(sw_responder *r, uint64_t seq)
     return 0;
 }
 
-static void
+/* Keeps the body of item seq, to be published and then kept for resend
+ * (r->mu held, r->ring set). Takes ownership of buf. SW_ENOMEM if the ring
+ * cannot hold it (buf freed, nothing changed). */
+static sw_err
 resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
 {
-    swi_slot *s;
-    if (r->ring == NULL) {
+    swi_slot *sl;
+    if (resp_ring_fit(r, seq) != 0 || r->ring[seq % r->ring_cap].buf != NULL) {
         free(buf);
-        return;
+        return SW_ENOMEM;
     }
-    (void)resp_ring_fit(r, seq);
-    s = &r->ring[seq % r->ring_cap];
-    free(s->buf);
-    s->seq = seq;
-    s->buf = buf;
-    s->len = len;
+    sl = &r->ring[seq % r->ring_cap];
+    sl->seq = seq;
+    sl->buf = buf;
+    sl->len = len;
+    sl->lose = resp_should_drop(r->ing);
+    return SW_OK;
+}
+
+/* Publishes header + one body at once, for a stream without flow control
+ * (no ring: nothing is kept, nothing is queued) (r->mu held). */
+static sw_err
+resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, size_t blen)
+{
+    swi_msgbuf m;
+    swp_hdr h;
+    size_t n;
+    sw_err rv;
+    msgbuf_init(&m);
+    if (msgbuf_fit(&m, SWP_HDR_MAX + blen) != 0)
+        return SW_ENOMEM;
+    resp_hdr(r, seq, seq, 0, &h);
+    n = swp_hdr_write(&h, m.p);
+    memcpy(m.p + n, body, blen);
+    rv = resp_should_drop(r->ing) ? SW_OK : resp_publish(r, m.p, n + blen);
+    msgbuf_free(&m);
+    return rv;
+}
+
+static void
+resp_count_sent(sw_ingress *ing, unsigned items, unsigned msgs)
+{
+    pthread_mutex_lock(&ing->mu);
+    ing->st.items_sent += items;
+    ing->st.messages_sent += msgs;
+    pthread_mutex_unlock(&ing->mu);
+}
+
+/* Publishes the queued items pub_seq+1 .. next_seq-1 in order, as few
+ * messages as they fit in (r->mu held, r->sending set by the caller; mu is
+ * dropped while publishing, so the producer can queue more meanwhile, and
+ * they are taken too). A failed publish leaves the items kept: the
+ * frontend's gap repair asks for them again. */
+static void
+resp_drain(sw_responder *r)
+{
+    swi_msgbuf m;
+    msgbuf_init(&m);
+    while (!r->closed && r->pub_seq + 1 < r->next_seq) {
+        uint64_t last;
+        unsigned k, kd;
+        size_t len = resp_build(r, r->pub_seq + 1, r->next_seq - 1, 0, &m, &last, &k, &kd);
+        if (last < r->pub_seq + 1)
+            break; /* no memory for the message: try again with the next kick */
+        if (k > 0) {
+            sw_err rv;
+            pthread_mutex_unlock(&r->mu);
+            rv = swt_publish(r->ing->conn, r->resp_subj, NULL, m.p, len);
+            pthread_mutex_lock(&r->mu);
+            if (rv == SW_OK)
+                resp_count_sent(r->ing, kd, 1);
+        }
+        r->pub_seq = last;
+        r->last_pub_ms = swi_now_ms();
+        r->last_end_us = swi_now_us();
+    }
+    msgbuf_free(&m);
+}
+
+/* Hands stream r to the sender thread. 0 if the sender is not running. */
+static int
+ing_defer(sw_ingress *ing, sw_responder *r)
+{
+    int ok;
+    pthread_mutex_lock(&ing->smu);
+    ok = ing->sender_on;
+    if (ok && !r->in_sendq) {
+        r->in_sendq = 1;
+        resp_ref(r);
+        r->snext = NULL;
+        if (ing->sq_tail != NULL)
+            ing->sq_tail->snext = r;
+        else
+            ing->sq_head = r;
+        ing->sq_tail = r;
+        if (ing->sender_idle)
+            pthread_cond_signal(&ing->scv);
+    }
+    pthread_mutex_unlock(&ing->smu);
+    return ok;
+}
+
+/* Gets queued items of r on their way (r->mu held). If another thread is
+ * publishing r's items it takes these too. If r published a moment ago
+ * (a fast producer), the sender thread publishes them, so that this thread
+ * goes on producing and what it queues meanwhile shares messages. Otherwise
+ * (a quiet stream: lowest latency) this thread publishes them now. */
+static void
+resp_kick(sw_responder *r)
+{
+    if (r->sending || r->pub_seq + 1 >= r->next_seq)
+        return;
+    if (swi_now_us() - r->last_end_us < SWI_HOT_US && ing_defer(r->ing, r))
+        return;
+    r->sending = 1;
+    resp_drain(r);
+    r->sending = 0;
+}
+
+/* Publishes every queued item of r before returning (r->mu held; waits
+ * for another thread that is publishing them). For the chaos hooks, whose
+ * bytes must follow what was sent before them. */
+static void
+resp_flush_now(sw_responder *r)
+{
+    while (!r->closed && r->pub_seq + 1 < r->next_seq) {
+        if (!r->sending) {
+            r->sending = 1;
+            resp_drain(r);
+            r->sending = 0;
+        } else {
+            (void)swi_cond_wait_until(&r->cv, &r->mu, swi_now_ms() + 1);
+        }
+    }
+}
+
+static void *
+ing_sender_main(void *arg)
+{
+    sw_ingress *ing = arg;
+    pthread_mutex_lock(&ing->smu);
+    for (;;) {
+        sw_responder *r;
+        while (ing->sq_head == NULL && !ing->sender_stop) {
+            ing->sender_idle = 1;
+            pthread_cond_wait(&ing->scv, &ing->smu);
+            ing->sender_idle = 0;
+        }
+        if ((r = ing->sq_head) == NULL)
+            break; /* stopping, and nothing left */
+        ing->sq_head = r->snext;
+        if (ing->sq_head == NULL)
+            ing->sq_tail = NULL;
+        r->in_sendq = 0;
+        pthread_mutex_unlock(&ing->smu);
+        pthread_mutex_lock(&r->mu);
+        if (!r->sending) {
+            r->sending = 1;
+            resp_drain(r);
+            r->sending = 0;
+        }
+        pthread_mutex_unlock(&r->mu);
+        resp_unref(r);
+        pthread_mutex_lock(&ing->smu);
+    }
+    ing->sender_on = 0;
+    pthread_mutex_unlock(&ing->smu);
+    return NULL;
 }
 
 static void
@@ -348,12 +624,12 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     uint8_t *buf = NULL;
     size_t len = 0;
     uint64_t seq = r->next_seq;
+    size_t max = resp_max_payload(r) - SWP_HDR_MAX;
     sw_err rv;
 
     if (r->closed)
         return SW_ECLOSED;
-    rv = resp_pack(r->id, ing->instance_id, seq, t, 0, 0, sw_conn_max_payload(ing->conn), &buf,
-                   &len);
+    rv = swp_final_body_alloc(seq, t, max, &buf, &len);
     if (rv == SW_EMSGSIZE) {
         /* A message too long for the bus: send the terminal without it. */
         swp_terminal t2 = *t;
@@ -363,16 +639,22 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
             e2.message = (char *)"";
             t2.error = &e2;
         }
-        rv = resp_pack(r->id, ing->instance_id, seq, &t2, 0, 0, sw_conn_max_payload(ing->conn),
-                       &buf, &len);
+        rv = swp_final_body_alloc(seq, &t2, max, &buf, &len);
     }
     if (rv != SW_OK)
         return rv;
+    if (r->ring != NULL && (rv = resp_keep(r, seq, buf, len)) != SW_OK)
+        return rv;
     r->next_seq++;
     r->final_seq = seq;
-    rv = resp_publish(r, buf, len);
-    resp_keep(r, seq, buf, len);
+    if (r->ring == NULL) { /* no flow control: nothing queued, nothing kept */
+        rv = resp_publish_one(r, seq, buf, len);
+        r->pub_seq = seq;
+        free(buf);
+    }
     resp_mark_terminated(r);
+    if (r->ring != NULL)
+        resp_kick(r); /* last: it may drop mu while publishing */
     pthread_mutex_lock(&ing->mu);
     ing->st.finished[counted_as]++;
     pthread_mutex_unlock(&ing->mu);
@@ -552,20 +834,30 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
         }
     }
     seq = r->next_seq;
-    rv = resp_pack_data(r, seq, data, len, mode == 2, &buf, &blen);
-    if (rv != SW_OK)
-        goto out; /* SW_EMSGSIZE: nothing consumed, the stream goes on */
-    r->next_seq++;
-    if (resp_should_drop(ing))
-        rv = SW_OK; /* test-only loss injection: kept for resend, not published */
-    else
-        rv = resp_publish(r, buf, blen);
-    resp_keep(r, seq, buf, blen);
-    if (rv == SW_OK) {
-        pthread_mutex_lock(&ing->mu);
-        ing->st.items_sent++;
-        pthread_mutex_unlock(&ing->mu);
+    blen = swp_data_body_size(seq, len, mode == 2);
+    if (blen > resp_max_payload(r) - SWP_HDR_MAX) {
+        rv = SW_EMSGSIZE; /* nothing consumed, the stream goes on */
+        goto out;
     }
+    if ((buf = malloc(blen)) == NULL) {
+        rv = SW_ENOMEM;
+        goto out;
+    }
+    (void)swp_data_body_write(buf, seq, data, len, mode == 2);
+    if (r->ring == NULL) { /* no flow control: published at once, not kept */
+        rv = resp_publish_one(r, seq, buf, blen);
+        free(buf);
+        if (rv == SW_OK) {
+            r->next_seq++;
+            r->pub_seq = seq;
+            resp_count_sent(ing, 1, 1);
+        }
+        goto out;
+    }
+    if ((rv = resp_keep(r, seq, buf, blen)) != SW_OK)
+        goto out;
+    r->next_seq++;
+    resp_kick(r); /* may drop mu while publishing */
 out:
     pthread_mutex_unlock(&r->mu);
     return rv;
@@ -684,6 +976,7 @@ swi_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
     if (r == NULL)
         return SW_EINVAL;
     pthread_mutex_lock(&r->mu);
+    resp_flush_now(r);
     rv = r->closed ? SW_ECLOSED : resp_publish(r, bytes, len);
     pthread_mutex_unlock(&r->mu);
     return rv;
@@ -729,9 +1022,15 @@ swi_responder_send_after_final(sw_responder *r, const void *data, size_t len)
         pthread_mutex_unlock(&r->mu);
         return SW_EBUSY;
     }
-    rv = resp_pack_data(r, r->next_seq++, data, len, 0, &buf, &blen);
-    if (rv == SW_OK && !r->closed)
-        rv = resp_publish(r, buf, blen);
+    resp_flush_now(r);
+    blen = swp_data_body_size(r->next_seq, len, 0);
+    if ((buf = malloc(blen)) == NULL) {
+        pthread_mutex_unlock(&r->mu);
+        return SW_ENOMEM;
+    }
+    (void)swp_data_body_write(buf, r->next_seq, data, len, 0);
+    rv = r->closed ? SW_ECLOSED : resp_publish_one(r, r->next_seq, buf, blen);
+    r->next_seq++;
     free(buf);
     pthread_mutex_unlock(&r->mu);
     return rv;
@@ -959,19 +1258,28 @@ static void
 resp_resend(sw_responder *r, uint64_t from, uint64_t to)
 {
     unsigned n = 0;
+    swi_msgbuf m;
+    msgbuf_init(&m);
     pthread_mutex_lock(&r->mu);
     if (r->ring != NULL && !r->closed) {
-        if (to >= r->next_seq)
-            to = r->next_seq - 1;
+        /* Only what went out: queued items are on their way anyway. */
+        if (to > r->pub_seq)
+            to = r->pub_seq;
         if (from <= r->acked)
             from = r->acked + 1;
-        for (uint64_t q = from; q <= to; q++) {
-            swi_slot *s = &r->ring[q % r->ring_cap];
-            if (s->seq == q && s->buf != NULL && resp_publish(r, s->buf, s->len) == SW_OK)
-                n++;
+        while (from <= to) {
+            uint64_t last;
+            unsigned k;
+            size_t len = resp_build(r, from, to, 1, &m, &last, &k, NULL);
+            if (last < from)
+                break; /* no memory */
+            if (k > 0 && resp_publish(r, m.p, len) == SW_OK)
+                n += k;
+            from = last + 1;
         }
     }
     pthread_mutex_unlock(&r->mu);
+    msgbuf_free(&m);
     if (n) {
         pthread_mutex_lock(&r->ing->mu);
         r->ing->st.items_resent += n;
@@ -1080,6 +1388,26 @@ ing_snapshot(sw_ingress *ing, swi_ptrvec *vec)
 
 #define RESP_AT(vec, i) ((sw_responder *)(vec).v[i])
 
+/* Sends a heartbeat if r has been quiet for hb_ms and nothing is queued
+ * (r->mu held). It counts only what went out (pub_seq), so the frontend
+ * asks for anything missing up to there. */
+static void
+resp_heartbeat(sw_responder *r, int64_t now)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
+        r->pub_seq + 1 < r->next_seq)
+        return;
+    if (resp_pack(r->id, r->ing->instance_id, 0, NULL, 1, r->pub_seq, 0, &buf, &len) == SW_OK &&
+        resp_publish(r, buf, len) == SW_OK) {
+        pthread_mutex_lock(&r->ing->mu);
+        r->ing->st.heartbeats++;
+        pthread_mutex_unlock(&r->ing->mu);
+    }
+    free(buf);
+}
+
 static void
 ing_tick_one(sw_responder *r, int64_t now)
 {
@@ -1090,22 +1418,16 @@ ing_tick_one(sw_responder *r, int64_t now)
             deadline = !r->cancelled;
             r->cancelled = 1;
             (void)resp_send_failed(r, SW_DEADLINE_EXCEEDED, NULL, "the request deadline passed");
-        } else if (r->hb_ms != 0 && now - r->last_pub_ms >= (int64_t)r->hb_ms) {
-            uint8_t *buf = NULL;
-            size_t len = 0;
-            if (resp_pack(r->id, r->ing->instance_id, 0, NULL, 1, r->next_seq - 1, 0, &buf,
-                          &len) == SW_OK &&
-                resp_publish(r, buf, len) == SW_OK) {
-                pthread_mutex_lock(&r->ing->mu);
-                r->ing->st.heartbeats++;
-                pthread_mutex_unlock(&r->ing->mu);
-            }
-            free(buf);
+        } else {
+            resp_heartbeat(r, now);
         }
     } else if (r->terminated) {
-        /* A final never acknowledged: keep it for resend for a while, then let go. */
+        /* A final never acknowledged: keep it for resend for a while, then
+         * let go. Heartbeats go on meanwhile, so a lost final is asked for. */
         int64_t linger = 4 * (int64_t)r->hb_ms + SWI_LINGER_MIN_MS;
         retire = now - r->done_ms >= linger;
+        if (!retire && !r->closed && r->final_seq != 0 && r->acked < r->final_seq)
+            resp_heartbeat(r, now);
     }
     pthread_mutex_unlock(&r->mu);
     if (deadline)
@@ -1398,6 +1720,8 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         swi_ingress_set_drop_rate(ing, atof(drop));
     pthread_mutex_init(&ing->mu, NULL);
     pthread_mutex_init(&ing->live_mu, NULL);
+    pthread_mutex_init(&ing->smu, NULL);
+    pthread_cond_init(&ing->scv, NULL);
     swi_cond_init(&ing->cv);
     swi_cond_init(&ing->tick_cv);
     if (swi_idmap_init(&ing->streams, 64) != 0 ||
@@ -1428,6 +1752,12 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         goto fail;
     }
     ing->live_started = 1;
+    ing->sender_on = 1;
+    if (pthread_create(&ing->sender, NULL, ing_sender_main, ing) != 0) {
+        ing->sender_on = 0;
+        rv = SW_ENOMEM;
+        goto fail;
+    }
     {
         char lv[SWT_SUBJECT_MAX];
         snprintf(lv, sizeof(lv), "sw.lv.%s.*", ing->instance_id);
@@ -1513,6 +1843,17 @@ ing_stop(sw_ingress *ing)
     if (ing->live_started) {
         pthread_join(ing->live, NULL);
         ing->live_started = 0;
+    }
+    /* Last: it publishes what the others queued (finals included), then
+     * quits; from then on every stream publishes inline. */
+    pthread_mutex_lock(&ing->smu);
+    if (ing->sender_on) {
+        ing->sender_stop = 1;
+        pthread_cond_signal(&ing->scv);
+        pthread_mutex_unlock(&ing->smu);
+        pthread_join(ing->sender, NULL);
+    } else {
+        pthread_mutex_unlock(&ing->smu);
     }
 }
 

@@ -140,12 +140,39 @@ swp_check_terminal(const swp_terminal *t)
     }
 }
 
+/* A batch: the wrapper is a data item, the batched items follow it in
+ * strictly increasing seq, and a final may only come last. */
+static sw_err
+swp_check_batch(const swp_item *m)
+{
+    uint64_t prev = m->seq;
+    if (m->complete_final || m->body_case != STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA)
+        return SW_EPROTO;
+    for (size_t i = 0; i < m->n_batch; i++) {
+        const swp_batched *b = m->batch[i];
+        if (b->seq <= prev)
+            return SW_EPROTO;
+        prev = b->seq;
+        if (b->complete_final) {
+            if (i + 1 != m->n_batch || b->data.len != 0)
+                return SW_EPROTO;
+            if (swp_check_terminal(b->terminal) != SW_OK)
+                return SW_EPROTO;
+        } else if (b->terminal != NULL) {
+            return SW_EPROTO;
+        }
+    }
+    return SW_OK;
+}
+
 static sw_err
 swp_check_item(swp_item *m)
 {
     if (m->version != SW_PROTOCOL_VERSION)
         return SW_EVERSION;
     if (!swp_id_ok(m->request_id))
+        return SW_EPROTO;
+    if (m->n_batch != 0 && swp_check_batch(m) != SW_OK)
         return SW_EPROTO;
     if (m->complete_final) {
         if (m->seq == 0 || m->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT)
@@ -308,4 +335,111 @@ swp_encode_alloc(const void *msg, size_t max, uint8_t **out, size_t *len)
     *len = protobuf_c_message_pack((const ProtobufCMessage *)msg, b);
     *out = b;
     return SW_OK;
+}
+
+/* ---------------------------------------------------------------- hand encoding */
+
+/* Protobuf wire tags: (field << 3) | wire type (0 varint, 2 length). */
+enum {
+    TAG_VERSION = (1 << 3) | 0,
+    TAG_REQUEST_ID = (2 << 3) | 2,
+    TAG_SEQ = (3 << 3) | 0,
+    TAG_DATA = (4 << 3) | 2,
+    TAG_DROPPABLE = (6 << 3) | 0,
+    TAG_INSTANCE_ID = (9 << 3) | 2,
+    TAG_RESENT = (10 << 3) | 0,
+    TAG_CREDIT_WINDOW = (11 << 3) | 0,
+    TAG_BATCH = (12 << 3) | 2,
+};
+
+static size_t
+varint_size(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static size_t
+varint_write(uint8_t *out, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        out[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    out[n++] = (uint8_t)v;
+    return n;
+}
+
+size_t
+swp_hdr_write(const swp_hdr *h, uint8_t *out)
+{
+    size_t n = 0;
+    out[n++] = TAG_VERSION;
+    out[n++] = SW_PROTOCOL_VERSION;
+    out[n++] = TAG_REQUEST_ID;
+    out[n++] = SW_REQUEST_ID_BYTES;
+    memcpy(out + n, h->request_id, SW_REQUEST_ID_BYTES);
+    n += SW_REQUEST_ID_BYTES;
+    if (h->instance_id != NULL && h->instance_id[0] != '\0') {
+        size_t l = strnlen(h->instance_id, SW_MAX_TOKEN);
+        out[n++] = TAG_INSTANCE_ID;
+        n += varint_write(out + n, l);
+        memcpy(out + n, h->instance_id, l);
+        n += l;
+    }
+    if (h->resent) {
+        out[n++] = TAG_RESENT;
+        out[n++] = 1;
+    }
+    if (h->credit_window != 0) {
+        out[n++] = TAG_CREDIT_WINDOW;
+        n += varint_write(out + n, h->credit_window);
+    }
+    return n;
+}
+
+size_t
+swp_data_body_size(uint64_t seq, size_t len, int droppable)
+{
+    return 1 + varint_size(seq) + 1 + varint_size(len) + len + (droppable ? 2 : 0);
+}
+
+size_t
+swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, int droppable)
+{
+    size_t n = 0;
+    out[n++] = TAG_SEQ;
+    n += varint_write(out + n, seq);
+    out[n++] = TAG_DATA;
+    n += varint_write(out + n, len);
+    if (len != 0)
+        memcpy(out + n, data, len);
+    n += len;
+    if (droppable) {
+        out[n++] = TAG_DROPPABLE;
+        out[n++] = 1;
+    }
+    return n;
+}
+
+sw_err
+swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out, size_t *len)
+{
+    swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+    b.seq = seq;
+    b.complete_final = 1;
+    b.terminal = (swp_terminal *)t;
+    return swp_encode_alloc(&b, max, out, len);
+}
+
+size_t
+swp_batch_prefix(uint8_t *out, size_t body_len)
+{
+    out[0] = TAG_BATCH;
+    return 1 + varint_write(out + 1, body_len);
 }

@@ -25,6 +25,7 @@ typedef Streamwire__V1__InstanceInfo swp_instance;
 typedef Streamwire__V1__Terminal swp_terminal;
 typedef Streamwire__V1__Error swp_error;
 typedef Streamwire__V1__Heartbeat swp_heartbeat;
+typedef Streamwire__V1__BatchedItem swp_batched;
 
 #define SWP_MAX_WINDOW (1u << 20)
 #define SWP_MAX_HEARTBEAT_MS 3600000u
@@ -44,7 +45,7 @@ void swp_free(void *msg);
  * arena (typically on the stack), falling back to malloc for what does not
  * fit. Same bounds and validation as swp_decode_item. The message lives
  * until swp_free_arena; the arena must outlive it and serves one message. */
-#define SWP_ARENA_BYTES 2048
+#define SWP_ARENA_BYTES 8192
 typedef struct swp_arena {
     ProtobufCAllocator alloc;
     size_t used;
@@ -61,6 +62,41 @@ sw_err swp_encode(const void *msg, uint8_t *buf, size_t cap, size_t *len);
  * is <= max; SW_EMSGSIZE otherwise, SW_ENOMEM. */
 sw_err swp_encode_alloc(const void *msg, size_t max, uint8_t **out, size_t *len);
 size_t swp_encoded_size(const void *msg);
+
+/* ---- Hand-written pieces of a StreamItemWrapper (the worker's hot path).
+ *
+ * A wrapper on the wire is a header (version, request_id, and optionally
+ * instance_id, credit_window, resent) followed by the first item's body
+ * (seq, data or the final's complete_final + terminal, droppable) and, for a
+ * batch, one `batch` entry (swp_batch_prefix + body) per further item.
+ * Protobuf fields may come in any order, so header ++ body is a valid
+ * wrapper and the same body bytes serve in both places; the decoder above
+ * reads all of it. Tests check these bytes against protobuf-c's. */
+typedef struct swp_hdr {
+    const uint8_t *request_id; /* SW_REQUEST_ID_BYTES */
+    const char *instance_id;   /* NULL or "" = not sent */
+    uint32_t credit_window;    /* 0 = not sent */
+    int resent;
+} swp_hdr;
+
+/* Upper bound of swp_hdr_write for any header. */
+#define SWP_HDR_MAX (2 + 2 + SW_REQUEST_ID_BYTES + 2 + SW_MAX_TOKEN + 6 + 2)
+/* Upper bound of swp_batch_prefix. */
+#define SWP_PREFIX_MAX 11
+
+size_t swp_hdr_write(const swp_hdr *h, uint8_t *out);
+/* Size of a data item's body. */
+size_t swp_data_body_size(uint64_t seq, size_t len, int droppable);
+/* Writes a data body (swp_data_body_size bytes) and returns its size. The
+ * data field is always present, even when empty (it selects the oneof). */
+size_t swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len,
+                           int droppable);
+/* Packs a final's body (seq, complete_final, terminal) into a fresh malloc'd
+ * buffer if it is <= max bytes: SW_OK, SW_EMSGSIZE, SW_ENOMEM. */
+sw_err swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out,
+                            size_t *len);
+/* Writes the tag and length that put a body of body_len bytes into `batch`. */
+size_t swp_batch_prefix(uint8_t *out, size_t body_len);
 
 /* A NATS subject we publish to: 1..SWP_MAX_SUBJECT chars, non-empty tokens, no spaces
  * or control characters, no wildcards. 1 if valid. */

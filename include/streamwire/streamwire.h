@@ -210,6 +210,8 @@ typedef struct sw_ingress_stats {
     uint64_t frontends_lost;    /* frontends declared gone by the liveness probe */
     uint64_t finished[6];       /* terminals sent, indexed by sw_status (1..5) */
     uint64_t inflight;          /* gauge */
+    uint64_t messages_sent;     /* NATS messages that carried first sends of items and finals:
+                                   items queued while the previous message went out share one */
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);

@@ -30,6 +30,15 @@
 #define SWE_SCAN_MS 25       /* stream scans: inactivity, deadline, gap, linger */
 #define SWE_REASON_MAX 96
 #define SWE_MSG_MAX 256
+/* Acknowledgements of finals wait up to a tick and go out together, one
+ * ACK_FINALS per worker, at most SWE_ACKS_MAX per flush. */
+#define SWE_ACKS_MAX 64
+#define SWE_CTL_ACK_FINAL (-1) /* swe_ctl kind: queue an ACK_FINALS entry */
+
+typedef struct swe_ack {
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t id[SW_REQUEST_ID_BYTES];
+} swe_ack;
 
 typedef struct swe_q {
     struct swe_q *next;
@@ -76,6 +85,11 @@ struct sw_router {
     int64_t mux_idle_ms; /* last time the mux had nothing queued (timer thread only) */
     uint64_t items;      /* data items delivered (atomic) */
     uint64_t items_after_final; /* (atomic) */
+    pthread_mutex_t ack_mu;       /* acks, nacks */
+    pthread_mutex_t flush_mu;     /* one flusher at a time; owns flushing */
+    swe_ack acks[SWE_ACKS_MAX];
+    swe_ack flushing[SWE_ACKS_MAX];
+    size_t nacks;
     sw_router_stats st;
 };
 
@@ -160,6 +174,8 @@ rt_unref(sw_router *r)
     swr_pool_destroy(r->pool);
     free(r->inst);
     pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->ack_mu);
+    pthread_mutex_destroy(&r->flush_mu);
     pthread_cond_destroy(&r->tick_cv);
     free(r);
 }
@@ -297,6 +313,67 @@ typedef struct swe_ctl {
     uint64_t limit, ack, from, to;
 } swe_ctl;
 
+/* Sends the queued acknowledgements of finals: one ACK_FINALS per worker. */
+static void
+rt_flush_acks(sw_router *r)
+{
+    size_t n;
+    pthread_mutex_lock(&r->flush_mu);
+    pthread_mutex_lock(&r->ack_mu);
+    n = r->nacks;
+    memcpy(r->flushing, r->acks, n * sizeof(r->acks[0]));
+    r->nacks = 0;
+    pthread_mutex_unlock(&r->ack_mu);
+    for (size_t i = 0; i < n; i++) {
+        swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+        ProtobufCBinaryData ids[SWE_ACKS_MAX];
+        uint8_t buf[SWE_ACKS_MAX * (SW_REQUEST_ID_BYTES + 2) + 128];
+        size_t len, k = 0;
+        if (r->flushing[i].subj[0] == '\0')
+            continue; /* sent with an earlier group */
+        for (size_t j = i; j < n; j++) {
+            if (strcmp(r->flushing[j].subj, r->flushing[i].subj) != 0)
+                continue;
+            ids[k].data = r->flushing[j].id;
+            ids[k].len = SW_REQUEST_ID_BYTES;
+            k++;
+            if (j != i)
+                r->flushing[j].subj[0] = '\0';
+        }
+        m.version = SW_PROTOCOL_VERSION;
+        m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS;
+        m.router_id = r->id;
+        m.n_final_acks = k;
+        m.final_acks = ids;
+        if (!__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE) &&
+            swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
+            (void)swt_publish(r->conn, r->flushing[i].subj, NULL, buf, len);
+    }
+    pthread_mutex_unlock(&r->flush_mu);
+}
+
+/* Queues the acknowledgement of stream s's final; flushes when full. */
+static void
+st_queue_final_ack(sw_stream *s)
+{
+    sw_router *r = s->r;
+    int full;
+    pthread_mutex_lock(&r->ack_mu);
+    while (r->nacks == SWE_ACKS_MAX) {
+        pthread_mutex_unlock(&r->ack_mu);
+        rt_flush_acks(r);
+        pthread_mutex_lock(&r->ack_mu);
+    }
+    pthread_mutex_lock(&s->mu);
+    memcpy(r->acks[r->nacks].subj, s->ctl_subj, sizeof(s->ctl_subj));
+    pthread_mutex_unlock(&s->mu);
+    memcpy(r->acks[r->nacks].id, s->id, SW_REQUEST_ID_BYTES);
+    full = ++r->nacks == SWE_ACKS_MAX;
+    pthread_mutex_unlock(&r->ack_mu);
+    if (full)
+        rt_flush_acks(r);
+}
+
 static void
 st_send_control(sw_stream *s, const swe_ctl *c)
 {
@@ -306,6 +383,10 @@ st_send_control(sw_stream *s, const swe_ctl *c)
     char subj[SWT_SUBJECT_MAX];
     if (c->kind == 0 || __atomic_load_n(&s->r->closed, __ATOMIC_ACQUIRE))
         return;
+    if (c->kind == SWE_CTL_ACK_FINAL) {
+        st_queue_final_ack(s);
+        return;
+    }
     /* The control subject changes if the request is re-routed. */
     pthread_mutex_lock(&s->mu);
     memcpy(subj, s->ctl_subj, sizeof(subj));
@@ -424,9 +505,7 @@ st_accept(sw_stream *s, swe_q *q, swe_ctl *ack)
     s->expected = q->seq + 1;
     if (q->final) {
         st_set_terminal(s, s->w_status, s->w_err, s->w_reason, s->w_msg, q->seq, 1);
-        ack->kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT;
-        ack->limit = s->credit_sent;
-        ack->ack = q->seq;
+        ack->kind = SWE_CTL_ACK_FINAL;
         free(q);
         return;
     }
@@ -1249,6 +1328,7 @@ rt_timer_main(void *arg)
             }
         }
         rt_probe_round(r, now);
+        rt_flush_acks(r);
         pthread_mutex_lock(&r->mu);
     }
     pthread_mutex_unlock(&r->mu);
@@ -1318,6 +1398,8 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     r->probe_timeout_ms = o->probe_timeout_ms ? o->probe_timeout_ms : 300;
     r->probe_misses = o->probe_misses ? o->probe_misses : 2;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->ack_mu, NULL);
+    pthread_mutex_init(&r->flush_mu, NULL);
     swi_cond_init(&r->tick_cv);
     if (swi_idmap_init(&r->streams, 256) != 0) {
         rv = SW_ENOMEM;
@@ -1402,6 +1484,7 @@ sw_router_destroy(sw_router *r)
     pthread_mutex_unlock(&r->mu);
     if (r->timer_started)
         pthread_join(r->timer, NULL);
+    rt_flush_acks(r);
     swt_sub_close(r->conn, &r->live);
     swt_sub_close(r->conn, &r->prb);
     swt_sub_close(r->conn, &r->mux);

@@ -26,7 +26,7 @@
 #include "proto/sw_codec.h"
 #include "transport/sw_transport.h"
 
-#define SWI_MAX_CONTROL_BYTES 4096
+#define SWI_MAX_CONTROL_BYTES 8192 /* an ACK_FINALS of 256 ids is 4.7 KB */
 #define SWI_TICK_MS 25 /* heartbeat and deadline precision */
 #define SWI_LINGER_MIN_MS 2000
 #define SWI_RING_MIN 16
@@ -75,6 +75,7 @@ struct sw_responder {
     uint64_t pub_seq;
     int sending;
     int in_sendq;      /* on ing->sq (under ing->smu) */
+    int lose_next;     /* chaos: the next kept item misses its first publish */
     int64_t last_end_us; /* when the last publish of items returned */
 
     uint32_t hb_ms;
@@ -331,7 +332,7 @@ resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swi_msgbuf *
     size_t max = resp_max_payload(r), total = SWP_HDR_MAX, n;
     size_t limit = max < SWI_BATCH_BYTES ? max : SWI_BATCH_BYTES;
     uint64_t first = 0, q;
-    unsigned k = 0;
+    unsigned k = 0, final = 0;
     swp_hdr h;
 
     *nitems = 0;
@@ -367,10 +368,12 @@ resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swi_msgbuf *
         memcpy(m->p + n, sl->buf, sl->len);
         n += sl->len;
         k++;
+        if (q == r->final_seq)
+            final = 1;
     }
     *nitems = k;
     if (data_items != NULL)
-        *data_items = k - (r->final_seq != 0 && r->final_seq >= first && r->final_seq <= *last);
+        *data_items = k - final;
     return n;
 }
 
@@ -417,7 +420,8 @@ resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
     sl->seq = seq;
     sl->buf = buf;
     sl->len = len;
-    sl->lose = resp_should_drop(r->ing);
+    sl->lose = r->lose_next || resp_should_drop(r->ing);
+    r->lose_next = 0;
     return SW_OK;
 }
 
@@ -982,6 +986,16 @@ swi_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
     return rv;
 }
 
+void
+swi_responder_lose_next(sw_responder *r)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->lose_next = 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
 sw_err
 swi_responder_skip_seq(sw_responder *r)
 {
@@ -1312,6 +1326,27 @@ ing_probe_reply(sw_ingress *ing, natsMsg *msg, sw_responder *r)
         (void)swt_publish(ing->conn, reply, NULL, buf, len);
 }
 
+/* A CREDIT (limit, ack), or with `final` the frontend's word that the final
+ * arrived: releases what was acknowledged, and retires a stream whose final
+ * was. */
+static void
+resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
+{
+    int retire;
+    pthread_mutex_lock(&r->mu);
+    if (r->window != 0 && limit > r->credit_limit) {
+        r->credit_limit = limit;
+        pthread_cond_broadcast(&r->cv);
+    }
+    if (final && r->final_seq != 0)
+        ack = r->final_seq;
+    resp_release_acked(r, ack);
+    retire = r->terminated && r->final_seq != 0 && ack >= r->final_seq;
+    pthread_mutex_unlock(&r->mu);
+    if (retire)
+        unregister_stream(r);
+}
+
 static void
 ing_on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
 {
@@ -1341,18 +1376,20 @@ ing_on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
             resp_cancel(r, c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL);
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
-        if (r != NULL) {
-            int retire;
-            pthread_mutex_lock(&r->mu);
-            if (r->window != 0 && c->credit_limit > r->credit_limit) {
-                r->credit_limit = c->credit_limit;
-                pthread_cond_broadcast(&r->cv);
+        if (r != NULL)
+            resp_credit(r, c->credit_limit, c->ack_seq, 0);
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS:
+        for (size_t i = 0; i < c->n_final_acks; i++) {
+            sw_responder *a;
+            pthread_mutex_lock(&ing->mu);
+            if ((a = swi_idmap_get(&ing->streams, c->final_acks[i].data)) != NULL)
+                resp_ref(a);
+            pthread_mutex_unlock(&ing->mu);
+            if (a != NULL) {
+                resp_credit(a, 0, 0, 1);
+                resp_unref(a);
             }
-            resp_release_acked(r, c->ack_seq);
-            retire = r->terminated && r->final_seq != 0 && c->ack_seq >= r->final_seq;
-            pthread_mutex_unlock(&r->mu);
-            if (retire)
-                unregister_stream(r);
         }
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
@@ -1935,5 +1972,6 @@ sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out)
         return;
     pthread_mutex_lock(&ing->mu);
     *out = ing->st;
+    out->streams_held = ing->streams.live;
     pthread_mutex_unlock(&ing->mu);
 }

@@ -14,6 +14,12 @@ sw_err swi_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
  * repaired: the skipped number is not kept for resend). */
 sw_err swi_responder_skip_seq(sw_responder *r);
 
+/* The next data item or final this stream queues is kept for resend but left
+ * out of its first publish, as if NATS had lost it (a lost final: the
+ * frontend learns of it from the heartbeats that go on until the final is
+ * acknowledged). Needs flow control (a credit window). */
+void swi_responder_lose_next(sw_responder *r);
+
 /* Marks the stream finished without publishing anything more: no heartbeats,
  * no final marker (--hang-after, --chaos no-final). */
 void swi_responder_abandon(sw_responder *r);

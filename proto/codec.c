@@ -204,6 +204,14 @@ swp_check_control(swp_control *m)
             m->resend_to - m->resend_from >= SWP_MAX_WINDOW)
             return SW_EPROTO;
         return SW_OK;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS:
+        if (m->request_id.len != 0 || m->n_final_acks == 0 ||
+            m->n_final_acks > SWP_MAX_FINAL_ACKS)
+            return SW_EPROTO;
+        for (size_t i = 0; i < m->n_final_acks; i++)
+            if (!swp_id_ok(m->final_acks[i]))
+                return SW_EPROTO;
+        return SW_OK;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:

@@ -29,6 +29,8 @@ typedef Streamwire__V1__BatchedItem swp_batched;
 
 #define SWP_MAX_WINDOW (1u << 20)
 #define SWP_MAX_HEARTBEAT_MS 3600000u
+/* Most request ids one ACK_FINALS control may carry. */
+#define SWP_MAX_FINAL_ACKS 256
 /* The longest subject we build: sw.req.<endpoint>.<instance>. */
 #define SWP_MAX_SUBJECT (7 + SW_MAX_ENDPOINT + 1 + SW_MAX_TOKEN)
 

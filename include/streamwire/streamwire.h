@@ -212,6 +212,8 @@ typedef struct sw_ingress_stats {
     uint64_t inflight;          /* gauge */
     uint64_t messages_sent;     /* NATS messages that carried first sends of items and finals:
                                    items queued while the previous message went out share one */
+    uint64_t streams_held;      /* gauge: streams in the worker's table, live ones and finished
+                                   ones whose final the frontend has not acknowledged yet */
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);

@@ -214,6 +214,103 @@ items(void)
     emit(1, "item-final-failed-no-error", &m);
 }
 
+/* Batches, written the way the worker writes them (swp_hdr_write, data and
+ * final bodies, swp_batch_prefix): a header, the first item's body, then a
+ * prefix + body per further item. */
+static uint8_t bbuf[4096];
+static size_t blen;
+
+static void
+b_hdr(void)
+{
+    swp_hdr h;
+    h.request_id = RID;
+    h.instance_id = "inst-a";
+    h.credit_window = 0;
+    h.resent = 0;
+    blen = swp_hdr_write(&h, bbuf);
+}
+
+static void
+b_data(int batched, uint64_t seq, const char *data, int droppable)
+{
+    size_t len = strlen(data), size = swp_data_body_size(seq, len, droppable);
+    if (blen + SWP_PREFIX_MAX + size > sizeof(bbuf))
+        exit(1);
+    if (batched)
+        blen += swp_batch_prefix(bbuf + blen, size);
+    blen += swp_data_body_write(bbuf + blen, seq, data, len, droppable);
+}
+
+static void
+b_final(int batched, uint64_t seq, const swp_terminal *t)
+{
+    uint8_t *body = NULL;
+    size_t n = 0;
+    if (swp_final_body_alloc(seq, t, sizeof(bbuf) - blen - SWP_PREFIX_MAX, &body, &n) != SW_OK) {
+        fprintf(stderr, "gen_corpus: cannot encode a final body\n");
+        exit(1);
+    }
+    if (batched)
+        blen += swp_batch_prefix(bbuf + blen, n);
+    memcpy(bbuf + blen, body, n);
+    blen += n;
+    free(body);
+}
+
+static void
+batches(void)
+{
+    Streamwire__V1__Terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    Streamwire__V1__Error err = STREAMWIRE__V1__ERROR__INIT;
+
+    b_hdr();
+    b_data(0, 1, "{\"token\":\"a\"}", 0);
+    b_data(1, 2, "{\"token\":\"b\"}", 1);
+    b_data(1, 3, "{\"token\":\"c\"}", 0);
+    emit_raw(1, "item-batch-data3", bbuf, blen, NULL, 0);
+
+    t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+    t.finish_reason = (char *)"stop";
+    b_hdr();
+    b_data(0, 7, "{\"token\":\"x\"}", 0);
+    b_data(1, 8, "{\"token\":\"y\"}", 0);
+    b_final(1, 9, &t);
+    emit_raw(1, "item-batch-final", bbuf, blen, NULL, 0);
+
+    t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
+    t.finish_reason = (char *)"";
+    t.error = &err;
+    err.app_code = (char *)"engine_error";
+    err.message = (char *)"CUDA out of memory";
+    b_hdr();
+    b_data(0, 20, "{\"token\":\"z\"}", 1);
+    b_final(1, 21, &t);
+    emit_raw(1, "item-batch-final-failed", bbuf, blen, NULL, 0);
+
+    b_hdr();
+    b_data(0, 4, "{\"token\":\"p\"}", 0);
+    b_data(1, 5, "", 0);
+    b_data(1, 6, "{\"token\":\"q\"}", 0);
+    emit_raw(1, "item-batch-empty-data", bbuf, blen, NULL, 0);
+
+    /* near-misses: rejected by swp_check_batch */
+    b_hdr();
+    b_data(0, 5, "{\"token\":\"a\"}", 0);
+    b_data(1, 7, "{\"token\":\"b\"}", 0);
+    b_data(1, 6, "{\"token\":\"c\"}", 0);
+    emit_raw(1, "item-batch-seq-decreasing", bbuf, blen, NULL, 0);
+
+    t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+    t.finish_reason = (char *)"stop";
+    t.error = NULL;
+    b_hdr();
+    b_data(0, 5, "{\"token\":\"a\"}", 0);
+    b_final(1, 6, &t);
+    b_data(1, 7, "{\"token\":\"b\"}", 0);
+    emit_raw(1, "item-batch-final-middle", bbuf, blen, NULL, 0);
+}
+
 static void
 controls(void)
 {
@@ -302,6 +399,7 @@ main(int argc, char **argv)
         ct40[i] = (uint8_t)(i * 31 + 11);
     requests();
     items();
+    batches();
     controls();
     probe_and_instance();
     printf("gen_corpus: wrote %d files to %s\n", nwritten, outdir);

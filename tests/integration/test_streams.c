@@ -113,7 +113,8 @@ enum {
     M_TRY,           /* try_send / droppable probe against a small window */
     M_KEEP,          /* retain and return; the test owns the responder */
     M_PAUSE,         /* k tokens, sleep delay_ms, the rest, finish */
-    M_API            /* responder API misuse and edge cases (results in rv[]) */
+    M_API,           /* responder API misuse and edge cases (results in rv[]) */
+    M_LOSE_FINAL     /* n tokens, swi_responder_lose_next, finish COMPLETED */
 };
 
 #define FAIL_MSG "the engine fell over: CUDA error 700"
@@ -445,6 +446,12 @@ test_handler(sw_responder *r, void *arg)
     case M_API:
         w_api(w, r);
         break;
+    case M_LOSE_FINAL:
+        if (w_send_tokens(w, r, 0, w->n, w->delay_ms)) {
+            swi_responder_lose_next(r);
+            w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
+        }
+        break;
     case M_KEEP:
         sw_responder_retain(r);
         pthread_mutex_lock(&w->mu);
@@ -641,6 +648,7 @@ static uint64_t f_bad(const sw_ingress_stats *s) { return s->bad_requests; }
 static uint64_t f_fin_cancelled(const sw_ingress_stats *s) { return s->finished[SW_STATUS_CANCELLED]; }
 static uint64_t f_fin_completed(const sw_ingress_stats *s) { return s->finished[SW_STATUS_COMPLETED]; }
 static uint64_t f_inflight_zero(const sw_ingress_stats *s) { return s->inflight == 0; }
+static uint64_t f_held_zero(const sw_ingress_stats *s) { return s->streams_held == 0; }
 
 /* ======================================================================== */
 /* Consumer side: collecting a stream                                        */
@@ -1985,6 +1993,116 @@ loss_repair_window_capped(void **state)
 }
 
 /* ======================================================================== */
+/* 6b. Coalescing and acknowledged finals                                    */
+
+/* A producer that sends as fast as it can: the items it queues while a
+ * message goes out share the next one (StreamItemWrapper.batch). The
+ * consumer still sees every item once, in order, then the terminal. */
+static void
+batched_items_in_order(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_stats st;
+    sw_stream_stats ss;
+    const int N = 2000;
+
+    e->w.mode = M_STREAM;
+    e->w.n = N;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(20000)));
+    assert_tokens(g, (size_t)N);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_int_equal(g->term_seq, (uint64_t)N + 1);
+    assert_done(g);
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, (uint64_t)N);
+    /* Some messages carried several items; none carried none. */
+    assert_true(st.messages_sent >= 1);
+    if (st.messages_sent >= (uint64_t)N + 1)
+        fail_msg("%llu messages for %d items and a final: nothing was coalesced",
+                 (unsigned long long)st.messages_sent, N);
+    assert_int_equal(st.items_resent, 0);
+    sw_stream_stats_get(s, &ss);
+    assert_int_equal(ss.items, (uint64_t)N);
+    assert_int_equal(ss.duplicates, 0);
+    assert_int_equal(ss.reordered, 0);
+    got_free(g);
+}
+
+/* Finished streams leave the worker's table when the frontend acknowledges
+ * their finals (ACK_FINALS, one message per worker for many streams), well
+ * before the 2 s linger that would otherwise retire them. */
+static void
+acked_finals_release_worker_state(void **state)
+{
+    env *e = *state;
+    sw_ingress_stats st;
+    const int K = 12;
+    int64_t t0;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 5;
+    env_start(e, NULL, NULL);
+    for (int i = 0; i < K; i++) {
+        got *g = new_got(e);
+        sw_stream *s = env_open(e);
+        assert_true(collect(s, g, 0, T(10000)));
+        assert_tokens(g, 5);
+        assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+        env_close(e, s);
+        got_free(g);
+    }
+    t0 = now_ms();
+    assert_int_equal(ist_wait(e, f_held_zero, 1, T(1500)), 1);
+    if (now_ms() - t0 >= 1900)
+        fail_msg("the worker let go of the streams only after %lld ms (linger, not acks)",
+                 (long long)(now_ms() - t0));
+    ingress_stats(e, &st);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], (uint64_t)K);
+    assert_int_equal(st.items_resent, 0);
+    assert_int_equal(st.streams_held, 0);
+}
+
+/* A final lost on the way: the worker keeps heartbeating while its final is
+ * unacknowledged, the frontend sees last_seq beyond what it has, asks for
+ * the rest, and the stream still ends COMPLETED with every item. */
+static void
+lost_final_is_resent(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_stats st;
+    sw_stream_stats ss;
+    sw_request_opts o;
+    const int N = 7;
+
+    e->w.mode = M_LOSE_FINAL;
+    e->w.n = N;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.heartbeat_ms = 50;
+    s = env_open_with(e, &o, "prompt", 6);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, (size_t)N);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_int_equal(g->term_seq, (uint64_t)N + 1);
+    assert_done(g);
+    sw_stream_stats_get(s, &ss);
+    assert_true(ss.resend_requests >= 1);
+    assert_true(ss.heartbeats >= 1);
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, (uint64_t)N);
+    assert_true(st.items_resent >= 1); /* the final */
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 1);
+    assert_int_equal(ist_wait(e, f_held_zero, 1, T(1500)), 1);
+    got_free(g);
+}
+
+/* ======================================================================== */
 /* 7. Scale                                                                  */
 
 #define SC_NS 1000
@@ -2922,6 +3040,9 @@ main(int argc, char **argv)
         T_(loss_repair),
         T_(window_capped_by_ingress),
         T_(loss_repair_window_capped),
+        T_(batched_items_in_order),
+        T_(acked_finals_release_worker_state),
+        T_(lost_final_is_resent),
         /* 7 */
         T_(scale_1000_streams),
         T_(router_backlog_no_spurious_incomplete),

@@ -1484,10 +1484,10 @@ sw_router_destroy(sw_router *r)
     pthread_mutex_unlock(&r->mu);
     if (r->timer_started)
         pthread_join(r->timer, NULL);
-    rt_flush_acks(r);
     swt_sub_close(r->conn, &r->live);
     swt_sub_close(r->conn, &r->prb);
     swt_sub_close(r->conn, &r->mux);
+    rt_flush_acks(r); /* after the mux drained: finals it delivered are acked too */
     rt_snapshot(r, &vec);
     for (size_t i = 0; i < vec.n; i++) {
         sw_stream *s = ST_AT(vec, i);

@@ -76,6 +76,8 @@ struct sw_responder {
     int sending;
     int in_sendq;      /* on ing->sq (under ing->smu) */
     int lose_next;     /* chaos: the next kept item misses its first publish */
+    int fe_cancelled;  /* the frontend cancelled or killed it (or is gone): it wants nothing more */
+    sw_err pub_err;    /* a failed publish of queued items, told to the next send or finish */
     int64_t last_end_us; /* when the last publish of items returned */
 
     uint32_t hb_ms;
@@ -256,6 +258,16 @@ resp_max_payload(const sw_responder *r)
     size_t max = sw_conn_max_payload(r->ing->conn);
     return max ? max : SIZE_MAX;
 }
+
+/* The longest item body that fits in a message with any header. */
+static size_t
+resp_max_body(const sw_responder *r)
+{
+    size_t max = resp_max_payload(r);
+    return max > SWP_HDR_MAX ? max - SWP_HDR_MAX : 0;
+}
+
+static void resp_uncount(sw_responder *r);
 
 /* Publishes a packed wrapper (r->mu held). */
 static sw_err
@@ -463,8 +475,10 @@ static void
 resp_drain(sw_responder *r)
 {
     swi_msgbuf m;
+    if (r->ring == NULL)
+        return; /* without flow control nothing is ever queued */
     msgbuf_init(&m);
-    while (!r->closed && r->pub_seq + 1 < r->next_seq) {
+    while (!r->closed && r->pub_seq + 1 < r->next_seq && !(r->terminated && r->final_seq == 0)) {
         uint64_t last;
         unsigned k, kd;
         size_t len = resp_build(r, r->pub_seq + 1, r->next_seq - 1, 0, &m, &last, &k, &kd);
@@ -475,14 +489,31 @@ resp_drain(sw_responder *r)
             pthread_mutex_unlock(&r->mu);
             rv = swt_publish(r->ing->conn, r->resp_subj, NULL, m.p, len);
             pthread_mutex_lock(&r->mu);
-            if (rv == SW_OK)
+            if (rv == SW_OK) {
                 resp_count_sent(r->ing, kd, 1);
+                r->last_pub_ms = swi_now_ms();
+            } else {
+                r->pub_err = rv;
+            }
         }
         r->pub_seq = last;
-        r->last_pub_ms = swi_now_ms();
         r->last_end_us = swi_now_us();
+        if (r->final_seq != 0 && r->pub_seq >= r->final_seq)
+            resp_uncount(r);
     }
     msgbuf_free(&m);
+}
+
+/* Publishes r's queued items as the one thread doing so (r->mu held, r->sending
+ * clear); waiters on r->cv (sw_ingress_destroy, resp_flush_now) learn when
+ * it is done. */
+static void
+resp_run_drain(sw_responder *r)
+{
+    r->sending = 1;
+    resp_drain(r);
+    r->sending = 0;
+    pthread_cond_broadcast(&r->cv);
 }
 
 /* Hands stream r to the sender thread. 0 if the sender is not running. */
@@ -520,9 +551,7 @@ resp_kick(sw_responder *r)
         return;
     if (swi_now_us() - r->last_end_us < SWI_HOT_US && ing_defer(r->ing, r))
         return;
-    r->sending = 1;
-    resp_drain(r);
-    r->sending = 0;
+    resp_run_drain(r);
 }
 
 /* Publishes every queued item of r before returning (r->mu held; waits
@@ -531,14 +560,11 @@ resp_kick(sw_responder *r)
 static void
 resp_flush_now(sw_responder *r)
 {
-    while (!r->closed && r->pub_seq + 1 < r->next_seq) {
-        if (!r->sending) {
-            r->sending = 1;
-            resp_drain(r);
-            r->sending = 0;
-        } else {
-            (void)swi_cond_wait_until(&r->cv, &r->mu, swi_now_ms() + 1);
-        }
+    while (r->ring != NULL && !r->closed && r->pub_seq + 1 < r->next_seq) {
+        if (!r->sending)
+            resp_run_drain(r);
+        else
+            (void)swi_cond_wait_until(&r->cv, &r->mu, swi_now_ms() + 100);
     }
 }
 
@@ -562,11 +588,8 @@ ing_sender_main(void *arg)
         r->in_sendq = 0;
         pthread_mutex_unlock(&ing->smu);
         pthread_mutex_lock(&r->mu);
-        if (!r->sending) {
-            r->sending = 1;
-            resp_drain(r);
-            r->sending = 0;
-        }
+        if (!r->sending)
+            resp_run_drain(r);
         pthread_mutex_unlock(&r->mu);
         resp_unref(r);
         pthread_mutex_lock(&ing->smu);
@@ -603,14 +626,11 @@ static void unregister_stream(sw_responder *r);
 
 /* Bookkeeping once nothing more will be sent (r->mu held). */
 static void
-resp_mark_terminated(sw_responder *r)
+resp_uncount(sw_responder *r)
 {
     sw_ingress *ing = r->ing;
     int counted = r->counted;
-    r->terminated = 1;
     r->counted = 0;
-    r->done_ms = swi_now_ms();
-    pthread_cond_broadcast(&r->cv);
     if (counted) {
         pthread_mutex_lock(&ing->mu);
         ing->inflight--;
@@ -618,6 +638,19 @@ resp_mark_terminated(sw_responder *r)
         pthread_cond_broadcast(&ing->cv);
         pthread_mutex_unlock(&ing->mu);
     }
+}
+
+/* Nothing more will be queued (r->mu held). The stream stops counting in
+ * the ingress's inflight (which sw_ingress_drain waits for) once its final
+ * is on the wire, or now if there is no final to publish. */
+static void
+resp_mark_terminated(sw_responder *r)
+{
+    r->terminated = 1;
+    r->done_ms = swi_now_ms();
+    pthread_cond_broadcast(&r->cv);
+    if (r->final_seq == 0 || r->pub_seq >= r->final_seq)
+        resp_uncount(r);
 }
 
 /* Sends the final wrapper (r->mu held, not terminated). */
@@ -628,7 +661,7 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     uint8_t *buf = NULL;
     size_t len = 0;
     uint64_t seq = r->next_seq;
-    size_t max = resp_max_payload(r) - SWP_HDR_MAX;
+    size_t max = resp_max_body(r);
     sw_err rv;
 
     if (r->closed)
@@ -655,6 +688,11 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
         rv = resp_publish_one(r, seq, buf, len);
         r->pub_seq = seq;
         free(buf);
+        if (rv == SW_OK)
+            resp_count_sent(ing, 0, 1);
+    } else if (r->pub_err != SW_OK) {
+        rv = r->pub_err; /* the final is kept, and resent if asked for */
+        r->pub_err = SW_OK;
     }
     resp_mark_terminated(r);
     if (r->ring != NULL)
@@ -837,9 +875,14 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
             goto out;
         }
     }
+    if (r->pub_err != SW_OK) { /* an earlier publish failed: say so once */
+        rv = r->pub_err;
+        r->pub_err = SW_OK;
+        goto out;
+    }
     seq = r->next_seq;
-    blen = swp_data_body_size(seq, len, mode == 2);
-    if (blen > resp_max_payload(r) - SWP_HDR_MAX) {
+    if (len > resp_max_body(r) || (blen = swp_data_body_size(seq, len, mode == 2)) >
+                                      resp_max_body(r)) {
         rv = SW_EMSGSIZE; /* nothing consumed, the stream goes on */
         goto out;
     }
@@ -1003,10 +1046,15 @@ swi_responder_skip_seq(sw_responder *r)
     if (r == NULL)
         return SW_EINVAL;
     pthread_mutex_lock(&r->mu);
-    if (r->terminated || r->closed)
+    if (r->terminated || r->closed) {
         rv = SW_ECLOSED;
-    else
+    } else {
         r->next_seq++;
+        if (r->ring == NULL)
+            r->pub_seq = r->next_seq - 1;
+        else
+            resp_kick(r); /* covers the number; nothing to publish for it */
+    }
     pthread_mutex_unlock(&r->mu);
     return rv;
 }
@@ -1017,6 +1065,7 @@ swi_responder_abandon(sw_responder *r)
     if (r == NULL)
         return;
     pthread_mutex_lock(&r->mu);
+    resp_flush_now(r); /* what was sent before goes out; nothing after */
     if (!r->terminated)
         resp_mark_terminated(r);
     pthread_mutex_unlock(&r->mu);
@@ -1045,6 +1094,7 @@ swi_responder_send_after_final(sw_responder *r, const void *data, size_t len)
     (void)swp_data_body_write(buf, r->next_seq, data, len, 0);
     rv = r->closed ? SW_ECLOSED : resp_publish_one(r, r->next_seq, buf, blen);
     r->next_seq++;
+    r->pub_seq = r->next_seq - 1;
     free(buf);
     pthread_mutex_unlock(&r->mu);
     return rv;
@@ -1246,8 +1296,10 @@ resp_cancel(sw_responder *r, int kill)
         r->cancelled = 1;
         newly = 1;
     }
+    r->fe_cancelled = 1;
     if (!r->terminated) {
         if (kill) {
+            r->pub_seq = r->next_seq - 1; /* nothing queued goes out any more */
             resp_mark_terminated(r);
         } else {
             swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
@@ -1340,6 +1392,8 @@ resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
     }
     if (final && r->final_seq != 0)
         ack = r->final_seq;
+    if (ack > r->pub_seq)
+        ack = r->pub_seq; /* nobody can have received what did not go out */
     resp_release_acked(r, ack);
     retire = r->terminated && r->final_seq != 0 && ack >= r->final_seq;
     pthread_mutex_unlock(&r->mu);
@@ -1456,6 +1510,8 @@ ing_tick_one(sw_responder *r, int64_t now)
             r->cancelled = 1;
             (void)resp_send_failed(r, SW_DEADLINE_EXCEEDED, NULL, "the request deadline passed");
         } else {
+            if (!r->sending && r->pub_seq + 1 < r->next_seq && r->ring != NULL)
+                resp_run_drain(r); /* stranded (no memory for a message earlier) */
             resp_heartbeat(r, now);
         }
     } else if (r->terminated) {
@@ -1463,7 +1519,8 @@ ing_tick_one(sw_responder *r, int64_t now)
          * let go. Heartbeats go on meanwhile, so a lost final is asked for. */
         int64_t linger = 4 * (int64_t)r->hb_ms + SWI_LINGER_MIN_MS;
         retire = now - r->done_ms >= linger;
-        if (!retire && !r->closed && r->final_seq != 0 && r->acked < r->final_seq)
+        if (!retire && !r->closed && !r->fe_cancelled && r->final_seq != 0 &&
+            r->acked < r->final_seq)
             resp_heartbeat(r, now);
     }
     pthread_mutex_unlock(&r->mu);
@@ -1932,6 +1989,10 @@ sw_ingress_destroy(sw_ingress *ing)
         pthread_mutex_lock(&r->mu);
         r->closed = 1;
         pthread_cond_broadcast(&r->cv);
+        /* A thread publishing r's items (mu dropped) finishes before the
+         * caller may close the connection. */
+        while (r->sending)
+            (void)swi_cond_wait_until(&r->cv, &r->mu, swi_now_ms() + 100);
         pthread_mutex_unlock(&r->mu);
         unregister_stream(r);
         resp_unref(r);

@@ -80,7 +80,66 @@ swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, 
     return *out ? SW_OK : SW_EPROTO;
 }
 
-#define SWP_DECODE(fn, type, desc, validate)                                            \
+/* Counts the top-level `batch` (field 12) entries in a wrapper's bytes
+ * without unpacking; stops early past SWP_MAX_BATCH. Bytes that do not
+ * walk are left to protobuf-c to reject. Returns 1 if over the cap. */
+static int
+swp_batch_over_cap(const uint8_t *p, size_t len)
+{
+    size_t i = 0, n = 0;
+    while (i < len) {
+        uint64_t tag = 0, v = 0;
+        unsigned sh = 0;
+        do {
+            if (i >= len || sh > 63)
+                return 0;
+            tag |= (uint64_t)(p[i] & 0x7f) << sh;
+            sh += 7;
+        } while (p[i++] & 0x80);
+        switch (tag & 7) {
+        case 0: /* varint */
+            do {
+                if (i >= len)
+                    return 0;
+            } while (p[i++] & 0x80);
+            break;
+        case 1:
+            i += 8;
+            break;
+        case 5:
+            i += 4;
+            break;
+        case 2:
+            sh = 0;
+            do {
+                if (i >= len || sh > 63)
+                    return 0;
+                v |= (uint64_t)(p[i] & 0x7f) << sh;
+                sh += 7;
+            } while (p[i++] & 0x80);
+            if (v > len - i)
+                return 0;
+            i += (size_t)v;
+            if ((tag >> 3) == 12 && ++n > SWP_MAX_BATCH)
+                return 1;
+            break;
+        default:
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* No precheck. */
+static int
+swp_no_precheck(const uint8_t *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return 0;
+}
+
+#define SWP_DECODE(fn, type, desc, precheck, validate)                                  \
     sw_err fn(const uint8_t *buf, size_t len, size_t max, type **out)                   \
     {                                                                                   \
         ProtobufCMessage *m;                                                            \
@@ -88,6 +147,8 @@ swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, 
         if (out == NULL)                                                                \
             return SW_EINVAL;                                                           \
         *out = NULL;                                                                    \
+        if (len <= max && buf != NULL && precheck(buf, len))                            \
+            return SW_EPROTO;                                                           \
         if ((rv = swp_unpack(&desc, buf, len, max, NULL, &m)) != SW_OK)                 \
             return rv;                                                                  \
         if ((rv = validate((type *)m)) != SW_OK) {                                      \
@@ -240,14 +301,16 @@ swp_check_instance(swp_instance *m)
     return SW_OK;
 }
 
-SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor, swp_check_request)
+SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor, swp_no_precheck,
+           swp_check_request)
 SWP_DECODE(swp_decode_item, swp_item, streamwire__v1__stream_item_wrapper__descriptor,
-           swp_check_item)
-SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor, swp_check_control)
+           swp_batch_over_cap, swp_check_item)
+SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor, swp_no_precheck,
+           swp_check_control)
 SWP_DECODE(swp_decode_probe_reply, swp_probe_reply, streamwire__v1__probe_reply__descriptor,
-           swp_check_probe_reply)
+           swp_no_precheck, swp_check_probe_reply)
 SWP_DECODE(swp_decode_instance, swp_instance, streamwire__v1__instance_info__descriptor,
-           swp_check_instance)
+           swp_no_precheck, swp_check_instance)
 
 static void *
 swp_arena_alloc(void *data, size_t size)
@@ -282,6 +345,8 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
     a->alloc.alloc = swp_arena_alloc;
     a->alloc.free = swp_arena_free;
     a->alloc.allocator_data = a;
+    if (len <= max && buf != NULL && swp_batch_over_cap(buf, len))
+        return SW_EPROTO;
     if ((rv = swp_unpack(&streamwire__v1__stream_item_wrapper__descriptor, buf, len, max,
                          &a->alloc, &m)) != SW_OK)
         return rv;

@@ -29,6 +29,10 @@ typedef Streamwire__V1__BatchedItem swp_batched;
 
 #define SWP_MAX_WINDOW (1u << 20)
 #define SWP_MAX_HEARTBEAT_MS 3600000u
+/* Most items one StreamItemWrapper may carry in `batch` (the worker sends at
+ * most 128). Checked on the raw bytes before unpacking, so a hostile message
+ * cannot make the decoder allocate a struct per 2 bytes of input. */
+#define SWP_MAX_BATCH 1024
 /* Most request ids one ACK_FINALS control may carry. */
 #define SWP_MAX_FINAL_ACKS 256
 /* The longest subject we build: sw.req.<endpoint>.<instance>. */

@@ -2309,6 +2309,65 @@ test_batch_decode(void **state)
     }
 }
 
+/* More than SWP_MAX_BATCH batched items is refused before unpacking (a
+ * hostile frontend-bound message cannot make the decoder allocate a struct
+ * per two bytes); exactly SWP_MAX_BATCH decodes. */
+static void
+test_batch_count_cap(void **state)
+{
+    static const uint8_t id[SW_REQUEST_ID_BYTES] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
+    swp_hdr h = {id, NULL, 0, 0};
+    size_t cap = SWP_HDR_MAX + (SWP_MAX_BATCH + 2) * (SWP_PREFIX_MAX + 16), n;
+    uint8_t *b = malloc(cap), body[32];
+    (void)state;
+    assert_non_null(b);
+    for (int extra = 0; extra <= 1; extra++) {
+        swp_item *d = NULL;
+        swp_arena a;
+        n = swp_hdr_write(&h, b);
+        n += swp_data_body_write(b + n, 1, "x", 1, 0);
+        for (uint64_t q = 2; q <= 1 + (uint64_t)SWP_MAX_BATCH + (uint64_t)extra; q++) {
+            size_t bl = swp_data_body_write(body, q, "y", 1, 0);
+            n += swp_batch_prefix(b + n, bl);
+            memcpy(b + n, body, bl);
+            n += bl;
+        }
+        assert_true(n <= cap);
+        if (extra) {
+            assert_int_equal(swp_decode_item(b, n, 1 << 20, &d), SW_EPROTO);
+            assert_null(d);
+            assert_int_equal(swp_decode_item_arena(b, n, 1 << 20, &a, &d), SW_EPROTO);
+            assert_null(d);
+        } else {
+            assert_int_equal(swp_decode_item(b, n, 1 << 20, &d), SW_OK);
+            assert_int_equal(d->n_batch, SWP_MAX_BATCH);
+            assert_int_equal(d->batch[SWP_MAX_BATCH - 1]->seq, 1 + SWP_MAX_BATCH);
+            swp_free(d);
+            assert_int_equal(swp_decode_item_arena(b, n, 1 << 20, &a, &d), SW_OK);
+            assert_int_equal(d->n_batch, SWP_MAX_BATCH);
+            swp_free_arena(d, &a);
+        }
+    }
+    /* 1 MB of empty batch entries: refused without unpacking. */
+    {
+        size_t big = 1 << 20;
+        uint8_t *e = malloc(big);
+        swp_item *d = NULL;
+        assert_non_null(e);
+        n = swp_hdr_write(&h, e);
+        n += swp_data_body_write(e + n, 1, "x", 1, 0);
+        while (n + 2 <= big) {
+            e[n++] = 0x62;
+            e[n++] = 0x00;
+        }
+        assert_int_equal(swp_decode_item(e, n, big, &d), SW_EPROTO);
+        assert_null(d);
+        free(e);
+    }
+    free(b);
+}
+
+
 /* 4b. 200 items of 64 bytes: more than the arena holds, so the arena decoder
  * falls back to malloc for the rest (and frees it: the ASan build checks). */
 static void
@@ -2689,6 +2748,7 @@ main(void)
         cmocka_unit_test(test_hand_header_and_prefix_bounds),
         cmocka_unit_test(test_batch_decode),
         cmocka_unit_test(test_batch_large_arena_fallback),
+        cmocka_unit_test(test_batch_count_cap),
         cmocka_unit_test(test_batch_rules_rejected),
         cmocka_unit_test(test_final_body_round_trip),
     };

@@ -418,16 +418,14 @@ resp_ring_fit(sw_responder *r, uint64_t seq)
 }
 
 /* Keeps the body of item seq, to be published and then kept for resend
- * (r->mu held, r->ring set). Takes ownership of buf. SW_ENOMEM if the ring
- * cannot hold it (buf freed, nothing changed). */
+ * (r->mu held, r->ring set). Takes ownership of buf on success; SW_ENOMEM
+ * if the ring cannot hold it (nothing changed, buf still the caller's). */
 static sw_err
 resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
 {
     swi_slot *sl;
-    if (resp_ring_fit(r, seq) != 0 || r->ring[seq % r->ring_cap].buf != NULL) {
-        free(buf);
+    if (resp_ring_fit(r, seq) != 0 || r->ring[seq % r->ring_cap].buf != NULL)
         return SW_ENOMEM;
-    }
     sl = &r->ring[seq % r->ring_cap];
     sl->seq = seq;
     sl->buf = buf;
@@ -680,8 +678,21 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     }
     if (rv != SW_OK)
         return rv;
-    if (r->ring != NULL && (rv = resp_keep(r, seq, buf, len)) != SW_OK)
+    if (r->ring != NULL && resp_keep(r, seq, buf, len) != SW_OK) {
+        /* Cannot keep it for resend: still end the stream, after what was
+         * queued before it. */
+        resp_flush_now(r);
+        rv = r->closed ? SW_ECLOSED : resp_publish_one(r, seq, buf, len);
+        free(buf);
+        r->next_seq++;
+        r->final_seq = seq;
+        r->pub_seq = seq;
+        resp_mark_terminated(r);
+        pthread_mutex_lock(&ing->mu);
+        ing->st.finished[counted_as]++;
+        pthread_mutex_unlock(&ing->mu);
         return rv;
+    }
     r->next_seq++;
     r->final_seq = seq;
     if (r->ring == NULL) { /* no flow control: nothing queued, nothing kept */
@@ -901,8 +912,10 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
         }
         goto out;
     }
-    if ((rv = resp_keep(r, seq, buf, blen)) != SW_OK)
+    if ((rv = resp_keep(r, seq, buf, blen)) != SW_OK) {
+        free(buf);
         goto out;
+    }
     r->next_seq++;
     resp_kick(r); /* may drop mu while publishing */
 out:
@@ -1392,8 +1405,10 @@ resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
     }
     if (final && r->final_seq != 0)
         ack = r->final_seq;
-    if (ack > r->pub_seq)
-        ack = r->pub_seq; /* nobody can have received what did not go out */
+    if (ack >= r->next_seq)
+        ack = r->next_seq - 1; /* nobody can have received what does not exist. (Not
+                                  pub_seq: items are acked before their publisher,
+                                  mu dropped, has moved pub_seq past them.) */
     resp_release_acked(r, ack);
     retire = r->terminated && r->final_seq != 0 && ack >= r->final_seq;
     pthread_mutex_unlock(&r->mu);

@@ -231,10 +231,15 @@ SW_API int64_t sw_responder_deadline_left_ms(const sw_responder *r);
 
 /* Sends one data item (copied). Blocks while the stream has no credit, until
  * credit arrives, the stream is cancelled, or the ingress send timeout passes.
+ * With flow control the item may be queued and published an instant later
+ * by the ingress's sender thread, together with the items queued after it
+ * (see docs/PROTOCOL.md "Coalescing"); a publish that failed there is
+ * returned by the next send or finish.
  * Errors: SW_ECANCELLED (frontend cancelled or gone, or deadline passed),
  * SW_ECLOSED (a terminal was already sent, or the ingress is gone),
- * SW_ETIMEDOUT (no credit in time), SW_EMSGSIZE (item exceeds max payload;
- * nothing sent, the stream stays usable), SW_EINVAL. */
+ * SW_ETIMEDOUT (no credit in time), SW_EMSGSIZE (the item plus a wrapper of
+ * up to 94 bytes exceeds the max payload; nothing sent, the stream stays
+ * usable), SW_ENOMEM, a NATS error (SW_ENATS_BASE | status), SW_EINVAL. */
 SW_API sw_err sw_responder_send(sw_responder *r, const void *data, size_t len);
 
 /* As send, but returns SW_EAGAIN at once instead of blocking for credit. */

@@ -996,6 +996,47 @@ st_reroute(sw_stream *s)
 
 /* ---------------------------------------------------------------- mux */
 
+/* A worker's heartbeats for many of our streams (sw.rsp.<router>.hb): each
+ * beat is handled as the heartbeat wrapper it stands for. */
+static void
+rt_on_beats(sw_router *r, natsMsg *msg)
+{
+    swp_beats *b = NULL;
+    uint64_t unknown = 0;
+    sw_err rv = swp_decode_beats((const uint8_t *)natsMsg_GetData(msg),
+                                 (size_t)natsMsg_GetDataLength(msg),
+                                 sw_conn_max_payload(r->conn) + 1024, &b);
+    if (rv != SW_OK) {
+        pthread_mutex_lock(&r->mu);
+        r->st.bad_messages++;
+        pthread_mutex_unlock(&r->mu);
+        swi_log(&r->log, SW_LOG_WARN, "a heartbeat batch did not decode: %s", sw_err_name(rv));
+        return;
+    }
+    for (size_t i = 0; i < b->n_beats; i++) {
+        swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+        swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
+        sw_stream *s = rt_lookup(r, b->beats[i]->request_id.data);
+        if (s == NULL) {
+            unknown++;
+            continue;
+        }
+        h.last_seq = b->beats[i]->last_seq;
+        w.version = SW_PROTOCOL_VERSION;
+        w.request_id = b->beats[i]->request_id;
+        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+        w.heartbeat = &h;
+        st_on_item(s, &w);
+        st_unref(s);
+    }
+    if (unknown) {
+        pthread_mutex_lock(&r->mu);
+        r->st.unknown_stream += unknown;
+        pthread_mutex_unlock(&r->mu);
+    }
+    swp_free(b);
+}
+
 static void
 rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
 {
@@ -1006,6 +1047,10 @@ rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
     swp_arena arena;
     sw_err rv;
 
+    if (swt_is_beats_subject(natsMsg_GetSubject(msg))) {
+        rt_on_beats(r, msg);
+        goto done;
+    }
     if (swt_response_subject_id(natsMsg_GetSubject(msg), id) != 0 ||
         (s = rt_lookup(r, id)) == NULL) {
         pthread_mutex_lock(&r->mu);

@@ -216,29 +216,21 @@ resp_unref(sw_responder *r)
 
 /* ---------------------------------------------------------------- publish */
 
-/* Packs a complete wrapper with protobuf-c: a heartbeat (hb) or a final
- * (term). Used for heartbeats and for rejections, which have no stream
- * state; stream items go through the ring and resp_build. *out is malloc'd. */
+/* Packs a complete final wrapper with protobuf-c, for rejections, which
+ * have no stream state (stream items go through the ring and resp_build).
+ * *out is malloc'd. */
 static sw_err
-resp_pack(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t seq,
-          const swp_terminal *term, int hb, uint64_t hb_last, size_t max, uint8_t **out,
-          size_t *outlen)
+resp_pack_final(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance, uint64_t seq,
+                const swp_terminal *term, size_t max, uint8_t **out, size_t *outlen)
 {
     swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
-    swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
     w.version = SW_PROTOCOL_VERSION;
     w.request_id.data = (uint8_t *)id;
     w.request_id.len = SW_REQUEST_ID_BYTES;
     w.seq = seq;
     w.instance_id = (char *)instance;
-    if (hb) {
-        h.last_seq = hb_last;
-        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
-        w.heartbeat = &h;
-    } else {
-        w.complete_final = 1;
-        w.terminal = (swp_terminal *)term;
-    }
+    w.complete_final = 1;
+    w.terminal = (swp_terminal *)term;
     return swp_encode_alloc(&w, max ? max : SIZE_MAX, out, outlen);
 }
 
@@ -1133,7 +1125,7 @@ ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_
     uint8_t *buf = NULL;
     size_t len = 0;
     term_failed(&t, &e, code, NULL, message);
-    if (resp_pack(id, ing->instance_id, 1, &t, 0, 0, sw_conn_max_payload(ing->conn), &buf, &len) ==
+    if (resp_pack_final(id, ing->instance_id, 1, &t, sw_conn_max_payload(ing->conn), &buf, &len) ==
         SW_OK)
         (void)swt_publish(ing->conn, subject, NULL, buf, len);
     free(buf);
@@ -1494,28 +1486,128 @@ ing_snapshot(sw_ingress *ing, swi_ptrvec *vec)
 
 #define RESP_AT(vec, i) ((sw_responder *)(vec).v[i])
 
-/* Sends a heartbeat if r has been quiet for hb_ms and nothing is queued
- * (r->mu held). It counts only what went out (pub_seq), so the frontend
- * asks for anything missing up to there. */
+/* The heartbeats one timer tick sends, by frontend: one HeartbeatBatch per
+ * frontend (sw.rsp.<router>.hb) instead of a message per stream. Owned by
+ * the timer thread, reused across ticks. */
+#define SWI_BEATS_PER_MSG 1024
+typedef struct swi_beatgrp {
+    char router[SW_MAX_TOKEN + 1];
+    uint8_t (*ids)[SW_REQUEST_ID_BYTES];
+    uint64_t *last;
+    size_t n, cap;
+} swi_beatgrp;
+typedef struct swi_beats {
+    swi_beatgrp *g;
+    size_t n, cap;
+} swi_beats;
+
 static void
-resp_heartbeat(sw_responder *r, int64_t now)
+beats_add(swi_beats *b, const char *router, const uint8_t *id, uint64_t last_seq)
 {
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
-        r->pub_seq + 1 < r->next_seq)
-        return;
-    if (resp_pack(r->id, r->ing->instance_id, 0, NULL, 1, r->pub_seq, 0, &buf, &len) == SW_OK &&
-        resp_publish(r, buf, len) == SW_OK) {
-        pthread_mutex_lock(&r->ing->mu);
-        r->ing->st.heartbeats++;
-        pthread_mutex_unlock(&r->ing->mu);
+    swi_beatgrp *g = NULL;
+    for (size_t i = 0; i < b->n; i++)
+        if (strcmp(b->g[i].router, router) == 0) {
+            g = &b->g[i];
+            break;
+        }
+    if (g == NULL) {
+        if (b->n == b->cap) {
+            size_t nc = b->cap ? 2 * b->cap : 4;
+            swi_beatgrp *ng = realloc(b->g, nc * sizeof(*ng));
+            if (ng == NULL)
+                return;
+            b->g = ng;
+            b->cap = nc;
+        }
+        g = &b->g[b->n++];
+        memset(g, 0, sizeof(*g));
+        snprintf(g->router, sizeof(g->router), "%s", router);
     }
-    free(buf);
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? 2 * g->cap : 64;
+        uint8_t(*ni)[SW_REQUEST_ID_BYTES] = realloc(g->ids, nc * sizeof(*ni));
+        uint64_t *nl;
+        if (ni == NULL)
+            return;
+        g->ids = ni;
+        if ((nl = realloc(g->last, nc * sizeof(*nl))) == NULL)
+            return;
+        g->last = nl;
+        g->cap = nc;
+    }
+    memcpy(g->ids[g->n], id, SW_REQUEST_ID_BYTES);
+    g->last[g->n] = last_seq;
+    g->n++;
+}
+
+/* Publishes the collected heartbeats and empties the groups (keeping them). */
+static void
+beats_flush(sw_ingress *ing, swi_beats *b)
+{
+    swp_beat one[SWI_BEATS_PER_MSG];
+    swp_beat *ptr[SWI_BEATS_PER_MSG];
+    uint64_t sent = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        swi_beatgrp *g = &b->g[i];
+        char subj[SWT_SUBJECT_MAX];
+        if (g->n == 0 || swt_subject_beats(subj, sizeof(subj), g->router) != SW_OK) {
+            g->n = 0;
+            continue;
+        }
+        for (size_t at = 0; at < g->n; at += SWI_BEATS_PER_MSG) {
+            swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
+            size_t k = g->n - at < SWI_BEATS_PER_MSG ? g->n - at : SWI_BEATS_PER_MSG, len;
+            uint8_t *buf = NULL;
+            for (size_t j = 0; j < k; j++) {
+                streamwire__v1__stream_beat__init(&one[j]);
+                one[j].request_id.data = g->ids[at + j];
+                one[j].request_id.len = SW_REQUEST_ID_BYTES;
+                one[j].last_seq = g->last[at + j];
+                ptr[j] = &one[j];
+            }
+            m.version = SW_PROTOCOL_VERSION;
+            m.instance_id = ing->instance_id;
+            m.n_beats = k;
+            m.beats = ptr;
+            if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) == SW_OK &&
+                swt_publish(ing->conn, subj, NULL, buf, len) == SW_OK)
+                sent += k;
+            free(buf);
+        }
+        g->n = 0;
+    }
+    if (sent) {
+        pthread_mutex_lock(&ing->mu);
+        ing->st.heartbeats += sent;
+        pthread_mutex_unlock(&ing->mu);
+    }
 }
 
 static void
-ing_tick_one(sw_responder *r, int64_t now)
+beats_free(swi_beats *b)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        free(b->g[i].ids);
+        free(b->g[i].last);
+    }
+    free(b->g);
+}
+
+/* Queues a heartbeat if r has been quiet for hb_ms and nothing is queued
+ * (r->mu held). It counts only what went out (pub_seq), so the frontend
+ * asks for anything missing up to there. */
+static void
+resp_heartbeat(sw_responder *r, int64_t now, swi_beats *beats)
+{
+    if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
+        r->pub_seq + 1 < r->next_seq)
+        return;
+    beats_add(beats, r->router_id, r->id, r->pub_seq);
+    r->last_pub_ms = now;
+}
+
+static void
+ing_tick_one(sw_responder *r, int64_t now, swi_beats *beats)
 {
     int deadline = 0, retire = 0;
     pthread_mutex_lock(&r->mu);
@@ -1527,7 +1619,7 @@ ing_tick_one(sw_responder *r, int64_t now)
         } else {
             if (!r->sending && r->pub_seq + 1 < r->next_seq && r->ring != NULL)
                 resp_run_drain(r); /* stranded (no memory for a message earlier) */
-            resp_heartbeat(r, now);
+            resp_heartbeat(r, now, beats);
         }
     } else if (r->terminated) {
         /* A final never acknowledged: keep it for resend for a while, then
@@ -1536,7 +1628,7 @@ ing_tick_one(sw_responder *r, int64_t now)
         retire = now - r->done_ms >= linger;
         if (!retire && !r->closed && !r->fe_cancelled && r->final_seq != 0 &&
             r->acked < r->final_seq)
-            resp_heartbeat(r, now);
+            resp_heartbeat(r, now, beats);
     }
     pthread_mutex_unlock(&r->mu);
     if (deadline)
@@ -1550,6 +1642,7 @@ ing_timer_main(void *arg)
 {
     sw_ingress *ing = arg;
     swi_ptrvec vec = {NULL, 0, 0};
+    swi_beats beats = {NULL, 0, 0};
     pthread_mutex_lock(&ing->mu);
     while (!ing->stopping) {
         swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + SWI_TICK_MS);
@@ -1559,12 +1652,14 @@ ing_timer_main(void *arg)
         ing_snapshot(ing, &vec);
         int64_t now = swi_now_ms();
         for (size_t i = 0; i < vec.n; i++) {
-            ing_tick_one(RESP_AT(vec, i), now);
+            ing_tick_one(RESP_AT(vec, i), now, &beats);
             resp_unref(RESP_AT(vec, i));
         }
+        beats_flush(ing, &beats);
         pthread_mutex_lock(&ing->mu);
     }
     pthread_mutex_unlock(&ing->mu);
+    beats_free(&beats);
     free(vec.v);
     return NULL;
 }

@@ -80,11 +80,11 @@ swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, 
     return *out ? SW_OK : SW_EPROTO;
 }
 
-/* Counts the top-level `batch` (field 12) entries in a wrapper's bytes
- * without unpacking; stops early past SWP_MAX_BATCH. Bytes that do not
- * walk are left to protobuf-c to reject. Returns 1 if over the cap. */
+/* Counts the top-level length-delimited entries of `field` in a message's
+ * bytes without unpacking; stops early past `cap`. Bytes that do not walk
+ * are left to protobuf-c to reject. Returns 1 if over the cap. */
 static int
-swp_batch_over_cap(const uint8_t *p, size_t len)
+swp_field_over_cap(const uint8_t *p, size_t len, uint64_t field, size_t cap)
 {
     size_t i = 0, n = 0;
     while (i < len) {
@@ -120,7 +120,7 @@ swp_batch_over_cap(const uint8_t *p, size_t len)
             if (v > len - i)
                 return 0;
             i += (size_t)v;
-            if ((tag >> 3) == 12 && ++n > SWP_MAX_BATCH)
+            if ((tag >> 3) == field && ++n > cap)
                 return 1;
             break;
         default:
@@ -128,6 +128,20 @@ swp_batch_over_cap(const uint8_t *p, size_t len)
         }
     }
     return 0;
+}
+
+/* A wrapper's `batch` (field 12) beyond SWP_MAX_BATCH. */
+static int
+swp_batch_over_cap(const uint8_t *p, size_t len)
+{
+    return swp_field_over_cap(p, len, 12, SWP_MAX_BATCH);
+}
+
+/* A HeartbeatBatch's `beats` (field 3) beyond SWP_MAX_BEATS. */
+static int
+swp_beats_over_cap(const uint8_t *p, size_t len)
+{
+    return swp_field_over_cap(p, len, 3, SWP_MAX_BEATS);
 }
 
 /* No precheck. */
@@ -301,6 +315,20 @@ swp_check_instance(swp_instance *m)
     return SW_OK;
 }
 
+static sw_err
+swp_check_beats(swp_beats *m)
+{
+    if (m->version != SW_PROTOCOL_VERSION)
+        return SW_EVERSION;
+    if (sw_validate_token(m->instance_id) != SW_OK || m->n_beats == 0 ||
+        m->n_beats > SWP_MAX_BEATS)
+        return SW_EPROTO;
+    for (size_t i = 0; i < m->n_beats; i++)
+        if (!swp_id_ok(m->beats[i]->request_id))
+            return SW_EPROTO;
+    return SW_OK;
+}
+
 SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor, swp_no_precheck,
            swp_check_request)
 SWP_DECODE(swp_decode_item, swp_item, streamwire__v1__stream_item_wrapper__descriptor,
@@ -311,6 +339,8 @@ SWP_DECODE(swp_decode_probe_reply, swp_probe_reply, streamwire__v1__probe_reply_
            swp_no_precheck, swp_check_probe_reply)
 SWP_DECODE(swp_decode_instance, swp_instance, streamwire__v1__instance_info__descriptor,
            swp_no_precheck, swp_check_instance)
+SWP_DECODE(swp_decode_beats, swp_beats, streamwire__v1__heartbeat_batch__descriptor,
+           swp_beats_over_cap, swp_check_beats)
 
 static void *
 swp_arena_alloc(void *data, size_t size)

@@ -26,6 +26,8 @@ typedef Streamwire__V1__Terminal swp_terminal;
 typedef Streamwire__V1__Error swp_error;
 typedef Streamwire__V1__Heartbeat swp_heartbeat;
 typedef Streamwire__V1__BatchedItem swp_batched;
+typedef Streamwire__V1__HeartbeatBatch swp_beats;
+typedef Streamwire__V1__StreamBeat swp_beat;
 
 #define SWP_MAX_WINDOW (1u << 20)
 #define SWP_MAX_HEARTBEAT_MS 3600000u
@@ -33,6 +35,8 @@ typedef Streamwire__V1__BatchedItem swp_batched;
  * most 128). Checked on the raw bytes before unpacking, so a hostile message
  * cannot make the decoder allocate a struct per 2 bytes of input. */
 #define SWP_MAX_BATCH 1024
+/* Most beats one HeartbeatBatch may carry (also checked before unpacking). */
+#define SWP_MAX_BEATS 4096
 /* Most request ids one ACK_FINALS control may carry. */
 #define SWP_MAX_FINAL_ACKS 256
 /* The longest subject we build: sw.req.<endpoint>.<instance>. */
@@ -43,6 +47,7 @@ sw_err swp_decode_item(const uint8_t *buf, size_t len, size_t max, swp_item **ou
 sw_err swp_decode_control(const uint8_t *buf, size_t len, size_t max, swp_control **out);
 sw_err swp_decode_probe_reply(const uint8_t *buf, size_t len, size_t max, swp_probe_reply **out);
 sw_err swp_decode_instance(const uint8_t *buf, size_t len, size_t max, swp_instance **out);
+sw_err swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out);
 
 /* Frees any decoded message. NULL ok. */
 void swp_free(void *msg);

@@ -93,6 +93,21 @@ swt_subject_router(char *out, size_t cap, const char *router)
     return swt_fmt_check(snprintf(out, cap, "sw.rtr.%s", router), cap);
 }
 
+sw_err
+swt_subject_beats(char *out, size_t cap, const char *router)
+{
+    if (sw_validate_token(router) != SW_OK)
+        return SW_EINVAL;
+    return swt_fmt_check(snprintf(out, cap, "sw.rsp.%s.hb", router), cap);
+}
+
+int
+swt_is_beats_subject(const char *subject)
+{
+    const char *last = subject ? strrchr(subject, '.') : NULL;
+    return last != NULL && strcmp(last, ".hb") == 0;
+}
+
 static int
 swt_unhex(char c)
 {

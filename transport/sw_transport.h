@@ -37,6 +37,11 @@ sw_err swt_subject_response_wildcard(char *out, size_t cap, const char *router);
 sw_err swt_subject_router(char *out, size_t cap, const char *router);
 /* Extracts the last token of a response subject into a 16-byte id. 0 ok. */
 int swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]);
+/* sw.rsp.<router>.hb: where workers send a frontend the heartbeats of many
+ * streams at once (HeartbeatBatch); the router's mux subscription gets it. */
+sw_err swt_subject_beats(char *out, size_t cap, const char *router);
+/* 1 if subject is a response subject's heartbeat-batch form (last token "hb"). */
+int swt_is_beats_subject(const char *subject);
 
 /* Publishes data on subj (reply may be NULL). Checks len against the
  * server's max payload first: SW_EMSGSIZE, nothing sent. */

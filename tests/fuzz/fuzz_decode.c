@@ -1,7 +1,7 @@
-/* tests/fuzz/fuzz_decode.c -- fuzz body for the five wire decoders.
+/* tests/fuzz/fuzz_decode.c -- fuzz body for the six wire decoders.
  *
- * Input: data[0] % 5 selects the decoder (0 request, 1 item, 2 control,
- * 3 probe reply, 4 instance info); the rest is the message, decoded with a
+ * Input: data[0] % 6 selects the decoder (0 request, 1 item, 2 control,
+ * 3 probe reply, 4 instance info, 5 heartbeat batch); the rest is the message, decoded with a
  * 64 KiB limit. Items are also decoded with swp_decode_item_arena, which must
  * agree with swp_decode_item. Properties checked (abort() on violation, so both libFuzzer
  * and the replay driver see a crash):
@@ -26,7 +26,7 @@
 #include "tests/fuzz/pbc_quirks.h"
 
 #define FUZZ_MAX_LEN (64u * 1024u)
-#define FUZZ_NDECODERS 5
+#define FUZZ_NDECODERS 6
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Inputs so far that decoded / were rejected (for the replay driver). */
@@ -83,6 +83,12 @@ fuzz_decode(int sel, const uint8_t *buf, size_t len, size_t max, void **out)
     case 4: {
         swp_instance *m = NULL;
         rv = swp_decode_instance(buf, len, max, &m);
+        *out = m;
+        break;
+    }
+    case 5: {
+        swp_beats *m = NULL;
+        rv = swp_decode_beats(buf, len, max, &m);
         *out = m;
         break;
     }

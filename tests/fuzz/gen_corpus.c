@@ -379,6 +379,35 @@ probe_and_instance(void)
     emit(4, "instance-bad-endpoint", &in);
 }
 
+/* Heartbeat batches (selector 5): one beat, three, and near-misses. */
+static void
+beats(void)
+{
+    static uint8_t ids[3][16];
+    swp_beat b[3];
+    swp_beat *p[3] = {&b[0], &b[1], &b[2]};
+    swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
+    for (int i = 0; i < 3; i++) {
+        memset(ids[i], 0x30 + i, sizeof(ids[i]));
+        streamwire__v1__stream_beat__init(&b[i]);
+        b[i].request_id.data = ids[i];
+        b[i].request_id.len = sizeof(ids[i]);
+        b[i].last_seq = (uint64_t)(i * 300 + 7);
+    }
+    m.version = 1;
+    m.instance_id = (char *)"worker-1";
+    m.beats = p;
+    m.n_beats = 1;
+    emit(5, "beats-one", &m);
+    m.n_beats = 3;
+    emit(5, "beats-three", &m);
+    m.version = 9;
+    emit(5, "beats-bad-version", &m);
+    m.version = 1;
+    b[1].request_id.len = 8;
+    emit(5, "beats-short-id", &m);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -402,6 +431,7 @@ main(int argc, char **argv)
     batches();
     controls();
     probe_and_instance();
+    beats();
     printf("gen_corpus: wrote %d files to %s\n", nwritten, outdir);
     return 0;
 }

@@ -1111,6 +1111,78 @@ heartbeats_keep_slow_stream_alive(void **state)
     got_free(g);
 }
 
+static void random_id(uint8_t id[16], char hex[SW_REQUEST_ID_HEX]);
+
+/* Heartbeats travel batched per frontend (HeartbeatBatch on
+ * sw.rsp.<router>.hb). Many idle streams at once are all kept alive by
+ * them, with far fewer messages than beats; a batch that does not decode
+ * is counted and harms no stream; beats for unknown streams are counted. */
+static void
+heartbeat_batches(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    sw_router_stats rs;
+    sw_ingress_stats st;
+    sw_stream *s[8];
+    const int K = 8;
+    char subj[SWT_SUBJECT_MAX];
+    natsConnection *nc;
+    static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0x01};
+
+    sw_router_opts_init(&ro);
+    ro.heartbeat_ms = 50;
+    e->w.mode = M_PAUSE;
+    e->w.k = 1;
+    e->w.n = 2;
+    e->w.delay_ms = 1200; /* silent for 1.2 s; inactivity is 4 * 50 + 500 = 700 ms */
+    env_start(e, NULL, &ro);
+    for (int i = 0; i < K; i++)
+        s[i] = env_open(e);
+    /* Garbage and a forged batch for unknown streams on the beats subject. */
+    nc = sw_conn_nats(e->fc);
+    assert_int_equal(swt_subject_beats(subj, sizeof(subj), sw_router_id(e->rt)), SW_OK);
+    assert_int_equal(natsConnection_Publish(nc, subj, garbage, (int)sizeof(garbage)), NATS_OK);
+    {
+        swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
+        swp_beat b1 = STREAMWIRE__V1__STREAM_BEAT__INIT, b2 = STREAMWIRE__V1__STREAM_BEAT__INIT;
+        swp_beat *bp[2] = {&b1, &b2};
+        uint8_t id1[16], id2[16], buf[256];
+        char hex[SW_REQUEST_ID_HEX];
+        size_t len;
+        random_id(id1, hex);
+        random_id(id2, hex);
+        b1.request_id.data = id1;
+        b1.request_id.len = 16;
+        b2.request_id.data = id2;
+        b2.request_id.len = 16;
+        m.version = 1;
+        m.instance_id = (char *)"forger";
+        m.n_beats = 2;
+        m.beats = bp;
+        assert_int_equal(swp_encode(&m, buf, sizeof(buf), &len), SW_OK);
+        assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+    }
+    for (int i = 0; i < K; i++) {
+        got *g = new_got(e);
+        sw_stream_stats ss;
+        assert_true(collect(s[i], g, 0, T(15000)));
+        assert_tokens(g, 2);
+        assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+        sw_stream_stats_get(s[i], &ss);
+        if (ss.heartbeats < 5)
+            fail_msg("stream %d: %llu heartbeats in a 1.2 s pause at 50 ms", i,
+                     (unsigned long long)ss.heartbeats);
+        got_free(g);
+    }
+    sw_router_stats_get(e->rt, &rs);
+    assert_int_equal(rs.bad_messages, 1);
+    assert_true(rs.unknown_stream >= 2);
+    assert_int_equal(rs.terminals[SW_STATUS_COMPLETED], (uint64_t)K);
+    ingress_stats(e, &st);
+    assert_true(st.heartbeats >= (uint64_t)K * 5);
+}
+
 /* Responder API edges: argument errors, an item too big for the bus (the
  * stream goes on), a custom finish reason, and SW_ECLOSED after the end. */
 static void
@@ -3004,6 +3076,7 @@ main(int argc, char **argv)
         T_(router_stats_count_items),
         T_(responder_api_edges),
         T_(heartbeats_keep_slow_stream_alive),
+        T_(heartbeat_batches),
         /* 2 */
         T_(incomplete_max_tokens),
         T_(failed_engine_error),

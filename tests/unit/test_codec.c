@@ -2309,6 +2309,84 @@ test_batch_decode(void **state)
     }
 }
 
+/* HeartbeatBatch: round trip; version, instance token, id length and an
+ * empty batch are checked; more than SWP_MAX_BEATS beats is refused before
+ * unpacking. */
+static void
+test_beats(void **state)
+{
+    static uint8_t ids[SWP_MAX_BEATS + 1][SW_REQUEST_ID_BYTES];
+    static swp_beat one[SWP_MAX_BEATS + 1];
+    static swp_beat *ptr[SWP_MAX_BEATS + 1];
+    swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT, *d = NULL;
+    uint8_t *b;
+    size_t len;
+    (void)state;
+    for (size_t i = 0; i <= SWP_MAX_BEATS; i++) {
+        memset(ids[i], (int)(i & 0xff), SW_REQUEST_ID_BYTES);
+        ids[i][0] = (uint8_t)(i >> 8);
+        streamwire__v1__stream_beat__init(&one[i]);
+        one[i].request_id = bin(ids[i], SW_REQUEST_ID_BYTES);
+        one[i].last_seq = (uint64_t)i * 1000003u;
+        ptr[i] = &one[i];
+    }
+    m.version = 1;
+    m.instance_id = (char *)"inst-1";
+    m.beats = ptr;
+    m.n_beats = 3;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_OK);
+    assert_string_equal(d->instance_id, "inst-1");
+    assert_int_equal(d->n_beats, 3);
+    for (size_t i = 0; i < 3; i++) {
+        assert_memory_equal(d->beats[i]->request_id.data, ids[i], SW_REQUEST_ID_BYTES);
+        assert_int_equal(d->beats[i]->last_seq, (uint64_t)i * 1000003u);
+    }
+    swp_free(d);
+    free(b);
+    assert_int_equal(swp_decode_beats(b = encode_msg(&m, &len), len - 1, MAXLEN, &d), SW_EPROTO);
+    assert_null(d);
+    free(b);
+
+    m.n_beats = SWP_MAX_BEATS;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, 1 << 20, &d), SW_OK);
+    assert_int_equal(d->n_beats, SWP_MAX_BEATS);
+    swp_free(d);
+    free(b);
+    m.n_beats = SWP_MAX_BEATS + 1;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, 1 << 20, &d), SW_EPROTO);
+    assert_null(d);
+    free(b);
+
+    m.n_beats = 2;
+    m.version = 2;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_EVERSION);
+    free(b);
+    m.version = 1;
+    m.instance_id = (char *)"bad.instance";
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_EPROTO);
+    free(b);
+    m.instance_id = (char *)"inst-1";
+    m.n_beats = 0;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_EPROTO);
+    free(b);
+    m.n_beats = 2;
+    one[1].request_id = bin(ids[1], 15);
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_EPROTO);
+    assert_null(d);
+    free(b);
+    one[1].request_id = bin(ids[1], SW_REQUEST_ID_BYTES);
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, 4, &d), SW_EMSGSIZE);
+    free(b);
+}
+
 /* More than SWP_MAX_BATCH batched items is refused before unpacking (a
  * hostile frontend-bound message cannot make the decoder allocate a struct
  * per two bytes); exactly SWP_MAX_BATCH decodes. */
@@ -2749,6 +2827,7 @@ main(void)
         cmocka_unit_test(test_batch_decode),
         cmocka_unit_test(test_batch_large_arena_fallback),
         cmocka_unit_test(test_batch_count_cap),
+        cmocka_unit_test(test_beats),
         cmocka_unit_test(test_batch_rules_rejected),
         cmocka_unit_test(test_final_body_round_trip),
     };

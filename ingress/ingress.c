@@ -1491,7 +1491,7 @@ ing_snapshot(sw_ingress *ing, swi_ptrvec *vec)
  * the timer thread, reused across ticks. */
 #define SWI_BEATS_PER_MSG 1024
 typedef struct swi_beatgrp {
-    char router[SW_MAX_TOKEN + 1];
+    char subj[SWT_SUBJECT_MAX]; /* swt_beats_subject_for the streams' response subject */
     uint8_t (*ids)[SW_REQUEST_ID_BYTES];
     uint64_t *last;
     size_t n, cap;
@@ -1502,11 +1502,11 @@ typedef struct swi_beats {
 } swi_beats;
 
 static void
-beats_add(swi_beats *b, const char *router, const uint8_t *id, uint64_t last_seq)
+beats_add(swi_beats *b, const char *subj, const uint8_t *id, uint64_t last_seq)
 {
     swi_beatgrp *g = NULL;
     for (size_t i = 0; i < b->n; i++)
-        if (strcmp(b->g[i].router, router) == 0) {
+        if (strcmp(b->g[i].subj, subj) == 0) {
             g = &b->g[i];
             break;
         }
@@ -1521,7 +1521,7 @@ beats_add(swi_beats *b, const char *router, const uint8_t *id, uint64_t last_seq
         }
         g = &b->g[b->n++];
         memset(g, 0, sizeof(*g));
-        snprintf(g->router, sizeof(g->router), "%s", router);
+        snprintf(g->subj, sizeof(g->subj), "%s", subj);
     }
     if (g->n == g->cap) {
         size_t nc = g->cap ? 2 * g->cap : 64;
@@ -1549,11 +1549,8 @@ beats_flush(sw_ingress *ing, swi_beats *b)
     uint64_t sent = 0;
     for (size_t i = 0; i < b->n; i++) {
         swi_beatgrp *g = &b->g[i];
-        char subj[SWT_SUBJECT_MAX];
-        if (g->n == 0 || swt_subject_beats(subj, sizeof(subj), g->router) != SW_OK) {
-            g->n = 0;
+        if (g->n == 0)
             continue;
-        }
         for (size_t at = 0; at < g->n; at += SWI_BEATS_PER_MSG) {
             swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
             size_t k = g->n - at < SWI_BEATS_PER_MSG ? g->n - at : SWI_BEATS_PER_MSG, len;
@@ -1570,7 +1567,7 @@ beats_flush(sw_ingress *ing, swi_beats *b)
             m.n_beats = k;
             m.beats = ptr;
             if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) == SW_OK &&
-                swt_publish(ing->conn, subj, NULL, buf, len) == SW_OK)
+                swt_publish(ing->conn, g->subj, NULL, buf, len) == SW_OK)
                 sent += k;
             free(buf);
         }
@@ -1599,10 +1596,12 @@ beats_free(swi_beats *b)
 static void
 resp_heartbeat(sw_responder *r, int64_t now, swi_beats *beats)
 {
+    char subj[SWT_SUBJECT_MAX];
     if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
         r->pub_seq + 1 < r->next_seq)
         return;
-    beats_add(beats, r->router_id, r->id, r->pub_seq);
+    if (swt_beats_subject_for(subj, sizeof(subj), r->resp_subj) == SW_OK)
+        beats_add(beats, subj, r->id, r->pub_seq);
     r->last_pub_ms = now;
 }
 

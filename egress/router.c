@@ -1021,6 +1021,11 @@ rt_on_beats(sw_router *r, natsMsg *msg)
             unknown++;
             continue;
         }
+        if (strcmp(__atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE), b->instance_id) != 0) {
+            unknown++; /* not the instance this stream is on (stale or forged) */
+            st_unref(s);
+            continue;
+        }
         h.last_seq = b->beats[i]->last_seq;
         w.version = SW_PROTOCOL_VERSION;
         w.request_id = b->beats[i]->request_id;

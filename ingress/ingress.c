@@ -77,6 +77,7 @@ struct sw_responder {
     int in_sendq;      /* on ing->sq (under ing->smu) */
     int lose_next;     /* chaos: the next kept item misses its first publish */
     int fe_cancelled;  /* the frontend cancelled or killed it (or is gone): it wants nothing more */
+    int beats_batched; /* resp_subj is sw.rsp.<router_id>.<id>: heartbeats go in batches */
     sw_err pub_err;    /* a failed publish of queued items, told to the next send or finish */
     int64_t last_end_us; /* when the last publish of items returned */
 
@@ -1180,6 +1181,12 @@ ing_on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
     swi_hex(r->idhex, r->id, SW_REQUEST_ID_BYTES);
     snprintf(r->resp_subj, sizeof(r->resp_subj), "%s", req->response_subject);
     snprintf(r->router_id, sizeof(r->router_id), "%s", req->router_id);
+    {
+        char std[SWT_SUBJECT_MAX];
+        r->beats_batched =
+            swt_subject_response(std, sizeof(std), r->router_id, r->idhex) == SW_OK &&
+            strcmp(std, r->resp_subj) == 0;
+    }
     r->max_tokens = req->max_tokens;
     r->next_seq = 1;
     r->window = req->credit_window;
@@ -1488,10 +1495,11 @@ ing_snapshot(sw_ingress *ing, swi_ptrvec *vec)
 
 /* The heartbeats one timer tick sends, by frontend: one HeartbeatBatch per
  * frontend (sw.rsp.<router>.hb) instead of a message per stream. Owned by
- * the timer thread, reused across ticks. */
+ * the timer thread; the groups live for one tick (a frontend that is gone
+ * leaves nothing behind), the encode scratch is reused. */
 #define SWI_BEATS_PER_MSG 1024
 typedef struct swi_beatgrp {
-    char subj[SWT_SUBJECT_MAX]; /* swt_beats_subject_for the streams' response subject */
+    char subj[SWT_SUBJECT_MAX]; /* sw.rsp.<router>.hb */
     uint8_t (*ids)[SW_REQUEST_ID_BYTES];
     uint64_t *last;
     size_t n, cap;
@@ -1499,9 +1507,12 @@ typedef struct swi_beatgrp {
 typedef struct swi_beats {
     swi_beatgrp *g;
     size_t n, cap;
+    swp_beat *one;  /* SWI_BEATS_PER_MSG, for encoding */
+    swp_beat **ptr; /* SWI_BEATS_PER_MSG */
 } swi_beats;
 
-static void
+/* Queues one beat. 0 ok, -1 no memory (the beat is not queued). */
+static int
 beats_add(swi_beats *b, const char *subj, const uint8_t *id, uint64_t last_seq)
 {
     swi_beatgrp *g = NULL;
@@ -1515,7 +1526,7 @@ beats_add(swi_beats *b, const char *subj, const uint8_t *id, uint64_t last_seq)
             size_t nc = b->cap ? 2 * b->cap : 4;
             swi_beatgrp *ng = realloc(b->g, nc * sizeof(*ng));
             if (ng == NULL)
-                return;
+                return -1;
             b->g = ng;
             b->cap = nc;
         }
@@ -1528,51 +1539,77 @@ beats_add(swi_beats *b, const char *subj, const uint8_t *id, uint64_t last_seq)
         uint8_t(*ni)[SW_REQUEST_ID_BYTES] = realloc(g->ids, nc * sizeof(*ni));
         uint64_t *nl;
         if (ni == NULL)
-            return;
+            return -1;
         g->ids = ni;
         if ((nl = realloc(g->last, nc * sizeof(*nl))) == NULL)
-            return;
+            return -1;
         g->last = nl;
         g->cap = nc;
     }
     memcpy(g->ids[g->n], id, SW_REQUEST_ID_BYTES);
     g->last[g->n] = last_seq;
     g->n++;
+    return 0;
 }
 
-/* Publishes the collected heartbeats and empties the groups (keeping them). */
+static void
+beats_clear(swi_beats *b)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        free(b->g[i].ids);
+        free(b->g[i].last);
+    }
+    b->n = 0;
+}
+
+/* Publishes the collected heartbeats, in messages that fit the max payload
+ * (about 31 bytes a beat), and drops the groups. */
 static void
 beats_flush(sw_ingress *ing, swi_beats *b)
 {
-    swp_beat one[SWI_BEATS_PER_MSG];
-    swp_beat *ptr[SWI_BEATS_PER_MSG];
-    uint64_t sent = 0;
+    uint64_t sent = 0, failed = 0;
+    size_t max = sw_conn_max_payload(ing->conn), per = SWI_BEATS_PER_MSG;
+    if (b->n == 0)
+        return;
+    if (max != 0 && (max < 256 || (max - 128) / 32 < per))
+        per = max < 256 ? 1 : (max - 128) / 32;
+    if (b->one == NULL) {
+        b->one = calloc(SWI_BEATS_PER_MSG, sizeof(*b->one));
+        b->ptr = calloc(SWI_BEATS_PER_MSG, sizeof(*b->ptr));
+    }
     for (size_t i = 0; i < b->n; i++) {
         swi_beatgrp *g = &b->g[i];
-        if (g->n == 0)
-            continue;
-        for (size_t at = 0; at < g->n; at += SWI_BEATS_PER_MSG) {
+        for (size_t at = 0; at < g->n; at += per) {
             swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
-            size_t k = g->n - at < SWI_BEATS_PER_MSG ? g->n - at : SWI_BEATS_PER_MSG, len;
+            size_t k = g->n - at < per ? g->n - at : per, len;
             uint8_t *buf = NULL;
+            if (b->one == NULL || b->ptr == NULL) {
+                failed += g->n - at;
+                break;
+            }
             for (size_t j = 0; j < k; j++) {
-                streamwire__v1__stream_beat__init(&one[j]);
-                one[j].request_id.data = g->ids[at + j];
-                one[j].request_id.len = SW_REQUEST_ID_BYTES;
-                one[j].last_seq = g->last[at + j];
-                ptr[j] = &one[j];
+                streamwire__v1__stream_beat__init(&b->one[j]);
+                b->one[j].request_id.data = g->ids[at + j];
+                b->one[j].request_id.len = SW_REQUEST_ID_BYTES;
+                b->one[j].last_seq = g->last[at + j];
+                b->ptr[j] = &b->one[j];
             }
             m.version = SW_PROTOCOL_VERSION;
             m.instance_id = ing->instance_id;
             m.n_beats = k;
-            m.beats = ptr;
+            m.beats = b->ptr;
             if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) == SW_OK &&
                 swt_publish(ing->conn, g->subj, NULL, buf, len) == SW_OK)
                 sent += k;
+            else
+                failed += k;
             free(buf);
         }
-        g->n = 0;
     }
+    beats_clear(b);
+    if (failed)
+        swi_log(&ing->log, SW_LOG_WARN, "%llu heartbeat(s) could not be published",
+                (unsigned long long)failed);
     if (sent) {
         pthread_mutex_lock(&ing->mu);
         ing->st.heartbeats += sent;
@@ -1583,16 +1620,18 @@ beats_flush(sw_ingress *ing, swi_beats *b)
 static void
 beats_free(swi_beats *b)
 {
-    for (size_t i = 0; i < b->n; i++) {
-        free(b->g[i].ids);
-        free(b->g[i].last);
-    }
+    beats_clear(b);
     free(b->g);
+    free(b->one);
+    free(b->ptr);
 }
 
-/* Queues a heartbeat if r has been quiet for hb_ms and nothing is queued
- * (r->mu held). It counts only what went out (pub_seq), so the frontend
- * asks for anything missing up to there. */
+/* Heartbeats r if it has been quiet for hb_ms and nothing is queued (r->mu
+ * held). The beat counts only what went out (pub_seq), so the frontend asks
+ * for anything missing up to there. A stream answered on a streamwire
+ * router's own subject (sw.rsp.<router>.<id>) gets it in the tick's batch
+ * for that router; any other response subject gets a heartbeat wrapper of
+ * its own on it. */
 static void
 resp_heartbeat(sw_responder *r, int64_t now, swi_beats *beats)
 {
@@ -1600,9 +1639,30 @@ resp_heartbeat(sw_responder *r, int64_t now, swi_beats *beats)
     if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
         r->pub_seq + 1 < r->next_seq)
         return;
-    if (swt_beats_subject_for(subj, sizeof(subj), r->resp_subj) == SW_OK)
-        beats_add(beats, subj, r->id, r->pub_seq);
-    r->last_pub_ms = now;
+    if (r->beats_batched) {
+        if (swt_subject_beats(subj, sizeof(subj), r->router_id) == SW_OK &&
+            beats_add(beats, subj, r->id, r->pub_seq) == 0)
+            r->last_pub_ms = now;
+        return;
+    }
+    {
+        swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+        swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
+        uint8_t buf[SWP_HDR_MAX + 32];
+        size_t len;
+        w.version = SW_PROTOCOL_VERSION;
+        w.request_id.data = r->id;
+        w.request_id.len = SW_REQUEST_ID_BYTES;
+        w.instance_id = r->ing->instance_id;
+        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+        h.last_seq = r->pub_seq;
+        w.heartbeat = &h;
+        if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK && resp_publish(r, buf, len) == SW_OK) {
+            pthread_mutex_lock(&r->ing->mu);
+            r->ing->st.heartbeats++;
+            pthread_mutex_unlock(&r->ing->mu);
+        }
+    }
 }
 
 static void
@@ -1641,7 +1701,7 @@ ing_timer_main(void *arg)
 {
     sw_ingress *ing = arg;
     swi_ptrvec vec = {NULL, 0, 0};
-    swi_beats beats = {NULL, 0, 0};
+    swi_beats beats = {NULL, 0, 0, NULL, NULL};
     pthread_mutex_lock(&ing->mu);
     while (!ing->stopping) {
         swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + SWI_TICK_MS);

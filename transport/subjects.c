@@ -101,16 +101,6 @@ swt_subject_beats(char *out, size_t cap, const char *router)
     return swt_fmt_check(snprintf(out, cap, "sw.rsp.%s.hb", router), cap);
 }
 
-sw_err
-swt_beats_subject_for(char *out, size_t cap, const char *response_subject)
-{
-    const char *last = response_subject ? strrchr(response_subject, '.') : NULL;
-    if (last == NULL)
-        return SW_EINVAL;
-    return swt_fmt_check(
-        snprintf(out, cap, "%.*s.hb", (int)(last - response_subject), response_subject), cap);
-}
-
 int
 swt_is_beats_subject(const char *subject)
 {

@@ -40,10 +40,6 @@ int swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]
 /* sw.rsp.<router>.hb: where workers send a frontend the heartbeats of many
  * streams at once (HeartbeatBatch); the router's mux subscription gets it. */
 sw_err swt_subject_beats(char *out, size_t cap, const char *router);
-/* The heartbeat-batch subject that goes with a response subject: its last
- * token replaced by "hb" (sw.rsp.<router>.<id> -> sw.rsp.<router>.hb), so
- * whoever subscribes to the responses with a wildcard receives it. */
-sw_err swt_beats_subject_for(char *out, size_t cap, const char *response_subject);
 /* 1 if subject is a response subject's heartbeat-batch form (last token "hb"). */
 int swt_is_beats_subject(const char *subject);
 

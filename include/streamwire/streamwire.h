@@ -439,9 +439,8 @@ typedef struct sw_router_stats {
                                       index = sw_err - 100 (stream_incomplete .. auth_failed) */
     uint64_t errors_other;         /* SW_STATUS_ERROR terminals with a non-stream code (overloaded, closed) */
     uint64_t items;                /* data items delivered */
-    uint64_t unknown_stream;       /* messages (or batched heartbeats) for no open stream */
-    uint64_t bad_messages;         /* heartbeat batches that did not decode (a stream's own
-                                      undecodable item ends it with decode_error instead) */
+    uint64_t unknown_stream;       /* messages (or batched heartbeats) for no open stream, or
+                                      heartbeats from an instance the stream is not on */
     uint64_t items_after_final;    /* seen after a delivered terminal */
     uint64_t nats_dropped;         /* nats.c slow-consumer drops on the mux subscription */
     uint64_t open_streams;         /* gauge */
@@ -449,6 +448,8 @@ typedef struct sw_router_stats {
     uint64_t probes_sent;
     uint64_t last_loss_detect_ms;  /* detection latency of the last loss: from the last sign of
                                       life of the instance to its declaration */
+    uint64_t bad_messages;         /* heartbeat batches that did not decode (a stream's own
+                                      undecodable item ends it with decode_error instead) */
 } sw_router_stats;
 
 SW_API void sw_router_stats_get(sw_router *r, sw_router_stats *out);

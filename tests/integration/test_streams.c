@@ -1144,21 +1144,34 @@ heartbeat_batches(void **state)
     assert_int_equal(swt_subject_beats(subj, sizeof(subj), sw_router_id(e->rt)), SW_OK);
     assert_int_equal(natsConnection_Publish(nc, subj, garbage, (int)sizeof(garbage)), NATS_OK);
     {
+        /* Two unknown ids, and a real stream's id from the wrong instance. */
         swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
-        swp_beat b1 = STREAMWIRE__V1__STREAM_BEAT__INIT, b2 = STREAMWIRE__V1__STREAM_BEAT__INIT;
-        swp_beat *bp[2] = {&b1, &b2};
-        uint8_t id1[16], id2[16], buf[256];
+        swp_beat b1 = STREAMWIRE__V1__STREAM_BEAT__INIT, b2 = STREAMWIRE__V1__STREAM_BEAT__INIT,
+                 b3 = STREAMWIRE__V1__STREAM_BEAT__INIT;
+        swp_beat *bp[3] = {&b1, &b2, &b3};
+        uint8_t id1[16], id2[16], id3[16], buf[256];
         char hex[SW_REQUEST_ID_HEX];
         size_t len;
         random_id(id1, hex);
         random_id(id2, hex);
+        assert_int_equal(swt_response_subject_id(sw_stream_request_id(s[0]), id3), -1);
+        {
+            char subj3[SWT_SUBJECT_MAX];
+            assert_int_equal(swt_subject_response(subj3, sizeof(subj3), "x",
+                                                  sw_stream_request_id(s[0])),
+                             SW_OK);
+            assert_int_equal(swt_response_subject_id(subj3, id3), 0);
+        }
         b1.request_id.data = id1;
         b1.request_id.len = 16;
         b2.request_id.data = id2;
         b2.request_id.len = 16;
+        b3.request_id.data = id3;
+        b3.request_id.len = 16;
+        b3.last_seq = 1000; /* would ask for a resend if it were believed */
         m.version = 1;
         m.instance_id = (char *)"forger";
-        m.n_beats = 2;
+        m.n_beats = 3;
         m.beats = bp;
         assert_int_equal(swp_encode(&m, buf, sizeof(buf), &len), SW_OK);
         assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
@@ -1177,7 +1190,12 @@ heartbeat_batches(void **state)
     }
     sw_router_stats_get(e->rt, &rs);
     assert_int_equal(rs.bad_messages, 1);
-    assert_true(rs.unknown_stream >= 2);
+    assert_true(rs.unknown_stream >= 3);
+    {
+        sw_stream_stats ss0;
+        sw_stream_stats_get(s[0], &ss0);
+        assert_int_equal(ss0.resend_requests, 0); /* the forged beat was not believed */
+    }
     assert_int_equal(rs.terminals[SW_STATUS_COMPLETED], (uint64_t)K);
     ingress_stats(e, &st);
     assert_true(st.heartbeats >= (uint64_t)K * 5);
@@ -2542,6 +2560,79 @@ encode_request(uint32_t version, const char *endpoint, size_t payload_len, const
     free(payload);
 }
 
+/* A request whose response subject is not a streamwire router's own
+ * (sw.rsp.<router>.<id>) gets heartbeat wrappers on that very subject, not
+ * batches: a client listening on its exact reply subject sees them. */
+static void
+heartbeats_on_custom_response_subject(void **state)
+{
+    env *e = *state;
+    natsConnection *nc;
+    natsSubscription *sub = NULL, *hbsub = NULL;
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    uint8_t id[16], *buf = NULL;
+    char hex[SW_REQUEST_ID_HEX], resp[64], hbsubj[SWT_SUBJECT_MAX];
+    size_t blen = 0;
+    int beats = 0, items = 0;
+    int64_t until;
+
+    e->w.mode = M_PAUSE;
+    e->w.k = 1;
+    e->w.n = 2;
+    e->w.delay_ms = 600;
+    env_start(e, NULL, NULL);
+    nc = sw_conn_nats(e->fc);
+    random_id(id, hex);
+    snprintf(resp, sizeof(resp), "custom.%s", hex);
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, resp), NATS_OK);
+    assert_int_equal(swt_subject_beats(hbsubj, sizeof(hbsubj), RAW_ROUTER), SW_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&hbsub, nc, hbsubj), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    m.version = 1;
+    m.request_id.data = id;
+    m.request_id.len = 16;
+    m.response_subject = resp;
+    m.router_id = (char *)RAW_ROUTER;
+    m.credit_window = 16;
+    m.heartbeat_ms = 50;
+    m.endpoint = (char *)EP;
+    assert_int_equal(swp_encode_alloc(&m, SIZE_MAX, &buf, &blen), SW_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, sw_ingress_request_subject(e->ing), resp,
+                                                   buf, (int)blen),
+                     NATS_OK);
+    free(buf);
+    until = now_ms() + T(5000);
+    while (now_ms() < until) {
+        natsMsg *msg = NULL;
+        swp_item *w = NULL;
+        if (natsSubscription_NextMsg(&msg, sub, 100) != NATS_OK)
+            continue;
+        assert_int_equal(swp_decode_item((const uint8_t *)natsMsg_GetData(msg),
+                                         (size_t)natsMsg_GetDataLength(msg), 1 << 20, &w),
+                         SW_OK);
+        assert_memory_equal(w->request_id.data, id, 16);
+        if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT) {
+            beats++;
+            assert_int_equal(w->heartbeat->last_seq, 1); /* one item went out before the pause */
+        } else if (!w->complete_final) {
+            items++;
+        }
+        swp_free(w);
+        natsMsg_Destroy(msg);
+        if (beats >= 3)
+            break;
+    }
+    assert_int_equal(items, 1);
+    if (beats < 3)
+        fail_msg("%d heartbeat wrappers on the custom reply subject in the pause", beats);
+    {
+        natsMsg *msg = NULL;
+        assert_int_equal(natsSubscription_NextMsg(&msg, hbsub, 50), NATS_TIMEOUT);
+    }
+    natsSubscription_Destroy(sub);
+    natsSubscription_Destroy(hbsub);
+}
+
 static void
 bad_input_on_request_subject(void **state)
 {
@@ -3077,6 +3168,7 @@ main(int argc, char **argv)
         T_(responder_api_edges),
         T_(heartbeats_keep_slow_stream_alive),
         T_(heartbeat_batches),
+        T_(heartbeats_on_custom_response_subject),
         /* 2 */
         T_(incomplete_max_tokens),
         T_(failed_engine_error),

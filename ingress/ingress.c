@@ -34,7 +34,7 @@
  * hands its items to the ingress's sender thread, which puts every item
  * queued meanwhile into one message (at most SWI_BATCH_ITEMS items and
  * SWI_BATCH_BYTES bytes). A stream that was quiet publishes inline. */
-#define SWI_HOT_US 200
+#define SWI_HOT_US 200 /* default of sw_ingress_opts.coalesce_us */
 #define SWI_BATCH_ITEMS 128
 #define SWI_BATCH_BYTES (64 * 1024)
 #define SWI_MSG_STACK 4096
@@ -115,6 +115,7 @@ struct sw_ingress {
     unsigned nthreads;
     unsigned send_timeout_ms;
     unsigned max_window;
+    int64_t hot_us; /* coalesce_us; 0 = off */
     size_t max_req;
 
     natsSubscription *req_sub;
@@ -540,7 +541,7 @@ resp_kick(sw_responder *r)
 {
     if (r->sending || r->pub_seq + 1 >= r->next_seq)
         return;
-    if (swi_now_us() - r->last_end_us < SWI_HOT_US && ing_defer(r->ing, r))
+    if (swi_now_us() - r->last_end_us < r->ing->hot_us && ing_defer(r->ing, r))
         return;
     resp_run_drain(r);
 }
@@ -1957,6 +1958,8 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;
+    if (o->coalesce_us < 0 && o->coalesce_us != SW_COALESCE_OFF)
+        return SW_EINVAL;
     if ((ing = calloc(1, sizeof(*ing))) == NULL)
         return SW_ENOMEM;
     atomic_init(&ing->refs, 1);
@@ -1974,6 +1977,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     ing->nthreads = o->handler_threads ? o->handler_threads : 4;
     ing->send_timeout_ms = o->send_timeout_ms ? o->send_timeout_ms : 30000;
     ing->max_window = o->max_window ? o->max_window : 1024;
+    ing->hot_us = o->coalesce_us == SW_COALESCE_OFF ? 0 : o->coalesce_us ? o->coalesce_us : SWI_HOT_US;
     ing->probe_ms = o->frontend_probe_ms ? o->frontend_probe_ms : 250;
     ing->probe_timeout_ms = o->frontend_timeout_ms ? o->frontend_timeout_ms : 1000;
     ing->max_req = o->max_request_bytes ? o->max_request_bytes : sw_conn_max_payload(conn);

@@ -162,9 +162,16 @@ typedef struct sw_ingress_opts {
     unsigned frontend_timeout_ms; /* a probe unanswered this long is a miss; two misses in a row,
                                      or a no-responders answer, cancel that frontend's streams;
                                      default 1000 */
+    int coalesce_us;            /* coalescing (docs/PROTOCOL.md): a stream that published less
+                                   than this many microseconds ago hands its items to the
+                                   sender thread, which puts what queues meanwhile in one
+                                   message. 0 = default (200); SW_COALESCE_OFF = every item in
+                                   a message of its own, published by the sending thread */
     sw_log_fn log;
     void *log_arg;
 } sw_ingress_opts;
+
+#define SW_COALESCE_OFF (-1)
 
 SW_API void sw_ingress_opts_init(sw_ingress_opts *opts);
 

@@ -2122,6 +2122,45 @@ batched_items_in_order(void **state)
     got_free(g);
 }
 
+/* coalesce_us = SW_COALESCE_OFF: every item and the final in a message of
+ * its own; a negative value other than SW_COALESCE_OFF is refused. */
+static void
+coalescing_off(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_ingress_opts io;
+    sw_ingress_stats st;
+    sw_stream *s;
+    const int N = 300;
+
+    sw_ingress_opts_init(&io);
+    io.coalesce_us = SW_COALESCE_OFF;
+    e->w.mode = M_STREAM;
+    e->w.n = N;
+    env_start(e, &io, NULL);
+    {
+        sw_ingress *bad = NULL;
+        sw_ingress_opts b;
+        sw_ingress_opts_init(&b);
+        b.endpoint = EP;
+        b.handler = test_handler;
+        b.handler_arg = &e->w;
+        b.coalesce_us = -5;
+        assert_int_equal(sw_ingress_start(&bad, e->wc, &b), SW_EINVAL);
+        assert_null(bad);
+    }
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(20000)));
+    assert_tokens(g, (size_t)N);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, (uint64_t)N);
+    assert_int_equal(st.messages_sent, (uint64_t)N + 1);
+    got_free(g);
+}
+
 /* Finished streams leave the worker's table when the frontend acknowledges
  * their finals (ACK_FINALS, one message per worker for many streams), well
  * before the 2 s linger that would otherwise retire them. */
@@ -3206,6 +3245,7 @@ main(int argc, char **argv)
         T_(window_capped_by_ingress),
         T_(loss_repair_window_capped),
         T_(batched_items_in_order),
+        T_(coalescing_off),
         T_(acked_finals_release_worker_state),
         T_(lost_final_is_resent),
         /* 7 */

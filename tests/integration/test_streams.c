@@ -349,7 +349,8 @@ test_handler(sw_responder *r, void *arg)
     pthread_mutex_lock(&w->mu);
     w->started++;
     if (plen < sizeof(w->payload)) {
-        memcpy(w->payload, p, plen);
+        if (plen > 0) /* an empty payload may come as NULL */
+            memcpy(w->payload, p, plen);
         w->payload[plen] = '\0';
     }
     w->max_tokens = sw_responder_max_tokens(r);

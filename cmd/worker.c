@@ -350,12 +350,14 @@ cli_worker_main(int argc, char **argv)
 
         sw_ingress_stats_get(ing, &st);
         fprintf(stderr,
-                "[worker] info: drained (%s): %llu requests, %llu items, %llu cancels; "
+                "[worker] info: drained (%s): %llu requests, %llu items in %llu messages, "
+                "%llu resent, %llu heartbeats, %llu cancels; "
                 "terminals: completed %llu, incomplete %llu, failed %llu, cancelled %llu, "
                 "error %llu\n",
                 err == SW_OK ? "all streams finished" : "some streams were cancelled",
                 (unsigned long long)st.requests, (unsigned long long)st.items_sent,
-                (unsigned long long)st.cancels, (unsigned long long)st.finished[1],
+                (unsigned long long)st.messages_sent, (unsigned long long)st.items_resent,
+                (unsigned long long)st.heartbeats, (unsigned long long)st.cancels, (unsigned long long)st.finished[1],
                 (unsigned long long)st.finished[2], (unsigned long long)st.finished[3],
                 (unsigned long long)st.finished[4], (unsigned long long)st.finished[5]);
     }

@@ -80,9 +80,10 @@ typedef struct swi_ptrvec {
     void **v;
     size_t n, cap;
 } swi_ptrvec;
-/* Fills vec with the map's live values, calling ref on each (the caller
- * holds the map's lock and later drops each reference). If memory is
- * short, takes as many as fit. */
-void swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(void *val));
+/* Fills vec with the map's live values for which take(val, arg) returns 1
+ * (take references the value it takes; the caller holds the map's lock and
+ * later drops each reference). If memory is short, takes as many as fit. */
+void swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, int (*take)(void *val, void *arg),
+                        void *arg);
 
 #endif

@@ -264,7 +264,8 @@ swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg)
 }
 
 void
-swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(void *val))
+swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, int (*take)(void *val, void *arg),
+                   void *arg)
 {
     vec->n = 0;
     if (vec->cap < m->live) {
@@ -277,9 +278,7 @@ swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(void *val))
     }
     for (size_t i = 0; i < m->cap && vec->n < vec->cap; i++) {
         void *v = m->slots[i].val;
-        if (v != NULL && v != SWI_IDMAP_TOMB) {
-            ref(v);
+        if (v != NULL && v != SWI_IDMAP_TOMB && take(v, arg))
             vec->v[vec->n++] = v;
-        }
     }
 }

@@ -160,6 +160,7 @@ struct sw_stream {
     int in_cb;          /* an item callback runs now, on cb_thread */
     pthread_t cb_thread;
     int closed_by_user;
+    int64_t next_tick_ms; /* the timer looks at s only from then on (atomic; 0 = next scan) */
     sw_stream_stats st;
 };
 
@@ -435,6 +436,7 @@ st_set_terminal(sw_stream *s, sw_status status, sw_err err, const char *reason, 
     if (s->term_state == TERM_QUEUED && !(s->term_from_wire && err == SW_ITEM_AFTER_FINAL))
         return 0;
     s->term_state = TERM_QUEUED;
+    __atomic_store_n(&s->next_tick_ms, 0, __ATOMIC_RELAXED); /* linger: see st_plan_tick */
     s->term_from_wire = from_wire;
     s->term_ready_ms = from_wire ? swi_now_ms() + s->r->linger_ms : 0;
     s->term.status = status;
@@ -615,8 +617,10 @@ st_on_item(sw_stream *s, const swp_item *w)
          * missing up to last_seq was lost. */
         if (w->heartbeat->last_seq >= s->expected && s->window != 0 &&
             now - s->last_resend_ms >= 20) {
-            if (s->gap_since_ms == 0)
+            if (s->gap_since_ms == 0) {
                 s->gap_since_ms = now;
+                __atomic_store_n(&s->next_tick_ms, 0, __ATOMIC_RELAXED); /* gap timers */
+            }
             ctl.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND;
             ctl.from = s->expected;
             ctl.to = w->heartbeat->last_seq;
@@ -699,6 +703,7 @@ st_on_item(sw_stream *s, const swp_item *w)
         s->held++;
         if (s->gap_since_ms == 0) {
             s->gap_since_ms = now;
+            __atomic_store_n(&s->next_tick_ms, 0, __ATOMIC_RELAXED); /* gap timers */
             if (s->window != 0) {
                 ctl.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND;
                 ctl.from = s->expected;
@@ -1121,10 +1126,16 @@ rt_on_probe(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
 
 /* ---------------------------------------------------------------- instance loss */
 
-static void
-st_ref_any(void *s)
+/* Takes a reference on s for a snapshot: always (arg NULL), or only if the
+ * timer has something to check on it by *(int64_t *)arg. */
+static int
+st_take(void *v, void *arg)
 {
+    sw_stream *s = v;
+    if (arg != NULL && __atomic_load_n(&s->next_tick_ms, __ATOMIC_RELAXED) > *(int64_t *)arg)
+        return 0;
     st_ref(s);
+    return 1;
 }
 
 /* The open streams, each with a reference (drop with st_unref). */
@@ -1132,7 +1143,7 @@ static void
 rt_snapshot(sw_router *r, swi_ptrvec *vec)
 {
     pthread_mutex_lock(&r->mu);
-    swi_idmap_snapshot(&r->streams, vec, st_ref_any);
+    swi_idmap_snapshot(&r->streams, vec, st_take, NULL);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -1309,6 +1320,30 @@ rt_probe_round(sw_router *r, int64_t now)
  * everything it received (now when the mux queue is empty). Silence is
  * judged up to `quiet`, so a router behind on its own queue never blames
  * the worker. */
+/* When the scan next has to look at s (s->mu held): its deadline, its
+ * inactivity limit, gap repair and the gap timeout, a lingering final. A
+ * state change that makes a check due earlier calls st_tick_soon. */
+static void
+st_plan_tick(sw_stream *s)
+{
+    int64_t due = INT64_MAX, gap = (int64_t)s->r->gap_ms;
+    if (s->term_state == TERM_NONE) {
+        if (s->deadline_ms >= 0)
+            due = s->deadline_ms;
+        if (s->last_rx_ms + (int64_t)s->inactivity_ms < due)
+            due = s->last_rx_ms + (int64_t)s->inactivity_ms;
+        if (s->gap_since_ms != 0) {
+            if (s->gap_since_ms + gap < due)
+                due = s->gap_since_ms + gap;
+            if (s->window != 0 && s->last_resend_ms + gap / 4 < due)
+                due = s->last_resend_ms + gap / 4;
+        }
+    } else if (s->term_state == TERM_QUEUED) {
+        due = s->term_ready_ms;
+    }
+    __atomic_store_n(&s->next_tick_ms, due, __ATOMIC_RELAXED);
+}
+
 static void
 st_tick(sw_stream *s, int64_t now, int64_t quiet)
 {
@@ -1341,6 +1376,7 @@ st_tick(sw_stream *s, int64_t now, int64_t quiet)
         linger_ready = 1;
     }
     queued = s->term_state == TERM_QUEUED;
+    st_plan_tick(s);
     pthread_mutex_unlock(&s->mu);
     if (fail != SW_OK)
         st_fail(s, fail, msg, 1);
@@ -1371,7 +1407,10 @@ rt_timer_main(void *arg)
             next_scan = now + SWE_SCAN_MS;
             if (natsSubscription_GetPending(r->mux, &pending, NULL) != NATS_OK || pending == 0)
                 r->mux_idle_ms = now;
-            rt_snapshot(r, &vec);
+            /* Only the streams with something due: idle ones cost a load each. */
+            pthread_mutex_lock(&r->mu);
+            swi_idmap_snapshot(&r->streams, &vec, st_take, &now);
+            pthread_mutex_unlock(&r->mu);
             for (size_t i = 0; i < vec.n; i++) {
                 st_tick(ST_AT(vec, i), now, r->mux_idle_ms < now ? r->mux_idle_ms : now);
                 st_unref(ST_AT(vec, i));

@@ -78,6 +78,7 @@ struct sw_responder {
     int lose_next;     /* chaos: the next kept item misses its first publish */
     int fe_cancelled;  /* the frontend cancelled or killed it (or is gone): it wants nothing more */
     int beats_batched; /* resp_subj is sw.rsp.<router_id>.<id>: heartbeats go in batches */
+    int64_t next_tick_ms; /* the timer looks at r only from then on (atomic; 0 = next tick) */
     sw_err pub_err;    /* a failed publish of queued items, told to the next send or finish */
     int64_t last_end_us; /* when the last publish of items returned */
 
@@ -262,6 +263,7 @@ resp_max_body(const sw_responder *r)
 }
 
 static void resp_uncount(sw_responder *r);
+static void resp_tick_soon(sw_responder *r);
 
 /* Publishes a packed wrapper (r->mu held). */
 static sw_err
@@ -449,12 +451,14 @@ resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, size_t blen
     return rv;
 }
 
+/* Counts items and messages sent (negative: a publish counted in advance
+ * failed). */
 static void
-resp_count_sent(sw_ingress *ing, unsigned items, unsigned msgs)
+resp_count_sent(sw_ingress *ing, int64_t items, int64_t msgs)
 {
     pthread_mutex_lock(&ing->mu);
-    ing->st.items_sent += items;
-    ing->st.messages_sent += msgs;
+    ing->st.items_sent += (uint64_t)items;
+    ing->st.messages_sent += (uint64_t)msgs;
     pthread_mutex_unlock(&ing->mu);
 }
 
@@ -474,17 +478,22 @@ resp_drain(sw_responder *r)
         uint64_t last;
         unsigned k, kd;
         size_t len = resp_build(r, r->pub_seq + 1, r->next_seq - 1, 0, &m, &last, &k, &kd);
-        if (last < r->pub_seq + 1)
-            break; /* no memory for the message: try again with the next kick */
+        if (last < r->pub_seq + 1) {
+            resp_tick_soon(r); /* no memory for the message: the timer tries again */
+            break;
+        }
         if (k > 0) {
             sw_err rv;
+            /* Counted before the bytes leave: whoever has received them
+             * finds them counted. */
+            resp_count_sent(r->ing, kd, 1);
             pthread_mutex_unlock(&r->mu);
             rv = swt_publish(r->ing->conn, r->resp_subj, NULL, m.p, len);
             pthread_mutex_lock(&r->mu);
             if (rv == SW_OK) {
-                resp_count_sent(r->ing, kd, 1);
                 r->last_pub_ms = swi_now_ms();
             } else {
+                resp_count_sent(r->ing, -(int64_t)kd, -1);
                 r->pub_err = rv;
             }
         }
@@ -638,6 +647,7 @@ resp_uncount(sw_responder *r)
 static void
 resp_mark_terminated(sw_responder *r)
 {
+    resp_tick_soon(r);
     r->terminated = 1;
     r->done_ms = swi_now_ms();
     pthread_cond_broadcast(&r->cv);
@@ -690,11 +700,12 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     r->next_seq++;
     r->final_seq = seq;
     if (r->ring == NULL) { /* no flow control: nothing queued, nothing kept */
+        resp_count_sent(ing, 0, 1);
         rv = resp_publish_one(r, seq, buf, len);
         r->pub_seq = seq;
         free(buf);
-        if (rv == SW_OK)
-            resp_count_sent(ing, 0, 1);
+        if (rv != SW_OK)
+            resp_count_sent(ing, 0, -1);
     } else if (r->pub_err != SW_OK) {
         rv = r->pub_err; /* the final is kept, and resent if asked for */
         r->pub_err = SW_OK;
@@ -897,12 +908,14 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
     }
     (void)swp_data_body_write(buf, seq, data, len, mode == 2);
     if (r->ring == NULL) { /* no flow control: published at once, not kept */
+        resp_count_sent(ing, 1, 1); /* before the bytes leave, as in resp_drain */
         rv = resp_publish_one(r, seq, buf, blen);
         free(buf);
         if (rv == SW_OK) {
             r->next_seq++;
             r->pub_seq = seq;
-            resp_count_sent(ing, 1, 1);
+        } else {
+            resp_count_sent(ing, -1, -1);
         }
         goto out;
     }
@@ -1336,7 +1349,6 @@ resp_cancel(sw_responder *r, int kill)
 static void
 resp_resend(sw_responder *r, uint64_t from, uint64_t to)
 {
-    unsigned n = 0;
     swi_msgbuf m;
     msgbuf_init(&m);
     pthread_mutex_lock(&r->mu);
@@ -1352,18 +1364,22 @@ resp_resend(sw_responder *r, uint64_t from, uint64_t to)
             size_t len = resp_build(r, from, to, 1, &m, &last, &k, NULL);
             if (last < from)
                 break; /* no memory */
-            if (k > 0 && resp_publish(r, m.p, len) == SW_OK)
-                n += k;
+            if (k > 0) {
+                /* Counted before the bytes leave (see resp_drain). */
+                pthread_mutex_lock(&r->ing->mu);
+                r->ing->st.items_resent += k;
+                pthread_mutex_unlock(&r->ing->mu);
+                if (resp_publish(r, m.p, len) != SW_OK) {
+                    pthread_mutex_lock(&r->ing->mu);
+                    r->ing->st.items_resent -= k;
+                    pthread_mutex_unlock(&r->ing->mu);
+                }
+            }
             from = last + 1;
         }
     }
     pthread_mutex_unlock(&r->mu);
     msgbuf_free(&m);
-    if (n) {
-        pthread_mutex_lock(&r->ing->mu);
-        r->ing->st.items_resent += n;
-        pthread_mutex_unlock(&r->ing->mu);
-    }
 }
 
 static void
@@ -1477,10 +1493,16 @@ done:
 
 /* ---------------------------------------------------------------- timer */
 
-static void
-resp_ref_any(void *r)
+/* Takes a reference on r for a snapshot: always (arg NULL), or only if the
+ * timer has something to check on it by *(int64_t *)arg. */
+static int
+resp_take(void *v, void *arg)
 {
+    sw_responder *r = v;
+    if (arg != NULL && __atomic_load_n(&r->next_tick_ms, __ATOMIC_RELAXED) > *(int64_t *)arg)
+        return 0;
     resp_ref(r);
+    return 1;
 }
 
 /* Snapshot of the registered responders, each with a reference. */
@@ -1488,8 +1510,41 @@ static void
 ing_snapshot(sw_ingress *ing, swi_ptrvec *vec)
 {
     pthread_mutex_lock(&ing->mu);
-    swi_idmap_snapshot(&ing->streams, vec, resp_ref_any);
+    swi_idmap_snapshot(&ing->streams, vec, resp_take, NULL);
     pthread_mutex_unlock(&ing->mu);
+}
+
+/* Makes the timer look at r at its next tick (a state change may have made
+ * a check due earlier than computed). */
+static void
+resp_tick_soon(sw_responder *r)
+{
+    __atomic_store_n(&r->next_tick_ms, 0, __ATOMIC_RELAXED);
+}
+
+/* When the timer next has to look at r (r->mu held): its deadline, its next
+ * heartbeat, the end of a final's linger; now if items wait to go out. Only
+ * ever later than the truth if a state change forgets resp_tick_soon. */
+static void
+resp_plan_tick(sw_responder *r)
+{
+    int64_t due = INT64_MAX;
+    if (r->closed) {
+        /* nothing more to do */
+    } else if (!r->terminated) {
+        if (r->pub_seq + 1 < r->next_seq)
+            due = 0;
+        if (r->deadline_ms >= 0 && r->deadline_ms < due)
+            due = r->deadline_ms;
+        if (r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
+            due = r->last_pub_ms + (int64_t)r->hb_ms;
+    } else {
+        due = r->done_ms + 4 * (int64_t)r->hb_ms + SWI_LINGER_MIN_MS;
+        if (!r->fe_cancelled && r->final_seq != 0 && r->acked < r->final_seq && r->hb_ms != 0 &&
+            r->last_pub_ms + (int64_t)r->hb_ms < due)
+            due = r->last_pub_ms + (int64_t)r->hb_ms;
+    }
+    __atomic_store_n(&r->next_tick_ms, due, __ATOMIC_RELAXED);
 }
 
 #define RESP_AT(vec, i) ((sw_responder *)(vec).v[i])
@@ -1568,7 +1623,7 @@ beats_clear(swi_beats *b)
 static void
 beats_flush(sw_ingress *ing, swi_beats *b)
 {
-    uint64_t sent = 0, failed = 0;
+    uint64_t failed = 0;
     size_t max = sw_conn_max_payload(ing->conn), per = SWI_BEATS_PER_MSG;
     if (b->n == 0)
         return;
@@ -1599,11 +1654,20 @@ beats_flush(sw_ingress *ing, swi_beats *b)
             m.instance_id = ing->instance_id;
             m.n_beats = k;
             m.beats = b->ptr;
-            if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) == SW_OK &&
-                swt_publish(ing->conn, g->subj, NULL, buf, len) == SW_OK)
-                sent += k;
-            else
+            if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) != SW_OK) {
                 failed += k;
+                continue;
+            }
+            /* Counted before the bytes leave (see resp_drain). */
+            pthread_mutex_lock(&ing->mu);
+            ing->st.heartbeats += k;
+            pthread_mutex_unlock(&ing->mu);
+            if (swt_publish(ing->conn, g->subj, NULL, buf, len) != SW_OK) {
+                failed += k;
+                pthread_mutex_lock(&ing->mu);
+                ing->st.heartbeats -= k;
+                pthread_mutex_unlock(&ing->mu);
+            }
             free(buf);
         }
     }
@@ -1611,11 +1675,6 @@ beats_flush(sw_ingress *ing, swi_beats *b)
     if (failed)
         swi_log(&ing->log, SW_LOG_WARN, "%llu heartbeat(s) could not be published",
                 (unsigned long long)failed);
-    if (sent) {
-        pthread_mutex_lock(&ing->mu);
-        ing->st.heartbeats += sent;
-        pthread_mutex_unlock(&ing->mu);
-    }
 }
 
 static void
@@ -1658,10 +1717,15 @@ resp_heartbeat(sw_responder *r, int64_t now, swi_beats *beats)
         w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
         h.last_seq = r->pub_seq;
         w.heartbeat = &h;
-        if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK && resp_publish(r, buf, len) == SW_OK) {
+        if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK) {
             pthread_mutex_lock(&r->ing->mu);
-            r->ing->st.heartbeats++;
+            r->ing->st.heartbeats++; /* before the bytes leave (see resp_drain) */
             pthread_mutex_unlock(&r->ing->mu);
+            if (resp_publish(r, buf, len) != SW_OK) {
+                pthread_mutex_lock(&r->ing->mu);
+                r->ing->st.heartbeats--;
+                pthread_mutex_unlock(&r->ing->mu);
+            }
         }
     }
 }
@@ -1690,6 +1754,7 @@ ing_tick_one(sw_responder *r, int64_t now, swi_beats *beats)
             r->acked < r->final_seq)
             resp_heartbeat(r, now, beats);
     }
+    resp_plan_tick(r);
     pthread_mutex_unlock(&r->mu);
     if (deadline)
         resp_fire_cancel(r);
@@ -1709,8 +1774,11 @@ ing_timer_main(void *arg)
         if (ing->stopping)
             break;
         pthread_mutex_unlock(&ing->mu);
-        ing_snapshot(ing, &vec);
         int64_t now = swi_now_ms();
+        /* Only the streams with something due: idle ones cost a load each. */
+        pthread_mutex_lock(&ing->mu);
+        swi_idmap_snapshot(&ing->streams, &vec, resp_take, &now);
+        pthread_mutex_unlock(&ing->mu);
         for (size_t i = 0; i < vec.n; i++) {
             ing_tick_one(RESP_AT(vec, i), now, &beats);
             resp_unref(RESP_AT(vec, i));

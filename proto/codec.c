@@ -62,22 +62,20 @@ swp_has_field0(const ProtobufCMessage *m)
     return 0;
 }
 
-/* Unpacks with the length cap applied first. */
-static sw_err
-swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, size_t max,
-           ProtobufCAllocator *alloc, ProtobufCMessage **out)
+/* Reads a varint at p[*i] (advancing *i). 0 ok, -1 truncated or longer
+ * than 64 bits. */
+static int
+swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
 {
-    *out = NULL;
-    if (buf == NULL && len != 0)
-        return SW_EINVAL;
-    if (len > max)
-        return SW_EMSGSIZE;
-    *out = protobuf_c_message_unpack(d, alloc, len, buf);
-    if (*out != NULL && swp_has_field0(*out)) {
-        protobuf_c_message_free_unpacked(*out, alloc);
-        *out = NULL;
-    }
-    return *out ? SW_OK : SW_EPROTO;
+    unsigned sh = 0;
+    *v = 0;
+    do {
+        if (*i >= len || sh > 63)
+            return -1;
+        *v |= (uint64_t)(p[*i] & 0x7f) << sh;
+        sh += 7;
+    } while (p[(*i)++] & 0x80);
+    return 0;
 }
 
 /* Counts the top-level length-delimited entries of `field` in a message's
@@ -88,20 +86,13 @@ swp_field_over_cap(const uint8_t *p, size_t len, uint64_t field, size_t cap)
 {
     size_t i = 0, n = 0;
     while (i < len) {
-        uint64_t tag = 0, v = 0;
-        unsigned sh = 0;
-        do {
-            if (i >= len || sh > 63)
-                return 0;
-            tag |= (uint64_t)(p[i] & 0x7f) << sh;
-            sh += 7;
-        } while (p[i++] & 0x80);
+        uint64_t tag, v;
+        if (swp_read_varint(p, len, &i, &tag) != 0)
+            return 0;
         switch (tag & 7) {
-        case 0: /* varint */
-            do {
-                if (i >= len)
-                    return 0;
-            } while (p[i++] & 0x80);
+        case 0:
+            if (swp_read_varint(p, len, &i, &v) != 0)
+                return 0;
             break;
         case 1:
             i += 8;
@@ -110,14 +101,7 @@ swp_field_over_cap(const uint8_t *p, size_t len, uint64_t field, size_t cap)
             i += 4;
             break;
         case 2:
-            sh = 0;
-            do {
-                if (i >= len || sh > 63)
-                    return 0;
-                v |= (uint64_t)(p[i] & 0x7f) << sh;
-                sh += 7;
-            } while (p[i++] & 0x80);
-            if (v > len - i)
+            if (swp_read_varint(p, len, &i, &v) != 0 || v > len - i)
                 return 0;
             i += (size_t)v;
             if ((tag >> 3) == field && ++n > cap)
@@ -144,13 +128,26 @@ swp_beats_over_cap(const uint8_t *p, size_t len)
     return swp_field_over_cap(p, len, 3, SWP_MAX_BEATS);
 }
 
-/* No precheck. */
-static int
-swp_no_precheck(const uint8_t *buf, size_t len)
+/* Unpacks with the length cap and the message's precheck (NULL: none; 1
+ * refuses the raw bytes) applied first. */
+static sw_err
+swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, size_t max,
+           int (*precheck)(const uint8_t *, size_t), ProtobufCAllocator *alloc,
+           ProtobufCMessage **out)
 {
-    (void)buf;
-    (void)len;
-    return 0;
+    *out = NULL;
+    if (buf == NULL && len != 0)
+        return SW_EINVAL;
+    if (len > max)
+        return SW_EMSGSIZE;
+    if (precheck != NULL && precheck(buf, len))
+        return SW_EPROTO;
+    *out = protobuf_c_message_unpack(d, alloc, len, buf);
+    if (*out != NULL && swp_has_field0(*out)) {
+        protobuf_c_message_free_unpacked(*out, alloc);
+        *out = NULL;
+    }
+    return *out ? SW_OK : SW_EPROTO;
 }
 
 #define SWP_DECODE(fn, type, desc, precheck, validate)                                  \
@@ -161,9 +158,7 @@ swp_no_precheck(const uint8_t *buf, size_t len)
         if (out == NULL)                                                                \
             return SW_EINVAL;                                                           \
         *out = NULL;                                                                    \
-        if (len <= max && buf != NULL && precheck(buf, len))                            \
-            return SW_EPROTO;                                                           \
-        if ((rv = swp_unpack(&desc, buf, len, max, NULL, &m)) != SW_OK)                 \
+        if ((rv = swp_unpack(&desc, buf, len, max, precheck, NULL, &m)) != SW_OK)       \
             return rv;                                                                  \
         if ((rv = validate((type *)m)) != SW_OK) {                                      \
             protobuf_c_message_free_unpacked(m, NULL);                                  \
@@ -329,16 +324,16 @@ swp_check_beats(swp_beats *m)
     return SW_OK;
 }
 
-SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor, swp_no_precheck,
+SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor, NULL,
            swp_check_request)
 SWP_DECODE(swp_decode_item, swp_item, streamwire__v1__stream_item_wrapper__descriptor,
            swp_batch_over_cap, swp_check_item)
-SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor, swp_no_precheck,
+SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor, NULL,
            swp_check_control)
 SWP_DECODE(swp_decode_probe_reply, swp_probe_reply, streamwire__v1__probe_reply__descriptor,
-           swp_no_precheck, swp_check_probe_reply)
+           NULL, swp_check_probe_reply)
 SWP_DECODE(swp_decode_instance, swp_instance, streamwire__v1__instance_info__descriptor,
-           swp_no_precheck, swp_check_instance)
+           NULL, swp_check_instance)
 SWP_DECODE(swp_decode_beats, swp_beats, streamwire__v1__heartbeat_batch__descriptor,
            swp_beats_over_cap, swp_check_beats)
 
@@ -375,10 +370,8 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
     a->alloc.alloc = swp_arena_alloc;
     a->alloc.free = swp_arena_free;
     a->alloc.allocator_data = a;
-    if (len <= max && buf != NULL && swp_batch_over_cap(buf, len))
-        return SW_EPROTO;
     if ((rv = swp_unpack(&streamwire__v1__stream_item_wrapper__descriptor, buf, len, max,
-                         &a->alloc, &m)) != SW_OK)
+                         swp_batch_over_cap, &a->alloc, &m)) != SW_OK)
         return rv;
     if ((rv = swp_check_item((swp_item *)m)) != SW_OK) {
         protobuf_c_message_free_unpacked(m, &a->alloc);

@@ -265,15 +265,48 @@ resp_max_body(const sw_responder *r)
 static void resp_uncount(sw_responder *r);
 static void resp_tick_soon(sw_responder *r);
 
-/* Publishes a packed wrapper (r->mu held). */
-static sw_err
-resp_publish(sw_responder *r, const uint8_t *buf, size_t len)
+/* What a publish adds to the ingress's counters. */
+typedef struct swi_sent {
+    int64_t items, msgs, resent, beats;
+} swi_sent;
+
+/* Adds (sign 1) or takes back (sign -1) a publish's counts. */
+static void
+ing_count(sw_ingress *ing, const swi_sent *d, int sign)
 {
-    sw_err rv = swt_publish(r->ing->conn, r->resp_subj, NULL, buf, len);
+    pthread_mutex_lock(&ing->mu);
+    ing->st.items_sent += (uint64_t)(sign * d->items);
+    ing->st.messages_sent += (uint64_t)(sign * d->msgs);
+    ing->st.items_resent += (uint64_t)(sign * d->resent);
+    ing->st.heartbeats += (uint64_t)(sign * d->beats);
+    pthread_mutex_unlock(&ing->mu);
+}
+
+/* Publishes on subj. The counts go in before the bytes leave, so a peer
+ * that has received them finds them counted, and come out again if the
+ * publish fails. */
+static sw_err
+ing_publish_counted(sw_ingress *ing, const char *subj, const void *buf, size_t len,
+                    const swi_sent *d)
+{
+    sw_err rv;
+    ing_count(ing, d, 1);
+    if ((rv = swt_publish(ing->conn, subj, NULL, buf, len)) != SW_OK)
+        ing_count(ing, d, -1);
+    return rv;
+}
+
+/* Publishes a packed wrapper on r's response subject (r->mu held). */
+static sw_err
+resp_publish(sw_responder *r, const uint8_t *buf, size_t len, const swi_sent *d)
+{
+    sw_err rv = ing_publish_counted(r->ing, r->resp_subj, buf, len, d);
     if (rv == SW_OK)
         r->last_pub_ms = swi_now_ms();
     return rv;
 }
+
+static const swi_sent swi_sent_none = {0, 0, 0, 0};
 
 /* The wrapper header for a message whose items run from seq `first` to
  * `last`. The frontend knows the instance it sent to: say it with seq 1 and
@@ -432,9 +465,11 @@ resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
 }
 
 /* Publishes header + one body at once, for a stream without flow control
- * (no ring: nothing is kept, nothing is queued) (r->mu held). */
+ * (no ring: nothing is kept, nothing is queued) and the chaos hooks (r->mu
+ * held). */
 static sw_err
-resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, size_t blen)
+resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, size_t blen,
+                 const swi_sent *d)
 {
     swi_msgbuf m;
     swp_hdr h;
@@ -446,20 +481,14 @@ resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, size_t blen
     resp_hdr(r, seq, seq, 0, &h);
     n = swp_hdr_write(&h, m.p);
     memcpy(m.p + n, body, blen);
-    rv = resp_should_drop(r->ing) ? SW_OK : resp_publish(r, m.p, n + blen);
+    if (resp_should_drop(r->ing)) { /* test-only loss: counted as sent, never published */
+        ing_count(r->ing, d, 1);
+        rv = SW_OK;
+    } else {
+        rv = resp_publish(r, m.p, n + blen, d);
+    }
     msgbuf_free(&m);
     return rv;
-}
-
-/* Counts items and messages sent (negative: a publish counted in advance
- * failed). */
-static void
-resp_count_sent(sw_ingress *ing, int64_t items, int64_t msgs)
-{
-    pthread_mutex_lock(&ing->mu);
-    ing->st.items_sent += (uint64_t)items;
-    ing->st.messages_sent += (uint64_t)msgs;
-    pthread_mutex_unlock(&ing->mu);
 }
 
 /* Publishes the queued items pub_seq+1 .. next_seq-1 in order, as few
@@ -483,19 +512,15 @@ resp_drain(sw_responder *r)
             break;
         }
         if (k > 0) {
+            swi_sent d = {kd, 1, 0, 0};
             sw_err rv;
-            /* Counted before the bytes leave: whoever has received them
-             * finds them counted. */
-            resp_count_sent(r->ing, kd, 1);
             pthread_mutex_unlock(&r->mu);
-            rv = swt_publish(r->ing->conn, r->resp_subj, NULL, m.p, len);
+            rv = ing_publish_counted(r->ing, r->resp_subj, m.p, len, &d);
             pthread_mutex_lock(&r->mu);
-            if (rv == SW_OK) {
+            if (rv == SW_OK)
                 r->last_pub_ms = swi_now_ms();
-            } else {
-                resp_count_sent(r->ing, -(int64_t)kd, -1);
+            else
                 r->pub_err = rv;
-            }
         }
         r->pub_seq = last;
         r->last_end_us = swi_now_us();
@@ -503,6 +528,16 @@ resp_drain(sw_responder *r)
             resp_uncount(r);
     }
     msgbuf_free(&m);
+}
+
+/* The error of a failed publish of queued items, reported once (r->mu
+ * held). */
+static sw_err
+resp_take_pub_err(sw_responder *r)
+{
+    sw_err rv = r->pub_err;
+    r->pub_err = SW_OK;
+    return rv;
 }
 
 /* Publishes r's queued items as the one thread doing so (r->mu held, r->sending
@@ -664,6 +699,7 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     size_t len = 0;
     uint64_t seq = r->next_seq;
     size_t max = resp_max_body(r);
+    int kept;
     sw_err rv;
 
     if (r->closed)
@@ -682,36 +718,22 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     }
     if (rv != SW_OK)
         return rv;
-    if (r->ring != NULL && resp_keep(r, seq, buf, len) != SW_OK) {
-        /* Cannot keep it for resend: still end the stream, after what was
-         * queued before it. */
-        resp_flush_now(r);
-        rv = r->closed ? SW_ECLOSED : resp_publish_one(r, seq, buf, len);
-        free(buf);
-        r->next_seq++;
-        r->final_seq = seq;
-        r->pub_seq = seq;
-        resp_mark_terminated(r);
-        pthread_mutex_lock(&ing->mu);
-        ing->st.finished[counted_as]++;
-        pthread_mutex_unlock(&ing->mu);
-        return rv;
-    }
+    kept = r->ring != NULL && resp_keep(r, seq, buf, len) == SW_OK;
+    if (r->ring != NULL && !kept)
+        resp_flush_now(r); /* no room to keep it: still end the stream, after what
+                              was queued before it */
     r->next_seq++;
     r->final_seq = seq;
-    if (r->ring == NULL) { /* no flow control: nothing queued, nothing kept */
-        resp_count_sent(ing, 0, 1);
-        rv = resp_publish_one(r, seq, buf, len);
+    if (!kept) { /* published now, not kept (without flow control nothing is) */
+        swi_sent d = {0, 1, 0, 0};
+        rv = r->closed ? SW_ECLOSED : resp_publish_one(r, seq, buf, len, &d);
         r->pub_seq = seq;
         free(buf);
-        if (rv != SW_OK)
-            resp_count_sent(ing, 0, -1);
     } else if (r->pub_err != SW_OK) {
-        rv = r->pub_err; /* the final is kept, and resent if asked for */
-        r->pub_err = SW_OK;
+        rv = resp_take_pub_err(r); /* the final is kept, and resent if asked for */
     }
     resp_mark_terminated(r);
-    if (r->ring != NULL)
+    if (kept)
         resp_kick(r); /* last: it may drop mu while publishing */
     pthread_mutex_lock(&ing->mu);
     ing->st.finished[counted_as]++;
@@ -892,8 +914,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
         }
     }
     if (r->pub_err != SW_OK) { /* an earlier publish failed: say so once */
-        rv = r->pub_err;
-        r->pub_err = SW_OK;
+        rv = resp_take_pub_err(r);
         goto out;
     }
     seq = r->next_seq;
@@ -908,14 +929,12 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
     }
     (void)swp_data_body_write(buf, seq, data, len, mode == 2);
     if (r->ring == NULL) { /* no flow control: published at once, not kept */
-        resp_count_sent(ing, 1, 1); /* before the bytes leave, as in resp_drain */
-        rv = resp_publish_one(r, seq, buf, blen);
+        swi_sent d = {1, 1, 0, 0};
+        rv = resp_publish_one(r, seq, buf, blen, &d);
         free(buf);
         if (rv == SW_OK) {
             r->next_seq++;
             r->pub_seq = seq;
-        } else {
-            resp_count_sent(ing, -1, -1);
         }
         goto out;
     }
@@ -1044,7 +1063,7 @@ swi_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
         return SW_EINVAL;
     pthread_mutex_lock(&r->mu);
     resp_flush_now(r);
-    rv = r->closed ? SW_ECLOSED : resp_publish(r, bytes, len);
+    rv = r->closed ? SW_ECLOSED : resp_publish(r, bytes, len, &swi_sent_none);
     pthread_mutex_unlock(&r->mu);
     return rv;
 }
@@ -1112,7 +1131,7 @@ swi_responder_send_after_final(sw_responder *r, const void *data, size_t len)
         return SW_ENOMEM;
     }
     (void)swp_data_body_write(buf, r->next_seq, data, len, 0);
-    rv = r->closed ? SW_ECLOSED : resp_publish_one(r, r->next_seq, buf, blen);
+    rv = r->closed ? SW_ECLOSED : resp_publish_one(r, r->next_seq, buf, blen, &swi_sent_none);
     r->next_seq++;
     r->pub_seq = r->next_seq - 1;
     free(buf);
@@ -1365,15 +1384,8 @@ resp_resend(sw_responder *r, uint64_t from, uint64_t to)
             if (last < from)
                 break; /* no memory */
             if (k > 0) {
-                /* Counted before the bytes leave (see resp_drain). */
-                pthread_mutex_lock(&r->ing->mu);
-                r->ing->st.items_resent += k;
-                pthread_mutex_unlock(&r->ing->mu);
-                if (resp_publish(r, m.p, len) != SW_OK) {
-                    pthread_mutex_lock(&r->ing->mu);
-                    r->ing->st.items_resent -= k;
-                    pthread_mutex_unlock(&r->ing->mu);
-                }
+                swi_sent d = {0, 0, k, 0};
+                (void)resp_publish(r, m.p, len, &d);
             }
             from = last + 1;
         }
@@ -1405,6 +1417,19 @@ ing_probe_reply(sw_ingress *ing, natsMsg *msg, sw_responder *r)
     }
     if (swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
         (void)swt_publish(ing->conn, reply, NULL, buf, len);
+}
+
+/* The registered stream with this request id, with a reference; NULL if
+ * none. */
+static sw_responder *
+ing_find(sw_ingress *ing, const uint8_t *id)
+{
+    sw_responder *r;
+    pthread_mutex_lock(&ing->mu);
+    if ((r = swi_idmap_get(&ing->streams, id)) != NULL)
+        resp_ref(r);
+    pthread_mutex_unlock(&ing->mu);
+    return r;
 }
 
 /* A CREDIT (limit, ack), or with `final` the frontend's word that the final
@@ -1444,13 +1469,8 @@ ing_on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
         swi_log(&ing->log, SW_LOG_WARN, "bad control message: %s", sw_err_name(rv));
         goto done;
     }
-    if (c->request_id.len == SW_REQUEST_ID_BYTES) {
-        pthread_mutex_lock(&ing->mu);
-        r = swi_idmap_get(&ing->streams, c->request_id.data);
-        if (r != NULL)
-            resp_ref(r);
-        pthread_mutex_unlock(&ing->mu);
-    }
+    if (c->request_id.len == SW_REQUEST_ID_BYTES)
+        r = ing_find(ing, c->request_id.data);
     switch (c->kind) {
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE:
         ing_probe_reply(ing, msg, r);
@@ -1466,11 +1486,7 @@ ing_on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS:
         for (size_t i = 0; i < c->n_final_acks; i++) {
-            sw_responder *a;
-            pthread_mutex_lock(&ing->mu);
-            if ((a = swi_idmap_get(&ing->streams, c->final_acks[i].data)) != NULL)
-                resp_ref(a);
-            pthread_mutex_unlock(&ing->mu);
+            sw_responder *a = ing_find(ing, c->final_acks[i].data);
             if (a != NULL) {
                 resp_credit(a, 0, 0, 1);
                 resp_unref(a);
@@ -1499,18 +1515,19 @@ static int
 resp_take(void *v, void *arg)
 {
     sw_responder *r = v;
-    if (arg != NULL && __atomic_load_n(&r->next_tick_ms, __ATOMIC_RELAXED) > *(int64_t *)arg)
+    if (arg != NULL && __atomic_load_n(&r->next_tick_ms, __ATOMIC_RELAXED) > *(const int64_t *)arg)
         return 0;
     resp_ref(r);
     return 1;
 }
 
-/* Snapshot of the registered responders, each with a reference. */
+/* Snapshot of the registered responders, each with a reference: all
+ * (due_by NULL), or those with a timer check due by *due_by. */
 static void
-ing_snapshot(sw_ingress *ing, swi_ptrvec *vec)
+ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by)
 {
     pthread_mutex_lock(&ing->mu);
-    swi_idmap_snapshot(&ing->streams, vec, resp_take, NULL);
+    swi_idmap_snapshot(&ing->streams, vec, resp_take, (void *)(uintptr_t)due_by);
     pthread_mutex_unlock(&ing->mu);
 }
 
@@ -1520,6 +1537,21 @@ static void
 resp_tick_soon(sw_responder *r)
 {
     __atomic_store_n(&r->next_tick_ms, 0, __ATOMIC_RELAXED);
+}
+
+/* How long a finished stream whose final was not acknowledged is kept. */
+static int64_t
+resp_linger_ms(const sw_responder *r)
+{
+    return 4 * (int64_t)r->hb_ms + SWI_LINGER_MIN_MS;
+}
+
+/* A finished stream whose frontend still wants its final: heartbeats go on
+ * so that a lost final is asked for (r->mu held). */
+static int
+resp_final_unacked(const sw_responder *r)
+{
+    return !r->closed && !r->fe_cancelled && r->final_seq != 0 && r->acked < r->final_seq;
 }
 
 /* When the timer next has to look at r (r->mu held): its deadline, its next
@@ -1539,9 +1571,8 @@ resp_plan_tick(sw_responder *r)
         if (r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
             due = r->last_pub_ms + (int64_t)r->hb_ms;
     } else {
-        due = r->done_ms + 4 * (int64_t)r->hb_ms + SWI_LINGER_MIN_MS;
-        if (!r->fe_cancelled && r->final_seq != 0 && r->acked < r->final_seq && r->hb_ms != 0 &&
-            r->last_pub_ms + (int64_t)r->hb_ms < due)
+        due = r->done_ms + resp_linger_ms(r);
+        if (resp_final_unacked(r) && r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
             due = r->last_pub_ms + (int64_t)r->hb_ms;
     }
     __atomic_store_n(&r->next_tick_ms, due, __ATOMIC_RELAXED);
@@ -1654,19 +1685,11 @@ beats_flush(sw_ingress *ing, swi_beats *b)
             m.instance_id = ing->instance_id;
             m.n_beats = k;
             m.beats = b->ptr;
-            if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) != SW_OK) {
-                failed += k;
-                continue;
-            }
-            /* Counted before the bytes leave (see resp_drain). */
-            pthread_mutex_lock(&ing->mu);
-            ing->st.heartbeats += k;
-            pthread_mutex_unlock(&ing->mu);
-            if (swt_publish(ing->conn, g->subj, NULL, buf, len) != SW_OK) {
-                failed += k;
-                pthread_mutex_lock(&ing->mu);
-                ing->st.heartbeats -= k;
-                pthread_mutex_unlock(&ing->mu);
+            {
+                swi_sent d = {0, 0, 0, (int64_t)k};
+                if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) != SW_OK ||
+                    ing_publish_counted(ing, g->subj, buf, len, &d) != SW_OK)
+                    failed += k;
             }
             free(buf);
         }
@@ -1718,14 +1741,8 @@ resp_heartbeat(sw_responder *r, int64_t now, swi_beats *beats)
         h.last_seq = r->pub_seq;
         w.heartbeat = &h;
         if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK) {
-            pthread_mutex_lock(&r->ing->mu);
-            r->ing->st.heartbeats++; /* before the bytes leave (see resp_drain) */
-            pthread_mutex_unlock(&r->ing->mu);
-            if (resp_publish(r, buf, len) != SW_OK) {
-                pthread_mutex_lock(&r->ing->mu);
-                r->ing->st.heartbeats--;
-                pthread_mutex_unlock(&r->ing->mu);
-            }
+            swi_sent d = {0, 0, 0, 1};
+            (void)resp_publish(r, buf, len, &d);
         }
     }
 }
@@ -1748,10 +1765,8 @@ ing_tick_one(sw_responder *r, int64_t now, swi_beats *beats)
     } else if (r->terminated) {
         /* A final never acknowledged: keep it for resend for a while, then
          * let go. Heartbeats go on meanwhile, so a lost final is asked for. */
-        int64_t linger = 4 * (int64_t)r->hb_ms + SWI_LINGER_MIN_MS;
-        retire = now - r->done_ms >= linger;
-        if (!retire && !r->closed && !r->fe_cancelled && r->final_seq != 0 &&
-            r->acked < r->final_seq)
+        retire = now - r->done_ms >= resp_linger_ms(r);
+        if (!retire && resp_final_unacked(r))
             resp_heartbeat(r, now, beats);
     }
     resp_plan_tick(r);
@@ -1775,10 +1790,7 @@ ing_timer_main(void *arg)
             break;
         pthread_mutex_unlock(&ing->mu);
         int64_t now = swi_now_ms();
-        /* Only the streams with something due: idle ones cost a load each. */
-        pthread_mutex_lock(&ing->mu);
-        swi_idmap_snapshot(&ing->streams, &vec, resp_take, &now);
-        pthread_mutex_unlock(&ing->mu);
+        ing_snapshot(ing, &vec, &now); /* only streams with something due */
         for (size_t i = 0; i < vec.n; i++) {
             ing_tick_one(RESP_AT(vec, i), now, &beats);
             resp_unref(RESP_AT(vec, i));
@@ -1832,7 +1844,7 @@ ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
 {
     swi_ptrvec vec = {NULL, 0, 0};
     unsigned n = 0;
-    ing_snapshot(ing, &vec);
+    ing_snapshot(ing, &vec, NULL);
     for (size_t i = 0; i < vec.n; i++) {
         sw_responder *r = RESP_AT(vec, i);
         if (strcmp(r->router_id, router_id) == 0) {
@@ -1910,7 +1922,7 @@ ing_live_main(void *arg)
         pthread_mutex_unlock(&ing->mu);
         /* Every registered stream names its frontend (router_id never
          * changes); finished ones lingering for an ack count too. */
-        ing_snapshot(ing, &vec);
+        ing_snapshot(ing, &vec, NULL);
         pthread_mutex_lock(&ing->live_mu);
         for (size_t i = 0; i < ing->nfe; i++)
             ing->fe[i].seen = 0;
@@ -2137,7 +2149,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     if (rv == SW_OK)
         return SW_OK;
     /* Out of time: end what is left. The frontend sees instance_lost. */
-    ing_snapshot(ing, &vec);
+    ing_snapshot(ing, &vec, NULL);
     for (size_t i = 0; i < vec.n; i++) {
         sw_responder *r = RESP_AT(vec, i);
         int newly = 0;

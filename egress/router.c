@@ -314,6 +314,14 @@ typedef struct swe_ctl {
     uint64_t limit, ack, from, to;
 } swe_ctl;
 
+/* Makes the scan look at s next time (a state change may have made a
+ * check due earlier than st_plan_tick computed). */
+static void
+st_tick_soon(sw_stream *s)
+{
+    __atomic_store_n(&s->next_tick_ms, 0, __ATOMIC_RELAXED);
+}
+
 /* Sends the queued acknowledgements of finals: one ACK_FINALS per worker. */
 static void
 rt_flush_acks(sw_router *r)
@@ -436,7 +444,7 @@ st_set_terminal(sw_stream *s, sw_status status, sw_err err, const char *reason, 
     if (s->term_state == TERM_QUEUED && !(s->term_from_wire && err == SW_ITEM_AFTER_FINAL))
         return 0;
     s->term_state = TERM_QUEUED;
-    __atomic_store_n(&s->next_tick_ms, 0, __ATOMIC_RELAXED); /* linger: see st_plan_tick */
+    st_tick_soon(s); /* the linger, see st_plan_tick */
     s->term_from_wire = from_wire;
     s->term_ready_ms = from_wire ? swi_now_ms() + s->r->linger_ms : 0;
     s->term.status = status;
@@ -619,7 +627,7 @@ st_on_item(sw_stream *s, const swp_item *w)
             now - s->last_resend_ms >= 20) {
             if (s->gap_since_ms == 0) {
                 s->gap_since_ms = now;
-                __atomic_store_n(&s->next_tick_ms, 0, __ATOMIC_RELAXED); /* gap timers */
+                st_tick_soon(s); /* the gap timers */
             }
             ctl.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND;
             ctl.from = s->expected;
@@ -703,7 +711,7 @@ st_on_item(sw_stream *s, const swp_item *w)
         s->held++;
         if (s->gap_since_ms == 0) {
             s->gap_since_ms = now;
-            __atomic_store_n(&s->next_tick_ms, 0, __ATOMIC_RELAXED); /* gap timers */
+            st_tick_soon(s); /* the gap timers */
             if (s->window != 0) {
                 ctl.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND;
                 ctl.from = s->expected;
@@ -1132,18 +1140,19 @@ static int
 st_take(void *v, void *arg)
 {
     sw_stream *s = v;
-    if (arg != NULL && __atomic_load_n(&s->next_tick_ms, __ATOMIC_RELAXED) > *(int64_t *)arg)
+    if (arg != NULL && __atomic_load_n(&s->next_tick_ms, __ATOMIC_RELAXED) > *(const int64_t *)arg)
         return 0;
     st_ref(s);
     return 1;
 }
 
-/* The open streams, each with a reference (drop with st_unref). */
+/* The open streams, each with a reference (drop with st_unref): all
+ * (due_by NULL), or those with a timer check due by *due_by. */
 static void
-rt_snapshot(sw_router *r, swi_ptrvec *vec)
+rt_snapshot(sw_router *r, swi_ptrvec *vec, const int64_t *due_by)
 {
     pthread_mutex_lock(&r->mu);
-    swi_idmap_snapshot(&r->streams, vec, st_take, NULL);
+    swi_idmap_snapshot(&r->streams, vec, st_take, (void *)(uintptr_t)due_by);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -1168,7 +1177,7 @@ rt_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_m
     r->st.instances_lost++;
     r->st.last_loss_detect_ms = (uint64_t)(silent_ms > 0 ? silent_ms : 0);
     pthread_mutex_unlock(&r->mu);
-    rt_snapshot(r, &vec);
+    rt_snapshot(r, &vec, NULL);
     for (size_t i = 0; i < vec.n; i++) {
         sw_stream *s = ST_AT(vec, i);
         int match;
@@ -1316,10 +1325,6 @@ rt_probe_round(sw_router *r, int64_t now)
 
 /* ---------------------------------------------------------------- timer */
 
-/* now: the time; quiet: the time up to which this router has processed
- * everything it received (now when the mux queue is empty). Silence is
- * judged up to `quiet`, so a router behind on its own queue never blames
- * the worker. */
 /* When the scan next has to look at s (s->mu held): its deadline, its
  * inactivity limit, gap repair and the gap timeout, a lingering final. A
  * state change that makes a check due earlier calls st_tick_soon. */
@@ -1344,6 +1349,10 @@ st_plan_tick(sw_stream *s)
     __atomic_store_n(&s->next_tick_ms, due, __ATOMIC_RELAXED);
 }
 
+/* now: the time; quiet: the time up to which this router has processed
+ * everything it received (now when the mux queue is empty). Silence is
+ * judged up to `quiet`, so a router behind on its own queue never blames
+ * the worker. */
 static void
 st_tick(sw_stream *s, int64_t now, int64_t quiet)
 {
@@ -1407,10 +1416,7 @@ rt_timer_main(void *arg)
             next_scan = now + SWE_SCAN_MS;
             if (natsSubscription_GetPending(r->mux, &pending, NULL) != NATS_OK || pending == 0)
                 r->mux_idle_ms = now;
-            /* Only the streams with something due: idle ones cost a load each. */
-            pthread_mutex_lock(&r->mu);
-            swi_idmap_snapshot(&r->streams, &vec, st_take, &now);
-            pthread_mutex_unlock(&r->mu);
+            rt_snapshot(r, &vec, &now); /* only streams with something due */
             for (size_t i = 0; i < vec.n; i++) {
                 st_tick(ST_AT(vec, i), now, r->mux_idle_ms < now ? r->mux_idle_ms : now);
                 st_unref(ST_AT(vec, i));
@@ -1577,7 +1583,7 @@ sw_router_destroy(sw_router *r)
     swt_sub_close(r->conn, &r->prb);
     swt_sub_close(r->conn, &r->mux);
     rt_flush_acks(r); /* after the mux drained: finals it delivered are acked too */
-    rt_snapshot(r, &vec);
+    rt_snapshot(r, &vec, NULL);
     for (size_t i = 0; i < vec.n; i++) {
         sw_stream *s = ST_AT(vec, i);
         /* A terminal held back by final_linger_ms goes out now: the timer

@@ -13,6 +13,8 @@
 
 #define SW_REQUEST_ID_BYTES 16
 #define SW_REQUEST_ID_HEX (2 * SW_REQUEST_ID_BYTES + 1)
+/* nats.c statuses wrapped as SW_ENATS_BASE + status are below this. */
+#define SWI_NATS_STATUS_MAX 0x1000
 
 #if defined(__GNUC__)
 #define SWI_PRINTF(a, b) __attribute__((format(printf, a, b)))

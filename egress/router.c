@@ -18,6 +18,7 @@
  * Locks: r->mu (table, counters) and s->mu (one stream) are never held
  * together; user callbacks run with neither held. */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,9 +69,9 @@ struct sw_router {
     char id[SW_MAX_TOKEN + 1];
     char wildcard[SWT_SUBJECT_MAX];
     unsigned window, hb_ms, inactivity_ms, gap_ms, linger_ms, max_streams;
-    natsSubscription *mux;
-    natsSubscription *live; /* sw.rtr.<id>: answers workers' liveness probes */
-    natsSubscription *prb;  /* sw.prb.<id>.*: answers to our instance probes */
+    swt_sub *mux;
+    swt_sub *live; /* sw.rtr.<id>: answers workers' liveness probes */
+    swt_sub *prb;  /* sw.prb.<id>.*: answers to our instance probes */
     swr_pool *pool;
     unsigned probe_ms, probe_timeout_ms, probe_misses;
     rt_inst *inst;
@@ -1012,13 +1013,11 @@ st_reroute(sw_stream *s)
 /* A worker's heartbeats for many of our streams (sw.rsp.<router>.hb): each
  * beat is handled as the heartbeat wrapper it stands for. */
 static void
-rt_on_beats(sw_router *r, natsMsg *msg)
+rt_on_beats(sw_router *r, const swt_msg *msg)
 {
     swp_beats *b = NULL;
     uint64_t unknown = 0;
-    sw_err rv = swp_decode_beats((const uint8_t *)natsMsg_GetData(msg),
-                                 (size_t)natsMsg_GetDataLength(msg),
-                                 sw_conn_max_payload(r->conn) + 1024, &b);
+    sw_err rv = swp_decode_beats(msg->data, msg->len, sw_conn_max_payload(r->conn) + 1024, &b);
     if (rv != SW_OK) {
         pthread_mutex_lock(&r->mu);
         r->st.bad_messages++;
@@ -1056,7 +1055,7 @@ rt_on_beats(sw_router *r, natsMsg *msg)
 }
 
 static void
-rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+rt_on_msg(const swt_msg *msg, void *arg)
 {
     sw_router *r = arg;
     uint8_t id[SW_REQUEST_ID_BYTES];
@@ -1065,25 +1064,24 @@ rt_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
     swp_arena arena;
     sw_err rv;
 
-    if (swt_is_beats_subject(natsMsg_GetSubject(msg))) {
+    if (swt_is_beats_subject(msg->subject)) {
         rt_on_beats(r, msg);
         goto done;
     }
-    if (swt_response_subject_id(natsMsg_GetSubject(msg), id) != 0 ||
+    if (swt_response_subject_id(msg->subject, id) != 0 ||
         (s = rt_lookup(r, id)) == NULL) {
         pthread_mutex_lock(&r->mu);
         r->st.unknown_stream++;
         pthread_mutex_unlock(&r->mu);
         goto done;
     }
-    if (natsMsg_IsNoResponders(msg)) {
+    if (msg->no_responders) {
         if (!st_reroute(s))
             st_fail(s, SW_NO_RESPONDERS, "no worker is subscribed to the request subject", 0);
         goto done;
     }
-    rv = swp_decode_item_arena((const uint8_t *)natsMsg_GetData(msg),
-                               (size_t)natsMsg_GetDataLength(msg),
-                               sw_conn_max_payload(r->conn) + 1024, &arena, &w);
+    rv = swp_decode_item_arena(msg->data, msg->len, sw_conn_max_payload(r->conn) + 1024, &arena,
+                               &w);
     if (rv == SW_OK && memcmp(w->request_id.data, id, SW_REQUEST_ID_BYTES) != 0)
         rv = SW_EPROTO;
     if (rv != SW_OK) {
@@ -1113,23 +1111,21 @@ done:
     swp_free_arena(w, &arena);
     if (s != NULL)
         st_unref(s);
-    natsMsg_Destroy(msg);
 }
 
 /* A worker asks whether this frontend still exists; any answer will do. */
 static void
-rt_on_probe(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+rt_on_probe(const swt_msg *msg, void *arg)
 {
     sw_router *r = arg;
     swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
     uint8_t buf[128];
     size_t len;
-    const char *reply = natsMsg_GetReply(msg);
+    const char *reply = msg->reply;
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = r->id;
     if (reply != NULL && swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
         (void)swt_publish(r->conn, reply, NULL, buf, len);
-    natsMsg_Destroy(msg);
 }
 
 /* ---------------------------------------------------------------- instance loss */
@@ -1197,21 +1193,19 @@ rt_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_m
 }
 
 static void
-rt_on_probe_reply(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+rt_on_probe_reply(const swt_msg *msg, void *arg)
 {
     sw_router *r = arg;
-    const char *subj = natsMsg_GetSubject(msg);
-    const char *id = strrchr(subj, '.');
+    const char *id = swt_subject_last_token(msg->subject);
     int lost = 0;
     int64_t now = swi_now_ms(), silent = 0;
     rt_inst *e;
     if (id == NULL)
-        goto done;
-    id++;
+        return;
     pthread_mutex_lock(&r->mu);
     if ((e = rt_inst_find(r, id)) != NULL) {
         e->outstanding = 0;
-        if (natsMsg_IsNoResponders(msg)) {
+        if (msg->no_responders) {
             lost = 1;
             silent = now - e->last_ok_ms;
             e->misses = 0;
@@ -1224,8 +1218,6 @@ rt_on_probe_reply(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void 
     pthread_mutex_unlock(&r->mu);
     if (lost)
         rt_instance_lost(r, id, "its subscription is gone (no responders)", silent);
-done:
-    natsMsg_Destroy(msg);
 }
 
 typedef struct {
@@ -1303,7 +1295,8 @@ rt_probe_round(sw_router *r, int64_t now)
             e->outstanding = 1;
             e->sent_ms = now;
             snprintf(send[nsend].ctl, sizeof(send[nsend].ctl), "%s", e->ctl_subj);
-            snprintf(send[nsend].reply, sizeof(send[nsend].reply), "sw.prb.%s.%s", r->id, e->id);
+            (void)swt_subject_probe_reply(send[nsend].reply, sizeof(send[nsend].reply), r->id,
+                                          e->id);
             nsend++;
         }
     }
@@ -1411,10 +1404,9 @@ rt_timer_main(void *arg)
         pthread_mutex_unlock(&r->mu);
         now = swi_now_ms();
         if (now >= next_scan) {
-            int pending = 0;
             /* Every open stream: cheap each, but 10k streams add up. */
             next_scan = now + SWE_SCAN_MS;
-            if (natsSubscription_GetPending(r->mux, &pending, NULL) != NATS_OK || pending == 0)
+            if (swt_sub_pending(r->mux) == 0)
                 r->mux_idle_ms = now;
             rt_snapshot(r, &vec, &now); /* only streams with something due */
             for (size_t i = 0; i < vec.n; i++) {
@@ -1460,9 +1452,8 @@ sw_err
 sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
 {
     sw_router *r;
-    natsStatus ns;
     sw_err rv;
-    char live_subj[SWT_SUBJECT_MAX];
+    char live_subj[SWT_SUBJECT_MAX], prb[SWT_SUBJECT_MAX];
 
     if (out == NULL || conn == NULL || o == NULL)
         return SW_EINVAL;
@@ -1514,22 +1505,12 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     }
     (void)swt_subject_response_wildcard(r->wildcard, sizeof(r->wildcard), r->id);
     (void)swt_subject_router(live_subj, sizeof(live_subj), r->id);
-    ns = natsConnection_Subscribe(&r->mux, conn->nc, r->wildcard, rt_on_msg, r);
-    if (ns == NATS_OK)
-        ns = natsSubscription_SetPendingLimits(r->mux, -1, -1);
-    if (ns == NATS_OK)
-        ns = natsConnection_Subscribe(&r->live, conn->nc, live_subj, rt_on_probe, r);
-    if (ns == NATS_OK) {
-        char prb[SWT_SUBJECT_MAX];
-        snprintf(prb, sizeof(prb), "sw.prb.%s.*", r->id);
-        ns = natsConnection_Subscribe(&r->prb, conn->nc, prb, rt_on_probe_reply, r);
-    }
-    if (ns == NATS_OK)
-        ns = natsConnection_FlushTimeout(conn->nc, 5000);
-    if (ns != NATS_OK) {
-        rv = sw_err_from_nats(ns);
+    (void)swt_subject_probe_reply(prb, sizeof(prb), r->id, NULL);
+    if ((rv = swt_subscribe(conn, &r->mux, r->wildcard, rt_on_msg, r)) != SW_OK ||
+        (rv = swt_subscribe(conn, &r->live, live_subj, rt_on_probe, r)) != SW_OK ||
+        (rv = swt_subscribe(conn, &r->prb, prb, rt_on_probe_reply, r)) != SW_OK ||
+        (rv = swt_flush(conn, 5000)) != SW_OK)
         goto fail;
-    }
     if (pthread_create(&r->timer, NULL, rt_timer_main, r) != 0) {
         rv = SW_ENOMEM;
         goto fail;
@@ -1554,17 +1535,16 @@ sw_router_id(const sw_router *r)
 void
 sw_router_stats_get(sw_router *r, sw_router_stats *out)
 {
-    int64_t dropped = 0;
+    uint64_t dropped;
     if (r == NULL || out == NULL)
         return;
-    if (r->mux != NULL)
-        natsSubscription_GetDropped(r->mux, &dropped);
+    dropped = swt_sub_dropped(r->mux);
     pthread_mutex_lock(&r->mu);
     *out = r->st;
     pthread_mutex_unlock(&r->mu);
     out->items = __atomic_load_n(&r->items, __ATOMIC_RELAXED);
     out->items_after_final = __atomic_load_n(&r->items_after_final, __ATOMIC_RELAXED);
-    out->nats_dropped = (uint64_t)dropped;
+    out->nats_dropped = dropped;
 }
 
 void
@@ -1597,8 +1577,7 @@ sw_router_destroy(sw_router *r)
         st_unref(s);
     }
     free(vec.v);
-    if (natsConnection_Status(r->conn->nc) == NATS_CONN_STATUS_CONNECTED)
-        natsConnection_FlushTimeout(r->conn->nc, 1000);
+    (void)swt_flush(r->conn, 1000);
     __atomic_store_n(&r->closed, 1, __ATOMIC_RELEASE);
     rt_unref(r);
 }

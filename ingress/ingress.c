@@ -17,6 +17,7 @@
  * responder holds a reference on its ingress, so a retained responder stays a
  * valid object after sw_ingress_destroy (its calls then return SW_ECLOSED). */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -119,8 +120,8 @@ struct sw_ingress {
     int64_t hot_us; /* coalesce_us; 0 = off */
     size_t max_req;
 
-    natsSubscription *req_sub;
-    natsSubscription *ctl_sub;
+    swt_sub *req_sub;
+    swt_sub *ctl_sub;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* work queue, drain progress */
@@ -145,7 +146,7 @@ struct sw_ingress {
     pthread_mutex_t live_mu;
     struct swi_frontend *fe; /* frontends being probed, under live_mu */
     size_t nfe, capfe;
-    natsSubscription *live_sub; /* sw.lv.<instance>.*: probe answers */
+    swt_sub *live_sub; /* sw.lv.<instance>.*: probe answers */
     unsigned probe_ms, probe_timeout_ms;
     int stopping;
     int draining;
@@ -1166,12 +1167,12 @@ ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_
 }
 
 static void
-ing_on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+ing_on_request(const swt_msg *msg, void *arg)
 {
     sw_ingress *ing = arg;
-    const char *reply = natsMsg_GetReply(msg);
-    const uint8_t *data = (const uint8_t *)natsMsg_GetData(msg);
-    size_t len = (size_t)natsMsg_GetDataLength(msg);
+    const char *reply = msg->reply;
+    const uint8_t *data = msg->data;
+    size_t len = msg->len;
     swp_request *req = NULL;
     sw_responder *r = NULL;
     uint8_t rid[SW_REQUEST_ID_BYTES];
@@ -1183,7 +1184,7 @@ ing_on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ar
         pthread_mutex_lock(&ing->mu);
         ing->st.bad_requests++;
         pthread_mutex_unlock(&ing->mu);
-        if (reply != NULL && strncmp(reply, "sw.rsp.", 7) == 0 && swp_valid_subject(reply) &&
+        if (swt_is_response_subject(reply) &&
             swt_response_subject_id(reply, rid) == 0) {
             swi_log(&ing->log, SW_LOG_WARN, "bad request on %s: %s; answered with an error terminal",
                     ing->req_subj, sw_err_name(rv));
@@ -1300,7 +1301,6 @@ free_r:
     }
 done:
     swp_free(req);
-    natsMsg_Destroy(msg);
 }
 
 static void *
@@ -1395,12 +1395,12 @@ resp_resend(sw_responder *r, uint64_t from, uint64_t to)
 }
 
 static void
-ing_probe_reply(sw_ingress *ing, natsMsg *msg, sw_responder *r)
+ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r)
 {
     swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
     uint8_t buf[256];
     size_t len;
-    const char *reply = natsMsg_GetReply(msg);
+    const char *reply = msg->reply;
     if (reply == NULL)
         return;
     p.version = SW_PROTOCOL_VERSION;
@@ -1458,13 +1458,12 @@ resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
 }
 
 static void
-ing_on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+ing_on_control(const swt_msg *msg, void *arg)
 {
     sw_ingress *ing = arg;
     swp_control *c = NULL;
     sw_responder *r = NULL;
-    sw_err rv = swp_decode_control((const uint8_t *)natsMsg_GetData(msg),
-                                   (size_t)natsMsg_GetDataLength(msg), SWI_MAX_CONTROL_BYTES, &c);
+    sw_err rv = swp_decode_control(msg->data, msg->len, SWI_MAX_CONTROL_BYTES, &c);
     if (rv != SW_OK) {
         swi_log(&ing->log, SW_LOG_WARN, "bad control message: %s", sw_err_name(rv));
         goto done;
@@ -1504,7 +1503,6 @@ done:
     if (r != NULL)
         resp_unref(r);
     swp_free(c);
-    natsMsg_Destroy(msg);
 }
 
 /* ---------------------------------------------------------------- timer */
@@ -1876,18 +1874,17 @@ ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
 
 /* A frontend answered a probe, or the server said nobody is there. */
 static void
-ing_on_live_reply(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+ing_on_live_reply(const swt_msg *msg, void *arg)
 {
     sw_ingress *ing = arg;
-    const char *id = strrchr(natsMsg_GetSubject(msg), '.');
+    const char *id = swt_subject_last_token(msg->subject);
     swi_fe_id gone = "";
     swi_frontend *e;
     if (id == NULL)
-        goto done;
-    id++;
+        return;
     pthread_mutex_lock(&ing->live_mu);
     if ((e = fe_find(ing, id)) != NULL) {
-        if (natsMsg_IsNoResponders(msg)) {
+        if (msg->no_responders) {
             snprintf(gone, sizeof(gone), "%s", e->id);
             fe_remove(ing, e);
         } else {
@@ -1898,8 +1895,6 @@ ing_on_live_reply(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void 
     pthread_mutex_unlock(&ing->live_mu);
     if (gone[0] != '\0')
         ing_cancel_frontend(ing, gone, "is gone (no responders)");
-done:
-    natsMsg_Destroy(msg);
 }
 
 static void *
@@ -1981,9 +1976,9 @@ ing_live_main(void *arg)
             resp_unref(RESP_AT(vec, i));
         for (size_t i = 0; i < nsend; i++) {
             char subj[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
-            if (swt_subject_router(subj, sizeof(subj), send[i]) != SW_OK)
+            if (swt_subject_router(subj, sizeof(subj), send[i]) != SW_OK ||
+                swt_subject_live_reply(reply, sizeof(reply), ing->instance_id, send[i]) != SW_OK)
                 continue;
-            snprintf(reply, sizeof(reply), "sw.lv.%s.%s", ing->instance_id, send[i]);
             (void)swt_publish(ing->conn, subj, reply, NULL, 0);
         }
         for (size_t i = 0; i < nlost; i++)
@@ -2012,12 +2007,9 @@ sw_ingress_opts_init(sw_ingress_opts *o)
 }
 
 static sw_err
-ing_subscribe(sw_ingress *ing, natsSubscription **sub, const char *subj, natsMsgHandler cb)
+ing_subscribe(sw_ingress *ing, swt_sub **sub, const char *subj, swt_msg_fn cb)
 {
-    natsStatus s = natsConnection_Subscribe(sub, ing->conn->nc, subj, cb, ing);
-    if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(*sub, -1, -1);
-    return sw_err_from_nats(s);
+    return swt_subscribe(ing->conn, sub, subj, cb, ing);
 }
 
 static void ing_stop(sw_ingress *ing);
@@ -2107,7 +2099,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     }
     {
         char lv[SWT_SUBJECT_MAX];
-        snprintf(lv, sizeof(lv), "sw.lv.%s.*", ing->instance_id);
+        (void)swt_subject_live_reply(lv, sizeof(lv), ing->instance_id, NULL);
         if ((rv = ing_subscribe(ing, &ing->live_sub, lv, ing_on_live_reply)) != SW_OK)
             goto fail;
     }
@@ -2115,7 +2107,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         (rv = ing_subscribe(ing, &ing->req_sub, ing->req_subj, ing_on_request)) != SW_OK)
         goto fail;
     /* Make sure the server has the interest before anyone is told we exist. */
-    natsConnection_FlushTimeout(conn->nc, 5000);
+    (void)swt_flush(conn, 5000);
     swi_log(&ing->log, SW_LOG_INFO, "serving %s as instance %s on %s", ing->endpoint,
             ing->instance_id, ing->req_subj);
     *out = ing;

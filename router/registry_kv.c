@@ -4,10 +4,13 @@
  * (liveness itself is judged by the registry core from refresh revisions,
  * since nats-server 2.9 has no per-key TTL). */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/sw_common.h"
+#include <nats/nats.h>
+
 #include "transport/sw_transport.h"
 #include <streamwire/registry.h>
 
@@ -36,7 +39,7 @@ kv_open(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms)
         return SW_EINVAL;
     if ((st = calloc(1, sizeof(*st))) == NULL)
         return SW_ENOMEM;
-    s = natsConnection_JetStream(&st->js, conn->nc, NULL);
+    s = natsConnection_JetStream(&st->js, (natsConnection *)sw_conn_nats(conn), NULL);
     if (s == NATS_OK) {
         s = js_KeyValue(&st->kv, st->js, bucket);
         if (s == NATS_NOT_FOUND) {

@@ -2,7 +2,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <nats/nats.h>
+
 #include "transport/sw_transport.h"
+
+struct sw_conn {
+    natsConnection *nc;
+    natsOptions *opts;
+    swi_logger log;
+    int closing; /* sw_conn_close started: the disconnect is expected */
+    int64_t max_payload; /* cached; refreshed on (re)connect (atomic access) */
+    /* nats.c calls the connection callbacks on its own thread, possibly after
+     * natsConnection_Close returned; the closed callback is the last one, so
+     * sw_conn_close waits for it before freeing. */
+    pthread_mutex_t cb_mu;
+    pthread_cond_t cb_cv;
+    int cb_closed;
+};
+
+sw_err
+sw_err_from_nats(int nats_status)
+{
+    if (nats_status == NATS_OK)
+        return SW_OK;
+    if (nats_status == NATS_NO_MEMORY)
+        return SW_ENOMEM;
+    if (nats_status == NATS_TIMEOUT)
+        return SW_ETIMEDOUT;
+    if (nats_status == NATS_MAX_PAYLOAD)
+        return SW_EMSGSIZE;
+    if (nats_status == NATS_NO_RESPONDERS)
+        return SW_NO_RESPONDERS;
+    if (nats_status < 0 || nats_status >= SWI_NATS_STATUS_MAX)
+        return SW_ENATS;
+    return (sw_err)(SW_ENATS_BASE + nats_status);
+}
+
+/* nats.c's text for a status (used by sw_strerror); NULL if out of range
+ * (natsStatus_GetText does not bound its table index). */
+const char *swt_nats_status_text(int status);
+const char *
+swt_nats_status_text(int status)
+{
+    return status >= 0 && status <= NATS_MISSED_HEARTBEAT ? natsStatus_GetText((natsStatus)status)
+                                                          : NULL;
+}
 
 void
 sw_conn_opts_init(sw_conn_opts *o)
@@ -180,16 +224,94 @@ swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, s
     return sw_err_from_nats(s);
 }
 
-void
-swt_sub_close(sw_conn *c, natsSubscription **sub)
+struct swt_sub {
+    natsSubscription *ns;
+    swt_msg_fn fn;
+    void *arg;
+};
+
+static void
+swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
 {
-    if (*sub == NULL)
+    swt_sub *sub = arg;
+    swt_msg m;
+    m.subject = natsMsg_GetSubject(msg);
+    m.reply = natsMsg_GetReply(msg);
+    m.data = (const uint8_t *)natsMsg_GetData(msg);
+    m.len = (size_t)natsMsg_GetDataLength(msg);
+    m.no_responders = natsMsg_IsNoResponders(msg) ? 1 : 0;
+    sub->fn(&m, sub->arg);
+    natsMsg_Destroy(msg);
+}
+
+sw_err
+swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg)
+{
+    swt_sub *sub;
+    natsStatus s;
+    *out = NULL;
+    if ((sub = calloc(1, sizeof(*sub))) == NULL)
+        return SW_ENOMEM;
+    sub->fn = fn;
+    sub->arg = arg;
+    s = natsConnection_Subscribe(&sub->ns, c->nc, subj, swt_on_msg, sub);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(sub->ns, -1, -1);
+    if (s != NATS_OK) {
+        if (sub->ns != NULL) {
+            natsSubscription_Unsubscribe(sub->ns);
+            natsSubscription_Destroy(sub->ns);
+        }
+        free(sub);
+        return sw_err_from_nats(s);
+    }
+    *out = sub;
+    return SW_OK;
+}
+
+int
+swt_sub_pending(swt_sub *s)
+{
+    int pending = 0;
+    if (s == NULL || natsSubscription_GetPending(s->ns, &pending, NULL) != NATS_OK)
+        return 0;
+    return pending;
+}
+
+uint64_t
+swt_sub_dropped(swt_sub *s)
+{
+    int64_t dropped = 0;
+    if (s == NULL || natsSubscription_GetDropped(s->ns, &dropped) != NATS_OK || dropped < 0)
+        return 0;
+    return (uint64_t)dropped;
+}
+
+int
+swt_connected(sw_conn *c)
+{
+    return c != NULL && c->nc != NULL && natsConnection_Status(c->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
+sw_err
+swt_flush(sw_conn *c, int64_t timeout_ms)
+{
+    if (!swt_connected(c))
+        return SW_ECONNECT;
+    return sw_err_from_nats(natsConnection_FlushTimeout(c->nc, timeout_ms));
+}
+
+void
+swt_sub_close(sw_conn *c, swt_sub **subp)
+{
+    swt_sub *sub = *subp;
+    if (sub == NULL)
         return;
-    if (natsConnection_Status(c->nc) == NATS_CONN_STATUS_CONNECTED &&
-        natsSubscription_Drain(*sub) == NATS_OK)
-        natsSubscription_WaitForDrainCompletion(*sub, 2000);
+    if (swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(sub->ns, 2000);
     else
-        natsSubscription_Unsubscribe(*sub);
-    natsSubscription_Destroy(*sub);
-    *sub = NULL;
+        natsSubscription_Unsubscribe(sub->ns);
+    natsSubscription_Destroy(sub->ns);
+    free(sub);
+    *subp = NULL;
 }

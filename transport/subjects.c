@@ -1,51 +1,12 @@
-/* transport/subjects.c -- subject naming and validation. Every name that
- * becomes part of a subject passes sw_validate_token first, so a wildcard,
- * space or empty token can never reach the server. */
+/* transport/subjects.c -- every sw.* subject is formatted and parsed here.
+ * Every name that becomes part of a subject passes sw_validate_token
+ * (common/names.c) first, so a wildcard, space or empty token can never
+ * reach the server. */
 #include <stdio.h>
 #include <string.h>
 
+#include "proto/sw_codec.h"
 #include "transport/sw_transport.h"
-
-sw_err
-sw_validate_token(const char *t)
-{
-    size_t n = 0;
-    if (t == NULL || *t == '\0')
-        return SW_EINVAL;
-    for (; *t; t++, n++) {
-        char ch = *t;
-        if (n >= SW_MAX_TOKEN)
-            return SW_EINVAL;
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '_' || ch == '-'))
-            return SW_EINVAL;
-    }
-    return SW_OK;
-}
-
-sw_err
-sw_validate_endpoint(const char *e)
-{
-    char tok[SW_MAX_TOKEN + 1];
-    int parts = 0;
-    if (e == NULL)
-        return SW_EINVAL;
-    for (;;) {
-        const char *dot = strchr(e, '.');
-        size_t n = dot ? (size_t)(dot - e) : strlen(e);
-        if (n == 0 || n > SW_MAX_TOKEN)
-            return SW_EINVAL;
-        memcpy(tok, e, n);
-        tok[n] = '\0';
-        if (sw_validate_token(tok) != SW_OK)
-            return SW_EINVAL;
-        parts++;
-        if (dot == NULL)
-            break;
-        e = dot + 1;
-    }
-    return parts == 3 ? SW_OK : SW_EINVAL;
-}
 
 static sw_err
 swt_fmt_check(int n, size_t cap)
@@ -99,6 +60,43 @@ swt_subject_beats(char *out, size_t cap, const char *router)
     if (sw_validate_token(router) != SW_OK)
         return SW_EINVAL;
     return swt_fmt_check(snprintf(out, cap, "sw.rsp.%s.hb", router), cap);
+}
+
+sw_err
+swt_subject_probe_reply(char *out, size_t cap, const char *router, const char *instance)
+{
+    if (sw_validate_token(router) != SW_OK)
+        return SW_EINVAL;
+    if (instance == NULL)
+        return swt_fmt_check(snprintf(out, cap, "sw.prb.%s.*", router), cap);
+    if (sw_validate_token(instance) != SW_OK)
+        return SW_EINVAL;
+    return swt_fmt_check(snprintf(out, cap, "sw.prb.%s.%s", router, instance), cap);
+}
+
+sw_err
+swt_subject_live_reply(char *out, size_t cap, const char *instance, const char *router)
+{
+    if (sw_validate_token(instance) != SW_OK)
+        return SW_EINVAL;
+    if (router == NULL)
+        return swt_fmt_check(snprintf(out, cap, "sw.lv.%s.*", instance), cap);
+    if (sw_validate_token(router) != SW_OK)
+        return SW_EINVAL;
+    return swt_fmt_check(snprintf(out, cap, "sw.lv.%s.%s", instance, router), cap);
+}
+
+int
+swt_is_response_subject(const char *subject)
+{
+    return subject != NULL && strncmp(subject, "sw.rsp.", 7) == 0 && swp_valid_subject(subject);
+}
+
+const char *
+swt_subject_last_token(const char *subject)
+{
+    const char *last = subject ? strrchr(subject, '.') : NULL;
+    return last != NULL && last[1] != '\0' ? last + 1 : NULL;
 }
 
 int

@@ -1,26 +1,13 @@
-/* transport/sw_transport.h -- the NATS layer: the connection, subject naming
- * and validation, bounded publishing. Ingress, egress and router talk to NATS
- * only through this header. */
+/* transport/sw_transport.h -- the NATS layer: the connection, subject naming,
+ * subscriptions and bounded publishing. Ingress, egress and router talk to
+ * NATS only through this header; it does not expose nats.c (sw_conn is
+ * opaque here, defined in transport/conn.c). Only transport/ and the
+ * JetStream KV registry backend include <nats/nats.h>. */
 #ifndef SW_TRANSPORT_H
 #define SW_TRANSPORT_H
 
-#include <nats/nats.h>
-
 #include "common/sw_common.h"
 
-struct sw_conn {
-    natsConnection *nc;
-    natsOptions *opts;
-    swi_logger log;
-    int closing; /* sw_conn_close started: the disconnect is expected */
-    int64_t max_payload; /* cached; refreshed on (re)connect (atomic access) */
-    /* nats.c calls the connection callbacks on its own thread, possibly after
-     * natsConnection_Close returned; the closed callback is the last one, so
-     * sw_conn_close waits for it before freeing. */
-    pthread_mutex_t cb_mu;
-    pthread_cond_t cb_cv;
-    int cb_closed;
-};
 
 /* Subject buffers: prefix + endpoint + tokens always fit in this. */
 #define SWT_SUBJECT_MAX 320
@@ -35,6 +22,17 @@ sw_err swt_subject_response(char *out, size_t cap, const char *router, const cha
 sw_err swt_subject_response_wildcard(char *out, size_t cap, const char *router);
 /* sw.rtr.<router>: the frontend's own control subject (liveness probes) */
 sw_err swt_subject_router(char *out, size_t cap, const char *router);
+/* sw.prb.<router>.<instance>: where an instance answers the router's probe;
+ * instance NULL gives the router's wildcard sw.prb.<router>.* */
+sw_err swt_subject_probe_reply(char *out, size_t cap, const char *router, const char *instance);
+/* sw.lv.<instance>.<router>: where a frontend answers a worker's liveness
+ * probe; router NULL gives the worker's wildcard sw.lv.<instance>.* */
+sw_err swt_subject_live_reply(char *out, size_t cap, const char *instance, const char *router);
+/* 1 if subject starts with the response prefix "sw.rsp." (and is a valid
+ * subject to publish to): a request's reply must be one. */
+int swt_is_response_subject(const char *subject);
+/* The last token of a subject (after the last '.'), or NULL if none. */
+const char *swt_subject_last_token(const char *subject);
 /* Extracts the last token of a response subject into a 16-byte id. 0 ok. */
 int swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]);
 /* sw.rsp.<router>.hb: where workers send a frontend the heartbeats of many
@@ -47,10 +45,34 @@ int swt_is_beats_subject(const char *subject);
  * server's max payload first: SW_EMSGSIZE, nothing sent. */
 sw_err swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len);
 
+/* A received message: a view valid only for the duration of the callback. */
+typedef struct swt_msg {
+    const char *subject;
+    const char *reply; /* NULL if the sender set none */
+    const uint8_t *data;
+    size_t len;
+    int no_responders; /* the server's answer to a request of ours: nobody listens */
+} swt_msg;
+typedef void (*swt_msg_fn)(const swt_msg *m, void *arg);
+
+/* One subscription. Messages reach fn on a nats.c delivery thread, one at a
+ * time and in order; the pending queue is unlimited (flow control bounds it). */
+typedef struct swt_sub swt_sub;
+sw_err swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg);
+/* Messages received and not yet handed to the callback (0 if unknown). */
+int swt_sub_pending(swt_sub *s);
+/* Messages the client library dropped for this subscription. */
+uint64_t swt_sub_dropped(swt_sub *s);
 /* Removes a subscription: lets the messages it already has run through its
  * callback (drain, up to 2 s) when connected, unsubscribes at once when
  * not, then destroys it and sets *sub to NULL. When it returns, the
  * callback is not running. NULL *sub is a no-op. */
-void swt_sub_close(sw_conn *c, natsSubscription **sub);
+void swt_sub_close(sw_conn *c, swt_sub **sub);
+
+/* 1 while the connection is up (not reconnecting, not closed). */
+int swt_connected(sw_conn *c);
+/* Flushes what was published and waits for the server's answer, if
+ * connected; SW_OK, or the error. */
+sw_err swt_flush(sw_conn *c, int64_t timeout_ms);
 
 #endif

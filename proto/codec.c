@@ -78,21 +78,78 @@ swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
     return 0;
 }
 
-/* Counts the top-level length-delimited entries of `field` in a message's
- * bytes without unpacking; stops early past `cap`. Bytes that do not walk
- * are left to protobuf-c to reject. Returns 1 if over the cap. */
-static int
-swp_field_over_cap(const uint8_t *p, size_t len, uint64_t field, size_t cap)
+/* ---- The allocation bound, checked on the raw bytes before unpacking.
+ *
+ * protobuf-c allocates a struct per unknown field, per repeated entry and
+ * per sub-message, so a hostile message of 2-byte fields would cost 16-27x
+ * its size in heap. swp_walk reads the bytes with the message's descriptor
+ * (no allocation) and estimates what protobuf_c_message_unpack will
+ * allocate, counting each allocation with malloc's overhead; it refuses
+ * (SW_EPROTO) a message that:
+ *   - has more than SWP_MAX_UNKNOWN unknown fields in one (sub-)message;
+ *   - has more entries in a repeated field than its cap (swp_repeated_cap);
+ *   - nests deeper than SWP_MAX_DEPTH;
+ *   - would allocate more than SWP_ALLOC_FACTOR x its size + SWP_ALLOC_SLACK.
+ * Bytes the walk cannot parse are left to protobuf-c to reject. */
+#define SWP_MALLOC_OVERHEAD 16
+#define SWP_MAX_DEPTH 8
+#define SWP_MAX_COPIES 4   /* occurrences of one non-repeated field */
+#define SWP_SCAN_RECORD 32 /* sizeof protobuf-c's ScannedMember */
+
+typedef struct swp_walk_st {
+    size_t cost;
+    int refuse;
+} swp_walk_st;
+
+/* Most entries a repeated field may have (SW_PROTOCOL_VERSION 1). */
+static size_t
+swp_repeated_cap(const ProtobufCMessageDescriptor *d, const ProtobufCFieldDescriptor *f)
 {
-    size_t i = 0, n = 0;
-    while (i < len) {
-        uint64_t tag, v;
+    if (d == &streamwire__v1__stream_item_wrapper__descriptor)
+        return SWP_MAX_BATCH;
+    if (d == &streamwire__v1__heartbeat_batch__descriptor)
+        return SWP_MAX_BEATS;
+    if (d == &streamwire__v1__control__descriptor)
+        return SWP_MAX_FINAL_ACKS;
+    return SWP_MAX_HEADERS; /* Request.headers, InstanceInfo.labels */
+}
+
+static size_t
+swp_repeated_elem(const ProtobufCFieldDescriptor *f)
+{
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_BYTES:
+        return sizeof(ProtobufCBinaryData);
+    case PROTOBUF_C_TYPE_STRING:
+    case PROTOBUF_C_TYPE_MESSAGE:
+        return sizeof(void *);
+    default:
+        return 8;
+    }
+}
+
+static void
+swp_walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, int depth,
+         swp_walk_st *w)
+{
+    size_t i = 0, unknown = 0, fields = 0;
+    size_t counts[32] = {0}; /* occurrences per field, by field index */
+    if (depth > SWP_MAX_DEPTH) {
+        w->refuse = 1;
+        return;
+    }
+    w->cost += d->sizeof_message + SWP_MALLOC_OVERHEAD;
+    while (i < len && !w->refuse) {
+        uint64_t tag, v = 0;
+        size_t start, after_tag, flen = 0;
+        const ProtobufCFieldDescriptor *f;
         if (swp_read_varint(p, len, &i, &tag) != 0)
-            return 0;
+            return;
+        start = after_tag = i;
         switch (tag & 7) {
         case 0:
             if (swp_read_varint(p, len, &i, &v) != 0)
-                return 0;
+                return;
             break;
         case 1:
             i += 8;
@@ -102,45 +159,110 @@ swp_field_over_cap(const uint8_t *p, size_t len, uint64_t field, size_t cap)
             break;
         case 2:
             if (swp_read_varint(p, len, &i, &v) != 0 || v > len - i)
-                return 0;
-            i += (size_t)v;
-            if ((tag >> 3) == field && ++n > cap)
-                return 1;
+                return;
+            start = i;
+            flen = (size_t)v;
+            i += flen;
             break;
         default:
-            return 0;
+            return; /* groups: protobuf-c rejects them */
+        }
+        if (i > len)
+            return;
+        fields++;
+        f = (tag >> 3) <= UINT32_MAX
+                ? protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3))
+                : NULL;
+        if (f == NULL) {
+            if (++unknown > SWP_MAX_UNKNOWN) {
+                w->refuse = 1;
+                return;
+            }
+            /* one array of them, and a copy of each one's bytes after its tag */
+            w->cost += sizeof(ProtobufCMessageUnknownField) + (i - after_tag) + SWP_MALLOC_OVERHEAD;
+            if (unknown == 1)
+                w->cost += SWP_MALLOC_OVERHEAD;
+            continue;
+        }
+        {
+            size_t k = (size_t)(f - d->fields);
+            if (k >= 32) {
+                w->refuse = 1;
+                return;
+            }
+            counts[k]++;
+            if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+                /* Our encoders write a field once (protobuf lets a later
+                 * copy win); a hostile message repeating one costs a scan
+                 * record per copy. */
+                if (counts[k] > SWP_MAX_COPIES) {
+                    w->refuse = 1;
+                    return;
+                }
+            } else {
+                if (counts[k] > swp_repeated_cap(d, f)) {
+                    w->refuse = 1;
+                    return;
+                }
+                w->cost += swp_repeated_elem(f);
+                if (counts[k] == 1)
+                    w->cost += SWP_MALLOC_OVERHEAD; /* the array */
+            }
+        }
+        if ((tag & 7) != 2)
+            continue;
+        switch (f->type) {
+        case PROTOBUF_C_TYPE_STRING:
+            w->cost += flen + 1 + SWP_MALLOC_OVERHEAD;
+            break;
+        case PROTOBUF_C_TYPE_BYTES:
+            w->cost += flen + SWP_MALLOC_OVERHEAD;
+            break;
+        case PROTOBUF_C_TYPE_MESSAGE:
+            swp_walk((const ProtobufCMessageDescriptor *)f->descriptor, p + start, flen, depth + 1,
+                     w);
+            break;
+        default: /* packed repeated scalars: at most 8 bytes each per byte of input */
+            w->cost += 8 * flen;
+            break;
         }
     }
-    return 0;
+    /* protobuf-c scans fields into a 16-entry record array on the stack,
+     * then into heap slabs of 32, 64, 128... records of 32 bytes each. */
+    for (size_t have = 16, slab = 32; have < fields; have += slab, slab *= 2)
+        w->cost += slab * SWP_SCAN_RECORD + SWP_MALLOC_OVERHEAD;
 }
 
-/* A wrapper's `batch` (field 12) beyond SWP_MAX_BATCH. */
-static int
-swp_batch_over_cap(const uint8_t *p, size_t len)
-{
-    return swp_field_over_cap(p, len, 12, SWP_MAX_BATCH);
-}
-
-/* A HeartbeatBatch's `beats` (field 3) beyond SWP_MAX_BEATS. */
-static int
-swp_beats_over_cap(const uint8_t *p, size_t len)
-{
-    return swp_field_over_cap(p, len, 3, SWP_MAX_BEATS);
-}
-
-/* Unpacks with the length cap and the message's precheck (NULL: none; 1
- * refuses the raw bytes) applied first. */
+/* SW_OK, or SW_EPROTO if unpacking buf could allocate beyond the bound. */
 static sw_err
+swp_precheck(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len)
+{
+    swp_walk_st w = {0, 0};
+    swp_walk(d, buf, len, 0, &w);
+    if (w.refuse || w.cost > SWP_ALLOC_FACTOR * len + SWP_ALLOC_SLACK)
+        return SW_EPROTO;
+    return SW_OK;
+}
+
+size_t
+swp_alloc_estimate(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len)
+{
+    swp_walk_st w = {0, 0};
+    swp_walk(d, buf, len, 0, &w);
+    return w.refuse ? SIZE_MAX : w.cost;
+}
+
+/* Unpacks with the length cap and the allocation bound applied first. */
+sw_err
 swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, size_t max,
-           int (*precheck)(const uint8_t *, size_t), ProtobufCAllocator *alloc,
-           ProtobufCMessage **out)
+           ProtobufCAllocator *alloc, ProtobufCMessage **out)
 {
     *out = NULL;
     if (buf == NULL && len != 0)
         return SW_EINVAL;
     if (len > max)
         return SW_EMSGSIZE;
-    if (precheck != NULL && precheck(buf, len))
+    if (swp_precheck(d, buf, len) != SW_OK)
         return SW_EPROTO;
     *out = protobuf_c_message_unpack(d, alloc, len, buf);
     if (*out != NULL && swp_has_field0(*out)) {
@@ -150,7 +272,7 @@ swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, 
     return *out ? SW_OK : SW_EPROTO;
 }
 
-#define SWP_DECODE(fn, type, desc, precheck, validate)                                  \
+#define SWP_DECODE(fn, type, desc, validate)                                  \
     sw_err fn(const uint8_t *buf, size_t len, size_t max, type **out)                   \
     {                                                                                   \
         ProtobufCMessage *m;                                                            \
@@ -158,7 +280,7 @@ swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, 
         if (out == NULL)                                                                \
             return SW_EINVAL;                                                           \
         *out = NULL;                                                                    \
-        if ((rv = swp_unpack(&desc, buf, len, max, precheck, NULL, &m)) != SW_OK)       \
+        if ((rv = swp_unpack(&desc, buf, len, max, NULL, &m)) != SW_OK)       \
             return rv;                                                                  \
         if ((rv = validate((type *)m)) != SW_OK) {                                      \
             protobuf_c_message_free_unpacked(m, NULL);                                  \
@@ -186,6 +308,12 @@ swp_check_request(swp_request *m)
         return SW_EPROTO;
     if (m->credit_window > SWP_MAX_WINDOW || m->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
         return SW_EPROTO;
+    if (m->n_headers > SWP_MAX_HEADERS)
+        return SW_EPROTO;
+    for (size_t i = 0; i < m->n_headers; i++)
+        if (m->headers[i]->key == NULL || strlen(m->headers[i]->key) > SWP_MAX_HEADER_KEY ||
+            m->headers[i]->value == NULL || strlen(m->headers[i]->value) > SWP_MAX_HEADER_VALUE)
+            return SW_EPROTO;
     return SW_OK;
 }
 
@@ -324,18 +452,18 @@ swp_check_beats(swp_beats *m)
     return SW_OK;
 }
 
-SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor, NULL,
+SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor,
            swp_check_request)
 SWP_DECODE(swp_decode_item, swp_item, streamwire__v1__stream_item_wrapper__descriptor,
-           swp_batch_over_cap, swp_check_item)
-SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor, NULL,
+           swp_check_item)
+SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor,
            swp_check_control)
 SWP_DECODE(swp_decode_probe_reply, swp_probe_reply, streamwire__v1__probe_reply__descriptor,
-           NULL, swp_check_probe_reply)
+           swp_check_probe_reply)
 SWP_DECODE(swp_decode_instance, swp_instance, streamwire__v1__instance_info__descriptor,
-           NULL, swp_check_instance)
+           swp_check_instance)
 SWP_DECODE(swp_decode_beats, swp_beats, streamwire__v1__heartbeat_batch__descriptor,
-           swp_beats_over_cap, swp_check_beats)
+           swp_check_beats)
 
 static void *
 swp_arena_alloc(void *data, size_t size)
@@ -371,7 +499,7 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
     a->alloc.free = swp_arena_free;
     a->alloc.allocator_data = a;
     if ((rv = swp_unpack(&streamwire__v1__stream_item_wrapper__descriptor, buf, len, max,
-                         swp_batch_over_cap, &a->alloc, &m)) != SW_OK)
+                         &a->alloc, &m)) != SW_OK)
         return rv;
     if ((rv = swp_check_item((swp_item *)m)) != SW_OK) {
         protobuf_c_message_free_unpacked(m, &a->alloc);

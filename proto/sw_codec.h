@@ -34,11 +34,36 @@ typedef Streamwire__V1__StreamBeat swp_beat;
 /* Most items one StreamItemWrapper may carry in `batch` (the worker sends at
  * most 128). Checked on the raw bytes before unpacking, so a hostile message
  * cannot make the decoder allocate a struct per 2 bytes of input. */
-#define SWP_MAX_BATCH 1024
+#define SWP_MAX_BATCH 256
 /* Most beats one HeartbeatBatch may carry (also checked before unpacking). */
 #define SWP_MAX_BEATS 4096
 /* Most request ids one ACK_FINALS control may carry. */
 #define SWP_MAX_FINAL_ACKS 256
+/* Request.headers (and InstanceInfo.labels): at most this many entries,
+ * keys and values at most these many bytes. */
+#define SWP_MAX_HEADERS 64
+#define SWP_MAX_HEADER_KEY 128
+#define SWP_MAX_HEADER_VALUE 4096
+/* Unknown fields one (sub-)message may carry. */
+#define SWP_MAX_UNKNOWN 64
+/* The decoders' allocation bound: before unpacking, every decoder estimates
+ * from the raw bytes what protobuf-c would allocate and refuses (SW_EPROTO)
+ * a message that would take more than SWP_ALLOC_FACTOR x its size +
+ * SWP_ALLOC_SLACK bytes of heap. It also refuses a non-repeated field that
+ * occurs more than 4 times, more than SWP_MAX_UNKNOWN unknown fields in one message, and
+ * more entries in a repeated field than its cap. The factor is what the
+ * densest legitimate message needs: protobuf-c keeps a 32-byte scan record
+ * per field and a struct per sub-message, so a HeartbeatBatch of 4,096
+ * 22-byte beats costs 7.6x its size. */
+#define SWP_ALLOC_FACTOR 8
+#define SWP_ALLOC_SLACK (64 * 1024)
+/* The estimate itself (SIZE_MAX if a cap refuses it), for tests. */
+size_t swp_alloc_estimate(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len);
+/* The unpack every decoder runs (length cap, allocation bound, field-0
+ * check), with a caller's allocator (NULL: malloc); no validation. For
+ * tests that measure what a decode allocates. */
+sw_err swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, size_t max,
+                  ProtobufCAllocator *alloc, ProtobufCMessage **out);
 /* The longest subject we build: sw.req.<endpoint>.<instance>. */
 #define SWP_MAX_SUBJECT (7 + SW_MAX_ENDPOINT + 1 + SW_MAX_TOKEN)
 

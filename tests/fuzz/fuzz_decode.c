@@ -6,6 +6,10 @@
  * agree with swp_decode_item. Properties checked (abort() on violation, so both libFuzzer
  * and the replay driver see a crash):
  *   - the decoder returns SW_OK with a message, or an error without one;
+ *   - what unpacking allocates (counted with malloc's overhead, through a
+ *     counting allocator, with no length limit so large inputs count too)
+ *   is at most the codec's estimate, which is at most SWP_ALLOC_FACTOR x
+ *   the input + SWP_ALLOC_SLACK (the decoders' allocation bound);
  *   - the only errors are SW_EPROTO, SW_EVERSION and (over 64 KiB) SW_EMSGSIZE;
  *   - a decoded message re-encodes (swp_encode_alloc / swp_encode agree,
  *     and swp_encode refuses a buffer one byte short);
@@ -98,6 +102,47 @@ fuzz_decode(int sel, const uint8_t *buf, size_t len, size_t max, void **out)
     return rv;
 }
 
+static const ProtobufCMessageDescriptor *const fuzz_desc[FUZZ_NDECODERS] = {
+    &streamwire__v1__request__descriptor,      &streamwire__v1__stream_item_wrapper__descriptor,
+    &streamwire__v1__control__descriptor,      &streamwire__v1__probe_reply__descriptor,
+    &streamwire__v1__instance_info__descriptor, &streamwire__v1__heartbeat_batch__descriptor,
+};
+
+typedef struct fuzz_count {
+    size_t bytes;
+} fuzz_count;
+
+static void *
+fuzz_count_alloc(void *data, size_t size)
+{
+    ((fuzz_count *)data)->bytes += size + 16; /* malloc's overhead, as the estimate counts it */
+    return malloc(size);
+}
+
+static void
+fuzz_count_free(void *data, void *p)
+{
+    free(p);
+}
+
+/* The allocation bound: unpack with a counting allocator and no length
+ * limit; what it allocates stays within the estimate and the bound. */
+static void
+check_alloc_bound(int sel, const uint8_t *buf, size_t len)
+{
+    fuzz_count c = {0};
+    ProtobufCAllocator a = {fuzz_count_alloc, fuzz_count_free, &c};
+    ProtobufCMessage *m = NULL;
+    size_t est = swp_alloc_estimate(fuzz_desc[sel], buf, len);
+    sw_err rv = swp_unpack(fuzz_desc[sel], buf, len, SIZE_MAX, &a, &m);
+    if (rv == SW_OK) {
+        FUZZ_CHECK(est != SIZE_MAX);
+        FUZZ_CHECK(c.bytes <= est);
+        FUZZ_CHECK(est <= SWP_ALLOC_FACTOR * len + SWP_ALLOC_SLACK);
+        protobuf_c_message_free_unpacked(m, &a);
+    }
+}
+
 /* The egress's hot-path decoder must agree with swp_decode_item: same result,
  * and a message that encodes to the same bytes. The arena is on the heap so
  * ASan sees reads past it; large items spill into malloc. */
@@ -145,6 +190,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     msg = data + 1;
     len = size - 1;
 
+    check_alloc_bound(sel, len ? msg : NULL, len);
     rv = fuzz_decode(sel, len ? msg : NULL, len, FUZZ_MAX_LEN, &m1);
     if (sel == 1)
         check_item_arena(len ? msg : NULL, len, rv, m1);

@@ -327,7 +327,45 @@ main(int argc, char **argv)
         run_one(NULL, 0, -1);
     }
 
-    /* 3. mutations */
+    /* 3. large hostile inputs (1 MiB), each decoded with no length limit by
+     * the body's allocation check: dense unknown fields, repeated headers,
+     * final acks and beats far past their caps, a scalar repeated 500k
+     * times, deep nesting. The heap each may take is bounded (fuzz_decode.c). */
+    {
+        const size_t big = 1u << 20;
+        uint8_t *lb = malloc(big + 1);
+        static const uint8_t unit_unknown[] = {0x98, 0x06, 0x01};        /* field 99 varint */
+        static const uint8_t unit_version[] = {0x08, 0x01};              /* field 1 varint */
+        static const uint8_t unit_header[] = {0x5a, 0x04, 0x0a, 0x00, 0x12, 0x00}; /* headers {} */
+        static const uint8_t unit_ack[] = {0x4a, 0x00};                  /* final_acks "" */
+        static const uint8_t unit_beat[] = {0x1a, 0x00};                 /* beats {} */
+        static const uint8_t unit_batch[] = {0x62, 0x00};                /* batch {} */
+        static const struct {
+            int sel;
+            const uint8_t *unit;
+            size_t n;
+        } shapes[] = {
+            {0, unit_unknown, sizeof(unit_unknown)}, {1, unit_unknown, sizeof(unit_unknown)},
+            {2, unit_unknown, sizeof(unit_unknown)}, {5, unit_unknown, sizeof(unit_unknown)},
+            {0, unit_version, sizeof(unit_version)}, {0, unit_header, sizeof(unit_header)},
+            {2, unit_ack, sizeof(unit_ack)},         {5, unit_beat, sizeof(unit_beat)},
+            {1, unit_batch, sizeof(unit_batch)},     {4, unit_header, sizeof(unit_header)},
+        };
+        if (lb == NULL)
+            return 2;
+        for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+            size_t n = 1;
+            lb[0] = (uint8_t)shapes[k].sel;
+            while (n + shapes[k].n <= big) {
+                memcpy(lb + n, shapes[k].unit, shapes[k].n);
+                n += shapes[k].n;
+            }
+            run_one(lb, n, -1);
+        }
+        free(lb);
+    }
+
+    /* 4. mutations */
     buf = malloc(REPLAY_MAX_INPUT + 1);
     if (buf == NULL)
         return 2;

@@ -2805,6 +2805,223 @@ test_final_body_round_trip(void **state)
     }
 }
 
+/* ---- the decoders' allocation bound (issue 11 #5) */
+
+typedef struct count_alloc {
+    size_t bytes;
+} count_alloc;
+
+static void *
+count_alloc_fn(void *data, size_t size)
+{
+    ((count_alloc *)data)->bytes += size + 16;
+    return malloc(size);
+}
+
+static void
+count_free_fn(void *data, void *p)
+{
+    (void)data;
+    free(p);
+}
+
+/* What unpacking buf actually allocates (with malloc's overhead), checked
+ * against the estimate and the bound; returns the unpack result. */
+static sw_err
+unpack_counted(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len)
+{
+    count_alloc c = {0};
+    ProtobufCAllocator a = {count_alloc_fn, count_free_fn, &c};
+    ProtobufCMessage *m = NULL;
+    size_t est = swp_alloc_estimate(d, buf, len);
+    sw_err rv = swp_unpack(d, buf, len, SIZE_MAX, &a, &m);
+    if (rv == SW_OK) {
+        assert_true(c.bytes <= est);
+        assert_true(est <= SWP_ALLOC_FACTOR * len + SWP_ALLOC_SLACK);
+        protobuf_c_message_free_unpacked(m, &a);
+    }
+    return rv;
+}
+
+/* A valid request followed by n copies of unit. */
+static uint8_t *
+request_plus(const uint8_t *unit, size_t ulen, size_t n, size_t *len)
+{
+    swp_request r;
+    size_t blen;
+    uint8_t *b, *out;
+    fill_request_min(&r);
+    b = encode_msg(&r, &blen);
+    out = malloc(blen + ulen * n);
+    assert_non_null(out);
+    memcpy(out, b, blen);
+    for (size_t i = 0; i < n; i++)
+        memcpy(out + blen + i * ulen, unit, ulen);
+    *len = blen + ulen * n;
+    free(b);
+    return out;
+}
+
+/* 1 MiB of 3-byte unknown fields used to decode (16 MB of heap); now more
+ * than SWP_MAX_UNKNOWN is refused before unpacking, SWP_MAX_UNKNOWN is not. */
+static void
+test_alloc_bound_unknown_fields(void **state)
+{
+    static const uint8_t unk[] = {0x98, 0x06, 0x01}; /* field 99, varint 1 */
+    swp_request *d = NULL;
+    size_t len;
+    uint8_t *b;
+    (void)state;
+    b = request_plus(unk, sizeof(unk), (1u << 20) / sizeof(unk), &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_EPROTO);
+    assert_null(d);
+    assert_int_equal(swp_alloc_estimate(&streamwire__v1__request__descriptor, b, len), SIZE_MAX);
+    free(b);
+    b = request_plus(unk, sizeof(unk), SWP_MAX_UNKNOWN + 1, &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_EPROTO);
+    free(b);
+    b = request_plus(unk, sizeof(unk), SWP_MAX_UNKNOWN, &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_OK);
+    assert_int_equal(d->base.n_unknown_fields, SWP_MAX_UNKNOWN);
+    swp_free(d);
+    assert_int_equal(unpack_counted(&streamwire__v1__request__descriptor, b, len), SW_OK);
+    free(b);
+}
+
+/* Request.headers: at most SWP_MAX_HEADERS entries, keys of at most
+ * SWP_MAX_HEADER_KEY bytes, values of at most SWP_MAX_HEADER_VALUE. */
+static void
+test_alloc_bound_headers(void **state)
+{
+    static const uint8_t hdr[] = {0x5a, 0x06, 0x0a, 0x01, 'k', 0x12, 0x01, 'v'};
+    swp_request r, *d = NULL;
+    Streamwire__V1__Request__HeadersEntry e = STREAMWIRE__V1__REQUEST__HEADERS_ENTRY__INIT;
+    Streamwire__V1__Request__HeadersEntry *ep = &e;
+    char key[SWP_MAX_HEADER_KEY + 2], val[SWP_MAX_HEADER_VALUE + 2];
+    size_t len;
+    uint8_t *b;
+    (void)state;
+    b = request_plus(hdr, sizeof(hdr), SWP_MAX_HEADERS, &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_OK);
+    assert_int_equal(d->n_headers, SWP_MAX_HEADERS);
+    swp_free(d);
+    assert_int_equal(unpack_counted(&streamwire__v1__request__descriptor, b, len), SW_OK);
+    free(b);
+    b = request_plus(hdr, sizeof(hdr), SWP_MAX_HEADERS + 1, &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_EPROTO);
+    assert_null(d);
+    free(b);
+    b = request_plus(hdr, sizeof(hdr), (1u << 20) / sizeof(hdr), &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_EPROTO);
+    free(b);
+
+    fill_request_min(&r);
+    r.n_headers = 1;
+    r.headers = &ep;
+    memset(key, 'k', sizeof(key));
+    memset(val, 'v', sizeof(val));
+    e.key = key;
+    e.value = val;
+    key[SWP_MAX_HEADER_KEY] = '\0';
+    val[SWP_MAX_HEADER_VALUE] = '\0';
+    b = encode_msg(&r, &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_OK);
+    swp_free(d);
+    free(b);
+    key[SWP_MAX_HEADER_KEY] = 'k';
+    key[SWP_MAX_HEADER_KEY + 1] = '\0';
+    b = encode_msg(&r, &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_EPROTO);
+    free(b);
+    key[SWP_MAX_HEADER_KEY] = '\0';
+    val[SWP_MAX_HEADER_VALUE] = 'v';
+    val[SWP_MAX_HEADER_VALUE + 1] = '\0';
+    b = encode_msg(&r, &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_EPROTO);
+    free(b);
+}
+
+/* final_acks beyond SWP_MAX_FINAL_ACKS is refused before unpacking; a
+ * non-repeated field written more than 4 times too; 4 copies decode (the
+ * last one wins, as protobuf says). */
+static void
+test_alloc_bound_repeats(void **state)
+{
+    static const uint8_t ack[] = {0x4a, 0x00};
+    static const uint8_t ver[] = {0x08, 0x01};
+    swp_control c = STREAMWIRE__V1__CONTROL__INIT;
+    swp_control *dc = NULL;
+    swp_request *d = NULL;
+    uint8_t *b, *big;
+    size_t len, n = 100000;
+    (void)state;
+    c.version = 1;
+    c.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS;
+    b = encode_msg(&c, &len);
+    big = malloc(len + n * sizeof(ack));
+    assert_non_null(big);
+    memcpy(big, b, len);
+    for (size_t i = 0; i < n; i++)
+        memcpy(big + len + i * sizeof(ack), ack, sizeof(ack));
+    assert_int_equal(swp_alloc_estimate(&streamwire__v1__control__descriptor, big,
+                                        len + n * sizeof(ack)),
+                     SIZE_MAX);
+    assert_int_equal(swp_decode_control(big, len + n * sizeof(ack), SIZE_MAX, &dc), SW_EPROTO);
+    assert_null(dc);
+    free(big);
+    free(b);
+
+    b = request_plus(ver, sizeof(ver), 3, &len); /* 4 copies in all */
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_OK);
+    swp_free(d);
+    free(b);
+    b = request_plus(ver, sizeof(ver), 4, &len); /* 5 */
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_EPROTO);
+    assert_null(d);
+    free(b);
+    b = request_plus(ver, sizeof(ver), (1u << 20) / 2, &len);
+    assert_int_equal(swp_decode_request(b, len, SIZE_MAX, &d), SW_EPROTO);
+    free(b);
+}
+
+/* The densest legitimate messages stay within the bound, measured. */
+static void
+test_alloc_bound_dense_legit(void **state)
+{
+    static uint8_t ids[SWP_MAX_BEATS][SW_REQUEST_ID_BYTES];
+    static swp_beat one[SWP_MAX_BEATS];
+    static swp_beat *ptr[SWP_MAX_BEATS];
+    static ProtobufCBinaryData acks[SWP_MAX_FINAL_ACKS];
+    swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
+    swp_control c = STREAMWIRE__V1__CONTROL__INIT;
+    uint8_t *b;
+    size_t len;
+    (void)state;
+    for (size_t i = 0; i < SWP_MAX_BEATS; i++) {
+        memset(ids[i], (int)(i & 0xff), SW_REQUEST_ID_BYTES);
+        streamwire__v1__stream_beat__init(&one[i]);
+        one[i].request_id = bin(ids[i], SW_REQUEST_ID_BYTES);
+        one[i].last_seq = 1;
+        ptr[i] = &one[i];
+    }
+    m.version = 1;
+    m.instance_id = (char *)"inst-1";
+    m.beats = ptr;
+    m.n_beats = SWP_MAX_BEATS;
+    b = encode_msg(&m, &len);
+    assert_int_equal(unpack_counted(&streamwire__v1__heartbeat_batch__descriptor, b, len), SW_OK);
+    free(b);
+    for (size_t i = 0; i < SWP_MAX_FINAL_ACKS; i++)
+        acks[i] = bin(ids[i], SW_REQUEST_ID_BYTES);
+    c.version = 1;
+    c.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS;
+    c.final_acks = acks;
+    c.n_final_acks = SWP_MAX_FINAL_ACKS;
+    b = encode_msg(&c, &len);
+    assert_int_equal(unpack_counted(&streamwire__v1__control__descriptor, b, len), SW_OK);
+    free(b);
+}
+
 int
 main(void)
 {
@@ -2844,6 +3061,10 @@ main(void)
         cmocka_unit_test(test_batch_decode),
         cmocka_unit_test(test_batch_large_arena_fallback),
         cmocka_unit_test(test_batch_count_cap),
+        cmocka_unit_test(test_alloc_bound_unknown_fields),
+        cmocka_unit_test(test_alloc_bound_headers),
+        cmocka_unit_test(test_alloc_bound_repeats),
+        cmocka_unit_test(test_alloc_bound_dense_legit),
         cmocka_unit_test(test_beats),
         cmocka_unit_test(test_beats_subject),
         cmocka_unit_test(test_batch_rules_rejected),

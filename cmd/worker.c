@@ -159,12 +159,25 @@ worker_chaos_kind(const char *s)
     return CHAOS_NO_FINAL;
 }
 
+/* The connection closed for good: wake the main loop (nats.c thread). */
+static void
+worker_on_conn_state(sw_conn *conn, sw_conn_state state, void *arg)
+{
+    (void)conn;
+    if (state == SW_CONN_CLOSED) {
+        char c = 'c';
+        ssize_t w = write(*(int *)arg, &c, 1);
+        (void)w;
+    }
+}
+
 int
 cli_worker_main(int argc, char **argv)
 {
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *chaos = NULL;
     long tokens = 16, interval = 0, crash = -1, hang = -1, fail = -1;
     long max_inflight = 0, threads = 0, grace = 5000, send_timeout = 0, lease = 0;
+    long max_reconnect = -1;
     const char *registry = "nats-kv", *bucket = NULL;
     int quiet = 0;
     const cli_opt opts[] = {
@@ -215,6 +228,10 @@ cli_worker_main(int argc, char **argv)
          "registry lease: routers count the instance dead when it\nis not refreshed for this "
          "long (default 3000)",
          &lease, 100, 3600000, NULL, 0},
+        {"max-reconnect", CLI_INT, "N",
+         "reconnect attempts after the server is lost; -1 = no\nlimit (default: a worker in a "
+         "cluster outlives a NATS\nrestart). When they run out the worker exits 3",
+         &max_reconnect, -1, 1000000000, NULL, 0},
         {"quiet", CLI_FLAG, NULL, "no log lines on stderr", &quiet, 0, 0, NULL, 0},
     };
     const cli_cmd cmd = {
@@ -227,7 +244,8 @@ cli_worker_main(int argc, char **argv)
         "Logs go to stderr as \"[worker] level: message\" unless --quiet. SIGTERM or\n"
         "SIGINT drains (the registry entry is marked draining, no new requests,\n"
         "in-flight streams get --drain-grace-ms to finish), deregisters and exits 0.",
-        "Exit status: 0 after a drain, 1 runtime error, 2 usage error, 3 cannot connect.",
+        "Exit status: 0 after a drain, 1 runtime error, 2 usage error, 3 cannot connect\n"
+        "(at start, or the connection closed for good: --max-reconnect ran out).",
         opts,
         sizeof(opts) / sizeof(opts[0]),
     };
@@ -275,6 +293,9 @@ cli_worker_main(int argc, char **argv)
     copts.name = "streamwire-worker";
     copts.log = quiet ? NULL : cli_log_stderr;
     copts.log_arg = (void *)"worker";
+    copts.max_reconnect = (int)max_reconnect;
+    copts.on_state = worker_on_conn_state;
+    copts.on_state_arg = &wake[1];
     err = sw_conn_open(&conn, &copts);
     if (err != SW_OK) {
         fprintf(stderr, "streamwire worker: cannot connect to NATS server at %s: %s (%s)\n", server,
@@ -326,12 +347,20 @@ cli_worker_main(int argc, char **argv)
            sw_ingress_endpoint(ing), sw_ingress_request_subject(ing));
     fflush(stdout);
 
-    while (!cli_signalled) {
+    while (!cli_signalled && sw_conn_status(conn) != SW_CONN_CLOSED) {
         char c;
         ssize_t r = read(wake[0], &c, 1);
 
         if (r < 0 && errno != EINTR)
             break;
+    }
+    if (!cli_signalled && sw_conn_status(conn) == SW_CONN_CLOSED) {
+        fprintf(stderr,
+                "streamwire worker: the connection to the NATS server closed for good "
+                "(%llu reconnect(s), --max-reconnect %ld ran out); exiting\n",
+                (unsigned long long)sw_conn_reconnects(conn), max_reconnect);
+        rc = CLI_EXIT_CONNECT;
+        goto out;
     }
 
     if (!quiet)

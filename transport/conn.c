@@ -18,6 +18,11 @@ struct sw_conn {
     pthread_mutex_t cb_mu;
     pthread_cond_t cb_cv;
     int cb_closed;
+    sw_conn_state_fn on_state;
+    void *on_state_arg;
+    int state;            /* sw_conn_state (atomic access) */
+    int64_t up_since_ms;  /* monotonic time of the last (re)connect; -1 while down (atomic) */
+    uint64_t reconnects;  /* (atomic) */
 };
 
 sw_err
@@ -61,12 +66,40 @@ sw_conn_opts_init(sw_conn_opts *o)
     o->reconnect_wait_ms = 250;
 }
 
+const char *
+sw_conn_state_name(int state)
+{
+    switch (state) {
+    case SW_CONN_CONNECTED:
+        return "connected";
+    case SW_CONN_RECONNECTING:
+        return "reconnecting";
+    case SW_CONN_CLOSED:
+        return "closed";
+    default:
+        return "unknown";
+    }
+}
+
+/* Records a new state and tells the application (nats.c thread, no lock). */
+static void
+swt_set_state(sw_conn *c, sw_conn_state st)
+{
+    int old = __atomic_exchange_n(&c->state, (int)st, __ATOMIC_ACQ_REL);
+    __atomic_store_n(&c->up_since_ms, st == SW_CONN_CONNECTED ? swi_now_ms() : -1,
+                     __ATOMIC_RELEASE);
+    if (old != (int)st && c->on_state != NULL)
+        c->on_state(c, st, c->on_state_arg);
+}
+
 static void
 swt_on_disconnect(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
     if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
         swi_log(&c->log, SW_LOG_WARN, "nats: disconnected");
+    if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != SW_CONN_CLOSED)
+        swt_set_state(c, SW_CONN_RECONNECTING);
 }
 
 static void
@@ -75,13 +108,18 @@ swt_on_reconnect(natsConnection *nc, void *arg)
     sw_conn *c = arg;
     /* The new server may have another max payload. */
     __atomic_store_n(&c->max_payload, natsConnection_GetMaxPayload(nc), __ATOMIC_RELEASE);
+    __atomic_fetch_add(&c->reconnects, 1, __ATOMIC_RELAXED);
     swi_log(&c->log, SW_LOG_INFO, "nats: reconnected");
+    swt_set_state(c, SW_CONN_CONNECTED);
 }
 
 static void
 swt_on_closed(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
+    if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+        swi_log(&c->log, SW_LOG_ERROR, "nats: connection closed for good (reconnects ran out)");
+    swt_set_state(c, SW_CONN_CLOSED);
     pthread_mutex_lock(&c->cb_mu);
     c->cb_closed = 1;
     pthread_cond_broadcast(&c->cb_cv);
@@ -111,6 +149,9 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         return SW_ENOMEM;
     c->log.fn = o->log;
     c->log.arg = o->log_arg;
+    c->on_state = o->on_state;
+    c->on_state_arg = o->on_state_arg;
+    c->up_since_ms = -1;
     pthread_mutex_init(&c->cb_mu, NULL);
     swi_cond_init(&c->cb_cv);
 
@@ -155,6 +196,8 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         goto fail;
     }
     __atomic_store_n(&c->max_payload, natsConnection_GetMaxPayload(c->nc), __ATOMIC_RELEASE);
+    __atomic_store_n(&c->up_since_ms, swi_now_ms(), __ATOMIC_RELEASE);
+    __atomic_store_n(&c->state, SW_CONN_CONNECTED, __ATOMIC_RELEASE);
     *out = c;
     return SW_OK;
 fail:
@@ -192,6 +235,26 @@ sw_conn_close(sw_conn *c)
     free(c);
 }
 
+sw_conn_state
+sw_conn_status(sw_conn *c)
+{
+    if (c == NULL)
+        return SW_CONN_CLOSED;
+    return (sw_conn_state)__atomic_load_n(&c->state, __ATOMIC_ACQUIRE);
+}
+
+uint64_t
+sw_conn_reconnects(sw_conn *c)
+{
+    return c ? __atomic_load_n(&c->reconnects, __ATOMIC_RELAXED) : 0;
+}
+
+int64_t
+swt_conn_up_since_ms(sw_conn *c)
+{
+    return c ? __atomic_load_n(&c->up_since_ms, __ATOMIC_ACQUIRE) : -1;
+}
+
 size_t
 sw_conn_max_payload(sw_conn *c)
 {
@@ -224,11 +287,30 @@ swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, s
     return sw_err_from_nats(s);
 }
 
+/* A subscription. nats.c may run the handler one last time after
+ * Unsubscribe returns, on its own thread; its completion callback comes
+ * after the handler's last return, so swt_sub_close waits for that before
+ * it frees anything (cb_mu/cb_cv below guard `completed`). */
 struct swt_sub {
     natsSubscription *ns;
     swt_msg_fn fn;
     void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int completed;        /* nats.c's completion callback ran */
+    int free_on_complete; /* closed from inside its own handler: the completion frees it */
+    int in_cb;            /* the handler runs now, on cb_thread */
+    pthread_t cb_thread;
 };
+
+static void
+swt_sub_free(swt_sub *sub)
+{
+    natsSubscription_Destroy(sub->ns);
+    pthread_mutex_destroy(&sub->mu);
+    pthread_cond_destroy(&sub->cv);
+    free(sub);
+}
 
 static void
 swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
@@ -240,8 +322,29 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     m.data = (const uint8_t *)natsMsg_GetData(msg);
     m.len = (size_t)natsMsg_GetDataLength(msg);
     m.no_responders = natsMsg_IsNoResponders(msg) ? 1 : 0;
+    pthread_mutex_lock(&sub->mu);
+    sub->in_cb = 1;
+    sub->cb_thread = pthread_self();
+    pthread_mutex_unlock(&sub->mu);
     sub->fn(&m, sub->arg);
+    pthread_mutex_lock(&sub->mu);
+    sub->in_cb = 0;
+    pthread_mutex_unlock(&sub->mu);
     natsMsg_Destroy(msg);
+}
+
+static void
+swt_on_complete(void *arg)
+{
+    swt_sub *sub = arg;
+    int free_it;
+    pthread_mutex_lock(&sub->mu);
+    sub->completed = 1;
+    free_it = sub->free_on_complete;
+    pthread_cond_broadcast(&sub->cv);
+    pthread_mutex_unlock(&sub->mu);
+    if (free_it)
+        swt_sub_free(sub);
 }
 
 sw_err
@@ -254,15 +357,25 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
         return SW_ENOMEM;
     sub->fn = fn;
     sub->arg = arg;
+    pthread_mutex_init(&sub->mu, NULL);
+    swi_cond_init(&sub->cv);
     s = natsConnection_Subscribe(&sub->ns, c->nc, subj, swt_on_msg, sub);
+    if (s == NATS_OK && (s = natsSubscription_SetOnCompleteCB(sub->ns, swt_on_complete, sub)) !=
+                            NATS_OK) {
+        natsSubscription_Unsubscribe(sub->ns); /* no completion will come */
+        natsSubscription_Destroy(sub->ns);
+        sub->ns = NULL;
+    }
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(sub->ns, -1, -1);
     if (s != NATS_OK) {
         if (sub->ns != NULL) {
-            natsSubscription_Unsubscribe(sub->ns);
-            natsSubscription_Destroy(sub->ns);
+            swt_sub_close(c, &sub); /* waits for the completion */
+        } else {
+            pthread_mutex_destroy(&sub->mu);
+            pthread_cond_destroy(&sub->cv);
+            free(sub);
         }
-        free(sub);
         return sw_err_from_nats(s);
     }
     *out = sub;
@@ -305,13 +418,37 @@ void
 swt_sub_close(sw_conn *c, swt_sub **subp)
 {
     swt_sub *sub = *subp;
+    int self;
+    int64_t until;
     if (sub == NULL)
         return;
+    *subp = NULL;
     if (swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK)
         natsSubscription_WaitForDrainCompletion(sub->ns, 2000);
-    else
-        natsSubscription_Unsubscribe(sub->ns);
-    natsSubscription_Destroy(sub->ns);
-    free(sub);
-    *subp = NULL;
+    /* Unsubscribe in any case: a drain that timed out leaves it open. */
+    natsSubscription_Unsubscribe(sub->ns);
+    pthread_mutex_lock(&sub->mu);
+    self = sub->in_cb && pthread_equal(sub->cb_thread, pthread_self());
+    if (self && !sub->completed) {
+        /* Closed from its own handler: the completion comes after we
+         * return, and frees it then. */
+        sub->free_on_complete = 1;
+        pthread_mutex_unlock(&sub->mu);
+        return;
+    }
+    /* The completion comes after the handler's last return: however long a
+     * user callback takes, it has returned when this does. The bound only
+     * guards against a completion that never comes (then the object is
+     * left allocated rather than freed under a running handler). */
+    until = swi_now_ms() + 60000;
+    while (!sub->completed && swi_now_ms() < until)
+        swi_cond_wait_until(&sub->cv, &sub->mu, until);
+    if (!sub->completed) {
+        sub->free_on_complete = 1;
+        pthread_mutex_unlock(&sub->mu);
+        swi_log(&c->log, SW_LOG_ERROR, "nats: a subscription did not complete in 60 s; left open");
+        return;
+    }
+    pthread_mutex_unlock(&sub->mu);
+    swt_sub_free(sub);
 }

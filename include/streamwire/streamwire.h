@@ -84,6 +84,20 @@ SW_API sw_err sw_validate_endpoint(const char *endpoint);
 
 typedef struct sw_conn sw_conn;
 
+/* The state of a connection. */
+typedef enum sw_conn_state {
+    SW_CONN_CONNECTED = 1,    /* up */
+    SW_CONN_RECONNECTING = 2, /* the server is lost; nats.c reconnects (max_reconnect) */
+    SW_CONN_CLOSED = 3        /* for good: closed by sw_conn_close, or reconnects ran out */
+} sw_conn_state;
+
+/* "connected", "reconnecting", "closed"; "unknown" for anything else. */
+SW_API const char *sw_conn_state_name(int state);
+
+/* Called on every change of state, on a nats.c thread, with no library lock
+ * held; it must not call sw_conn_close. */
+typedef void (*sw_conn_state_fn)(sw_conn *conn, sw_conn_state state, void *arg);
+
 typedef struct sw_conn_opts {
     const char *url;            /* default "nats://127.0.0.1:4222"; comma list allowed */
     const char *name;           /* connection name shown by the server; default "streamwire" */
@@ -96,6 +110,8 @@ typedef struct sw_conn_opts {
     const char *token;
     sw_log_fn log;              /* connection events (disconnect, reconnect) */
     void *log_arg;
+    sw_conn_state_fn on_state;  /* optional: every change of state (see above) */
+    void *on_state_arg;
 } sw_conn_opts;
 
 SW_API void sw_conn_opts_init(sw_conn_opts *opts);
@@ -108,6 +124,15 @@ SW_API SW_NODISCARD sw_err sw_conn_open(sw_conn **out, const sw_conn_opts *opts)
 /* Closes and frees. Every sw_ingress and sw_router created on the connection
  * must be destroyed first. NULL is a no-op. */
 SW_API void sw_conn_close(sw_conn *conn);
+
+/* The connection's state now. Thread-safe. An application that must not
+ * run without NATS (a worker in a cluster) watches for SW_CONN_CLOSED here
+ * or in on_state: no call reports it otherwise, and nothing reconnects a
+ * closed connection. */
+SW_API sw_conn_state sw_conn_status(sw_conn *conn);
+
+/* Reconnections since sw_conn_open. Thread-safe. */
+SW_API uint64_t sw_conn_reconnects(sw_conn *conn);
 
 /* The server's max payload in bytes (0 if not connected). Thread-safe. */
 SW_API size_t sw_conn_max_payload(sw_conn *conn);

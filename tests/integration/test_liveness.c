@@ -170,6 +170,9 @@ test_frontend_killed(void **state)
     close(fd);
     assert_true(lat >= 0);
     print_message("frontend SIGKILL -> handler cancelled: %lld ms\n", (long long)lat);
+    /* Documented (sw_ingress_opts): the next probe (every frontend_probe_ms,
+     * 250) gets "no responders". Bound: one interval plus scheduling slack. */
+    assert_true(lat <= (250 + 400) * swh_slow());
     sw_ingress_stats_get(f->ing, &after);
     assert_int_equal(f->eng.started, 1);
     assert_int_equal(f->eng.cancel_cb, 1);
@@ -207,6 +210,11 @@ test_frontend_frozen(void **state)
     close(fd);
     assert_true(lat >= 0);
     print_message("frontend SIGSTOP -> handler cancelled: %lld ms\n", (long long)lat);
+    /* Documented: two unanswered probes in a row (frontend_timeout_ms, 1000,
+     * each; probes every 250 ms). It cannot be sooner than one timeout, and
+     * is at most two probe rounds later. */
+    assert_true(lat >= 1000 - 50);
+    assert_true(lat <= (2 * (250 + 1000) + 500) * swh_slow());
     assert_int_equal(f->eng.cancel_cb, 1);
     assert_int_equal(f->eng.send_cancelled, 1);
 }

@@ -1,0 +1,238 @@
+/* common/sched.c -- see sched.h: the ticker thread, due-time snapshots, and
+ * the peer-liveness table. The ticker's lock (t->mu) is held only to wait
+ * and to read stop/kicked, never while fn runs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sched.h"
+
+/* ---------------------------------------------------------------- ticker */
+
+static void *
+swi_ticker_main(void *arg)
+{
+    swi_ticker *t = arg;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        int64_t until = swi_now_ms() + t->period_ms;
+        while (!t->stop && !t->kicked && swi_now_ms() < until)
+            swi_cond_wait_until(&t->cv, &t->mu, until);
+        if (t->stop)
+            break;
+        t->kicked = 0;
+        pthread_mutex_unlock(&t->mu);
+        t->fn(t->arg, swi_now_ms());
+        pthread_mutex_lock(&t->mu);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+int
+swi_ticker_start(swi_ticker *t, unsigned period_ms, void (*fn)(void *arg, int64_t now), void *arg)
+{
+    memset(t, 0, sizeof(*t));
+    t->period_ms = period_ms ? period_ms : 1;
+    t->fn = fn;
+    t->arg = arg;
+    pthread_mutex_init(&t->mu, NULL);
+    swi_cond_init(&t->cv);
+    if (pthread_create(&t->th, NULL, swi_ticker_main, t) != 0) {
+        pthread_mutex_destroy(&t->mu);
+        pthread_cond_destroy(&t->cv);
+        return -1;
+    }
+    t->started = 1;
+    return 0;
+}
+
+void
+swi_ticker_kick(swi_ticker *t)
+{
+    if (!t->started)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->kicked = 1;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void
+swi_ticker_stop(swi_ticker *t)
+{
+    if (!t->started)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->stop = 1;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->th, NULL);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    t->started = 0;
+}
+
+/* ---------------------------------------------------------------- due times */
+
+typedef struct swi_due_take {
+    size_t off;
+    const int64_t *by;
+    void (*ref)(void *val);
+} swi_due_take;
+
+static int
+swi_take_due(void *val, void *arg)
+{
+    const swi_due_take *d = arg;
+    if (d->by != NULL && !swi_due_by((const int64_t *)(const void *)((const char *)val + d->off),
+                                     *d->by))
+        return 0;
+    d->ref(val);
+    return 1;
+}
+
+void
+swi_idmap_snapshot_due(const swi_idmap *m, swi_ptrvec *vec, size_t due_off, const int64_t *by,
+                       void (*ref)(void *val))
+{
+    swi_due_take d = {due_off, by, ref};
+    swi_idmap_snapshot(m, vec, swi_take_due, &d);
+}
+
+/* ---------------------------------------------------------------- peers */
+
+void
+swi_peers_init(swi_peers *p, unsigned interval_ms, unsigned timeout_ms, unsigned misses)
+{
+    memset(p, 0, sizeof(*p));
+    p->interval_ms = interval_ms;
+    p->timeout_ms = timeout_ms;
+    p->misses = misses ? misses : 1;
+}
+
+void
+swi_peers_fini(swi_peers *p)
+{
+    free(p->v);
+    p->v = NULL;
+    p->n = p->cap = 0;
+}
+
+swi_peer *
+swi_peers_find(swi_peers *p, const char *id)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (strcmp(p->v[i].id, id) == 0)
+            return &p->v[i];
+    return NULL;
+}
+
+int
+swi_peers_use(swi_peers *p, const char *id, int64_t now)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    if (e == NULL) {
+        if (p->n == p->cap) {
+            size_t ncap = p->cap ? p->cap * 2 : 8;
+            swi_peer *nv = realloc(p->v, ncap * sizeof(*nv));
+            if (nv == NULL)
+                return -1;
+            p->v = nv;
+            p->cap = ncap;
+        }
+        e = &p->v[p->n++];
+        memset(e, 0, sizeof(*e));
+        snprintf(e->id, sizeof(e->id), "%s", id);
+        e->last_ok_ms = now;
+        e->sent_ms = now; /* the first probe after one interval */
+    }
+    e->users++;
+    return 0;
+}
+
+void
+swi_peers_release(swi_peers *p, const char *id)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    if (e != NULL && --e->users == 0)
+        *e = p->v[--p->n];
+}
+
+void
+swi_peers_suspect(swi_peers *p, const char *id)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    if (e == NULL)
+        return;
+    e->suspect = 1; /* swi_peers_round probes it at once */
+}
+
+/* 1 if this side's connection was up for the whole time since `since`. */
+static int
+swi_up_throughout(int64_t up_since_ms, int64_t since)
+{
+    return up_since_ms >= 0 && up_since_ms <= since;
+}
+
+size_t
+swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
+                int (*alive)(void *arg, const char *id, int64_t since), void *arg,
+                swi_peer_id *send, size_t max_send, swi_peer_lost *lost, size_t max_lost,
+                size_t *nlost)
+{
+    size_t nsend = 0;
+    *nlost = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        swi_peer *e = &p->v[i];
+        if (e->outstanding && now - e->sent_ms >= (int64_t)p->timeout_ms) {
+            e->outstanding = 0;
+            if (!swi_up_throughout(up_since_ms, e->sent_ms)) {
+                /* Our own connection was down meanwhile: proves nothing. */
+            } else if (alive != NULL && alive(arg, e->id, e->sent_ms)) {
+                e->misses = 0;
+                e->suspect = 0;
+                e->last_ok_ms = now;
+            } else if ((++e->misses >= p->misses || e->suspect) && *nlost < max_lost) {
+                memcpy(lost[*nlost].id, e->id, sizeof(e->id));
+                lost[*nlost].silent_ms = now - e->last_ok_ms;
+                (*nlost)++;
+                e->misses = 0;
+                continue;
+            }
+        }
+        if (up_since_ms < 0)
+            continue; /* no probe goes out while we are disconnected */
+        if (!e->outstanding && (e->suspect || now - e->sent_ms >= (int64_t)p->interval_ms) &&
+            nsend < max_send) {
+            e->outstanding = 1;
+            e->sent_ms = now;
+            memcpy(send[nsend], e->id, sizeof(e->id));
+            nsend++;
+        }
+    }
+    return nsend;
+}
+
+int
+swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
+                 int64_t up_since_ms, int64_t *silent_ms)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    int64_t sent;
+    if (e == NULL)
+        return 0;
+    sent = e->sent_ms;
+    e->outstanding = 0;
+    if (!no_responders) {
+        e->last_ok_ms = now;
+        e->misses = 0;
+        e->suspect = 0;
+        return 0;
+    }
+    if (!swi_up_throughout(up_since_ms, sent))
+        return 0;
+    e->misses = 0;
+    *silent_ms = now - e->last_ok_ms;
+    return 1;
+}

@@ -1,0 +1,145 @@
+/* common/sched.h -- the one deadline scheduler and the one peer-liveness
+ * table, shared by ingress (workers probing their frontends, heartbeats,
+ * deadlines), egress (routers probing their instances, stream timers) and
+ * the registry (lease refresh and expiry).
+ *
+ * Deadline scheduling is in two parts:
+ *   - swi_ticker: a thread that calls fn(arg, now) every period_ms, or at
+ *     once when kicked, until stopped. fn runs with no ticker lock held.
+ *   - due times: each object that the tick scans keeps the monotonic time
+ *     its next check falls due in an int64_t read and written atomically
+ *     (swi_due_*), so a scan skips, without locking them, the objects with
+ *     nothing due; swi_idmap_snapshot_due takes references on the rest.
+ *
+ * swi_peers is a pure state machine (no locks, no clock reads, no I/O): the
+ * caller locks it, passes the time in, and sends the probes and acts on the
+ * losses it returns. */
+#ifndef SW_SCHED_H
+#define SW_SCHED_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sw_common.h"
+
+/* ---------------------------------------------------------------- ticker */
+
+typedef struct swi_ticker {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started;
+    int stop;
+    int kicked;
+    unsigned period_ms;
+    void (*fn)(void *arg, int64_t now);
+    void *arg;
+} swi_ticker;
+
+/* Starts the thread. 0, or -1 (no thread: nothing to stop). */
+int swi_ticker_start(swi_ticker *t, unsigned period_ms, void (*fn)(void *arg, int64_t now),
+                     void *arg);
+/* Makes the next call come now rather than at the end of the period. */
+void swi_ticker_kick(swi_ticker *t);
+/* Stops and joins the thread; after it returns fn is not running. Safe on a
+ * ticker that never started (zeroed). Not from inside fn. */
+void swi_ticker_stop(swi_ticker *t);
+
+/* ---------------------------------------------------------------- due times */
+
+/* The object needs a look at the next scan. */
+static inline void
+swi_due_soon(int64_t *due)
+{
+    __atomic_store_n(due, 0, __ATOMIC_RELAXED);
+}
+
+static inline void
+swi_due_set(int64_t *due, int64_t at)
+{
+    __atomic_store_n(due, at, __ATOMIC_RELAXED);
+}
+
+/* 1 if the object has something due by t. */
+static inline int
+swi_due_by(const int64_t *due, int64_t t)
+{
+    return __atomic_load_n(due, __ATOMIC_RELAXED) <= t;
+}
+
+/* Fills vec with the map's values that have something due by *by (all of
+ * them when by is NULL), calling ref(val) on each one taken. The due time
+ * sits at byte offset due_off in each value. The caller holds the map's
+ * lock, and later drops the references. */
+void swi_idmap_snapshot_due(const swi_idmap *m, swi_ptrvec *vec, size_t due_off,
+                            const int64_t *by, void (*ref)(void *val));
+
+/* ---------------------------------------------------------------- peers */
+
+typedef char swi_peer_id[SW_MAX_TOKEN + 1];
+
+typedef struct swi_peer {
+    swi_peer_id id;
+    unsigned users;     /* streams that need this peer: probed while > 0 */
+    int outstanding;    /* a probe is out */
+    int64_t sent_ms;    /* when the last probe went out */
+    int64_t last_ok_ms; /* the last sign of life */
+    unsigned misses;    /* unanswered probes in a row */
+    int suspect;        /* told it may be gone: the next probe is due now, one miss decides */
+} swi_peer;
+
+typedef struct swi_peers {
+    swi_peer *v;
+    size_t n, cap;
+    unsigned interval_ms; /* probe each peer this often */
+    unsigned timeout_ms;  /* an unanswered probe is a miss after this long */
+    unsigned misses;      /* this many misses in a row: lost */
+} swi_peers;
+
+/* A lost peer and how long it had been silent. */
+typedef struct swi_peer_lost {
+    swi_peer_id id;
+    int64_t silent_ms;
+} swi_peer_lost;
+
+void swi_peers_init(swi_peers *p, unsigned interval_ms, unsigned timeout_ms, unsigned misses);
+void swi_peers_fini(swi_peers *p);
+swi_peer *swi_peers_find(swi_peers *p, const char *id);
+/* One more stream needs the peer (it is added, first probe one interval
+ * from now). 0, or -1 out of memory. */
+int swi_peers_use(swi_peers *p, const char *id, int64_t now);
+/* One stream less; the peer leaves the table when none needs it. */
+void swi_peers_release(swi_peers *p, const char *id);
+/* Someone says the peer may be gone (the registry removed it): probe it at
+ * the next round, and let one miss decide. */
+void swi_peers_suspect(swi_peers *p, const char *id);
+
+/* One round at `now`.
+ *   - A probe out longer than timeout_ms is a miss, unless alive(arg, id,
+ *     sent_ms) reports a sign of life since it was sent (a peer that
+ *     streams is alive, answered or not), or this side's own connection was
+ *     not up for the whole time the probe was out (up_since_ms < 0: down;
+ *     up_since_ms > sent_ms: it came back since): then it is forgotten, not
+ *     counted. `misses` misses in a row (one if suspect) make the peer lost:
+ *     it goes into lost[] (at most max_lost; the rest are judged next round)
+ *     with its misses reset; the caller ends its streams and releases it.
+ *   - While the connection is down no probe is sent. Otherwise every peer
+ *     with no probe out whose interval has passed (or that is suspect) gets
+ *     one: it goes into send[] (at most max_send) and is marked out.
+ * alive may be NULL. Returns the number of probes to send; *nlost gets the
+ * number of lost peers. */
+size_t swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
+                       int (*alive)(void *arg, const char *id, int64_t since), void *arg,
+                       swi_peer_id *send, size_t max_send, swi_peer_lost *lost, size_t max_lost,
+                       size_t *nlost);
+
+/* A probe's answer. An answer means alive (misses reset, suspicion
+ * lifted); "no responders" means lost at once: returns 1 and *silent_ms,
+ * unless the probe was sent before this side's connection last came back
+ * (up_since_ms > sent_ms), which proves nothing. Returns 0 otherwise, and
+ * for a peer not in the table. */
+int swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
+                     int64_t up_since_ms, int64_t *silent_ms);
+
+#endif

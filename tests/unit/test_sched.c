@@ -1,0 +1,375 @@
+/* tests/unit/test_sched.c -- the shared deadline scheduler (ticker, due
+ * times) and the peer-liveness state machine (common/sched.c). No server;
+ * the peer table is driven with explicit times. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "common/sched.h"
+
+/* ---------------------------------------------------------------- ticker */
+
+typedef struct tick_rec {
+    pthread_mutex_t mu;
+    int calls;
+    int64_t last;
+} tick_rec;
+
+static void
+on_tick(void *arg, int64_t now)
+{
+    tick_rec *r = arg;
+    pthread_mutex_lock(&r->mu);
+    r->calls++;
+    r->last = now;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int
+tick_calls(tick_rec *r)
+{
+    int n;
+    pthread_mutex_lock(&r->mu);
+    n = r->calls;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* A kick makes the call come long before the period; stop joins. */
+static void
+test_ticker_kick_and_stop(void **state)
+{
+    swi_ticker t;
+    tick_rec r = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    int64_t t0 = swi_now_ms();
+    (void)state;
+    assert_int_equal(swi_ticker_start(&t, 60000, on_tick, &r), 0);
+    swi_ticker_kick(&t);
+    while (tick_calls(&r) == 0 && swi_now_ms() - t0 < 10000)
+        ;
+    assert_int_equal(tick_calls(&r), 1);
+    assert_true(swi_now_ms() - t0 < 10000);
+    swi_ticker_stop(&t);
+    swi_ticker_stop(&t); /* idempotent */
+    assert_int_equal(tick_calls(&r), 1);
+}
+
+/* With no kick it calls every period. */
+static void
+test_ticker_period(void **state)
+{
+    swi_ticker t;
+    tick_rec r = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    int64_t t0 = swi_now_ms();
+    (void)state;
+    assert_int_equal(swi_ticker_start(&t, 5, on_tick, &r), 0);
+    while (tick_calls(&r) < 3 && swi_now_ms() - t0 < 10000) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    swi_ticker_stop(&t);
+    assert_true(tick_calls(&r) >= 3);
+    assert_true(swi_now_ms() - t0 >= 10); /* three calls need at least two periods */
+}
+
+/* A zeroed ticker that never started stops as a no-op. */
+static void
+test_ticker_never_started(void **state)
+{
+    swi_ticker t;
+    (void)state;
+    memset(&t, 0, sizeof(t));
+    swi_ticker_stop(&t);
+    swi_ticker_kick(&t);
+}
+
+/* ---------------------------------------------------------------- due times */
+
+typedef struct due_obj {
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    int refs;
+    int64_t due;
+} due_obj;
+
+static void
+due_ref(void *v)
+{
+    ((due_obj *)v)->refs++;
+}
+
+/* The snapshot takes (and references) exactly the objects due by the time,
+ * or all of them without one. */
+static void
+test_snapshot_due(void **state)
+{
+    swi_idmap m;
+    swi_ptrvec vec = {NULL, 0, 0};
+    due_obj o[4];
+    int64_t by = 100;
+    (void)state;
+    assert_int_equal(swi_idmap_init(&m, 8), 0);
+    for (int i = 0; i < 4; i++) {
+        memset(&o[i], 0, sizeof(o[i]));
+        o[i].id[0] = (uint8_t)(i + 1);
+        assert_int_equal(swi_idmap_put(&m, o[i].id, &o[i]), 0);
+    }
+    swi_due_set(&o[0].due, 50);
+    swi_due_set(&o[1].due, 100);
+    swi_due_set(&o[2].due, 101);
+    swi_due_set(&o[3].due, INT64_MAX);
+    swi_idmap_snapshot_due(&m, &vec, offsetof(due_obj, due), &by, due_ref);
+    assert_int_equal(vec.n, 2);
+    assert_int_equal(o[0].refs + o[1].refs, 2);
+    assert_int_equal(o[2].refs + o[3].refs, 0);
+    swi_due_soon(&o[3].due);
+    vec.n = 0;
+    swi_idmap_snapshot_due(&m, &vec, offsetof(due_obj, due), &by, due_ref);
+    assert_int_equal(vec.n, 3);
+    assert_int_equal(o[3].refs, 1);
+    vec.n = 0;
+    swi_idmap_snapshot_due(&m, &vec, offsetof(due_obj, due), NULL, due_ref);
+    assert_int_equal(vec.n, 4);
+    assert_int_equal(o[2].refs, 1);
+    free(vec.v);
+    swi_idmap_fini(&m);
+}
+
+/* ---------------------------------------------------------------- peers */
+
+#define UP 0 /* a connection up since time 0 */
+
+static size_t
+round_at(swi_peers *p, int64_t now, int64_t up, swi_peer_id *send, swi_peer_lost *lost,
+         size_t *nlost)
+{
+    return swi_peers_round(p, now, up, NULL, NULL, send, 8, lost, 8, nlost);
+}
+
+/* Use counts: a peer stays while a stream needs it. */
+static void
+test_peers_use_release(void **state)
+{
+    swi_peers p;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    assert_int_equal(swi_peers_use(&p, "a", 0), 0);
+    assert_int_equal(swi_peers_use(&p, "a", 0), 0);
+    assert_int_equal(swi_peers_use(&p, "b", 0), 0);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(swi_peers_find(&p, "a")->users, 2);
+    swi_peers_release(&p, "a");
+    assert_non_null(swi_peers_find(&p, "a"));
+    swi_peers_release(&p, "a");
+    assert_null(swi_peers_find(&p, "a"));
+    swi_peers_release(&p, "zz"); /* unknown: nothing */
+    assert_int_equal(p.n, 1);
+    swi_peers_fini(&p);
+}
+
+/* The first probe goes out one interval after the peer is added, then one
+ * at a time: none while one is out. */
+static void
+test_peers_probe_schedule(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    swi_peers_use(&p, "a", 1000);
+    assert_int_equal(round_at(&p, 1050, UP, send, lost, &nlost), 0);
+    assert_int_equal(round_at(&p, 1100, UP, send, lost, &nlost), 1);
+    assert_string_equal(send[0], "a");
+    assert_int_equal(round_at(&p, 1250, UP, send, lost, &nlost), 0); /* still out */
+    assert_int_equal(nlost, 0);
+    swi_peers_fini(&p);
+}
+
+/* `misses` unanswered probes in a row: lost, with its silence. */
+static void
+test_peers_lost_after_misses(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    swi_peers_use(&p, "a", 0);
+    assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
+    assert_int_equal(round_at(&p, 400, UP, send, lost, &nlost), 1); /* miss 1, probe again */
+    assert_int_equal(nlost, 0);
+    round_at(&p, 700, UP, send, lost, &nlost); /* miss 2 */
+    assert_int_equal(nlost, 1);
+    assert_string_equal(lost[0].id, "a");
+    assert_int_equal(lost[0].silent_ms, 700);
+    swi_peers_fini(&p);
+}
+
+/* An answer resets the misses and the silence. */
+static void
+test_peers_answer_resets(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int64_t silent = -1;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    swi_peers_use(&p, "a", 0);
+    round_at(&p, 100, UP, send, lost, &nlost);
+    round_at(&p, 400, UP, send, lost, &nlost); /* miss 1 */
+    assert_int_equal(swi_peers_find(&p, "a")->misses, 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 450, UP, &silent), 0);
+    assert_int_equal(swi_peers_find(&p, "a")->misses, 0);
+    assert_int_equal(swi_peers_find(&p, "a")->last_ok_ms, 450);
+    assert_int_equal(swi_peers_answer(&p, "nobody", 0, 450, UP, &silent), 0);
+    swi_peers_fini(&p);
+}
+
+/* "No responders" is lost at once. */
+static void
+test_peers_no_responders(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int64_t silent = -1;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    swi_peers_use(&p, "a", 0);
+    round_at(&p, 100, UP, send, lost, &nlost);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 120, UP, &silent), 1);
+    assert_int_equal(silent, 120);
+    swi_peers_fini(&p);
+}
+
+/* Suspect (the registry removed it): probed at the next round, and one
+ * miss decides. */
+static void
+test_peers_suspect(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 3);
+    swi_peers_use(&p, "a", 0);
+    swi_peers_suspect(&p, "a");
+    swi_peers_suspect(&p, "nobody");
+    assert_int_equal(round_at(&p, 10, UP, send, lost, &nlost), 1);
+    round_at(&p, 310, UP, send, lost, &nlost);
+    assert_int_equal(nlost, 1);
+    swi_peers_fini(&p);
+}
+
+static int
+always_alive(void *arg, const char *id, int64_t since)
+{
+    (void)arg;
+    (void)id;
+    (void)since;
+    return 1;
+}
+
+/* A peer that shows life another way (it streams) is not missed. */
+static void
+test_peers_alive_by_activity(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 1);
+    swi_peers_use(&p, "a", 0);
+    swi_peers_round(&p, 100, UP, always_alive, NULL, send, 8, lost, 8, &nlost);
+    swi_peers_round(&p, 400, UP, always_alive, NULL, send, 8, lost, 8, &nlost);
+    assert_int_equal(nlost, 0);
+    assert_int_equal(swi_peers_find(&p, "a")->last_ok_ms, 400);
+    swi_peers_fini(&p);
+}
+
+/* Issue 11 #7: while this side's own connection is down nothing is judged
+ * and nothing is probed; a probe sent before it came back proves nothing,
+ * timed out or answered "no responders". */
+static void
+test_peers_own_connection_down(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int64_t silent = -1;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 1);
+    swi_peers_use(&p, "a", 0);
+    assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
+    /* down from 150 on */
+    assert_int_equal(round_at(&p, 400, -1, send, lost, &nlost), 0);
+    assert_int_equal(nlost, 0);
+    assert_int_equal(round_at(&p, 2000, -1, send, lost, &nlost), 0);
+    assert_int_equal(nlost, 0);
+    /* back at 2100: a new probe, judged normally */
+    assert_int_equal(round_at(&p, 2100, 2100, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 2101, 2150, &silent), 0); /* bounced again */
+    assert_int_equal(round_at(&p, 2300, 2150, send, lost, &nlost), 1);
+    round_at(&p, 2600, 2150, send, lost, &nlost);
+    assert_int_equal(nlost, 1);
+    swi_peers_fini(&p);
+}
+
+/* At most max_send probes and max_lost losses per round; the rest wait. */
+static void
+test_peers_round_caps(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[2];
+    swi_peer_lost lost[1];
+    size_t nlost;
+    char id[8];
+    (void)state;
+    swi_peers_init(&p, 100, 300, 1);
+    for (int i = 0; i < 5; i++) {
+        snprintf(id, sizeof(id), "p%d", i);
+        swi_peers_use(&p, id, 0);
+    }
+    assert_int_equal(swi_peers_round(&p, 100, UP, NULL, NULL, send, 2, lost, 1, &nlost), 2);
+    assert_int_equal(swi_peers_round(&p, 101, UP, NULL, NULL, send, 2, lost, 1, &nlost), 2);
+    assert_int_equal(swi_peers_round(&p, 102, UP, NULL, NULL, send, 2, lost, 1, &nlost), 1);
+    swi_peers_round(&p, 400, UP, NULL, NULL, send, 2, lost, 1, &nlost);
+    assert_int_equal(nlost, 1);
+    swi_peers_fini(&p);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ticker_kick_and_stop),
+        cmocka_unit_test(test_ticker_period),
+        cmocka_unit_test(test_ticker_never_started),
+        cmocka_unit_test(test_snapshot_due),
+        cmocka_unit_test(test_peers_use_release),
+        cmocka_unit_test(test_peers_probe_schedule),
+        cmocka_unit_test(test_peers_lost_after_misses),
+        cmocka_unit_test(test_peers_answer_resets),
+        cmocka_unit_test(test_peers_no_responders),
+        cmocka_unit_test(test_peers_suspect),
+        cmocka_unit_test(test_peers_alive_by_activity),
+        cmocka_unit_test(test_peers_own_connection_down),
+        cmocka_unit_test(test_peers_round_caps),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -58,7 +58,9 @@ extern "C" {
     X(NO_RESPONDERS, 106, "no_responders",                                         \
       "nobody is subscribed to the request subject")                               \
     X(DEADLINE_EXCEEDED, 107, "deadline_exceeded", "the request deadline passed") \
-    X(AUTH_FAILED, 108, "auth_failed", "authentication failed")
+    X(AUTH_FAILED, 108, "auth_failed", "authentication failed")                    \
+    X(FLOW_VIOLATION, 109, "flow_violation",                                        \
+      "the worker sent beyond the credit it was granted")
 
 typedef enum sw_err {
 #define SW__ERR_ENUM(name, val, str, msg) SW_##name = val,

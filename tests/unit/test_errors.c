@@ -33,10 +33,11 @@ static const err_row rows[] = {SW_ERR_MAP(ROW)};
 SW_ERR_MAP(CHECK_VAL)
 #undef CHECK_VAL
 
-/* The nine stream error reasons, in router_stats.errors[] index order. */
+/* The stream error reasons. */
 static const int stream_reasons[] = {
     SW_STREAM_INCOMPLETE, SW_INSTANCE_LOST, SW_ITEM_AFTER_FINAL,  SW_DECODE_ERROR, SW_SEQUENCE_GAP,
     SW_NO_INSTANCES,      SW_NO_RESPONDERS, SW_DEADLINE_EXCEEDED, SW_AUTH_FAILED,
+    SW_FLOW_VIOLATION,
 };
 
 static int
@@ -54,9 +55,9 @@ static void
 test_map_is_complete(void **state)
 {
     (void)state;
-    /* 19 API codes (0..18) + 9 stream reasons (100..108). Update this when
+    /* 19 API codes (0..18) + 10 stream reasons (100..109). Update this when
      * codes are added; values never change. */
-    assert_int_equal(NROWS, 28);
+    assert_int_equal(NROWS, 29);
     assert_int_equal(rows[0].val, SW_OK);
     assert_string_equal(rows[0].name, "ok");
     assert_int_equal(SW_OK, 0);
@@ -151,7 +152,7 @@ test_strings_are_total(void **state)
         19,
         50,
         99,
-        109,
+        110,
         150,
         199,
         200,
@@ -169,7 +170,7 @@ test_strings_are_total(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
         int e = unknown[i];
-        /* 109..199 are reserved for stream reasons but not assigned yet. */
+        /* 110..199 are reserved for stream reasons but not assigned yet. */
         assert_non_null(sw_strerror(e));
         assert_non_null(sw_err_name(e));
         assert_string_equal(sw_strerror(e), "unknown error");
@@ -271,11 +272,12 @@ test_stream_reasons(void **state)
     assert_string_equal(sw_err_name(SW_NO_RESPONDERS), "no_responders");
     assert_string_equal(sw_err_name(SW_DEADLINE_EXCEEDED), "deadline_exceeded");
     assert_string_equal(sw_err_name(SW_AUTH_FAILED), "auth_failed");
-    /* Exactly those nine codes of the map are stream reasons. */
+    assert_string_equal(sw_err_name(SW_FLOW_VIOLATION), "flow_violation");
+    /* Exactly those ten codes of the map are stream reasons. */
     for (size_t i = 0; i < NROWS; i++)
         if (sw_err_is_stream_reason(rows[i].val))
             nreasons++;
-    assert_int_equal(nreasons, 9);
+    assert_int_equal(nreasons, 10);
     /* API errors and out-of-range values are not. */
     assert_int_equal(sw_err_is_stream_reason(SW_OK), 0);
     assert_int_equal(sw_err_is_stream_reason(SW_EOVERLOADED), 0);

@@ -1,0 +1,611 @@
+/* tests/integration/test_hostile.c -- the audit's reproductions (issue 11):
+ * peers that ignore credit, cancel at once, choose huge values, forge
+ * controls and reply subjects. Each peer that misbehaves is written by hand
+ * with nats.c; the side under test is the real library, over a real
+ * nats-server.
+ *
+ * Every test here failed before its fix; the comment on each names the
+ * defect. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <nats/nats.h>
+#include <streamwire/streamwire.h>
+
+#include "common/sw_common.h"
+#include "harness.h"
+#include "proto/sw_codec.h"
+#include "transport/sw_transport.h"
+
+#define EP "hostile.llm.generate"
+
+static swh_nats g_nats;
+
+#define T(ms) ((int64_t)(ms) * swh_slow())
+
+/* ---------------------------------------------------------------- helpers */
+
+static sw_conn *
+conn_open(void)
+{
+    sw_conn_opts o;
+    sw_conn *c = NULL;
+    sw_conn_opts_init(&o);
+    o.url = g_nats.url;
+    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
+    return c;
+}
+
+static sw_router *
+router_new(sw_conn *c, unsigned window)
+{
+    sw_router_opts o;
+    sw_router *r = NULL;
+    sw_router_opts_init(&o);
+    o.credit_window = window;
+    assert_int_equal(sw_router_create(&r, c, &o), SW_OK);
+    return r;
+}
+
+static void
+hex_to_id(const char *hex, uint8_t id[SW_REQUEST_ID_BYTES])
+{
+    for (int i = 0; i < SW_REQUEST_ID_BYTES; i++) {
+        unsigned v;
+        assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
+        id[i] = (uint8_t)v;
+    }
+}
+
+/* A fake worker's publish of one wrapper. */
+static void
+raw_item(natsConnection *nc, const char *subj, const uint8_t *id, uint64_t seq, const char *data,
+         int final)
+{
+    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    uint8_t buf[512];
+    size_t len;
+    w.version = SW_PROTOCOL_VERSION;
+    w.request_id.data = (uint8_t *)(uintptr_t)id;
+    w.request_id.len = SW_REQUEST_ID_BYTES;
+    w.seq = seq;
+    if (final) {
+        w.complete_final = 1;
+        t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+        t.finish_reason = (char *)"stop";
+        w.terminal = &t;
+    } else {
+        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+        w.data.data = (uint8_t *)(uintptr_t)data;
+        w.data.len = strlen(data);
+    }
+    assert_int_equal(swp_encode(&w, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+}
+
+/* A fake worker on instance `inst`: waits for one request, returns it. */
+static swp_request *
+fake_worker_take(natsSubscription *sub)
+{
+    natsMsg *m = NULL;
+    swp_request *req = NULL;
+    assert_int_equal(natsSubscription_NextMsg(&m, sub, (int64_t)T(5000)), NATS_OK);
+    assert_int_equal(swp_decode_request((const uint8_t *)natsMsg_GetData(m),
+                                        (size_t)natsMsg_GetDataLength(m), 1 << 20, &req),
+                     SW_OK);
+    natsMsg_Destroy(m);
+    return req;
+}
+
+static natsSubscription *
+fake_worker_sub(natsConnection *nc, const char *inst)
+{
+    char subj[SWT_SUBJECT_MAX];
+    natsSubscription *sub = NULL;
+    assert_int_equal(swt_subject_request(subj, sizeof(subj), EP, inst), SW_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, subj), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    return sub;
+}
+
+/* Reads a stream to its terminal: the data seqs into seqs[] (count in *n),
+ * the terminal into *term (its strings are not kept). */
+static void
+read_all(sw_stream *s, uint64_t *seqs, size_t cap, size_t *n, sw_terminal *term)
+{
+    const sw_item *it;
+    *n = 0;
+    for (;;) {
+        sw_err rv = sw_stream_next(s, &it, T(10000));
+        assert_int_equal(rv, SW_OK);
+        if (it->kind == SW_ITEM_TERMINAL) {
+            *term = it->terminal;
+            return;
+        }
+        if (*n < cap)
+            seqs[*n] = it->seq;
+        (*n)++;
+    }
+}
+
+/* ------------------------------------------------ #1 credit is enforced */
+
+/* A worker that ignores credit sends 50,000 items on a stream whose window
+ * is 16 while the consumer reads nothing. Before: every one was queued
+ * (+54 MB). Now: the items within the credit are delivered, the stream
+ * ends with flow_violation, and no more than the window was ever queued. */
+static void
+credit_overrun_ends_with_flow_violation(void **state)
+{
+    sw_conn *fc = conn_open(), *wc = conn_open();
+    natsConnection *nc = sw_conn_nats(wc);
+    natsSubscription *sub = fake_worker_sub(nc, "fake-credit");
+    sw_router *r = router_new(fc, 16);
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    sw_stream_stats st;
+    swp_request *req;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    uint64_t seqs[64];
+    size_t n;
+    sw_terminal term;
+    (void)state;
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "fake-credit";
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    req = fake_worker_take(sub);
+    assert_int_equal(req->credit_window, 16);
+    memcpy(id, req->request_id.data, sizeof(id));
+    for (uint64_t seq = 1; seq <= 50000; seq++)
+        raw_item(nc, req->response_subject, id, seq, "0123456789abcdef0123456789abcdef", 0);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    read_all(s, seqs, 64, &n, &term);
+    assert_int_equal(term.status, SW_STATUS_ERROR);
+    assert_int_equal(term.error, SW_FLOW_VIOLATION);
+    assert_true(n <= 16);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(seqs[i], i + 1);
+    sw_stream_stats_get(s, &st);
+    assert_true(st.peak_pending <= 16);
+    swp_free(req);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    natsSubscription_Destroy(sub);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+}
+
+/* ------------------------------------------------ #13 held beyond a final */
+
+/* Item 3 arrives first (held: a gap), then the final at seq 2, then item 1.
+ * Item 3 is past the final: the stream ends with item_after_final, not a
+ * silent drop of the held item and "completed". */
+static void
+held_item_beyond_final_is_item_after_final(void **state)
+{
+    sw_conn *fc = conn_open(), *wc = conn_open();
+    natsConnection *nc = sw_conn_nats(wc);
+    natsSubscription *sub = fake_worker_sub(nc, "fake-held");
+    sw_router *r = router_new(fc, 16);
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    swp_request *req;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    uint64_t seqs[8];
+    size_t n;
+    sw_terminal term;
+    (void)state;
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "fake-held";
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    req = fake_worker_take(sub);
+    memcpy(id, req->request_id.data, sizeof(id));
+    raw_item(nc, req->response_subject, id, 3, "three", 0);
+    raw_item(nc, req->response_subject, id, 2, NULL, 1);
+    raw_item(nc, req->response_subject, id, 1, "one", 0);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    read_all(s, seqs, 8, &n, &term);
+    assert_int_equal(n, 1);
+    assert_int_equal(seqs[0], 1);
+    assert_int_equal(term.status, SW_STATUS_ERROR);
+    assert_int_equal(term.error, SW_ITEM_AFTER_FINAL);
+    swp_free(req);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    natsSubscription_Destroy(sub);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+}
+
+/* ------------------------------------------------ worker side */
+
+typedef struct engine {
+    pthread_mutex_t mu;
+    int started, cancelled, ended, send_errors;
+    sw_err last_err;
+    int tokens; /* per stream */
+    int delay_ms;
+} engine;
+
+static void
+engine_handler(sw_responder *r, void *arg)
+{
+    engine *e = arg;
+    int cancelled = 0;
+    sw_err rv = SW_OK;
+    pthread_mutex_lock(&e->mu);
+    e->started++;
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < e->tokens; i++) {
+        char tok[32];
+        int len = snprintf(tok, sizeof(tok), "token-%d", i);
+        rv = sw_responder_send(r, tok, (size_t)len);
+        if (rv != SW_OK)
+            break;
+        if (e->delay_ms)
+            swh_sleep_ms(e->delay_ms);
+    }
+    cancelled = rv == SW_ECANCELLED || sw_responder_cancelled(r);
+    if (rv == SW_OK)
+        rv = sw_responder_finish(r, SW_STATUS_COMPLETED, "stop");
+    pthread_mutex_lock(&e->mu);
+    e->ended++;
+    e->cancelled += cancelled;
+    if (rv != SW_OK && !cancelled) {
+        e->send_errors++;
+        e->last_err = rv;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+static sw_ingress *
+ingress_new(sw_conn *c, const char *inst, engine *e, unsigned send_timeout_ms)
+{
+    sw_ingress_opts o;
+    sw_ingress *ing = NULL;
+    sw_ingress_opts_init(&o);
+    o.endpoint = EP;
+    o.instance_id = inst;
+    o.handler = engine_handler;
+    o.handler_arg = e;
+    o.send_timeout_ms = send_timeout_ms;
+    o.max_inflight = 4096;
+    assert_int_equal(sw_ingress_start(&ing, c, &o), SW_OK);
+    return ing;
+}
+
+static void
+engine_snapshot(engine *e, engine *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = *e;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ------------------------------------------------ #2 no cancel is lost */
+
+/* A cancel sent right after open used to be dropped about half the time
+ * (the CANCEL reached the worker before its request): those handlers ran
+ * until credit ran out and then held a slot for send_timeout. Now every
+ * handler that starts sees the cancel, or none starts: after the trials,
+ * every started handler has ended, cancelled. Some trials run while the
+ * worker is busy with other streams. */
+static void
+immediate_cancel_reaches_or_prevents(void **state)
+{
+    sw_conn *fc = conn_open(), *wc = conn_open();
+    engine e;
+    sw_ingress *ing;
+    sw_router *r = router_new(fc, 16);
+    sw_request_opts q;
+    engine snap;
+    int64_t until;
+    const int trials = 2000;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 100000;
+    e.delay_ms = 1;
+    ing = ingress_new(wc, "w-cancel", &e, 60000);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "w-cancel";
+    for (int i = 0; i < trials; i++) {
+        sw_stream *s = NULL;
+        assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+        assert_int_equal(sw_stream_cancel(s), SW_OK);
+        sw_stream_close(s);
+    }
+    until = swh_now_ms() + T(15000);
+    do {
+        swh_sleep_ms(20);
+        engine_snapshot(&e, &snap);
+    } while ((snap.ended < snap.started) && swh_now_ms() < until);
+    print_message("%d trials: %d handlers started, %d ended (%d of them cancelled)\n", trials,
+                  snap.started, snap.ended, snap.cancelled);
+    assert_int_equal(snap.ended, snap.started);
+    assert_int_equal(snap.cancelled, snap.started);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* ------------------------------------------------ raw frontends */
+
+/* Publishes a request to `inst` as a hand-written frontend would. */
+static void
+raw_request(natsConnection *nc, const char *inst, const uint8_t *id, const char *resp,
+            const char *router, uint32_t window, uint32_t hb_ms)
+{
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = (uint8_t *)(uintptr_t)id;
+    m.request_id.len = SW_REQUEST_ID_BYTES;
+    m.response_subject = (char *)resp;
+    m.router_id = (char *)router;
+    m.credit_window = window;
+    m.heartbeat_ms = hb_ms;
+    m.endpoint = (char *)EP;
+    assert_int_equal(swt_subject_request(subj, sizeof(subj), EP, inst), SW_OK);
+    assert_int_equal(swp_encode_alloc(&m, SIZE_MAX, &buf, &len), SW_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, subj, resp, buf, (int)len), NATS_OK);
+    free(buf);
+}
+
+static void
+raw_control(natsConnection *nc, const char *inst, const uint8_t *id, const char *router, int kind,
+            uint64_t limit, uint64_t ack)
+{
+    swp_control c = STREAMWIRE__V1__CONTROL__INIT;
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t buf[256];
+    size_t len;
+    c.version = SW_PROTOCOL_VERSION;
+    c.request_id.data = (uint8_t *)(uintptr_t)id;
+    c.request_id.len = SW_REQUEST_ID_BYTES;
+    c.kind = (Streamwire__V1__ControlKind)kind;
+    c.router_id = (char *)router;
+    c.credit_limit = limit;
+    c.ack_seq = ack;
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), inst), SW_OK);
+    assert_int_equal(swp_encode(&c, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+}
+
+static void
+new_id(uint8_t id[SW_REQUEST_ID_BYTES], char hex[SW_REQUEST_ID_HEX])
+{
+    for (int i = 0; i < SW_REQUEST_ID_BYTES; i++)
+        id[i] = (uint8_t)(rand() & 0xff);
+    swi_hex(hex, id, SW_REQUEST_ID_BYTES);
+}
+
+/* ------------------------------------------------ #4 held streams bounded */
+
+/* 3,000 requests ask for a 1-hour heartbeat and never acknowledge their
+ * finals. Before: each finished stream was held for 4 hours, +102 MB, and
+ * nothing capped their number. Now the heartbeat is clamped and the number
+ * of finished streams held for an acknowledgement is capped. */
+static void
+unacked_finals_are_bounded(void **state)
+{
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    engine e;
+    sw_ingress *ing;
+    sw_ingress_stats st;
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 1;
+    ing = ingress_new(wc, "w-held", &e, 1000);
+    for (int i = 0; i < 3000; i++) {
+        uint8_t id[SW_REQUEST_ID_BYTES];
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+        new_id(id, hex);
+        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
+        raw_request(nc, "w-held", id, resp, "rawfe", 16, SWP_MAX_HEARTBEAT_MS);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(20000);
+    do {
+        swh_sleep_ms(50);
+        sw_ingress_stats_get(ing, &st);
+    } while (st.finished[SW_STATUS_COMPLETED] < 3000 && swh_now_ms() < until);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 3000);
+    print_message("finished streams held for an ack: %llu\n", (unsigned long long)st.streams_held);
+    assert_true(st.streams_held <= SW_INGRESS_MAX_HELD_DEFAULT);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* ------------------------------------------------ #12 checked controls */
+
+/* A CANCEL that names another router than the stream's is ignored: the
+ * stream completes with every item. Before: it was cancelled. */
+static void
+forged_cancel_from_other_router_is_ignored(void **state)
+{
+    sw_conn *fc = conn_open(), *wc = conn_open(), *ac = conn_open();
+    engine e;
+    sw_ingress *ing;
+    sw_router *r = router_new(fc, 64);
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    uint64_t seqs[64];
+    size_t n;
+    sw_terminal term;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 40;
+    e.delay_ms = 5;
+    ing = ingress_new(wc, "w-forge", &e, 5000);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "w-forge";
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    hex_to_id(sw_stream_request_id(s), id);
+    swh_sleep_ms(30);
+    raw_control(sw_conn_nats(ac), "w-forge", id, "evil",
+                STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+    raw_control(sw_conn_nats(ac), "w-forge", id, "evil",
+                STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0, 0);
+    natsConnection_Flush(sw_conn_nats(ac));
+    read_all(s, seqs, 64, &n, &term);
+    assert_int_equal(term.status, SW_STATUS_COMPLETED);
+    assert_int_equal(n, 40);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(ac);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* A request whose response subject is not its own (sw.rsp.<router_id>.<id
+ * hex>) is refused: the worker is no reflector. Before: it streamed to any
+ * subject the request named. */
+static void
+foreign_response_subject_is_refused(void **state)
+{
+    sw_conn *wc = conn_open(), *ac = conn_open();
+    natsConnection *nc = sw_conn_nats(ac);
+    natsSubscription *victim = NULL;
+    engine e;
+    sw_ingress *ing;
+    sw_ingress_stats before, after;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX];
+    int got = 0;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 5;
+    ing = ingress_new(wc, "w-refl", &e, 1000);
+    assert_int_equal(natsConnection_SubscribeSync(&victim, nc, "sw.rsp.victim.>"), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    sw_ingress_stats_get(ing, &before);
+    new_id(id, hex);
+    {
+        char resp[SWT_SUBJECT_MAX];
+        snprintf(resp, sizeof(resp), "sw.rsp.victim.%s", hex);
+        raw_request(nc, "w-refl", id, resp, "attacker", 16, 250);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    for (;;) {
+        natsMsg *m = NULL;
+        if (natsSubscription_NextMsg(&m, victim, (int64_t)T(500)) != NATS_OK)
+            break;
+        got++;
+        natsMsg_Destroy(m);
+    }
+    sw_ingress_stats_get(ing, &after);
+    assert_int_equal(got, 0);
+    assert_int_equal(after.bad_requests - before.bad_requests, 1);
+    assert_int_equal(e.started, 0);
+    natsSubscription_Destroy(victim);
+    sw_ingress_destroy(ing);
+    sw_conn_close(ac);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* A CREDIT with a huge limit does not make send fail (before: SW_ENOMEM
+ * from a ring sized to the limit). */
+static void
+huge_credit_does_not_break_send(void **state)
+{
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    natsSubscription *rsp = NULL;
+    engine e, snap;
+    sw_ingress *ing;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 200;
+    ing = ingress_new(wc, "w-credit", &e, 3000);
+    new_id(id, hex);
+    assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe2", hex), SW_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&rsp, nc, resp), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    raw_request(nc, "w-credit", id, resp, "rawfe2", 16, 250);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    swh_sleep_ms(100);
+    raw_control(nc, "w-credit", id, "rawfe2", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT,
+                UINT64_MAX / 2, 0);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(10000);
+    do {
+        swh_sleep_ms(20);
+        engine_snapshot(&e, &snap);
+    } while (snap.ended == 0 && swh_now_ms() < until);
+    assert_int_equal(snap.ended, 1);
+    assert_int_equal(snap.send_errors, 0);
+    natsSubscription_Destroy(rsp);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* ---------------------------------------------------------------- main */
+
+static int
+group_setup(void **state)
+{
+    (void)state;
+    return swh_nats_start(&g_nats, NULL);
+}
+
+static int
+group_teardown(void **state)
+{
+    (void)state;
+    swh_nats_stop(&g_nats);
+    return 0;
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(credit_overrun_ends_with_flow_violation),
+        cmocka_unit_test(held_item_beyond_final_is_item_after_final),
+        cmocka_unit_test(immediate_cancel_reaches_or_prevents),
+        cmocka_unit_test(unacked_finals_are_bounded),
+        cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
+        cmocka_unit_test(foreign_response_subject_is_refused),
+        cmocka_unit_test(huge_credit_does_not_break_send),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -467,9 +467,6 @@ SW_API void sw_stream_stats_get(sw_stream *s, sw_stream_stats *out);
 typedef struct sw_router_stats {
     uint64_t streams_opened;
     uint64_t terminals[6];         /* by sw_status (1..5) */
-    uint64_t errors[9];            /* SW_STATUS_ERROR terminals by stream reason:
-                                      index = sw_err - 100 (stream_incomplete .. auth_failed) */
-    uint64_t errors_other;         /* SW_STATUS_ERROR terminals with a non-stream code (overloaded, closed) */
     uint64_t items;                /* data items delivered */
     uint64_t unknown_stream;       /* messages (or batched heartbeats) for no open stream, or
                                       heartbeats from an instance the stream is not on */
@@ -483,6 +480,13 @@ typedef struct sw_router_stats {
     uint64_t bad_messages;         /* heartbeat batches that did not decode (a stream's own
                                       undecodable item ends it with decode_error instead) */
 } sw_router_stats;
+
+/* SW_STATUS_ERROR terminals this router delivered with the code `err` (a
+ * stream reason such as SW_INSTANCE_LOST, or an API code such as
+ * SW_EOVERLOADED; a wrapped NATS status counts as SW_ENATS). A function
+ * rather than an array in sw_router_stats, so new reasons do not change the
+ * struct. Thread-safe; 0 for NULL. */
+SW_API uint64_t sw_router_error_count(sw_router *r, int err);
 
 SW_API void sw_router_stats_get(sw_router *r, sw_router_stats *out);
 

@@ -192,8 +192,9 @@ credit_overrun_ends_with_flow_violation(void **state)
 /* ------------------------------------------------ #13 held beyond a final */
 
 /* Item 3 arrives first (held: a gap), then the final at seq 2, then item 1.
- * Item 3 is past the final: the stream ends with item_after_final, not a
- * silent drop of the held item and "completed". */
+ * Item 3 is past the final: the stream ends with item_after_final as soon
+ * as the final shows it, not with a silent drop of the held item and
+ * "completed". */
 static void
 held_item_beyond_final_is_item_after_final(void **state)
 {
@@ -220,8 +221,11 @@ held_item_beyond_final_is_item_after_final(void **state)
     raw_item(nc, req->response_subject, id, 1, "one", 0);
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
     read_all(s, seqs, 8, &n, &term);
-    assert_int_equal(n, 1);
-    assert_int_equal(seqs[0], 1);
+    /* The violation is known once the final arrives: item 1 may or may not
+     * have been delivered before, and nothing after it. */
+    assert_true(n <= 1);
+    if (n == 1)
+        assert_int_equal(seqs[0], 1);
     assert_int_equal(term.status, SW_STATUS_ERROR);
     assert_int_equal(term.error, SW_ITEM_AFTER_FINAL);
     swp_free(req);

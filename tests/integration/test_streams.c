@@ -2401,16 +2401,18 @@ scale_1000_streams(void **state)
                       (unsigned long long)rs.terminals[1], (unsigned long long)rs.terminals[2],
                       (unsigned long long)rs.terminals[3], (unsigned long long)rs.terminals[4],
                       (unsigned long long)rs.terminals[5]);
-        for (int i = 0; i < 9; i++)
-            print_message(" %s=%llu", sw_err_name(100 + i), (unsigned long long)rs.errors[i]);
-        print_message(" other=%llu\n", (unsigned long long)rs.errors_other);
+        for (int i = 100; i < 110; i++)
+            print_message(" %s=%llu", sw_err_name(i),
+                          (unsigned long long)sw_router_error_count(e->rt, i));
+        print_message("\n");
         fail_msg("scale: done=%d bad=%d wrong_count=%d wrong_terminals=%d after_terminal=%d "
-                 "not_completed=%d (errors: incomplete=%llu gap=%llu other=%llu; "
+                 "not_completed=%d (errors: incomplete=%llu gap=%llu overloaded=%llu; "
                  "nats_dropped=%llu; ingress sent=%llu resent=%llu overload=%llu)",
                  sc_done, bad, wrong_count, wrong_term, after, not_completed,
-                 (unsigned long long)rs.errors[SW_STREAM_INCOMPLETE - 100],
-                 (unsigned long long)rs.errors[SW_SEQUENCE_GAP - 100],
-                 (unsigned long long)rs.errors_other, (unsigned long long)rs.nats_dropped,
+                 (unsigned long long)sw_router_error_count(e->rt, SW_STREAM_INCOMPLETE),
+                 (unsigned long long)sw_router_error_count(e->rt, SW_SEQUENCE_GAP),
+                 (unsigned long long)sw_router_error_count(e->rt, SW_EOVERLOADED),
+                 (unsigned long long)rs.nats_dropped,
                  (unsigned long long)st.items_sent, (unsigned long long)st.items_resent,
                  (unsigned long long)st.rejected_overload);
     }

@@ -1,0 +1,98 @@
+/* egress/control.c -- control messages from a router to its streams'
+ * workers: CREDIT, RESEND, CANCEL, KILL on the instance's control subject,
+ * and the acknowledgements of finals, which wait up to a tick and go out
+ * together (one ACK_FINALS per worker). Locks: flush_mu, then ack_mu, then
+ * s->mu (only to copy the control subject, which a re-route changes). */
+#include <string.h>
+
+#include "egress/egress_int.h"
+
+void
+swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
+{
+    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+    uint8_t buf[128];
+    size_t len;
+    char subj[SWT_SUBJECT_MAX];
+    if (__atomic_load_n(&s->r->closed, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&s->mu);
+    memcpy(subj, s->ctl_subj, sizeof(subj));
+    pthread_mutex_unlock(&s->mu);
+    if (subj[0] == '\0')
+        return; /* never sent anywhere (no instance) */
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = s->id;
+    m.request_id.len = SW_REQUEST_ID_BYTES;
+    m.kind = (Streamwire__V1__ControlKind)kind;
+    m.credit_limit = limit;
+    m.ack_seq = ack;
+    m.resend_from = from;
+    m.resend_to = to;
+    m.router_id = s->r->id;
+    if (swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
+        (void)swt_publish(s->r->conn, subj, NULL, buf, len);
+}
+
+/* Sends the queued acknowledgements of finals: one ACK_FINALS per worker. */
+void
+swe_flush_acks(sw_router *r)
+{
+    size_t n;
+    pthread_mutex_lock(&r->flush_mu);
+    pthread_mutex_lock(&r->ack_mu);
+    n = r->nacks;
+    memcpy(r->flushing, r->acks, n * sizeof(r->acks[0]));
+    r->nacks = 0;
+    pthread_mutex_unlock(&r->ack_mu);
+    for (size_t i = 0; i < n; i++) {
+        swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+        ProtobufCBinaryData ids[SWE_ACKS_MAX];
+        uint8_t buf[SWE_ACKS_MAX * (SW_REQUEST_ID_BYTES + 2) + 128];
+        size_t len, k = 0;
+        if (r->flushing[i].subj[0] == '\0')
+            continue; /* sent with an earlier group */
+        for (size_t j = i; j < n; j++) {
+            if (strcmp(r->flushing[j].subj, r->flushing[i].subj) != 0)
+                continue;
+            ids[k].data = r->flushing[j].id;
+            ids[k].len = SW_REQUEST_ID_BYTES;
+            k++;
+            if (j != i)
+                r->flushing[j].subj[0] = '\0';
+        }
+        m.version = SW_PROTOCOL_VERSION;
+        m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS;
+        m.router_id = r->id;
+        m.n_final_acks = k;
+        m.final_acks = ids;
+        if (!__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE) &&
+            swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
+            (void)swt_publish(r->conn, r->flushing[i].subj, NULL, buf, len);
+    }
+    pthread_mutex_unlock(&r->flush_mu);
+}
+
+/* Queues the acknowledgement of stream s's final; flushes when full. */
+void
+swe_queue_final_ack(sw_stream *s)
+{
+    sw_router *r = s->r;
+    int full;
+    if (__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&r->ack_mu);
+    while (r->nacks == SWE_ACKS_MAX) {
+        pthread_mutex_unlock(&r->ack_mu);
+        swe_flush_acks(r);
+        pthread_mutex_lock(&r->ack_mu);
+    }
+    pthread_mutex_lock(&s->mu);
+    memcpy(r->acks[r->nacks].subj, s->ctl_subj, sizeof(s->ctl_subj));
+    pthread_mutex_unlock(&s->mu);
+    memcpy(r->acks[r->nacks].id, s->id, SW_REQUEST_ID_BYTES);
+    full = ++r->nacks == SWE_ACKS_MAX;
+    pthread_mutex_unlock(&r->ack_mu);
+    if (full)
+        swe_flush_acks(r);
+}

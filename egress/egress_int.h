@@ -1,0 +1,172 @@
+/* egress/egress_int.h -- the frontend side's internals, shared by its files:
+ *
+ *   rx.c        a stream's receive logic, a pure state machine (rx.h)
+ *   stream.c    sw_stream: the state machine behind a mutex, delivery to
+ *               the consumer (blocking or callbacks), cancel, close, stats
+ *   control.c   control messages to workers: credit, resend, kill, cancel,
+ *               and the batched acknowledgements of finals (ACK_FINALS)
+ *   mux.c       the router's one wildcard subscription: dispatch of items
+ *               and heartbeat batches to streams; answers to workers'
+ *               liveness probes
+ *   probe.c     instances with open streams are probed (common/sched.h's
+ *               peer table); a lost instance ends its streams
+ *   timer.c     the router's ticker: stream deadlines, probes, ack flushes
+ *   open.c      sw_router_open and the one-time re-route on no responders
+ *   frontend.c  sw_router: options, create, destroy, stats, the table
+ *
+ * Threads: nats.c's delivery thread runs the mux and probe callbacks; one
+ * ticker thread runs timer.c; the consumer calls sw_stream_next or gets
+ * callbacks from whichever of those threads made an item ready (serialised
+ * by s->dispatching).
+ *
+ * Locks and their order (docs/RATIONALE.md has the table for the library):
+ *   r->mu     the stream table, the peer table, counters;
+ *   s->mu     one stream (its swe_rx);
+ *   r->ack_mu the queue of acknowledgements; r->flush_mu one flusher.
+ * r->mu may be taken before s->mu (re-routing, instance loss read a
+ * stream's instance under both); never s->mu then r->mu. flush_mu is taken
+ * before ack_mu; ack_mu before s->mu (queueing an ack copies the control
+ * subject). No user callback and no log call runs with any of them held. */
+#ifndef SW_EGRESS_INT_H
+#define SW_EGRESS_INT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "common/sched.h"
+#include "common/sw_common.h"
+#include "egress/rx.h"
+#include "proto/sw_codec.h"
+#include "router/sw_pool.h"
+#include "transport/sw_transport.h"
+
+#define SWE_TICK_MS 10 /* probe rounds, ack flushes */
+#define SWE_SCAN_MS 25 /* stream scans: inactivity, deadline, gap, linger */
+/* Acknowledgements of finals wait up to a tick and go out together, one
+ * ACK_FINALS per worker, at most SWE_ACKS_MAX per flush. */
+#define SWE_ACKS_MAX 64
+/* Error terminals are counted by code below this (stream reasons are 100..199). */
+#define SWE_ERR_SLOTS 256
+
+typedef struct swe_ack {
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t id[SW_REQUEST_ID_BYTES];
+} swe_ack;
+
+struct sw_router {
+    sw_conn *conn;
+    swi_logger log;
+    atomic_int refs;
+    char id[SW_MAX_TOKEN + 1];
+    char wildcard[SWT_SUBJECT_MAX];
+    unsigned window, hb_ms, inactivity_ms, gap_ms, linger_ms, max_streams;
+    swt_sub *mux;
+    swt_sub *live; /* sw.rtr.<id>: answers workers' liveness probes */
+    swt_sub *prb;  /* sw.prb.<id>.*: answers to our instance probes */
+    swr_pool *pool;
+    swi_peers peers; /* instances with open streams (r->mu) */
+    pthread_mutex_t mu;
+    swi_idmap streams;
+    swi_ticker ticker;
+    int64_t next_scan;   /* ticker thread only */
+    swi_ptrvec scan_vec; /* ticker thread only: reused by every scan */
+    swi_ptrvec deferred; /* streams to dispatch from the ticker, a reference each (r->mu) */
+    int closing;         /* no new streams */
+    int closed;          /* no more publishing (atomic) */
+    int64_t mux_idle_ms; /* last time the mux had nothing queued (ticker thread only) */
+    uint64_t items;      /* data items delivered (atomic) */
+    uint64_t items_after_final; /* (atomic) */
+    uint64_t err_counts[SWE_ERR_SLOTS]; /* error terminals by code (r->mu) */
+    pthread_mutex_t ack_mu;   /* acks, nacks */
+    pthread_mutex_t flush_mu; /* one flusher at a time; owns flushing */
+    swe_ack acks[SWE_ACKS_MAX];
+    swe_ack flushing[SWE_ACKS_MAX];
+    size_t nacks;
+    sw_router_stats st;
+};
+
+struct sw_stream {
+    sw_router *r;
+    atomic_int refs;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char idhex[SW_REQUEST_ID_HEX];
+    char instance[SW_MAX_TOKEN + 1];
+    char ctl_subj[SWT_SUBJECT_MAX];
+    sw_item_fn on_item;
+    void *on_item_arg;
+    swe_rx rx;           /* s->mu */
+    sw_item cur;         /* the item last handed to a blocking consumer */
+    int64_t last_rx_ms;  /* mirror of rx.last_rx_ms for probe rounds (atomic) */
+    int64_t next_tick_ms; /* the scan looks at s only from then on (atomic; 0 = next scan) */
+
+    int in_table;
+    int pooled; /* counted in the pool and the peer table */
+    int routed;   /* the instance was picked by the pool (no instance_id given) */
+    int rerouted; /* already sent elsewhere once after no_responders */
+    /* What sw_stream_instance_id and items show: each buffer is written once
+     * (a re-route happens at most once) and then published through inst_pub,
+     * so a reader never sees a string being rewritten. */
+    char inst_first[SW_MAX_TOKEN + 1];
+    char inst_second[SW_MAX_TOKEN + 1];
+    const char *inst_pub;
+    char endpoint[SW_MAX_ENDPOINT + 1];
+    uint8_t *req_buf; /* the encoded request, kept until the first answer (re-routing) */
+    size_t req_len;
+    int opening;      /* sw_router_open runs: item callbacks wait for the ticker */
+    int dispatching;
+    int in_cb;        /* an item callback runs now, on cb_thread */
+    pthread_t cb_thread;
+};
+
+/* frontend.c */
+void swe_router_unref(sw_router *r);
+sw_stream *swe_lookup(sw_router *r, const uint8_t *id);
+void swe_remove(sw_stream *s);
+void swe_count_terminal(sw_router *r, const sw_terminal *t);
+/* The open streams with a reference each: all (by NULL), or those with a
+ * timer check due by *by. */
+void swe_snapshot(sw_router *r, swi_ptrvec *vec, const int64_t *by);
+#define SWE_AT(vec, i) ((sw_stream *)(vec).v[i])
+
+/* stream.c */
+void swe_stream_ref(sw_stream *s);
+void swe_stream_unref(sw_stream *s);
+/* Feeds one decoded item to the stream and carries out what it asks. */
+void swe_stream_on_item(sw_stream *s, const swe_rx_in *in);
+/* Ends a stream with a synthesized error; kill: tell the worker to stop. */
+void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
+/* The timer's look at one stream. */
+void swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet);
+void swe_dispatch(sw_stream *s);
+/* Carries out an action set (no lock held). */
+void swe_apply(sw_stream *s, const swe_rx_act *act);
+
+/* control.c */
+void swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from,
+                      uint64_t to);
+void swe_queue_final_ack(sw_stream *s);
+void swe_flush_acks(sw_router *r);
+
+/* mux.c */
+void swe_on_msg(const swt_msg *msg, void *arg);
+void swe_on_live_probe(const swt_msg *msg, void *arg);
+
+/* probe.c */
+void swe_on_probe_reply(const swt_msg *msg, void *arg);
+void swe_on_removed(void *arg, const char *instance);
+void swe_probe_round(sw_router *r, int64_t now);
+void swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms);
+
+/* open.c */
+int swe_reroute(sw_stream *s);
+
+/* timer.c */
+void swe_on_tick(void *arg, int64_t now);
+/* Dispatches s from the ticker thread soon (callback mode, after open). */
+void swe_defer_dispatch(sw_stream *s);
+/* Runs the deferred dispatches now (the ticker, and destroy). */
+void swe_run_deferred(sw_router *r);
+
+#endif

@@ -1,0 +1,262 @@
+/* egress/frontend.c -- sw_router, the frontend: options, create, destroy,
+ * stats, and the table of open streams (r->mu). See egress_int.h for the
+ * files of the frontend side, its threads and its lock order. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "egress/egress_int.h"
+
+void
+swe_router_unref(sw_router *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    swi_idmap_fini(&r->streams);
+    swr_pool_destroy(r->pool);
+    swi_peers_fini(&r->peers);
+    free(r->scan_vec.v);
+    free(r->deferred.v);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->ack_mu);
+    pthread_mutex_destroy(&r->flush_mu);
+    free(r);
+}
+
+sw_stream *
+swe_lookup(sw_router *r, const uint8_t *id)
+{
+    sw_stream *s;
+    pthread_mutex_lock(&r->mu);
+    s = swi_idmap_get(&r->streams, id);
+    if (s != NULL)
+        swe_stream_ref(s);
+    pthread_mutex_unlock(&r->mu);
+    return s;
+}
+
+void
+swe_remove(sw_stream *s)
+{
+    sw_router *r = s->r;
+    int drop = 0, pooled = 0;
+    char inst[SW_MAX_TOKEN + 1];
+    pthread_mutex_lock(&r->mu);
+    if (s->in_table) {
+        s->in_table = 0;
+        swi_idmap_del(&r->streams, s->id);
+        r->st.open_streams--;
+        drop = 1;
+        if (s->pooled) {
+            s->pooled = 0;
+            pooled = 1;
+            swi_peers_release(&r->peers, s->instance);
+            memcpy(inst, s->instance, sizeof(inst)); /* changes only under r->mu */
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (pooled)
+        swr_pool_done(r->pool, inst);
+    if (drop)
+        swe_stream_unref(s);
+}
+
+void
+swe_count_terminal(sw_router *r, const sw_terminal *t)
+{
+    pthread_mutex_lock(&r->mu);
+    if (t->status >= 1 && t->status <= 5)
+        r->st.terminals[t->status]++;
+    if (t->status == SW_STATUS_ERROR) {
+        int e = sw_err_is_nats(t->error) ? SW_ENATS : (int)t->error;
+        if (e >= 0 && e < SWE_ERR_SLOTS)
+            r->err_counts[e]++;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void
+take_ref(void *v)
+{
+    swe_stream_ref(v);
+}
+
+void
+swe_snapshot(sw_router *r, swi_ptrvec *vec, const int64_t *by)
+{
+    pthread_mutex_lock(&r->mu);
+    swi_idmap_snapshot_due(&r->streams, vec, offsetof(sw_stream, next_tick_ms), by, take_ref);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---------------------------------------------------------------- API */
+
+void
+sw_router_opts_init(sw_router_opts *o)
+{
+    if (o == NULL)
+        return;
+    memset(o, 0, sizeof(*o));
+    o->credit_window = 256;
+    o->heartbeat_ms = 250;
+    o->gap_timeout_ms = 500;
+    o->max_streams = 65536;
+    o->probe_interval_ms = 100;
+    o->probe_timeout_ms = 300;
+    o->probe_misses = 2;
+    o->quarantine_ms = 1000;
+}
+
+void
+sw_request_opts_init(sw_request_opts *o)
+{
+    if (o != NULL)
+        memset(o, 0, sizeof(*o));
+}
+
+sw_err
+sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
+{
+    sw_router *r;
+    sw_err rv;
+    char live_subj[SWT_SUBJECT_MAX], prb[SWT_SUBJECT_MAX];
+
+    if (out == NULL || conn == NULL || o == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    if (o->router_id != NULL && sw_validate_token(o->router_id) != SW_OK)
+        return SW_EINVAL;
+    if (o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+        return SW_EINVAL;
+    if ((rv = swi_init()) != SW_OK)
+        return rv;
+    if ((r = calloc(1, sizeof(*r))) == NULL)
+        return SW_ENOMEM;
+    atomic_init(&r->refs, 1);
+    r->conn = conn;
+    r->log.fn = o->log;
+    r->log.arg = o->log_arg;
+    if (o->router_id != NULL)
+        snprintf(r->id, sizeof(r->id), "%s", o->router_id);
+    else
+        swi_random_token(r->id);
+    r->window = o->credit_window ? o->credit_window : 256;
+    r->hb_ms = o->heartbeat_ms ? o->heartbeat_ms : 250;
+    r->inactivity_ms = o->inactivity_ms ? o->inactivity_ms : 4 * r->hb_ms + 500;
+    r->gap_ms = o->gap_timeout_ms ? o->gap_timeout_ms : 500;
+    r->linger_ms = o->final_linger_ms;
+    r->max_streams = o->max_streams ? o->max_streams : 65536;
+    swi_peers_init(&r->peers, o->probe_interval_ms ? o->probe_interval_ms : 100,
+                   o->probe_timeout_ms ? o->probe_timeout_ms : 300,
+                   o->probe_misses ? o->probe_misses : 2);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->ack_mu, NULL);
+    pthread_mutex_init(&r->flush_mu, NULL);
+    if (swi_idmap_init(&r->streams, 256) != 0) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
+    {
+        swr_pool_opts po;
+        memset(&po, 0, sizeof(po));
+        po.registry = o->registry;
+        po.policy = o->policy;
+        po.quarantine_ms = o->quarantine_ms;
+        po.log = r->log;
+        po.on_removed = swe_on_removed;
+        po.on_removed_arg = r;
+        if ((rv = swr_pool_create(&r->pool, &po)) != SW_OK)
+            goto fail;
+    }
+    (void)swt_subject_response_wildcard(r->wildcard, sizeof(r->wildcard), r->id);
+    (void)swt_subject_router(live_subj, sizeof(live_subj), r->id);
+    (void)swt_subject_probe_reply(prb, sizeof(prb), r->id, NULL);
+    if ((rv = swt_subscribe(conn, &r->mux, r->wildcard, swe_on_msg, r)) != SW_OK ||
+        (rv = swt_subscribe(conn, &r->live, live_subj, swe_on_live_probe, r)) != SW_OK ||
+        (rv = swt_subscribe(conn, &r->prb, prb, swe_on_probe_reply, r)) != SW_OK ||
+        (rv = swt_flush(conn, 5000)) != SW_OK)
+        goto fail;
+    if (swi_ticker_start(&r->ticker, SWE_TICK_MS, swe_on_tick, r) != 0) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
+    *out = r;
+    return SW_OK;
+fail:
+    swt_sub_close(r->conn, &r->prb);
+    swt_sub_close(r->conn, &r->live);
+    swt_sub_close(r->conn, &r->mux);
+    swe_router_unref(r);
+    return rv;
+}
+
+const char *
+sw_router_id(const sw_router *r)
+{
+    return r ? r->id : "";
+}
+
+uint64_t
+sw_router_error_count(sw_router *r, int err)
+{
+    uint64_t n = 0;
+    if (r == NULL)
+        return 0;
+    if (sw_err_is_nats(err))
+        err = SW_ENATS;
+    if (err < 0 || err >= SWE_ERR_SLOTS)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    n = r->err_counts[err];
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+void
+sw_router_stats_get(sw_router *r, sw_router_stats *out)
+{
+    uint64_t dropped;
+    if (r == NULL || out == NULL)
+        return;
+    dropped = swt_sub_dropped(r->mux);
+    pthread_mutex_lock(&r->mu);
+    *out = r->st;
+    pthread_mutex_unlock(&r->mu);
+    out->items = __atomic_load_n(&r->items, __ATOMIC_RELAXED);
+    out->items_after_final = __atomic_load_n(&r->items_after_final, __ATOMIC_RELAXED);
+    out->nats_dropped = dropped;
+}
+
+void
+sw_router_destroy(sw_router *r)
+{
+    swi_ptrvec vec = {NULL, 0, 0};
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->closing = 1;
+    pthread_mutex_unlock(&r->mu);
+    swi_ticker_stop(&r->ticker);
+    swt_sub_close(r->conn, &r->live);
+    swt_sub_close(r->conn, &r->prb);
+    swt_sub_close(r->conn, &r->mux);
+    swe_flush_acks(r); /* after the mux drained: finals it delivered are acked too */
+    swe_run_deferred(r);
+    swe_snapshot(r, &vec, NULL);
+    for (size_t i = 0; i < vec.n; i++) {
+        sw_stream *s = SWE_AT(vec, i);
+        /* A terminal held back by final_linger_ms goes out now: the timer
+         * that would have released it is gone. */
+        pthread_mutex_lock(&s->mu);
+        if (s->rx.term_state == SWE_TERM_QUEUED)
+            s->rx.term_ready_ms = 0;
+        pthread_mutex_unlock(&s->mu);
+        swe_stream_fail(s, SW_ECLOSED, "the router was destroyed", 1);
+        swe_dispatch(s);
+        swe_stream_unref(s);
+    }
+    free(vec.v);
+    (void)swt_flush(r->conn, 1000);
+    __atomic_store_n(&r->closed, 1, __ATOMIC_RELEASE);
+    swe_router_unref(r);
+}

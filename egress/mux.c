@@ -1,0 +1,177 @@
+/* egress/mux.c -- the router's one wildcard subscription (sw.rsp.<router>.*)
+ * receives every response of every stream it opened: the last subject
+ * token is the request id, so a message reaches its stream without
+ * decoding; heartbeat batches come on sw.rsp.<router>.hb. Each decoded item
+ * becomes a swe_rx_in for the stream's state machine. Also here: the
+ * answer to a worker's liveness probe (sw.rtr.<router>). Runs on nats.c's
+ * delivery threads; takes r->mu for counters only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "egress/egress_int.h"
+
+static void
+count_bad(sw_router *r, uint64_t *field, uint64_t n)
+{
+    pthread_mutex_lock(&r->mu);
+    *field += n;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* The terminal a worker's final carries, as the state machine takes it. */
+static void
+final_to_in(const swp_terminal *t, swe_rx_in *in)
+{
+    in->err = SW_OK;
+    in->message = "";
+    switch (t->status) {
+    case STREAMWIRE__V1__STATUS__STATUS_COMPLETED:
+        in->status = SW_STATUS_COMPLETED;
+        in->reason = t->finish_reason[0] ? t->finish_reason : "stop";
+        break;
+    case STREAMWIRE__V1__STATUS__STATUS_INCOMPLETE:
+        in->status = SW_STATUS_INCOMPLETE;
+        in->reason = t->finish_reason[0] ? t->finish_reason : "incomplete";
+        break;
+    case STREAMWIRE__V1__STATUS__STATUS_CANCELLED:
+        in->status = SW_STATUS_CANCELLED;
+        in->reason = "cancelled";
+        break;
+    default: /* FAILED (validated by the codec) */
+        in->message = t->error->message;
+        if (t->error->sw_code != 0) {
+            const char *name = sw_err_name((int)t->error->sw_code);
+            in->status = SW_STATUS_ERROR;
+            in->err = strcmp(name, "unknown_error") == 0 ? SW_EPROTO : (sw_err)t->error->sw_code;
+            in->reason = sw_err_name(in->err);
+        } else {
+            in->status = SW_STATUS_FAILED;
+            in->reason = t->error->app_code;
+        }
+        break;
+    }
+}
+
+static void
+feed(sw_stream *s, uint32_t credit_window, uint64_t seq, int final, const swp_terminal *t,
+     ProtobufCBinaryData data, int droppable)
+{
+    swe_rx_in in;
+    memset(&in, 0, sizeof(in));
+    in.seq = seq;
+    in.credit_window = credit_window;
+    if (final) {
+        in.kind = SWE_IN_FINAL;
+        final_to_in(t, &in);
+    } else {
+        in.kind = SWE_IN_DATA;
+        in.data = data.data;
+        in.len = data.len;
+        in.droppable = droppable;
+    }
+    swe_stream_on_item(s, &in);
+}
+
+/* A worker's heartbeats for many of our streams: each beat is handled as
+ * the heartbeat wrapper it stands for. */
+static void
+on_beats(sw_router *r, const swt_msg *msg)
+{
+    swp_beats *b = NULL;
+    uint64_t unknown = 0;
+    sw_err rv = swp_decode_beats(msg->data, msg->len, sw_conn_max_payload(r->conn) + 1024, &b);
+    if (rv != SW_OK) {
+        count_bad(r, &r->st.bad_messages, 1);
+        swi_log(&r->log, SW_LOG_WARN, "a heartbeat batch did not decode: %s", sw_err_name(rv));
+        return;
+    }
+    for (size_t i = 0; i < b->n_beats; i++) {
+        swe_rx_in in;
+        sw_stream *s = swe_lookup(r, b->beats[i]->request_id.data);
+        if (s == NULL) {
+            unknown++;
+            continue;
+        }
+        if (strcmp(__atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE), b->instance_id) != 0) {
+            unknown++; /* not the instance this stream is on (stale or forged) */
+            swe_stream_unref(s);
+            continue;
+        }
+        memset(&in, 0, sizeof(in));
+        in.kind = SWE_IN_HEARTBEAT;
+        in.last_seq = b->beats[i]->last_seq;
+        swe_stream_on_item(s, &in);
+        swe_stream_unref(s);
+    }
+    if (unknown)
+        count_bad(r, &r->st.unknown_stream, unknown);
+    swp_free(b);
+}
+
+void
+swe_on_msg(const swt_msg *msg, void *arg)
+{
+    sw_router *r = arg;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    sw_stream *s = NULL;
+    swp_item *w = NULL;
+    swp_arena arena;
+    sw_err rv;
+
+    if (swt_is_beats_subject(msg->subject)) {
+        on_beats(r, msg);
+        return;
+    }
+    if (swt_response_subject_id(msg->subject, id) != 0 || (s = swe_lookup(r, id)) == NULL) {
+        count_bad(r, &r->st.unknown_stream, 1);
+        return;
+    }
+    if (msg->no_responders) {
+        if (!swe_reroute(s))
+            swe_stream_fail(s, SW_NO_RESPONDERS, "no worker is subscribed to the request subject",
+                            0);
+        swe_stream_unref(s);
+        return;
+    }
+    rv = swp_decode_item_arena(msg->data, msg->len, sw_conn_max_payload(r->conn) + 1024, &arena,
+                               &w);
+    if (rv == SW_OK && memcmp(w->request_id.data, id, SW_REQUEST_ID_BYTES) != 0)
+        rv = SW_EPROTO;
+    if (rv != SW_OK) {
+        char m[128];
+        snprintf(m, sizeof(m), "a stream item did not decode (%s)", sw_err_name(rv));
+        swe_stream_fail(s, SW_DECODE_ERROR, m, 1);
+    } else if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT) {
+        swe_rx_in in;
+        memset(&in, 0, sizeof(in));
+        in.kind = SWE_IN_HEARTBEAT;
+        in.last_seq = w->heartbeat->last_seq;
+        swe_stream_on_item(s, &in);
+    } else {
+        feed(s, w->credit_window, w->seq, w->complete_final, w->terminal, w->data, w->droppable);
+        /* A batch: the items the worker had queued behind the first, in
+         * order, each handled as if it had come in a message of its own. */
+        for (size_t i = 0; i < w->n_batch; i++) {
+            const swp_batched *b = w->batch[i];
+            feed(s, w->credit_window, b->seq, b->complete_final, b->terminal, b->data,
+                 b->droppable);
+        }
+    }
+    swp_free_arena(w, &arena);
+    swe_stream_unref(s);
+}
+
+/* A worker asks whether this frontend still exists; any answer will do. */
+void
+swe_on_live_probe(const swt_msg *msg, void *arg)
+{
+    sw_router *r = arg;
+    swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
+    uint8_t buf[128];
+    size_t len;
+    p.version = SW_PROTOCOL_VERSION;
+    p.instance_id = r->id;
+    if (msg->reply != NULL && swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
+        (void)swt_publish(r->conn, msg->reply, NULL, buf, len);
+}

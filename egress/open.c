@@ -1,0 +1,207 @@
+/* egress/open.c -- sw_router_open: picks the instance (or takes the one
+ * named), registers the stream in the table, sends the request; and the
+ * one-time re-route of a registry-routed request that meets "no
+ * responders". Locks: r->mu, then s->mu (the instance switch). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "egress/egress_int.h"
+
+/* A request routed by the registry found nobody on the instance's request
+ * subject (it drains, or died since the last probe): quarantine that
+ * instance here and send the same request, once, to another. Returns 1 if
+ * the request went out again. The instance switch holds r->mu, then s->mu:
+ * readers of s->instance hold either. */
+int
+swe_reroute(sw_stream *s)
+{
+    sw_router *r = s->r;
+    char old[SW_MAX_TOKEN + 1], next[SW_MAX_TOKEN + 1];
+    char req_subj[SWT_SUBJECT_MAX], resp_subj[SWT_SUBJECT_MAX];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int moved = 0;
+
+    pthread_mutex_lock(&s->mu);
+    if (!s->routed || s->rerouted || s->req_buf == NULL || s->rx.term_state != SWE_TERM_NONE ||
+        (buf = malloc(s->req_len)) == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    s->rerouted = 1;
+    memcpy(buf, s->req_buf, s->req_len);
+    len = s->req_len;
+    memcpy(old, s->instance, sizeof(old));
+    pthread_mutex_unlock(&s->mu);
+
+    (void)swr_pool_quarantine(r->pool, old); /* local only: it may be alive and draining */
+    if (swr_pool_pick(r->pool, s->endpoint, next) != SW_OK) {
+        free(buf);
+        return 0;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (s->in_table && s->pooled && swi_peers_use(&r->peers, next, swi_now_ms()) == 0) {
+        swi_peers_release(&r->peers, old);
+        pthread_mutex_lock(&s->mu);
+        memcpy(s->instance, next, sizeof(next));
+        memcpy(s->inst_second, next, sizeof(next));
+        __atomic_store_n(&s->inst_pub, s->inst_second, __ATOMIC_RELEASE);
+        (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), next);
+        pthread_mutex_unlock(&s->mu);
+        moved = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!moved) {
+        swr_pool_done(r->pool, next);
+        free(buf);
+        return 0;
+    }
+    swr_pool_done(r->pool, old);
+    (void)swt_subject_request(req_subj, sizeof(req_subj), s->endpoint, next);
+    (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
+    swi_log(&r->log, SW_LOG_INFO, "stream %s: no responder on %s; re-routed to %s", s->idhex, old,
+            next);
+    moved = swt_publish(r->conn, req_subj, resp_subj, buf, len) == SW_OK;
+    free(buf);
+    return moved;
+}
+
+sw_err
+sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const void *payload,
+               size_t len)
+{
+    sw_stream *s;
+    char req_subj[SWT_SUBJECT_MAX];
+    char resp_subj[SWT_SUBJECT_MAX];
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    swe_rx_cfg cfg;
+    uint8_t *buf = NULL;
+    size_t blen = 0;
+    sw_err rv;
+    int full = 0, closing = 0, no_instances = 0;
+    int64_t now;
+
+    if (out == NULL || r == NULL || o == NULL || (payload == NULL && len != 0))
+        return SW_EINVAL;
+    *out = NULL;
+    if (sw_validate_endpoint(o->endpoint) != SW_OK ||
+        (o->instance_id != NULL && sw_validate_token(o->instance_id) != SW_OK) ||
+        o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+        return SW_EINVAL;
+    if ((s = calloc(1, sizeof(*s))) == NULL)
+        return SW_ENOMEM;
+    atomic_init(&s->refs, 1);
+    atomic_fetch_add(&r->refs, 1);
+    s->r = r;
+    pthread_mutex_init(&s->mu, NULL);
+    swi_cond_init(&s->cv);
+    swi_random(s->id, sizeof(s->id));
+    swi_hex(s->idhex, s->id, sizeof(s->id));
+    if (o->instance_id != NULL) {
+        snprintf(s->instance, sizeof(s->instance), "%s", o->instance_id);
+        swr_pool_begin(r->pool, s->instance);
+        s->pooled = 1;
+    } else if (swr_pool_pick(r->pool, o->endpoint, s->instance) == SW_OK) {
+        s->pooled = 1;
+        s->routed = 1;
+    } else {
+        no_instances = 1;
+    }
+    snprintf(s->endpoint, sizeof(s->endpoint), "%s", o->endpoint);
+    memcpy(s->inst_first, s->instance, sizeof(s->inst_first));
+    s->inst_pub = s->inst_first;
+    s->on_item = o->on_item;
+    s->on_item_arg = o->on_item_arg;
+    s->opening = 1;
+    now = swi_now_ms();
+    cfg.window = o->credit_window ? o->credit_window : r->window;
+    cfg.inactivity_ms = r->inactivity_ms;
+    if (o->heartbeat_ms != 0 && o->heartbeat_ms != r->hb_ms)
+        cfg.inactivity_ms = 4 * (int64_t)o->heartbeat_ms + 500;
+    cfg.gap_ms = r->gap_ms;
+    cfg.linger_ms = r->linger_ms;
+    cfg.deadline_ms = o->deadline_ms ? now + o->deadline_ms : -1;
+    swe_rx_init(&s->rx, &cfg, now);
+    s->last_rx_ms = now;
+    s->next_tick_ms = swe_rx_next_due(&s->rx);
+    if (!no_instances) {
+        (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), s->instance);
+        (void)swt_subject_request(req_subj, sizeof(req_subj), o->endpoint, s->instance);
+    }
+    (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
+
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = s->id;
+    m.request_id.len = sizeof(s->id);
+    m.response_subject = resp_subj;
+    m.router_id = r->id;
+    m.payload.data = (uint8_t *)payload;
+    m.payload.len = len;
+    m.credit_window = cfg.window;
+    m.heartbeat_ms = o->heartbeat_ms ? o->heartbeat_ms : r->hb_ms;
+    m.deadline_ms = o->deadline_ms;
+    m.endpoint = (char *)o->endpoint;
+    m.max_tokens = o->max_tokens;
+
+    pthread_mutex_lock(&r->mu);
+    if (r->closing)
+        closing = 1;
+    else if (r->st.open_streams >= r->max_streams)
+        full = 1;
+    else if (swi_idmap_put(&r->streams, s->id, s) != 0)
+        full = 2;
+    else if (s->pooled && swi_peers_use(&r->peers, s->instance, now) != 0) {
+        swi_idmap_del(&r->streams, s->id);
+        full = 2;
+    } else {
+        swe_stream_ref(s); /* the table's */
+        s->in_table = 1;
+        r->st.open_streams++;
+        r->st.streams_opened++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (closing || full) {
+        if (s->pooled)
+            swr_pool_done(r->pool, s->instance);
+        swe_stream_unref(s);
+        return closing ? SW_ECLOSED : full == 2 ? SW_ENOMEM : SW_EBUSY;
+    }
+    /* No item callback runs inside this call (a terminal decided here is
+     * delivered by the ticker, see `opening`), and the reference taken
+     * here keeps the stream valid for the rest of this call whatever other
+     * threads do. */
+    swe_stream_ref(s);
+    *out = s;
+    if (no_instances) {
+        swe_stream_fail(s, SW_NO_INSTANCES, "no live instance serves the endpoint", 0);
+        goto done;
+    }
+
+    /* From here on, every failure is the stream's terminal. */
+    rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
+    if (rv == SW_OK && s->routed) {
+        /* Kept until the instance answers, to re-route on no responders. */
+        pthread_mutex_lock(&s->mu);
+        if ((s->req_buf = malloc(blen)) != NULL) {
+            memcpy(s->req_buf, buf, blen);
+            s->req_len = blen;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (rv == SW_OK)
+        rv = swt_publish(r->conn, req_subj, resp_subj, buf, blen);
+    free(buf);
+    if (rv == SW_EMSGSIZE)
+        swe_stream_fail(s, SW_EMSGSIZE, "the request exceeds the server's max payload", 0);
+    else if (rv != SW_OK)
+        swe_stream_fail(s, rv, "the request could not be published", 0);
+done:
+    pthread_mutex_lock(&s->mu);
+    s->opening = 0;
+    pthread_mutex_unlock(&s->mu);
+    if (s->on_item != NULL)
+        swe_defer_dispatch(s); /* what arrived or ended meanwhile, from the ticker */
+    swe_stream_unref(s);
+    return SW_OK;
+}

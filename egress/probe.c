@@ -1,0 +1,142 @@
+/* egress/probe.c -- instance loss. Every instance this router has streams
+ * open to is in r->peers (common/sched.h's peer table, under r->mu) and is
+ * probed on its control subject; the answer comes on sw.prb.<router>.<id>.
+ * "No responders" means its subscription is gone (killed): lost at once;
+ * probe_misses unanswered probes (one if the registry removed it) mean
+ * frozen or partitioned, unless one of its streams received something
+ * meanwhile. Nothing is judged while this router's own connection is down
+ * or came back after the probe went out. A lost instance ends its streams
+ * with instance_lost (telling the worker to stop, in case it is alive but
+ * cut off), is quarantined here and reported to the registry. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "egress/egress_int.h"
+
+#define SWE_PROBES_MAX 64 /* probes sent per round; the rest next round */
+#define SWE_LOST_MAX 8
+
+void
+swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms)
+{
+    swi_ptrvec vec = {NULL, 0, 0};
+    char msg[160];
+    char inst[SW_MAX_TOKEN + 1];
+    unsigned n = 0;
+    int report;
+    snprintf(inst, sizeof(inst), "%s", id);
+    snprintf(msg, sizeof(msg), "instance %s was lost: %s", inst, why);
+    /* Quarantine before any consumer hears of it: one that retries at once
+     * must not be routed straight back. */
+    report = swr_pool_quarantine(r->pool, inst);
+    pthread_mutex_lock(&r->mu);
+    r->st.instances_lost++;
+    r->st.last_loss_detect_ms = (uint64_t)(silent_ms > 0 ? silent_ms : 0);
+    pthread_mutex_unlock(&r->mu);
+    swe_snapshot(r, &vec, NULL);
+    for (size_t i = 0; i < vec.n; i++) {
+        sw_stream *s = SWE_AT(vec, i);
+        int match;
+        pthread_mutex_lock(&s->mu);
+        match = strcmp(s->instance, inst) == 0;
+        pthread_mutex_unlock(&s->mu);
+        if (match) {
+            /* The worker may be alive and cut off: ask it to stop. */
+            swe_stream_fail(s, SW_INSTANCE_LOST, msg, 1);
+            n++;
+        }
+        swe_stream_unref(s);
+    }
+    free(vec.v);
+    swi_log(&r->log, SW_LOG_WARN, "%s (%u stream(s) ended)", msg, n);
+    if (report)
+        swr_pool_report(r->pool, inst, why);
+}
+
+void
+swe_on_probe_reply(const swt_msg *msg, void *arg)
+{
+    sw_router *r = arg;
+    const char *id = swt_subject_last_token(msg->subject);
+    int lost;
+    int64_t silent = 0;
+    if (id == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    lost = swi_peers_answer(&r->peers, id, msg->no_responders, swi_now_ms(),
+                            swt_conn_up_since_ms(r->conn), &silent);
+    pthread_mutex_unlock(&r->mu);
+    if (lost)
+        swe_instance_lost(r, id, "its subscription is gone (no responders)", silent);
+}
+
+typedef struct swe_activity {
+    const char *id;
+    int64_t since;
+    int active;
+} swe_activity;
+
+static void
+activity_cb(void *val, void *arg)
+{
+    sw_stream *s = val;
+    swe_activity *a = arg;
+    if (!a->active && strcmp(s->instance, a->id) == 0 &&
+        __atomic_load_n(&s->last_rx_ms, __ATOMIC_RELAXED) >= a->since)
+        a->active = 1;
+}
+
+/* 1 if a stream to instance id received anything since `since` (r->mu
+ * held): a worker that streams is alive, answered probe or not (its control
+ * thread may be busy in a user's cancel callback). */
+static int
+inst_active_since(void *arg, const char *id, int64_t since)
+{
+    sw_router *r = arg;
+    swe_activity a = {id, since, 0};
+    swi_idmap_each(&r->streams, activity_cb, &a);
+    return a.active;
+}
+
+/* The registry removed an instance (another router reported it dead, or
+ * its lease ran out). If we have streams to it, probe it now and let a
+ * single miss decide. */
+void
+swe_on_removed(void *arg, const char *instance)
+{
+    sw_router *r = arg;
+    pthread_mutex_lock(&r->mu);
+    swi_peers_suspect(&r->peers, instance);
+    pthread_mutex_unlock(&r->mu);
+    swi_ticker_kick(&r->ticker);
+}
+
+void
+swe_probe_round(sw_router *r, int64_t now)
+{
+    swi_peer_id send[SWE_PROBES_MAX];
+    swi_peer_lost lost[SWE_LOST_MAX];
+    size_t nsend, nlost;
+    pthread_mutex_lock(&r->mu);
+    nsend = swi_peers_round(&r->peers, now, swt_conn_up_since_ms(r->conn), inst_active_since, r,
+                            send, SWE_PROBES_MAX, lost, SWE_LOST_MAX, &nlost);
+    r->st.probes_sent += nsend;
+    pthread_mutex_unlock(&r->mu);
+    for (size_t i = 0; i < nsend; i++) {
+        swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+        char ctl[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
+        uint8_t buf[64];
+        size_t len;
+        m.version = SW_PROTOCOL_VERSION;
+        m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
+        m.router_id = r->id;
+        if (swt_subject_control(ctl, sizeof(ctl), send[i]) == SW_OK &&
+            swt_subject_probe_reply(reply, sizeof(reply), r->id, send[i]) == SW_OK &&
+            swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
+            (void)swt_publish(r->conn, ctl, reply, buf, len);
+    }
+    for (size_t i = 0; i < nlost; i++)
+        swe_instance_lost(r, lost[i].id, "it did not answer probes (frozen or partitioned)",
+                          lost[i].silent_ms);
+}

@@ -1,0 +1,406 @@
+/* egress/rx.c -- see rx.h. Pure: no locks, no clock, no I/O. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "egress/rx.h"
+
+static void
+q_free_list(swe_q *q)
+{
+    while (q != NULL) {
+        swe_q *n = q->next;
+        free(q);
+        q = n;
+    }
+}
+
+static void
+rx_clear_hold(swe_rx *rx)
+{
+    if (rx->hold == NULL || rx->held == 0)
+        return;
+    for (size_t i = 0; i < rx->hold_cap; i++) {
+        free(rx->hold[i]);
+        rx->hold[i] = NULL;
+    }
+    rx->held = 0;
+}
+
+static void
+act_zero(swe_rx_act *act)
+{
+    memset(act, 0, sizeof(*act));
+}
+
+void
+swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now)
+{
+    memset(rx, 0, sizeof(*rx));
+    rx->cfg = *cfg;
+    rx->window = cfg->window;
+    rx->credit_sent = cfg->window;
+    rx->granted = cfg->window;
+    rx->expected = 1;
+    /* The reorder window covers what the worker may have sent past a gap. */
+    rx->hold_cap = (size_t)cfg->window + 2;
+    rx->last_rx_ms = now;
+}
+
+void
+swe_rx_fini(swe_rx *rx)
+{
+    rx_clear_hold(rx);
+    free(rx->hold);
+    rx->hold = NULL;
+    q_free_list(rx->qh);
+    rx->qh = rx->qt = NULL;
+    rx->qlen = 0;
+    free(rx->cur);
+    rx->cur = NULL;
+}
+
+/* Decides the terminal. The first decision wins; the one exception is a
+ * worker's final not yet delivered, which item_after_final replaces.
+ * Returns 1 if this call decided it. */
+static int
+rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, const char *msg,
+                uint64_t seq, int from_wire, int64_t now)
+{
+    if (rx->term_state == SWE_TERM_DELIVERED)
+        return 0;
+    if (rx->term_state == SWE_TERM_QUEUED &&
+        !(rx->term_from_wire && err == SW_ITEM_AFTER_FINAL))
+        return 0;
+    rx->term_state = SWE_TERM_QUEUED;
+    rx->term_from_wire = from_wire;
+    rx->term_ready_ms = from_wire ? now + rx->cfg.linger_ms : 0;
+    rx->term.status = status;
+    rx->term.error = err;
+    snprintf(rx->term_reason, sizeof(rx->term_reason), "%s",
+             reason ? reason : (status == SW_STATUS_ERROR ? sw_err_name(err) : ""));
+    snprintf(rx->term_msg, sizeof(rx->term_msg), "%s",
+             msg ? msg : (status == SW_STATUS_ERROR ? sw_strerror(err) : ""));
+    rx->term.reason = rx->term_reason;
+    rx->term.message = rx->term_msg;
+    rx->term_seq = seq;
+    rx->gap_since_ms = 0;
+    rx_clear_hold(rx);
+    if (status == SW_STATUS_CANCELLED) {
+        /* No data after a cancel. */
+        q_free_list(rx->qh);
+        rx->qh = rx->qt = NULL;
+        rx->qlen = 0;
+    }
+    return 1;
+}
+
+int
+swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
+{
+    if (!rx_set_terminal(rx, SW_STATUS_ERROR, err, NULL, msg, 0, 0, now))
+        return 0;
+    act->ended = 1;
+    act->kill = kill;
+    act->wake = 1;
+    return 1;
+}
+
+int
+swe_rx_cancel(swe_rx *rx, int kill)
+{
+    if (rx->term_state != SWE_TERM_NONE)
+        return 0;
+    return rx_set_terminal(rx, SW_STATUS_CANCELLED, SW_OK, "cancelled",
+                           kill ? "killed by the frontend" : "cancelled by the frontend", 0, 0, 0);
+}
+
+static swe_q *
+q_make(const swe_rx_in *in)
+{
+    size_t len = in->kind == SWE_IN_DATA ? in->len : 0;
+    swe_q *q = malloc(sizeof(*q) + len);
+    if (q == NULL)
+        return NULL;
+    q->next = NULL;
+    q->seq = in->seq;
+    q->final = in->kind == SWE_IN_FINAL;
+    q->droppable = in->droppable;
+    q->len = len;
+    if (len)
+        memcpy(q->data, in->data, len);
+    return q;
+}
+
+/* Hands one in-order item to the queue or, for the final, decides the
+ * terminal. Takes ownership of q. */
+static void
+rx_accept(swe_rx *rx, swe_q *q, int64_t now, swe_rx_act *act)
+{
+    rx->expected = q->seq + 1;
+    if (q->final) {
+        /* The stream stays in its router's table until the terminal is
+         * delivered (a late item after it must still find it). */
+        (void)rx_set_terminal(rx, rx->w_status, rx->w_err, rx->w_reason, rx->w_msg, q->seq, 1,
+                              now);
+        act->ack_final = 1;
+        act->wake = 1;
+        free(q);
+        return;
+    }
+    q->next = NULL;
+    if (rx->qt)
+        rx->qt->next = q;
+    else
+        rx->qh = q;
+    rx->qt = q;
+    rx->qlen++;
+    if (rx->qlen > rx->st.peak_pending)
+        rx->st.peak_pending = rx->qlen;
+}
+
+/* A RESEND of from..to, within what one control may span. */
+static void
+rx_ask_resend(swe_rx *rx, uint64_t from, uint64_t to, int64_t now, swe_rx_act *act)
+{
+    if (to < from)
+        return;
+    if (to - from > SWE_RESEND_SPAN_MAX)
+        to = from + SWE_RESEND_SPAN_MAX;
+    act->resend = 1;
+    act->resend_from = from;
+    act->resend_to = to;
+    rx->last_resend_ms = now;
+    rx->st.resend_requests++;
+}
+
+/* Records the terminal a worker's final carries. Returns 0, or -1 if an
+ * item already held lies past it (item_after_final). */
+static int
+rx_note_final(swe_rx *rx, const swe_rx_in *in)
+{
+    rx->final_seq = in->seq;
+    rx->w_status = in->status;
+    rx->w_err = in->err;
+    snprintf(rx->w_reason, sizeof(rx->w_reason), "%s", in->reason ? in->reason : "");
+    snprintf(rx->w_msg, sizeof(rx->w_msg), "%s", in->message ? in->message : "");
+    if (rx->held > 0)
+        for (size_t i = 0; i < rx->hold_cap; i++)
+            if (rx->hold[i] != NULL && rx->hold[i]->seq > in->seq)
+                return -1;
+    return 0;
+}
+
+void
+swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
+{
+    int is_hb = in->kind == SWE_IN_HEARTBEAT;
+    sw_err fail = SW_OK;
+    const char *fail_msg = NULL;
+
+    act_zero(act);
+    if (rx->term_state != SWE_TERM_NONE) {
+        /* Something arrived after the terminal was decided. */
+        if (!is_hb && rx->final_seq != 0 && in->seq > rx->final_seq) {
+            if (rx->term_state == SWE_TERM_QUEUED && rx->term_from_wire) {
+                if (rx_set_terminal(rx, SW_STATUS_ERROR, SW_ITEM_AFTER_FINAL, NULL,
+                                    "the worker sent an item after its final marker", 0, 0, now)) {
+                    act->ended = 1;
+                    act->wake = 1;
+                }
+            } else {
+                act->after_final = 1;
+            }
+        }
+        return;
+    }
+    rx->last_rx_ms = now;
+    if (is_hb) {
+        rx->st.heartbeats++;
+        /* Heartbeats follow the items they count on the wire: anything
+         * missing up to last_seq was lost. */
+        if (in->last_seq >= rx->expected && now - rx->last_resend_ms >= 20) {
+            if (rx->gap_since_ms == 0)
+                rx->gap_since_ms = now;
+            rx_ask_resend(rx, rx->expected, in->last_seq, now, act);
+        }
+        return;
+    }
+    if (rx->final_seq != 0 && in->seq > rx->final_seq) {
+        fail = SW_ITEM_AFTER_FINAL;
+        fail_msg = "the worker sent an item after its final marker";
+        goto fail;
+    }
+    if (in->credit_window != 0 && in->credit_window < rx->window) {
+        /* The worker grants less than we asked (its max_window): adopt its
+         * window, or we would wait for credit it never needs. */
+        rx->window = in->credit_window;
+        if (rx->credit_sent > rx->consumed + rx->window)
+            rx->credit_sent = rx->window > rx->consumed ? rx->window : rx->consumed;
+    }
+    if (in->seq < rx->expected) {
+        rx->st.duplicates++;
+        return;
+    }
+    if (in->kind == SWE_IN_DATA && in->seq > rx->granted) {
+        /* Beyond the credit granted: the worker ignores flow control.
+         * Nothing of it is queued. */
+        fail = SW_FLOW_VIOLATION;
+        fail_msg = "the worker sent an item beyond the credit it was granted";
+        goto fail;
+    }
+    if (in->kind == SWE_IN_FINAL) {
+        if (rx->final_seq != 0 && rx->final_seq != in->seq) {
+            fail = SW_ITEM_AFTER_FINAL;
+            fail_msg = "the worker sent two final markers";
+            goto fail;
+        }
+        if (rx_note_final(rx, in) != 0) {
+            fail = SW_ITEM_AFTER_FINAL;
+            fail_msg = "the worker sent an item after its final marker";
+            goto fail;
+        }
+    }
+    if (in->seq == rx->expected) {
+        swe_q *q = q_make(in);
+        if (q == NULL) {
+            fail = SW_ENOMEM;
+            goto fail;
+        }
+        rx_accept(rx, q, now, act);
+        while (rx->term_state == SWE_TERM_NONE && rx->held > 0) {
+            swe_q **slot = &rx->hold[rx->expected % rx->hold_cap];
+            if (*slot == NULL || (*slot)->seq != rx->expected)
+                break;
+            q = *slot;
+            *slot = NULL;
+            rx->held--;
+            rx->st.reordered++;
+            rx_accept(rx, q, now, act);
+        }
+        if (rx->held == 0)
+            rx->gap_since_ms = 0;
+        act->wake = 1;
+        return;
+    }
+    /* A gap: hold the item and ask for the missing range. */
+    if (in->seq - rx->expected >= rx->hold_cap) {
+        fail = SW_SEQUENCE_GAP;
+        fail_msg = "an item arrived beyond the reorder window";
+        goto fail;
+    }
+    if (rx->hold == NULL && (rx->hold = calloc(rx->hold_cap, sizeof(*rx->hold))) == NULL) {
+        fail = SW_ENOMEM;
+        goto fail;
+    }
+    {
+        swe_q **slot = &rx->hold[in->seq % rx->hold_cap];
+        if (*slot != NULL) {
+            rx->st.duplicates++;
+            return;
+        }
+        if ((*slot = q_make(in)) == NULL) {
+            fail = SW_ENOMEM;
+            goto fail;
+        }
+        rx->held++;
+        if (rx->gap_since_ms == 0) {
+            rx->gap_since_ms = now;
+            rx_ask_resend(rx, rx->expected, in->seq - 1, now, act);
+        }
+    }
+    return;
+fail:
+    (void)swe_rx_fail(rx, fail, fail_msg, 1, now, act);
+}
+
+int64_t
+swe_rx_next_due(const swe_rx *rx)
+{
+    int64_t due = INT64_MAX, gap = rx->cfg.gap_ms;
+    if (rx->term_state == SWE_TERM_NONE) {
+        if (rx->cfg.deadline_ms >= 0)
+            due = rx->cfg.deadline_ms;
+        if (rx->last_rx_ms + rx->cfg.inactivity_ms < due)
+            due = rx->last_rx_ms + rx->cfg.inactivity_ms;
+        if (rx->gap_since_ms != 0) {
+            if (rx->gap_since_ms + gap < due)
+                due = rx->gap_since_ms + gap;
+            if (rx->last_resend_ms + gap / 4 < due)
+                due = rx->last_resend_ms + gap / 4;
+        }
+    } else if (rx->term_state == SWE_TERM_QUEUED) {
+        due = rx->term_ready_ms;
+    }
+    return due;
+}
+
+void
+swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
+{
+    act_zero(act);
+    if (rx->term_state == SWE_TERM_NONE) {
+        if (rx->cfg.deadline_ms >= 0 && now >= rx->cfg.deadline_ms) {
+            (void)swe_rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now,
+                              act);
+        } else if (rx->gap_since_ms != 0 && quiet - rx->gap_since_ms >= rx->cfg.gap_ms) {
+            (void)swe_rx_fail(rx, SW_SEQUENCE_GAP, "a sequence gap was not repaired in time", 1,
+                              now, act);
+        } else if (quiet - rx->last_rx_ms >= rx->cfg.inactivity_ms) {
+            (void)swe_rx_fail(rx, SW_STREAM_INCOMPLETE,
+                              "no item or heartbeat within the inactivity timeout", 1, now, act);
+        } else if (rx->gap_since_ms != 0 && now - rx->last_resend_ms >= rx->cfg.gap_ms / 4) {
+            /* Everything the worker may have sent past the gap: the reorder
+             * window, but never beyond the credit granted (+1: the final
+             * needs none). */
+            uint64_t to = rx->expected + rx->hold_cap - 1;
+            if (to > rx->granted + 1)
+                to = rx->granted + 1;
+            rx_ask_resend(rx, rx->expected, to, now, act);
+        }
+    } else if (rx->term_state == SWE_TERM_QUEUED && now >= rx->term_ready_ms) {
+        act->wake = 1; /* a lingering terminal is ready */
+    }
+}
+
+int
+swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
+{
+    act_zero(act);
+    free(rx->cur);
+    rx->cur = NULL;
+    if (rx->qh != NULL) {
+        swe_q *q = rx->qh;
+        rx->qh = q->next;
+        if (rx->qh == NULL)
+            rx->qt = NULL;
+        rx->qlen--;
+        rx->cur = q;
+        memset(out, 0, sizeof(*out));
+        out->kind = SW_ITEM_DATA;
+        out->seq = q->seq;
+        out->data = q->data;
+        out->len = q->len;
+        out->droppable = q->droppable;
+        rx->consumed++;
+        rx->st.items++;
+        if (rx->consumed + rx->window / 2 >= rx->credit_sent) {
+            rx->credit_sent = rx->consumed + rx->window;
+            if (rx->credit_sent > rx->granted)
+                rx->granted = rx->credit_sent;
+            act->credit = 1;
+            act->credit_limit = rx->credit_sent;
+            act->credit_ack = rx->expected - 1;
+        }
+        return 1;
+    }
+    if (rx->term_state == SWE_TERM_QUEUED && now >= rx->term_ready_ms) {
+        rx->term_state = SWE_TERM_DELIVERED;
+        memset(out, 0, sizeof(*out));
+        out->kind = SW_ITEM_TERMINAL;
+        out->seq = rx->term_seq;
+        out->terminal = rx->term;
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,170 @@
+/* egress/rx.h -- a stream's receive side as a pure state machine.
+ *
+ * swe_rx is fed decoded items (data, the worker's final, heartbeats) with
+ * the time, ticked by a timer with the time, and popped by the consumer; it
+ * answers with actions for its caller to carry out (swe_rx_act): ask a
+ * resend of a range, grant credit, acknowledge the final, tell the worker
+ * to stop. It decides the stream's one terminal and holds the in-order
+ * queue of data items for the consumer.
+ *
+ * It takes no locks, reads no clock, does no I/O, logs nothing and uses no
+ * atomics: egress/stream.c wraps it with the stream's mutex and publishes
+ * what it asks for; tests/unit/test_rx.c and the simulator (tests/sim/)
+ * drive it directly with chosen times. It allocates only the items it
+ * queues or holds: at most hold_cap held, and no more queued than the
+ * credit granted allows.
+ *
+ * The rules, in one place:
+ *   - items are delivered in sequence order, each once (duplicates are
+ *     counted and dropped; out-of-order items wait in a reorder window of
+ *     hold_cap slots, and a gap asks for a resend of the missing range);
+ *   - a data item beyond the credit granted so far ends the stream with
+ *     flow_violation (the worker ignores flow control: nothing of it is
+ *     queued); finals and heartbeats need no credit;
+ *   - the worker's final decides the terminal once every item before it has
+ *     arrived; an item (or a held item) past the final ends the stream with
+ *     item_after_final instead, even after the final if the terminal has not
+ *     been delivered yet; two different finals are item_after_final too;
+ *   - a gap not repaired within gap_ms ends it with sequence_gap, silence
+ *     (no item or heartbeat) for inactivity_ms with stream_incomplete, the
+ *     deadline with deadline_exceeded; silence is judged up to `quiet`, the
+ *     time up to which the caller has processed what it received;
+ *   - the first terminal decided wins (except item_after_final over an
+ *     undelivered final); a wire terminal is held back linger_ms to catch a
+ *     late item after it; a cancel drops queued data. */
+#ifndef SW_EGRESS_RX_H
+#define SW_EGRESS_RX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <streamwire/streamwire.h>
+
+#define SWE_REASON_MAX 96
+#define SWE_MSG_MAX 256
+
+/* A queued or held item. */
+typedef struct swe_q {
+    struct swe_q *next;
+    uint64_t seq;
+    int final; /* a held final marker (no data) */
+    int droppable;
+    size_t len;
+    uint8_t data[];
+} swe_q;
+
+enum { SWE_TERM_NONE = 0, SWE_TERM_QUEUED = 1, SWE_TERM_DELIVERED = 2 };
+
+typedef struct swe_rx_cfg {
+    uint32_t window;        /* credit window asked of the worker (> 0) */
+    int64_t inactivity_ms;  /* silence that ends the stream */
+    int64_t gap_ms;         /* how long a gap may stay open */
+    int64_t linger_ms;      /* hold a wire terminal this long */
+    int64_t deadline_ms;    /* absolute time, or -1 = none */
+} swe_rx_cfg;
+
+/* What the caller must do after a call. Zeroed by each call that fills it. */
+typedef struct swe_rx_act {
+    int resend; /* send RESEND from..to */
+    uint64_t resend_from, resend_to;
+    int credit; /* send CREDIT limit, ack */
+    uint64_t credit_limit, credit_ack;
+    int ack_final; /* acknowledge the worker's final (ACK_FINALS) */
+    int ended;     /* this call decided a terminal that ends the stream at once (not the
+                      worker's final, which stays until delivered): remove the stream from
+                      its router's table, wake the consumer */
+    int kill;      /* ... and tell the worker to stop (KILL) */
+    int wake;      /* something new for the consumer */
+    int after_final; /* an item came after a delivered terminal (a counter) */
+} swe_rx_act;
+
+/* A decoded item. */
+enum { SWE_IN_DATA = 1, SWE_IN_FINAL = 2, SWE_IN_HEARTBEAT = 3 };
+typedef struct swe_rx_in {
+    int kind;
+    uint64_t seq;           /* data and final; 0 for a heartbeat */
+    const uint8_t *data;    /* data: borrowed for the call */
+    size_t len;
+    int droppable;
+    uint32_t credit_window; /* the worker's window, 0 = not sent */
+    uint64_t last_seq;      /* heartbeat: the last seq published */
+    /* final: the terminal it carries */
+    sw_status status;
+    sw_err err;
+    const char *reason; /* finish reason, app code or sw reason */
+    const char *message;
+} swe_rx_in;
+
+typedef struct swe_rx {
+    swe_rx_cfg cfg;
+    uint32_t window; /* may shrink to the worker's */
+    /* reassembly */
+    uint64_t expected; /* next seq to hand to the queue */
+    swe_q **hold;      /* out-of-order items, seq % hold_cap (allocated on the first) */
+    size_t hold_cap;
+    size_t held;
+    uint64_t final_seq; /* the received final's seq, 0 = none yet */
+    sw_status w_status;
+    sw_err w_err;
+    char w_reason[SWE_REASON_MAX];
+    char w_msg[SWE_MSG_MAX];
+    /* credit */
+    uint64_t consumed;
+    uint64_t credit_sent; /* the credit limit the frontend works towards */
+    uint64_t granted;     /* the highest limit ever granted: the worker may send up to it */
+    /* consumer queue and terminal */
+    swe_q *qh, *qt;
+    size_t qlen;
+    swe_q *cur; /* the item last popped (its bytes stay valid until the next pop) */
+    int term_state;
+    int term_from_wire;
+    int64_t term_ready_ms;
+    sw_terminal term;
+    uint64_t term_seq;
+    char term_reason[SWE_REASON_MAX];
+    char term_msg[SWE_MSG_MAX];
+    /* timers */
+    int64_t last_rx_ms;
+    int64_t gap_since_ms;
+    int64_t last_resend_ms;
+    sw_stream_stats st;
+} swe_rx;
+
+/* Most seqs one RESEND may span (what the worker's decoder accepts). */
+#define SWE_RESEND_SPAN_MAX ((uint64_t)(1u << 20) - 1)
+
+void swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now);
+/* Frees everything queued, held and popped. */
+void swe_rx_fini(swe_rx *rx);
+
+void swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act);
+
+/* Ends the stream with a synthesized error (err's name is the reason; msg
+ * may be NULL). Returns 1 if this decided the terminal. kill: the worker
+ * should be told to stop. */
+int swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act);
+
+/* The consumer cancels (kill: and asks the worker to drop everything).
+ * Queued data is dropped. Returns 1 if this decided the terminal. */
+int swe_rx_cancel(swe_rx *rx, int kill);
+
+/* The timer at `now`; quiet as above. */
+void swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act);
+
+/* When the timer next has anything to do (INT64_MAX: never). */
+int64_t swe_rx_next_due(const swe_rx *rx);
+
+/* The consumer takes the next item into *out: 1 data, 2 the terminal (once;
+ * from then on the stream is done), 0 nothing ready. A data item's bytes
+ * stay valid until the next pop or fini. Consuming data may grant credit
+ * (act->credit). */
+int swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act);
+
+/* 1 once the terminal was popped. */
+static inline int
+swe_rx_done(const swe_rx *rx)
+{
+    return rx->term_state == SWE_TERM_DELIVERED;
+}
+
+#endif

@@ -1,0 +1,283 @@
+/* egress/stream.c -- sw_stream: the receive state machine (rx.c) behind the
+ * stream's mutex, and delivery to the consumer: blocking (sw_stream_next)
+ * or callbacks (swe_dispatch, serialised by s->dispatching, called with no
+ * lock held). The actions the state machine returns are carried out here
+ * after s->mu is released (swe_apply). Locks: see egress_int.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "egress/egress_int.h"
+
+void
+swe_stream_ref(sw_stream *s)
+{
+    atomic_fetch_add(&s->refs, 1);
+}
+
+void
+swe_stream_unref(sw_stream *s)
+{
+    if (atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    swe_rx_fini(&s->rx);
+    free(s->req_buf);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    swe_router_unref(s->r);
+    free(s);
+}
+
+/* The scan looks at s at its next due time (s->mu held). */
+static void
+st_plan_tick(sw_stream *s)
+{
+    __atomic_store_n(&s->next_tick_ms, swe_rx_next_due(&s->rx), __ATOMIC_RELAXED);
+}
+
+void
+swe_apply(sw_stream *s, const swe_rx_act *act)
+{
+    if (act->after_final)
+        __atomic_fetch_add(&s->r->items_after_final, 1, __ATOMIC_RELAXED);
+    if (act->resend)
+        swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND, 0, 0, act->resend_from,
+                         act->resend_to);
+    if (act->credit)
+        swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, act->credit_limit,
+                         act->credit_ack, 0, 0);
+    if (act->ack_final)
+        swe_queue_final_ack(s);
+    if (act->ended) {
+        swe_remove(s);
+        if (act->kill)
+            swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0, 0, 0, 0);
+    }
+    if (act->wake || act->ended)
+        swe_dispatch(s);
+}
+
+void
+swe_stream_on_item(sw_stream *s, const swe_rx_in *in)
+{
+    swe_rx_act act;
+    sw_err err;
+    int64_t now = swi_now_ms();
+    pthread_mutex_lock(&s->mu);
+    if (s->req_buf != NULL) { /* the instance answered: no re-routing any more */
+        free(s->req_buf);
+        s->req_buf = NULL;
+    }
+    swe_rx_on_item(&s->rx, in, now, &act);
+    __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
+    st_plan_tick(s);
+    err = s->rx.term.error;
+    pthread_mutex_unlock(&s->mu);
+    if (act.ended)
+        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
+    swe_apply(s, &act);
+}
+
+void
+swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill)
+{
+    swe_rx_act act;
+    int set;
+    memset(&act, 0, sizeof(act));
+    pthread_mutex_lock(&s->mu);
+    set = swe_rx_fail(&s->rx, err, msg, kill, swi_now_ms(), &act);
+    st_plan_tick(s);
+    pthread_mutex_unlock(&s->mu);
+    if (!set)
+        return;
+    swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
+    swe_apply(s, &act);
+}
+
+void
+swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet)
+{
+    swe_rx_act act;
+    sw_err err;
+    pthread_mutex_lock(&s->mu);
+    swe_rx_tick(&s->rx, now, quiet, &act);
+    st_plan_tick(s);
+    err = s->rx.term.error;
+    pthread_mutex_unlock(&s->mu);
+    if (act.ended)
+        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
+    swe_apply(s, &act);
+}
+
+/* ---------------------------------------------------------------- delivery */
+
+static void
+st_delivered_terminal(sw_stream *s)
+{
+    swe_count_terminal(s->r, &s->rx.term);
+    swe_remove(s);
+}
+
+/* Pops into *out (s->mu held): 1 data, 2 terminal, 0 nothing. */
+static int
+st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
+{
+    int got = swe_rx_pop(&s->rx, swi_now_ms(), out, act);
+    if (got != 0)
+        out->instance_id = __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
+    if (got == 1)
+        __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);
+    st_plan_tick(s);
+    return got;
+}
+
+void
+swe_dispatch(sw_stream *s)
+{
+    if (s->on_item == NULL) {
+        pthread_mutex_lock(&s->mu);
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    swe_stream_ref(s);
+    pthread_mutex_lock(&s->mu);
+    if (s->dispatching || s->opening) {
+        pthread_mutex_unlock(&s->mu);
+        swe_stream_unref(s);
+        return;
+    }
+    s->dispatching = 1;
+    for (;;) {
+        swe_rx_act credit;
+        sw_item item;
+        int got = st_pop(s, &item, &credit);
+        if (got == 0)
+            break;
+        s->in_cb = 1;
+        s->cb_thread = pthread_self();
+        pthread_mutex_unlock(&s->mu);
+        if (credit.credit)
+            swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, credit.credit_limit,
+                             credit.credit_ack, 0, 0);
+        if (got == 2)
+            st_delivered_terminal(s);
+        s->on_item(s, &item, s->on_item_arg);
+        pthread_mutex_lock(&s->mu);
+        s->in_cb = 0;
+        pthread_cond_broadcast(&s->cv);
+    }
+    s->dispatching = 0;
+    pthread_mutex_unlock(&s->mu);
+    swe_stream_unref(s);
+}
+
+sw_err
+sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
+{
+    int64_t until;
+    swe_rx_act credit;
+    int got = 0;
+
+    if (s == NULL || item == NULL)
+        return SW_EINVAL;
+    *item = NULL;
+    if (s->on_item != NULL)
+        return SW_EBUSY;
+    until = timeout_ms < 0 ? -1 : swi_now_ms() + timeout_ms;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        int64_t wake = until;
+        if (swe_rx_done(&s->rx) && s->rx.qh == NULL) {
+            pthread_mutex_unlock(&s->mu);
+            return SW_EEOF;
+        }
+        if ((got = st_pop(s, &s->cur, &credit)) != 0)
+            break;
+        if (s->rx.term_state == SWE_TERM_QUEUED && (wake < 0 || s->rx.term_ready_ms < wake))
+            wake = s->rx.term_ready_ms;
+        if (until >= 0 && swi_now_ms() >= until) {
+            pthread_mutex_unlock(&s->mu);
+            return SW_ETIMEDOUT;
+        }
+        swi_cond_wait_until(&s->cv, &s->mu, wake);
+    }
+    *item = &s->cur;
+    pthread_mutex_unlock(&s->mu);
+    if (credit.credit)
+        swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, credit.credit_limit,
+                         credit.credit_ack, 0, 0);
+    if (got == 2)
+        st_delivered_terminal(s);
+    return SW_OK;
+}
+
+/* ---------------------------------------------------------------- cancel, close */
+
+static sw_err
+st_cancel(sw_stream *s, int kill)
+{
+    int set;
+    if (s == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    set = swe_rx_cancel(&s->rx, kill);
+    st_plan_tick(s);
+    /* A data callback already under way on another thread finishes before
+     * we return: after this call, no data item reaches the consumer. */
+    while (s->in_cb && !pthread_equal(s->cb_thread, pthread_self()))
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    if (!set)
+        return SW_EEOF;
+    swe_remove(s);
+    swe_send_control(s,
+                     kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
+                          : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
+                     0, 0, 0, 0);
+    swe_dispatch(s);
+    return SW_OK;
+}
+
+sw_err
+sw_stream_cancel(sw_stream *s)
+{
+    return st_cancel(s, 0);
+}
+
+sw_err
+sw_stream_kill(sw_stream *s)
+{
+    return st_cancel(s, 1);
+}
+
+void
+sw_stream_close(sw_stream *s)
+{
+    if (s == NULL)
+        return;
+    (void)st_cancel(s, 0);
+    swe_remove(s);
+    swe_stream_unref(s);
+}
+
+const char *
+sw_stream_request_id(const sw_stream *s)
+{
+    return s ? s->idhex : "";
+}
+
+const char *
+sw_stream_instance_id(const sw_stream *s)
+{
+    return s ? __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE) : "";
+}
+
+void
+sw_stream_stats_get(sw_stream *s, sw_stream_stats *out)
+{
+    if (s == NULL || out == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    *out = s->rx.st;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,85 @@
+/* egress/timer.c -- the router's ticker (common/sched.h's swi_ticker, every
+ * SWE_TICK_MS): every SWE_SCAN_MS the streams with a check due (deadline,
+ * inactivity, gap repair and timeout, a lingering terminal; each keeps its
+ * next due time), then a probing round and the flush of acknowledgements.
+ * Runs on the ticker thread with no lock held on entry. */
+#include <stdlib.h>
+
+#include "egress/egress_int.h"
+
+/* How long a backlog on the mux may suspend silence checks: a router behind
+ * on its own queue does not blame workers for its delay, but a queue that
+ * never empties (sustained load, junk on the wildcard) must not suspend
+ * inactivity and gap detection for good. */
+#define SWE_BACKLOG_GRACE_MS 2000
+
+void
+swe_defer_dispatch(sw_stream *s)
+{
+    sw_router *r = s->r;
+    int queued = 0;
+    swe_stream_ref(s);
+    pthread_mutex_lock(&r->mu);
+    if (r->deferred.n == r->deferred.cap) {
+        size_t ncap = r->deferred.cap ? r->deferred.cap * 2 : 16;
+        void **nv = realloc(r->deferred.v, ncap * sizeof(*nv));
+        if (nv != NULL) {
+            r->deferred.v = nv;
+            r->deferred.cap = ncap;
+        }
+    }
+    if (r->deferred.n < r->deferred.cap) {
+        r->deferred.v[r->deferred.n++] = s;
+        queued = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (queued) {
+        swi_ticker_kick(&r->ticker);
+        return;
+    }
+    /* No memory to defer it: dispatch here, inside sw_router_open (the one
+     * case in which an item callback runs before open returns). */
+    swe_dispatch(s);
+    swe_stream_unref(s);
+}
+
+void
+swe_run_deferred(sw_router *r)
+{
+    for (;;) {
+        sw_stream *s = NULL;
+        pthread_mutex_lock(&r->mu);
+        if (r->deferred.n > 0)
+            s = r->deferred.v[--r->deferred.n];
+        pthread_mutex_unlock(&r->mu);
+        if (s == NULL)
+            return;
+        swe_dispatch(s);
+        swe_stream_unref(s);
+    }
+}
+
+void
+swe_on_tick(void *arg, int64_t now)
+{
+    sw_router *r = arg;
+    swe_run_deferred(r);
+    if (now >= r->next_scan) {
+        int64_t quiet;
+        r->next_scan = now + SWE_SCAN_MS;
+        if (swt_sub_pending(r->mux) == 0)
+            r->mux_idle_ms = now;
+        /* Silence is judged up to the time this router had processed what
+         * it received, at most SWE_BACKLOG_GRACE_MS back. */
+        quiet = r->mux_idle_ms < now ? r->mux_idle_ms : now;
+        if (now - quiet > SWE_BACKLOG_GRACE_MS)
+            quiet = now - SWE_BACKLOG_GRACE_MS;
+        swe_snapshot(r, &r->scan_vec, &now); /* only streams with something due */
+        for (size_t i = 0; i < r->scan_vec.n; i++) {
+            swe_stream_tick(SWE_AT(r->scan_vec, i), now, quiet);
+            swe_stream_unref(SWE_AT(r->scan_vec, i));
+        }
+    }
+    swe_probe_round(r, now);
+    swe_flush_acks(r);
+}

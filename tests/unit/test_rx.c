@@ -1,0 +1,863 @@
+/* tests/unit/test_rx.c -- the frontend's receive state machine
+ * (egress/rx.c), driven directly with chosen items and times: no server,
+ * no threads. Every case checks content, order, counts and the actions. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "egress/rx.h"
+
+#define W 8 /* window */
+
+static swe_rx_cfg
+cfg_default(void)
+{
+    swe_rx_cfg c;
+    c.window = W;
+    c.inactivity_ms = 1500;
+    c.gap_ms = 500;
+    c.linger_ms = 0;
+    c.deadline_ms = -1;
+    return c;
+}
+
+static void
+start(swe_rx *rx)
+{
+    swe_rx_cfg c = cfg_default();
+    swe_rx_init(rx, &c, 1000);
+}
+
+static swe_rx_act
+data(swe_rx *rx, uint64_t seq, int64_t now)
+{
+    swe_rx_in in;
+    swe_rx_act act;
+    char buf[32];
+    memset(&in, 0, sizeof(in));
+    snprintf(buf, sizeof(buf), "item-%llu", (unsigned long long)seq);
+    in.kind = SWE_IN_DATA;
+    in.seq = seq;
+    in.data = (const uint8_t *)buf;
+    in.len = strlen(buf);
+    swe_rx_on_item(rx, &in, now, &act);
+    return act;
+}
+
+static swe_rx_act
+final_at(swe_rx *rx, uint64_t seq, sw_status st, const char *reason, int64_t now)
+{
+    swe_rx_in in;
+    swe_rx_act act;
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_FINAL;
+    in.seq = seq;
+    in.status = st;
+    in.reason = reason;
+    in.message = "";
+    swe_rx_on_item(rx, &in, now, &act);
+    return act;
+}
+
+static swe_rx_act
+beat(swe_rx *rx, uint64_t last, int64_t now)
+{
+    swe_rx_in in;
+    swe_rx_act act;
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_HEARTBEAT;
+    in.last_seq = last;
+    swe_rx_on_item(rx, &in, now, &act);
+    return act;
+}
+
+/* Pops everything ready: the data seqs into seqs (count returned), checks
+ * each payload, and the terminal into *t (status 0 if none). */
+static size_t
+drain(swe_rx *rx, int64_t now, uint64_t *seqs, size_t cap, sw_terminal *t)
+{
+    sw_item it;
+    swe_rx_act act;
+    size_t n = 0;
+    int got;
+    memset(t, 0, sizeof(*t));
+    while ((got = swe_rx_pop(rx, now, &it, &act)) != 0) {
+        if (got == 2) {
+            *t = it.terminal;
+            break;
+        }
+        {
+            char want[32];
+            snprintf(want, sizeof(want), "item-%llu", (unsigned long long)it.seq);
+            assert_int_equal(it.len, strlen(want));
+            assert_memory_equal(it.data, want, it.len);
+        }
+        if (n < cap)
+            seqs[n] = it.seq;
+        n++;
+    }
+    return n;
+}
+
+static void
+assert_seqs(const uint64_t *seqs, size_t n, uint64_t first)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(seqs[i], first + i);
+}
+
+/* ---------------------------------------------------------------- order */
+
+static void
+test_in_order(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    for (uint64_t i = 1; i <= 5; i++) {
+        a = data(&rx, i, 1000 + (int64_t)i);
+        assert_true(a.wake);
+        assert_false(a.resend || a.ended || a.kill);
+    }
+    a = final_at(&rx, 6, SW_STATUS_COMPLETED, "stop", 1010);
+    assert_true(a.ack_final);
+    assert_false(a.ended); /* a wire final ends nothing at once: it stays to be delivered */
+    assert_int_equal(drain(&rx, 1010, seqs, 16, &t), 5);
+    assert_seqs(seqs, 5, 1);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_string_equal(t.reason, "stop");
+    assert_true(swe_rx_done(&rx));
+    assert_int_equal(rx.st.items, 5);
+    assert_int_equal(rx.st.duplicates, 0);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_duplicates_dropped(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1001);
+    data(&rx, 1, 1002);
+    data(&rx, 2, 1003);
+    data(&rx, 1, 1004);
+    data(&rx, 2, 1005);
+    assert_int_equal(rx.st.duplicates, 3);
+    assert_int_equal(drain(&rx, 1006, seqs, 16, &t), 2);
+    assert_seqs(seqs, 2, 1);
+    assert_int_equal(t.status, 0);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_reorder_inside_window(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    a = data(&rx, 3, 1001);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 1);
+    assert_int_equal(a.resend_to, 2);
+    a = data(&rx, 2, 1002);
+    assert_false(a.resend); /* one resend per gap opening */
+    assert_int_equal(drain(&rx, 1002, seqs, 16, &t), 0);
+    data(&rx, 1, 1003);
+    assert_int_equal(drain(&rx, 1003, seqs, 16, &t), 3);
+    assert_seqs(seqs, 3, 1);
+    assert_int_equal(rx.st.reordered, 2);
+    assert_int_equal(rx.gap_since_ms, 0);
+    assert_int_equal(rx.held, 0);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_duplicate_of_held(void **state)
+{
+    swe_rx rx;
+    (void)state;
+    start(&rx);
+    data(&rx, 3, 1001);
+    data(&rx, 3, 1002);
+    assert_int_equal(rx.held, 1);
+    assert_int_equal(rx.st.duplicates, 1);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_gap_repaired_by_resend(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1001);
+    a = data(&rx, 4, 1002);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 2);
+    assert_int_equal(a.resend_to, 3);
+    /* the timer asks again after gap/4 */
+    swe_rx_tick(&rx, 1002 + 125, 1002 + 125, &a);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 2);
+    assert_int_equal(rx.st.resend_requests, 2);
+    data(&rx, 2, 1200);
+    data(&rx, 3, 1201);
+    final_at(&rx, 5, SW_STATUS_COMPLETED, "stop", 1202);
+    assert_int_equal(drain(&rx, 1202, seqs, 16, &t), 4);
+    assert_seqs(seqs, 4, 1);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_gap_times_out(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1000);
+    data(&rx, 3, 1000);
+    swe_rx_tick(&rx, 1499, 1499, &a);
+    assert_false(a.ended);
+    swe_rx_tick(&rx, 1500, 1500, &a);
+    assert_true(a.ended);
+    assert_true(a.kill);
+    assert_int_equal(drain(&rx, 1500, seqs, 16, &t), 1);
+    assert_int_equal(t.status, SW_STATUS_ERROR);
+    assert_int_equal(t.error, SW_SEQUENCE_GAP);
+    assert_int_equal(rx.held, 0); /* the held item is freed */
+    swe_rx_fini(&rx);
+}
+
+/* The gap is judged up to `quiet`: a router behind on its queue does not
+ * blame the worker. */
+static void
+test_gap_judged_up_to_quiet(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    data(&rx, 2, 1000);
+    swe_rx_tick(&rx, 2000, 1400, &a);
+    assert_false(a.ended);
+    swe_rx_tick(&rx, 2000, 1500, &a);
+    assert_true(a.ended);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_beyond_reorder_window(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    sw_terminal t;
+    uint64_t seqs[4];
+    (void)state;
+    swe_rx_init(&rx, &c, 0);
+    rx.granted = 1000; /* credit is not what this case is about */
+    a = data(&rx, 1 + rx.hold_cap, 1);
+    assert_true(a.ended);
+    drain(&rx, 1, seqs, 4, &t);
+    assert_int_equal(t.error, SW_SEQUENCE_GAP);
+    swe_rx_fini(&rx);
+}
+
+/* ---------------------------------------------------------------- finals */
+
+static void
+test_item_after_final(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 2);
+    /* the wire terminal is not delivered yet: item_after_final replaces it */
+    a = data(&rx, 3, 3);
+    assert_true(a.ended);
+    assert_int_equal(drain(&rx, 3, seqs, 4, &t), 1);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_item_after_delivered_final_is_counted(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    final_at(&rx, 1, SW_STATUS_COMPLETED, "stop", 2);
+    drain(&rx, 2, seqs, 4, &t);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    a = data(&rx, 2, 3);
+    assert_true(a.after_final);
+    assert_false(a.ended);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_two_finals(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    final_at(&rx, 3, SW_STATUS_COMPLETED, "stop", 1);
+    a = final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 2);
+    assert_true(a.ended);
+    drain(&rx, 2, seqs, 4, &t);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+}
+
+/* The same final twice (a resend) is a duplicate, not two finals. */
+static void
+test_final_resent(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    data(&rx, 3, 1); /* hold: the final comes later */
+    final_at(&rx, 4, SW_STATUS_COMPLETED, "stop", 2);
+    a = final_at(&rx, 4, SW_STATUS_COMPLETED, "stop", 3);
+    assert_false(a.ended);
+    data(&rx, 2, 4);
+    assert_int_equal(drain(&rx, 4, seqs, 4, &t), 3);
+    assert_seqs(seqs, 3, 1);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
+/* A final with a gap before it waits for the gap: the terminal comes only
+ * after every item before it. */
+static void
+test_final_with_gap_before_it(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[8];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    a = final_at(&rx, 4, SW_STATUS_INCOMPLETE, "max_tokens", 2);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 2);
+    assert_int_equal(a.resend_to, 3);
+    assert_false(a.ack_final);
+    assert_int_equal(drain(&rx, 2, seqs, 8, &t), 1);
+    assert_int_equal(t.status, 0);
+    data(&rx, 3, 3);
+    a = data(&rx, 2, 4);
+    assert_true(a.ack_final);
+    assert_int_equal(drain(&rx, 4, seqs, 8, &t), 2);
+    assert_seqs(seqs, 2, 2);
+    assert_int_equal(t.status, SW_STATUS_INCOMPLETE);
+    assert_string_equal(t.reason, "max_tokens");
+    assert_int_equal(t.error, SW_OK);
+    swe_rx_fini(&rx);
+}
+
+/* Issue 11 #13: a held item past a later-arriving final is item_after_final,
+ * never dropped silently. */
+static void
+test_held_item_beyond_later_final(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 3, 1);
+    a = final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 2);
+    assert_true(a.ended);
+    assert_true(a.kill);
+    assert_int_equal(drain(&rx, 2, seqs, 4, &t), 0);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_linger(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    c.linger_ms = 100;
+    swe_rx_init(&rx, &c, 0);
+    final_at(&rx, 1, SW_STATUS_COMPLETED, "stop", 10);
+    assert_int_equal(swe_rx_next_due(&rx), 110);
+    assert_int_equal(drain(&rx, 50, seqs, 4, &t), 0);
+    assert_int_equal(t.status, 0); /* held back */
+    swe_rx_tick(&rx, 109, 109, &a);
+    assert_false(a.wake);
+    swe_rx_tick(&rx, 110, 110, &a);
+    assert_true(a.wake);
+    drain(&rx, 110, seqs, 4, &t);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
+/* A late item during the linger turns the terminal into item_after_final. */
+static void
+test_linger_catches_late_item(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    c.linger_ms = 100;
+    swe_rx_init(&rx, &c, 0);
+    final_at(&rx, 1, SW_STATUS_COMPLETED, "stop", 10);
+    data(&rx, 2, 50);
+    drain(&rx, 50, seqs, 4, &t);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+}
+
+/* ---------------------------------------------------------------- credit */
+
+static void
+test_credit_granted_on_consumption(void **state)
+{
+    swe_rx rx;
+    sw_item it;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    for (uint64_t i = 1; i <= 5; i++)
+        data(&rx, i, 1);
+    /* window 8: credit goes out once consumed + 4 >= 8, i.e. at the 4th */
+    for (int i = 1; i <= 3; i++) {
+        assert_int_equal(swe_rx_pop(&rx, 1, &it, &a), 1);
+        assert_false(a.credit);
+    }
+    assert_int_equal(swe_rx_pop(&rx, 1, &it, &a), 1);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_limit, 4 + W);
+    assert_int_equal(a.credit_ack, 5); /* everything received so far */
+    assert_int_equal(rx.granted, 12);
+    swe_rx_fini(&rx);
+}
+
+/* Issue 11 #1: an item beyond the granted credit ends the stream with
+ * flow_violation and is not queued; the queue never exceeds the window. */
+static void
+test_flow_violation(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[16];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    for (uint64_t i = 1; i <= W; i++) {
+        a = data(&rx, i, 1);
+        assert_false(a.ended);
+    }
+    a = data(&rx, W + 1, 2);
+    assert_true(a.ended);
+    assert_true(a.kill);
+    assert_int_equal(rx.st.peak_pending, W);
+    assert_int_equal(drain(&rx, 2, seqs, 16, &t), W);
+    assert_int_equal(t.error, SW_FLOW_VIOLATION);
+    swe_rx_fini(&rx);
+}
+
+/* Held out of order beyond the credit is a violation too. */
+static void
+test_flow_violation_held(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    a = data(&rx, W + 1, 1);
+    assert_true(a.ended);
+    assert_int_equal(rx.held, 0);
+    assert_int_equal(rx.term.error, SW_FLOW_VIOLATION);
+    swe_rx_fini(&rx);
+}
+
+/* The final needs no credit. */
+static void
+test_final_needs_no_credit(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    for (uint64_t i = 1; i <= W; i++)
+        data(&rx, i, 1);
+    final_at(&rx, W + 1, SW_STATUS_COMPLETED, "stop", 2);
+    assert_int_equal(drain(&rx, 2, seqs, 16, &t), W);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
+/* The worker's smaller window is adopted: credit goes out by it. */
+static void
+test_window_shrinks(void **state)
+{
+    swe_rx rx;
+    swe_rx_in in;
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    start(&rx);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_DATA;
+    in.seq = 1;
+    in.data = (const uint8_t *)"item-1";
+    in.len = 6;
+    in.credit_window = 2;
+    swe_rx_on_item(&rx, &in, 1, &a);
+    assert_int_equal(rx.window, 2);
+    assert_int_equal(rx.credit_sent, 2);
+    assert_int_equal(rx.granted, W); /* what was granted stays granted */
+    assert_int_equal(swe_rx_pop(&rx, 1, &it, &a), 1);
+    assert_true(a.credit); /* 1 + 1 >= 2 */
+    assert_int_equal(a.credit_limit, 3);
+    swe_rx_fini(&rx);
+}
+
+/* ---------------------------------------------------------------- resend */
+
+static void
+test_heartbeat_shows_loss(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1000);
+    a = beat(&rx, 1, 1100);
+    assert_false(a.resend); /* nothing missing */
+    a = beat(&rx, 3, 1200);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 2);
+    assert_int_equal(a.resend_to, 3);
+    assert_int_equal(rx.gap_since_ms, 1200);
+    /* rate-limited: not again within 20 ms */
+    a = beat(&rx, 3, 1210);
+    assert_false(a.resend);
+    a = beat(&rx, 3, 1221);
+    assert_true(a.resend);
+    assert_int_equal(rx.st.heartbeats, 4);
+    swe_rx_fini(&rx);
+}
+
+/* Issue 11 #13: the timer's RESEND never goes past what the worker may
+ * have sent (the credit granted, + 1 for the final), nor past what one
+ * control may span, even with a huge window. */
+static void
+test_resend_range_clamped(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    (void)state;
+    c.window = 1u << 20;
+    swe_rx_init(&rx, &c, 0);
+    data(&rx, 5, 1);
+    swe_rx_tick(&rx, 200, 200, &a);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 1);
+    assert_true(a.resend_to - a.resend_from <= SWE_RESEND_SPAN_MAX);
+    assert_true(a.resend_to <= rx.granted + 1);
+    swe_rx_fini(&rx);
+    start(&rx);
+    data(&rx, 3, 1);
+    swe_rx_tick(&rx, 200, 200, &a);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_to, W + 1);
+    swe_rx_fini(&rx);
+}
+
+/* A heartbeat's huge last_seq is clamped to one control's span. */
+static void
+test_heartbeat_resend_span(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    a = beat(&rx, UINT64_MAX - 5, 100);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 1);
+    assert_int_equal(a.resend_to, 1 + SWE_RESEND_SPAN_MAX);
+    swe_rx_fini(&rx);
+}
+
+/* ---------------------------------------------------------------- timers */
+
+static void
+test_inactivity(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    assert_int_equal(swe_rx_next_due(&rx), 2500);
+    swe_rx_tick(&rx, 2499, 2499, &a);
+    assert_false(a.ended);
+    beat(&rx, 0, 2000); /* a heartbeat is a sign of life */
+    swe_rx_tick(&rx, 2600, 2600, &a);
+    assert_false(a.ended);
+    swe_rx_tick(&rx, 3500, 3500, &a);
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_deadline(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    (void)state;
+    c.deadline_ms = 1200;
+    swe_rx_init(&rx, &c, 1000);
+    assert_int_equal(swe_rx_next_due(&rx), 1200);
+    data(&rx, 1, 1100);
+    swe_rx_tick(&rx, 1200, 1200, &a);
+    assert_true(a.ended);
+    assert_true(a.kill);
+    assert_int_equal(rx.term.error, SW_DEADLINE_EXCEEDED);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_next_due_with_gap(void **state)
+{
+    swe_rx rx;
+    (void)state;
+    start(&rx);
+    data(&rx, 2, 1100);
+    /* resend again at 1100 + 500/4 */
+    assert_int_equal(swe_rx_next_due(&rx), 1225);
+    swe_rx_fini(&rx);
+}
+
+/* ---------------------------------------------------------------- terminal */
+
+static void
+test_terminal_decided_once(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "gone", 0, 5, &a), 1);
+    assert_int_equal(swe_rx_fail(&rx, SW_STREAM_INCOMPLETE, NULL, 1, 6, &a), 0);
+    assert_int_equal(swe_rx_cancel(&rx, 0), 0);
+    a = final_at(&rx, 1, SW_STATUS_COMPLETED, "stop", 7);
+    assert_false(a.ended);
+    drain(&rx, 8, seqs, 4, &t);
+    assert_int_equal(t.error, SW_INSTANCE_LOST);
+    assert_string_equal(t.message, "gone");
+    assert_int_equal(swe_rx_pop(&rx, 9, &(sw_item){0}, &a), 0); /* exactly one */
+    swe_rx_fini(&rx);
+}
+
+static void
+test_cancel_drops_queued(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    data(&rx, 2, 1);
+    assert_int_equal(swe_rx_cancel(&rx, 0), 1);
+    assert_int_equal(drain(&rx, 2, seqs, 4, &t), 0);
+    assert_int_equal(t.status, SW_STATUS_CANCELLED);
+    swe_rx_fini(&rx);
+}
+
+static void
+test_nothing_after_terminal_delivered(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    swe_rx_fail(&rx, SW_DECODE_ERROR, NULL, 1, 1, &a);
+    drain(&rx, 1, seqs, 4, &t);
+    assert_int_equal(t.error, SW_DECODE_ERROR);
+    assert_string_equal(t.reason, "decode_error");
+    a = data(&rx, 1, 2);
+    assert_false(a.wake);
+    assert_int_equal(drain(&rx, 2, seqs, 4, &t), 0);
+    assert_int_equal(t.status, 0);
+    swe_rx_fini(&rx);
+}
+
+/* The failed final's application code and message come through. */
+static void
+test_failed_final(void **state)
+{
+    swe_rx rx;
+    swe_rx_in in;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_FINAL;
+    in.seq = 1;
+    in.status = SW_STATUS_FAILED;
+    in.reason = "engine_error";
+    in.message = "CUDA error";
+    swe_rx_on_item(&rx, &in, 1, &a);
+    drain(&rx, 1, seqs, 4, &t);
+    assert_int_equal(t.status, SW_STATUS_FAILED);
+    assert_string_equal(t.reason, "engine_error");
+    assert_string_equal(t.message, "CUDA error");
+    swe_rx_fini(&rx);
+}
+
+/* ---------------------------------------------------------------- bounds */
+
+/* Sequence numbers 0 and the top of the range are handled. */
+static void
+test_seq_limits(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    a = data(&rx, 0, 1); /* below expected: a duplicate */
+    assert_int_equal(rx.st.duplicates, 1);
+    assert_false(a.ended);
+    a = data(&rx, UINT64_MAX, 2); /* far past the credit */
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_FLOW_VIOLATION);
+    swe_rx_fini(&rx);
+}
+
+/* Whatever arrives, never more than the window is queued and never more
+ * than hold_cap held. */
+static void
+test_memory_bound(void **state)
+{
+    swe_rx rx;
+    uint64_t x = 12345;
+    (void)state;
+    start(&rx);
+    for (int i = 0; i < 10000 && rx.term_state == SWE_TERM_NONE; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        data(&rx, 1 + (x >> 33) % (W + 1), i);
+        assert_true(rx.qlen <= W);
+        assert_true(rx.held <= rx.hold_cap);
+    }
+    assert_true(rx.st.peak_pending <= W);
+    swe_rx_fini(&rx);
+}
+
+/* fini frees what is queued, held and popped (checked by ASan/valgrind). */
+static void
+test_fini_frees_everything(void **state)
+{
+    swe_rx rx;
+    sw_item it;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    data(&rx, 2, 1);
+    data(&rx, 5, 1);
+    assert_int_equal(swe_rx_pop(&rx, 1, &it, &a), 1);
+    swe_rx_fini(&rx);
+    swe_rx_fini(&rx); /* twice is harmless */
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_in_order),
+        cmocka_unit_test(test_duplicates_dropped),
+        cmocka_unit_test(test_reorder_inside_window),
+        cmocka_unit_test(test_duplicate_of_held),
+        cmocka_unit_test(test_gap_repaired_by_resend),
+        cmocka_unit_test(test_gap_times_out),
+        cmocka_unit_test(test_gap_judged_up_to_quiet),
+        cmocka_unit_test(test_beyond_reorder_window),
+        cmocka_unit_test(test_item_after_final),
+        cmocka_unit_test(test_item_after_delivered_final_is_counted),
+        cmocka_unit_test(test_two_finals),
+        cmocka_unit_test(test_final_resent),
+        cmocka_unit_test(test_final_with_gap_before_it),
+        cmocka_unit_test(test_held_item_beyond_later_final),
+        cmocka_unit_test(test_linger),
+        cmocka_unit_test(test_linger_catches_late_item),
+        cmocka_unit_test(test_credit_granted_on_consumption),
+        cmocka_unit_test(test_flow_violation),
+        cmocka_unit_test(test_flow_violation_held),
+        cmocka_unit_test(test_final_needs_no_credit),
+        cmocka_unit_test(test_window_shrinks),
+        cmocka_unit_test(test_heartbeat_shows_loss),
+        cmocka_unit_test(test_resend_range_clamped),
+        cmocka_unit_test(test_heartbeat_resend_span),
+        cmocka_unit_test(test_inactivity),
+        cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_next_due_with_gap),
+        cmocka_unit_test(test_terminal_decided_once),
+        cmocka_unit_test(test_cancel_drops_queued),
+        cmocka_unit_test(test_nothing_after_terminal_delivered),
+        cmocka_unit_test(test_failed_final),
+        cmocka_unit_test(test_seq_limits),
+        cmocka_unit_test(test_memory_bound),
+        cmocka_unit_test(test_fini_frees_everything),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -41,6 +41,8 @@ swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now)
     rx->window = cfg->window;
     rx->credit_sent = cfg->window;
     rx->granted = cfg->window;
+    rx->grants[0] = cfg->window;
+    rx->ngrants = 1;
     rx->expected = 1;
     /* The reorder window covers what the worker may have sent past a gap. */
     rx->hold_cap = (size_t)cfg->window + 2;
@@ -95,8 +97,9 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
     return 1;
 }
 
-int
-swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
+/* Ends the stream with a synthesized error, adding to act. */
+static int
+rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
 {
     if (!rx_set_terminal(rx, SW_STATUS_ERROR, err, NULL, msg, 0, 0, now))
         return 0;
@@ -104,6 +107,13 @@ swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_
     act->kill = kill;
     act->wake = 1;
     return 1;
+}
+
+int
+swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
+{
+    act_zero(act);
+    return rx_fail(rx, err, msg, kill, now, act);
 }
 
 int
@@ -191,6 +201,15 @@ rx_note_final(swe_rx *rx, const swe_rx_in *in)
     return 0;
 }
 
+static int
+rx_was_granted(const swe_rx *rx, uint64_t limit)
+{
+    for (unsigned i = 0; i < rx->ngrants && i < 4; i++)
+        if (rx->grants[i] == limit)
+            return 1;
+    return 0;
+}
+
 void
 swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
 {
@@ -223,6 +242,14 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             if (rx->gap_since_ms == 0)
                 rx->gap_since_ms = now;
             rx_ask_resend(rx, rx->expected, in->last_seq, now, act);
+        } else if (in->last_seq + 1 == rx->expected && in->last_seq < rx->credit_sent &&
+                   rx_was_granted(rx, in->last_seq)) {
+            /* Nothing missing, and the worker stopped exactly where an
+             * earlier grant ended although we granted more since: a later
+             * grant was lost. */
+            act->credit = 1;
+            act->credit_limit = rx->credit_sent;
+            act->credit_ack = rx->expected - 1;
         }
         return;
     }
@@ -311,7 +338,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
     }
     return;
 fail:
-    (void)swe_rx_fail(rx, fail, fail_msg, 1, now, act);
+    (void)rx_fail(rx, fail, fail_msg, 1, now, act);
 }
 
 int64_t
@@ -341,13 +368,13 @@ swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
     act_zero(act);
     if (rx->term_state == SWE_TERM_NONE) {
         if (rx->cfg.deadline_ms >= 0 && now >= rx->cfg.deadline_ms) {
-            (void)swe_rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now,
+            (void)rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now,
                               act);
         } else if (rx->gap_since_ms != 0 && quiet - rx->gap_since_ms >= rx->cfg.gap_ms) {
-            (void)swe_rx_fail(rx, SW_SEQUENCE_GAP, "a sequence gap was not repaired in time", 1,
+            (void)rx_fail(rx, SW_SEQUENCE_GAP, "a sequence gap was not repaired in time", 1,
                               now, act);
         } else if (quiet - rx->last_rx_ms >= rx->cfg.inactivity_ms) {
-            (void)swe_rx_fail(rx, SW_STREAM_INCOMPLETE,
+            (void)rx_fail(rx, SW_STREAM_INCOMPLETE,
                               "no item or heartbeat within the inactivity timeout", 1, now, act);
         } else if (rx->gap_since_ms != 0 && now - rx->last_resend_ms >= rx->cfg.gap_ms / 4) {
             /* Everything the worker may have sent past the gap: the reorder
@@ -386,6 +413,7 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
         rx->st.items++;
         if (rx->consumed + rx->window / 2 >= rx->credit_sent) {
             rx->credit_sent = rx->consumed + rx->window;
+            rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
             if (rx->credit_sent > rx->granted)
                 rx->granted = rx->credit_sent;
             act->credit = 1;

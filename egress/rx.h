@@ -18,6 +18,9 @@
  *   - items are delivered in sequence order, each once (duplicates are
  *     counted and dropped; out-of-order items wait in a reorder window of
  *     hold_cap slots, and a gap asks for a resend of the missing range);
+ *   - credit is granted as the consumer takes items; a grant can be lost
+ *     (NATS is at most once), so a heartbeat showing the worker stopped
+ *     exactly at an earlier limit, with nothing missing, repeats the grant;
  *   - a data item beyond the credit granted so far ends the stream with
  *     flow_violation (the worker ignores flow control: nothing of it is
  *     queued); finals and heartbeats need no credit;
@@ -112,6 +115,8 @@ typedef struct swe_rx {
     uint64_t consumed;
     uint64_t credit_sent; /* the credit limit the frontend works towards */
     uint64_t granted;     /* the highest limit ever granted: the worker may send up to it */
+    uint64_t grants[4];   /* the last limits granted (the worker stops at one of them) */
+    unsigned ngrants;
     /* consumer queue and terminal */
     swe_q *qh, *qt;
     size_t qlen;
@@ -140,7 +145,7 @@ void swe_rx_fini(swe_rx *rx);
 void swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act);
 
 /* Ends the stream with a synthesized error (err's name is the reason; msg
- * may be NULL). Returns 1 if this decided the terminal. kill: the worker
+ * may be NULL); fills act. Returns 1 if this decided the terminal. kill: the worker
  * should be told to stop. */
 int swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act);
 

@@ -536,6 +536,36 @@ test_final_needs_no_credit(void **state)
     swe_rx_fini(&rx);
 }
 
+/* Found by the simulation (lossy bus): a lost CREDIT left the worker
+ * blocked at the old limit while heartbeats kept the stream alive forever.
+ * A heartbeat showing the worker stopped at the previous limit, nothing
+ * missing, repeats the grant; one that shows it producing does not. */
+static void
+test_lost_credit_repeated(void **state)
+{
+    swe_rx rx;
+    sw_item it;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    for (uint64_t i = 1; i <= W; i++)
+        data(&rx, i, 1);
+    for (int i = 0; i < W; i++)
+        swe_rx_pop(&rx, 2, &it, &a);
+    assert_int_equal(rx.credit_sent, W + W);
+    a = beat(&rx, 3, 250); /* not at a limit: nothing (and 4..8 are not missing: seen) */
+    assert_false(a.credit);
+    a = beat(&rx, W, 300); /* the worker is still at the first limit: grant again */
+    assert_true(a.credit);
+    assert_int_equal(a.credit_limit, 2 * W);
+    assert_int_equal(a.credit_ack, W);
+    assert_false(a.resend);
+    data(&rx, W + 1, 301);
+    a = beat(&rx, W + 1, 600); /* producing again: no repeat */
+    assert_false(a.credit);
+    swe_rx_fini(&rx);
+}
+
 /* The worker's smaller window is adopted: credit goes out by it. */
 static void
 test_window_shrinks(void **state)
@@ -845,6 +875,7 @@ main(void)
         cmocka_unit_test(test_flow_violation_held),
         cmocka_unit_test(test_final_needs_no_credit),
         cmocka_unit_test(test_window_shrinks),
+        cmocka_unit_test(test_lost_credit_repeated),
         cmocka_unit_test(test_heartbeat_shows_loss),
         cmocka_unit_test(test_resend_range_clamped),
         cmocka_unit_test(test_heartbeat_resend_span),

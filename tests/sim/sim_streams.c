@@ -1,0 +1,732 @@
+/* tests/sim/sim_streams.c -- the deterministic simulation of streams
+ * (issue 11): frontends running the real receive state machine
+ * (egress/rx.c) and model workers exchange real encoded wire messages
+ * (proto/codec.c) over the simulated bus (sim.c), which drops, duplicates,
+ * delays, reorders, freezes and kills. Time is simulated; one seed decides
+ * everything, so a failing seed replays exactly.
+ *
+ *   sim_streams [--seed S] [--seeds N] [--messages M] [--profile NAME] [--verbose]
+ *
+ * Profiles: clean (no faults), lossy (drops, duplicates, jitter), chaos
+ * (lossy + killed and frozen workers + cancels), hostile (chaos + workers
+ * that ignore credit, send after their final, send garbage), bigwindow
+ * (lossy with a 2^20 credit window), all (each in turn; the default).
+ *
+ * Checked after every step (an invariant broken aborts with the seed):
+ *   I1 exactly one terminal per stream, and nothing after it;
+ *   I2 the data delivered is an in-order prefix 1..k, each item once, with
+ *      its own content;
+ *   I3 a stream whose worker is healthy (alive, not frozen, not hostile,
+ *      not cancelled) on a bus that loses nothing completes, with every item;
+ *   I4 no stream stays open: at the end every terminal was delivered;
+ *   I5 memory: never more queued than the credit window, nor held than the
+ *      reorder window;
+ *   I6 every control message the frontend sends is one the worker's decoder
+ *      accepts (a RESEND range too wide for it would never repair a gap);
+ *   I7 an item past the worker's final that reached the frontend before the
+ *      terminal was delivered never leaves the stream "completed": it ends
+ *      with item_after_final (or another error), nothing is dropped silently.
+ * Exit status 0 when every seed held every invariant. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "egress/rx.h"
+#include "proto/sw_codec.h"
+#include "tests/sim/sim.h"
+
+enum { K_REQ = 1, K_ITEM, K_CTL, K_BOUNCE };
+
+#define MAX_STREAMS 512
+#define NWORKERS 4
+#define FE_NODE NWORKERS /* the frontend's node index */
+#define TICK_MS 25
+
+typedef struct profile {
+    const char *name;
+    sim_faults f;
+    double p_kill, p_freeze, p_cancel, p_hostile;
+    uint32_t window;
+    int64_t hb_ms;
+} profile;
+
+static const profile profiles[] = {
+    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50},
+    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50},
+    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50},
+    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50},
+    /* rare heartbeats: gaps are repaired by the timer's resends */
+    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400},
+};
+
+/* ---------------------------------------------------------------- state */
+
+typedef struct wstream {
+    int used;
+    uint64_t next_seq;     /* next seq to assign */
+    uint64_t credit_limit; /* may send seq <= this */
+    uint64_t acked;
+    int n;                 /* data items the handler produces */
+    int produced;
+    uint64_t final_seq;    /* 0 = not yet */
+    int final_acked;
+    int cancelled, killed;
+    int hostile_credit, hostile_after_final, hostile_garbage;
+    uint8_t **ring; /* encoded wrappers by seq (1..n+2) */
+    size_t *ring_len;
+    size_t ring_cap;
+} wstream;
+
+typedef struct fstream {
+    int used;
+    uint8_t id[16];
+    int worker;
+    swe_rx rx;
+    int n;            /* what the worker will produce */
+    uint64_t last;    /* last data seq delivered */
+    int terminal;     /* delivered */
+    sw_terminal term;
+    int faulty;       /* its worker was killed, frozen, hostile; or it was cancelled */
+    int after_final_rx; /* an item past the final reached the frontend before the terminal */
+    int done_pops;
+    wstream w[NWORKERS]; /* the worker side, on worker `worker` only */
+} fstream;
+
+typedef struct world {
+    sim *s;
+    const profile *p;
+    uint64_t seed;
+    int verbose;
+    fstream st[MAX_STREAMS];
+    int nstreams;
+    int wnode[NWORKERS];
+    int fnode;
+    uint64_t messages;
+    uint64_t completed, errors_by[256], cancelled_terms, after_final_seen;
+    int failed;
+} world;
+
+/* What a bus node points to: its world and its node index. */
+typedef struct node_box {
+    world *wd;
+    int index;
+} node_box;
+
+#define FAIL(wd, ...)                                                                              \
+    do {                                                                                           \
+        fprintf(stderr, "sim_streams: seed 0x%llx profile %s t=%lld: ",                            \
+                (unsigned long long)(wd)->seed, (wd)->p->name, (long long)sim_now((wd)->s));       \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fprintf(stderr, "\n");                                                                     \
+        abort();                                                                                   \
+    } while (0)
+
+static fstream *
+find_stream(world *wd, const uint8_t *id)
+{
+    for (int i = 0; i < wd->nstreams; i++)
+        if (memcmp(wd->st[i].id, id, 16) == 0)
+            return &wd->st[i];
+    return NULL;
+}
+
+static void
+payload_of(const uint8_t *id, uint64_t seq, char *out, size_t cap)
+{
+    snprintf(out, cap, "%02x%02x-%llu", id[0], id[1], (unsigned long long)seq);
+}
+
+/* ---------------------------------------------------------------- worker */
+
+static void
+w_store(wstream *w, uint64_t seq, const uint8_t *buf, size_t len)
+{
+    if (seq >= w->ring_cap)
+        return;
+    free(w->ring[seq]);
+    w->ring[seq] = malloc(len);
+    if (w->ring[seq] == NULL)
+        abort();
+    memcpy(w->ring[seq], buf, len);
+    w->ring_len[seq] = len;
+}
+
+static void
+w_publish(world *wd, fstream *f, const swp_item *m, uint64_t keep_seq)
+{
+    uint8_t buf[512];
+    size_t len;
+    if (swp_encode(m, buf, sizeof(buf), &len) != SW_OK)
+        abort();
+    if (keep_seq)
+        w_store(&f->w[f->worker], keep_seq, buf, len);
+    sim_send(wd->s, wd->wnode[f->worker], wd->fnode, K_ITEM, buf, len, 0, 0);
+    wd->messages++;
+}
+
+static void
+w_item(world *wd, fstream *f, uint64_t seq, int final, int status)
+{
+    swp_item m = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    char pl[32];
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = f->id;
+    m.request_id.len = 16;
+    m.seq = seq;
+    if (final) {
+        m.complete_final = 1;
+        t.status = (Streamwire__V1__Status)status;
+        t.finish_reason = (char *)(status == STREAMWIRE__V1__STATUS__STATUS_COMPLETED ? "stop" : "");
+        m.terminal = &t;
+    } else {
+        payload_of(f->id, seq, pl, sizeof(pl));
+        m.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+        m.data.data = (uint8_t *)pl;
+        m.data.len = strlen(pl);
+    }
+    w_publish(wd, f, &m, seq);
+}
+
+/* The handler: produces the next item when credit allows. */
+static void
+ev_produce(sim *s, void *arg, uint64_t idx, uint64_t b)
+{
+    world *wd = arg;
+    fstream *f = &wd->st[idx];
+    wstream *w = &f->w[f->worker];
+    (void)b;
+    if (!sim_alive(s, wd->wnode[f->worker]) || w->cancelled || w->killed || w->final_seq)
+        return;
+    if (sim_frozen(s, wd->wnode[f->worker])) {
+        sim_at(s, 5, ev_produce, wd, idx, 0);
+        return;
+    }
+    if (w->produced < w->n) {
+        if (w->next_seq > w->credit_limit && !w->hostile_credit) {
+            sim_at(s, 2, ev_produce, wd, idx, 0); /* blocked on credit */
+            return;
+        }
+        if (w->hostile_garbage && sim_rng_chance(sim_rand(s), 0.05)) {
+            static const uint8_t junk[] = {0xff, 0x01, 0x02, 0x7f};
+            sim_send(s, wd->wnode[f->worker], wd->fnode, K_ITEM, junk, sizeof(junk), 0, 0);
+        }
+        w_item(wd, f, w->next_seq++, 0, 0);
+        w->produced++;
+        sim_at(s, (int64_t)sim_rng_below(sim_rand(s), 4), ev_produce, wd, idx, 0);
+        return;
+    }
+    w->final_seq = w->next_seq++;
+    w_item(wd, f, w->final_seq, 1, STREAMWIRE__V1__STATUS__STATUS_COMPLETED);
+    if (w->hostile_after_final)
+        w_item(wd, f, w->next_seq++, 0, 0);
+}
+
+/* Heartbeats until the final is acknowledged. */
+static void
+ev_heartbeat(sim *s, void *arg, uint64_t idx, uint64_t b)
+{
+    world *wd = arg;
+    fstream *f = &wd->st[idx];
+    wstream *w = &f->w[f->worker];
+    swp_item m = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
+    (void)b;
+    if (!sim_alive(s, wd->wnode[f->worker]) || w->killed || w->final_acked)
+        return;
+    if (!sim_frozen(s, wd->wnode[f->worker])) {
+        m.version = SW_PROTOCOL_VERSION;
+        m.request_id.data = f->id;
+        m.request_id.len = 16;
+        m.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+        h.last_seq = w->next_seq - 1;
+        m.heartbeat = &h;
+        w_publish(wd, f, &m, 0);
+    }
+    sim_at(s, wd->p->hb_ms, ev_heartbeat, wd, idx, 0);
+}
+
+static void
+worker_on_request(world *wd, int node, const uint8_t *data, size_t len)
+{
+    swp_request *req = NULL;
+    fstream *f;
+    wstream *w;
+    if (swp_decode_request(data, len, 1 << 20, &req) != SW_OK)
+        FAIL(wd, "a request the frontend sent did not decode");
+    f = find_stream(wd, req->request_id.data);
+    if (f == NULL || wd->wnode[f->worker] != node)
+        FAIL(wd, "a request for an unknown stream");
+    w = &f->w[f->worker];
+    if (w->used) { /* a duplicate request: NATS may deliver twice */
+        swp_free(req);
+        return;
+    }
+    w->used = 1;
+    w->next_seq = 1;
+    w->credit_limit = req->credit_window;
+    w->n = f->n;
+    w->ring_cap = (size_t)f->n + 3;
+    w->ring = calloc(w->ring_cap, sizeof(*w->ring));
+    w->ring_len = calloc(w->ring_cap, sizeof(*w->ring_len));
+    if (w->ring == NULL || w->ring_len == NULL)
+        abort();
+    swp_free(req);
+    sim_at(wd->s, 0, ev_produce, wd, (uint64_t)(f - wd->st), 0);
+    sim_at(wd->s, wd->p->hb_ms, ev_heartbeat, wd, (uint64_t)(f - wd->st), 0);
+}
+
+static void
+worker_on_control(world *wd, const uint8_t *data, size_t len)
+{
+    swp_control *c = NULL;
+    fstream *f;
+    wstream *w;
+    /* I6: what the frontend sends, the worker's decoder accepts. */
+    if (swp_decode_control(data, len, 8192, &c) != SW_OK) {
+        Streamwire__V1__Control *raw =
+            streamwire__v1__control__unpack(NULL, len, data);
+        FAIL(wd, "I6: the frontend sent a control the worker's decoder refuses (kind %d, %llu..%llu)",
+             raw ? (int)raw->kind : -1, raw ? (unsigned long long)raw->resend_from : 0,
+             raw ? (unsigned long long)raw->resend_to : 0);
+    }
+    if (c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS) {
+        for (size_t i = 0; i < c->n_final_acks; i++)
+            if ((f = find_stream(wd, c->final_acks[i].data)) != NULL)
+                f->w[f->worker].final_acked = 1;
+        swp_free(c);
+        return;
+    }
+    f = find_stream(wd, c->request_id.data);
+    if (f == NULL || !f->w[f->worker].used) {
+        swp_free(c);
+        return;
+    }
+    w = &f->w[f->worker];
+    switch (c->kind) {
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
+        if (c->credit_limit > w->credit_limit)
+            w->credit_limit = c->credit_limit;
+        if (c->ack_seq > w->acked && c->ack_seq < w->next_seq)
+            w->acked = c->ack_seq;
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
+        for (uint64_t q = c->resend_from; q <= c->resend_to && q < w->next_seq; q++)
+            if (q < w->ring_cap && w->ring[q] != NULL) {
+                sim_send(wd->s, wd->wnode[f->worker], wd->fnode, K_ITEM, w->ring[q],
+                         w->ring_len[q], 0, 0);
+                wd->messages++;
+            }
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
+        if (!w->cancelled && !w->final_seq) {
+            w->cancelled = 1;
+            w->final_seq = w->next_seq++;
+            w_item(wd, f, w->final_seq, 1, STREAMWIRE__V1__STATUS__STATUS_CANCELLED);
+        }
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
+        w->killed = 1;
+        break;
+    default:
+        break;
+    }
+    swp_free(c);
+}
+
+static void
+worker_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
+{
+    node_box *nb = node;
+    (void)s;
+    (void)from;
+    if (kind == K_REQ)
+        worker_on_request(nb->wd, nb->index, data, len);
+    else if (kind == K_CTL)
+        worker_on_control(nb->wd, data, len);
+}
+
+/* ---------------------------------------------------------------- frontend */
+
+static void fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b);
+
+static void
+fe_send_ctl(world *wd, fstream *f, int kind, uint64_t limit, uint64_t ack, uint64_t from,
+            uint64_t to)
+{
+    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+    ProtobufCBinaryData one;
+    uint8_t buf[256];
+    size_t len;
+    m.version = SW_PROTOCOL_VERSION;
+    m.kind = (Streamwire__V1__ControlKind)kind;
+    m.router_id = (char *)"simfe";
+    if (kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS) {
+        one.data = f->id;
+        one.len = 16;
+        m.final_acks = &one;
+        m.n_final_acks = 1;
+    } else {
+        m.request_id.data = f->id;
+        m.request_id.len = 16;
+    }
+    m.credit_limit = limit;
+    m.ack_seq = ack;
+    m.resend_from = from;
+    m.resend_to = to;
+    if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
+        abort();
+    sim_send(wd->s, wd->fnode, wd->wnode[f->worker], K_CTL, buf, len, 0, 0);
+    wd->messages++;
+}
+
+static void
+fe_check_bounds(world *wd, fstream *f)
+{
+    if (f->rx.qlen > f->rx.cfg.window)
+        FAIL(wd, "I5: %zu items queued, window %u", f->rx.qlen, f->rx.cfg.window);
+    if (f->rx.held > f->rx.hold_cap)
+        FAIL(wd, "I5: %zu items held, reorder window %zu", f->rx.held, f->rx.hold_cap);
+}
+
+static void
+fe_apply(world *wd, fstream *f, const swe_rx_act *a)
+{
+    if (a->resend)
+        fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND, 0, 0, a->resend_from,
+                    a->resend_to);
+    if (a->credit)
+        fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, a->credit_limit,
+                    a->credit_ack, 0, 0);
+    if (a->ack_final)
+        fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS, 0, 0, 0, 0);
+    if (a->kill)
+        fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0, 0, 0, 0);
+    if (a->after_final)
+        wd->after_final_seen++;
+    fe_check_bounds(wd, f);
+}
+
+/* The consumer pops what is ready, checking I1 and I2. */
+static void
+fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b)
+{
+    world *wd = arg;
+    fstream *f = &wd->st[idx];
+    sw_item it;
+    swe_rx_act a;
+    int got;
+    (void)b;
+    while ((got = swe_rx_pop(&f->rx, sim_now(s), &it, &a)) != 0) {
+        if (f->terminal)
+            FAIL(wd, "I1: an item after the terminal");
+        if (got == 2) {
+            f->terminal = 1;
+            f->term = it.terminal;
+            if (it.terminal.status == SW_STATUS_COMPLETED)
+                wd->completed++;
+            else if (it.terminal.status == SW_STATUS_CANCELLED)
+                wd->cancelled_terms++;
+            else if (it.terminal.status == SW_STATUS_ERROR)
+                wd->errors_by[it.terminal.error & 0xff]++;
+            break;
+        }
+        {
+            char want[32];
+            payload_of(f->id, it.seq, want, sizeof(want));
+            if (it.seq != f->last + 1)
+                FAIL(wd, "I2: item %llu after %llu", (unsigned long long)it.seq,
+                     (unsigned long long)f->last);
+            if (it.len != strlen(want) || memcmp(it.data, want, it.len) != 0)
+                FAIL(wd, "I2: item %llu has the wrong content", (unsigned long long)it.seq);
+            f->last = it.seq;
+        }
+        fe_apply(wd, f, &a);
+    }
+    if (!f->terminal)
+        sim_at(s, 1 + (int64_t)sim_rng_below(sim_rand(s), 10), fe_pop, wd, idx, 0);
+}
+
+static void
+fe_tick(sim *s, void *arg, uint64_t idx, uint64_t b)
+{
+    world *wd = arg;
+    fstream *f = &wd->st[idx];
+    swe_rx_act a;
+    (void)b;
+    if (f->terminal)
+        return;
+    swe_rx_tick(&f->rx, sim_now(s), sim_now(s), &a);
+    fe_apply(wd, f, &a);
+    sim_at(s, TICK_MS, fe_tick, wd, idx, 0);
+}
+
+static void
+fe_cancel(sim *s, void *arg, uint64_t idx, uint64_t b)
+{
+    world *wd = arg;
+    fstream *f = &wd->st[idx];
+    (void)s;
+    if (swe_rx_cancel(&f->rx, (int)b))
+        fe_send_ctl(wd, f,
+                    b ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
+                      : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
+                    0, 0, 0, 0);
+}
+
+static void
+fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
+{
+    world *wd = ((node_box *)node)->wd;
+    uint8_t id[16];
+    swp_item *w = NULL;
+    fstream *f;
+    swe_rx_act a;
+    (void)from;
+    if (kind != K_ITEM)
+        return;
+    if (swp_decode_item(data, len, 1 << 20, &w) != SW_OK) {
+        /* garbage: the real mux ends the stream it names; here the subject
+         * would name it: take the sender's streams' first open one */
+        for (int i = 0; i < wd->nstreams; i++) {
+            f = &wd->st[i];
+            if (!f->terminal && wd->wnode[f->worker] == from && f->w[f->worker].hostile_garbage) {
+                swe_rx_fail(&f->rx, SW_DECODE_ERROR, NULL, 1, sim_now(s), &a);
+                fe_apply(wd, f, &a);
+                break;
+            }
+        }
+        return;
+    }
+    memcpy(id, w->request_id.data, 16);
+    f = find_stream(wd, id);
+    if (f != NULL) {
+        swe_rx_in in;
+        memset(&in, 0, sizeof(in));
+        in.seq = w->seq;
+        if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT) {
+            in.kind = SWE_IN_HEARTBEAT;
+            in.last_seq = w->heartbeat->last_seq;
+        } else if (w->complete_final) {
+            in.kind = SWE_IN_FINAL;
+            in.status = w->terminal->status == STREAMWIRE__V1__STATUS__STATUS_COMPLETED
+                            ? SW_STATUS_COMPLETED
+                            : SW_STATUS_CANCELLED;
+            in.reason = in.status == SW_STATUS_COMPLETED ? "stop" : "cancelled";
+            in.message = "";
+        } else {
+            in.kind = SWE_IN_DATA;
+            in.data = w->data.data;
+            in.len = w->data.len;
+            if (f->w[f->worker].final_seq != 0 && w->seq > f->w[f->worker].final_seq &&
+                !f->terminal)
+                f->after_final_rx = 1;
+        }
+        swe_rx_on_item(&f->rx, &in, sim_now(s), &a);
+        fe_apply(wd, f, &a);
+    }
+    swp_free(w);
+}
+
+/* ---------------------------------------------------------------- run */
+
+static void
+ev_kill(sim *s, void *arg, uint64_t node, uint64_t b)
+{
+    (void)arg;
+    (void)b;
+    sim_kill(s, (int)node);
+}
+
+static void
+ev_freeze(sim *s, void *arg, uint64_t node, uint64_t ms)
+{
+    (void)arg;
+    sim_freeze(s, (int)node, (int64_t)ms);
+}
+
+static void
+ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
+{
+    world *wd = arg;
+    fstream *f = &wd->st[idx];
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    swe_rx_cfg cfg;
+    uint8_t buf[256];
+    size_t len;
+    (void)b;
+    cfg.window = wd->p->window;
+    cfg.inactivity_ms = 4 * wd->p->hb_ms + 500;
+    cfg.gap_ms = 500;
+    cfg.linger_ms = 0;
+    cfg.deadline_ms = -1;
+    swe_rx_init(&f->rx, &cfg, sim_now(s));
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = f->id;
+    m.request_id.len = 16;
+    m.response_subject = (char *)"sw.rsp.simfe.x";
+    m.router_id = (char *)"simfe";
+    m.credit_window = cfg.window;
+    m.heartbeat_ms = (uint32_t)wd->p->hb_ms;
+    if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
+        abort();
+    /* The request itself is not lost here (a lost request is the
+     * no-responders/inactivity path, covered by the integration tests). */
+    sim_send_reliable(s, wd->fnode, wd->wnode[f->worker], K_REQ, buf, len,
+                      1 + (int64_t)sim_rng_below(sim_rand(s), 3));
+    wd->messages++;
+    sim_at(s, TICK_MS, fe_tick, wd, idx, 0);
+    sim_at(s, 1, fe_pop, wd, idx, 0);
+}
+
+static int
+run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t *msgs)
+{
+    world *wd = calloc(1, sizeof(*wd));
+    node_box boxes[NWORKERS + 1];
+    sim_rng *r;
+    int64_t t = 0;
+    if (wd == NULL)
+        abort();
+    wd->p = p;
+    wd->seed = seed;
+    wd->verbose = verbose;
+    wd->s = sim_new(seed, &p->f);
+    r = sim_rand(wd->s);
+    for (int i = 0; i < NWORKERS; i++) {
+        boxes[i].wd = wd;
+        wd->wnode[i] = sim_node_add(wd->s, &boxes[i], worker_recv);
+        boxes[i].index = wd->wnode[i];
+    }
+    boxes[NWORKERS].wd = wd;
+    boxes[NWORKERS].index = NWORKERS;
+    wd->fnode = sim_node_add(wd->s, &boxes[NWORKERS], fe_recv);
+    /* The workload: streams open over the first seconds, each on a worker. */
+    while (wd->nstreams < MAX_STREAMS && wd->messages < budget) {
+        int batch = 1 + (int)sim_rng_below(r, 32);
+        for (int k = 0; k < batch && wd->nstreams < MAX_STREAMS; k++) {
+            fstream *f = &wd->st[wd->nstreams];
+            wstream *w;
+            for (int j = 0; j < 16; j++)
+                f->id[j] = (uint8_t)sim_rng_next(r);
+            f->used = 1;
+            f->worker = (int)sim_rng_below(r, NWORKERS);
+            f->n = (int)sim_rng_below(r, 120);
+            w = &f->w[f->worker];
+            if (sim_rng_chance(r, p->p_hostile)) {
+                int which = (int)sim_rng_below(r, 3);
+                w->hostile_credit = which == 0;
+                w->hostile_after_final = which == 1;
+                w->hostile_garbage = which == 2;
+                f->faulty = 1;
+            }
+            if (sim_rng_chance(r, p->p_cancel)) {
+                sim_at(wd->s, t + (int64_t)sim_rng_below(r, 200), fe_cancel, wd,
+                       (uint64_t)wd->nstreams, sim_rng_below(r, 2));
+                f->faulty = 1;
+            }
+            sim_at(wd->s, t, ev_open, wd, (uint64_t)wd->nstreams, 0);
+            wd->nstreams++;
+        }
+        if (sim_rng_chance(r, p->p_kill / 8)) {
+            int node = (int)sim_rng_below(r, NWORKERS);
+            sim_at(wd->s, t + (int64_t)sim_rng_below(r, 100), ev_kill, wd, (uint64_t)wd->wnode[node],
+                   0);
+            for (int i = 0; i < wd->nstreams; i++)
+                if (wd->st[i].worker == node)
+                    wd->st[i].faulty = 1;
+        }
+        if (sim_rng_chance(r, p->p_freeze / 8)) {
+            int node = (int)sim_rng_below(r, NWORKERS);
+            sim_at(wd->s, t + (int64_t)sim_rng_below(r, 100), ev_freeze, wd,
+                   (uint64_t)wd->wnode[node], 100 + sim_rng_below(r, 1500));
+            for (int i = 0; i < wd->nstreams; i++)
+                if (wd->st[i].worker == node)
+                    wd->st[i].faulty = 1;
+        }
+        t += 20 + (int64_t)sim_rng_below(r, 80);
+        sim_run(wd->s, t);
+    }
+    /* Let everything finish: no stream may stay open (I4). */
+    sim_run(wd->s, t + 20000);
+    for (int i = 0; i < wd->nstreams; i++) {
+        fstream *f = &wd->st[i];
+        if (!f->terminal)
+            FAIL(wd, "I4: stream %d never ended (%llu items delivered)", i,
+                 (unsigned long long)f->last);
+        if (f->after_final_rx && f->term.status == SW_STATUS_COMPLETED)
+            FAIL(wd, "I7: stream %d completed although an item past its final arrived", i);
+        /* I3: healthy worker, lossless bus: complete with every item. */
+        if (!f->faulty && p->f.drop == 0 &&
+            (f->term.status != SW_STATUS_COMPLETED || f->last != (uint64_t)f->n))
+            FAIL(wd, "I3: healthy stream %d ended %s/%s with %llu of %d items", i,
+                 sw_status_name(f->term.status), f->term.reason, (unsigned long long)f->last,
+                 f->n);
+    }
+    if (verbose)
+        printf("  seed 0x%llx %-9s streams %d messages %llu: completed %llu cancelled %llu "
+               "gap %llu incomplete %llu after_final %llu flow %llu decode %llu\n",
+               (unsigned long long)seed, p->name, wd->nstreams, (unsigned long long)wd->messages,
+               (unsigned long long)wd->completed, (unsigned long long)wd->cancelled_terms,
+               (unsigned long long)wd->errors_by[SW_SEQUENCE_GAP],
+               (unsigned long long)wd->errors_by[SW_STREAM_INCOMPLETE],
+               (unsigned long long)wd->errors_by[SW_ITEM_AFTER_FINAL],
+               (unsigned long long)wd->errors_by[SW_FLOW_VIOLATION & 0xff],
+               (unsigned long long)wd->errors_by[SW_DECODE_ERROR]);
+    *msgs = wd->messages;
+    for (int i = 0; i < wd->nstreams; i++) {
+        wstream *w = &wd->st[i].w[wd->st[i].worker];
+        swe_rx_fini(&wd->st[i].rx);
+        for (size_t q = 0; q < w->ring_cap; q++)
+            free(w->ring[q]);
+        free(w->ring);
+        free(w->ring_len);
+    }
+    sim_free(wd->s);
+    free(wd);
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    uint64_t seed = 1, nseeds = 20, budget = 20000, total = 0;
+    const char *pname = "all";
+    int verbose = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--seeds") && i + 1 < argc)
+            nseeds = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--messages") && i + 1 < argc)
+            budget = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--profile") && i + 1 < argc)
+            pname = argv[++i];
+        else if (!strcmp(argv[i], "--verbose"))
+            verbose = 1;
+        else {
+            fprintf(stderr,
+                    "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
+                    "[--profile clean|lossy|chaos|hostile|bigwindow|all] [--verbose]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    for (size_t k = 0; k < sizeof(profiles) / sizeof(profiles[0]); k++) {
+        uint64_t pm = 0;
+        if (strcmp(pname, "all") != 0 && strcmp(pname, profiles[k].name) != 0)
+            continue;
+        for (uint64_t n = 0; n < nseeds; n++) {
+            uint64_t m = 0;
+            run_seed(&profiles[k], seed + n, budget, verbose, &m);
+            pm += m;
+        }
+        printf("sim_streams: profile %-9s seeds 0x%llx..+%llu: %llu messages, every invariant "
+               "held\n",
+               profiles[k].name, (unsigned long long)seed, (unsigned long long)nseeds,
+               (unsigned long long)pm);
+        total += pm;
+    }
+    printf("sim_streams: %llu simulated messages in all: ok\n", (unsigned long long)total);
+    return total > 0 ? 0 : 1;
+}

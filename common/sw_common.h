@@ -70,6 +70,9 @@ typedef struct swi_idmap {
     size_t live;
 } swi_idmap;
 int swi_idmap_init(swi_idmap *m, size_t initial);
+/* The map's hash: SipHash with a random per-process key (libsodium's
+ * crypto_shorthash), because peers choose request ids. */
+size_t swi_idmap_hash(const uint8_t *key);
 void swi_idmap_fini(swi_idmap *m);
 void *swi_idmap_get(const swi_idmap *m, const uint8_t *key);
 int swi_idmap_put(swi_idmap *m, const uint8_t *key, void *val); /* 0 ok, -1 nomem */

@@ -40,11 +40,16 @@ swi_unix_ms(void)
 
 static pthread_once_t swi_once = PTHREAD_ONCE_INIT;
 static int swi_sodium_ok;
+/* The key of the request-id hash (per process, random): peers choose the
+ * ids, so an unkeyed hash would let them build collision chains. */
+static unsigned char swi_hash_key[crypto_shorthash_KEYBYTES];
 
 static void
 swi_init_once(void)
 {
     swi_sodium_ok = sodium_init() >= 0;
+    if (swi_sodium_ok)
+        crypto_shorthash_keygen(swi_hash_key);
 }
 
 sw_err
@@ -138,19 +143,22 @@ swi_valid_code(const char *code)
 static char swi_tomb_marker;
 #define SWI_IDMAP_TOMB ((void *)&swi_tomb_marker)
 
-static size_t
+size_t
 swi_idmap_hash(const uint8_t *key)
 {
-    /* Request ids are random: the first 8 bytes are a good hash already. */
+    /* SipHash-2-4 with a per-process random key: ids come from peers. */
+    unsigned char out[crypto_shorthash_BYTES];
     uint64_t h;
-    memcpy(&h, key, sizeof(h));
-    return (size_t)(h ^ (h >> 29));
+    crypto_shorthash(out, key, SW_REQUEST_ID_BYTES, swi_hash_key);
+    memcpy(&h, out, sizeof(h));
+    return (size_t)h;
 }
 
 int
 swi_idmap_init(swi_idmap *m, size_t initial)
 {
     size_t cap = 16;
+    (void)swi_init(); /* the hash key */
     while (cap < initial * 2)
         cap <<= 1;
     m->slots = calloc(cap, sizeof(*m->slots));

@@ -126,7 +126,12 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     *out = NULL;
     if (o->router_id != NULL && sw_validate_token(o->router_id) != SW_OK)
         return SW_EINVAL;
-    if (o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+    if (o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS ||
+        o->heartbeat_ms < 0 || o->inactivity_ms < 0 || o->gap_timeout_ms < 0 ||
+        o->final_linger_ms < 0 || o->probe_interval_ms < 0 || o->probe_timeout_ms < 0 ||
+        o->quarantine_ms < 0 || o->inactivity_ms > INT32_MAX || o->gap_timeout_ms > INT32_MAX ||
+        o->final_linger_ms > INT32_MAX || o->probe_interval_ms > INT32_MAX ||
+        o->probe_timeout_ms > INT32_MAX || o->quarantine_ms > INT32_MAX)
         return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;

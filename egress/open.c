@@ -87,7 +87,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     *out = NULL;
     if (sw_validate_endpoint(o->endpoint) != SW_OK ||
         (o->instance_id != NULL && sw_validate_token(o->instance_id) != SW_OK) ||
-        o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+        o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS ||
+        o->heartbeat_ms < 0 || o->deadline_ms < 0 || o->deadline_ms > UINT32_MAX)
         return SW_EINVAL;
     if ((s = calloc(1, sizeof(*s))) == NULL)
         return SW_ENOMEM;
@@ -139,8 +140,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.payload.data = (uint8_t *)payload;
     m.payload.len = len;
     m.credit_window = cfg.window;
-    m.heartbeat_ms = o->heartbeat_ms ? o->heartbeat_ms : r->hb_ms;
-    m.deadline_ms = o->deadline_ms;
+    m.heartbeat_ms = o->heartbeat_ms ? (uint32_t)o->heartbeat_ms : r->hb_ms;
+    m.deadline_ms = (uint32_t)o->deadline_ms;
     m.endpoint = (char *)o->endpoint;
     m.max_tokens = o->max_tokens;
 

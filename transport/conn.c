@@ -143,6 +143,9 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     if (out == NULL || o == NULL)
         return SW_EINVAL;
     *out = NULL;
+    if (o->connect_timeout_ms < 0 || o->connect_timeout_ms > INT32_MAX ||
+        o->reconnect_wait_ms < 0 || o->reconnect_wait_ms > INT32_MAX || o->max_reconnect < -1)
+        return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;
     if ((c = calloc(1, sizeof(*c))) == NULL)

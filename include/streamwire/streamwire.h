@@ -82,6 +82,11 @@ SW_API sw_err sw_validate_endpoint(const char *endpoint);
 /* ------------------------------------------------------------------------ */
 /* Connection (transport)                                                    */
 
+/* Every duration in an options struct has this one type, with its unit in
+ * the field's name (_ms, or _us for coalesce_us). 0 selects the stated
+ * default; a negative value is SW_EINVAL unless stated otherwise. */
+typedef int64_t sw_duration;
+
 typedef struct sw_conn sw_conn;
 
 /* The state of a connection. */
@@ -101,9 +106,9 @@ typedef void (*sw_conn_state_fn)(sw_conn *conn, sw_conn_state state, void *arg);
 typedef struct sw_conn_opts {
     const char *url;            /* default "nats://127.0.0.1:4222"; comma list allowed */
     const char *name;           /* connection name shown by the server; default "streamwire" */
-    int connect_timeout_ms;     /* default 2000 */
+    sw_duration connect_timeout_ms; /* default 2000 */
     int max_reconnect;          /* default 60; -1 = forever */
-    int reconnect_wait_ms;      /* default 250 */
+    sw_duration reconnect_wait_ms;  /* default 250 */
     int no_send_asap;           /* 0 (default): flush every publish at once (lowest latency) */
     const char *user;           /* optional credentials */
     const char *password;
@@ -181,13 +186,13 @@ typedef struct sw_ingress_opts {
                                    A request beyond it gets an "overloaded" terminal. */
     unsigned handler_threads;   /* default 4 */
     size_t max_request_bytes;   /* default: the server's max payload */
-    unsigned send_timeout_ms;   /* how long send() waits for credit; default 30000 */
+    sw_duration send_timeout_ms; /* how long send() waits for credit; default 30000 */
     unsigned max_window;        /* cap on a request's credit window; default 1024 */
-    unsigned frontend_probe_ms; /* how often the frontends of live streams are probed; default 250 */
-    unsigned frontend_timeout_ms; /* a probe unanswered this long is a miss; two misses in a row,
+    sw_duration frontend_probe_ms; /* how often the frontends of live streams are probed; default 250 */
+    sw_duration frontend_timeout_ms; /* a probe unanswered this long is a miss; two misses in a row,
                                      or a no-responders answer, cancel that frontend's streams;
                                      default 1000 */
-    int coalesce_us;            /* coalescing (docs/PROTOCOL.md): a stream that published less
+    sw_duration coalesce_us;    /* coalescing (docs/PROTOCOL.md): a stream that published less
                                    than this many microseconds ago hands its items to the
                                    sender thread, which puts what queues meanwhile in one
                                    message. 0 = default (200); SW_COALESCE_OFF = every item in
@@ -359,22 +364,22 @@ typedef struct sw_router_opts {
     unsigned credit_window;       /* items in flight per stream; default 256. Bounds the frontend's
                                      memory per stream (window x item size). A worker may grant
                                      less (its max_window); the router then adopts that. */
-    unsigned heartbeat_ms;        /* asked of workers; default 250 */
-    unsigned inactivity_ms;       /* silence (incl. heartbeats) that ends a stream with
+    sw_duration heartbeat_ms;     /* asked of workers; default 250 */
+    sw_duration inactivity_ms;    /* silence (incl. heartbeats) that ends a stream with
                                      stream_incomplete; default 4 * heartbeat_ms + 500 */
-    unsigned gap_timeout_ms;      /* how long a sequence gap may stay open; default 500 */
-    unsigned final_linger_ms;     /* hold the terminal this long after the final to catch
+    sw_duration gap_timeout_ms;   /* how long a sequence gap may stay open; default 500 */
+    sw_duration final_linger_ms;  /* hold the terminal this long after the final to catch
                                      items sent after it (item_after_final); default 0 */
     unsigned max_streams;         /* open streams; default 65536 */
     sw_registry *registry;        /* optional. Enables routing by endpoint (requests with no
                                      instance_id) and shares dead-instance reports with every
                                      other router. Must outlive the router. */
     sw_policy policy;             /* default round robin */
-    unsigned probe_interval_ms;   /* instances with open streams are probed this often; a dead
+    sw_duration probe_interval_ms; /* instances with open streams are probed this often; a dead
                                      one answers "no responders" at once; default 100 */
-    unsigned probe_timeout_ms;    /* an unanswered probe is a miss; default 300 */
+    sw_duration probe_timeout_ms; /* an unanswered probe is a miss; default 300 */
     unsigned probe_misses;        /* misses in a row that make a frozen instance dead; default 2 */
-    unsigned quarantine_ms;       /* local quarantine of a dead instance, doubling on repeats up
+    sw_duration quarantine_ms;    /* local quarantine of a dead instance, doubling on repeats up
                                      to 30 s, lifted early when it registers again; default 1000 */
     sw_log_fn log;
     void *log_arg;
@@ -400,10 +405,10 @@ typedef struct sw_request_opts {
     const char *instance_id;   /* direct routing to this instance; NULL = pick one through the
                                   router's registry by policy (no live instance: the stream's
                                   only item is the terminal error no_instances) */
-    uint32_t deadline_ms;      /* 0 = none */
+    sw_duration deadline_ms;   /* 0 = none */
     uint32_t max_tokens;       /* hint passed to the engine; 0 = unset */
     unsigned credit_window;    /* 0 = router default */
-    unsigned heartbeat_ms;     /* 0 = router default */
+    sw_duration heartbeat_ms;  /* 0 = router default */
     sw_item_fn on_item;        /* NULL = blocking mode (sw_stream_next) */
     void *on_item_arg;
 } sw_request_opts;

@@ -582,6 +582,54 @@ huge_credit_does_not_break_send(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* ------------------------------------------------ durations (issue 10) */
+
+/* Every duration is an sw_duration; a negative one is SW_EINVAL, and so is
+ * one the wire cannot carry. */
+static void
+negative_durations_are_invalid(void **state)
+{
+    sw_conn_opts co;
+    sw_router_opts ro;
+    sw_request_opts q;
+    sw_conn *c = NULL;
+    sw_router *r = NULL;
+    sw_stream *s = NULL;
+    (void)state;
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    co.connect_timeout_ms = -1;
+    assert_int_equal(sw_conn_open(&c, &co), SW_EINVAL);
+    assert_null(c);
+    co.connect_timeout_ms = 0;
+    co.reconnect_wait_ms = -5;
+    assert_int_equal(sw_conn_open(&c, &co), SW_EINVAL);
+    co.reconnect_wait_ms = 0;
+    co.max_reconnect = -2;
+    assert_int_equal(sw_conn_open(&c, &co), SW_EINVAL);
+    c = conn_open();
+    sw_router_opts_init(&ro);
+    ro.gap_timeout_ms = -1;
+    assert_int_equal(sw_router_create(&r, c, &ro), SW_EINVAL);
+    sw_router_opts_init(&ro);
+    ro.probe_timeout_ms = (sw_duration)INT32_MAX + 1;
+    assert_int_equal(sw_router_create(&r, c, &ro), SW_EINVAL);
+    assert_null(r);
+    r = router_new(c, 16);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.deadline_ms = -1;
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_EINVAL);
+    q.deadline_ms = (sw_duration)UINT32_MAX + 1;
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_EINVAL);
+    q.deadline_ms = 0;
+    q.heartbeat_ms = -250;
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_EINVAL);
+    assert_null(s);
+    sw_router_destroy(r);
+    sw_conn_close(c);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static int
@@ -610,6 +658,7 @@ main(void)
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(foreign_response_subject_is_refused),
         cmocka_unit_test(huge_credit_does_not_break_send),
+        cmocka_unit_test(negative_durations_are_invalid),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -550,23 +550,41 @@ sw_registry_lease_ms(const sw_registry *reg)
     return reg ? reg->lease_ms : 0;
 }
 
+/* Copies src into dst[cap]; 0 if it does not fit. */
+static int
+copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        return 0;
+    memcpy(dst, src, n + 1);
+    return 1;
+}
+
 sw_err
-sw_registry_register(sw_registry *reg, sw_ingress *ing)
+sw_registry_register(sw_registry *reg, const sw_registration *r)
 {
     reg_own o;
     uint8_t *buf = NULL;
     size_t len = 0;
     uint64_t rev = 0;
     sw_err rv;
+    int n;
 
-    if (reg == NULL || ing == NULL)
+    if (reg == NULL || r == NULL || sw_validate_token(r->instance_id) != SW_OK ||
+        sw_validate_endpoint(r->endpoint) != SW_OK || !swp_valid_subject(r->request_subject) ||
+        !swp_valid_subject(r->control_subject))
         return SW_EINVAL;
+    /* Copied: the caller may free *r when this returns. */
     memset(&o, 0, sizeof(o));
-    snprintf(o.instance, sizeof(o.instance), "%s", sw_ingress_instance_id(ing));
-    snprintf(o.endpoint, sizeof(o.endpoint), "%s", sw_ingress_endpoint(ing));
-    snprintf(o.req_subj, sizeof(o.req_subj), "%s", sw_ingress_request_subject(ing));
-    snprintf(o.ctl_subj, sizeof(o.ctl_subj), "%s", sw_ingress_control_subject(ing));
-    snprintf(o.key, sizeof(o.key), "%s.%s", o.endpoint, o.instance);
+    if (!copy_str(o.instance, sizeof(o.instance), r->instance_id) ||
+        !copy_str(o.endpoint, sizeof(o.endpoint), r->endpoint) ||
+        !copy_str(o.req_subj, sizeof(o.req_subj), r->request_subject) ||
+        !copy_str(o.ctl_subj, sizeof(o.ctl_subj), r->control_subject))
+        return SW_EINVAL;
+    n = snprintf(o.key, sizeof(o.key), "%s.%s", o.endpoint, o.instance);
+    if (n < 0 || (size_t)n >= sizeof(o.key))
+        return SW_EINVAL;
     o.started_unix_ms = swi_unix_ms();
 
     pthread_mutex_lock(&reg->wmu);

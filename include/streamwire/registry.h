@@ -5,7 +5,8 @@
  * Backends are a const table of operations (sw_registry_backend), selected by
  * name: "nats-kv" (JetStream KV, the default; needs nats-server -js) and
  * "memory" (in-process, for unit tests). Every backend passes the same
- * conformance suite (tests/unit/test_registry.c).
+ * conformance suite (tests/registry_conformance.c: the memory backend in the
+ * unit test test_registry_mem, JetStream KV in tests/integration/test_registry).
  *
  * Liveness without per-key TTL (nats-server 2.9): a worker rewrites its entry
  * every refresh_ms (default lease_ms / 3). A router counts an entry live while
@@ -133,12 +134,28 @@ SW_API SW_NODISCARD sw_err sw_registry_open(sw_registry **out, sw_conn *conn,
  * watching, frees. NULL ok. */
 SW_API void sw_registry_close(sw_registry *reg);
 
-/* Worker side: registers the ingress's instance and keeps its lease alive
+/* What a worker registers: one instance serving one endpoint. The registry
+ * does not need an sw_ingress; sw_ingress_registration fills this from one. */
+typedef struct sw_registration {
+    const char *instance_id;     /* required; an sw_validate_token name */
+    const char *endpoint;        /* required; ns.component.endpoint (sw_validate_endpoint) */
+    const char *request_subject; /* required; a NATS subject without wildcards */
+    const char *control_subject; /* required; a NATS subject without wildcards */
+} sw_registration;
+
+/* Fills *out from the ingress's public getters. The strings belong to the
+ * ingress: valid while it lives (until sw_ingress_destroy).
+ * Errors: SW_EINVAL (ing or out NULL). */
+SW_API sw_err sw_ingress_registration(const sw_ingress *ing, sw_registration *out);
+
+/* Worker side: registers the described instance and keeps its lease alive
  * from a registry thread until deregistered. If the entry is found
  * tombstoned or deleted while the worker lives, it registers again.
- * Errors: SW_EINVAL, SW_EEXIST (already registered via this handle),
- * backend errors. */
-SW_API sw_err sw_registry_register(sw_registry *reg, sw_ingress *ing);
+ * Every field of *r is validated and copied: the caller may free or reuse
+ * *r and its strings as soon as the call returns.
+ * Errors: SW_EINVAL (reg or r NULL, a field NULL or invalid), SW_EEXIST
+ * (already registered via this handle), SW_ENOMEM, backend errors. */
+SW_API sw_err sw_registry_register(sw_registry *reg, const sw_registration *r);
 
 /* Marks the entry draining (routers stop picking it) without removing it. */
 SW_API sw_err sw_registry_set_draining(sw_registry *reg, const char *instance_id);

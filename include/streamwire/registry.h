@@ -5,8 +5,9 @@
  * Backends are a const table of operations (sw_registry_backend), selected by
  * name: "nats-kv" (JetStream KV, the default; needs nats-server -js) and
  * "memory" (in-process, for unit tests). Every backend passes the same
- * conformance suite (tests/registry_conformance.c: the memory backend in the
- * unit test test_registry_mem, JetStream KV in tests/integration/test_registry).
+ * conformance suite (tests/integration/test_registry.c, built on the memory
+ * backend as the unit test test_registry_mem and on JetStream KV as the
+ * integration test test_registry).
  *
  * Liveness without per-key TTL (nats-server 2.9): a worker rewrites its entry
  * every refresh_ms (default lease_ms / 3). A router counts an entry live while

@@ -1,11 +1,16 @@
 /* tests/integration/test_registry.c -- the registry conformance suite
- * (issue 4): every test is written once and runs against BOTH backends,
+ * (issue 4): every test is written once and runs against both backends,
  * "memory" and "nats-kv", like nng's NUTS_DECLARE_TRAN_TESTS. The backend's
  * name is the cmocka prestate; the per-test setup builds a fixture for it.
  *
- * One nats-server (JetStream on) is started by the harness for the whole
- * file: the KV backend needs it, and sw_registry_register needs an
- * sw_ingress, which needs a connection, for both backends.
+ * This one source builds two binaries:
+ *   tests/integration/test_registry  the suite on "nats-kv"; the harness
+ *       starts one nats-server (JetStream on) for the whole file, and each
+ *       worker is a real sw_ingress registered via sw_ingress_registration.
+ *   tests/unit/test_registry_mem     compiled with SW_REGISTRY_MEMORY_ONLY:
+ *       the suite on "memory", with no nats-server and no connection at all
+ *       (a worker is a bare sw_registration), plus the lock-contract tests
+ *       (no log or watch callback runs with a registry or pool lock held).
  *
  * Each test uses its own bucket ("itreg_<test>_<random>"): the memory
  * backend's buckets are process-global by name, and KV buckets outlive a
@@ -39,8 +44,18 @@
 
 #include "harness.h"
 #include "proto/sw_codec.h"
+#include "router/sw_pool.h"
+#include "transport/sw_transport.h"
 
+#ifdef SW_REGISTRY_MEMORY_ONLY
+#define SUITE_BACKEND "memory"
+#else
+#define SUITE_BACKEND "nats-kv"
+#endif
+
+#ifndef SW_REGISTRY_MEMORY_ONLY
 static swh_nats g_nats;
+#endif
 static int g_slow = 1;
 static int g_verbose;
 
@@ -244,7 +259,9 @@ typedef struct fx {
     char sfx[9];
     sw_conn *conn;
     sw_registry *reg[MAXREG];
-    sw_ingress *ing[MAXING];
+    sw_ingress *ing[MAXING];          /* nats-kv only: the workers' ingresses */
+    sw_registration rg[MAXING];       /* what slot i registers */
+    char subj[MAXING][2][SWP_MAX_SUBJECT + 1];
     char ids[MAXING][SW_MAX_TOKEN + 1];
     evlog log[NLOG];
     void *raw_state[2];
@@ -264,7 +281,9 @@ conn_retire(sw_conn *c)
 {
     if (c == NULL)
         return;
+#ifndef SW_REGISTRY_MEMORY_ONLY
     natsConnection_Close((natsConnection *)sw_conn_nats(c));
+#endif
     if (g_ngrave < MAX_GRAVE)
         g_grave[g_ngrave++] = c;
     else
@@ -282,6 +301,10 @@ setup(void **state)
     snprintf(f->bucket, sizeof(f->bucket), "itreg_%s", f->sfx);
     for (int i = 0; i < NLOG; i++)
         evlog_init(&f->log[i]);
+#ifdef SW_REGISTRY_MEMORY_ONLY
+    /* No server, no connection: the memory backend needs neither. */
+    f->conn = NULL;
+#else
     {
         sw_conn_opts o;
         sw_conn_opts_init(&o);
@@ -292,6 +315,7 @@ setup(void **state)
             return -1;
         }
     }
+#endif
     *state = f;
     return 0;
 }
@@ -333,10 +357,31 @@ noop_handler(sw_responder *r, void *arg)
     (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
 }
 
-/* Starts ingress slot i serving endpoint. */
-static sw_ingress *
-fx_ingress(fx *f, int i, const char *endpoint)
+/* A registration of instance id serving endpoint, its subjects formatted
+ * into subj[2] (as an ingress would). */
+static void
+rg_fill(sw_registration *rg, char subj[2][SWP_MAX_SUBJECT + 1], const char *id,
+        const char *endpoint)
 {
+    assert_int_equal(swt_subject_request(subj[0], SWP_MAX_SUBJECT + 1, endpoint, id), SW_OK);
+    assert_int_equal(swt_subject_control(subj[1], SWP_MAX_SUBJECT + 1, id), SW_OK);
+    rg->instance_id = id;
+    rg->endpoint = endpoint;
+    rg->request_subject = subj[0];
+    rg->control_subject = subj[1];
+}
+
+/* Worker slot i serving endpoint: what it registers. On nats-kv a real
+ * ingress runs and the registration comes from sw_ingress_registration; on
+ * the memory-only build there is no connection, so it is a bare
+ * description with the same subjects. */
+static const sw_registration *
+fx_worker(fx *f, int i, const char *endpoint)
+{
+#ifdef SW_REGISTRY_MEMORY_ONLY
+    rg_fill(&f->rg[i], f->subj[i], fx_id(f, i), endpoint);
+    (void)noop_handler;
+#else
     sw_ingress_opts o;
     sw_ingress_opts_init(&o);
     o.endpoint = endpoint;
@@ -345,7 +390,15 @@ fx_ingress(fx *f, int i, const char *endpoint)
     o.handler_threads = 1;
     assert_null(f->ing[i]);
     assert_int_equal(sw_ingress_start(&f->ing[i], f->conn, &o), SW_OK);
-    return f->ing[i];
+    assert_int_equal(sw_ingress_registration(f->ing[i], &f->rg[i]), SW_OK);
+    assert_string_equal(f->rg[i].instance_id, sw_ingress_instance_id(f->ing[i]));
+    assert_string_equal(f->rg[i].endpoint, sw_ingress_endpoint(f->ing[i]));
+    assert_string_equal(f->rg[i].request_subject, sw_ingress_request_subject(f->ing[i]));
+    assert_string_equal(f->rg[i].control_subject, sw_ingress_control_subject(f->ing[i]));
+    assert_int_equal(sw_ingress_registration(NULL, &f->rg[i]), SW_EINVAL);
+    assert_int_equal(sw_ingress_registration(f->ing[i], NULL), SW_EINVAL);
+#endif
+    return &f->rg[i];
 }
 
 /* Opens registry slot i on the fixture's backend and bucket. */
@@ -467,20 +520,38 @@ static void
 register_then_list(void **state)
 {
     fx *f = *state;
-    sw_ingress *ing = fx_ingress(f, 0, EP1);
+    const sw_registration *ing = fx_worker(f, 0, EP1);
     sw_registry *reg = fx_reg(f, 0, 0, 0);
     sw_instance in;
     int64_t before = unix_ms();
 
     assert_int_equal(sw_registry_lease_ms(reg), 3000); /* the default */
-    assert_int_equal(sw_registry_register(reg, ing), SW_OK);
+    {
+        /* The registration is copied: a caller's temporary copy of it,
+         * scribbled over after the call, changes nothing. */
+        char id[SW_MAX_TOKEN + 1], ep[SW_MAX_ENDPOINT + 1];
+        char subj[2][SWP_MAX_SUBJECT + 1];
+        sw_registration tmp;
+        snprintf(id, sizeof(id), "%s", ing->instance_id);
+        snprintf(ep, sizeof(ep), "%s", ing->endpoint);
+        snprintf(subj[0], sizeof(subj[0]), "%s", ing->request_subject);
+        snprintf(subj[1], sizeof(subj[1]), "%s", ing->control_subject);
+        tmp.instance_id = id;
+        tmp.endpoint = ep;
+        tmp.request_subject = subj[0];
+        tmp.control_subject = subj[1];
+        assert_int_equal(sw_registry_register(reg, &tmp), SW_OK);
+        memset(id, 'x', sizeof(id) - 1);
+        memset(ep, 'x', sizeof(ep) - 1);
+        memset(subj, 'x', sizeof(subj) - 1);
+    }
     assert_true(wait_listed(reg, fx_id(f, 0), 1, T(2000)));
     assert_true(listed(reg, EP1, fx_id(f, 0), &in));
-    assert_string_equal(in.instance_id, sw_ingress_instance_id(ing));
+    assert_string_equal(in.instance_id, ing->instance_id);
     assert_string_equal(in.endpoint, EP1);
-    assert_string_equal(in.endpoint, sw_ingress_endpoint(ing));
-    assert_string_equal(in.request_subject, sw_ingress_request_subject(ing));
-    assert_string_equal(in.control_subject, sw_ingress_control_subject(ing));
+    assert_string_equal(in.endpoint, ing->endpoint);
+    assert_string_equal(in.request_subject, ing->request_subject);
+    assert_string_equal(in.control_subject, ing->control_subject);
     assert_true(strlen(in.host) > 0);
     assert_int_equal(in.pid, (uint32_t)getpid());
     assert_int_equal(in.lease_ms, 3000);
@@ -495,7 +566,7 @@ register_then_list(void **state)
         sw_registry *r2 = fx_reg(f, 1, 0, 0);
         assert_true(wait_listed(r2, fx_id(f, 0), 1, T(2000)));
         assert_true(listed(r2, NULL, fx_id(f, 0), &in));
-        assert_string_equal(in.request_subject, sw_ingress_request_subject(ing));
+        assert_string_equal(in.request_subject, ing->request_subject);
         assert_int_equal(in.pid, (uint32_t)getpid());
         inst_free(&in);
     }
@@ -518,9 +589,9 @@ watch_events(void **state)
     int id = 0, i;
     sw_instance in;
 
-    fx_ingress(f, 0, EP1);
-    fx_ingress(f, 1, EP1);
-    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    fx_worker(f, 0, EP1);
+    fx_worker(f, 1, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
     assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
 
     assert_int_equal(sw_registry_watch(rreg, on_event, l, &id), SW_OK);
@@ -531,7 +602,7 @@ watch_events(void **state)
     assert_string_equal(evlog_get(l, i).endpoint, EP1);
     assert_int_equal(evlog_get(l, i).pid, (uint32_t)getpid());
     /* New. */
-    assert_int_equal(sw_registry_register(wreg, f->ing[1]), SW_OK);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[1]), SW_OK);
     assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 1), 0, T(2000)) >= 0);
 
     /* Draining: UPDATED with draining = 1, still listed, flagged. */
@@ -596,8 +667,8 @@ lease_expiry(void **state)
     int i;
 
     assert_int_equal(sw_registry_lease_ms(wreg), 600);
-    fx_ingress(f, 0, EP1);
-    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
     assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
     assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
 
@@ -647,8 +718,8 @@ lease_is_the_entrys_own(void **state)
     evlog *l = &f->log[0];
     sw_instance in;
 
-    fx_ingress(f, 0, EP1);
-    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
     assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
     assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
     assert_true(listed(rreg, NULL, fx_id(f, 0), &in));
@@ -678,8 +749,8 @@ report_dead_guard_and_reregister(void **state)
     int i_rm, i_add;
     int64_t t_report;
 
-    fx_ingress(f, 0, EP1);
-    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
     assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
     assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
 
@@ -777,8 +848,8 @@ report_dead_of_gone_worker(void **state)
         sw_instance in;
         int i;
         uint64_t rev;
-        fx_ingress(f, k, EP1);
-        assert_int_equal(sw_registry_register(wreg, f->ing[k]), SW_OK);
+        fx_worker(f, k, EP1);
+        assert_int_equal(sw_registry_register(wreg, &f->rg[k]), SW_OK);
         assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, k), 0, T(2000)) >= 0);
         assert_true(wait_listed(rreg, fx_id(f, k), 1, T(2000)));
         assert_true(listed(rreg, NULL, fx_id(f, k), &in));
@@ -820,8 +891,8 @@ deleted_entry_reregisters(void **state)
     char key[256];
     int i;
 
-    fx_ingress(f, 0, EP1);
-    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
     assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
     assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
     assert_non_null(be);
@@ -844,21 +915,61 @@ api_errors(void **state)
     sw_instance *v = NULL;
     size_t n = 0;
 
-    fx_ingress(f, 0, EP1);
-    assert_int_equal(sw_registry_register(reg, f->ing[0]), SW_OK);
-    assert_int_equal(sw_registry_register(reg, f->ing[0]), SW_EEXIST);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(reg, &f->rg[0]), SW_OK);
+    assert_int_equal(sw_registry_register(reg, &f->rg[0]), SW_EEXIST);
     assert_int_equal(sw_registry_deregister(reg, "nosuch"), SW_ENOTFOUND);
     assert_int_equal(sw_registry_set_draining(reg, "nosuch"), SW_ENOTFOUND);
     assert_int_equal(sw_registry_report_dead(reg, "nosuch", 0, NULL), SW_ENOTFOUND);
-    assert_int_equal(sw_registry_register(NULL, f->ing[0]), SW_EINVAL);
+    assert_int_equal(sw_registry_register(NULL, &f->rg[0]), SW_EINVAL);
     assert_int_equal(sw_registry_register(reg, NULL), SW_EINVAL);
+    /* Every field of the registration is validated. */
+    {
+        char long_subj[SWP_MAX_SUBJECT + 16];
+        static const char *const bad_ids[] = {NULL, "", "a.b", "a b", "a*", ">"};
+        static const char *const bad_eps[] = {NULL, "", "a.b", "a.b.c.d", "a..c", "a.*.c", "a.b.>"};
+        const char *const bad_subjs[] = {NULL, "", "a..b", ".a", "a.", "a.*", "a.>",
+                                         "a b", long_subj};
+        const sw_registration good = f->rg[0];
+        sw_registration b;
+        memset(long_subj, 'x', sizeof(long_subj) - 1); /* one token, too long */
+        long_subj[sizeof(long_subj) - 1] = '\0';
+        assert_true(strlen(long_subj) >= SWP_MAX_SUBJECT);
+        for (size_t k = 0; k < sizeof(bad_ids) / sizeof(bad_ids[0]); k++) {
+            b = good;
+            b.instance_id = bad_ids[k];
+            if (sw_registry_register(reg, &b) != SW_EINVAL)
+                fail_msg("instance id \"%s\" was accepted", bad_ids[k] ? bad_ids[k] : "(null)");
+        }
+        for (size_t k = 0; k < sizeof(bad_eps) / sizeof(bad_eps[0]); k++) {
+            b = good;
+            b.endpoint = bad_eps[k];
+            if (sw_registry_register(reg, &b) != SW_EINVAL)
+                fail_msg("endpoint \"%s\" was accepted", bad_eps[k] ? bad_eps[k] : "(null)");
+        }
+        for (size_t k = 0; k < sizeof(bad_subjs) / sizeof(bad_subjs[0]); k++) {
+            b = good;
+            b.request_subject = bad_subjs[k];
+            if (sw_registry_register(reg, &b) != SW_EINVAL)
+                fail_msg("request subject \"%s\" was accepted",
+                         bad_subjs[k] ? bad_subjs[k] : "(null)");
+            b = good;
+            b.control_subject = bad_subjs[k];
+            if (sw_registry_register(reg, &b) != SW_EINVAL)
+                fail_msg("control subject \"%s\" was accepted",
+                         bad_subjs[k] ? bad_subjs[k] : "(null)");
+        }
+        /* None of them reached the store. */
+        assert_true(wait_listed(reg, fx_id(f, 0), 1, T(2000)));
+        assert_int_equal(list_count(reg, NULL), 1);
+    }
     assert_int_equal(sw_registry_deregister(reg, NULL), SW_EINVAL);
     assert_int_equal(sw_registry_list(NULL, NULL, &v, &n), SW_EINVAL);
     assert_int_equal(sw_registry_list(reg, NULL, NULL, &n), SW_EINVAL);
     assert_int_equal(sw_registry_deregister(reg, fx_id(f, 0)), SW_OK);
     assert_int_equal(sw_registry_deregister(reg, fx_id(f, 0)), SW_ENOTFOUND);
     /* After deregistering, registering again is allowed. */
-    assert_int_equal(sw_registry_register(reg, f->ing[0]), SW_OK);
+    assert_int_equal(sw_registry_register(reg, &f->rg[0]), SW_OK);
     assert_true(wait_listed(reg, fx_id(f, 0), 1, T(2000)));
     assert_int_equal(sw_registry_deregister(reg, fx_id(f, 0)), SW_OK);
     /* NULL-tolerant calls. */
@@ -876,11 +987,11 @@ list_filters_by_endpoint(void **state)
     fx *f = *state;
     sw_registry *reg = fx_reg(f, 0, 0, 0);
 
-    fx_ingress(f, 0, EP1);
-    fx_ingress(f, 1, EP2);
-    fx_ingress(f, 2, EP1);
+    fx_worker(f, 0, EP1);
+    fx_worker(f, 1, EP2);
+    fx_worker(f, 2, EP1);
     for (int i = 0; i < 3; i++)
-        assert_int_equal(sw_registry_register(reg, f->ing[i]), SW_OK);
+        assert_int_equal(sw_registry_register(reg, &f->rg[i]), SW_OK);
     for (int i = 0; i < 3; i++)
         assert_true(wait_listed(reg, fx_id(f, i), 1, T(2000)));
     assert_int_equal(list_count(reg, NULL), 3);
@@ -1014,8 +1125,8 @@ open_same_new_bucket_concurrently(void **state)
         if (a[i].rv != SW_OK)
             fail_msg("concurrent open %d of a new bucket failed: %s", i, sw_err_name(a[i].rv));
     /* They share it. */
-    fx_ingress(f, 0, EP1);
-    assert_int_equal(sw_registry_register(f->reg[0], f->ing[0]), SW_OK);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(f->reg[0], &f->rg[0]), SW_OK);
     for (int i = 0; i < 4; i++)
         assert_true(wait_listed(f->reg[i], fx_id(f, 0), 1, T(2000)));
 }
@@ -1069,8 +1180,8 @@ garbage_entries_ignored(void **state)
     }
 
     /* A real one still works. */
-    fx_ingress(f, 0, EP1);
-    assert_int_equal(sw_registry_register(reg, f->ing[0]), SW_OK);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(reg, &f->rg[0]), SW_OK);
     assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
     assert_true(wait_listed(reg, fx_id(f, 0), 1, T(2000)));
     swh_sleep_ms(T(100));
@@ -1108,19 +1219,19 @@ unwatch_stops_callbacks(void **state)
     evlog *l0 = &f->log[0], *l1 = &f->log[1];
     int id0 = 0, id1 = 0, calls;
 
-    fx_ingress(f, 0, EP1);
-    fx_ingress(f, 1, EP1);
-    fx_ingress(f, 2, EP1);
+    fx_worker(f, 0, EP1);
+    fx_worker(f, 1, EP1);
+    fx_worker(f, 2, EP1);
     assert_int_equal(sw_registry_watch(rreg, on_event, l0, &id0), SW_OK);
     assert_int_equal(sw_registry_watch(rreg, on_event, l1, &id1), SW_OK);
-    assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
     assert_true(evlog_wait(l0, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
     assert_true(evlog_wait(l1, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
 
     /* Quiet unwatch. */
     sw_registry_unwatch(rreg, id0);
     calls = l0->calls;
-    assert_int_equal(sw_registry_register(wreg, f->ing[1]), SW_OK);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[1]), SW_OK);
     assert_true(evlog_wait(l1, SW_REGISTRY_ADDED, fx_id(f, 1), 0, T(2000)) >= 0);
     assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 1)), SW_OK);
     assert_true(evlog_wait(l1, SW_REGISTRY_REMOVED, fx_id(f, 1), 0, T(2000)) >= 0);
@@ -1134,7 +1245,7 @@ unwatch_stops_callbacks(void **state)
     l1->cb_sleep_ms = 300;
     calls = l1->calls;
     pthread_mutex_unlock(&l1->mu);
-    assert_int_equal(sw_registry_register(wreg, f->ing[2]), SW_OK);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[2]), SW_OK);
     {
         int64_t until = now_ms() + T(2000);
         pthread_mutex_lock(&l1->mu);
@@ -1508,11 +1619,11 @@ deregister_races_refresh(void **state)
 
     lag_setup(f, 40);
     wreg = fx_reg(f, 0, 3000, 1); /* keep-alive as often as it can */
-    fx_ingress(f, 0, EP1);
+    fx_worker(f, 0, EP1);
     snprintf(key, sizeof(key), "%s.%s", EP1, fx_id(f, 0));
     for (int k = 0; k < rounds; k++) {
         key_chk c;
-        assert_int_equal(sw_registry_register(wreg, f->ing[0]), SW_OK);
+        assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
         swh_sleep_ms(10 + 7 * k % 30);
         assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 0)), SW_OK);
         swh_sleep_ms(T(100)); /* > the lag: any refresh in flight has landed */
@@ -1575,15 +1686,10 @@ set_draining_races_refresh(void **state)
     assert_int_equal(g_inner->watch(f->raw_state[0], drain_watch_cb, &d, &f->raw_watch[0]), SW_OK);
     for (int k = 0; k < rounds; k++) {
         char id[SW_MAX_TOKEN + 1];
-        sw_ingress_opts o;
-        sw_ingress *ing = NULL;
+        char subj[2][SWP_MAX_SUBJECT + 1];
+        sw_registration rg;
         snprintf(id, sizeof(id), "d%d-%s", k, f->sfx);
-        sw_ingress_opts_init(&o);
-        o.endpoint = EP1;
-        o.instance_id = id;
-        o.handler = noop_handler;
-        o.handler_threads = 1;
-        assert_int_equal(sw_ingress_start(&ing, f->conn, &o), SW_OK);
+        rg_fill(&rg, subj, id, EP1);
         pthread_mutex_lock(&d.mu);
         snprintf(d.key, sizeof(d.key), "%s.%s", EP1, id);
         d.seen_draining = d.undone = 0;
@@ -1591,7 +1697,7 @@ set_draining_races_refresh(void **state)
         /* A fresh handle each round, so that its keep-alive thread works
          * on this entry only. */
         wreg = fx_reg(f, 0, 3000, 1);
-        assert_int_equal(sw_registry_register(wreg, ing), SW_OK);
+        assert_int_equal(sw_registry_register(wreg, &rg), SW_OK);
         /* The first keep-alive copies the entry about 1 ms after register
          * and lands 40 ms later: set the flag in between. */
         swh_sleep_ms(10 + 5 * (k % 5));
@@ -1602,7 +1708,6 @@ set_draining_races_refresh(void **state)
         undone += d.undone;
         d.key[0] = '\0';
         pthread_mutex_unlock(&d.mu);
-        sw_ingress_destroy(ing);
     }
     g_lag_ms = 0;
     g_inner->unwatch(f->raw_state[0], f->raw_watch[0]);
@@ -1622,10 +1727,12 @@ group_setup(void **state)
     (void)state;
     g_slow = swh_slow();
     g_verbose = getenv("SW_IT_VERBOSE") != NULL;
+#ifndef SW_REGISTRY_MEMORY_ONLY
     if (swh_nats_start(&g_nats, NULL) != 0) {
         fprintf(stderr, "test_registry: could not start nats-server\n");
         return -1;
     }
+#endif
     return 0;
 }
 
@@ -1639,7 +1746,9 @@ group_teardown(void **state)
             sw_conn_close(g_grave[i]);
         g_ngrave = 0;
     }
+#ifndef SW_REGISTRY_MEMORY_ONLY
     swh_nats_stop(&g_nats);
+#endif
     return 0;
 }
 
@@ -1657,11 +1766,16 @@ group_teardown(void **state)
 int
 main(int argc, char **argv)
 {
+    /* The memory backend in the unit build, JetStream KV in the
+     * integration build: the same 16 cases each. */
     const struct CMUnitTest tests[] = {
-        REG_TESTS("memory"),
-        REG_TESTS("nats-kv"),
+        REG_TESTS(SUITE_BACKEND),
     };
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
+#ifdef SW_REGISTRY_MEMORY_ONLY
+    return cmocka_run_group_tests_name("registry_mem", tests, group_setup, group_teardown);
+#else
     return cmocka_run_group_tests_name("registry", tests, group_setup, group_teardown);
+#endif
 }

@@ -320,6 +320,8 @@ setup(void **state)
     return 0;
 }
 
+static void watchdog_stop(void);
+
 static int
 teardown(void **state)
 {
@@ -338,6 +340,7 @@ teardown(void **state)
     for (int i = 0; i < NLOG; i++)
         evlog_fini(&f->log[i]);
     free(f);
+    watchdog_stop(); /* a test that failed by an assertion left it running */
     return 0;
 }
 
@@ -1720,6 +1723,331 @@ set_draining_races_refresh(void **state)
 }
 
 /* ======================================================================== */
+/* No user callback with a registry or pool lock held                        */
+
+/* A log callback that calls back into the API of the registry handle (or
+ * pool) it logs for, through calls that take every lock that object has:
+ * sw_registry_deregister of an unknown id takes wmu then mu,
+ * sw_registry_list takes mu, swr_pool_quarantined takes the pool's lock.
+ * The locks are plain (non-recursive) mutexes: a log line written with one
+ * of them held by the logging thread deadlocks here. A watchdog turns that
+ * deadlock into a failure (the process exits with a message) instead of a
+ * hang. The callback also records which log lines it saw, so the test can
+ * check that the paths it means to cover did run. */
+typedef struct reentry {
+    sw_registry *reg; /* set once open returned (atomic: read on other threads) */
+    swr_pool *pool;
+    pthread_mutex_t mu; /* guards the fields below; a leaf, test-only */
+    int lines, expired, wronged, overwritten, back;
+    int bad; /* a re-entrant call returned something unexpected */
+} reentry;
+
+static void
+reentry_init(reentry *r)
+{
+    memset(r, 0, sizeof(*r));
+    pthread_mutex_init(&r->mu, NULL);
+}
+
+static void
+reentry_log(void *arg, sw_log_level level, const char *msg)
+{
+    reentry *r = arg;
+    sw_registry *reg = __atomic_load_n(&r->reg, __ATOMIC_ACQUIRE);
+    swr_pool *pool = __atomic_load_n(&r->pool, __ATOMIC_ACQUIRE);
+    int bad = 0;
+    if (g_verbose)
+        fprintf(stderr, "[reentry] %s: %s\n", sw_log_level_name(level), msg);
+    /* (No cmocka assertion here: this may run on a registry thread.) */
+    if (reg != NULL) {
+        sw_instance *v = NULL;
+        size_t n = 0;
+        bad += sw_registry_deregister(reg, "no-such-instance") != SW_ENOTFOUND;
+        if (sw_registry_list(reg, NULL, &v, &n) == SW_OK)
+            sw_instances_free(v, n);
+        else
+            bad++;
+    }
+    if (pool != NULL)
+        bad += swr_pool_quarantined(pool, "no-such-instance") != 0;
+    pthread_mutex_lock(&r->mu);
+    r->bad += bad;
+    r->lines++;
+    r->expired += strstr(msg, "lease of") != NULL;
+    r->wronged += strstr(msg, "while alive") != NULL;
+    r->overwritten += strstr(msg, "changed by someone else") != NULL;
+    r->back += strstr(msg, "lifting its quarantine") != NULL;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int
+reentry_get(reentry *r, const int *field)
+{
+    int v;
+    pthread_mutex_lock(&r->mu);
+    v = *field;
+    pthread_mutex_unlock(&r->mu);
+    return v;
+}
+
+/* Waits until *field (of r) is at least want. */
+static int
+reentry_wait(reentry *r, const int *field, int want, int64_t timeout_ms)
+{
+    int64_t until = now_ms() + timeout_ms;
+    while (reentry_get(r, field) < want) {
+        if (now_ms() >= until)
+            return 0;
+        swh_sleep_ms(5);
+    }
+    return 1;
+}
+
+/* One watchdog at a time, global: when a test fails by an assertion (a
+ * longjmp out of it), teardown still runs, and it may hang closing a
+ * registry whose thread is deadlocked; the watchdog covers that too, and
+ * teardown stops it after closing everything. */
+typedef struct watchdog {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t t;
+    int active;
+    int done;
+    int64_t until;
+    const char *what;
+} watchdog;
+
+static watchdog g_wd;
+
+static void *
+watchdog_main(void *p)
+{
+    watchdog *w = p;
+    pthread_mutex_lock(&w->mu);
+    while (!w->done && now_ms() < w->until)
+        cond_wait_until(&w->cv, &w->mu, w->until);
+    if (!w->done) {
+        fprintf(stderr, "FAILED: %s: still running after its deadline: a log callback that "
+                        "re-enters the API deadlocked, i.e. it was called with a registry or pool "
+                        "lock held\n", w->what);
+        fflush(NULL);
+        _exit(1);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static void
+watchdog_start(const char *what, int64_t timeout_ms)
+{
+    watchdog *w = &g_wd;
+    assert_false(w->active);
+    pthread_mutex_init(&w->mu, NULL);
+    cond_init_mono(&w->cv);
+    w->done = 0;
+    w->until = now_ms() + timeout_ms;
+    w->what = what;
+    assert_int_equal(pthread_create(&w->t, NULL, watchdog_main, w), 0);
+    w->active = 1;
+}
+
+static void
+watchdog_stop(void)
+{
+    watchdog *w = &g_wd;
+    if (!w->active)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->t, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    w->active = 0;
+}
+
+/* Opens registry slot i with log callback reentry_log(r). */
+static sw_registry *
+fx_reg_reentry(fx *f, int i, unsigned lease_ms, unsigned refresh_ms, reentry *r)
+{
+    sw_registry_opts o;
+    sw_registry_opts_init(&o);
+    o.backend = f->be;
+    o.bucket = f->bucket;
+    o.lease_ms = lease_ms;
+    o.refresh_ms = refresh_ms;
+    o.log = reentry_log;
+    o.log_arg = r;
+    assert_null(f->reg[i]);
+    assert_int_equal(sw_registry_open(&f->reg[i], strcmp(f->be, "memory") == 0 ? NULL : f->conn,
+                                      &o),
+                     SW_OK);
+    __atomic_store_n(&r->reg, f->reg[i], __ATOMIC_RELEASE);
+    return f->reg[i];
+}
+
+/* Every log line the registry writes where one used to run under a lock:
+ * "registered", "changed by someone else" (under wmu before), "was reported
+ * dead / deleted while alive" (under mu), "lease of ... expired" (under mu,
+ * on the registry thread), "reported dead". */
+static void
+registry_logs_without_locks(void **state)
+{
+    fx *f = *state;
+    reentry rw, rr;
+    sw_registry *wreg, *rreg;
+    const sw_registry_backend *be = sw_registry_backend_find(f->be);
+    static const uint8_t junk[] = {0xff, 0x00, 0x13, 0x37};
+    char key[256];
+    uint64_t rev = 0;
+
+    reentry_init(&rw);
+    reentry_init(&rr);
+    watchdog_start("registry_logs_without_locks", T(30000));
+    wreg = fx_reg_reentry(f, 0, 900, 100, &rw);
+    rreg = fx_reg_reentry(f, 1, 900, 0, &rr);
+    fx_worker(f, 0, EP1);
+    snprintf(key, sizeof(key), "%s.%s", EP1, fx_id(f, 0));
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_true(reentry_get(&rw, &rw.lines) >= 1); /* "registered" */
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
+
+    /* Garbage over the entry: the keep-alive's guarded put fails, it
+     * re-puts unguarded and says so. */
+    f->raw_be[0] = be;
+    assert_int_equal(be->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+    assert_int_equal(be->put(f->raw_state[0], key, junk, sizeof(junk), 0, &rev), SW_OK);
+    assert_true(reentry_wait(&rw, &rw.overwritten, 1, T(3000)));
+
+    /* Reported dead while alive: the worker's handle notices and says so;
+     * the reporter logs its report. */
+    {
+        sw_err rv = SW_EBUSY;
+        for (int tries = 0; tries < 50 && rv == SW_EBUSY; tries++)
+            rv = sw_registry_report_dead(rreg, fx_id(f, 0), 0, "reentry test");
+        assert_int_equal(rv, SW_OK);
+    }
+    assert_true(reentry_wait(&rw, &rw.wronged, 1, T(3000)));
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(3000)));
+
+    /* Deleted while alive: the same, through the delete path. */
+    assert_int_equal(be->del(f->raw_state[0], key), SW_OK);
+    assert_true(reentry_wait(&rw, &rw.wronged, 2, T(3000)));
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(3000)));
+
+    /* The writer goes away without deregistering: the reader's registry
+     * thread expires the lease and says so. */
+    __atomic_store_n(&rw.reg, NULL, __ATOMIC_RELEASE);
+    fx_reg_close(f, 0);
+    assert_true(reentry_wait(&rr, &rr.expired, 1, T(900 + 3000)));
+    assert_true(wait_listed(rreg, fx_id(f, 0), 0, T(1000)));
+
+    __atomic_store_n(&rr.reg, NULL, __ATOMIC_RELEASE);
+    watchdog_stop();
+    assert_int_equal(rw.bad, 0);
+    assert_int_equal(rr.bad, 0);
+    pthread_mutex_destroy(&rw.mu);
+    pthread_mutex_destroy(&rr.mu);
+}
+
+/* The pool's log line "is back; lifting its quarantine" (written under the
+ * pool lock before) and its on_removed callback, with a log callback and an
+ * on_removed that re-enter the pool. */
+typedef struct removed_chk {
+    swr_pool *pool;
+    pthread_mutex_t mu;
+    int n;
+} removed_chk;
+
+static void
+pool_removed_cb(void *arg, const char *instance)
+{
+    removed_chk *c = arg;
+    swr_pool *p = __atomic_load_n(&c->pool, __ATOMIC_ACQUIRE);
+    if (p != NULL)
+        (void)swr_pool_quarantined(p, instance);
+    pthread_mutex_lock(&c->mu);
+    c->n++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void
+pool_logs_without_lock(void **state)
+{
+    fx *f = *state;
+    reentry rp, rrl;
+    removed_chk rc;
+    swr_pool *pool = NULL;
+    swr_pool_opts po;
+    sw_registry *wreg, *rreg;
+    char out[SW_MAX_TOKEN + 1];
+    int64_t until;
+
+    reentry_init(&rp);
+    reentry_init(&rrl);
+    memset(&rc, 0, sizeof(rc));
+    pthread_mutex_init(&rc.mu, NULL);
+    watchdog_start("pool_logs_without_lock", T(30000));
+    wreg = fx_reg(f, 0, 0, 0);
+    rreg = fx_reg_reentry(f, 1, 0, 0, &rrl);
+    fx_worker(f, 0, EP1);
+    memset(&po, 0, sizeof(po));
+    po.registry = rreg;
+    po.policy = SW_POLICY_ROUND_ROBIN;
+    po.quarantine_ms = 30000;
+    po.log.fn = reentry_log;
+    po.log.arg = &rp;
+    po.on_removed = pool_removed_cb;
+    po.on_removed_arg = &rc;
+    assert_int_equal(swr_pool_create(&pool, &po), SW_OK);
+    __atomic_store_n(&rp.pool, pool, __ATOMIC_RELEASE);
+    __atomic_store_n(&rc.pool, pool, __ATOMIC_RELEASE);
+
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    until = now_ms() + T(3000);
+    while (swr_pool_pick(pool, EP1, out) != SW_OK && now_ms() < until)
+        swh_sleep_ms(5);
+    assert_int_equal(swr_pool_pick(pool, EP1, out), SW_OK);
+    assert_string_equal(out, fx_id(f, 0));
+    /* Quarantined here; then it deregisters (REMOVED: on_removed) and
+     * registers again (ADDED: the quarantine is lifted, and logged). */
+    assert_int_equal(swr_pool_quarantine(pool, fx_id(f, 0)), 1);
+    assert_true(swr_pool_quarantined(pool, fx_id(f, 0)));
+    assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 0)), SW_OK);
+    until = now_ms() + T(3000);
+    for (;;) {
+        int n;
+        pthread_mutex_lock(&rc.mu);
+        n = rc.n;
+        pthread_mutex_unlock(&rc.mu);
+        if (n >= 1 || now_ms() >= until)
+            break;
+        swh_sleep_ms(5);
+    }
+    pthread_mutex_lock(&rc.mu);
+    assert_true(rc.n >= 1);
+    pthread_mutex_unlock(&rc.mu);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_true(reentry_wait(&rp, &rp.back, 1, T(3000)));
+    assert_false(swr_pool_quarantined(pool, fx_id(f, 0)));
+    /* And a report through the pool logs (after its registry call). */
+    swr_pool_report(pool, fx_id(f, 0), "reentry test");
+    assert_true(reentry_get(&rp, &rp.lines) >= 2);
+
+    __atomic_store_n(&rp.pool, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&rc.pool, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&rrl.reg, NULL, __ATOMIC_RELEASE);
+    swr_pool_destroy(pool);
+    watchdog_stop();
+    assert_int_equal(rp.bad, 0);
+    assert_int_equal(rrl.bad, 0);
+    pthread_mutex_destroy(&rp.mu);
+    pthread_mutex_destroy(&rrl.mu);
+    pthread_mutex_destroy(&rc.mu);
+}
+
+/* ======================================================================== */
 
 static int
 group_setup(void **state)
@@ -1761,13 +2089,15 @@ group_teardown(void **state)
         RT(api_errors, be), RT(list_filters_by_endpoint, be), RT(open_invalid, be),        \
         RT(open_same_new_bucket_concurrently, be), RT(garbage_entries_ignored, be),        \
         RT(unwatch_stops_callbacks, be), RT(raw_backend_ops, be),                          \
-        RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be)
+        RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be),              \
+        RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be)
 
 int
 main(int argc, char **argv)
 {
     /* The memory backend in the unit build, JetStream KV in the
-     * integration build: the same 16 cases each. */
+     * integration build: the same cases each (the 16 of the conformance
+     * suite and the 2 lock-contract tests). */
     const struct CMUnitTest tests[] = {
         REG_TESTS(SUITE_BACKEND),
     };

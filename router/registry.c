@@ -260,24 +260,21 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     {
         int was_live = v->live;
         int drain_changed = v->info != NULL && v->info->draining != info->draining;
-        /* An entry whose revision is already older than a lease on the
-         * server's clock counts as expired until its next refresh. */
-        int64_t lease = info->lease_ms ? (int64_t)info->lease_ms : (int64_t)reg->lease_ms;
-        int64_t age_unix = e->created_unix_ms ? swi_unix_ms() - e->created_unix_ms : 0;
-        int stale = age_unix > lease;
-        if (age_unix < 0) /* clocks disagree: trust our own observation */
-            age_unix = 0;
+        /* Judged only by when this process saw the revision, on its own
+         * monotonic clock: no other clock (the store's created_unix_ms, the
+         * worker's refreshed_unix_ms) is compared with ours, so a router
+         * whose clock disagrees still sees live workers. A first sight
+         * counts as seen now: an entry abandoned before this process
+         * started is live for at most one lease. */
         swp_free(v->info);
         v->info = info;
         info = NULL;
         v->rev = e->revision;
-        v->seen_ms = now - (stale ? lease : age_unix);
-        v->live = !stale;
-        if (v->live && !was_live)
+        v->seen_ms = now;
+        v->live = 1;
+        if (!was_live)
             reg_queue(reg, 0, SW_REGISTRY_ADDED, v->info, v->rev, 0);
-        else if (!v->live && was_live)
-            reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, lease);
-        else if (v->live && drain_changed)
+        else if (drain_changed)
             reg_queue(reg, 0, SW_REGISTRY_UPDATED, v->info, v->rev, 0);
     }
     pthread_mutex_unlock(&reg->mu);

@@ -13,11 +13,13 @@
  * every refresh_ms (default lease_ms / 3). A router counts an entry live while
  * it has seen a new revision of it within the entry's lease (the lease_ms the
  * worker announced in it; the router's own lease_ms for an entry that
- * announces none), measured on its own
- * monotonic clock from the moment it observed the revision (for entries found
- * at start-up, from the server's timestamp of that revision). So an entry that
- * stops being refreshed is dead for every router after lease_ms, even though
- * nothing deletes it.
+ * announces none), measured on its own monotonic clock from the moment it
+ * observed the revision; an entry first seen (at start-up too) counts as
+ * seen then. No other clock is compared with the router's (not the store's
+ * timestamp, not the worker's), so routers need no clock agreement. So an
+ * entry that stops being refreshed is dead for every router after lease_ms
+ * (for a router started after it stopped: at most lease_ms after start),
+ * even though nothing deletes it.
  *
  * Reporting a dead instance writes a tombstone (InstanceInfo.dead) guarded by
  * the revision the reporter saw: if the worker refreshed in between (it is
@@ -68,7 +70,7 @@ typedef void (*sw_registry_watch_fn)(void *arg, sw_registry_event ev, const sw_i
 #define SW_REGISTRY_BACKEND_VERSION 1
 
 /* A raw entry: key, value bytes, revision, and the backend's timestamp of that
- * revision (Unix ms; 0 if unknown). */
+ * revision (Unix ms; 0 if unknown; informational: liveness never uses it). */
 typedef struct sw_registry_entry {
     const char *key;
     const uint8_t *value;

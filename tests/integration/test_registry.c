@@ -697,15 +697,25 @@ lease_expiry(void **state)
     assert_false(listed(rreg, NULL, fx_id(f, 0), NULL));
     assert_int_equal(evlog_count(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0), 1);
 
-    /* A handle opened now finds the stale entry in the store but does not
-     * count it live. */
+    /* A handle opened now finds the stale entry in the store. It judges it
+     * by its own clock only (issue 11 #3: no clock agreement with the store
+     * or the worker), so the first sight counts as a refresh seen now: live
+     * for at most one lease after the handle opened, then REMOVED for good.
+     * (Before, it compared the store's timestamp with its own clock and did
+     * not count the entry live at all.) */
     {
+        int64_t t_open = now_ms();
         sw_registry *late = fx_reg(f, 2, 600, 0);
-        swh_sleep_ms(T(200));
-        assert_false(listed(late, NULL, fx_id(f, 0), NULL));
+        int a, r;
         assert_int_equal(sw_registry_watch(late, on_event, &f->log[1], NULL), SW_OK);
-        swh_sleep_ms(T(200));
-        assert_int_equal(evlog_count(&f->log[1], SW_REGISTRY_ADDED, fx_id(f, 0), 0), 0);
+        assert_true(wait_listed(late, fx_id(f, 0), 0, T(600 + 1500)));
+        assert_true(now_ms() - t_open >= 400);
+        a = evlog_wait(&f->log[1], SW_REGISTRY_ADDED, fx_id(f, 0), 0, 0);
+        r = evlog_wait(&f->log[1], SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(1000));
+        assert_true(a < 0 || r > a); /* if reported live, then removed */
+        swh_sleep_ms(T(300));
+        assert_false(listed(late, NULL, fx_id(f, 0), NULL));
+        assert_true(evlog_count(&f->log[1], SW_REGISTRY_ADDED, fx_id(f, 0), 0) <= 1);
     }
 }
 
@@ -1723,6 +1733,154 @@ set_draining_races_refresh(void **state)
 }
 
 /* ======================================================================== */
+/* Liveness never depends on clock agreement (issue 11 #3)                   */
+
+/* A backend whose clock disagrees with ours: the backend under test, with
+ * every entry's created_unix_ms (the store's timestamp of the revision)
+ * shifted by g_skew_ms as list and watch report it. */
+static int64_t g_skew_ms;
+
+typedef struct skew_fwd {
+    sw_registry_entry_fn fn;
+    void *arg;
+} skew_fwd;
+
+static void
+skew_entry(void *arg, const sw_registry_entry *e, int deleted)
+{
+    skew_fwd *fw = arg;
+    sw_registry_entry c = *e;
+    if (c.created_unix_ms != 0)
+        c.created_unix_ms += g_skew_ms;
+    fw->fn(fw->arg, &c, deleted);
+}
+
+static sw_err
+skew_list(void *st, sw_registry_entry_fn fn, void *arg)
+{
+    skew_fwd fw = {fn, arg};
+    return g_inner->list(st, skew_entry, &fw);
+}
+
+/* One watch at a time is enough here (one skewed handle per test). */
+static skew_fwd g_skew_watch;
+
+static sw_err
+skew_watch(void *st, sw_registry_entry_fn fn, void *arg, void **w)
+{
+    g_skew_watch.fn = fn;
+    g_skew_watch.arg = arg;
+    return g_inner->watch(st, skew_entry, &g_skew_watch, w);
+}
+
+static const sw_registry_backend skew_backend = {
+    .name = "skewed",
+    .version = SW_REGISTRY_BACKEND_VERSION,
+    .open = lag_open,
+    .close = lag_close,
+    .put = lag_put,
+    .del = lag_del,
+    .list = skew_list,
+    .watch = skew_watch,
+    .unwatch = lag_unwatch,
+};
+
+/* Writes, straight into the store, a well-formed entry for id whose own
+ * timestamps are `skew` ms off ours. */
+static void
+raw_put_instance(fx *f, const char *id, int64_t skew, unsigned lease_ms)
+{
+    swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
+    char subj[2][SWP_MAX_SUBJECT + 1];
+    char key[256];
+    uint8_t *enc = NULL;
+    size_t len = 0;
+    assert_int_equal(swt_subject_request(subj[0], sizeof(subj[0]), EP1, id), SW_OK);
+    assert_int_equal(swt_subject_control(subj[1], sizeof(subj[1]), id), SW_OK);
+    m.version = SW_PROTOCOL_VERSION;
+    m.instance_id = (char *)id;
+    m.endpoint = EP1;
+    m.request_subject = subj[0];
+    m.control_subject = subj[1];
+    m.host = "elsewhere";
+    m.pid = 1;
+    m.started_unix_ms = (uint64_t)(unix_ms() + skew);
+    m.refreshed_unix_ms = (uint64_t)(unix_ms() + skew);
+    m.lease_ms = lease_ms;
+    assert_int_equal(swp_encode_alloc(&m, 65536, &enc, &len), SW_OK);
+    snprintf(key, sizeof(key), "%s.%s", EP1, id);
+    assert_int_equal(g_inner->put(f->raw_state[0], key, enc, len, 0, NULL), SW_OK);
+    free(enc);
+}
+
+/* A router whose clock is an hour off the store's (either way) sees a
+ * refreshed worker live, and removes it one lease after it last saw it
+ * refreshed -- no sooner, no later -- both for a worker it watches being
+ * refreshed and for an entry it first finds when it opens. */
+static void
+lease_ignores_clock_skew(void **state)
+{
+    fx *f = *state;
+    static const int64_t skews[] = {-3600000, 3600000};
+
+    lag_setup(f, 0);
+    f->ops = NULL; /* the writer uses the plain backend */
+    for (size_t k = 0; k < sizeof(skews) / sizeof(skews[0]); k++) {
+        evlog *l = &f->log[k];
+        sw_registry *wreg, *rreg;
+        int64_t t_close, t_open, t_rm;
+        int i;
+        char id[SW_MAX_TOKEN + 1];
+
+        g_skew_ms = skews[k];
+        wreg = fx_reg(f, 0, 600, 200);
+        f->ops = &skew_backend;
+        rreg = fx_reg(f, 1, 600, 0);
+        f->ops = NULL;
+        assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+        fx_worker(f, (int)k, EP1);
+        assert_int_equal(sw_registry_register(wreg, &f->rg[k]), SW_OK);
+        if (evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, (int)k), 0, T(2000)) < 0)
+            fail_msg("store clock %+lld ms off: a refreshed worker was never seen live",
+                     (long long)skews[k]);
+        /* Refreshed every 200 ms: live for three leases, no REMOVED. */
+        for (int n = 0; n < 36; n++) {
+            swh_sleep_ms(50);
+            if (!listed(rreg, NULL, fx_id(f, (int)k), NULL))
+                fail_msg("store clock %+lld ms off: a refreshed worker vanished after %d ms",
+                         (long long)skews[k], (n + 1) * 50);
+        }
+        assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, (int)k), 0), 0);
+        /* Its refreshes stop: removed one lease after the last one seen. */
+        fx_reg_close(f, 0);
+        t_close = now_ms();
+        i = evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, (int)k), 0, T(600 + 1500));
+        assert_true(i >= 0);
+        t_rm = evlog_get(l, i).t;
+        assert_true(t_rm - t_close >= 200);
+        assert_false(listed(rreg, NULL, fx_id(f, (int)k), NULL));
+
+        /* An entry found at open whose timestamps are an hour off: a first
+         * sight counts as seen now; never refreshed, it expires one lease
+         * later. */
+        snprintf(id, sizeof(id), "skew%zu-%s", k, f->sfx);
+        raw_put_instance(f, id, skews[k], 600);
+        fx_reg_close(f, 1);
+        f->ops = &skew_backend;
+        t_open = now_ms();
+        rreg = fx_reg(f, 1, 600, 0);
+        f->ops = NULL;
+        if (!listed(rreg, NULL, id, NULL))
+            fail_msg("store clock %+lld ms off: an entry found at open was not live",
+                     (long long)skews[k]);
+        assert_true(wait_listed(rreg, id, 0, T(600 + 1500)));
+        assert_true(now_ms() - t_open >= 500);
+        fx_reg_close(f, 1);
+    }
+    g_skew_ms = 0;
+}
+
+/* ======================================================================== */
 /* No user callback with a registry or pool lock held                        */
 
 /* A log callback that calls back into the API of the registry handle (or
@@ -2090,7 +2248,8 @@ group_teardown(void **state)
         RT(open_same_new_bucket_concurrently, be), RT(garbage_entries_ignored, be),        \
         RT(unwatch_stops_callbacks, be), RT(raw_backend_ops, be),                          \
         RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be),              \
-        RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be)
+        RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be),              \
+        RT(lease_ignores_clock_skew, be)
 
 int
 main(int argc, char **argv)

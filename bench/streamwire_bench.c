@@ -1917,6 +1917,7 @@ loss_worker_main(const char *url, const char *bucket, const char *inst)
     sw_ingress *ing = NULL;
     sw_registry_opts ro;
     sw_registry *reg = NULL;
+    sw_registration rg;
     sw_err e;
     char line[64];
     pid_t parent = getppid();
@@ -1936,7 +1937,8 @@ loss_worker_main(const char *url, const char *bucket, const char *inst)
     sw_registry_opts_init(&ro);
     ro.bucket = bucket;
     if ((e = sw_registry_open(&reg, g_sw_work, &ro)) != SW_OK ||
-        (e = sw_registry_register(reg, ing)) != SW_OK)
+        (e = sw_ingress_registration(ing, &rg)) != SW_OK ||
+        (e = sw_registry_register(reg, &rg)) != SW_OK)
         die("loss worker: registry: %s", sw_err_name(e));
     printf("ready\n");
     while (fgets(line, sizeof(line), stdin) != NULL)

@@ -331,8 +331,12 @@ cli_worker_main(int argc, char **argv)
         ropts.log = quiet ? NULL : cli_log_stderr;
         ropts.log_arg = (void *)"worker";
         err = sw_registry_open(&reg, conn, &ropts);
-        if (err == SW_OK)
-            err = sw_registry_register(reg, ing);
+        if (err == SW_OK) {
+            sw_registration rg;
+            err = sw_ingress_registration(ing, &rg);
+            if (err == SW_OK)
+                err = sw_registry_register(reg, &rg);
+        }
         if (err != SW_OK) {
             fprintf(stderr,
                     "streamwire worker: cannot register in the %s registry: %s (%s)\n"

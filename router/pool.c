@@ -1,5 +1,13 @@
 /* router/pool.c -- see sw_pool.h. The table is small (instances of a
- * cluster), so it is a flat array searched linearly under one lock. */
+ * cluster), so it is a flat array searched linearly under one lock.
+ *
+ * Threads: pool_on_event runs on the registry thread (a registry watch
+ * callback, no registry lock held); every other function on the caller's.
+ * Lock: one, p->mu, a leaf: nothing else is locked and no registry call is
+ * made while it is held (so registry locks are never taken under it, and it
+ * is taken under none of them). No user callback (the log callback, or
+ * on_removed) runs with it held: what happened under it is noted and
+ * logged or reported after the unlock. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +104,7 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
 {
     swr_pool *p = arg;
     pool_inst *e;
-    int removed = 0;
+    int removed = 0, lifted = 0;
     pthread_mutex_lock(&p->mu);
     e = pool_get(p, inst->instance_id);
     if (e != NULL) {
@@ -109,14 +117,16 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
         } else {
             if (ev == SW_REGISTRY_ADDED && e->quarantine_until != 0) {
                 /* It registered again: proof of life beats our quarantine. */
-                swi_log(&p->log, SW_LOG_INFO, "instance %s is back; lifting its quarantine",
-                        e->id);
+                lifted = 1;
                 e->quarantine_until = 0;
             }
             e->live = 1;
         }
     }
     pthread_mutex_unlock(&p->mu);
+    if (lifted)
+        swi_log(&p->log, SW_LOG_INFO, "instance %s is back; lifting its quarantine",
+                inst->instance_id);
     if (removed && p->on_removed != NULL)
         p->on_removed(p->on_removed_arg, inst->instance_id);
 }

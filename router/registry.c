@@ -2,9 +2,24 @@
  * encoding, leases and liveness, dead reports with a revision guard,
  * re-registration of wrongly removed workers, and watchers.
  *
- * One registry thread does the keep-alive writes, expires entries whose
- * lease ran out, and delivers watch events in order. The backend's watch
- * callback (reg_on_entry) only updates the view and queues events. */
+ * Threads: one registry thread (reg_main) does the keep-alive writes,
+ * expires entries whose lease ran out, and delivers watch events in order.
+ * The backend's watch callback (reg_on_entry) runs on a backend thread (KV)
+ * or on the writer's thread (memory backend: synchronously inside put/del,
+ * possibly of another handle, which may hold that handle's wmu); it only
+ * updates the view and queues events.
+ *
+ * Locks, in this order (a thread holding one never takes an earlier one):
+ *   wmu  serialises every write of our own entries (register, keep-alive,
+ *        draining, deregister); held across the backend put/del.
+ *   mu   the view, our own entries, the watchers and the event queue; never
+ *        held across a backend call.
+ * Then the backend's own lock (registry_mem.c: its bucket lock, taken
+ * inside put/del/list, under wmu but never under mu).
+ * No user callback runs with wmu or mu held: watch callbacks are called by
+ * reg_main after dropping mu (sw_registry_unwatch waits on `dispatching`),
+ * and every log line is written after the locks are released (what happened
+ * under a lock is noted there and logged afterwards). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,9 +75,10 @@ struct sw_registry {
     swi_logger log;
     unsigned lease_ms, refresh_ms;
     char host[64];
-    /* Serialises every write of our own entries (keep-alive, draining,
-     * deregister), so a refresh in flight can neither resurrect a
-     * deregistered entry nor undo a draining flag. Order: wmu, then mu. */
+    /* Serialises every write of our own entries (register, keep-alive,
+     * draining, deregister), so a refresh in flight can neither resurrect a
+     * deregistered entry nor undo a draining flag. Order: wmu, then mu
+     * (see the file's header). */
     pthread_mutex_t wmu;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -74,6 +90,7 @@ struct sw_registry {
     size_t nw, capw;
     int next_id;
     int dispatching; /* watcher id whose callback runs now */
+    unsigned lost_events; /* events not queued for lack of memory, not yet logged */
     reg_event *eh, *et;
     pthread_t thread;
     int started;
@@ -104,7 +121,9 @@ reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_instance
         return;
     if ((e = calloc(1, sizeof(*e))) == NULL || (e->info = info_copy(info)) == NULL) {
         free(e);
-        swi_log(&reg->log, SW_LOG_ERROR, "registry: out of memory queueing an event");
+        /* Logged by reg_main, without the lock. */
+        reg->lost_events++;
+        pthread_cond_broadcast(&reg->cv);
         return;
     }
     e->target = target;
@@ -184,7 +203,9 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     reg_view *v;
     reg_own *own;
     int64_t now = swi_now_ms();
+    char wronged[SW_MAX_TOKEN + 1]; /* own instance removed while alive: logged after unlock */
 
+    wronged[0] = '\0';
     if (!deleted) {
         sw_err rv = swp_decode_instance(e->value, e->len, REG_MAX_VALUE, &info);
         if (rv != SW_OK) {
@@ -218,15 +239,17 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         }
         if (own != NULL) {
             /* We are alive: whoever removed us was wrong. */
-            swi_log(&reg->log, SW_LOG_WARN,
-                    "registry: instance %s was %s while alive; registering again", own->instance,
-                    deleted ? "deleted" : "reported dead");
+            snprintf(wronged, sizeof(wronged), "%s", own->instance);
             own->rev = 0;
             own->next_refresh_ms = now;
             pthread_cond_broadcast(&reg->cv);
         }
         pthread_mutex_unlock(&reg->mu);
         swp_free(info);
+        if (wronged[0] != '\0')
+            swi_log(&reg->log, SW_LOG_WARN,
+                    "registry: instance %s was %s while alive; registering again", wronged,
+                    deleted ? "deleted" : "reported dead");
         return;
     }
     if (v == NULL && (v = view_get_or_add(reg, e->key)) == NULL) {
@@ -237,24 +260,21 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     {
         int was_live = v->live;
         int drain_changed = v->info != NULL && v->info->draining != info->draining;
-        /* An entry whose revision is already older than a lease on the
-         * server's clock counts as expired until its next refresh. */
-        int64_t lease = info->lease_ms ? (int64_t)info->lease_ms : (int64_t)reg->lease_ms;
-        int64_t age_unix = e->created_unix_ms ? swi_unix_ms() - e->created_unix_ms : 0;
-        int stale = age_unix > lease;
-        if (age_unix < 0) /* clocks disagree: trust our own observation */
-            age_unix = 0;
+        /* Judged only by when this process saw the revision, on its own
+         * monotonic clock: no other clock (the store's created_unix_ms, the
+         * worker's refreshed_unix_ms) is compared with ours, so a router
+         * whose clock disagrees still sees live workers. A first sight
+         * counts as seen now: an entry abandoned before this process
+         * started is live for at most one lease. */
         swp_free(v->info);
         v->info = info;
         info = NULL;
         v->rev = e->revision;
-        v->seen_ms = now - (stale ? lease : age_unix);
-        v->live = !stale;
-        if (v->live && !was_live)
+        v->seen_ms = now;
+        v->live = 1;
+        if (!was_live)
             reg_queue(reg, 0, SW_REGISTRY_ADDED, v->info, v->rev, 0);
-        else if (!v->live && was_live)
-            reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, lease);
-        else if (v->live && drain_changed)
+        else if (drain_changed)
             reg_queue(reg, 0, SW_REGISTRY_UPDATED, v->info, v->rev, 0);
     }
     pthread_mutex_unlock(&reg->mu);
@@ -289,6 +309,7 @@ reg_refresh(sw_registry *reg, const char *key)
     size_t len = 0;
     uint64_t rev = 0;
     sw_err rv;
+    int overwritten = 0;
 
     pthread_mutex_lock(&reg->wmu);
     pthread_mutex_lock(&reg->mu);
@@ -307,9 +328,7 @@ reg_refresh(sw_registry *reg, const char *key)
     }
     rv = reg->be->put(reg->bs, copy.key, buf, len, copy.rev, &rev);
     if (rv == SW_EBUSY || rv == SW_ENOTFOUND) {
-        swi_log(&reg->log, SW_LOG_WARN,
-                "registry: entry of live instance %s was changed by someone else; registering again",
-                copy.instance);
+        overwritten = 1; /* logged below, after wmu */
         rv = reg->be->put(reg->bs, copy.key, buf, len, 0, &rev);
     }
     free(buf);
@@ -322,6 +341,10 @@ reg_refresh(sw_registry *reg, const char *key)
     }
     pthread_mutex_unlock(&reg->mu);
     pthread_mutex_unlock(&reg->wmu);
+    if (overwritten)
+        swi_log(&reg->log, SW_LOG_WARN,
+                "registry: entry of live instance %s was changed by someone else; registering again",
+                copy.instance);
     if (rv != SW_OK)
         swi_log(&reg->log, SW_LOG_ERROR, "registry: refresh of %s failed: %s", copy.instance,
                 sw_err_name(rv));
@@ -337,6 +360,18 @@ reg_main(void *arg)
     while (!reg->stopping) {
         int64_t now = swi_now_ms(), wake = now + REG_TICK_MS;
         char due[REG_KEY_MAX];
+        char expired[SW_MAX_TOKEN + 1];
+
+        /* Log lines noted under the lock, written without it. */
+        if (reg->lost_events > 0) {
+            unsigned lost = reg->lost_events;
+            reg->lost_events = 0;
+            pthread_mutex_unlock(&reg->mu);
+            swi_log(&reg->log, SW_LOG_ERROR,
+                    "registry: out of memory queueing events: %u watch event(s) lost", lost);
+            pthread_mutex_lock(&reg->mu);
+            continue;
+        }
 
         /* Events, in order, one at a time, no lock held during callbacks. */
         if (reg->eh != NULL) {
@@ -385,17 +420,24 @@ reg_main(void *arg)
             continue;
         }
 
-        /* Leases: an entry not refreshed within lease_ms is dead. */
-        for (size_t i = 0; i < reg->nview; i++) {
+        /* Leases: an entry not refreshed within lease_ms is dead. One at a
+         * time, so that its log line is written without the lock. */
+        expired[0] = '\0';
+        for (size_t i = 0; i < reg->nview && expired[0] == '\0'; i++) {
             reg_view *v = &reg->view[i];
             /* Each entry by the lease its worker announced. */
             int64_t lease = v->info->lease_ms ? (int64_t)v->info->lease_ms : (int64_t)reg->lease_ms;
             if (v->live && now - v->seen_ms >= lease) {
                 v->live = 0;
-                swi_log(&reg->log, SW_LOG_INFO, "registry: lease of %s expired",
-                        v->info->instance_id);
+                snprintf(expired, sizeof(expired), "%s", v->info->instance_id);
                 reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
             }
+        }
+        if (expired[0] != '\0') {
+            pthread_mutex_unlock(&reg->mu);
+            swi_log(&reg->log, SW_LOG_INFO, "registry: lease of %s expired", expired);
+            pthread_mutex_lock(&reg->mu);
+            continue;
         }
 
         /* Keep-alives. */
@@ -550,23 +592,41 @@ sw_registry_lease_ms(const sw_registry *reg)
     return reg ? reg->lease_ms : 0;
 }
 
+/* Copies src into dst[cap]; 0 if it does not fit. */
+static int
+copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        return 0;
+    memcpy(dst, src, n + 1);
+    return 1;
+}
+
 sw_err
-sw_registry_register(sw_registry *reg, sw_ingress *ing)
+sw_registry_register(sw_registry *reg, const sw_registration *r)
 {
     reg_own o;
     uint8_t *buf = NULL;
     size_t len = 0;
     uint64_t rev = 0;
     sw_err rv;
+    int n;
 
-    if (reg == NULL || ing == NULL)
+    if (reg == NULL || r == NULL || sw_validate_token(r->instance_id) != SW_OK ||
+        sw_validate_endpoint(r->endpoint) != SW_OK || !swp_valid_subject(r->request_subject) ||
+        !swp_valid_subject(r->control_subject))
         return SW_EINVAL;
+    /* Copied: the caller may free *r when this returns. */
     memset(&o, 0, sizeof(o));
-    snprintf(o.instance, sizeof(o.instance), "%s", sw_ingress_instance_id(ing));
-    snprintf(o.endpoint, sizeof(o.endpoint), "%s", sw_ingress_endpoint(ing));
-    snprintf(o.req_subj, sizeof(o.req_subj), "%s", sw_ingress_request_subject(ing));
-    snprintf(o.ctl_subj, sizeof(o.ctl_subj), "%s", sw_ingress_control_subject(ing));
-    snprintf(o.key, sizeof(o.key), "%s.%s", o.endpoint, o.instance);
+    if (!copy_str(o.instance, sizeof(o.instance), r->instance_id) ||
+        !copy_str(o.endpoint, sizeof(o.endpoint), r->endpoint) ||
+        !copy_str(o.req_subj, sizeof(o.req_subj), r->request_subject) ||
+        !copy_str(o.ctl_subj, sizeof(o.ctl_subj), r->control_subject))
+        return SW_EINVAL;
+    n = snprintf(o.key, sizeof(o.key), "%s.%s", o.endpoint, o.instance);
+    if (n < 0 || (size_t)n >= sizeof(o.key))
+        return SW_EINVAL;
     o.started_unix_ms = swi_unix_ms();
 
     pthread_mutex_lock(&reg->wmu);

@@ -5,17 +5,21 @@
  * Backends are a const table of operations (sw_registry_backend), selected by
  * name: "nats-kv" (JetStream KV, the default; needs nats-server -js) and
  * "memory" (in-process, for unit tests). Every backend passes the same
- * conformance suite (tests/unit/test_registry.c).
+ * conformance suite (tests/integration/test_registry.c, built on the memory
+ * backend as the unit test test_registry_mem and on JetStream KV as the
+ * integration test test_registry).
  *
  * Liveness without per-key TTL (nats-server 2.9): a worker rewrites its entry
  * every refresh_ms (default lease_ms / 3). A router counts an entry live while
  * it has seen a new revision of it within the entry's lease (the lease_ms the
  * worker announced in it; the router's own lease_ms for an entry that
- * announces none), measured on its own
- * monotonic clock from the moment it observed the revision (for entries found
- * at start-up, from the server's timestamp of that revision). So an entry that
- * stops being refreshed is dead for every router after lease_ms, even though
- * nothing deletes it.
+ * announces none), measured on its own monotonic clock from the moment it
+ * observed the revision; an entry first seen (at start-up too) counts as
+ * seen then. No other clock is compared with the router's (not the store's
+ * timestamp, not the worker's), so routers need no clock agreement. So an
+ * entry that stops being refreshed is dead for every router after lease_ms
+ * (for a router started after it stopped: at most lease_ms after start),
+ * even though nothing deletes it.
  *
  * Reporting a dead instance writes a tombstone (InstanceInfo.dead) guarded by
  * the revision the reporter saw: if the worker refreshed in between (it is
@@ -66,7 +70,7 @@ typedef void (*sw_registry_watch_fn)(void *arg, sw_registry_event ev, const sw_i
 #define SW_REGISTRY_BACKEND_VERSION 1
 
 /* A raw entry: key, value bytes, revision, and the backend's timestamp of that
- * revision (Unix ms; 0 if unknown). */
+ * revision (Unix ms; 0 if unknown; informational: liveness never uses it). */
 typedef struct sw_registry_entry {
     const char *key;
     const uint8_t *value;
@@ -133,12 +137,28 @@ SW_API SW_NODISCARD sw_err sw_registry_open(sw_registry **out, sw_conn *conn,
  * watching, frees. NULL ok. */
 SW_API void sw_registry_close(sw_registry *reg);
 
-/* Worker side: registers the ingress's instance and keeps its lease alive
+/* What a worker registers: one instance serving one endpoint. The registry
+ * does not need an sw_ingress; sw_ingress_registration fills this from one. */
+typedef struct sw_registration {
+    const char *instance_id;     /* required; an sw_validate_token name */
+    const char *endpoint;        /* required; ns.component.endpoint (sw_validate_endpoint) */
+    const char *request_subject; /* required; a NATS subject without wildcards */
+    const char *control_subject; /* required; a NATS subject without wildcards */
+} sw_registration;
+
+/* Fills *out from the ingress's public getters. The strings belong to the
+ * ingress: valid while it lives (until sw_ingress_destroy).
+ * Errors: SW_EINVAL (ing or out NULL). */
+SW_API sw_err sw_ingress_registration(const sw_ingress *ing, sw_registration *out);
+
+/* Worker side: registers the described instance and keeps its lease alive
  * from a registry thread until deregistered. If the entry is found
  * tombstoned or deleted while the worker lives, it registers again.
- * Errors: SW_EINVAL, SW_EEXIST (already registered via this handle),
- * backend errors. */
-SW_API sw_err sw_registry_register(sw_registry *reg, sw_ingress *ing);
+ * Every field of *r is validated and copied: the caller may free or reuse
+ * *r and its strings as soon as the call returns.
+ * Errors: SW_EINVAL (reg or r NULL, a field NULL or invalid), SW_EEXIST
+ * (already registered via this handle), SW_ENOMEM, backend errors. */
+SW_API sw_err sw_registry_register(sw_registry *reg, const sw_registration *r);
 
 /* Marks the entry draining (routers stop picking it) without removing it. */
 SW_API sw_err sw_registry_set_draining(sw_registry *reg, const char *instance_id);

@@ -216,6 +216,7 @@ worker_main(int argc, char **argv)
     sigset_t set;
     sw_conn *c;
     sw_ingress *ing = NULL;
+    sw_registration rg;
     sw_registry *reg;
     sw_ingress_opts io;
     sw_err r1, r2, r3;
@@ -256,7 +257,7 @@ worker_main(int argc, char **argv)
         return 4;
     }
     if ((reg = open_registry(c, bucket, lease, who)) == NULL ||
-        sw_registry_register(reg, ing) != SW_OK) {
+        sw_ingress_registration(ing, &rg) != SW_OK || sw_registry_register(reg, &rg) != SW_OK) {
         fprintf(stderr, "%s: registry failed\n", who);
         return 5;
     }

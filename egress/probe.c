@@ -51,7 +51,7 @@ swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_
     free(vec.v);
     swi_log(&r->log, SW_LOG_WARN, "%s (%u stream(s) ended)", msg, n);
     if (report)
-        swr_pool_report(r->pool, inst, why);
+        swr_pool_report(r->pool, inst, why, silent_ms);
 }
 
 void

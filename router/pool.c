@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sched.h"
 #include "router/sw_pool.h"
 
 #define POOL_MAX_QUARANTINE_MS 30000
@@ -39,7 +40,22 @@ struct swr_pool {
     pool_inst *v;
     size_t n, cap;
     size_t rr; /* round-robin cursor */
+    /* Dead reports wait here for the reporter thread: a registry write can
+     * block for the JetStream timeout, and must not stall the caller (a
+     * router's timer or probe-reply thread). p->rmu is a leaf lock. */
+    pthread_mutex_t rmu;
+    struct pool_report *rq;
+    size_t nrq, caprq;
+    swi_ticker reporter;
 };
+
+typedef struct pool_report {
+    char id[SW_MAX_TOKEN + 1];
+    char reason[96];
+    int64_t silent_since; /* monotonic ms: no sign of life from then on */
+} pool_report;
+
+static void pool_report_tick(void *arg, int64_t now);
 
 const char *
 sw_policy_name(sw_policy p)
@@ -123,6 +139,16 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
             e->live = 1;
         }
     }
+    /* Forget instances that are gone, unused and out of quarantine, so the
+     * table does not grow with every worker that ever lived. */
+    for (size_t i = 0; i < p->n;) {
+        pool_inst *g = &p->v[i];
+        if (!g->live && g->inflight == 0 &&
+            (g->quarantine_until == 0 || swi_now_ms() >= g->quarantine_until))
+            *g = p->v[--p->n];
+        else
+            i++;
+    }
     pthread_mutex_unlock(&p->mu);
     if (lifted)
         swi_log(&p->log, SW_LOG_INFO, "instance %s is back; lifting its quarantine",
@@ -139,6 +165,7 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
     if (p == NULL)
         return SW_ENOMEM;
     pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->rmu, NULL);
     p->reg = o->registry;
     p->policy = o->policy;
     p->quarantine_ms = o->quarantine_ms ? o->quarantine_ms : 1000;
@@ -150,8 +177,16 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
     swi_random(&p->rr, sizeof(p->rr));
     if (p->reg != NULL && (rv = sw_registry_watch(p->reg, pool_on_event, p, &p->watch_id)) != SW_OK) {
         pthread_mutex_destroy(&p->mu);
+        pthread_mutex_destroy(&p->rmu);
         free(p);
         return rv;
+    }
+    if (p->reg != NULL && swi_ticker_start(&p->reporter, 1000, pool_report_tick, p) != 0) {
+        sw_registry_unwatch(p->reg, p->watch_id);
+        pthread_mutex_destroy(&p->mu);
+        pthread_mutex_destroy(&p->rmu);
+        free(p);
+        return SW_ENOMEM;
     }
     if (p->reg != NULL) {
         /* Watch events arrive on the registry thread; seed the table now so
@@ -176,7 +211,11 @@ swr_pool_destroy(swr_pool *p)
         return;
     if (p->reg != NULL)
         sw_registry_unwatch(p->reg, p->watch_id);
+    swi_ticker_stop(&p->reporter);
+    pool_report_tick(p, swi_now_ms()); /* what is still queued goes out now */
     pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->rmu);
+    free(p->rq);
     free(p->v);
     free(p);
 }
@@ -279,22 +318,64 @@ swr_pool_quarantine(swr_pool *p, const char *instance)
     return report && p->reg != NULL;
 }
 
-void
-swr_pool_report(swr_pool *p, const char *instance, const char *reason)
+/* The reporter thread: sends the queued dead reports. */
+static void
+pool_report_tick(void *arg, int64_t now)
 {
-    sw_err rv;
-    if (p->reg == NULL)
+    swr_pool *p = arg;
+    for (;;) {
+        pool_report r;
+        sw_err rv;
+        pthread_mutex_lock(&p->rmu);
+        if (p->nrq == 0) {
+            pthread_mutex_unlock(&p->rmu);
+            return;
+        }
+        r = p->rq[0];
+        memmove(p->rq, p->rq + 1, (p->nrq - 1) * sizeof(*p->rq));
+        p->nrq--;
+        pthread_mutex_unlock(&p->rmu);
+        /* Guarded by the silence: refused if the registry saw the instance
+         * refresh its entry since (issue 11 #7). */
+        rv = sw_registry_report_silent(p->reg, r.id, now - r.silent_since, r.reason);
+        swi_log(&p->log, rv == SW_OK ? SW_LOG_INFO : SW_LOG_WARN,
+                "reported instance %s dead (%s): %s", r.id, r.reason, sw_err_name(rv));
+        now = swi_now_ms();
+    }
+}
+
+void
+swr_pool_report(swr_pool *p, const char *instance, const char *reason, int64_t silent_ms)
+{
+    int queued = 0;
+    if (p->reg == NULL || !p->reporter.started)
         return;
-    /* Revision 0: guard with the newest revision the registry view has
-     * seen (plain refreshes raise no pool event, so ours may be older). */
-    rv = sw_registry_report_dead(p->reg, instance, 0, reason);
-    swi_log(&p->log, rv == SW_OK ? SW_LOG_INFO : SW_LOG_WARN, "reported instance %s dead (%s): %s",
-            instance, reason, sw_err_name(rv));
+    pthread_mutex_lock(&p->rmu);
+    if (p->nrq == p->caprq && p->caprq < 1024) {
+        size_t ncap = p->caprq ? p->caprq * 2 : 8;
+        pool_report *nv = realloc(p->rq, ncap * sizeof(*nv));
+        if (nv != NULL) {
+            p->rq = nv;
+            p->caprq = ncap;
+        }
+    }
+    if (p->nrq < p->caprq) {
+        pool_report *r = &p->rq[p->nrq++];
+        snprintf(r->id, sizeof(r->id), "%s", instance);
+        snprintf(r->reason, sizeof(r->reason), "%s", reason ? reason : "reported dead");
+        r->silent_since = swi_now_ms() - (silent_ms > 0 ? silent_ms : 0);
+        queued = 1;
+    }
+    pthread_mutex_unlock(&p->rmu);
+    if (queued)
+        swi_ticker_kick(&p->reporter);
+    else
+        swi_log(&p->log, SW_LOG_WARN, "dead report of %s dropped: too many queued", instance);
 }
 
 void
 swr_pool_dead(swr_pool *p, const char *instance, const char *reason)
 {
     if (swr_pool_quarantine(p, instance))
-        swr_pool_report(p, instance, reason);
+        swr_pool_report(p, instance, reason, 0);
 }

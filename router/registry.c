@@ -31,6 +31,7 @@
 
 #define REG_MAX_VALUE (64 * 1024)
 #define REG_TICK_MS 50
+#define REG_FORGET_LEASES 20 /* a dead entry is forgotten after this many leases */
 #define REG_KEY_MAX (SW_MAX_ENDPOINT + SW_MAX_TOKEN + 2)
 
 typedef struct reg_view {
@@ -212,6 +213,20 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
             swi_log(&reg->log, SW_LOG_WARN, "registry: entry %s does not decode (%s): ignored",
                     e->key, sw_err_name(rv));
             return;
+        }
+        {
+            /* An entry lives under <endpoint>.<instance> and nowhere else:
+             * one under another key (stale or forged) naming a live
+             * instance must not stand for it (issue 11 #11). */
+            char want[REG_KEY_MAX];
+            int n = snprintf(want, sizeof(want), "%s.%s", info->endpoint, info->instance_id);
+            if (n < 0 || (size_t)n >= sizeof(want) || strcmp(want, e->key) != 0) {
+                swi_log(&reg->log, SW_LOG_WARN,
+                        "registry: entry %s names %s.%s: not its own key, ignored", e->key,
+                        info->endpoint, info->instance_id);
+                swp_free(info);
+                return;
+            }
         }
     }
     pthread_mutex_lock(&reg->mu);
@@ -431,6 +446,11 @@ reg_main(void *arg)
                 v->live = 0;
                 snprintf(expired, sizeof(expired), "%s", v->info->instance_id);
                 reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
+            } else if (!v->live && now - v->seen_ms >= REG_FORGET_LEASES * lease) {
+                /* The store's max age drops such entries without a delete
+                 * event: forget them too, or the view only grows. */
+                view_remove(reg, v);
+                i--;
             }
         }
         if (expired[0] != '\0') {
@@ -721,9 +741,12 @@ sw_registry_deregister(sw_registry *reg, const char *instance_id)
     return rv;
 }
 
-sw_err
-sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revision,
-                        const char *reason)
+/* Writes the tombstone of instance_id, guarded by `revision` (0: the
+ * view's), refused with SW_EBUSY if silent_ms >= 0 and this handle saw the
+ * entry refreshed within the last silent_ms. */
+static sw_err
+reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int64_t silent_ms,
+           const char *reason)
 {
     reg_view *v;
     swp_instance *tomb;
@@ -744,6 +767,13 @@ sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revi
     if (v->info->dead) {
         pthread_mutex_unlock(&reg->mu);
         return SW_OK;
+    }
+    if (silent_ms >= 0 && swi_now_ms() - v->seen_ms < silent_ms) {
+        /* Refreshed while the reporter heard nothing: its keep-alive runs,
+         * so the reporter's evidence is not death (its own connection, or
+         * the path to the worker, may be what failed). */
+        pthread_mutex_unlock(&reg->mu);
+        return SW_EBUSY;
     }
     rev = revision ? revision : v->rev;
     snprintf(key, sizeof(key), "%s", v->key);
@@ -768,6 +798,22 @@ sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revi
         swi_log(&reg->log, SW_LOG_INFO, "registry: reported %s dead (%s)", instance_id,
                 reason ? reason : "reported dead");
     return rv;
+}
+
+sw_err
+sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revision,
+                        const char *reason)
+{
+    return reg_report(reg, instance_id, revision, -1, reason);
+}
+
+sw_err
+sw_registry_report_silent(sw_registry *reg, const char *instance_id, sw_duration silent_ms,
+                          const char *reason)
+{
+    if (silent_ms < 0)
+        return SW_EINVAL;
+    return reg_report(reg, instance_id, 0, silent_ms, reason);
 }
 
 void

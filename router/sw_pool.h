@@ -37,9 +37,11 @@ void swr_pool_done(swr_pool *p, const char *instance);
  * a new quarantine of an instance the registry lists as live: then the
  * caller should swr_pool_report it. */
 int swr_pool_quarantine(swr_pool *p, const char *instance);
-/* Reports the instance dead in the registry (guarded by the newest revision
- * the registry view has seen). */
-void swr_pool_report(swr_pool *p, const char *instance, const char *reason);
+/* Reports the instance dead in the registry, from the pool's reporter
+ * thread (a registry write may block; the caller does not wait). silent_ms:
+ * how long the instance has shown no sign of life; the registry refuses the
+ * report if it saw the entry refreshed in that time. */
+void swr_pool_report(swr_pool *p, const char *instance, const char *reason, int64_t silent_ms);
 /* Both: the instance is dead. Safe to call repeatedly. */
 void swr_pool_dead(swr_pool *p, const char *instance, const char *reason);
 

@@ -176,6 +176,16 @@ SW_API sw_err sw_registry_deregister(sw_registry *reg, const char *instance_id);
 SW_API sw_err sw_registry_report_dead(sw_registry *reg, const char *instance_id,
                                       uint64_t revision, const char *reason);
 
+/* Router side: reports dead an instance that showed no sign of life to the
+ * caller for the last silent_ms. The report is accepted only if this
+ * handle has not seen the entry refreshed within that time: a worker whose
+ * keep-alive still runs is not declared dead on the strength of a path that
+ * failed (the reporter's own connection, a partition between the two).
+ * SW_OK (tombstone written), SW_EBUSY (refreshed meanwhile, or a newer
+ * revision), SW_ENOTFOUND, SW_EINVAL. */
+SW_API sw_err sw_registry_report_silent(sw_registry *reg, const char *instance_id,
+                                        sw_duration silent_ms, const char *reason);
+
 /* Live instances serving `endpoint` (NULL = all), from this handle's watched
  * view. *out is an array of *n entries owned by the caller: free it with
  * sw_instances_free. */

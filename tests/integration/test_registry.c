@@ -2189,8 +2189,14 @@ pool_logs_without_lock(void **state)
     assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
     assert_true(reentry_wait(&rp, &rp.back, 1, T(3000)));
     assert_false(swr_pool_quarantined(pool, fx_id(f, 0)));
-    /* And a report through the pool logs (after its registry call). */
-    swr_pool_report(pool, fx_id(f, 0), "reentry test");
+    /* And a report through the pool logs (after its registry call, on the
+     * pool's reporter thread). */
+    swr_pool_report(pool, fx_id(f, 0), "reentry test", 0);
+    {
+        int64_t until2 = now_ms() + T(5000);
+        while (reentry_get(&rp, &rp.lines) < 2 && now_ms() < until2)
+            swh_sleep_ms(5);
+    }
     assert_true(reentry_get(&rp, &rp.lines) >= 2);
 
     __atomic_store_n(&rp.pool, NULL, __ATOMIC_RELEASE);
@@ -2238,6 +2244,82 @@ group_teardown(void **state)
     return 0;
 }
 
+/* Issue 11 #11: an entry under a key that is not <endpoint>.<instance> (a
+ * stale or forged copy naming a live instance) is ignored: its REMOVED or
+ * tombstone can never evict the live instance. */
+static void
+foreign_key_entry_ignored(void **state)
+{
+    fx *f = *state;
+    const sw_registry_backend *be = sw_registry_backend_find(f->be);
+    sw_registry *wreg = fx_reg(f, 0, 1500, 150);
+    sw_registry *rreg = fx_reg(f, 1, 1500, 0);
+    evlog *l = &f->log[0];
+    uint8_t *enc = NULL;
+    size_t enc_len = 0;
+    uint64_t rev = 0;
+    swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
+
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    f->raw_be[0] = be;
+    assert_int_equal(be->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+    m.version = SW_PROTOCOL_VERSION;
+    m.instance_id = (char *)fx_id(f, 0);
+    m.endpoint = (char *)EP1;
+    m.request_subject = (char *)"sw.req.x";
+    m.control_subject = (char *)"sw.ctl.x";
+    m.lease_ms = 3000;
+    /* A copy of the live instance under another key, then its tombstone. */
+    for (int dead = 0; dead <= 1; dead++) {
+        m.dead = dead;
+        assert_int_equal(swp_encode_alloc(&m, 65536, &enc, &enc_len), SW_OK);
+        assert_int_equal(be->put(f->raw_state[0], EP1 ".forged", enc, enc_len, rev, &rev), SW_OK);
+        free(enc);
+        swh_sleep_ms(T(100));
+    }
+    swh_sleep_ms(T(300));
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), 0);
+    assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
+}
+
+/* Issue 11 #7: a dead report is accepted only if the entry was not
+ * refreshed while the reporter heard nothing from the instance: a router
+ * whose own connection dropped for a second cannot evict a healthy worker
+ * that kept its lease. */
+static void
+report_silent_refused_when_refreshed(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 1500, 150);
+    sw_registry *rreg = fx_reg(f, 1, 1500, 0);
+    evlog *l = &f->log[0];
+    uint64_t rev0;
+    sw_err rv = SW_EBUSY;
+
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    rev0 = wait_revision_above(rreg, fx_id(f, 0), 0, T(2000));
+    assert_true(wait_revision_above(rreg, fx_id(f, 0), rev0, T(3000)) > rev0);
+    /* Silent for 5 s, but refreshed within the last ~150 ms: refused. */
+    assert_int_equal(sw_registry_report_silent(rreg, fx_id(f, 0), 5000, "said silent"), SW_EBUSY);
+    assert_int_equal(sw_registry_report_silent(rreg, fx_id(f, 0), -1, "x"), SW_EINVAL);
+    assert_int_equal(sw_registry_report_silent(rreg, "nosuch", 0, "x"), SW_ENOTFOUND);
+    swh_sleep_ms(T(200));
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), 0);
+    assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
+    /* Silent for 0 ms: nothing contradicts it; accepted (a keep-alive landing
+     * in between makes it SW_EBUSY: retry as a reporter would). */
+    for (int tries = 0; tries < 20 && rv == SW_EBUSY; tries++)
+        rv = sw_registry_report_silent(rreg, fx_id(f, 0), 0, "silent now");
+    assert_int_equal(rv, SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(2000)) >= 0);
+}
+
 /* One entry per (test, backend): "name [backend]". */
 #define RT(f, be) {#f " [" be "]", f, setup, teardown, (void *)be}
 #define REG_TESTS(be)                                                                      \
@@ -2249,7 +2331,8 @@ group_teardown(void **state)
         RT(unwatch_stops_callbacks, be), RT(raw_backend_ops, be),                          \
         RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be),              \
         RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be),              \
-        RT(lease_ignores_clock_skew, be)
+        RT(lease_ignores_clock_skew, be), RT(foreign_key_entry_ignored, be),               \
+        RT(report_silent_refused_when_refreshed, be)
 
 int
 main(int argc, char **argv)

@@ -56,7 +56,7 @@
 #include <streamwire/registry.h>
 #include <streamwire/streamwire.h>
 
-#include "../cmd/natsd.h"
+#include "natsd.h"
 
 /* Scenario 6 (optional): under valgrind --tool=callgrind --instr-atstart=no,
  * --callgrind collects only during each long- and short-stream run and dumps
@@ -383,7 +383,7 @@ latch_wait(latch *l, int64_t timeout_ns)
 /* ------------------------------------------------------------------ nats-server */
 
 /* Our own nats-server (not with --server), started and stopped by the shared
- * launcher in cmd/natsd.c (also used by the CLI demo and the integration
+ * launcher in support/natsd.c (also used by the CLI demo and the integration
  * tests). Its pid gives the server CPU and RSS figures (/proc). */
 static swh_nats g_nats;
 static char g_server_version[64] = "external";
@@ -469,7 +469,7 @@ server_version(pid_t pid)
     pclose(p);
 }
 
-/* Starts nats-server -js on a free port with a fresh store dir (cmd/natsd.c).
+/* Starts nats-server -js on a free port with a fresh store dir (support/natsd.c).
  * bin (--nats-server) is handed to the launcher as SW_NATS_SERVER; a name
  * without a slash is looked up on PATH first, as execlp did. NULL: the
  * launcher's default (SW_NATS_SERVER, else nats-server on PATH). Called
@@ -3750,7 +3750,7 @@ usage(FILE *f)
             "  --server URL        use this nats-server instead of starting one\n"
             "  --nats-server PATH  nats-server binary to start (default: $SW_NATS_SERVER, else\n"
             "                      nats-server on PATH); it runs with -js -a 127.0.0.1\n"
-            "                      -p <free port> -sd <tmp dir>/js (cmd/natsd.c)\n"
+            "                      -p <free port> -sd <tmp dir>/js (support/natsd.c)\n"
             "  --json FILE         also write the results as JSON\n"
             "  --quick             small sizes, a few seconds (CI smoke; never assert figures)\n"
             "  --only LIST         run only these scenarios (default: all)\n"

@@ -409,6 +409,5 @@ void scen_slow(void);
 
 /* ---------------------------------------------------------- main.c */
 
-int want(const char *name);
 
 #endif

@@ -1,4 +1,5 @@
-/* bench/main.c -- streamwire-bench: options, --help, the scenario table and the loop that runs it. */
+/* bench/main.c -- streamwire-bench: options, --help, the scenario table and the loop that runs it.
+ * Main thread only (the scenarios start their own threads). */
 #include "bench.h"
 
 const char *g_url;
@@ -6,6 +7,42 @@ char g_cmdline[1024];
 char g_load_start[64], g_load_end[64];
 bench_cfg cfg;
 
+/* ------------------------------------------------------------------ scenarios */
+
+/* The scenarios, in the order of the report. --only selects entries by name;
+ * --help prints name and help. Entries marked early run before all others
+ * (their baselines are cleanest before the throughput runs have grown the
+ * heap: the idle RSS, the slow consumers' peak frontend RSS), in table order;
+ * their rows still appear at their place in the report. */
+typedef struct scenario {
+    const char *name;
+    void (*fn)(void);
+    int early;
+    const char *help; /* --help lines after the name, each ending in \n */
+} scenario;
+
+static const scenario scenarios[] = {
+    {"long", scen_long, 0,
+     "1 stream x N items of 64 B and 1 KiB: items/s, MB/s; also a blocking\n"
+     "           consumer and the credit cost (default window vs window 1<<20)\n"},
+    {"short", scen_short, 0,
+     "many short streams of 10 items at concurrency 1, 64, 1024: streams/s\n"
+     "           (the raw baseline subscribes to a fresh inbox per request)\n"},
+    {"latency", scen_latency, 0, "per-item latency at a fixed rate: p50, p99, p99.9\n"},
+    {"ttfi", scen_ttfi, 0, "time to first item: p50, p99\n"},
+    {"idle", scen_idle, 1, "idle open streams at the frontend: RSS per stream, idle CPU\n"},
+    {"loss", scen_loss, 0,
+     "issue 4: SIGKILL / SIGSTOP of a worker (child process) mid-stream ->\n"
+     "           terminal at the consumer; dead report -> another router stops\n"
+     "           routing there; requests routed to the dead instance after the report\n"},
+    {"cancel", scen_cancel, 0,
+     "issue 5: sw_stream_cancel -> the handler's cancel callback; SIGKILL of\n"
+     "           a frontend (child process) -> the worker cancels its stream\n"},
+    {"slow", scen_slow, 1,
+     "issue 5: many concurrent streams to slow consumers: peak frontend RSS\n"
+     "           against the credit-window bound, peak pending, loss, nats.c drops\n"},
+};
+#define NSCEN (sizeof(scenarios) / sizeof(scenarios[0]))
 
 /* ------------------------------------------------------------------ options */
 
@@ -18,21 +55,10 @@ usage(FILE *f)
             "Measures streamwire against hand-written nats.c on the same nats-server, in\n"
             "one run, and prints a table (raw, streamwire, streamwire/raw).\n"
             "\n"
-            "Scenarios (--only takes a comma list of these names):\n"
-            "  long     1 stream x N items of 64 B and 1 KiB: items/s, MB/s; also a blocking\n"
-            "           consumer and the credit cost (default window vs window 1<<20)\n"
-            "  short    many short streams of 10 items at concurrency 1, 64, 1024: streams/s\n"
-            "           (the raw baseline subscribes to a fresh inbox per request)\n"
-            "  latency  per-item latency at a fixed rate: p50, p99, p99.9\n"
-            "  ttfi     time to first item: p50, p99\n"
-            "  idle     idle open streams at the frontend: RSS per stream, idle CPU\n"
-            "  loss     issue 4: SIGKILL / SIGSTOP of a worker (child process) mid-stream ->\n"
-            "           terminal at the consumer; dead report -> another router stops\n"
-            "           routing there; requests routed to the dead instance after the report\n"
-            "  cancel   issue 5: sw_stream_cancel -> the handler's cancel callback; SIGKILL of\n"
-            "           a frontend (child process) -> the worker cancels its stream\n"
-            "  slow     issue 5: many concurrent streams to slow consumers: peak frontend RSS\n"
-            "           against the credit-window bound, peak pending, loss, nats.c drops\n"
+            "Scenarios (--only takes a comma list of these names):\n");
+    for (size_t i = 0; i < NSCEN; i++)
+        fprintf(f, "  %-8s %s", scenarios[i].name, scenarios[i].help);
+    fprintf(f,
             "\n"
             "Options:\n"
             "  --server URL        use this nats-server instead of starting one\n"
@@ -103,7 +129,7 @@ parse_list_uint(const char *s, unsigned *out, int max)
     return n;
 }
 
-int
+static int
 want(const char *name)
 {
     const char *p;
@@ -364,38 +390,28 @@ main(int argc, char **argv)
             die("warm-up failed: %s", w.err);
     }
 
-    /* The idle scenario runs first: its RSS baseline is cleanest before the
-     * throughput runs have grown the heap. */
-    if (want("idle"))
-        scen_idle();
+    /* Early entries run first and keep their rows aside; then the table is
+     * walked in report order, running the others and putting each early
+     * entry's rows back at its place. */
     {
-        int nidle, nslow;
-        row idle_rows[16], slow_rows[16];
-        nidle = g_nrows;
-        memcpy(idle_rows, g_rows, sizeof(row) * (size_t)nidle);
-        g_nrows = 0;
-        /* Slow consumers next, for the same reason (frontend peak RSS). */
-        if (want("slow"))
-            scen_slow();
-        nslow = g_nrows;
-        memcpy(slow_rows, g_rows, sizeof(row) * (size_t)nslow);
-        g_nrows = 0;
-        if (want("long"))
-            scen_long();
-        if (want("short"))
-            scen_short();
-        if (want("latency"))
-            scen_latency();
-        if (want("ttfi"))
-            scen_ttfi();
-        memcpy(&g_rows[g_nrows], idle_rows, sizeof(row) * (size_t)nidle);
-        g_nrows += nidle;
-        if (want("loss"))
-            scen_loss();
-        if (want("cancel"))
-            scen_cancel();
-        memcpy(&g_rows[g_nrows], slow_rows, sizeof(row) * (size_t)nslow);
-        g_nrows += nslow;
+        static row early_rows[NSCEN][16];
+        int nearly[NSCEN] = {0};
+        for (size_t i = 0; i < NSCEN; i++) {
+            if (!scenarios[i].early || !want(scenarios[i].name))
+                continue;
+            scenarios[i].fn();
+            nearly[i] = g_nrows;
+            memcpy(early_rows[i], g_rows, sizeof(row) * (size_t)nearly[i]);
+            g_nrows = 0;
+        }
+        for (size_t i = 0; i < NSCEN; i++) {
+            if (scenarios[i].early) {
+                memcpy(&g_rows[g_nrows], early_rows[i], sizeof(row) * (size_t)nearly[i]);
+                g_nrows += nearly[i];
+            } else if (want(scenarios[i].name)) {
+                scenarios[i].fn();
+            }
+        }
     }
 
     loadavg(g_load_end, sizeof(g_load_end));

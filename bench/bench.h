@@ -239,8 +239,6 @@ typedef struct goal {
 /* ---------------------------------------------------------- util.c */
 
 void loadavg(char *out, size_t cap);
-/* ------------------------------------------------------------------ small utils */
-
 int64_t now_ns(void);
 void sleep_until_ns(int64_t t);
 void sleep_ms(int ms);
@@ -296,8 +294,6 @@ void child_quit(child *c);
 
 /* ---------------------------------------------------------- world.c */
 
-/* ------------------------------------------------------------------ connections */
-
 natsConnection *raw_connect(const char *url, const char *name);
 sw_conn *sw_connect(const char *url, const char *name);
 extern natsConnection *g_raw_front, *g_raw_work;
@@ -310,16 +306,18 @@ extern sw_router *g_router;
 extern sw_ingress *g_ing_main, *g_ing_big;
 extern unsigned g_default_window;
 void sw_bench_handler(sw_responder *r, void *arg);
-sw_ingress *start_ingress(const char *ep, const char *inst, unsigned max_inflight, unsigned max_window);
+sw_ingress *start_ingress(const char *ep, const char *inst, unsigned max_inflight,
+                          unsigned max_window);
 
 /* ---------------------------------------------------------- report.c */
 
 extern row g_rows[256];
 extern int g_nrows;
-row *add_row(const char *scen, const char *param, const char *metric, double raw, double sw, int lower_better, int prec, const char *note);
+row *add_row(const char *scen, const char *param, const char *metric, double raw, double sw,
+             int lower_better, int prec, const char *note);
 extern double g_goal_long64;
 extern double g_goal_short64;
-extern double g_goal_p99_raw , g_goal_p99_sw;
+extern double g_goal_p99_raw, g_goal_p99_sw;
 extern double g_goal_idle_bps;
 extern unsigned g_goal_idle_window;
 extern double g_credit_cost[MAX_LIST];
@@ -349,15 +347,11 @@ void scen_short(void);
 
 /* ---------------------------------------------------------- sc_latency.c */
 
-/* ------------------------------------------------------------------ 3: latency */
-
 /* Raw and streamwire alternate in short segments (a new stream each), so a
  * burst of load from elsewhere on a shared machine hits both alike. */
 void scen_latency(void);
 
 /* ---------------------------------------------------------- sc_first_item.c */
-
-/* ------------------------------------------------------------------ 4: time to first item */
 
 void scen_ttfi(void);
 
@@ -367,8 +361,6 @@ void scen_idle(void);
 int idle_worker_main(const char *url, unsigned n);
 
 /* ---------------------------------------------------------- sc_loss.c */
-
-/* ------------------------------------------------------------------ 7: instance loss (issue 4) */
 
 /* Workers run in child processes (this binary with --worker-mode), each
  * registered in the registry bucket LOSS_BUCKET with default options.
@@ -383,8 +375,9 @@ void loss_rt_log(void *arg, sw_log_level lvl, const char *msg);
 /* The rows of a streamwire-only latency set (raw column "-"): "p50 <unit>"
  * (note50), "p99 <unit>" (note99) and, when with_max, "max <unit>". v holds n
  * ns values, sorted in place; unit is "ms" or "us". Returns the p99. */
-double lat_rows_sw(const char *scen, const char *param, int64_t *v, size_t n, const char *unit, int prec, int with_max, const char *note50, const char *note99);
-extern double g_goal_kill_p99 , g_goal_stop_p99 , g_goal_report_p99;
+double lat_rows_sw(const char *scen, const char *param, int64_t *v, size_t n, const char *unit,
+                   int prec, int with_max, const char *note50, const char *note99);
+extern double g_goal_kill_p99, g_goal_stop_p99, g_goal_report_p99;
 extern double g_goal_after_report;
 extern unsigned g_goal_loss_n;
 void scen_loss(void);
@@ -395,19 +388,18 @@ void scen_loss(void);
  * stream to INST_CANCEL, prints "streaming <request id>" after the first
  * item and reads until it is killed. */
 int frontend_main(const char *url);
-extern double g_goal_cancel_p99 , g_goal_fekill_p99;
+extern double g_goal_cancel_p99, g_goal_fekill_p99;
 void scen_cancel(void);
 
 /* ---------------------------------------------------------- sc_slow.c */
 
 int slow_worker_main(const char *url, unsigned n);
-extern double g_goal_slow_peak_mib , g_goal_slow_bound_mib;
+extern double g_goal_slow_peak_mib, g_goal_slow_bound_mib;
 extern double g_goal_slow_pending;
 extern unsigned g_goal_slow_window, g_goal_slow_n;
 extern int g_goal_slow_lossless;
 void scen_slow(void);
 
 /* ---------------------------------------------------------- main.c */
-
 
 #endif

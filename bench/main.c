@@ -1,5 +1,8 @@
-/* bench/main.c -- streamwire-bench: options, --help, the scenario table and the loop that runs it.
- * Main thread only (the scenarios start their own threads). */
+/* bench/main.c -- streamwire-bench: options, --help, the scenario table and
+ * the loop that runs it. Main thread only (the scenarios start their own
+ * threads).
+ *
+ * Threads and locks: Main thread only (the scenarios start their own threads). */
 #include "bench.h"
 
 const char *g_url;

@@ -1,5 +1,8 @@
-/* bench/report.c -- streamwire-bench: results: the rows every scenario adds (add_row), the goal inputs,
- * the text table, the goals, and the JSON output. Main thread only. */
+/* bench/report.c -- streamwire-bench: results: the rows every scenario adds
+ * (add_row), the goal inputs, the text table, the goals, and the JSON output.
+ * Main thread only.
+ *
+ * Threads and locks: Main thread only. */
 #include "bench.h"
 
 row g_rows[256];

@@ -1,6 +1,9 @@
-/* bench/sc_cancel.c -- streamwire-bench: scenario 8: cancellation (sw_stream_cancel -> the handler's
- * cancel callback; SIGKILL of a frontend), and the hidden mode
- * --frontend-mode. */
+/* bench/sc_cancel.c -- streamwire-bench: scenario 8: cancellation
+ * (sw_stream_cancel -> the handler's cancel callback; SIGKILL of a frontend),
+ * and the hidden mode --frontend-mode.
+ *
+ * Threads and locks: g_cs_mu/g_cs_cv guard the cancel slots (handler and
+ * cancel callback threads). */
 #include "bench.h"
 
 /* ------------------------------------------------------------------ 8: cancellation (issue 5) */

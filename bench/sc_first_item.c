@@ -1,4 +1,7 @@
-/* bench/sc_first_item.c -- streamwire-bench: scenario 4: time to first item. */
+/* bench/sc_first_item.c -- streamwire-bench: scenario 4: time to first item.
+ *
+ * Threads and locks: Main thread plus nats.c and library threads; no locks of
+ * its own. */
 #include "bench.h"
 
 /* ------------------------------------------------------------------ 4: time to first item */

@@ -1,5 +1,9 @@
-/* bench/sc_idle.c -- streamwire-bench: scenario 5: idle open streams at the frontend (RSS per stream, idle
- * CPU), and the hidden mode --idle-worker (the worker side, a child process). */
+/* bench/sc_idle.c -- streamwire-bench: scenario 5: idle open streams at the
+ * frontend (RSS per stream, idle CPU), and the hidden mode --idle-worker (the
+ * worker side, a child process).
+ *
+ * Threads and locks: g_idle_mu guards the held responders of the idle worker
+ * (handler threads). */
 #include "bench.h"
 
 typedef struct idle_res {

@@ -1,5 +1,8 @@
-/* bench/sc_latency.c -- streamwire-bench: scenario 3: per-item latency at a fixed rate (raw and streamwire
- * alternating in short segments). */
+/* bench/sc_latency.c -- streamwire-bench: scenario 3: per-item latency at a
+ * fixed rate (raw and streamwire alternating in short segments).
+ *
+ * Threads and locks: Main thread plus nats.c and library threads; no locks of
+ * its own. */
 #include "bench.h"
 
 /* ------------------------------------------------------------------ 3: latency */

@@ -1,5 +1,9 @@
-/* bench/sc_long.c -- streamwire-bench: scenarios 1 (long stream: items/s, MB/s, blocking consumer,
- * credit cost) and the one-stream runs also used by the warm-up. */
+/* bench/sc_long.c -- streamwire-bench: scenarios 1 (long stream: items/s,
+ * MB/s, blocking consumer, credit cost) and the one-stream runs also used by
+ * the warm-up.
+ *
+ * Threads and locks: A publisher thread per raw run; sinks count on nats.c /
+ * router threads, the main thread waits on a latch. */
 #include "bench.h"
 
 typedef struct sink {

@@ -1,6 +1,10 @@
-/* bench/sc_loss.c -- streamwire-bench: scenario 7: instance loss (SIGKILL / SIGSTOP of a worker in a child
- * process, dead reports through the registry), and the hidden mode
- * --worker-mode. */
+/* bench/sc_loss.c -- streamwire-bench: scenario 7: instance loss (SIGKILL /
+ * SIGSTOP of a worker in a child process, dead reports through the registry),
+ * and the hidden mode --worker-mode.
+ *
+ * Threads and locks: g_loss_mu guards the victim and its report times
+ * (registry log and watch callbacks); g_b.mu guards router B's picks (its
+ * thread and callbacks). */
 #include "bench.h"
 
 /* ------------------------------------------------------------------ 7: instance loss (issue 4) */

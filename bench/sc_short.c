@@ -1,5 +1,8 @@
-/* bench/sc_short.c -- streamwire-bench: scenario 2: many short streams at several concurrencies (closed
- * loop, one thread per concurrent stream). */
+/* bench/sc_short.c -- streamwire-bench: scenario 2: many short streams at
+ * several concurrencies (closed loop, one thread per concurrent stream).
+ *
+ * Threads and locks: One thread per concurrent stream; results gathered after
+ * joining them. */
 #include "bench.h"
 
 /* Raw request-many as written by hand: subscribe to a fresh inbox, publish

@@ -1,6 +1,9 @@
-/* bench/sc_slow.c -- streamwire-bench: scenario 9: slow consumers (peak frontend RSS against the
- * credit-window bound, pending, loss, nats.c drops), and the hidden mode
- * --slow-worker. */
+/* bench/sc_slow.c -- streamwire-bench: scenario 9: slow consumers (peak
+ * frontend RSS against the credit-window bound, pending, loss, nats.c drops),
+ * and the hidden mode --slow-worker.
+ *
+ * Threads and locks: Producer threads take jobs round-robin (atomics);
+ * consumer threads each poll their own streams. */
 #include "bench.h"
 
 /* ------------------------------------------------------------------ 9: slow consumers (issue 5) */

@@ -1,7 +1,11 @@
-/* bench/spawn.c -- streamwire-bench: processes: our own nats-server (support/natsd.c), the registry of
- * child processes killed on exit or SIGINT/SIGTERM, and the helpers that run
- * this binary in a hidden mode as a child (pipes, line commands, reaping).
- * The kids table is written by the main thread and read by the signal handler. */
+/* bench/spawn.c -- streamwire-bench: processes: our own nats-server
+ * (support/natsd.c), the registry of child processes killed on exit or
+ * SIGINT/SIGTERM, and the helpers that run this binary in a hidden mode as a
+ * child (pipes, line commands, reaping). The kids table is written by the main
+ * thread and read by the signal handler.
+ *
+ * Threads and locks: The kids table is written by the main thread and read by
+ * the signal handler (async-signal-safe cleanup). */
 #include "bench.h"
 
 /* ------------------------------------------------------------------ nats-server */

@@ -1,6 +1,9 @@
-/* bench/util.c -- streamwire-bench: small helpers shared by every scenario: clocks, sleeping, progress and
- * fatal errors, item timestamps, percentiles and medians, this process's RSS,
- * CPU and context switches, and a one-shot latch (mutex + condvar). */
+/* bench/util.c -- streamwire-bench: small helpers shared by every scenario:
+ * clocks, sleeping, progress and fatal errors, item timestamps, percentiles
+ * and medians, this process's RSS, CPU and context switches, and a one-shot
+ * latch (mutex + condvar).
+ *
+ * Threads and locks: The latch is a mutex + condvar; the rest is lock-free. */
 #include "bench.h"
 
 void

@@ -1,5 +1,9 @@
-/* bench/world.c -- streamwire-bench: the shared world of the raw and streamwire runs: the connections,
- * the hand-written raw responder, the bench handler and ingresses. */
+/* bench/world.c -- streamwire-bench: the shared world of the raw and
+ * streamwire runs: the connections, the hand-written raw responder, the bench
+ * handler and ingresses.
+ *
+ * Threads and locks: The responders run on nats.c and ingress handler threads;
+ * no locks of their own. */
 #include "bench.h"
 
 /* ------------------------------------------------------------------ connections */

@@ -390,5 +390,6 @@ main(int argc, char **argv)
         T_(bad_input_on_request_subject),
     };
     sf_filters(argc, argv);
-    return cmocka_run_group_tests_name("streams.badinput", tests, sf_group_setup, sf_group_teardown);
+    return cmocka_run_group_tests_name("streams.badinput", tests, sf_group_setup,
+                                       sf_group_teardown);
 }

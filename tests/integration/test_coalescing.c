@@ -94,5 +94,6 @@ main(int argc, char **argv)
         T_(coalescing_off),
     };
     sf_filters(argc, argv);
-    return cmocka_run_group_tests_name("streams.coalescing", tests, sf_group_setup, sf_group_teardown);
+    return cmocka_run_group_tests_name("streams.coalescing", tests, sf_group_setup,
+                                       sf_group_teardown);
 }

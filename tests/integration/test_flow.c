@@ -527,5 +527,6 @@ main(int argc, char **argv)
         T_(consumer_stops_reading_then_closes),
     };
     sf_filters(argc, argv);
-    return cmocka_run_group_tests_name("streams.flow", tests, sf_group_setup, sf_group_teardown);
+    return cmocka_run_group_tests_name("streams.flow", tests, sf_group_setup,
+                                       sf_group_teardown);
 }

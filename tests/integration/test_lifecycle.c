@@ -400,5 +400,6 @@ main(int argc, char **argv)
         T_(conn_close_no_callback_after_free),
     };
     sf_filters(argc, argv);
-    return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup, sf_group_teardown);
+    return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,
+                                       sf_group_teardown);
 }

@@ -288,5 +288,6 @@ main(int argc, char **argv)
         T_(lost_final_is_resent),
     };
     sf_filters(argc, argv);
-    return cmocka_run_group_tests_name("streams.loss", tests, sf_group_setup, sf_group_teardown);
+    return cmocka_run_group_tests_name("streams.loss", tests, sf_group_setup,
+                                       sf_group_teardown);
 }

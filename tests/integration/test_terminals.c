@@ -632,5 +632,6 @@ main(int argc, char **argv)
         T_(callback_cancel_from_callback),
     };
     sf_filters(argc, argv);
-    return cmocka_run_group_tests_name("streams.terminals", tests, sf_group_setup, sf_group_teardown);
+    return cmocka_run_group_tests_name("streams.terminals", tests, sf_group_setup,
+                                       sf_group_teardown);
 }

@@ -1,11 +1,17 @@
 /* tests/integration/harness.c -- see harness.h. The nats-server launcher and
- * process helpers are cmd/natsd.c, compiled into this file so that the demo
- * and the tests share one implementation. */
+ * process helpers are support/natsd.c (the sw_testsupport library, shared
+ * with the CLI's demo and the bench); this file adds the CLI spawners. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
 
-#include "../../cmd/natsd.c"
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 

@@ -2,9 +2,9 @@
  * library: a real nats-server on a port picked at run time, and the
  * streamwire CLI as a child process.
  *
- * Build: add harness.c to the test's sources (it compiles cmd/natsd.c into
- * itself: one implementation shared with `streamwire demo`), and give the
- * test the CLI's path as a compile definition, e.g.
+ * Build: add harness.c to the test's sources and link sw_testsupport
+ * (support/natsd.c: one implementation shared with `streamwire demo` and the
+ * bench), and give the test the CLI's path as a compile definition, e.g.
  *   target_compile_definitions(t PRIVATE SW_CLI_PATH="$<TARGET_FILE:streamwire_cli>")
  *   add_dependencies(t streamwire_cli)
  * The environment variable SW_CLI_PATH overrides it at run time.
@@ -29,7 +29,7 @@
  *   close(fd);
  *   swh_nats_stop(&n);
  *
- * Declared in cmd/natsd.h (included below): swh_nats, swh_nats_start,
+ * Declared in support/natsd.h (included below): swh_nats, swh_nats_start,
  * swh_nats_stop, swh_nats_stop_keep, swh_spawn_path, swh_wait_line,
  * swh_kill, swh_wait_exit, swh_terminate, swh_sleep_ms, swh_now_ms,
  * swh_slow, swh_rmtree, swh_mkdtemp. */
@@ -38,7 +38,7 @@
 
 #include <sys/types.h>
 
-#include "../../cmd/natsd.h"
+#include "natsd.h"
 
 /* The streamwire CLI binary: env SW_CLI_PATH, else the SW_CLI_PATH compile
  * definition, else NULL. */

@@ -1,6 +1,7 @@
-/* cmd/natsd.c -- a throwaway nats-server and child processes; see natsd.h.
- * Also compiled into the integration test harness (tests/integration/
- * harness.c #includes this file), so keep it free of library internals. */
+/* support/natsd.c -- a throwaway nats-server and child processes; see natsd.h.
+ * Part of the sw_testsupport static library (the CLI's demo, the bench and
+ * every integration test link it), so keep it free of library internals.
+ * No threads of its own, no locks. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif

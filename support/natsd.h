@@ -1,14 +1,14 @@
-/* cmd/natsd.h -- a throwaway nats-server and child processes, for the CLI's
- * demo and the integration test harness (tests/integration/harness.c compiles
- * cmd/natsd.c into itself, so there is one implementation).
+/* support/natsd.h -- a throwaway nats-server and child processes, for the CLI's
+ * demo, the bench and the integration test harness: one implementation, built
+ * once as the sw_testsupport static library (support/CMakeLists.txt).
  *
  * Nothing here uses a fixed port: the server's port is picked at run time.
  * Everything here prints its own diagnostics to stderr (it is tooling, not
  * the library). Not thread-safe with respect to concurrent spawns only in
  * the usual fork/exec way: descriptors are created close-on-exec, so a child
  * never inherits another child's pipes. */
-#ifndef SW_CMD_NATSD_H
-#define SW_CMD_NATSD_H
+#ifndef SW_SUPPORT_NATSD_H
+#define SW_SUPPORT_NATSD_H
 
 #include <stddef.h>
 #include <sys/types.h>

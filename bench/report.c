@@ -1,0 +1,308 @@
+/* bench/report.c -- streamwire-bench: results: the rows every scenario adds
+ * (add_row), the goal inputs, the text table, the goals, and the JSON output.
+ * Main thread only.
+ *
+ * Threads and locks: Main thread only. */
+#include "bench.h"
+
+row g_rows[256];
+int g_nrows;
+
+row *
+add_row(const char *scen, const char *param, const char *metric, double raw, double sw,
+        int lower_better, int prec, const char *note)
+{
+    row *r;
+    if (g_nrows >= (int)(sizeof(g_rows) / sizeof(g_rows[0])))
+        return NULL;
+    r = &g_rows[g_nrows++];
+    snprintf(r->scenario, sizeof(r->scenario), "%s", scen);
+    snprintf(r->param, sizeof(r->param), "%s", param);
+    snprintf(r->metric, sizeof(r->metric), "%s", metric);
+    r->raw = raw;
+    r->sw = sw;
+    r->lower_better = lower_better;
+    r->prec = prec;
+    snprintf(r->note, sizeof(r->note), "%s", note ? note : "");
+    return r;
+}
+
+/* goal inputs */
+double g_goal_long64 = NAN;
+double g_goal_short64 = NAN;
+double g_goal_p99_raw = NAN, g_goal_p99_sw = NAN;
+double g_goal_idle_bps = NAN;
+unsigned g_goal_idle_window;
+double g_credit_cost[MAX_LIST];
+
+/* ------------------------------------------------------------------ output */
+
+static void
+cpu_model(char *out, size_t cap)
+{
+    char line[256];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    snprintf(out, cap, "unknown");
+    if (f == NULL)
+        return;
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *p = strchr(line, ':');
+            if (p != NULL) {
+                p++;
+                while (*p == ' ' || *p == '\t')
+                    p++;
+                p[strcspn(p, "\n")] = '\0';
+                snprintf(out, cap, "%s", p);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void
+fmt_num(char *out, size_t cap, double v, int prec)
+{
+    if (isnan(v))
+        snprintf(out, cap, "-");
+    else
+        snprintf(out, cap, "%.*f", prec, v);
+}
+
+void
+print_table(void)
+{
+    char cpu[128];
+    cpu_model(cpu, sizeof(cpu));
+    printf("\nstreamwire-bench: streamwire %s (source %s), nats.c %s, %s\n", sw_version(),
+           SW_BENCH_SOURCE, nats_GetVersion(), g_server_version);
+    printf("machine: %ld cores, %s\n", sysconf(_SC_NPROCESSORS_ONLN), cpu);
+    printf("load average (/proc/loadavg): start %s, end %s\n", g_load_start, g_load_end);
+    printf("send_asap: %s on every connection (raw and streamwire); streamwire credit window %u\n",
+           cfg.send_asap ? "on" : "off", cfg.window ? cfg.window : g_default_window);
+    printf("raw: hand-written nats.c; short streams and time to first item SUBSCRIBE a fresh\n"
+           "inbox per request (what a hand-written client does); streamwire uses its one\n"
+           "mux subscription. sw/raw: > 1 is better for rates, < 1 for latency and memory.\n\n");
+    printf("%-21s %-32s %-17s %12s %12s %7s  %s\n", "scenario", "parameters", "metric", "raw",
+           "streamwire", "sw/raw", "notes");
+    for (int i = 0; i < g_nrows; i++) {
+        row *r = &g_rows[i];
+        char a[32], b[32], q[32];
+        fmt_num(a, sizeof(a), r->raw, r->prec);
+        fmt_num(b, sizeof(b), r->sw, r->prec);
+        fmt_num(q, sizeof(q), r->raw > 0 ? r->sw / r->raw : NAN, 2);
+        printf("%-21s %-32s %-17s %12s %12s %7s  %s\n", r->scenario, r->param, r->metric, a, b, q,
+               r->note);
+    }
+}
+
+#define MAX_GOALS 16
+
+static int
+eval_goals(goal *g)
+{
+    int n = 0;
+    g[n].name = "long-stream throughput at 64 B";
+    g[n].target = ">= 0.85 x raw";
+    g[n].known = !isnan(g_goal_long64);
+    g[n].met = g[n].known && g_goal_long64 >= 0.85;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.2f x raw", g_goal_long64);
+    n++;
+    g[n].name = "short-stream rate at concurrency 64";
+    g[n].target = ">= 1.0 x raw";
+    g[n].known = !isnan(g_goal_short64);
+    g[n].met = g[n].known && g_goal_short64 >= 1.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.2f x raw", g_goal_short64);
+    n++;
+    g[n].name = "p99 item latency";
+    g[n].target = "<= raw p99 + 50 us";
+    g[n].known = !isnan(g_goal_p99_raw) && !isnan(g_goal_p99_sw);
+    g[n].met = g[n].known && g_goal_p99_sw <= g_goal_p99_raw + 50.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "raw %.1f us, sw %.1f us (%+.1f us)",
+             g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_sw - g_goal_p99_raw);
+    n++;
+    g[n].name = "memory per idle stream (frontend)";
+    g[n].target = "<= 4096 B + credit window";
+    g[n].known = !isnan(g_goal_idle_bps);
+    g[n].met = g[n].known && g_goal_idle_bps <= 4096.0;
+    snprintf(g[n].measured, sizeof(g[n].measured),
+             "%.0f B/stream (window %u, no items buffered)", g_goal_idle_bps, g_goal_idle_window);
+    n++;
+    for (int i = 0; i < 4; i++)
+        g[i].issue = 6;
+
+    g[n].issue = 4;
+    g[n].name = "SIGKILL -> terminal, p99";
+    g[n].target = "<= 250 ms";
+    g[n].known = !isnan(g_goal_kill_p99);
+    g[n].met = g[n].known && g_goal_kill_p99 <= 250.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.1f ms (%u trials per kind)", g_goal_kill_p99,
+             cfg.trials);
+    n++;
+    g[n].issue = 4;
+    g[n].name = "SIGSTOP -> terminal, p99";
+    g[n].target = "<= 1500 ms";
+    g[n].known = !isnan(g_goal_stop_p99);
+    g[n].met = g[n].known && g_goal_stop_p99 <= 1500.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.1f ms", g_goal_stop_p99);
+    n++;
+    g[n].issue = 4;
+    g[n].name = "report -> all other routers, p99";
+    g[n].target = "<= 1000 ms";
+    g[n].known = !isnan(g_goal_report_p99);
+    g[n].met = g[n].known && g_goal_report_p99 <= 1000.0;
+    snprintf(g[n].measured, sizeof(g[n].measured),
+             "%.1f ms (router B: REMOVED event or last pick, later)", g_goal_report_p99);
+    n++;
+    g[n].issue = 4;
+    g[n].name = "requests to the dead after report";
+    g[n].target = "0";
+    g[n].known = !isnan(g_goal_after_report);
+    g[n].met = g[n].known && g_goal_after_report == 0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.0f over %u trials (router B)",
+             g_goal_after_report, g_goal_loss_n);
+    n++;
+    g[n].issue = 5;
+    g[n].name = "cancel -> handler observes, p99";
+    g[n].target = "<= 20 ms";
+    g[n].known = !isnan(g_goal_cancel_p99);
+    g[n].met = g[n].known && g_goal_cancel_p99 <= 20.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.3f ms (%u trials)", g_goal_cancel_p99,
+             cfg.cancel_trials);
+    n++;
+    g[n].issue = 5;
+    g[n].name = "frontend SIGKILL -> worker cancel, p99";
+    g[n].target = "<= 1000 ms";
+    g[n].known = !isnan(g_goal_fekill_p99);
+    g[n].met = g[n].known && g_goal_fekill_p99 <= 1000.0;
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.1f ms (%u trials)", g_goal_fekill_p99,
+             cfg.trials);
+    n++;
+    g[n].issue = 5;
+    g[n].name = "peak frontend memory, slow streams";
+    g[n].target = "bounded by the window";
+    g[n].known = !isnan(g_goal_slow_peak_mib) && !isnan(g_goal_slow_bound_mib);
+    g[n].met = g[n].known && g_goal_slow_peak_mib <= g_goal_slow_bound_mib &&
+               g_goal_slow_pending <= g_goal_slow_window && g_goal_slow_lossless == 1;
+    snprintf(g[n].measured, sizeof(g[n].measured),
+             "%.1f MiB for %u streams (bound %.1f); peak pending %.0f <= %u; %s",
+             g_goal_slow_peak_mib, g_goal_slow_n, g_goal_slow_bound_mib, g_goal_slow_pending,
+             g_goal_slow_window, g_goal_slow_lossless == 1 ? "lossless" : "LOSS OR DROPS");
+    n++;
+    g[n].issue = 5;
+    g[n].name = "credit protocol cost at 64 B";
+    g[n].target = "state the ratio";
+    g[n].known = cfg.nsizes > 0 && g_credit_cost[0] > 0;
+    g[n].met = g[n].known;
+    snprintf(g[n].measured, sizeof(g[n].measured), "default window / window %u = %.2f",
+             BIG_WINDOW, g_credit_cost[0]);
+    n++;
+    return n;
+}
+
+void
+print_goals(void)
+{
+    goal g[MAX_GOALS];
+    int n = eval_goals(g);
+    printf("\ngoals (issues 4, 5, 6; reported, never asserted):\n");
+    for (int i = 0; i < n; i++) {
+        if (i == 0 || g[i].issue != g[i - 1].issue)
+            printf(" issue %d\n", g[i].issue);
+        printf("  %-38s %-22s %-48s %s\n", g[i].name, g[i].target,
+               g[i].known ? g[i].measured : "not run",
+               !g[i].known ? "-" : g[i].met ? "MET" : "MISSED");
+    }
+    for (int i = 0; i < cfg.nsizes && i < MAX_LIST; i++)
+        if (g_credit_cost[i] > 0)
+            printf("  credit protocol cost at %zu B: default window / window %u = %.2f\n",
+                   cfg.sizes[i], BIG_WINDOW, g_credit_cost[i]);
+}
+
+static void
+json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void
+json_num(FILE *f, double v)
+{
+    if (isnan(v) || isinf(v))
+        fprintf(f, "null");
+    else
+        fprintf(f, "%.6g", v);
+}
+
+void
+write_json(const char *path)
+{
+    char cpu[128];
+    goal g[MAX_GOALS];
+    int ng = eval_goals(g);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        die("cannot write %s: %s", path, strerror(errno));
+    cpu_model(cpu, sizeof(cpu));
+    fprintf(f, "{\n  \"bench\": \"streamwire-bench\",\n  \"streamwire\": ");
+    json_str(f, sw_version());
+    fprintf(f, ",\n  \"source\": ");
+    json_str(f, SW_BENCH_SOURCE);
+    fprintf(f, ",\n  \"nats_c\": ");
+    json_str(f, nats_GetVersion());
+    fprintf(f, ",\n  \"nats_server\": ");
+    json_str(f, g_server_version);
+    fprintf(f, ",\n  \"machine\": {\"nproc\": %ld, \"cpu\": ", sysconf(_SC_NPROCESSORS_ONLN));
+    json_str(f, cpu);
+    fprintf(f, "},\n  \"loadavg_start\": ");
+    json_str(f, g_load_start);
+    fprintf(f, ",\n  \"loadavg_end\": ");
+    json_str(f, g_load_end);
+    fprintf(f, ",\n  \"command\": ");
+    json_str(f, g_cmdline);
+    fprintf(f, ",\n  \"quick\": %s,\n  \"send_asap\": %s,\n  \"reps\": %u,\n",
+            cfg.quick ? "true" : "false", cfg.send_asap ? "true" : "false", cfg.reps);
+    fprintf(f, "  \"default_credit_window\": %u,\n  \"results\": [\n", g_default_window);
+    for (int i = 0; i < g_nrows; i++) {
+        row *r = &g_rows[i];
+        fprintf(f, "    {\"scenario\": ");
+        json_str(f, r->scenario);
+        fprintf(f, ", \"params\": ");
+        json_str(f, r->param);
+        fprintf(f, ", \"metric\": ");
+        json_str(f, r->metric);
+        fprintf(f, ", \"raw\": ");
+        json_num(f, r->raw);
+        fprintf(f, ", \"streamwire\": ");
+        json_num(f, r->sw);
+        fprintf(f, ", \"ratio\": ");
+        json_num(f, r->raw > 0 ? r->sw / r->raw : NAN);
+        fprintf(f, ", \"lower_is_better\": %s, \"note\": ", r->lower_better ? "true" : "false");
+        json_str(f, r->note);
+        fprintf(f, "}%s\n", i + 1 < g_nrows ? "," : "");
+    }
+    fprintf(f, "  ],\n  \"goals\": [\n");
+    for (int i = 0; i < ng; i++) {
+        fprintf(f, "    {\"issue\": %d, \"goal\": ", g[i].issue);
+        json_str(f, g[i].name);
+        fprintf(f, ", \"target\": ");
+        json_str(f, g[i].target);
+        fprintf(f, ", \"measured\": ");
+        json_str(f, g[i].known ? g[i].measured : "not run");
+        fprintf(f, ", \"met\": %s}%s\n", !g[i].known ? "null" : g[i].met ? "true" : "false",
+                i + 1 < ng ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    if (fclose(f) != 0)
+        die("cannot write %s", path);
+}

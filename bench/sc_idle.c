@@ -1,0 +1,315 @@
+/* bench/sc_idle.c -- streamwire-bench: scenario 5: idle open streams at the
+ * frontend (RSS per stream, idle CPU), and the hidden mode --idle-worker (the
+ * worker side, a child process).
+ *
+ * Threads and locks: g_idle_mu guards the held responders of the idle worker
+ * (handler threads). */
+#include "bench.h"
+
+typedef struct idle_res {
+    double bytes_per_stream, peak_bytes_per_stream, open_secs;
+    double worker_bytes_per_stream, server_bytes_per_stream;
+    double cpu_front, cpu_worker, cpu_server; /* % of one core while idle */
+    char note[160];
+} idle_res;
+
+static void
+idle_wait(child *c, int sw, unsigned long want, cstat *st)
+{
+    int64_t until = now_ns() + 60000000000LL;
+    for (;;) {
+        child_stat(c, st);
+        if ((sw ? st->sw : st->raw) >= want)
+            return;
+        if (now_ns() > until)
+            die("idle worker holds %lu of %lu %s streams after 60 s", sw ? st->sw : st->raw, want,
+                sw ? "streamwire" : "raw");
+        sleep_ms(20);
+    }
+}
+
+static void
+idle_cpu(child *c, idle_res *r)
+{
+    cstat a, b;
+    int64_t f0, f1, s0, s1, t0, t1;
+    double secs;
+    child_stat(c, &a);
+    f0 = self_cpu_us();
+    s0 = server_cpu_us();
+    t0 = now_ns();
+    sleep_ms((int)(cfg.idle_cpu_secs * 1000));
+    child_stat(c, &b);
+    f1 = self_cpu_us();
+    s1 = server_cpu_us();
+    t1 = now_ns();
+    secs = (double)(t1 - t0) / 1e9;
+    r->cpu_front = (double)(f1 - f0) / 1e4 / secs;
+    r->cpu_worker = (double)(b.cpu_us - a.cpu_us) / 1e4 / secs;
+    r->cpu_server = s0 >= 0 && s1 >= 0 ? (double)(s1 - s0) / 1e4 / secs : NAN;
+}
+
+/* RSS bookkeeping around opening n idle streams, the same for raw and sw:
+ * idle_open_begin before the first open, idle_open_tick after each,
+ * idle_open_end once all are open (waits until the worker holds them, fills
+ * the RSS and open-time figures of r, then measures idle CPU). */
+typedef struct idle_open {
+    cstat c0;
+    long base, peak, srv0;
+    int64_t t0;
+    int have_peak;
+} idle_open;
+
+static void
+idle_open_begin(child *c, idle_open *o)
+{
+    child_stat(c, &o->c0);
+    malloc_trim(0);
+    o->have_peak = reset_peak_rss() == 0;
+    o->base = self_rss_kb();
+    o->peak = o->base;
+    o->srv0 = server_rss_kb();
+    o->t0 = now_ns();
+}
+
+static void
+idle_open_tick(idle_open *o, unsigned i)
+{
+    if (i % 1000 == 999) {
+        long v = self_rss_kb();
+        if (v > o->peak)
+            o->peak = v;
+    }
+}
+
+static void
+idle_open_end(child *c, idle_open *o, int sw, unsigned n, idle_res *r)
+{
+    cstat c1;
+    long after, srv1;
+    idle_wait(c, sw, (sw ? o->c0.sw : o->c0.raw) + n, &c1);
+    r->open_secs = (double)(now_ns() - o->t0) / 1e9;
+    after = self_rss_kb();
+    if (o->have_peak)
+        o->peak = status_kb("/proc/self/status", "VmHWM");
+    else if (after > o->peak)
+        o->peak = after;
+    srv1 = server_rss_kb();
+    r->bytes_per_stream = (double)(after - o->base) * 1024.0 / n;
+    r->peak_bytes_per_stream = (double)(o->peak - o->base) * 1024.0 / n;
+    r->worker_bytes_per_stream = (double)(c1.rss_kb - o->c0.rss_kb) * 1024.0 / n;
+    r->server_bytes_per_stream =
+        o->srv0 > 0 && srv1 > 0 ? (double)(srv1 - o->srv0) * 1024.0 / n : NAN;
+    progress("  %s: %u open, RSS %+ld KiB (peak %+ld KiB); measuring idle CPU", sw ? "sw" : "raw",
+             n, after - o->base, o->peak - o->base);
+    idle_cpu(c, r);
+}
+
+static void
+idle_raw(child *c, unsigned n, idle_res *r)
+{
+    natsInbox **inbox = calloc(n, sizeof(*inbox));
+    natsSubscription **sub = calloc(n, sizeof(*sub));
+    breq q = {BREQ_MAGIC, K_IDLE, 0, 0, 0, 0};
+    idle_open o;
+    if (inbox == NULL || sub == NULL)
+        die("out of memory");
+    idle_open_begin(c, &o);
+    for (unsigned i = 0; i < n; i++) {
+        natsStatus s = natsInbox_Create(&inbox[i]);
+        if (s == NATS_OK)
+            s = natsConnection_SubscribeSync(&sub[i], g_raw_front, inbox[i]);
+        if (s == NATS_OK)
+            s = natsConnection_PublishRequest(g_raw_front, IDLE_RAW_SUBJ, inbox[i], &q,
+                                              (int)sizeof(q));
+        if (s != NATS_OK)
+            die("raw idle stream %u: %s", i, natsStatus_GetText(s));
+        idle_open_tick(&o, i);
+    }
+    (void)natsConnection_Flush(g_raw_front);
+    idle_open_end(c, &o, 0, n, r);
+    for (unsigned i = 0; i < n; i++) {
+        natsSubscription_Unsubscribe(sub[i]);
+        natsSubscription_Destroy(sub[i]);
+        natsInbox_Destroy(inbox[i]);
+    }
+    free(inbox);
+    free(sub);
+    snprintf(r->note, sizeof(r->note), "%u SubscribeSync + PublishRequest", n);
+}
+
+static void
+idle_sw(child *c, unsigned n, idle_res *r)
+{
+    sw_stream **ss = calloc(n, sizeof(*ss));
+    breq q = {BREQ_MAGIC, K_IDLE, 0, 0, 0, 0};
+    sw_request_opts ro;
+    sw_router_stats rs0, rs1;
+    idle_open o;
+    char line[64];
+    if (ss == NULL)
+        die("out of memory");
+    sw_request_opts_init(&ro);
+    ro.endpoint = EP_IDLE;
+    ro.instance_id = INST_IDLE;
+    ro.credit_window = cfg.window;
+    sw_router_stats_get(g_router, &rs0);
+    idle_open_begin(c, &o);
+    for (unsigned i = 0; i < n; i++) {
+        sw_err e = sw_router_open(&ss[i], g_router, &ro, &q, sizeof(q));
+        if (e != SW_OK)
+            die("sw idle stream %u: %s", i, sw_err_name(e));
+        idle_open_tick(&o, i);
+    }
+    idle_open_end(c, &o, 1, n, r);
+    sw_router_stats_get(g_router, &rs1);
+    {
+        uint64_t ended = 0;
+        for (int i = 1; i <= 5; i++)
+            ended += rs1.terminals[i] - rs0.terminals[i];
+        snprintf(r->note, sizeof(r->note),
+                 "%u sw_router_open, window %u; %" PRIu64 " streams ended early (want 0), "
+                 "open gauge %" PRIu64,
+                 n, cfg.window ? cfg.window : g_default_window, ended, rs1.open_streams);
+    }
+    for (unsigned i = 0; i < n; i++)
+        sw_stream_close(ss[i]);
+    free(ss);
+    if (child_cmd(c, "release", line, sizeof(line)) != 0)
+        die("idle worker: release failed");
+}
+
+void
+scen_idle(void)
+{
+    unsigned n = cfg.idle_n;
+    child c;
+    idle_res r[2];
+    char param[48];
+    memset(r, 0, sizeof(r));
+    progress("5 idle streams: %u open streams, raw then sw (worker in a child process)", n);
+    child_spawn(&c, n);
+    idle_raw(&c, n, &r[0]);
+    idle_sw(&c, n, &r[1]);
+    child_quit(&c);
+    snprintf(param, sizeof(param), "%u open streams", n);
+    add_row("5 idle streams", param, "frontend B/stream", r[0].bytes_per_stream,
+            r[1].bytes_per_stream, 1, 0, r[1].note);
+    add_row("5 idle streams", param, "peak B/stream", r[0].peak_bytes_per_stream,
+            r[1].peak_bytes_per_stream, 1, 0, "VmHWM reset before opening");
+    add_row("5 idle streams", param, "worker B/stream", r[0].worker_bytes_per_stream,
+            r[1].worker_bytes_per_stream, 1, 0, "child process RSS delta");
+    add_row("5 idle streams", param, "server B/stream", r[0].server_bytes_per_stream,
+            r[1].server_bytes_per_stream, 1, 0,
+            "nats-server RSS delta (raw: one SUB per stream)");
+    add_row("5 idle streams", param, "open secs", r[0].open_secs, r[1].open_secs, 1, 2,
+            "until the worker holds all");
+    add_row("5 idle streams", param, "frontend CPU %", r[0].cpu_front, r[1].cpu_front, 1, 1,
+            "while idle (% of one core)");
+    add_row("5 idle streams", param, "worker CPU %", r[0].cpu_worker, r[1].cpu_worker, 1, 1,
+            "while idle; sw: heartbeats + 25 ms scans");
+    add_row("5 idle streams", param, "server CPU %", r[0].cpu_server, r[1].cpu_server, 1, 1,
+            "while idle");
+    g_goal_idle_bps = r[1].bytes_per_stream;
+    g_goal_idle_window = cfg.window ? cfg.window : g_default_window;
+}
+
+/* --- the child */
+
+static atomic_ulong g_idle_raw_count, g_idle_sw_count;
+static pthread_mutex_t g_idle_mu = PTHREAD_MUTEX_INITIALIZER;
+static sw_responder **g_idle_held;
+static size_t g_idle_nheld, g_idle_cap;
+
+static void
+idle_raw_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)nc;
+    (void)sub;
+    (void)arg;
+    atomic_fetch_add(&g_idle_raw_count, 1);
+    natsMsg_Destroy(m);
+}
+
+static void
+idle_sw_handler(sw_responder *r, void *arg)
+{
+    (void)arg;
+    sw_responder_retain(r);
+    pthread_mutex_lock(&g_idle_mu);
+    if (g_idle_nheld < g_idle_cap) {
+        g_idle_held[g_idle_nheld++] = r;
+        r = NULL;
+    }
+    pthread_mutex_unlock(&g_idle_mu);
+    if (r != NULL) {
+        (void)sw_responder_fail(r, "bench_full", NULL);
+        sw_responder_release(r);
+        return;
+    }
+    atomic_fetch_add(&g_idle_sw_count, 1);
+}
+
+int
+idle_worker_main(const char *url, unsigned n)
+{
+    natsConnection *nc;
+    natsSubscription *sub = NULL;
+    sw_ingress_opts io;
+    sw_ingress *ing = NULL;
+    sw_err e;
+    char line[128];
+    pid_t parent = getppid();
+
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        return 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    g_idle_cap = (size_t)n + 64;
+    if ((g_idle_held = calloc(g_idle_cap, sizeof(*g_idle_held))) == NULL)
+        return 1;
+    nc = raw_connect(url, "bench-idle-raw");
+    if (natsConnection_Subscribe(&sub, nc, IDLE_RAW_SUBJ, idle_raw_cb, NULL) != NATS_OK ||
+        natsSubscription_SetPendingLimits(sub, -1, -1) != NATS_OK ||
+        natsConnection_Flush(nc) != NATS_OK)
+        die("idle worker: raw subscribe failed");
+    g_sw_work = sw_connect(url, "bench-idle-worker");
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP_IDLE;
+    io.instance_id = INST_IDLE;
+    io.handler = idle_sw_handler;
+    io.max_inflight = n + 64; /* counts retained responders */
+    io.max_window = 1u << 20; /* only a cap: lets --window N reach this worker */
+    if ((e = sw_ingress_start(&ing, g_sw_work, &io)) != SW_OK)
+        die("idle worker: sw_ingress_start: %s", sw_err_name(e));
+    printf("ready\n");
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        if (strncmp(line, "stat", 4) == 0) {
+            printf("stat %ld %lu %lu %lld\n", self_rss_kb(), atomic_load(&g_idle_raw_count),
+                   atomic_load(&g_idle_sw_count), (long long)self_cpu_us());
+        } else if (strncmp(line, "release", 7) == 0) {
+            pthread_mutex_lock(&g_idle_mu);
+            for (size_t i = 0; i < g_idle_nheld; i++)
+                sw_responder_release(g_idle_held[i]);
+            g_idle_nheld = 0;
+            pthread_mutex_unlock(&g_idle_mu);
+            printf("released\n");
+        } else if (strncmp(line, "quit", 4) == 0) {
+            printf("bye\n");
+            break;
+        }
+    }
+    sw_ingress_destroy(ing);
+    pthread_mutex_lock(&g_idle_mu);
+    for (size_t i = 0; i < g_idle_nheld; i++)
+        sw_responder_release(g_idle_held[i]);
+    g_idle_nheld = 0;
+    pthread_mutex_unlock(&g_idle_mu);
+    sw_conn_close(g_sw_work);
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+    natsConnection_Destroy(nc);
+    free(g_idle_held);
+    nats_Close();
+    return 0;
+}

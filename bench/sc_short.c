@@ -1,0 +1,238 @@
+/* bench/sc_short.c -- streamwire-bench: scenario 2: many short streams at
+ * several concurrencies (closed loop, one thread per concurrent stream).
+ *
+ * Threads and locks: One thread per concurrent stream; results gathered after
+ * joining them. */
+#include "bench.h"
+
+/* Raw request-many as written by hand: subscribe to a fresh inbox, publish
+ * the request with it as reply subject, take n messages, unsubscribe. */
+int
+one_raw_stream(unsigned n, size_t size, one_res *o)
+{
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    breq q = {BREQ_MAGIC, K_SEND, n, (uint32_t)size, 0, 0};
+    int64_t t0 = now_ns();
+    unsigned got = 0;
+    natsStatus s = natsInbox_Create(&inbox);
+    if (s == NATS_OK)
+        s = natsConnection_SubscribeSync(&sub, g_raw_front, inbox);
+    if (s == NATS_OK)
+        s = natsConnection_PublishRequest(g_raw_front, RAW_REQ_SUBJ, inbox, &q, (int)sizeof(q));
+    while (s == NATS_OK && got < n) {
+        natsMsg *m = NULL;
+        s = natsSubscription_NextMsg(&m, sub, 10000);
+        if (s != NATS_OK)
+            break;
+        if (got == 0)
+            o->ttfi = now_ns() - t0;
+        got++;
+        natsMsg_Destroy(m);
+    }
+    if (s != NATS_OK)
+        snprintf(o->err, sizeof(o->err), "raw: %s after %u items", natsStatus_GetText(s), got);
+    if (sub != NULL) {
+        natsSubscription_Unsubscribe(sub);
+        natsSubscription_Destroy(sub);
+    }
+    natsInbox_Destroy(inbox);
+    return s == NATS_OK ? 0 : -1;
+}
+
+int
+one_sw_stream(unsigned n, size_t size, one_res *o)
+{
+    sw_request_opts ro;
+    sw_stream *s = NULL;
+    breq q = {BREQ_MAGIC, K_SEND, n, (uint32_t)size, 0, 0};
+    int64_t t0;
+    unsigned got = 0;
+    int ok = 0;
+    sw_err e;
+    sw_request_opts_init(&ro);
+    ro.endpoint = EP_MAIN;
+    ro.instance_id = INST_MAIN;
+    ro.credit_window = cfg.window;
+    t0 = now_ns();
+    if ((e = sw_router_open(&s, g_router, &ro, &q, sizeof(q))) != SW_OK) {
+        snprintf(o->err, sizeof(o->err), "sw_router_open: %s", sw_err_name(e));
+        return -1;
+    }
+    for (;;) {
+        const sw_item *it = NULL;
+        if ((e = sw_stream_next(s, &it, 10000)) != SW_OK) {
+            snprintf(o->err, sizeof(o->err), "sw_stream_next: %s after %u items", sw_err_name(e),
+                     got);
+            break;
+        }
+        if (it->kind == SW_ITEM_DATA) {
+            if (got == 0)
+                o->ttfi = now_ns() - t0;
+            got++;
+            continue;
+        }
+        ok = it->terminal.status == SW_STATUS_COMPLETED && got == n;
+        if (!ok)
+            snprintf(o->err, sizeof(o->err), "sw: terminal %s (%s) after %u items",
+                     sw_status_name(it->terminal.status), it->terminal.reason, got);
+        break;
+    }
+    sw_stream_close(s);
+    return ok ? 0 : -1;
+}
+
+static unsigned long g_short_completed; /* of the last run_short, for --callgrind labels */
+
+typedef struct short_ctx {
+    int sw;
+    unsigned n;
+    size_t size;
+    latch gate;
+    int64_t deadline;
+    atomic_ulong completed, errors;
+    _Atomic int64_t t_end;
+    pthread_mutex_t mu;
+    char err[160];
+} short_ctx;
+
+static void *
+short_thread(void *arg)
+{
+    short_ctx *c = arg;
+    int64_t t, prev;
+    latch_wait(&c->gate, -1);
+    while (now_ns() < c->deadline) {
+        one_res o;
+        int rc;
+        memset(&o, 0, sizeof(o));
+        rc = c->sw ? one_sw_stream(c->n, c->size, &o) : one_raw_stream(c->n, c->size, &o);
+        if (rc == 0) {
+            atomic_fetch_add(&c->completed, 1);
+        } else {
+            atomic_fetch_add(&c->errors, 1);
+            pthread_mutex_lock(&c->mu);
+            if (c->err[0] == '\0')
+                snprintf(c->err, sizeof(c->err), "%s", o.err);
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    t = now_ns();
+    prev = atomic_load(&c->t_end);
+    while (t > prev && !atomic_compare_exchange_weak(&c->t_end, &prev, t)) {
+    }
+    return NULL;
+}
+
+/* Closed loop: conc threads, each runs streams back to back for short_secs. */
+static double
+run_short(int sw, unsigned conc, unsigned long *errors, char *err, size_t errcap, double *cpu,
+          double *csw)
+{
+    int64_t cpu0, csw0;
+    short_ctx c;
+    pthread_t *th = calloc(conc, sizeof(*th));
+    pthread_attr_t at;
+    int64_t t0;
+    double rate;
+    memset(&c, 0, sizeof(c));
+    c.sw = sw;
+    c.n = cfg.short_items;
+    c.size = 64;
+    latch_init(&c.gate);
+    pthread_mutex_init(&c.mu, NULL);
+    atomic_init(&c.completed, 0);
+    atomic_init(&c.errors, 0);
+    atomic_init(&c.t_end, 0);
+    c.deadline = INT64_MAX;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, 256 * 1024);
+    if (th == NULL)
+        die("out of memory");
+    for (unsigned i = 0; i < conc; i++)
+        if (pthread_create(&th[i], &at, short_thread, &c) != 0)
+            die("pthread_create (thread %u of %u)", i, conc);
+    pthread_attr_destroy(&at);
+    sleep_ms(conc > 64 ? 200 : 20);
+    t0 = now_ns();
+    cpu0 = self_cpu_us();
+    csw0 = self_csw();
+    c.deadline = t0 + (int64_t)(cfg.short_secs * 1e9);
+    latch_set(&c.gate);
+    for (unsigned i = 0; i < conc; i++)
+        pthread_join(th[i], NULL);
+    free(th);
+    *cpu = atomic_load(&c.completed) ? (double)(self_cpu_us() - cpu0) /
+                                           (double)atomic_load(&c.completed)
+                                     : NAN;
+    *csw = atomic_load(&c.completed) ? (double)(self_csw() - csw0) /
+                                           (double)atomic_load(&c.completed)
+                                     : NAN;
+    g_short_completed = atomic_load(&c.completed);
+    rate = (double)atomic_load(&c.completed) / ((double)(atomic_load(&c.t_end) - t0) / 1e9);
+    *errors = atomic_load(&c.errors);
+    snprintf(err, errcap, "%s", c.err);
+    latch_fini(&c.gate);
+    pthread_mutex_destroy(&c.mu);
+    return rate;
+}
+
+void
+scen_short(void)
+{
+    for (int ci = 0; ci < cfg.nconc; ci++) {
+        unsigned conc = cfg.conc[ci];
+        double v[2][32], cpu[2][32], csw[2][32];
+        unsigned long errs[2] = {0, 0};
+        char err[2][160];
+        char param[48], note[200];
+        memset(err, 0, sizeof(err));
+        for (unsigned rep = 0; rep < cfg.reps && rep < 32; rep++) {
+            for (int sw = 0; sw < 2; sw++) {
+                unsigned long e = 0;
+                char msg[160];
+                if (cfg.side == (sw ? 1 : 2)) {
+                    v[sw][rep] = cpu[sw][rep] = csw[sw][rep] = NAN;
+                    continue;
+                }
+                progress("2 short streams (%u items) at concurrency %u: %s, rep %u/%u",
+                         cfg.short_items, conc, sw ? "sw" : "raw", rep + 1, cfg.reps);
+                if (cfg.callgrind) {
+                    CALLGRIND_ZERO_STATS;
+                    CALLGRIND_START_INSTRUMENTATION;
+                }
+                v[sw][rep] = run_short(sw, conc, &e, msg, sizeof(msg), &cpu[sw][rep],
+                                       &csw[sw][rep]);
+                if (cfg.callgrind) {
+                    char label[96];
+                    CALLGRIND_STOP_INSTRUMENTATION;
+                    snprintf(label, sizeof(label), "short c%u %s rep%u streams=%lu", conc,
+                             sw ? "sw" : "raw", rep + 1, g_short_completed);
+                    CALLGRIND_DUMP_STATS_AT(label);
+                }
+                errs[sw] += e;
+                if (e && !err[sw][0])
+                    snprintf(err[sw], sizeof(err[sw]), "%s", msg);
+                if (e)
+                    progress("  %lu errors: %s", e, msg);
+                else if (cfg.verbose)
+                    progress("  %.0f streams/s", v[sw][rep]);
+            }
+        }
+        {
+            unsigned n = cfg.reps < 32 ? cfg.reps : 32;
+            double raw = median(v[0], n), sw = median(v[1], n);
+            snprintf(param, sizeof(param), "%u x 64 B, concurrency %u", cfg.short_items, conc);
+            snprintf(note, sizeof(note),
+                     "raw subscribes per request; errors raw %lu sw %lu%s%.100s", errs[0], errs[1],
+                     err[0][0] || err[1][0] ? ": " : "", err[1][0] ? err[1] : err[0]);
+            add_row("2 short streams", param, "streams/s", raw, sw, 0, 0, note);
+            add_row("2 short streams", param, "CPU us/stream", median(cpu[0], n),
+                    median(cpu[1], n), 1, 1, "this process, all threads");
+            add_row("2 short streams", param, "ctx switches/stream", median(csw[0], n),
+                    median(csw[1], n), 1, 1, "this process");
+            if (conc == 64)
+                g_goal_short64 = sw / raw;
+        }
+    }
+}

@@ -1,0 +1,144 @@
+/* bench/world.c -- streamwire-bench: the shared world of the raw and
+ * streamwire runs: the connections, the hand-written raw responder, the bench
+ * handler and ingresses.
+ *
+ * Threads and locks: The responders run on nats.c and ingress handler threads;
+ * no locks of their own. */
+#include "bench.h"
+
+/* ------------------------------------------------------------------ connections */
+
+natsConnection *
+raw_connect(const char *url, const char *name)
+{
+    natsOptions *o = NULL;
+    natsConnection *nc = NULL;
+    natsStatus s = natsOptions_Create(&o);
+    if (s == NATS_OK)
+        s = natsOptions_SetURL(o, url);
+    if (s == NATS_OK)
+        s = natsOptions_SetName(o, name);
+    if (s == NATS_OK)
+        s = natsOptions_SetTimeout(o, 5000);
+    if (s == NATS_OK)
+        s = natsOptions_SetSendAsap(o, cfg.send_asap ? true : false);
+    if (s == NATS_OK)
+        s = natsConnection_Connect(&nc, o);
+    natsOptions_Destroy(o);
+    if (s != NATS_OK)
+        die("nats connect %s: %s", url, natsStatus_GetText(s));
+    return nc;
+}
+
+sw_conn *
+sw_connect(const char *url, const char *name)
+{
+    sw_conn_opts co;
+    sw_conn *c = NULL;
+    sw_err e;
+    sw_conn_opts_init(&co);
+    co.url = url;
+    co.name = name;
+    co.connect_timeout_ms = 5000;
+    co.no_send_asap = !cfg.send_asap;
+    if ((e = sw_conn_open(&c, &co)) != SW_OK)
+        die("sw_conn_open %s: %s", url, sw_err_name(e));
+    return c;
+}
+
+/* ------------------------------------------------------------------ worker side, raw */
+
+natsConnection *g_raw_front, *g_raw_work;
+natsSubscription *g_raw_resp_sub;
+
+/* The hand-written responder: publishes n items to the request's reply
+ * subject, on nats.c's delivery thread of its one subscription. */
+void
+raw_responder_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    breq q;
+    const char *reply = natsMsg_GetReply(m);
+    (void)sub;
+    (void)arg;
+    if (reply != NULL && natsMsg_GetDataLength(m) >= (int)sizeof(q)) {
+        memcpy(&q, natsMsg_GetData(m), sizeof(q));
+        if (q.magic == BREQ_MAGIC && q.kind == K_SEND) {
+            uint8_t *buf = calloc(1, q.size ? q.size : 1);
+            int64_t t0 = now_ns(), iv = q.rate ? 1000000000LL / q.rate : 0;
+            for (uint32_t i = 0; buf != NULL && i < q.n; i++) {
+                if (iv)
+                    sleep_until_ns(t0 + (int64_t)i * iv);
+                stamp(buf, q.size);
+                if (natsConnection_Publish(nc, reply, buf, (int)q.size) != NATS_OK)
+                    break;
+            }
+            free(buf);
+        }
+    }
+    natsMsg_Destroy(m);
+}
+
+/* ------------------------------------------------------------------ worker side, streamwire */
+
+sw_conn *g_sw_front, *g_sw_work;
+sw_router *g_router;
+sw_ingress *g_ing_main, *g_ing_big;
+unsigned g_default_window;
+
+void
+sw_bench_handler(sw_responder *r, void *arg)
+{
+    size_t len = 0;
+    const void *p = sw_responder_payload(r, &len);
+    breq q;
+    uint8_t *buf;
+    int64_t t0, iv;
+    sw_err e = SW_OK;
+    (void)arg;
+    if (p == NULL || len < sizeof(q)) {
+        (void)sw_responder_fail(r, "bench_bad_request", "short payload");
+        return;
+    }
+    memcpy(&q, p, sizeof(q));
+    if (q.magic != BREQ_MAGIC || q.kind != K_SEND) {
+        (void)sw_responder_fail(r, "bench_bad_request", "bad magic or kind");
+        return;
+    }
+    if ((buf = calloc(1, q.size ? q.size : 1)) == NULL) {
+        (void)sw_responder_fail(r, "bench_nomem", NULL);
+        return;
+    }
+    t0 = now_ns();
+    iv = q.rate ? 1000000000LL / q.rate : 0;
+    for (uint32_t i = 0; i < q.n; i++) {
+        if (iv)
+            sleep_until_ns(t0 + (int64_t)i * iv);
+        stamp(buf, q.size);
+        if ((e = sw_responder_send(r, buf, q.size)) != SW_OK)
+            break;
+    }
+    free(buf);
+    if (e == SW_OK)
+        (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+    else if (e != SW_ECANCELLED && e != SW_ECLOSED)
+        (void)sw_responder_fail(r, "bench_send_failed", sw_err_name(e));
+}
+
+sw_ingress *
+start_ingress(const char *ep, const char *inst, unsigned max_inflight, unsigned max_window)
+{
+    sw_ingress_opts io;
+    sw_ingress *ing = NULL;
+    sw_err e;
+    sw_ingress_opts_init(&io);
+    io.endpoint = ep;
+    io.instance_id = inst;
+    io.handler = sw_bench_handler;
+    if (max_inflight)
+        io.max_inflight = max_inflight;
+    if (max_window)
+        io.max_window = max_window;
+    if ((e = sw_ingress_start(&ing, g_sw_work, &io)) != SW_OK)
+        die("sw_ingress_start %s: %s", ep, sw_err_name(e));
+    return ing;
+}

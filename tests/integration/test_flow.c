@@ -1,0 +1,534 @@
+/* tests/integration/test_flow.c -- end-to-end streams over a real
+ * nats-server (issues 3 and 5), split from test_streams.c by theme:
+ * flow control and consumers: credit, try_send/droppable, slow
+ * consumers, cancel/kill/close mid-stream, 1000 concurrent streams, the
+ * router's delivery backlog, a consumer that stops reading.
+ * Fixture, threads and locks: streams_fixture.h. */
+#include "streams_fixture.h"
+
+/* Consumer reads 3 items, cancels (mode 0), kills (1) or closes (2). */
+static void
+cancel_common(env *e, int how)
+{
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_stats st;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100000;
+    e->w.delay_ms = 2;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_false(collect(s, g, 3, T(10000)));
+    assert_int_equal(g->n, 3);
+    if (how == 0)
+        assert_int_equal(sw_stream_cancel(s), SW_OK);
+    else if (how == 1)
+        assert_int_equal(sw_stream_kill(s), SW_OK);
+    else
+        env_close(e, s);
+    if (how != 2) {
+        /* The very next item is the terminal: no data after the call. */
+        assert_true(collect(s, g, 0, T(5000)));
+        assert_tokens(g, 3);
+        assert_terminal(g, SW_STATUS_CANCELLED, SW_OK, "cancelled");
+        assert_done(g);
+        assert_int_equal(sw_stream_cancel(s), SW_EEOF);
+        assert_int_equal(sw_stream_kill(s), SW_EEOF);
+    }
+    /* The handler sees it: callback, flag, and send returning SW_ECANCELLED. */
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(2000)));
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    assert_int_equal(e->w.stop_saw_flag, 1);
+    assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(2000)));
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
+    assert_int_equal(ist_wait(e, f_cancels, 1, T(2000)), 1);
+    if (how == 1) {
+        /* KILL: the worker drops the stream without any terminal. */
+        sleep_ms(100);
+        ingress_stats(e, &st);
+        for (int i = 1; i <= 5; i++)
+            assert_int_equal(st.finished[i], 0);
+    } else {
+        assert_int_equal(ist_wait(e, f_fin_cancelled, 1, T(2000)), 1);
+        ingress_stats(e, &st);
+        assert_int_equal(st.finished[SW_STATUS_FAILED], 0);
+    }
+    assert_int_equal(ist_wait(e, f_inflight_zero, 1, T(2000)), 1);
+    got_free(g);
+}
+
+static void
+cancel_mid_stream(void **state)
+{
+    cancel_common(*state, 0);
+}
+
+static void
+kill_mid_stream(void **state)
+{
+    cancel_common(*state, 1);
+}
+
+static void
+close_before_terminal_cancels(void **state)
+{
+    cancel_common(*state, 2);
+}
+
+/* Cancel while the worker is blocked on credit (window 4, nobody reading). */
+static void
+cancel_wakes_blocked_send(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_stream *s;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 1000;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.credit_window = 4;
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(wctx_wait(&e->w, &e->w.sent, 4, T(5000)));
+    sleep_ms(100);
+    assert_int_equal(wctx_get(&e->w, &e->w.sent), 4); /* blocked on credit */
+    assert_int_equal(sw_stream_cancel(s), SW_OK);
+    assert_true(collect(s, g, 0, T(5000)));
+    assert_int_equal(g->n, 0); /* the 4 queued items are not shown after cancel */
+    assert_terminal(g, SW_STATUS_CANCELLED, SW_OK, "cancelled");
+    assert_done(g);
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(2000)));
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
+    got_free(g);
+}
+
+/* ======================================================================== */
+/* 5. Flow control                                                           */
+
+static void
+slow_consumer_flow_control(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_stream_stats ss;
+    sw_router_stats rs;
+    sw_ingress_stats st;
+    sw_stream *s;
+    const int N = g_slow > 1 ? 600 : 2000;
+    const unsigned W = 16;
+
+    e->w.mode = M_STREAM;
+    e->w.n = N;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.credit_window = W;
+    s = env_open_with(e, &o, "p", 1);
+    g->read_delay_ms = 1;
+    assert_true(collect(s, g, 0, T(60000)));
+    assert_tokens(g, (size_t)N);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    sw_stream_stats_get(s, &ss);
+    assert_int_equal(ss.items, (uint64_t)N);
+    assert_true(ss.peak_pending >= 1);
+    if (ss.peak_pending > W)
+        fail_msg("peak_pending %llu > window %u", (unsigned long long)ss.peak_pending, W);
+    assert_int_equal(ss.duplicates, 0);
+    sw_router_stats_get(e->rt, &rs);
+    assert_int_equal(rs.nats_dropped, 0);
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, (uint64_t)N);
+    assert_int_equal(st.items_shed, 0);
+    got_free(g);
+}
+
+static void
+try_send_and_droppable(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_ingress_stats st;
+    sw_stream *s;
+    char exp[32];
+
+    e->w.mode = M_TRY;
+    e->w.n = 10;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.credit_window = 4;
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(wctx_wait(&e->w, &e->w.try_done, 1, T(5000)));
+    assert_int_equal(e->w.nrv, 6);
+    assert_int_equal(e->w.rv[0], SW_OK);     /* droppable with credit: sent */
+    assert_int_equal(e->w.rv[1], SW_OK);
+    assert_int_equal(e->w.rv[2], SW_OK);
+    assert_int_equal(e->w.rv[3], SW_OK);
+    assert_int_equal(e->w.rv[4], SW_EAGAIN); /* window exhausted */
+    assert_int_equal(e->w.rv[5], SW_OK);     /* droppable without credit: shed */
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_shed, 1);
+    /* Still no credit while nobody reads: the blocking send waits. */
+    sleep_ms(100);
+    assert_int_equal(wctx_get(&e->w, &e->w.sent), 0);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    /* metrics-a (droppable, seq 1), then every data item: token-0..token-9. */
+    assert_int_equal(g->n, 11);
+    assert_string_equal(g->data[0], "metrics-a");
+    assert_int_equal(g->seq[0], 1);
+    assert_int_equal(g->droppable[0], 1);
+    for (size_t i = 1; i < 11; i++) {
+        snprintf(exp, sizeof(exp), "token-%zu", i - 1);
+        assert_string_equal(g->data[i], exp);
+        assert_int_equal(g->seq[i], i + 1);
+        assert_int_equal(g->droppable[i], 0);
+    }
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_shed, 1);
+    got_free(g);
+}
+
+/* ======================================================================== */
+/* 7. Scale                                                                  */
+
+#define SC_NS 1000
+
+typedef struct sc_stream {
+    sw_stream *s;
+    uint64_t next;  /* next expected seq */
+    int bad;        /* out-of-order, wrong content */
+    int terminals;
+    int status;
+    int after_term;
+    int64_t t_open, t_first, t_term; /* ms, for diagnostics */
+} sc_stream;
+
+typedef struct sc_ctx {
+    env *e;
+    sc_stream *v;
+    int from, to;
+    int open_failed;
+} sc_ctx;
+
+static pthread_mutex_t sc_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sc_cv;
+static int sc_done;
+
+static void
+sc_cb(sw_stream *s, const sw_item *it, void *arg)
+{
+    sc_stream *x = arg;
+    (void)s;
+    if (x->terminals > 0) {
+        x->after_term++;
+        return;
+    }
+    if (it->kind == SW_ITEM_DATA) {
+        char exp[32];
+        if (x->next == 1)
+            x->t_first = now_ms();
+        int n = snprintf(exp, sizeof(exp), "token-%llu", (unsigned long long)(x->next - 1));
+        if (it->seq != x->next || it->len != (size_t)n || memcmp(it->data, exp, (size_t)n) != 0)
+            x->bad++;
+        x->next++;
+        return;
+    }
+    x->terminals++;
+    x->status = it->terminal.status;
+    x->t_term = now_ms();
+    pthread_mutex_lock(&sc_mu);
+    sc_done++;
+    pthread_cond_broadcast(&sc_cv);
+    pthread_mutex_unlock(&sc_mu);
+}
+
+static void *
+sc_opener(void *arg)
+{
+    sc_ctx *c = arg;
+    sw_request_opts o;
+    sw_request_opts_init(&o);
+    o.endpoint = EP;
+    o.instance_id = sw_ingress_instance_id(c->e->ing);
+    o.on_item = sc_cb;
+    for (int i = c->from; i < c->to; i++) {
+        o.on_item_arg = &c->v[i];
+        c->v[i].t_open = now_ms();
+        if (sw_router_open(&c->v[i].s, c->e->rt, &o, "p", 1) != SW_OK)
+            c->open_failed++;
+    }
+    return NULL;
+}
+
+static void
+env_scale_cleanup(env *e)
+{
+    sc_stream *v = e->scale_v;
+    if (v == NULL)
+        return;
+    for (int i = 0; i < SC_NS; i++)
+        sw_stream_close(v[i].s);
+    free(v);
+    e->scale_v = NULL;
+    pthread_cond_destroy(&sc_cv);
+}
+
+static void
+scale_1000_streams(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_ingress_stats st;
+    sw_router_stats rs;
+    enum { NS = SC_NS, ITEMS = 100, OPENERS = 4 };
+    sc_stream *v = calloc(NS, sizeof(*v));
+    e->scale_v = v; /* teardown closes and frees */
+    e->scale_cleanup = env_scale_cleanup;
+    sc_ctx ctx[OPENERS];
+    pthread_t th[OPENERS];
+    int bad = 0, wrong_count = 0, wrong_term = 0, after = 0, not_completed = 0;
+    int64_t until, t0 = now_ms();
+
+    assert_non_null(v);
+    cond_init_mono(&sc_cv);
+    sc_done = 0;
+    sw_ingress_opts_init(&io);
+    io.handler_threads = 8;
+    io.max_inflight = 2000;
+    /* Default router options: the requirement is for the defaults. (Known
+     * library bugs make this fail under load: false instance_lost from the
+     * instance probes, and, under ASan, stream_incomplete from the router's
+     * own delivery backlog; see instance_not_lost_while_streaming and
+     * router_backlog_no_spurious_incomplete.) */
+    sw_router_opts_init(&ro);
+    e->w.mode = M_STREAM;
+    e->w.n = ITEMS;
+    env_start(e, &io, &ro);
+    for (int i = 0; i < NS; i++)
+        v[i].next = 1;
+    for (int t = 0; t < OPENERS; t++) {
+        ctx[t].e = e;
+        ctx[t].v = v;
+        ctx[t].from = t * NS / OPENERS;
+        ctx[t].to = (t + 1) * NS / OPENERS;
+        ctx[t].open_failed = 0;
+        assert_int_equal(pthread_create(&th[t], NULL, sc_opener, &ctx[t]), 0);
+    }
+    for (int t = 0; t < OPENERS; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(ctx[t].open_failed, 0);
+    }
+    until = now_ms() + T(60000);
+    pthread_mutex_lock(&sc_mu);
+    while (sc_done < NS && now_ms() < until)
+        cond_wait_until(&sc_cv, &sc_mu, until);
+    pthread_mutex_unlock(&sc_mu);
+    sleep_ms(50);
+    for (int i = 0; i < NS; i++) {
+        bad += v[i].bad;
+        after += v[i].after_term;
+        if (v[i].terminals != 1)
+            wrong_term++;
+        else if (v[i].status != SW_STATUS_COMPLETED)
+            not_completed++;
+        if (v[i].next != ITEMS + 1)
+            wrong_count++;
+    }
+    print_message("scale: %d streams x %d items in %lld ms\n", NS, ITEMS,
+                  (long long)(now_ms() - t0));
+    sw_router_stats_get(e->rt, &rs);
+    ingress_stats(e, &st);
+    if (bad || wrong_count || wrong_term || after || not_completed) {
+        int hist[8] = {0};
+        for (int i = 0; i < NS; i++)
+            if (v[i].terminals == 1 && v[i].status != SW_STATUS_COMPLETED) {
+                hist[v[i].status & 7]++;
+                if (hist[v[i].status & 7] <= 3)
+                    print_message("stream %d: %s after %llu items (opened +%lld ms, "
+                                  "first item +%lld, terminal +%lld)\n",
+                                  i, sw_status_name(v[i].status),
+                                  (unsigned long long)(v[i].next - 1),
+                                  (long long)(v[i].t_open - t0),
+                                  (long long)(v[i].t_first ? v[i].t_first - t0 : -1),
+                                  (long long)(v[i].t_term - t0));
+            }
+        print_message("router terminals: completed=%llu incomplete=%llu failed=%llu "
+                      "cancelled=%llu error=%llu; errors:",
+                      (unsigned long long)rs.terminals[1], (unsigned long long)rs.terminals[2],
+                      (unsigned long long)rs.terminals[3], (unsigned long long)rs.terminals[4],
+                      (unsigned long long)rs.terminals[5]);
+        for (int i = 100; i < 110; i++)
+            print_message(" %s=%llu", sw_err_name(i),
+                          (unsigned long long)sw_router_error_count(e->rt, i));
+        print_message("\n");
+        fail_msg("scale: done=%d bad=%d wrong_count=%d wrong_terminals=%d after_terminal=%d "
+                 "not_completed=%d (errors: incomplete=%llu gap=%llu overloaded=%llu; "
+                 "nats_dropped=%llu; ingress sent=%llu resent=%llu overload=%llu)",
+                 sc_done, bad, wrong_count, wrong_term, after, not_completed,
+                 (unsigned long long)sw_router_error_count(e->rt, SW_STREAM_INCOMPLETE),
+                 (unsigned long long)sw_router_error_count(e->rt, SW_SEQUENCE_GAP),
+                 (unsigned long long)sw_router_error_count(e->rt, SW_EOVERLOADED),
+                 (unsigned long long)rs.nats_dropped,
+                 (unsigned long long)st.items_sent, (unsigned long long)st.items_resent,
+                 (unsigned long long)st.rejected_overload);
+    }
+    assert_int_equal(rs.terminals[SW_STATUS_COMPLETED], NS);
+    assert_int_equal(rs.open_streams, 0);
+    assert_int_equal(rs.nats_dropped, 0);
+    assert_int_equal(st.requests, NS);
+    assert_int_equal(st.items_sent, (uint64_t)NS * ITEMS);
+    assert_int_equal(ist_wait(e, f_fin_completed, NS, T(5000)), NS);
+    env_scale_cleanup(e);
+}
+
+/* The router's inactivity timeout must measure the stream's silence, not
+ * the router's own delivery backlog. A callback that takes 2 s on one item
+ * (a frontend writing to a slow client) holds up the one delivery thread of
+ * the router's mux subscription; stream B's items and heartbeats -- sent on
+ * time by a live worker -- wait in the queue, and the timer thread ends B
+ * (and A) with stream_incomplete after 4 * 250 + 500 ms. The same happens
+ * without any slow callback when the mux backlog exceeds the timeout (the
+ * 1000-stream test under ASan with default options: 20-60% of the streams,
+ * all of whose items had been sent, ended stream_incomplete with 0 items). */
+typedef struct slowcb {
+    cbgot c; /* first: allocated and finalised as a cbgot by the fixture */
+    int slept;
+} slowcb;
+
+static void
+slow_cb_item(sw_stream *s, const sw_item *it, void *arg)
+{
+    slowcb *x = arg;
+    if (it->kind == SW_ITEM_DATA && !x->slept) {
+        x->slept = 1;
+        sleep_ms(2000);
+    }
+    cb_item(s, it, &x->c);
+}
+
+static void
+router_backlog_no_spurious_incomplete(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *gb = new_got(e);
+    sw_stream *a, *b;
+    slowcb *x = (slowcb *)new_cbgot_sized(e, sizeof(slowcb));
+
+    e->w.mode = M_STREAM;
+    e->w.n = 40;
+    e->w.delay_ms = 50; /* a live, steady worker: ~2 s per stream */
+    env_start(e, NULL, NULL); /* heartbeat 250 ms: inactivity 1500 ms */
+    ropts(e, &o);
+    o.on_item = slow_cb_item;
+    o.on_item_arg = x;
+    a = env_open_with(e, &o, "a", 1);
+    b = env_open(e);
+    assert_true(collect(b, gb, 0, T(20000)));
+    assert_true(cb_wait(&x->c, T(20000)));
+    assert_terminal(gb, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_tokens(gb, 40);
+    assert_terminal(&x->c.g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_tokens(&x->c.g, 40);
+    env_close(e, a);
+    env_close(e, b);
+}
+
+/* An instance that streams steadily is alive, whatever its control thread
+ * is doing. Stream A's cancel callback takes 1.5 s; it runs on the ingress's
+ * control-subscription thread, which is also the thread that answers the
+ * router's instance probes. Stream B, on the same instance, keeps sending
+ * items and heartbeats from its handler thread the whole time. B must
+ * complete; the router must not declare the instance lost (probes time out
+ * after 2 x 300 ms while B's items keep arriving). The same false positive
+ * ends most of the 1000 streams of scale_1000_streams with instance_lost:
+ * under load, probe answers queue behind data on the router's connection. */
+static void
+instance_not_lost_while_streaming(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *ga = new_got(e), *gb = new_got(e);
+    sw_stream *a, *b;
+    sw_router_stats rs;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100;
+    e->w.delay_ms = 20; /* ~2 s */
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    a = env_open_with(e, &o, "slowcancel", 10);
+    b = env_open(e);
+    assert_false(collect(a, ga, 2, T(5000)));
+    assert_int_equal(sw_stream_cancel(a), SW_OK);
+    assert_true(collect(a, ga, 0, T(5000)));
+    assert_terminal(ga, SW_STATUS_CANCELLED, SW_OK, "cancelled");
+    assert_true(collect(b, gb, 0, T(20000)));
+    sw_router_stats_get(e->rt, &rs);
+    if (gb->status != SW_STATUS_COMPLETED)
+        fail_msg("stream B ended %s/%s after %zu items (\"%s\"); router instances_lost=%llu",
+                 sw_status_name(gb->status), gb->reason, gb->n, gb->message,
+                 (unsigned long long)rs.instances_lost);
+    assert_tokens(gb, 100);
+    assert_int_equal(rs.instances_lost, 0);
+    got_free(ga);
+    got_free(gb);
+}
+
+static void
+consumer_stops_reading_then_closes(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    sw_stream *s;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100000;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.credit_window = 16;
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(wctx_wait(&e->w, &e->w.sent, 16, T(5000)));
+    sleep_ms(300); /* several heartbeat periods: still no credit */
+    assert_int_equal(wctx_get(&e->w, &e->w.sent), 16);
+    assert_int_equal(wctx_get(&e->w, &e->w.stopped), 0);
+    env_close(e, s);
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(2000)));
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
+    assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(2000)));
+    assert_int_equal(ist_wait(e, f_inflight_zero, 1, T(2000)), 1);
+}
+
+/* ======================================================================== */
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        T_(cancel_mid_stream),
+        T_(kill_mid_stream),
+        T_(close_before_terminal_cancels),
+        T_(cancel_wakes_blocked_send),
+        T_(slow_consumer_flow_control),
+        T_(try_send_and_droppable),
+        T_(scale_1000_streams),
+        T_(router_backlog_no_spurious_incomplete),
+        T_(instance_not_lost_while_streaming),
+        T_(consumer_stops_reading_then_closes),
+    };
+    sf_filters(argc, argv);
+    return cmocka_run_group_tests_name("streams.flow", tests, sf_group_setup,
+                                       sf_group_teardown);
+}

@@ -1,0 +1,405 @@
+/* tests/integration/test_lifecycle.c -- end-to-end streams over a real
+ * nats-server (issues 3 and 5), split from test_streams.c by theme:
+ * drain, destroy, close and teardown paths: drain within and
+ * past grace, a worker vanishing, routers/ingress destroyed under open
+ * streams, two routers on one instance, max streams, conn close.
+ * Fixture, threads and locks: streams_fixture.h. */
+#include "streams_fixture.h"
+
+/* ======================================================================== */
+/* 9. Drain, and a consumer that stops reading                               */
+
+static void
+drain_within_grace(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e), *g2 = new_got(e);
+    sw_stream *s, *s2;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 10;
+    e->w.delay_ms = 20;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(wctx_wait(&e->w, &e->w.started, 1, T(5000)));
+    assert_int_equal(sw_ingress_drain(e->ing, T(10000)), SW_OK);
+    /* (finish() may not have returned to the handler yet when drain sees the
+     * stream end, hence a wait rather than a read.) */
+    assert_true(wctx_wait(&e->w, &e->w.finished, 1, T(2000)));
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 10);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    /* A drained instance takes no new requests. */
+    s2 = env_open(e);
+    assert_true(collect(s2, g2, 0, T(10000)));
+    assert_terminal(g2, SW_STATUS_ERROR, SW_NO_RESPONDERS, "no_responders");
+    /* Idempotent. */
+    assert_int_equal(sw_ingress_drain(e->ing, 0), SW_OK);
+    got_free(g);
+    got_free(g2);
+}
+
+static void
+drain_past_grace_instance_lost(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_stats st;
+
+    e->w.mode = M_BLOCK;
+    e->w.k = 2;
+    e->w.n = 4;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(wctx_wait(&e->w, &e->w.sent, 2, T(5000)));
+    assert_int_equal(sw_ingress_drain(e->ing, 300), SW_ETIMEDOUT);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 2);
+    assert_terminal(g, SW_STATUS_ERROR, SW_INSTANCE_LOST, "instance_lost");
+    assert_done(g);
+    /* The handler saw the cancellation. */
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(3000)));
+    assert_int_equal(e->w.stop_saw_flag, 1);
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
+    assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(3000)));
+    ingress_stats(e, &st);
+    assert_int_equal(st.finished[SW_STATUS_FAILED], 0); /* no extra handler_returned */
+    assert_int_equal(st.inflight, 0);
+    got_free(g);
+}
+
+/* The worker vanishes mid-stream without a word (its NATS connection drops,
+ * as when the process is SIGKILLed): the router's instance probes get "no
+ * responders" and the consumer gets instance_lost after the items it had. */
+static void
+worker_vanishes_instance_lost(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_router_stats rs;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100000;
+    e->w.delay_ms = 10;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_false(collect(s, g, 3, T(10000)));
+    natsConnection_Close((natsConnection *)sw_conn_nats(e->wc));
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_terminal(g, SW_STATUS_ERROR, SW_INSTANCE_LOST, "instance_lost");
+    assert_true(g->n >= 3);
+    assert_token_prefix(g);
+    assert_done(g);
+    sw_router_stats_get(e->rt, &rs);
+    assert_int_equal(rs.instances_lost, 1);
+    assert_int_equal(rs.open_streams, 0);
+}
+
+/* ======================================================================== */
+/* 10. Destroying things under open streams                                  */
+
+static void
+router_destroy_with_open_streams(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g1 = new_got(e), *g2 = new_got(e);
+    sw_stream *s1, *s2, *s3;
+    cbgot *c = new_cbgot(e);
+
+    e->w.mode = M_BLOCK;
+    e->w.k = 1;
+    e->w.n = 2;
+    env_start(e, NULL, NULL); /* 4 handler threads */
+    s1 = env_open(e);
+    s2 = env_open(e);
+    ropts(e, &o);
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    s3 = env_open_with(e, &o, "p", 1);
+    assert_false(collect(s1, g1, 1, T(5000)));
+    assert_false(collect(s2, g2, 1, T(5000)));
+    assert_true(wctx_wait(&e->w, &e->w.sent, 3, T(5000)));
+    {
+        int64_t until = now_ms() + T(5000);
+        for (;;) {
+            size_t n;
+            pthread_mutex_lock(&c->mu);
+            n = c->g.n;
+            pthread_mutex_unlock(&c->mu);
+            if (n >= 1 || now_ms() > until)
+                break;
+            sleep_ms(5);
+        }
+    }
+    sw_router_destroy(e->rt);
+    e->rt = NULL;
+    assert_true(collect(s1, g1, 0, T(5000)));
+    assert_true(collect(s2, g2, 0, T(5000)));
+    assert_true(cb_wait(c, T(5000)));
+    assert_tokens(g1, 1);
+    assert_tokens(g2, 1);
+    assert_tokens(&c->g, 1);
+    assert_terminal(g1, SW_STATUS_ERROR, SW_ECLOSED, "closed");
+    assert_terminal(g2, SW_STATUS_ERROR, SW_ECLOSED, "closed");
+    assert_terminal(&c->g, SW_STATUS_ERROR, SW_ECLOSED, "closed");
+    assert_done(g1);
+    assert_done(g2);
+    cb_assert_clean(c);
+    /* Streams stay valid objects until closed. */
+    assert_int_equal(sw_stream_cancel(s1), SW_EEOF);
+    assert_int_equal(strlen(sw_stream_request_id(s1)), 32);
+    /* The workers were told. */
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 3, T(3000)));
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    env_close(e, s1);
+    env_close(e, s2);
+    env_close(e, s3);
+    got_free(g1);
+    got_free(g2);
+}
+
+/* Two frontends on one instance: each gets its own streams; destroying one
+ * router cancels only its streams on the worker. */
+static void
+two_routers_one_instance(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    sw_request_opts o;
+    got *ga = new_got(e), *gb = new_got(e), *ga2 = new_got(e), *gb2 = new_got(e);
+    sw_stream *a, *b, *a2, *b2 = NULL;
+    sw_ingress_stats st;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 30;
+    e->w.delay_ms = 2;
+    env_start(e, NULL, NULL);
+    e->fc2 = conn_open("itest-frontend-2");
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(&e->rt2, e->fc2, &ro), SW_OK);
+    assert_string_not_equal(sw_router_id(e->rt), sw_router_id(e->rt2));
+    ropts(e, &o);
+    a = env_open(e);
+    assert_int_equal(sw_router_open(&b, e->rt2, &o, "p", 1), SW_OK);
+    assert_true(collect(a, ga, 0, T(10000)));
+    assert_true(collect(b, gb, 0, T(10000)));
+    assert_tokens(ga, 30);
+    assert_tokens(gb, 30);
+    assert_terminal(ga, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_terminal(gb, SW_STATUS_COMPLETED, SW_OK, "stop");
+    sw_stream_close(b);
+
+    /* Now two long streams; router 1 goes away mid-stream. */
+    e->w.n = 150;
+    e->w.delay_ms = 10;
+    a2 = env_open(e);
+    assert_int_equal(sw_router_open(&b2, e->rt2, &o, "p", 1), SW_OK);
+    assert_false(collect(a2, ga2, 5, T(10000)));
+    sw_router_destroy(e->rt);
+    e->rt = NULL;
+    assert_true(collect(a2, ga2, 0, T(5000)));
+    assert_terminal(ga2, SW_STATUS_ERROR, SW_ECLOSED, "closed");
+    assert_token_prefix(ga2);
+    assert_true(collect(b2, gb2, 0, T(20000)));
+    sw_stream_close(b2);
+    if (gb2->status != SW_STATUS_COMPLETED)
+        fail_msg("router 2's stream ended %s/%s after %zu items (\"%s\")",
+                 sw_status_name(gb2->status), gb2->reason, gb2->n, gb2->message);
+    assert_tokens(gb2, 150);
+    assert_int_equal(ist_wait(e, f_cancels, 1, T(2000)), 1);
+    sleep_ms(100);
+    ingress_stats(e, &st);
+    assert_int_equal(st.cancels, 1);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 3);
+}
+
+/* A terminal held by final_linger_ms when the router is destroyed: the
+ * callback consumer must still get exactly one terminal (the header:
+ * sw_router_destroy "ends every open stream (its consumer gets a
+ * terminal)"), and nothing may leak. */
+static void
+router_destroy_during_final_linger(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    sw_request_opts o;
+    sw_stream *s;
+    cbgot *c = new_cbgot(e);
+
+    sw_router_opts_init(&ro);
+    ro.final_linger_ms = 3000;
+    e->w.mode = M_STREAM;
+    e->w.n = 3;
+    env_start(e, NULL, &ro);
+    ropts(e, &o);
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    s = env_open_with(e, &o, "p", 1);
+    /* Items delivered, the final received and lingering. */
+    assert_true(wctx_wait(&e->w, &e->w.finished, 1, T(5000)));
+    {
+        int64_t until = now_ms() + T(5000);
+        size_t n = 0;
+        while (now_ms() < until) {
+            pthread_mutex_lock(&c->mu);
+            n = c->g.n;
+            pthread_mutex_unlock(&c->mu);
+            if (n >= 3)
+                break;
+            sleep_ms(5);
+        }
+        assert_int_equal(n, 3);
+    }
+    sleep_ms(200);
+    pthread_mutex_lock(&c->mu);
+    assert_int_equal(c->g.terminals, 0); /* still lingering */
+    pthread_mutex_unlock(&c->mu);
+    sw_router_destroy(e->rt);
+    e->rt = NULL;
+    if (!cb_wait(c, T(5000)))
+        fail_msg("sw_router_destroy during the final linger: the callback consumer never got "
+                 "its terminal");
+    cb_assert_clean(c);
+    assert_tokens(&c->g, 3);
+    env_close(e, s);
+}
+
+/* max_streams: the next open is SW_EBUSY; a slot frees when a stream ends. */
+static void
+router_max_streams_busy(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    sw_request_opts o;
+    sw_stream *s1, *s2, *s3 = NULL;
+    got *g = new_got(e);
+
+    sw_router_opts_init(&ro);
+    ro.max_streams = 2;
+    e->w.mode = M_BLOCK;
+    e->w.k = 0;
+    e->w.n = 2;
+    env_start(e, NULL, &ro);
+    s1 = env_open(e);
+    s2 = env_open(e);
+    ropts(e, &o);
+    assert_int_equal(sw_router_open(&s3, e->rt, &o, "p", 1), SW_EBUSY);
+    assert_null(s3);
+    env_close(e, s1); /* cancel: frees the slot */
+    s3 = env_open(e);
+    wctx_open_gate(&e->w);
+    assert_true(collect(s3, g, 0, T(10000)));
+    assert_tokens(g, 2);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    (void)s2; /* closed by teardown */
+    got_free(g);
+}
+
+static void
+ingress_destroy_with_retained_responder(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_responder *r;
+
+    e->w.mode = M_KEEP;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(5000)));
+    r = e->w.kept;
+    assert_non_null(r);
+    assert_int_equal(sw_responder_send(r, "token-0", 7), SW_OK);
+    sw_ingress_destroy(e->ing);
+    e->ing = NULL;
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 1);
+    assert_terminal(g, SW_STATUS_ERROR, SW_INSTANCE_LOST, "instance_lost");
+    assert_done(g);
+    /* The retained responder is still a valid object; calls say closed. */
+    assert_int_equal(sw_responder_cancelled(r), 1);
+    assert_int_equal(strlen(sw_responder_request_id(r)), 32);
+    {
+        size_t plen = 0;
+        const void *p = sw_responder_payload(r, &plen);
+        assert_int_equal(plen, 6);
+        assert_memory_equal(p, "prompt", 6);
+    }
+    {
+        sw_err a = sw_responder_send(r, "x", 1);
+        sw_err b = sw_responder_try_send(r, "x", 1);
+        sw_err c = sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+        sw_err d = sw_responder_fail(r, "engine_error", "late");
+        e->w.kept = NULL;
+        sw_responder_release(r); /* frees it (ASan checks) */
+        if (a != SW_ECLOSED || b != SW_ECLOSED || c != SW_ECLOSED || d != SW_ECLOSED)
+            fail_msg("after sw_ingress_destroy: send=%s try_send=%s finish=%s fail=%s, "
+                     "want closed for all (header: \"their calls return SW_ECLOSED\")",
+                     sw_err_name(a), sw_err_name(b), sw_err_name(c), sw_err_name(d));
+    }
+    got_free(g);
+}
+
+/* sw_conn_close must not leave callbacks behind that use the freed sw_conn.
+ * nats.c runs connection callbacks (disconnected, closed, async errors) on
+ * one global async-callback thread, after natsConnection_Close has returned.
+ * To make the window deterministic, another connection's disconnected
+ * callback holds that thread for 300 ms while the sw_conn is closed; the
+ * sw_conn's callbacks queue behind it. Before the fix in ebc6169 ASan
+ * reported a heap-use-after-free in swt_on_disconnect here (and at random in
+ * teardowns); without ASan it passes silently. Kept last: under ASan such a
+ * report aborts the process. */
+static void
+sleepy_disconnected(natsConnection *nc, void *arg)
+{
+    (void)nc;
+    (void)arg;
+    sleep_ms(300);
+}
+
+static void
+conn_close_no_callback_after_free(void **state)
+{
+    natsOptions *no = NULL;
+    natsConnection *blocker = NULL;
+    sw_conn *c;
+    (void)state;
+
+    assert_int_equal(natsOptions_Create(&no), NATS_OK);
+    assert_int_equal(natsOptions_SetURL(no, g_nats.url), NATS_OK);
+    assert_int_equal(natsOptions_SetDisconnectedCB(no, sleepy_disconnected, NULL), NATS_OK);
+    assert_int_equal(natsConnection_Connect(&blocker, no), NATS_OK);
+    c = conn_open("itest-close");
+    natsConnection_Close(blocker); /* the async-callback thread sleeps 300 ms */
+    sw_conn_close(c);              /* its callbacks queue behind; c is freed */
+    sleep_ms((long)T(600));        /* ...and run now */
+    natsConnection_Destroy(blocker);
+    natsOptions_Destroy(no);
+}
+
+/* ======================================================================== */
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        T_(drain_within_grace),
+        T_(drain_past_grace_instance_lost),
+        T_(worker_vanishes_instance_lost),
+        T_(router_destroy_with_open_streams),
+        T_(two_routers_one_instance),
+        T_(router_destroy_during_final_linger),
+        T_(router_max_streams_busy),
+        T_(ingress_destroy_with_retained_responder),
+        T_(conn_close_no_callback_after_free),
+    };
+    sf_filters(argc, argv);
+    return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,
+                                       sf_group_teardown);
+}

@@ -1,0 +1,293 @@
+/* tests/integration/test_loss.c -- end-to-end streams over a real
+ * nats-server (issues 3 and 5), split from test_streams.c by theme:
+ * loss and liveness: heartbeats (slow streams, batched, on
+ * the frontend), gap repair (resend) with windows capped, acknowledged and
+ * lost finals.
+ * Fixture, threads and locks: streams_fixture.h. */
+#include "streams_fixture.h"
+
+/* Heartbeats keep a stream alive through a pause longer than the
+ * inactivity timeout (4*50+500 = 700 ms). */
+static void
+heartbeats_keep_slow_stream_alive(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    got *g = new_got(e);
+    sw_stream_stats ss;
+    sw_stream *s;
+
+    sw_router_opts_init(&ro);
+    ro.heartbeat_ms = 50;
+    e->w.mode = M_PAUSE;
+    e->w.k = 2;
+    e->w.n = 4;
+    e->w.delay_ms = 1500;
+    env_start(e, NULL, &ro);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(15000)));
+    assert_tokens(g, 4);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    sw_stream_stats_get(s, &ss);
+    assert_true(ss.heartbeats >= 3);
+    got_free(g);
+}
+
+/* Heartbeats travel batched per frontend (HeartbeatBatch on
+ * sw.rsp.<router>.hb). Many idle streams at once are all kept alive by
+ * them, with far fewer messages than beats; a batch that does not decode
+ * is counted and harms no stream; beats for unknown streams are counted. */
+static void
+heartbeat_batches(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    sw_router_stats rs;
+    sw_ingress_stats st;
+    sw_stream *s[8];
+    const int K = 8;
+    char subj[SWT_SUBJECT_MAX];
+    natsConnection *nc;
+    static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0x01};
+
+    sw_router_opts_init(&ro);
+    ro.heartbeat_ms = 50;
+    e->w.mode = M_PAUSE;
+    e->w.k = 1;
+    e->w.n = 2;
+    e->w.delay_ms = 1200; /* silent for 1.2 s; inactivity is 4 * 50 + 500 = 700 ms */
+    env_start(e, NULL, &ro);
+    for (int i = 0; i < K; i++)
+        s[i] = env_open(e);
+    /* Garbage and a forged batch for unknown streams on the beats subject. */
+    nc = sw_conn_nats(e->fc);
+    assert_int_equal(swt_subject_beats(subj, sizeof(subj), sw_router_id(e->rt)), SW_OK);
+    assert_int_equal(natsConnection_Publish(nc, subj, garbage, (int)sizeof(garbage)), NATS_OK);
+    {
+        /* Two unknown ids, and a real stream's id from the wrong instance. */
+        swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
+        swp_beat b1 = STREAMWIRE__V1__STREAM_BEAT__INIT, b2 = STREAMWIRE__V1__STREAM_BEAT__INIT,
+                 b3 = STREAMWIRE__V1__STREAM_BEAT__INIT;
+        swp_beat *bp[3] = {&b1, &b2, &b3};
+        uint8_t id1[16], id2[16], id3[16], buf[256];
+        char hex[SW_REQUEST_ID_HEX];
+        size_t len;
+        random_id(id1, hex);
+        random_id(id2, hex);
+        assert_int_equal(swt_response_subject_id(sw_stream_request_id(s[0]), id3), -1);
+        {
+            char subj3[SWT_SUBJECT_MAX];
+            assert_int_equal(swt_subject_response(subj3, sizeof(subj3), "x",
+                                                  sw_stream_request_id(s[0])),
+                             SW_OK);
+            assert_int_equal(swt_response_subject_id(subj3, id3), 0);
+        }
+        b1.request_id.data = id1;
+        b1.request_id.len = 16;
+        b2.request_id.data = id2;
+        b2.request_id.len = 16;
+        b3.request_id.data = id3;
+        b3.request_id.len = 16;
+        b3.last_seq = 1000; /* would ask for a resend if it were believed */
+        m.version = 1;
+        m.instance_id = (char *)"forger";
+        m.n_beats = 3;
+        m.beats = bp;
+        assert_int_equal(swp_encode(&m, buf, sizeof(buf), &len), SW_OK);
+        assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+    }
+    for (int i = 0; i < K; i++) {
+        got *g = new_got(e);
+        sw_stream_stats ss;
+        assert_true(collect(s[i], g, 0, T(15000)));
+        assert_tokens(g, 2);
+        assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+        sw_stream_stats_get(s[i], &ss);
+        if (ss.heartbeats < 5)
+            fail_msg("stream %d: %llu heartbeats in a 1.2 s pause at 50 ms", i,
+                     (unsigned long long)ss.heartbeats);
+        got_free(g);
+    }
+    sw_router_stats_get(e->rt, &rs);
+    assert_int_equal(rs.bad_messages, 1);
+    assert_true(rs.unknown_stream >= 3);
+    {
+        sw_stream_stats ss0;
+        sw_stream_stats_get(s[0], &ss0);
+        assert_int_equal(ss0.resend_requests, 0); /* the forged beat was not believed */
+    }
+    assert_int_equal(rs.terminals[SW_STATUS_COMPLETED], (uint64_t)K);
+    ingress_stats(e, &st);
+    assert_true(st.heartbeats >= (uint64_t)K * 5);
+}
+
+/* ======================================================================== */
+/* 6. Loss repair                                                            */
+
+static void
+loss_repair(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream_stats ss;
+    sw_ingress_stats st;
+    sw_stream *s;
+    const int N = 2000;
+
+    e->w.mode = M_STREAM;
+    e->w.n = N;
+    env_start(e, NULL, NULL);
+    swi_ingress_set_drop_rate(e->ing, 0.05);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(60000)));
+    assert_tokens(g, (size_t)N); /* each exactly once, in order */
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    sw_stream_stats_get(s, &ss);
+    ingress_stats(e, &st);
+    if (ss.resend_requests == 0 || st.items_resent == 0)
+        fail_msg("no repair happened: resend_requests=%llu items_resent=%llu",
+                 (unsigned long long)ss.resend_requests, (unsigned long long)st.items_resent);
+    assert_int_equal(ss.items, (uint64_t)N);
+    got_free(g);
+}
+
+/* The ingress caps a request's window at max_window (8 here; the router
+ * asks for its default, 128). The stream must still flow: today the router
+ * grants more credit only once consumed + window/2 >= credit granted
+ * (8 + 64 < 128), the worker waits for credit after 8 items, and the send
+ * times out (send_timeout_ms, shortened here) -- handler_returned after 8.
+ * With loss on top, the worker must also keep every unacknowledged item for
+ * resend, however much credit the frontend grants. */
+static void
+window_capped_common(env *e, double drop, int N)
+{
+    sw_ingress_opts io;
+    got *g = new_got(e);
+    sw_stream_stats ss;
+    sw_ingress_stats st;
+    sw_stream *s;
+
+    sw_ingress_opts_init(&io);
+    io.max_window = 8;
+    io.send_timeout_ms = (unsigned)T(5000);
+    e->w.mode = M_STREAM;
+    e->w.n = N;
+    env_start(e, &io, NULL);
+    if (drop > 0)
+        swi_ingress_set_drop_rate(e->ing, drop);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(60000)));
+    sw_stream_stats_get(s, &ss);
+    ingress_stats(e, &st);
+    if (g->status != SW_STATUS_COMPLETED)
+        fail_msg("ended %s/%s after %zu of %d items (\"%s\"); resend_requests=%llu "
+                 "items_resent=%llu; the handler's send failed with %s (%d sent)",
+                 sw_status_name(g->status), g->reason, g->n, N, g->message,
+                 (unsigned long long)ss.resend_requests, (unsigned long long)st.items_resent,
+                 sw_err_name(e->w.stop_rv), wctx_get(&e->w, &e->w.sent));
+    assert_tokens(g, (size_t)N);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+}
+
+static void
+window_capped_by_ingress(void **state)
+{
+    window_capped_common(*state, 0.0, 200);
+}
+
+static void
+loss_repair_window_capped(void **state)
+{
+    window_capped_common(*state, 0.05, 1000);
+}
+
+/* Finished streams leave the worker's table when the frontend acknowledges
+ * their finals (ACK_FINALS, one message per worker for many streams), well
+ * before the 2 s linger that would otherwise retire them. */
+static void
+acked_finals_release_worker_state(void **state)
+{
+    env *e = *state;
+    sw_ingress_stats st;
+    const int K = 12;
+    int64_t t0;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 5;
+    env_start(e, NULL, NULL);
+    for (int i = 0; i < K; i++) {
+        got *g = new_got(e);
+        sw_stream *s = env_open(e);
+        assert_true(collect(s, g, 0, T(10000)));
+        assert_tokens(g, 5);
+        assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+        env_close(e, s);
+        got_free(g);
+    }
+    t0 = now_ms();
+    assert_int_equal(ist_wait(e, f_held_zero, 1, T(1500)), 1);
+    if (now_ms() - t0 >= 1900)
+        fail_msg("the worker let go of the streams only after %lld ms (linger, not acks)",
+                 (long long)(now_ms() - t0));
+    ingress_stats(e, &st);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], (uint64_t)K);
+    assert_int_equal(st.items_resent, 0);
+    assert_int_equal(st.streams_held, 0);
+}
+
+/* A final lost on the way: the worker keeps heartbeating while its final is
+ * unacknowledged, the frontend sees last_seq beyond what it has, asks for
+ * the rest, and the stream still ends COMPLETED with every item. */
+static void
+lost_final_is_resent(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_stats st;
+    sw_stream_stats ss;
+    sw_request_opts o;
+    const int N = 7;
+
+    e->w.mode = M_LOSE_FINAL;
+    e->w.n = N;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.heartbeat_ms = 50;
+    s = env_open_with(e, &o, "prompt", 6);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, (size_t)N);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_int_equal(g->term_seq, (uint64_t)N + 1);
+    assert_done(g);
+    sw_stream_stats_get(s, &ss);
+    assert_true(ss.resend_requests >= 1);
+    assert_true(ss.heartbeats >= 1);
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, (uint64_t)N);
+    assert_true(st.items_resent >= 1); /* the final */
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 1);
+    assert_int_equal(ist_wait(e, f_held_zero, 1, T(1500)), 1);
+    got_free(g);
+}
+
+/* ======================================================================== */
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        T_(heartbeats_keep_slow_stream_alive),
+        T_(heartbeat_batches),
+        T_(loss_repair),
+        T_(window_capped_by_ingress),
+        T_(loss_repair_window_capped),
+        T_(acked_finals_release_worker_state),
+        T_(lost_final_is_resent),
+    };
+    sf_filters(argc, argv);
+    return cmocka_run_group_tests_name("streams.loss", tests, sf_group_setup,
+                                       sf_group_teardown);
+}

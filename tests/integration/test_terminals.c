@@ -1,0 +1,637 @@
+/* tests/integration/test_terminals.c -- end-to-end streams over a real
+ * nats-server (issues 3 and 5), split from test_streams.c by theme:
+ * every terminal a stream can end with: completed, worker terminals
+ * (max_tokens, engine error, handler returned or released without one),
+ * synthesized terminals (no responders, payload too large, no instances,
+ * deadline, inactivity, overloaded), callback mode, responder API edges.
+ * Fixture, threads and locks: streams_fixture.h. */
+#include "streams_fixture.h"
+
+/* ======================================================================== */
+/* 1. Completed stream                                                       */
+
+static void
+completed_stream(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_stats st;
+    sw_request_opts o;
+    const int N = 50;
+
+    e->w.mode = M_STREAM;
+    e->w.n = N;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.max_tokens = 77;
+    s = env_open_with(e, &o, "hello worker", 12);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, (size_t)N);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_string_equal(g->message, "");
+    assert_int_equal(g->term_seq, (uint64_t)N + 1); /* the final's seq */
+    assert_done(g);
+    assert_string_equal(g->instance, sw_ingress_instance_id(e->ing));
+    assert_string_equal(sw_stream_instance_id(s), sw_ingress_instance_id(e->ing));
+    /* What the handler saw. */
+    assert_string_equal(e->w.payload, "hello worker");
+    assert_int_equal(e->w.max_tokens, 77);
+    assert_string_equal(e->w.reqid, sw_stream_request_id(s));
+    assert_int_equal(strlen(sw_stream_request_id(s)), 32);
+    assert_int_equal(wctx_get(&e->w, &e->w.started), 1);
+    assert_true(wctx_wait(&e->w, &e->w.finished, 1, T(2000)));
+    assert_int_equal(e->w.finish_rv, SW_OK);
+    /* EEOF is sticky. */
+    {
+        const sw_item *it;
+        assert_int_equal(sw_stream_next(s, &it, 50), SW_EEOF);
+        assert_int_equal(sw_stream_cancel(s), SW_EEOF);
+    }
+    ingress_stats(e, &st);
+    assert_int_equal(st.requests, 1);
+    assert_int_equal(st.items_sent, (uint64_t)N);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 1);
+    assert_int_equal(st.bad_requests, 0);
+    {
+        sw_router_stats rs;
+        sw_stream_stats ss;
+        sw_stream_stats_get(s, &ss);
+        assert_int_equal(ss.items, (uint64_t)N);
+        assert_int_equal(ss.duplicates, 0);
+        sw_router_stats_get(e->rt, &rs);
+        assert_int_equal(rs.streams_opened, 1);
+        assert_int_equal(rs.terminals[SW_STATUS_COMPLETED], 1);
+        assert_int_equal(rs.open_streams, 0);
+        assert_int_equal(rs.nats_dropped, 0);
+    }
+    got_free(g);
+}
+
+/* sw_router_stats.items: "data items delivered" across the router's
+ * streams (egress/router.c only counts the per-stream sw_stream_stats.items). */
+static void
+router_stats_count_items(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e), *g2 = new_got(e);
+    sw_router_stats rs;
+    sw_stream *s, *s2;
+    sw_request_opts o;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 12;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    ropts(e, &o);
+    o.on_item = NULL;
+    s2 = env_open_with(e, &o, "p", 1);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_true(collect(s2, g2, 0, T(10000)));
+    assert_tokens(g, 12);
+    assert_tokens(g2, 12);
+    sw_router_stats_get(e->rt, &rs);
+    assert_int_equal(rs.streams_opened, 2);
+    assert_int_equal(rs.terminals[SW_STATUS_COMPLETED], 2);
+    if (rs.items != 24)
+        fail_msg("sw_router_stats.items = %llu, want 24 (data items delivered)",
+                 (unsigned long long)rs.items);
+}
+
+/* Several sequential streams on one router/ingress; each its own content. */
+static void
+sequential_streams(void **state)
+{
+    env *e = *state;
+    e->w.mode = M_STREAM;
+    e->w.n = 7;
+    env_start(e, NULL, NULL);
+    for (int i = 0; i < 10; i++) {
+        got *g = new_got(e);
+        sw_stream *s = env_open(e);
+        assert_true(collect(s, g, 0, T(10000)));
+        assert_tokens(g, 7);
+        assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+        assert_done(g);
+        env_close(e, s);
+        got_free(g);
+    }
+    assert_int_equal(wctx_get(&e->w, &e->w.started), 10);
+}
+
+/* Responder API edges: argument errors, an item too big for the bus (the
+ * stream goes on), a custom finish reason, and SW_ECLOSED after the end. */
+static void
+responder_api_edges(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    static const sw_err want[12] = {SW_EINVAL, SW_EINVAL, SW_EINVAL, SW_EINVAL,
+                                    SW_EINVAL, SW_EMSGSIZE, SW_OK, SW_OK,
+                                    SW_ECLOSED, SW_ECLOSED, SW_ECLOSED, SW_ECLOSED};
+
+    e->w.mode = M_API;
+    env_start(e, NULL, NULL);
+    e->w.big_len = sw_conn_max_payload(e->wc) + 1;
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_true(wctx_wait(&e->w, &e->w.try_done, 1, T(2000)));
+    for (int i = 0; i < 12; i++)
+        if (e->w.rv[i] != want[i])
+            fail_msg("responder call %d returned %s, want %s", i, sw_err_name(e->w.rv[i]),
+                     sw_err_name(want[i]));
+    assert_tokens(g, 1); /* the oversized item consumed no sequence number */
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "eos");
+    assert_int_equal(g->term_seq, 2);
+    assert_done(g);
+}
+
+/* ======================================================================== */
+/* 2. Worker terminals                                                       */
+
+static void
+incomplete_max_tokens(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_stream *s;
+
+    e->w.mode = M_MAXTOK;
+    e->w.n = 16;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.max_tokens = 5;
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 5);
+    assert_terminal(g, SW_STATUS_INCOMPLETE, SW_OK, "max_tokens");
+    assert_int_equal(g->term_seq, 6);
+    assert_done(g);
+    got_free(g);
+}
+
+static void
+failed_engine_error(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_ingress_stats st;
+    sw_stream *s;
+
+    e->w.mode = M_FAIL;
+    e->w.n = 3;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 3);
+    assert_terminal(g, SW_STATUS_FAILED, SW_OK, "engine_error");
+    assert_string_equal(g->message, FAIL_MSG);
+    assert_done(g);
+    /* fail() returns after the terminal is counted; the consumer may see the
+     * terminal before that. */
+    assert_true(wctx_wait(&e->w, &e->w.finished, 1, T(2000)));
+    assert_int_equal(e->w.finish_rv, SW_OK);
+    ingress_stats(e, &st);
+    assert_int_equal(st.finished[SW_STATUS_FAILED], 1);
+    got_free(g);
+}
+
+static void
+handler_returned_without_terminal(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+
+    e->w.mode = M_RETURN;
+    e->w.n = 4;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 4);
+    assert_terminal(g, SW_STATUS_FAILED, SW_OK, "handler_returned");
+    assert_int_equal(g->term_seq, 5);
+    assert_done(g);
+    got_free(g);
+}
+
+static void
+retained_released_without_terminal(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+
+    e->w.mode = M_RETAIN_RELEASE;
+    e->w.n = 6;
+    e->w.delay_ms = 5;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 6);
+    assert_terminal(g, SW_STATUS_FAILED, SW_OK, "responder_released");
+    assert_done(g);
+    assert_true(wctx_wait(&e->w, &e->w.thr_done, 1, T(5000)));
+    got_free(g);
+}
+
+static void
+retained_finishes_after_handler_returned(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+
+    e->w.mode = M_RETAIN_FINISH;
+    e->w.n = 8;
+    e->w.delay_ms = 5;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 8);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    assert_true(wctx_wait(&e->w, &e->w.thr_done, 1, T(5000)));
+    assert_true(wctx_wait(&e->w, &e->w.finished, 1, T(2000)));
+    assert_int_equal(e->w.finish_rv, SW_OK);
+    /* The handler had returned before the first item went out. */
+    assert_int_equal(wctx_get(&e->w, &e->w.returned), 1);
+    got_free(g);
+}
+
+/* ======================================================================== */
+/* 3. Synthesized terminals                                                  */
+
+static void
+no_responders(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_stream *s;
+
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.instance_id = "nobody-serves-this";
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_int_equal(g->n, 0);
+    assert_terminal(g, SW_STATUS_ERROR, SW_NO_RESPONDERS, "no_responders");
+    assert_int_equal(g->term_seq, 0); /* synthesized */
+    assert_done(g);
+    assert_int_equal(wctx_get(&e->w, &e->w.started), 0);
+    got_free(g);
+}
+
+static void
+payload_too_large(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_ingress_stats st;
+    sw_stream *s;
+    size_t max;
+    char *big;
+
+    env_start(e, NULL, NULL);
+    max = sw_conn_max_payload(e->fc);
+    assert_true(max > 0);
+    big = calloc(1, max + 1);
+    assert_non_null(big);
+    memset(big, 'x', max + 1);
+    ropts(e, &o);
+    s = env_open_with(e, &o, big, max + 1);
+    free(big);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_int_equal(g->n, 0);
+    assert_terminal(g, SW_STATUS_ERROR, SW_EMSGSIZE, "payload_too_large");
+    assert_int_equal(g->term_seq, 0);
+    assert_done(g);
+    /* Checked before publishing: the worker never saw it. */
+    natsConnection_Flush((natsConnection *)sw_conn_nats(e->fc));
+    sleep_ms(100);
+    ingress_stats(e, &st);
+    assert_int_equal(st.requests, 0);
+    assert_int_equal(st.bad_requests, 0);
+    got_free(g);
+}
+
+/* Callback mode: the terminal is decided inside sw_router_open, on the
+ * calling thread; closing from that callback must be safe. */
+static void
+payload_too_large_callback_close(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    cbgot *c = new_cbgot(e);
+    sw_stream *s = NULL;
+    size_t max;
+    char *big;
+
+    env_start(e, NULL, NULL);
+    c->close_on_terminal = 1;
+    max = sw_conn_max_payload(e->fc);
+    big = calloc(1, max + 1);
+    assert_non_null(big);
+    ropts(e, &o);
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    assert_int_equal(sw_router_open(&s, e->rt, &o, big, max + 1), SW_OK);
+    free(big);
+    /* s may already be closed (by the callback): not touched again. */
+    assert_true(cb_wait(c, T(5000)));
+    assert_int_equal(c->g.n, 0);
+    assert_terminal(&c->g, SW_STATUS_ERROR, SW_EMSGSIZE, "payload_too_large");
+    cb_assert_clean(c);
+}
+
+static void
+no_instances_without_registry(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_stream *s;
+
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.instance_id = NULL; /* route by endpoint: this router has no registry */
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_int_equal(g->n, 0);
+    assert_terminal(g, SW_STATUS_ERROR, SW_NO_INSTANCES, "no_instances");
+    assert_int_equal(g->term_seq, 0);
+    assert_done(g);
+    assert_int_equal(wctx_get(&e->w, &e->w.started), 0);
+}
+
+static void
+deadline_exceeded(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_stream *s;
+    int64_t t0;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100000;
+    e->w.delay_ms = 20;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.deadline_ms = 200;
+    t0 = now_ms();
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_terminal(g, SW_STATUS_ERROR, SW_DEADLINE_EXCEEDED, "deadline_exceeded");
+    assert_done(g);
+    assert_token_prefix(g);
+    assert_true(now_ms() - t0 >= 190); /* not before the deadline */
+    /* The worker stops: send returns SW_ECANCELLED, the flag is set. */
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(3000)));
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    assert_int_equal(e->w.stop_saw_flag, 1);
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(3000)));
+    assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(3000)));
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
+    got_free(g);
+}
+
+static void
+stream_incomplete(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    got *g = new_got(e);
+    sw_stream *s;
+    int64_t t0;
+
+    sw_router_opts_init(&ro);
+    ro.heartbeat_ms = 50; /* inactivity = 4 * 50 + 500 = 700 ms */
+    e->w.mode = M_ABANDON;
+    e->w.k = 3;
+    env_start(e, NULL, &ro);
+    t0 = now_ms();
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 3);
+    assert_terminal(g, SW_STATUS_ERROR, SW_STREAM_INCOMPLETE, "stream_incomplete");
+    assert_int_equal(g->term_seq, 0);
+    assert_done(g);
+    assert_true(now_ms() - t0 >= 650);
+    got_free(g);
+}
+
+static void
+overloaded(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    got *g1 = new_got(e), *g2 = new_got(e), *g3 = new_got(e);
+    sw_ingress_stats st;
+    sw_stream *s1, *s2, *s3;
+    const sw_item *it;
+
+    sw_ingress_opts_init(&io);
+    io.max_inflight = 1;
+    e->w.mode = M_BLOCK;
+    e->w.k = 0;
+    e->w.n = 3;
+    env_start(e, &io, NULL);
+    s1 = env_open(e);
+    assert_true(wctx_wait(&e->w, &e->w.started, 1, T(5000)));
+    assert_int_equal(sw_stream_next(s1, &it, 0), SW_ETIMEDOUT);
+    s2 = env_open(e);
+    assert_true(collect(s2, g2, 0, T(10000)));
+    assert_int_equal(g2->n, 0);
+    assert_terminal(g2, SW_STATUS_ERROR, SW_EOVERLOADED, "overloaded");
+    assert_done(g2);
+    assert_string_equal(g2->instance, sw_ingress_instance_id(e->ing));
+    ingress_stats(e, &st);
+    assert_int_equal(st.rejected_overload, 1);
+    assert_int_equal(st.requests, 1);
+    assert_int_equal(st.inflight, 1);
+    assert_int_equal(wctx_get(&e->w, &e->w.started), 1);
+    /* Let the first one finish; the slot frees up. */
+    wctx_open_gate(&e->w);
+    assert_true(collect(s1, g1, 0, T(10000)));
+    assert_tokens(g1, 3);
+    assert_terminal(g1, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_int_equal(ist_wait(e, f_inflight_zero, 1, T(5000)), 1);
+    s3 = env_open(e);
+    assert_true(collect(s3, g3, 0, T(10000)));
+    assert_tokens(g3, 3);
+    assert_terminal(g3, SW_STATUS_COMPLETED, SW_OK, "stop");
+    got_free(g1);
+    got_free(g2);
+    got_free(g3);
+}
+
+/* ======================================================================== */
+/* 4. Callback mode                                                          */
+
+static void
+callback_completed(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    sw_stream *s;
+    const sw_item *it = NULL;
+    cbgot *c = new_cbgot(e);
+
+    e->w.mode = M_STREAM;
+    e->w.n = 40;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    s = env_open_with(e, &o, "p", 1);
+    assert_int_equal(sw_stream_next(s, &it, 0), SW_EBUSY);
+    assert_null(it);
+    assert_true(cb_wait(c, T(10000)));
+    cb_assert_clean(c);
+    assert_tokens(&c->g, 40);
+    assert_terminal(&c->g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_int_equal(c->g.term_seq, 41);
+    assert_string_equal(c->g.instance, sw_ingress_instance_id(e->ing));
+    assert_int_equal(sw_stream_next(s, &it, 0), SW_EBUSY);
+    env_close(e, s);
+}
+
+static void
+callback_failed(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    sw_stream *s;
+    cbgot *c = new_cbgot(e);
+
+    e->w.mode = M_FAIL;
+    e->w.n = 2;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(cb_wait(c, T(10000)));
+    cb_assert_clean(c);
+    assert_tokens(&c->g, 2);
+    assert_terminal(&c->g, SW_STATUS_FAILED, SW_OK, "engine_error");
+    assert_string_equal(c->g.message, FAIL_MSG);
+    env_close(e, s);
+}
+
+static void
+callback_close_from_terminal(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    sw_stream *s = NULL;
+    cbgot *c = new_cbgot(e);
+
+    e->w.mode = M_STREAM;
+    e->w.n = 25;
+    e->w.delay_ms = 1;
+    env_start(e, NULL, NULL);
+    c->close_on_terminal = 1;
+    ropts(e, &o);
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    assert_int_equal(sw_router_open(&s, e->rt, &o, "p", 1), SW_OK); /* not tracked */
+    assert_true(cb_wait(c, T(10000)));
+    assert_int_equal(c->closed, 1);
+    cb_assert_clean(c);
+    assert_tokens(&c->g, 25);
+    assert_terminal(&c->g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    {
+        sw_router_stats rs;
+        sw_router_stats_get(e->rt, &rs);
+        assert_int_equal(rs.open_streams, 0);
+    }
+}
+
+static void
+callback_close_from_synth_terminal(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    sw_stream *s = NULL;
+    cbgot *c = new_cbgot(e);
+
+    env_start(e, NULL, NULL);
+    c->close_on_terminal = 1;
+    ropts(e, &o);
+    o.instance_id = "nobody-here";
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    assert_int_equal(sw_router_open(&s, e->rt, &o, "p", 1), SW_OK); /* not tracked */
+    assert_true(cb_wait(c, T(10000)));
+    cb_assert_clean(c);
+    assert_int_equal(c->g.n, 0);
+    assert_terminal(&c->g, SW_STATUS_ERROR, SW_NO_RESPONDERS, "no_responders");
+}
+
+static void
+callback_cancel_from_callback(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    sw_stream *s;
+    cbgot *c = new_cbgot(e);
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100000;
+    e->w.delay_ms = 2;
+    env_start(e, NULL, NULL);
+    c->cancel_after = 3;
+    ropts(e, &o);
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(cb_wait(c, T(10000)));
+    cb_assert_clean(c);
+    assert_int_equal(c->cancel_rv, SW_OK);
+    assert_tokens(&c->g, 3); /* no data after the cancel */
+    assert_terminal(&c->g, SW_STATUS_CANCELLED, SW_OK, "cancelled");
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(2000)));
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
+    env_close(e, s);
+}
+
+/* ======================================================================== */
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        T_(completed_stream),
+        T_(sequential_streams),
+        T_(router_stats_count_items),
+        T_(responder_api_edges),
+        T_(incomplete_max_tokens),
+        T_(failed_engine_error),
+        T_(handler_returned_without_terminal),
+        T_(retained_released_without_terminal),
+        T_(retained_finishes_after_handler_returned),
+        T_(no_responders),
+        T_(payload_too_large),
+        T_(payload_too_large_callback_close),
+        T_(no_instances_without_registry),
+        T_(deadline_exceeded),
+        T_(stream_incomplete),
+        T_(overloaded),
+        T_(callback_completed),
+        T_(callback_failed),
+        T_(callback_close_from_terminal),
+        T_(callback_close_from_synth_terminal),
+        T_(callback_cancel_from_callback),
+    };
+    sf_filters(argc, argv);
+    return cmocka_run_group_tests_name("streams.terminals", tests, sf_group_setup,
+                                       sf_group_teardown);
+}

@@ -88,8 +88,9 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
     rx->term_seq = seq;
     rx->gap_since_ms = 0;
     rx_clear_hold(rx);
-    if (status == SW_STATUS_CANCELLED) {
-        /* No data after a cancel. */
+    if (status == SW_STATUS_CANCELLED && !from_wire) {
+        /* No data after the consumer's cancel. (A worker's CANCELLED final
+         * comes after its items, which are delivered first.) */
         q_free_list(rx->qh);
         rx->qh = rx->qt = NULL;
         rx->qlen = 0;

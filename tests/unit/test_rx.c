@@ -750,6 +750,26 @@ test_cancel_drops_queued(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A worker's CANCELLED final (it cancelled, e.g. while draining) comes
+ * after its items: they are delivered first. Only the consumer's own cancel
+ * drops what is queued. */
+static void
+test_wire_cancelled_final_keeps_data(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    data(&rx, 2, 1);
+    final_at(&rx, 3, SW_STATUS_CANCELLED, "cancelled", 2);
+    assert_int_equal(drain(&rx, 2, seqs, 4, &t), 2);
+    assert_seqs(seqs, 2, 1);
+    assert_int_equal(t.status, SW_STATUS_CANCELLED);
+    swe_rx_fini(&rx);
+}
+
 static void
 test_nothing_after_terminal_delivered(void **state)
 {
@@ -884,6 +904,7 @@ main(void)
         cmocka_unit_test(test_next_due_with_gap),
         cmocka_unit_test(test_terminal_decided_once),
         cmocka_unit_test(test_cancel_drops_queued),
+        cmocka_unit_test(test_wire_cancelled_final_keeps_data),
         cmocka_unit_test(test_nothing_after_terminal_delivered),
         cmocka_unit_test(test_failed_final),
         cmocka_unit_test(test_seq_limits),

@@ -1,6 +1,6 @@
 /* tests/integration/test_cli.c -- the streamwire CLI as a black box (issue 3,
  * "every row of the synthesized-terminal table plus every terminal type ...
- * through the CLI"; the library side is test_streams.c).
+ * through the CLI"; the library side is test_terminals.c and its siblings).
  *
  * One nats-server for the whole file (group setup, max_payload 64 KiB so
  * payload_too_large is cheap), JetStream on for the registry. Workers are

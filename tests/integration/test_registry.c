@@ -270,7 +270,7 @@ typedef struct fx {
 } fx;
 
 /* Connections: the NATS connection is closed at teardown, the sw_conn freed
- * at group teardown (see test_streams.c: nats.c may still run the
+ * at group teardown (see test_lifecycle.c: nats.c may still run the
  * connection's callbacks on its own thread right after close). */
 #define MAX_GRAVE 256
 static sw_conn *g_grave[MAX_GRAVE];

@@ -1356,7 +1356,7 @@ no_instances_immediately(void **state)
 
 /* A consumer that retries the moment it gets instance_lost must not be
  * routed to the instance that was just lost. rt_instance_lost
- * (egress/router.c) fails the streams -- delivering their terminals, in
+ * (egress/probe.c) fails the streams -- delivering their terminals, in
  * callback mode synchronously -- before swr_pool_dead quarantines the
  * instance, so a retry made from the terminal (callback here; a blocking
  * consumer woken by it races the same way) is picked onto the dead

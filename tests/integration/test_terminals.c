@@ -69,7 +69,7 @@ completed_stream(void **state)
 }
 
 /* sw_router_stats.items: "data items delivered" across the router's
- * streams (egress/router.c only counts the per-stream sw_stream_stats.items). */
+ * streams (egress/stream.c only counts the per-stream sw_stream_stats.items). */
 static void
 router_stats_count_items(void **state)
 {

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/sw_common.h"
+#include "ingress/ring.h"
 #include "ingress/sw_ingress_internal.h"
 #include "proto/sw_codec.h"
 #include "transport/sw_transport.h"
@@ -30,7 +31,6 @@
 #define SWI_MAX_CONTROL_BYTES 8192 /* an ACK_FINALS of 256 ids is 4.7 KB */
 #define SWI_TICK_MS 25 /* heartbeat and deadline precision */
 #define SWI_LINGER_MIN_MS 2000
-#define SWI_RING_MIN 16
 /* Coalescing: a stream whose last publish ended less than SWI_HOT_US ago
  * hands its items to the ingress's sender thread, which puts every item
  * queued meanwhile into one message (at most SWI_BATCH_ITEMS items and
@@ -39,14 +39,6 @@
 #define SWI_BATCH_ITEMS 128
 #define SWI_BATCH_BYTES (64 * 1024)
 #define SWI_MSG_STACK 4096
-
-typedef struct swi_slot {
-    uint64_t seq;
-    uint8_t *buf; /* the item's body (swp_data_body_write or a final's);
-                     NULL for a skipped number */
-    size_t len;
-    int lose; /* test-only loss injection: left out of its first publish */
-} swi_slot;
 
 struct sw_responder {
     sw_ingress *ing;
@@ -63,17 +55,14 @@ struct sw_responder {
     size_t plen;
     uint32_t max_tokens;
 
-    uint64_t next_seq;     /* next sequence number to assign */
     uint64_t credit_limit; /* may send seq <= credit_limit (UINT64_MAX: no flow control) */
-    uint64_t acked;        /* every seq <= acked was received by the frontend */
     uint32_t window;
-    int capped;     /* window lowered to the ingress's max_window */
-    swi_slot *ring; /* grows up to window + 1 slots, seq % cap; NULL without flow control */
-    size_t ring_cap;
-    /* Items acked+1 .. pub_seq went out; pub_seq+1 .. next_seq-1 wait in
-     * the ring to be published, in order, by the one thread that has set
-     * `sending` (it drops mu while it publishes). */
-    uint64_t pub_seq;
+    int capped; /* window lowered to the ingress's max_window */
+    /* next_seq, pub_seq, acked and the kept bodies (ingress/ring.h). Items
+     * acked+1 .. pub_seq went out; pub_seq+1 .. next_seq-1 wait in the ring
+     * to be published, in order, by the one thread that has set `sending`
+     * (it drops mu while it publishes). */
+    swn_ring rg;
     int sending;
     int in_sendq;      /* on ing->sq (under ing->smu) */
     int lose_next;     /* chaos: the next kept item misses its first publish */
@@ -198,11 +187,7 @@ resp_unref(sw_responder *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
-    if (r->ring != NULL) {
-        for (size_t i = 0; i < r->ring_cap; i++)
-            free(r->ring[i].buf);
-        free(r->ring);
-    }
+    swn_ring_free(&r->rg);
     free(r->payload);
     pthread_mutex_lock(&r->ing->mu);
     if (r->all_prev != NULL)
@@ -380,11 +365,11 @@ resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swi_msgbuf *
     *nitems = 0;
     /* First pass: which items go in. */
     for (q = from; q <= to && k < SWI_BATCH_ITEMS; q++) {
-        const swi_slot *sl = &r->ring[q % r->ring_cap];
-        size_t add;
-        if (sl->seq != q || sl->buf == NULL || (!resent && sl->lose))
+        size_t blen, add;
+        int lose;
+        if (swn_ring_get(&r->rg, q, &blen, &lose) == NULL || (!resent && lose))
             continue;
-        add = sl->len + (k ? SWP_PREFIX_MAX : 0);
+        add = blen + (k ? SWP_PREFIX_MAX : 0);
         if (k > 0 && total + add > limit)
             break;
         if (k == 0)
@@ -402,13 +387,15 @@ resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swi_msgbuf *
     resp_hdr(r, first, *last, resent, &h);
     n = swp_hdr_write(&h, m->p);
     for (q = first, k = 0; q <= *last; q++) {
-        const swi_slot *sl = &r->ring[q % r->ring_cap];
-        if (sl->seq != q || sl->buf == NULL || (!resent && sl->lose))
+        size_t blen;
+        int lose;
+        const uint8_t *b = swn_ring_get(&r->rg, q, &blen, &lose);
+        if (b == NULL || (!resent && lose))
             continue;
         if (k > 0)
-            n += swp_batch_prefix(m->p + n, sl->len);
-        memcpy(m->p + n, sl->buf, sl->len);
-        n += sl->len;
+            n += swp_batch_prefix(m->p + n, blen);
+        memcpy(m->p + n, b, blen);
+        n += blen;
         k++;
         if (q == r->final_seq)
             final = 1;
@@ -419,50 +406,17 @@ resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swi_msgbuf *
     return n;
 }
 
-/* Grows the resend ring so that seqs acked+1 .. seq fit (r->mu held): at
- * most window + 1 slots (the window's items plus the final). 0 ok, -1 no
- * memory. */
-static int
-resp_ring_fit(sw_responder *r, uint64_t seq)
-{
-    size_t need = (size_t)(seq - r->acked), ncap = r->ring_cap;
-    size_t limit = (size_t)r->window + 1;
-    swi_slot *nr;
-    if (need <= r->ring_cap)
-        return 0;
-    if (r->ring_cap >= limit)
-        return -1; /* cannot happen while the frontend keeps to its credit */
-    while (ncap < need && ncap < limit)
-        ncap *= 2;
-    if (ncap > limit)
-        ncap = limit;
-    if ((nr = calloc(ncap, sizeof(*nr))) == NULL)
-        return -1;
-    for (size_t i = 0; i < r->ring_cap; i++)
-        if (r->ring[i].buf != NULL)
-            nr[r->ring[i].seq % ncap] = r->ring[i];
-    free(r->ring);
-    r->ring = nr;
-    r->ring_cap = ncap;
-    return 0;
-}
-
 /* Keeps the body of item seq, to be published and then kept for resend
- * (r->mu held, r->ring set). Takes ownership of buf on success; SW_ENOMEM
- * if the ring cannot hold it (nothing changed, buf still the caller's). */
+ * (r->mu held, the ring keeps items). Takes ownership of buf on success;
+ * SW_ENOMEM if the ring cannot hold it (nothing changed, buf still the
+ * caller's). */
 static sw_err
 resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
 {
-    swi_slot *sl;
-    if (resp_ring_fit(r, seq) != 0 || r->ring[seq % r->ring_cap].buf != NULL)
-        return SW_ENOMEM;
-    sl = &r->ring[seq % r->ring_cap];
-    sl->seq = seq;
-    sl->buf = buf;
-    sl->len = len;
-    sl->lose = r->lose_next || resp_should_drop(r->ing);
-    r->lose_next = 0;
-    return SW_OK;
+    sw_err rv = swn_ring_keep(&r->rg, seq, buf, len, r->lose_next || resp_should_drop(r->ing));
+    if (rv == SW_OK)
+        r->lose_next = 0;
+    return rv;
 }
 
 /* Publishes header + one body at once, for a stream without flow control
@@ -501,14 +455,14 @@ static void
 resp_drain(sw_responder *r)
 {
     swi_msgbuf m;
-    if (r->ring == NULL)
+    if (!swn_ring_keeps(&r->rg))
         return; /* without flow control nothing is ever queued */
     msgbuf_init(&m);
-    while (!r->closed && r->pub_seq + 1 < r->next_seq && !(r->terminated && r->final_seq == 0)) {
+    while (!r->closed && r->rg.pub_seq + 1 < r->rg.next_seq && !(r->terminated && r->final_seq == 0)) {
         uint64_t last;
         unsigned k, kd;
-        size_t len = resp_build(r, r->pub_seq + 1, r->next_seq - 1, 0, &m, &last, &k, &kd);
-        if (last < r->pub_seq + 1) {
+        size_t len = resp_build(r, r->rg.pub_seq + 1, r->rg.next_seq - 1, 0, &m, &last, &k, &kd);
+        if (last < r->rg.pub_seq + 1) {
             resp_tick_soon(r); /* no memory for the message: the timer tries again */
             break;
         }
@@ -523,9 +477,9 @@ resp_drain(sw_responder *r)
             else
                 r->pub_err = rv;
         }
-        r->pub_seq = last;
+        r->rg.pub_seq = last;
         r->last_end_us = swi_now_us();
-        if (r->final_seq != 0 && r->pub_seq >= r->final_seq)
+        if (r->final_seq != 0 && r->rg.pub_seq >= r->final_seq)
             resp_uncount(r);
     }
     msgbuf_free(&m);
@@ -584,7 +538,7 @@ ing_defer(sw_ingress *ing, sw_responder *r)
 static void
 resp_kick(sw_responder *r)
 {
-    if (r->sending || r->pub_seq + 1 >= r->next_seq)
+    if (r->sending || r->rg.pub_seq + 1 >= r->rg.next_seq)
         return;
     if (swi_now_us() - r->last_end_us < r->ing->hot_us && ing_defer(r->ing, r))
         return;
@@ -597,7 +551,7 @@ resp_kick(sw_responder *r)
 static void
 resp_flush_now(sw_responder *r)
 {
-    while (r->ring != NULL && !r->closed && r->pub_seq + 1 < r->next_seq) {
+    while (swn_ring_keeps(&r->rg) && !r->closed && r->rg.pub_seq + 1 < r->rg.next_seq) {
         if (!r->sending)
             resp_run_drain(r);
         else
@@ -636,27 +590,6 @@ ing_sender_main(void *arg)
     return NULL;
 }
 
-static void
-resp_release_acked(sw_responder *r, uint64_t ack)
-{
-    if (ack <= r->acked)
-        return;
-    if (r->ring != NULL) {
-        uint64_t from = r->acked + 1;
-        if (ack - r->acked > r->ring_cap)
-            from = ack - r->ring_cap + 1;
-        for (uint64_t q = from; q <= ack; q++) {
-            swi_slot *s = &r->ring[q % r->ring_cap];
-            if (s->seq == q) {
-                free(s->buf);
-                s->buf = NULL;
-                s->seq = 0;
-            }
-        }
-    }
-    r->acked = ack;
-}
-
 /* ---------------------------------------------------------------- stream end */
 
 static void unregister_stream(sw_responder *r);
@@ -687,7 +620,7 @@ resp_mark_terminated(sw_responder *r)
     r->terminated = 1;
     r->done_ms = swi_now_ms();
     pthread_cond_broadcast(&r->cv);
-    if (r->final_seq == 0 || r->pub_seq >= r->final_seq)
+    if (r->final_seq == 0 || r->rg.pub_seq >= r->final_seq)
         resp_uncount(r);
 }
 
@@ -698,7 +631,7 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     sw_ingress *ing = r->ing;
     uint8_t *buf = NULL;
     size_t len = 0;
-    uint64_t seq = r->next_seq;
+    uint64_t seq = r->rg.next_seq;
     size_t max = resp_max_body(r);
     int kept;
     sw_err rv;
@@ -719,16 +652,16 @@ resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
     }
     if (rv != SW_OK)
         return rv;
-    kept = r->ring != NULL && resp_keep(r, seq, buf, len) == SW_OK;
-    if (r->ring != NULL && !kept)
+    kept = swn_ring_keeps(&r->rg) && resp_keep(r, seq, buf, len) == SW_OK;
+    if (swn_ring_keeps(&r->rg) && !kept)
         resp_flush_now(r); /* no room to keep it: still end the stream, after what
                               was queued before it */
-    r->next_seq++;
+    r->rg.next_seq++;
     r->final_seq = seq;
     if (!kept) { /* published now, not kept (without flow control nothing is) */
         swi_sent d = {0, 1, 0, 0};
         rv = r->closed ? SW_ECLOSED : resp_publish_one(r, seq, buf, len, &d);
-        r->pub_seq = seq;
+        r->rg.pub_seq = seq;
         free(buf);
     } else if (r->pub_err != SW_OK) {
         rv = resp_take_pub_err(r); /* the final is kept, and resent if asked for */
@@ -896,7 +829,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
             rv = SW_ECLOSED;
             goto out;
         }
-        if (r->next_seq <= r->credit_limit)
+        if (r->rg.next_seq <= r->credit_limit)
             break;
         if (mode == 2) {
             pthread_mutex_lock(&ing->mu);
@@ -918,7 +851,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
         rv = resp_take_pub_err(r);
         goto out;
     }
-    seq = r->next_seq;
+    seq = r->rg.next_seq;
     if (len > resp_max_body(r) || (blen = swp_data_body_size(seq, len, mode == 2)) >
                                       resp_max_body(r)) {
         rv = SW_EMSGSIZE; /* nothing consumed, the stream goes on */
@@ -929,13 +862,13 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
         goto out;
     }
     (void)swp_data_body_write(buf, seq, data, len, mode == 2);
-    if (r->ring == NULL) { /* no flow control: published at once, not kept */
+    if (!swn_ring_keeps(&r->rg)) { /* no flow control: published at once, not kept */
         swi_sent d = {1, 1, 0, 0};
         rv = resp_publish_one(r, seq, buf, blen, &d);
         free(buf);
         if (rv == SW_OK) {
-            r->next_seq++;
-            r->pub_seq = seq;
+            r->rg.next_seq++;
+            r->rg.pub_seq = seq;
         }
         goto out;
     }
@@ -943,7 +876,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
         free(buf);
         goto out;
     }
-    r->next_seq++;
+    r->rg.next_seq++;
     resp_kick(r); /* may drop mu while publishing */
 out:
     pthread_mutex_unlock(&r->mu);
@@ -1089,9 +1022,9 @@ swi_responder_skip_seq(sw_responder *r)
     if (r->terminated || r->closed) {
         rv = SW_ECLOSED;
     } else {
-        r->next_seq++;
-        if (r->ring == NULL)
-            r->pub_seq = r->next_seq - 1;
+        r->rg.next_seq++;
+        if (!swn_ring_keeps(&r->rg))
+            r->rg.pub_seq = r->rg.next_seq - 1;
         else
             resp_kick(r); /* covers the number; nothing to publish for it */
     }
@@ -1126,15 +1059,15 @@ swi_responder_send_after_final(sw_responder *r, const void *data, size_t len)
         return SW_EBUSY;
     }
     resp_flush_now(r);
-    blen = swp_data_body_size(r->next_seq, len, 0);
+    blen = swp_data_body_size(r->rg.next_seq, len, 0);
     if ((buf = malloc(blen)) == NULL) {
         pthread_mutex_unlock(&r->mu);
         return SW_ENOMEM;
     }
-    (void)swp_data_body_write(buf, r->next_seq, data, len, 0);
-    rv = r->closed ? SW_ECLOSED : resp_publish_one(r, r->next_seq, buf, blen, &swi_sent_none);
-    r->next_seq++;
-    r->pub_seq = r->next_seq - 1;
+    (void)swp_data_body_write(buf, r->rg.next_seq, data, len, 0);
+    rv = r->closed ? SW_ECLOSED : resp_publish_one(r, r->rg.next_seq, buf, blen, &swi_sent_none);
+    r->rg.next_seq++;
+    r->rg.pub_seq = r->rg.next_seq - 1;
     free(buf);
     pthread_mutex_unlock(&r->mu);
     return rv;
@@ -1222,7 +1155,6 @@ ing_on_request(const swt_msg *msg, void *arg)
             strcmp(std, r->resp_subj) == 0;
     }
     r->max_tokens = req->max_tokens;
-    r->next_seq = 1;
     r->window = req->credit_window;
     if (r->window > ing->max_window) {
         r->window = ing->max_window;
@@ -1240,12 +1172,8 @@ ing_on_request(const swt_msg *msg, void *arg)
         memcpy(r->payload, req->payload.data, req->payload.len);
         r->plen = req->payload.len;
     }
-    if (r->window > 0) {
-        /* Small at first: most streams never have many items unacked. */
-        r->ring_cap = r->window + 1 < SWI_RING_MIN ? (size_t)r->window + 1 : SWI_RING_MIN;
-        if ((r->ring = calloc(r->ring_cap, sizeof(*r->ring))) == NULL)
-            goto nomem;
-    }
+    if (swn_ring_init(&r->rg, r->window) != 0)
+        goto nomem;
 
     pthread_mutex_lock(&ing->mu);
     if (ing->draining || ing->stopping) {
@@ -1293,7 +1221,7 @@ nomem:
     ing_reject(ing, req->response_subject, req->request_id.data, SW_ENOMEM, "worker out of memory");
 free_r:
     if (r != NULL) {
-        free(r->ring);
+        swn_ring_free(&r->rg);
         free(r->payload);
         pthread_mutex_destroy(&r->mu);
         pthread_cond_destroy(&r->cv);
@@ -1344,7 +1272,7 @@ resp_cancel(sw_responder *r, int kill)
     r->fe_cancelled = 1;
     if (!r->terminated) {
         if (kill) {
-            r->pub_seq = r->next_seq - 1; /* nothing queued goes out any more */
+            r->rg.pub_seq = r->rg.next_seq - 1; /* nothing queued goes out any more */
             resp_mark_terminated(r);
         } else {
             swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
@@ -1371,12 +1299,7 @@ resp_resend(sw_responder *r, uint64_t from, uint64_t to)
     swi_msgbuf m;
     msgbuf_init(&m);
     pthread_mutex_lock(&r->mu);
-    if (r->ring != NULL && !r->closed) {
-        /* Only what went out: queued items are on their way anyway. */
-        if (to > r->pub_seq)
-            to = r->pub_seq;
-        if (from <= r->acked)
-            from = r->acked + 1;
+    if (!r->closed && swn_ring_resend_range(&r->rg, &from, &to)) {
         while (from <= to) {
             uint64_t last;
             unsigned k;
@@ -1412,7 +1335,7 @@ ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r)
     if (r != NULL) {
         pthread_mutex_lock(&r->mu);
         p.known = !r->terminated || r->final_seq != 0;
-        p.last_seq = r->next_seq - 1;
+        p.last_seq = r->rg.next_seq - 1;
         pthread_mutex_unlock(&r->mu);
     }
     if (swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
@@ -1446,11 +1369,7 @@ resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
     }
     if (final && r->final_seq != 0)
         ack = r->final_seq;
-    if (ack >= r->next_seq)
-        ack = r->next_seq - 1; /* nobody can have received what does not exist. (Not
-                                  pub_seq: items are acked before their publisher,
-                                  mu dropped, has moved pub_seq past them.) */
-    resp_release_acked(r, ack);
+    ack = swn_ring_ack(&r->rg, ack); /* clamped to next_seq - 1 */
     retire = r->terminated && r->final_seq != 0 && ack >= r->final_seq;
     pthread_mutex_unlock(&r->mu);
     if (retire)
@@ -1549,7 +1468,7 @@ resp_linger_ms(const sw_responder *r)
 static int
 resp_final_unacked(const sw_responder *r)
 {
-    return !r->closed && !r->fe_cancelled && r->final_seq != 0 && r->acked < r->final_seq;
+    return !r->closed && !r->fe_cancelled && r->final_seq != 0 && r->rg.acked < r->final_seq;
 }
 
 /* When the timer next has to look at r (r->mu held): its deadline, its next
@@ -1562,7 +1481,7 @@ resp_plan_tick(sw_responder *r)
     if (r->closed) {
         /* nothing more to do */
     } else if (!r->terminated) {
-        if (r->pub_seq + 1 < r->next_seq)
+        if (r->rg.pub_seq + 1 < r->rg.next_seq)
             due = 0;
         if (r->deadline_ms >= 0 && r->deadline_ms < due)
             due = r->deadline_ms;
@@ -1718,11 +1637,11 @@ resp_heartbeat(sw_responder *r, int64_t now, swi_beats *beats)
 {
     char subj[SWT_SUBJECT_MAX];
     if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
-        r->pub_seq + 1 < r->next_seq)
+        r->rg.pub_seq + 1 < r->rg.next_seq)
         return;
     if (r->beats_batched) {
         if (swt_subject_beats(subj, sizeof(subj), r->router_id) == SW_OK &&
-            beats_add(beats, subj, r->id, r->pub_seq) == 0)
+            beats_add(beats, subj, r->id, r->rg.pub_seq) == 0)
             r->last_pub_ms = now;
         return;
     }
@@ -1736,7 +1655,7 @@ resp_heartbeat(sw_responder *r, int64_t now, swi_beats *beats)
         w.request_id.len = SW_REQUEST_ID_BYTES;
         w.instance_id = r->ing->instance_id;
         w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
-        h.last_seq = r->pub_seq;
+        h.last_seq = r->rg.pub_seq;
         w.heartbeat = &h;
         if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK) {
             swi_sent d = {0, 0, 0, 1};
@@ -1756,7 +1675,7 @@ ing_tick_one(sw_responder *r, int64_t now, swi_beats *beats)
             r->cancelled = 1;
             (void)resp_send_failed(r, SW_DEADLINE_EXCEEDED, NULL, "the request deadline passed");
         } else {
-            if (!r->sending && r->pub_seq + 1 < r->next_seq && r->ring != NULL)
+            if (!r->sending && r->rg.pub_seq + 1 < r->rg.next_seq && swn_ring_keeps(&r->rg))
                 resp_run_drain(r); /* stranded (no memory for a message earlier) */
             resp_heartbeat(r, now, beats);
         }

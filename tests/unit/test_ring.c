@@ -425,7 +425,7 @@ test_ack_jump_over_cap(void **state)
     assert_int_equal(swn_ring_ack(&g, 29), 29);
     assert_int_equal(g.acked, 29);
     assert_int_equal(count_kept(&g, 16, 18), 3); /* stale, not freed */
-    b = body(31, &len);                           /* 31 % 5 == 16 % 5 */
+    b = body(31, &len);                          /* 31 % 5 == 16 % 5 */
     assert_int_equal(swn_ring_keep(&g, 31, b, len, 0), SW_ENOMEM);
     free(b);
     keep(&g, 30); /* 30 % 5 == 0: a free slot */

@@ -235,15 +235,18 @@ sw_responder_retain(sw_responder *r)
 void
 swn_resp_drop_hold(sw_responder *r, const char *code, const char *message)
 {
-    int last;
+    int last, failed = 0;
     pthread_mutex_lock(&r->mu);
     last = --r->holds == 0;
     if (last && !r->terminated && !r->closed) {
-        swi_log(&r->ing->log, SW_LOG_WARN, "stream %s released without a terminal: sending FAILED",
-                r->idhex);
+        failed = 1;
         (void)swn_resp_send_failed(r, SW_OK, code, message);
     }
     pthread_mutex_unlock(&r->mu);
+    /* Logged with no lock held (r->idhex never changes; r is still ours). */
+    if (failed)
+        swi_log(&r->ing->log, SW_LOG_WARN, "stream %s released without a terminal: sent FAILED",
+                r->idhex);
     if (last)
         swn_resp_unref(r);
 }

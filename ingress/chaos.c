@@ -3,15 +3,19 @@
  * (SW_CHAOS): never in the shipped libraries.
  *
  * Threads: the caller's. Locks: r->mu, as the responder API. */
+#ifndef SW_CHAOS
+#error "ingress/chaos.c is compiled in the chaos build only"
+#endif
+
 #include <stdlib.h>
 
 #include "ingress/ingress_int.h"
-#include "ingress/sw_ingress_internal.h"
+#include "ingress/chaos.h"
 
 static const swn_sent swn_sent_none = {0, 0, 0, 0};
 
 sw_err
-swi_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
+swx_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
 {
     sw_err rv;
     if (r == NULL)
@@ -24,7 +28,7 @@ swi_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
 }
 
 void
-swi_responder_lose_next(sw_responder *r)
+swx_responder_lose_next(sw_responder *r)
 {
     if (r == NULL)
         return;
@@ -34,7 +38,7 @@ swi_responder_lose_next(sw_responder *r)
 }
 
 sw_err
-swi_responder_skip_seq(sw_responder *r)
+swx_responder_skip_seq(sw_responder *r)
 {
     sw_err rv = SW_OK;
     if (r == NULL)
@@ -54,7 +58,7 @@ swi_responder_skip_seq(sw_responder *r)
 }
 
 void
-swi_responder_abandon(sw_responder *r)
+swx_responder_abandon(sw_responder *r)
 {
     if (r == NULL)
         return;
@@ -67,7 +71,7 @@ swi_responder_abandon(sw_responder *r)
 }
 
 sw_err
-swi_responder_send_after_final(sw_responder *r, const void *data, size_t len)
+swx_responder_send_after_final(sw_responder *r, const void *data, size_t len)
 {
     uint8_t *buf = NULL;
     size_t blen = 0;
@@ -96,7 +100,7 @@ swi_responder_send_after_final(sw_responder *r, const void *data, size_t len)
 }
 
 void
-swi_ingress_set_drop_rate(sw_ingress *ing, double rate)
+swx_ingress_set_drop_rate(sw_ingress *ing, double rate)
 {
     if (ing != NULL)
         ing->drop_rate = rate < 0 ? 0 : rate > 1 ? 1 : rate;

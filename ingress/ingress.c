@@ -13,7 +13,9 @@
 #include <string.h>
 
 #include "ingress/ingress_int.h"
-#include "ingress/sw_ingress_internal.h"
+#ifdef SW_CHAOS
+#include "ingress/chaos.h"
+#endif
 
 static void
 ing_unref(sw_ingress *ing)
@@ -98,7 +100,9 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
 {
     sw_ingress *ing;
     sw_err rv;
+#ifdef SW_CHAOS
     const char *drop;
+#endif
 
     if (out == NULL || conn == NULL || o == NULL || o->handler == NULL)
         return SW_EINVAL;
@@ -136,8 +140,10 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     ing->max_req = o->max_request_bytes ? o->max_request_bytes : sw_conn_max_payload(conn);
     if (ing->max_req == 0)
         ing->max_req = 1024 * 1024;
+#ifdef SW_CHAOS
     if ((drop = getenv("SW_TEST_DROP_RATE")) != NULL)
-        swi_ingress_set_drop_rate(ing, atof(drop));
+        swx_ingress_set_drop_rate(ing, atof(drop));
+#endif
     pthread_mutex_init(&ing->mu, NULL);
     pthread_mutex_init(&ing->live_mu, NULL);
     pthread_mutex_init(&ing->smu, NULL);

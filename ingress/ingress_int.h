@@ -84,8 +84,10 @@ struct sw_responder {
      * (it drops mu while it publishes). */
     swn_ring rg;
     int sending;
-    int in_sendq;      /* on ing->sq (under ing->smu) */
-    int lose_next;     /* chaos: the next kept item misses its first publish */
+    int in_sendq; /* on ing->sq (under ing->smu) */
+#ifdef SW_CHAOS
+    int lose_next; /* chaos: the next kept item misses its first publish */
+#endif
     int fe_cancelled;  /* the frontend cancelled or killed it (or is gone): it wants nothing more */
     int beats_batched; /* resp_subj is sw.rsp.<router_id>.<id>: heartbeats go in batches */
     int64_t next_tick_ms; /* the timer looks at r only from then on (atomic; 0 = next tick) */
@@ -161,7 +163,9 @@ struct sw_ingress {
     int draining;
     int destroyed;
     unsigned inflight;
-    double drop_rate;
+#ifdef SW_CHAOS
+    double drop_rate; /* chaos: loss injection of first publishes */
+#endif
     sw_ingress_stats st;
 };
 

@@ -51,7 +51,7 @@
 #include <streamwire/streamwire.h>
 
 #include "harness.h"
-#include "ingress/sw_ingress_internal.h"
+#include "ingress/chaos.h"
 #include "proto/sw_codec.h"
 #include "transport/sw_transport.h"
 
@@ -105,8 +105,8 @@ enum {
     M_RETURN,        /* n tokens, return without a terminal */
     M_RETAIN_RELEASE,/* retain; a thread sends n tokens after the handler returned, releases */
     M_RETAIN_FINISH, /* retain; a thread sends n tokens, finishes, releases */
-    M_ABANDON,       /* k tokens, swi_responder_abandon */
-    M_AFTER_FINAL,   /* n tokens, finish, swi_responder_send_after_final */
+    M_ABANDON,       /* k tokens, swx_responder_abandon */
+    M_AFTER_FINAL,   /* n tokens, finish, swx_responder_send_after_final */
     M_GARBAGE,       /* k tokens, raw garbage, then keeps sending until stopped */
     M_GAP,           /* k tokens, skip a seq, tokens k..n-1, finish */
     M_BLOCK,         /* k tokens, block until the gate opens (then n-k more, finish) or cancel */
@@ -114,7 +114,7 @@ enum {
     M_KEEP,          /* retain and return; the test owns the responder */
     M_PAUSE,         /* k tokens, sleep delay_ms, the rest, finish */
     M_API,           /* responder API misuse and edge cases (results in rv[]) */
-    M_LOSE_FINAL     /* n tokens, swi_responder_lose_next, finish COMPLETED */
+    M_LOSE_FINAL     /* n tokens, swx_responder_lose_next, finish COMPLETED */
 };
 
 #define FAIL_MSG "the engine fell over: CUDA error 700"
@@ -401,19 +401,19 @@ test_handler(sw_responder *r, void *arg)
         break;
     case M_ABANDON:
         if (w_send_tokens(w, r, 0, w->k, w->delay_ms))
-            swi_responder_abandon(r);
+            swx_responder_abandon(r);
         break;
     case M_AFTER_FINAL:
         if (w_send_tokens(w, r, 0, w->n, w->delay_ms)) {
             sw_err rv = sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
             if (rv == SW_OK)
-                rv = swi_responder_send_after_final(r, "token-late", 10);
+                rv = swx_responder_send_after_final(r, "token-late", 10);
             w_finished(w, rv);
         }
         break;
     case M_GARBAGE:
         if (w_send_tokens(w, r, 0, w->k, 0)) {
-            sw_err rv = swi_responder_publish_raw(r, garbage, sizeof(garbage));
+            sw_err rv = swx_responder_publish_raw(r, garbage, sizeof(garbage));
             w_finished(w, rv);
             /* Keep going: the frontend must not show any of these. */
             if (w_send_tokens(w, r, w->k, w->n, w->delay_ms))
@@ -422,7 +422,7 @@ test_handler(sw_responder *r, void *arg)
         break;
     case M_GAP:
         if (w_send_tokens(w, r, 0, w->k, 0)) {
-            w_finished(w, swi_responder_skip_seq(r));
+            w_finished(w, swx_responder_skip_seq(r));
             if (w_send_tokens(w, r, w->k, w->n, w->delay_ms))
                 (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
         }
@@ -449,7 +449,7 @@ test_handler(sw_responder *r, void *arg)
         break;
     case M_LOSE_FINAL:
         if (w_send_tokens(w, r, 0, w->n, w->delay_ms)) {
-            swi_responder_lose_next(r);
+            swx_responder_lose_next(r);
             w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
         }
         break;
@@ -2018,7 +2018,7 @@ loss_repair(void **state)
     e->w.mode = M_STREAM;
     e->w.n = N;
     env_start(e, NULL, NULL);
-    swi_ingress_set_drop_rate(e->ing, 0.05);
+    swx_ingress_set_drop_rate(e->ing, 0.05);
     s = env_open(e);
     assert_true(collect(s, g, 0, T(60000)));
     assert_tokens(g, (size_t)N); /* each exactly once, in order */
@@ -2056,7 +2056,7 @@ window_capped_common(env *e, double drop, int N)
     e->w.n = N;
     env_start(e, &io, NULL);
     if (drop > 0)
-        swi_ingress_set_drop_rate(e->ing, drop);
+        swx_ingress_set_drop_rate(e->ing, drop);
     s = env_open(e);
     assert_true(collect(s, g, 0, T(60000)));
     sw_stream_stats_get(s, &ss);

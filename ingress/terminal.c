@@ -3,9 +3,12 @@
  * cancel callback, and taking a stream out of the table.
  *
  * Threads: handler threads, control callbacks, the timer, drain/destroy.
- * Locks: r->mu held by the callers of the resp_ functions; ing->mu taken
- * under it for counters and the table. The cancel callback is called with
- * no lock held. */
+ * Locks: the callers of swn_resp_uncount, _mark_terminated, _send_final and
+ * _send_failed hold r->mu; ing->mu is taken under it (counters, and the
+ * table when a stream without a window is unregistered at its final).
+ * swn_unregister_stream takes ing->mu, with or without r->mu held;
+ * swn_resp_fire_cancel takes r->mu itself and calls the cancel callback
+ * with no lock held. */
 #include <stdlib.h>
 
 #include "ingress/ingress_int.h"

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "ingress/sw_ingress_internal.h"
+#include "ingress/chaos.h"
 #include <streamwire/registry.h>
 
 enum worker_chaos { CHAOS_NONE = 0, CHAOS_AFTER_FINAL, CHAOS_GARBAGE, CHAOS_GAP, CHAOS_NO_FINAL };
@@ -82,7 +82,7 @@ worker_handler(sw_responder *r, void *arg)
         }
         if (cfg->hang_after == sent) {
             worker_note(cfg, r, "hanging (abandoned: no items, heartbeats or final)", sent);
-            swi_responder_abandon(r);
+            swx_responder_abandon(r);
             return;
         }
         if (cfg->fail_after == sent) {
@@ -98,13 +98,13 @@ worker_handler(sw_responder *r, void *arg)
             break;
         if (sent == total / 2 && cfg->chaos == CHAOS_GARBAGE) {
             worker_note(cfg, r, "publishing garbage bytes (--chaos garbage)", sent);
-            err = swi_responder_publish_raw(r, garbage, sizeof(garbage));
+            err = swx_responder_publish_raw(r, garbage, sizeof(garbage));
             if (err != SW_OK && !cfg->quiet)
                 fprintf(stderr, "[worker] warn: publish_raw: %s\n", sw_err_name(err));
         }
         if (sent == total / 2 && cfg->chaos == CHAOS_GAP) {
             worker_note(cfg, r, "skipping a sequence number (--chaos gap)", sent);
-            err = swi_responder_skip_seq(r);
+            err = swx_responder_skip_seq(r);
             if (err != SW_OK && !cfg->quiet)
                 fprintf(stderr, "[worker] warn: skip_seq: %s\n", sw_err_name(err));
         }
@@ -125,7 +125,7 @@ worker_handler(sw_responder *r, void *arg)
     }
     if (cfg->chaos == CHAOS_NO_FINAL) {
         worker_note(cfg, r, "ending without a final marker (--chaos no-final)", sent);
-        swi_responder_abandon(r);
+        swx_responder_abandon(r);
         return;
     }
     if (limited)
@@ -139,7 +139,7 @@ worker_handler(sw_responder *r, void *arg)
     }
     if (cfg->chaos == CHAOS_AFTER_FINAL) {
         worker_note(cfg, r, "sending an item after the final (--chaos after-final)", sent);
-        err = swi_responder_send_after_final(r, "token-extra", 11);
+        err = swx_responder_send_after_final(r, "token-extra", 11);
         if (err != SW_OK && !cfg->quiet)
             fprintf(stderr, "[worker] warn: send_after_final: %s\n", sw_err_name(err));
     }

@@ -292,19 +292,19 @@ test_handler(sw_responder *r, void *arg)
         break;
     case M_ABANDON:
         if (w_send_tokens(w, r, 0, w->k, w->delay_ms))
-            swi_responder_abandon(r);
+            swx_responder_abandon(r);
         break;
     case M_AFTER_FINAL:
         if (w_send_tokens(w, r, 0, w->n, w->delay_ms)) {
             sw_err rv = sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
             if (rv == SW_OK)
-                rv = swi_responder_send_after_final(r, "token-late", 10);
+                rv = swx_responder_send_after_final(r, "token-late", 10);
             w_finished(w, rv);
         }
         break;
     case M_GARBAGE:
         if (w_send_tokens(w, r, 0, w->k, 0)) {
-            sw_err rv = swi_responder_publish_raw(r, garbage, sizeof(garbage));
+            sw_err rv = swx_responder_publish_raw(r, garbage, sizeof(garbage));
             w_finished(w, rv);
             /* Keep going: the frontend must not show any of these. */
             if (w_send_tokens(w, r, w->k, w->n, w->delay_ms))
@@ -313,7 +313,7 @@ test_handler(sw_responder *r, void *arg)
         break;
     case M_GAP:
         if (w_send_tokens(w, r, 0, w->k, 0)) {
-            w_finished(w, swi_responder_skip_seq(r));
+            w_finished(w, swx_responder_skip_seq(r));
             if (w_send_tokens(w, r, w->k, w->n, w->delay_ms))
                 (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
         }
@@ -340,7 +340,7 @@ test_handler(sw_responder *r, void *arg)
         break;
     case M_LOSE_FINAL:
         if (w_send_tokens(w, r, 0, w->n, w->delay_ms)) {
-            swi_responder_lose_next(r);
+            swx_responder_lose_next(r);
             w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
         }
         break;

@@ -46,7 +46,7 @@
 #include <streamwire/streamwire.h>
 
 #include "harness.h"
-#include "ingress/sw_ingress_internal.h"
+#include "ingress/chaos.h"
 #include "proto/sw_codec.h"
 #include "transport/sw_transport.h"
 
@@ -71,8 +71,8 @@ enum {
     M_RETURN,        /* n tokens, return without a terminal */
     M_RETAIN_RELEASE,/* retain; a thread sends n tokens after the handler returned, releases */
     M_RETAIN_FINISH, /* retain; a thread sends n tokens, finishes, releases */
-    M_ABANDON,       /* k tokens, swi_responder_abandon */
-    M_AFTER_FINAL,   /* n tokens, finish, swi_responder_send_after_final */
+    M_ABANDON,       /* k tokens, swx_responder_abandon */
+    M_AFTER_FINAL,   /* n tokens, finish, swx_responder_send_after_final */
     M_GARBAGE,       /* k tokens, raw garbage, then keeps sending until stopped */
     M_GAP,           /* k tokens, skip a seq, tokens k..n-1, finish */
     M_BLOCK,         /* k tokens, block until the gate opens (then n-k more, finish) or cancel */
@@ -80,7 +80,7 @@ enum {
     M_KEEP,          /* retain and return; the test owns the responder */
     M_PAUSE,         /* k tokens, sleep delay_ms, the rest, finish */
     M_API,           /* responder API misuse and edge cases (results in rv[]) */
-    M_LOSE_FINAL     /* n tokens, swi_responder_lose_next, finish COMPLETED */
+    M_LOSE_FINAL     /* n tokens, swx_responder_lose_next, finish COMPLETED */
 };
 
 

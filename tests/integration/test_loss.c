@@ -138,7 +138,7 @@ loss_repair(void **state)
     e->w.mode = M_STREAM;
     e->w.n = N;
     env_start(e, NULL, NULL);
-    swi_ingress_set_drop_rate(e->ing, 0.05);
+    swx_ingress_set_drop_rate(e->ing, 0.05);
     s = env_open(e);
     assert_true(collect(s, g, 0, T(60000)));
     assert_tokens(g, (size_t)N); /* each exactly once, in order */
@@ -176,7 +176,7 @@ window_capped_common(env *e, double drop, int N)
     e->w.n = N;
     env_start(e, &io, NULL);
     if (drop > 0)
-        swi_ingress_set_drop_rate(e->ing, drop);
+        swx_ingress_set_drop_rate(e->ing, drop);
     s = env_open(e);
     assert_true(collect(s, g, 0, T(60000)));
     sw_stream_stats_get(s, &ss);

@@ -14,7 +14,7 @@
  *       is not told), prints "drained-only".
  *       The handler takes its script from the payload: "n=N,ms=M,hang=K":
  *       N items "token-0".."token-N-1", M ms apart, COMPLETED; with hang=K
- *       it sends K items, then swi_responder_abandon (no terminal, no more
+ *       it sends K items, then swx_responder_abandon (no terminal, no more
  *       heartbeats for that stream) and sleeps 10 s, the process alive.
  *   --router2 URL ENDPOINT BUCKET GAP_MS PROBE_MS
  *       a second frontend: its own sw_conn + sw_registry + sw_router
@@ -64,7 +64,7 @@
 #include <streamwire/streamwire.h>
 
 #include "harness.h"
-#include "ingress/sw_ingress_internal.h"
+#include "ingress/chaos.h"
 
 static swh_nats g_nats;
 static int g_slow = 1;
@@ -195,7 +195,7 @@ worker_handler(sw_responder *r, void *arg)
         if (i == s.hang) {
             /* Lost this one stream: nothing more goes out for it (no
              * terminal, no heartbeat), the process stays alive. */
-            swi_responder_abandon(r);
+            swx_responder_abandon(r);
             swh_sleep_ms(10000);
             return;
         }

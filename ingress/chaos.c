@@ -1,0 +1,107 @@
+/* ingress/chaos.c -- the fault-injection hooks of ingress/chaos.h, for the
+ * tests and the CLI's demo worker. Compiled only in the chaos build
+ * (SW_CHAOS): never in the shipped libraries.
+ *
+ * Threads: the caller's. Locks: r->mu, as the responder API. */
+#ifndef SW_CHAOS
+#error "ingress/chaos.c is compiled in the chaos build only"
+#endif
+
+#include <stdlib.h>
+
+#include "ingress/ingress_int.h"
+#include "ingress/chaos.h"
+
+static const swn_sent swn_sent_none = {0, 0, 0, 0};
+
+sw_err
+swx_responder_publish_raw(sw_responder *r, const void *bytes, size_t len)
+{
+    sw_err rv;
+    if (r == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&r->mu);
+    swn_resp_flush_now(r);
+    rv = r->closed ? SW_ECLOSED : swn_resp_publish(r, bytes, len, &swn_sent_none);
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+void
+swx_responder_lose_next(sw_responder *r)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->lose_next = 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
+sw_err
+swx_responder_skip_seq(sw_responder *r)
+{
+    sw_err rv = SW_OK;
+    if (r == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&r->mu);
+    if (r->terminated || r->closed) {
+        rv = SW_ECLOSED;
+    } else {
+        r->rg.next_seq++;
+        if (!swn_ring_keeps(&r->rg))
+            r->rg.pub_seq = r->rg.next_seq - 1;
+        else
+            swn_resp_kick(r); /* covers the number; nothing to publish for it */
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+void
+swx_responder_abandon(sw_responder *r)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    swn_resp_flush_now(r); /* what was sent before goes out; nothing after */
+    if (!r->terminated)
+        swn_resp_mark_terminated(r);
+    pthread_mutex_unlock(&r->mu);
+    swn_unregister_stream(r);
+}
+
+sw_err
+swx_responder_send_after_final(sw_responder *r, const void *data, size_t len)
+{
+    uint8_t *buf = NULL;
+    size_t blen = 0;
+    sw_err rv;
+    if (r == NULL)
+        return SW_EINVAL;
+    pthread_mutex_lock(&r->mu);
+    if (!r->terminated || r->final_seq == 0) {
+        pthread_mutex_unlock(&r->mu);
+        return SW_EBUSY;
+    }
+    swn_resp_flush_now(r);
+    blen = swp_data_body_size(r->rg.next_seq, len, 0);
+    if ((buf = malloc(blen)) == NULL) {
+        pthread_mutex_unlock(&r->mu);
+        return SW_ENOMEM;
+    }
+    (void)swp_data_body_write(buf, r->rg.next_seq, data, len, 0);
+    rv =
+        r->closed ? SW_ECLOSED : swn_resp_publish_one(r, r->rg.next_seq, buf, blen, &swn_sent_none);
+    r->rg.next_seq++;
+    r->rg.pub_seq = r->rg.next_seq - 1;
+    free(buf);
+    pthread_mutex_unlock(&r->mu);
+    return rv;
+}
+
+void
+swx_ingress_set_drop_rate(sw_ingress *ing, double rate)
+{
+    if (ing != NULL)
+        ing->drop_rate = rate < 0 ? 0 : rate > 1 ? 1 : rate;
+}

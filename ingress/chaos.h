@@ -1,0 +1,46 @@
+/* ingress/chaos.h -- fault-injection hooks for tests and the CLI's demo
+ * worker (--chaos, --hang-after). Not part of the public API: they let a
+ * worker break the protocol on purpose so the egress's synthesized terminals
+ * can be exercised for real. All are thread-safe.
+ *
+ * Chaos build only: they exist in the internal archive sw_internal (objects
+ * compiled with -DSW_CHAOS=1, plus ingress/chaos.c), which the CLI, the tests
+ * and the bench link; the shipped libstreamwire (.so and .a) has none of
+ * them, nor the hot-path checks they drive. */
+#ifndef SW_INGRESS_CHAOS_H
+#define SW_INGRESS_CHAOS_H
+
+#ifndef SW_CHAOS
+#error "ingress/chaos.h is for the chaos build only (link sw_internal, which defines SW_CHAOS)"
+#endif
+
+#include <streamwire/streamwire.h>
+
+/* Publishes raw bytes on the stream's response subject (garbage). */
+sw_err swx_responder_publish_raw(sw_responder *r, const void *bytes, size_t len);
+
+/* Consumes one sequence number without sending it (a gap that can never be
+ * repaired: the skipped number is not kept for resend). */
+sw_err swx_responder_skip_seq(sw_responder *r);
+
+/* The next data item or final this stream queues is kept for resend but left
+ * out of its first publish, as if NATS had lost it (a lost final: the
+ * frontend learns of it from the heartbeats that go on until the final is
+ * acknowledged). Needs flow control (a credit window). */
+void swx_responder_lose_next(sw_responder *r);
+
+/* Marks the stream finished without publishing anything more: no heartbeats,
+ * no final marker (--hang-after, --chaos no-final). */
+void swx_responder_abandon(sw_responder *r);
+
+/* After a terminal was sent, publishes one more data item with the next
+ * sequence number (--chaos after-final). SW_EBUSY if no terminal was sent. */
+sw_err swx_responder_send_after_final(sw_responder *r, const void *data, size_t len);
+
+/* Test-only loss injection: drop this fraction (0..1) of first-time data
+ * publishes on this ingress (resends are never dropped). Also settable with
+ * the environment variable SW_TEST_DROP_RATE at sw_ingress_start (chaos build
+ * only). */
+void swx_ingress_set_drop_rate(sw_ingress *ing, double rate);
+
+#endif

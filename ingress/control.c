@@ -1,0 +1,175 @@
+/* ingress/control.c -- control messages from frontends: CANCEL, KILL,
+ * CREDIT (with acks), ACK_FINALS, RESEND, PROBE.
+ *
+ * Threads: the control subscription's nats.c thread. Locks: ing->mu to
+ * find a stream (released before r->mu is taken), r->mu per stream (a
+ * resend publishes under it). The cancel callback fires with no lock
+ * held. */
+#include <stdlib.h>
+
+#include "ingress/ingress_int.h"
+
+void
+swn_resp_cancel(sw_responder *r, int kill)
+{
+    sw_ingress *ing = r->ing;
+    int newly = 0;
+    pthread_mutex_lock(&r->mu);
+    if (!r->cancelled) {
+        r->cancelled = 1;
+        newly = 1;
+    }
+    r->fe_cancelled = 1;
+    if (!r->terminated) {
+        if (kill) {
+            r->rg.pub_seq = r->rg.next_seq - 1; /* nothing queued goes out any more */
+            swn_resp_mark_terminated(r);
+        } else {
+            swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+            t.status = STREAMWIRE__V1__STATUS__STATUS_CANCELLED;
+            t.finish_reason = (char *)"cancelled";
+            (void)swn_resp_send_final(r, &t, SW_STATUS_CANCELLED);
+        }
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (newly) {
+        pthread_mutex_lock(&ing->mu);
+        ing->st.cancels++;
+        pthread_mutex_unlock(&ing->mu);
+        swn_resp_fire_cancel(r);
+    }
+    if (kill)
+        swn_unregister_stream(r);
+}
+
+static void
+resp_resend(sw_responder *r, uint64_t from, uint64_t to)
+{
+    swn_msgbuf m;
+    swn_msgbuf_init(&m);
+    pthread_mutex_lock(&r->mu);
+    if (!r->closed && swn_ring_resend_range(&r->rg, &from, &to)) {
+        while (from <= to) {
+            uint64_t last;
+            unsigned k;
+            size_t len = swn_resp_build(r, from, to, 1, &m, &last, &k, NULL);
+            if (last < from)
+                break; /* no memory */
+            if (k > 0) {
+                swn_sent d = {0, 0, k, 0};
+                (void)swn_resp_publish(r, m.p, len, &d);
+            }
+            from = last + 1;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    swn_msgbuf_free(&m);
+}
+
+static void
+ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r)
+{
+    swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
+    uint8_t buf[256];
+    size_t len;
+    const char *reply = msg->reply;
+    if (reply == NULL)
+        return;
+    p.version = SW_PROTOCOL_VERSION;
+    p.instance_id = ing->instance_id;
+    pthread_mutex_lock(&ing->mu);
+    p.inflight = ing->inflight;
+    p.draining = ing->draining != 0;
+    pthread_mutex_unlock(&ing->mu);
+    if (r != NULL) {
+        pthread_mutex_lock(&r->mu);
+        p.known = !r->terminated || r->final_seq != 0;
+        p.last_seq = r->rg.next_seq - 1;
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
+        (void)swt_publish(ing->conn, reply, NULL, buf, len);
+}
+
+/* The registered stream with this request id, with a reference; NULL if
+ * none. */
+static sw_responder *
+ing_find(sw_ingress *ing, const uint8_t *id)
+{
+    sw_responder *r;
+    pthread_mutex_lock(&ing->mu);
+    if ((r = swi_idmap_get(&ing->streams, id)) != NULL)
+        swn_resp_ref(r);
+    pthread_mutex_unlock(&ing->mu);
+    return r;
+}
+
+/* A CREDIT (limit, ack), or with `final` the frontend's word that the final
+ * arrived: releases what was acknowledged, and retires a stream whose final
+ * was. */
+static void
+resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
+{
+    int retire;
+    pthread_mutex_lock(&r->mu);
+    if (r->window != 0 && limit > r->credit_limit) {
+        r->credit_limit = limit;
+        pthread_cond_broadcast(&r->cv);
+    }
+    if (final && r->final_seq != 0)
+        ack = r->final_seq;
+    ack = swn_ring_ack(&r->rg, ack); /* clamped to next_seq - 1 */
+    retire = r->terminated && r->final_seq != 0 && ack >= r->final_seq;
+    pthread_mutex_unlock(&r->mu);
+    if (retire)
+        swn_unregister_stream(r);
+}
+
+void
+swn_ing_on_control(const swt_msg *msg, void *arg)
+{
+    sw_ingress *ing = arg;
+    swp_control *c = NULL;
+    sw_responder *r = NULL;
+    sw_err rv = swp_decode_control(msg->data, msg->len, SWN_MAX_CONTROL_BYTES, &c);
+    if (rv != SW_OK) {
+        swi_log(&ing->log, SW_LOG_WARN, "bad control message: %s", sw_err_name(rv));
+        goto done;
+    }
+    if (c->request_id.len == SW_REQUEST_ID_BYTES)
+        r = ing_find(ing, c->request_id.data);
+    switch (c->kind) {
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE:
+        ing_probe_reply(ing, msg, r);
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
+        if (r != NULL)
+            swn_resp_cancel(r, c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL);
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
+        if (r != NULL)
+            resp_credit(r, c->credit_limit, c->ack_seq, 0);
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS:
+        for (size_t i = 0; i < c->n_final_acks; i++) {
+            sw_responder *a = ing_find(ing, c->final_acks[i].data);
+            if (a != NULL) {
+                resp_credit(a, 0, 0, 1);
+                swn_resp_unref(a);
+            }
+        }
+        break;
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
+        if (r != NULL)
+            resp_resend(r, c->resend_from, c->resend_to);
+        break;
+    default:
+        break;
+    }
+done:
+    if (r != NULL)
+        swn_resp_unref(r);
+    swp_free(c);
+}

@@ -1,0 +1,308 @@
+/* ingress/heartbeat.c -- the timer thread: the due-time scan over the
+ * streams, deadlines, stranded queued items, heartbeats (batched per
+ * frontend in HeartbeatBatch messages, or a wrapper of their own), and
+ * retiring finished streams whose final was never acknowledged.
+ *
+ * Threads: the timer thread (swn_ing_timer_main); swn_ing_snapshot and
+ * swn_resp_tick_soon are called from others too. Locks: ing->mu for the
+ * tick wait and snapshots (released before any r->mu), r->mu per stream.
+ * Heartbeat batches are published and logged with no lock held. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ingress/ingress_int.h"
+
+/* Takes a reference on r for a snapshot: always (arg NULL), or only if the
+ * timer has something to check on it by *(int64_t *)arg. */
+static int
+resp_take(void *v, void *arg)
+{
+    sw_responder *r = v;
+    if (arg != NULL && __atomic_load_n(&r->next_tick_ms, __ATOMIC_RELAXED) > *(const int64_t *)arg)
+        return 0;
+    swn_resp_ref(r);
+    return 1;
+}
+
+/* Snapshot of the registered responders, each with a reference: all
+ * (due_by NULL), or those with a timer check due by *due_by. */
+void
+swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by)
+{
+    pthread_mutex_lock(&ing->mu);
+    swi_idmap_snapshot(&ing->streams, vec, resp_take, (void *)(uintptr_t)due_by);
+    pthread_mutex_unlock(&ing->mu);
+}
+
+/* Makes the timer look at r at its next tick (a state change may have made
+ * a check due earlier than computed). */
+void
+swn_resp_tick_soon(sw_responder *r)
+{
+    __atomic_store_n(&r->next_tick_ms, 0, __ATOMIC_RELAXED);
+}
+
+/* How long a finished stream whose final was not acknowledged is kept. */
+static int64_t
+resp_linger_ms(const sw_responder *r)
+{
+    return 4 * (int64_t)r->hb_ms + SWN_LINGER_MIN_MS;
+}
+
+/* A finished stream whose frontend still wants its final: heartbeats go on
+ * so that a lost final is asked for (r->mu held). */
+static int
+resp_final_unacked(const sw_responder *r)
+{
+    return !r->closed && !r->fe_cancelled && r->final_seq != 0 && r->rg.acked < r->final_seq;
+}
+
+/* When the timer next has to look at r (r->mu held): its deadline, its next
+ * heartbeat, the end of a final's linger; now if items wait to go out. Only
+ * ever later than the truth if a state change forgets swn_resp_tick_soon. */
+static void
+resp_plan_tick(sw_responder *r)
+{
+    int64_t due = INT64_MAX;
+    if (r->closed) {
+        /* nothing more to do */
+    } else if (!r->terminated) {
+        if (r->rg.pub_seq + 1 < r->rg.next_seq)
+            due = 0;
+        if (r->deadline_ms >= 0 && r->deadline_ms < due)
+            due = r->deadline_ms;
+        if (r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
+            due = r->last_pub_ms + (int64_t)r->hb_ms;
+    } else {
+        due = r->done_ms + resp_linger_ms(r);
+        if (resp_final_unacked(r) && r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
+            due = r->last_pub_ms + (int64_t)r->hb_ms;
+    }
+    __atomic_store_n(&r->next_tick_ms, due, __ATOMIC_RELAXED);
+}
+
+/* The heartbeats one timer tick sends, by frontend: one HeartbeatBatch per
+ * frontend (sw.rsp.<router>.hb) instead of a message per stream. Owned by
+ * the timer thread; the groups live for one tick (a frontend that is gone
+ * leaves nothing behind), the encode scratch is reused. */
+#define SWN_BEATS_PER_MSG 1024
+typedef struct swn_beatgrp {
+    char subj[SWT_SUBJECT_MAX]; /* sw.rsp.<router>.hb */
+    uint8_t (*ids)[SW_REQUEST_ID_BYTES];
+    uint64_t *last;
+    size_t n, cap;
+} swn_beatgrp;
+typedef struct swn_beats {
+    swn_beatgrp *g;
+    size_t n, cap;
+    swp_beat *one;  /* SWN_BEATS_PER_MSG, for encoding */
+    swp_beat **ptr; /* SWN_BEATS_PER_MSG */
+} swn_beats;
+
+/* Queues one beat. 0 ok, -1 no memory (the beat is not queued). */
+static int
+beats_add(swn_beats *b, const char *subj, const uint8_t *id, uint64_t last_seq)
+{
+    swn_beatgrp *g = NULL;
+    for (size_t i = 0; i < b->n; i++)
+        if (strcmp(b->g[i].subj, subj) == 0) {
+            g = &b->g[i];
+            break;
+        }
+    if (g == NULL) {
+        if (b->n == b->cap) {
+            size_t nc = b->cap ? 2 * b->cap : 4;
+            swn_beatgrp *ng = realloc(b->g, nc * sizeof(*ng));
+            if (ng == NULL)
+                return -1;
+            b->g = ng;
+            b->cap = nc;
+        }
+        g = &b->g[b->n++];
+        memset(g, 0, sizeof(*g));
+        snprintf(g->subj, sizeof(g->subj), "%s", subj);
+    }
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? 2 * g->cap : 64;
+        uint8_t(*ni)[SW_REQUEST_ID_BYTES] = realloc(g->ids, nc * sizeof(*ni));
+        uint64_t *nl;
+        if (ni == NULL)
+            return -1;
+        g->ids = ni;
+        if ((nl = realloc(g->last, nc * sizeof(*nl))) == NULL)
+            return -1;
+        g->last = nl;
+        g->cap = nc;
+    }
+    memcpy(g->ids[g->n], id, SW_REQUEST_ID_BYTES);
+    g->last[g->n] = last_seq;
+    g->n++;
+    return 0;
+}
+
+static void
+beats_clear(swn_beats *b)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        free(b->g[i].ids);
+        free(b->g[i].last);
+    }
+    b->n = 0;
+}
+
+/* Publishes the collected heartbeats, in messages that fit the max payload
+ * (about 31 bytes a beat), and drops the groups. */
+static void
+beats_flush(sw_ingress *ing, swn_beats *b)
+{
+    uint64_t failed = 0;
+    size_t max = sw_conn_max_payload(ing->conn), per = SWN_BEATS_PER_MSG;
+    if (b->n == 0)
+        return;
+    if (max != 0 && (max < 256 || (max - 128) / 32 < per))
+        per = max < 256 ? 1 : (max - 128) / 32;
+    if (b->one == NULL) {
+        b->one = calloc(SWN_BEATS_PER_MSG, sizeof(*b->one));
+        b->ptr = calloc(SWN_BEATS_PER_MSG, sizeof(*b->ptr));
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        swn_beatgrp *g = &b->g[i];
+        for (size_t at = 0; at < g->n; at += per) {
+            swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
+            size_t k = g->n - at < per ? g->n - at : per, len;
+            uint8_t *buf = NULL;
+            if (b->one == NULL || b->ptr == NULL) {
+                failed += g->n - at;
+                break;
+            }
+            for (size_t j = 0; j < k; j++) {
+                streamwire__v1__stream_beat__init(&b->one[j]);
+                b->one[j].request_id.data = g->ids[at + j];
+                b->one[j].request_id.len = SW_REQUEST_ID_BYTES;
+                b->one[j].last_seq = g->last[at + j];
+                b->ptr[j] = &b->one[j];
+            }
+            m.version = SW_PROTOCOL_VERSION;
+            m.instance_id = ing->instance_id;
+            m.n_beats = k;
+            m.beats = b->ptr;
+            {
+                swn_sent d = {0, 0, 0, (int64_t)k};
+                if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) != SW_OK ||
+                    swn_ing_publish_counted(ing, g->subj, buf, len, &d) != SW_OK)
+                    failed += k;
+            }
+            free(buf);
+        }
+    }
+    beats_clear(b);
+    if (failed)
+        swi_log(&ing->log, SW_LOG_WARN, "%llu heartbeat(s) could not be published",
+                (unsigned long long)failed);
+}
+
+static void
+beats_free(swn_beats *b)
+{
+    beats_clear(b);
+    free(b->g);
+    free(b->one);
+    free(b->ptr);
+}
+
+/* Heartbeats r if it has been quiet for hb_ms and nothing is queued (r->mu
+ * held). The beat counts only what went out (pub_seq), so the frontend asks
+ * for anything missing up to there. A stream answered on a streamwire
+ * router's own subject (sw.rsp.<router>.<id>) gets it in the tick's batch
+ * for that router; any other response subject gets a heartbeat wrapper of
+ * its own on it. */
+static void
+resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
+{
+    char subj[SWT_SUBJECT_MAX];
+    if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
+        r->rg.pub_seq + 1 < r->rg.next_seq)
+        return;
+    if (r->beats_batched) {
+        if (swt_subject_beats(subj, sizeof(subj), r->router_id) == SW_OK &&
+            beats_add(beats, subj, r->id, r->rg.pub_seq) == 0)
+            r->last_pub_ms = now;
+        return;
+    }
+    {
+        swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+        swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
+        uint8_t buf[SWP_HDR_MAX + 32];
+        size_t len;
+        w.version = SW_PROTOCOL_VERSION;
+        w.request_id.data = r->id;
+        w.request_id.len = SW_REQUEST_ID_BYTES;
+        w.instance_id = r->ing->instance_id;
+        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+        h.last_seq = r->rg.pub_seq;
+        w.heartbeat = &h;
+        if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK) {
+            swn_sent d = {0, 0, 0, 1};
+            (void)swn_resp_publish(r, buf, len, &d);
+        }
+    }
+}
+
+static void
+ing_tick_one(sw_responder *r, int64_t now, swn_beats *beats)
+{
+    int deadline = 0, retire = 0;
+    pthread_mutex_lock(&r->mu);
+    if (!r->terminated && !r->closed) {
+        if (r->deadline_ms >= 0 && now >= r->deadline_ms) {
+            deadline = !r->cancelled;
+            r->cancelled = 1;
+            (void)swn_resp_send_failed(r, SW_DEADLINE_EXCEEDED, NULL,
+                                       "the request deadline passed");
+        } else {
+            if (!r->sending && r->rg.pub_seq + 1 < r->rg.next_seq && swn_ring_keeps(&r->rg))
+                swn_resp_run_drain(r); /* stranded (no memory for a message earlier) */
+            resp_heartbeat(r, now, beats);
+        }
+    } else if (r->terminated) {
+        /* A final never acknowledged: keep it for resend for a while, then
+         * let go. Heartbeats go on meanwhile, so a lost final is asked for. */
+        retire = now - r->done_ms >= resp_linger_ms(r);
+        if (!retire && resp_final_unacked(r))
+            resp_heartbeat(r, now, beats);
+    }
+    resp_plan_tick(r);
+    pthread_mutex_unlock(&r->mu);
+    if (deadline)
+        swn_resp_fire_cancel(r);
+    if (retire)
+        swn_unregister_stream(r);
+}
+
+void *
+swn_ing_timer_main(void *arg)
+{
+    sw_ingress *ing = arg;
+    swi_ptrvec vec = {NULL, 0, 0};
+    swn_beats beats = {NULL, 0, 0, NULL, NULL};
+    pthread_mutex_lock(&ing->mu);
+    while (!ing->stopping) {
+        swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + SWN_TICK_MS);
+        if (ing->stopping)
+            break;
+        pthread_mutex_unlock(&ing->mu);
+        int64_t now = swi_now_ms();
+        swn_ing_snapshot(ing, &vec, &now); /* only streams with something due */
+        for (size_t i = 0; i < vec.n; i++) {
+            ing_tick_one(SWN_RESP_AT(vec, i), now, &beats);
+            swn_resp_unref(SWN_RESP_AT(vec, i));
+        }
+        beats_flush(ing, &beats);
+        pthread_mutex_lock(&ing->mu);
+    }
+    pthread_mutex_unlock(&ing->mu);
+    beats_free(&beats);
+    free(vec.v);
+    return NULL;
+}

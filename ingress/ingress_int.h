@@ -1,0 +1,246 @@
+/* ingress/ingress_int.h -- what the C files of the worker side (ingress/)
+ * share: the ingress and responder structures, the build limits, and the
+ * cross-file internal functions (prefix swn_). Not installed; not for the
+ * CLI or the tests (they use ingress/chaos.h and ingress/ring.h).
+ *
+ * Threads (each file's header says which of them run its code):
+ *   - nats.c delivers requests (intake.c), controls (control.c) and probe
+ *     answers (liveness.c) on its own threads; those callbacks never run
+ *     user code except the cancel callback, called with no lock held;
+ *   - `handler_threads` pool threads run the user's handler (intake.c);
+ *   - one timer thread: heartbeats, deadlines, retiring finished streams
+ *     whose final was never acknowledged (heartbeat.c);
+ *   - one liveness thread probing the frontends that have streams here
+ *     (liveness.c);
+ *   - one sender thread publishing the items of busy streams in coalesced
+ *     messages (sender.c).
+ *
+ * Locks and their order (a lock may be taken while holding one to its
+ * left, never the other way round):
+ *     r->mu  ->  ing->smu
+ *     r->mu  ->  ing->mu
+ *   r->mu guards one responder (its ring, counters, flags). Publishing
+ *   happens under r->mu (our lock; it keeps one stream's items in order on
+ *   the wire), except the drain, which drops it around the publish.
+ *   ing->mu guards the stream table, ing->all, the work queue, counters and
+ *   the stop/drain flags; it is innermost: r->mu is never taken with it
+ *   held (snapshots take references under it, atomically).
+ *   ing->smu guards the sender queue; ing->smu and ing->mu are never held
+ *   together.
+ *   ing->live_mu guards the frontend table; nothing else is taken with it
+ *   held, and it is never taken under another lock.
+ * The log callback and every user callback are called with none of these
+ * held.
+ *
+ * Lifetimes: the ingress and each responder are reference counted. A
+ * responder holds a reference on its ingress, so a retained responder stays a
+ * valid object after sw_ingress_destroy (its calls then return SW_ECLOSED). */
+#ifndef SW_INGRESS_INT_H
+#define SW_INGRESS_INT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "common/sw_common.h"
+#include "ingress/ring.h"
+#include "proto/sw_codec.h"
+#include "transport/sw_transport.h"
+
+#define SWN_MAX_CONTROL_BYTES 8192 /* an ACK_FINALS of 256 ids is 4.7 KB */
+#define SWN_TICK_MS 25             /* heartbeat and deadline precision */
+#define SWN_LINGER_MIN_MS 2000
+/* Coalescing: a stream whose last publish ended less than SWN_HOT_US ago
+ * hands its items to the ingress's sender thread, which puts every item
+ * queued meanwhile into one message (at most SWN_BATCH_ITEMS items and
+ * SWN_BATCH_BYTES bytes). A stream that was quiet publishes inline. */
+#define SWN_HOT_US 200 /* default of sw_ingress_opts.coalesce_us */
+#define SWN_BATCH_ITEMS 128
+#define SWN_BATCH_BYTES (64 * 1024)
+#define SWN_MSG_STACK 4096
+
+struct swn_frontend; /* liveness.c */
+
+struct sw_responder {
+    sw_ingress *ing;
+    atomic_int refs; /* memory */
+    int holds;       /* user holds: 1 for the handler call + retains (under mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char idhex[SW_REQUEST_ID_HEX];
+    char resp_subj[SWP_MAX_SUBJECT + 1];
+    char router_id[SW_MAX_TOKEN + 1];
+    uint8_t *payload;
+    size_t plen;
+    uint32_t max_tokens;
+
+    uint64_t credit_limit; /* may send seq <= credit_limit (UINT64_MAX: no flow control) */
+    uint32_t window;
+    int capped; /* window lowered to the ingress's max_window */
+    /* next_seq, pub_seq, acked and the kept bodies (ingress/ring.h). Items
+     * acked+1 .. pub_seq went out; pub_seq+1 .. next_seq-1 wait in the ring
+     * to be published, in order, by the one thread that has set `sending`
+     * (it drops mu while it publishes). */
+    swn_ring rg;
+    int sending;
+    int in_sendq; /* on ing->sq (under ing->smu) */
+#ifdef SW_CHAOS
+    int lose_next; /* chaos: the next kept item misses its first publish */
+#endif
+    int fe_cancelled;  /* the frontend cancelled or killed it (or is gone): it wants nothing more */
+    int beats_batched; /* resp_subj is sw.rsp.<router_id>.<id>: heartbeats go in batches */
+    int64_t next_tick_ms; /* the timer looks at r only from then on (atomic; 0 = next tick) */
+    sw_err pub_err;       /* a failed publish of queued items, told to the next send or finish */
+    int64_t last_end_us;  /* when the last publish of items returned */
+
+    uint32_t hb_ms;
+    int64_t last_pub_ms;
+    int64_t deadline_ms; /* absolute monotonic, -1 = none */
+    int64_t done_ms;     /* when the terminal went out */
+    uint64_t final_seq;
+
+    int terminated; /* terminal sent, abandoned or killed: nothing more goes out */
+    int cancelled;
+    int closed; /* ingress destroyed */
+    int registered;
+    int counted; /* counts in ing->inflight */
+    sw_cancel_fn cancel_fn;
+    void *cancel_arg;
+    int cancel_fired;
+
+    sw_responder *qnext;
+    sw_responder *snext;               /* ing->sq, under ing->smu */
+    sw_responder *all_prev, *all_next; /* every live responder (ing->all), under ing->mu */
+};
+
+struct sw_ingress {
+    sw_conn *conn;
+    swi_logger log;
+    atomic_int refs;
+    char endpoint[SW_MAX_ENDPOINT + 1];
+    char instance_id[SW_MAX_TOKEN + 1];
+    char req_subj[SWT_SUBJECT_MAX];
+    char ctl_subj[SWT_SUBJECT_MAX];
+    sw_handler_fn handler;
+    void *handler_arg;
+    unsigned max_inflight;
+    unsigned nthreads;
+    unsigned send_timeout_ms;
+    unsigned max_window;
+    int64_t hot_us; /* coalesce_us; 0 = off */
+    size_t max_req;
+
+    swt_sub *req_sub;
+    swt_sub *ctl_sub;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* work queue, drain progress */
+    pthread_cond_t tick_cv; /* timer thread */
+    swi_idmap streams;
+    sw_responder *all; /* every responder not yet freed, registered or not */
+    sw_responder *q_head, *q_tail;
+    pthread_t *threads;
+    unsigned started_threads;
+    pthread_t timer;
+    int timer_started;
+    pthread_t live;
+    int live_started;
+    /* the sender thread and the streams waiting for it */
+    pthread_mutex_t smu;
+    pthread_cond_t scv;
+    sw_responder *sq_head, *sq_tail;
+    pthread_t sender;
+    int sender_on;   /* running and taking work (under smu) */
+    int sender_idle; /* waiting on scv */
+    int sender_stop;
+    pthread_mutex_t live_mu;
+    struct swn_frontend *fe; /* frontends being probed, under live_mu */
+    size_t nfe, capfe;
+    swt_sub *live_sub; /* sw.lv.<instance>.*: probe answers */
+    unsigned probe_ms, probe_timeout_ms;
+    int stopping;
+    int draining;
+    int destroyed;
+    unsigned inflight;
+#ifdef SW_CHAOS
+    double drop_rate; /* chaos: loss injection of first publishes */
+#endif
+    sw_ingress_stats st;
+};
+
+/* What a publish adds to the ingress's counters. */
+typedef struct swn_sent {
+    int64_t items, msgs, resent, beats;
+} swn_sent;
+
+/* The scratch a message is built in: on the stack when it fits. */
+typedef struct swn_msgbuf {
+    uint8_t *p;
+    size_t cap;
+    uint8_t stack[SWN_MSG_STACK];
+} swn_msgbuf;
+
+#define SWN_RESP_AT(vec, i) ((sw_responder *)(vec).v[i])
+
+/* ingress/ingress.c */
+void swn_resp_ref(sw_responder *r);
+void swn_resp_unref(sw_responder *r);
+
+/* ingress/frame.c */
+sw_err swn_resp_pack_final(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance,
+                           uint64_t seq, const swp_terminal *term, size_t max, uint8_t **out,
+                           size_t *outlen);
+size_t swn_resp_max_body(const sw_responder *r);
+void swn_resp_hdr(const sw_responder *r, uint64_t first, uint64_t last, int resent, swp_hdr *h);
+int swn_msgbuf_fit(swn_msgbuf *m, size_t need);
+void swn_msgbuf_init(swn_msgbuf *m);
+void swn_msgbuf_free(swn_msgbuf *m);
+size_t swn_resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swn_msgbuf *m,
+                      uint64_t *last, unsigned *nitems, unsigned *data_items);
+
+/* ingress/sender.c */
+sw_err swn_ing_publish_counted(sw_ingress *ing, const char *subj, const void *buf, size_t len,
+                               const swn_sent *d);
+sw_err swn_resp_publish(sw_responder *r, const uint8_t *buf, size_t len, const swn_sent *d);
+sw_err swn_resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len);
+sw_err swn_resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, size_t blen,
+                            const swn_sent *d);
+sw_err swn_resp_take_pub_err(sw_responder *r);
+void swn_resp_run_drain(sw_responder *r);
+void swn_resp_kick(sw_responder *r);
+void swn_resp_flush_now(sw_responder *r);
+void *swn_ing_sender_main(void *arg);
+
+/* ingress/terminal.c */
+void swn_resp_uncount(sw_responder *r);
+void swn_resp_mark_terminated(sw_responder *r);
+sw_err swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as);
+void swn_term_failed(swp_terminal *t, swp_error *e, sw_err sw_code, const char *app_code,
+                     const char *message);
+sw_err swn_resp_send_failed(sw_responder *r, sw_err sw_code, const char *app_code,
+                            const char *message);
+void swn_resp_fire_cancel(sw_responder *r);
+void swn_unregister_stream(sw_responder *r);
+
+/* ingress/responder.c */
+void swn_resp_drop_hold(sw_responder *r, const char *code, const char *message);
+
+/* ingress/intake.c */
+void swn_ing_on_request(const swt_msg *msg, void *arg);
+void *swn_ing_worker_main(void *arg);
+
+/* ingress/control.c */
+void swn_resp_cancel(sw_responder *r, int kill);
+void swn_ing_on_control(const swt_msg *msg, void *arg);
+
+/* ingress/heartbeat.c */
+void swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by);
+void swn_resp_tick_soon(sw_responder *r);
+void *swn_ing_timer_main(void *arg);
+
+/* ingress/liveness.c */
+void swn_ing_on_live_reply(const swt_msg *msg, void *arg);
+void *swn_ing_live_main(void *arg);
+
+#endif

@@ -1,0 +1,188 @@
+/* ingress/intake.c -- requests: decoding, admission (draining, duplicate,
+ * concurrency limit), rejections, and the handler pool.
+ *
+ * Threads: the request subscription's nats.c thread (swn_ing_on_request)
+ * and the `handler_threads` pool threads (swn_ing_worker_main, which call
+ * the user's handler with no lock held). Locks: ing->mu (table, queue,
+ * counters); never r->mu (a new responder is not shared yet). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ingress/ingress_int.h"
+
+/* Answers a request that cannot be served with a one-item stream: a final
+ * wrapper (seq 1) carrying a streamwire error code. */
+static void
+ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_BYTES], sw_err code,
+           const char *message)
+{
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    swp_error e = STREAMWIRE__V1__ERROR__INIT;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    swn_term_failed(&t, &e, code, NULL, message);
+    if (swn_resp_pack_final(id, ing->instance_id, 1, &t, sw_conn_max_payload(ing->conn), &buf,
+                            &len) == SW_OK)
+        (void)swt_publish(ing->conn, subject, NULL, buf, len);
+    free(buf);
+}
+
+void
+swn_ing_on_request(const swt_msg *msg, void *arg)
+{
+    sw_ingress *ing = arg;
+    const char *reply = msg->reply;
+    const uint8_t *data = msg->data;
+    size_t len = msg->len;
+    swp_request *req = NULL;
+    sw_responder *r = NULL;
+    uint8_t rid[SW_REQUEST_ID_BYTES];
+    sw_err rv;
+    int overloaded = 0, dup = 0;
+
+    rv = swp_decode_request(data, len, ing->max_req, &req);
+    if (rv != SW_OK) {
+        pthread_mutex_lock(&ing->mu);
+        ing->st.bad_requests++;
+        pthread_mutex_unlock(&ing->mu);
+        if (swt_is_response_subject(reply) && swt_response_subject_id(reply, rid) == 0) {
+            swi_log(&ing->log, SW_LOG_WARN,
+                    "bad request on %s: %s; answered with an error terminal", ing->req_subj,
+                    sw_err_name(rv));
+            ing_reject(ing, reply, rid, rv, sw_strerror(rv));
+        } else {
+            swi_log(&ing->log, SW_LOG_WARN,
+                    "bad request on %s: %s; no usable reply subject, dropped", ing->req_subj,
+                    sw_err_name(rv));
+        }
+        goto done;
+    }
+    if (req->endpoint[0] != '\0' && strcmp(req->endpoint, ing->endpoint) != 0) {
+        pthread_mutex_lock(&ing->mu);
+        ing->st.bad_requests++;
+        pthread_mutex_unlock(&ing->mu);
+        ing_reject(ing, req->response_subject, req->request_id.data, SW_EINVAL,
+                   "request for another endpoint");
+        goto done;
+    }
+
+    if ((r = calloc(1, sizeof(*r))) == NULL)
+        goto nomem;
+    r->ing = ing;
+    atomic_init(&r->refs, 2); /* table + user hold */
+    r->holds = 1;
+    pthread_mutex_init(&r->mu, NULL);
+    swi_cond_init(&r->cv);
+    memcpy(r->id, req->request_id.data, SW_REQUEST_ID_BYTES);
+    swi_hex(r->idhex, r->id, SW_REQUEST_ID_BYTES);
+    snprintf(r->resp_subj, sizeof(r->resp_subj), "%s", req->response_subject);
+    snprintf(r->router_id, sizeof(r->router_id), "%s", req->router_id);
+    {
+        char std[SWT_SUBJECT_MAX];
+        r->beats_batched =
+            swt_subject_response(std, sizeof(std), r->router_id, r->idhex) == SW_OK &&
+            strcmp(std, r->resp_subj) == 0;
+    }
+    r->max_tokens = req->max_tokens;
+    r->window = req->credit_window;
+    if (r->window > ing->max_window) {
+        r->window = ing->max_window;
+        r->capped = 1;
+    }
+    r->credit_limit = r->window ? r->window : UINT64_MAX;
+    r->hb_ms = req->heartbeat_ms;
+    if (r->hb_ms != 0 && r->hb_ms < 10)
+        r->hb_ms = 10;
+    r->last_pub_ms = swi_now_ms();
+    r->deadline_ms = req->deadline_ms ? r->last_pub_ms + req->deadline_ms : -1;
+    if (req->payload.len > 0) {
+        if ((r->payload = malloc(req->payload.len)) == NULL)
+            goto nomem;
+        memcpy(r->payload, req->payload.data, req->payload.len);
+        r->plen = req->payload.len;
+    }
+    if (swn_ring_init(&r->rg, r->window) != 0)
+        goto nomem;
+
+    pthread_mutex_lock(&ing->mu);
+    if (ing->draining || ing->stopping) {
+        overloaded = 1;
+    } else if (swi_idmap_get(&ing->streams, r->id) != NULL) {
+        dup = 1;
+    } else if (ing->inflight >= ing->max_inflight) {
+        overloaded = 1;
+        ing->st.rejected_overload++;
+    } else if (swi_idmap_put(&ing->streams, r->id, r) != 0) {
+        pthread_mutex_unlock(&ing->mu);
+        goto nomem;
+    } else {
+        atomic_fetch_add(&ing->refs, 1);
+        r->all_next = ing->all;
+        if (ing->all != NULL)
+            ing->all->all_prev = r;
+        ing->all = r;
+        r->registered = 1;
+        r->counted = 1;
+        ing->inflight++;
+        ing->st.inflight = ing->inflight;
+        ing->st.requests++;
+        if (ing->q_tail)
+            ing->q_tail->qnext = r;
+        else
+            ing->q_head = r;
+        ing->q_tail = r;
+        pthread_cond_signal(&ing->cv);
+    }
+    pthread_mutex_unlock(&ing->mu);
+    if (overloaded || dup) {
+        if (overloaded) {
+            swi_log(&ing->log, SW_LOG_WARN, "request %s rejected: overloaded (%u in flight)",
+                    r->idhex, ing->max_inflight);
+            ing_reject(ing, req->response_subject, r->id, SW_EOVERLOADED,
+                       "the instance is at its concurrency limit");
+        }
+        goto free_r;
+    }
+    goto done;
+
+nomem:
+    swi_log(&ing->log, SW_LOG_ERROR, "out of memory accepting a request");
+    ing_reject(ing, req->response_subject, req->request_id.data, SW_ENOMEM, "worker out of memory");
+free_r:
+    if (r != NULL) {
+        swn_ring_free(&r->rg);
+        free(r->payload);
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        free(r);
+    }
+done:
+    swp_free(req);
+}
+
+void *
+swn_ing_worker_main(void *arg)
+{
+    sw_ingress *ing = arg;
+    for (;;) {
+        sw_responder *r;
+        pthread_mutex_lock(&ing->mu);
+        while (ing->q_head == NULL && !ing->stopping)
+            pthread_cond_wait(&ing->cv, &ing->mu);
+        if (ing->q_head == NULL) {
+            pthread_mutex_unlock(&ing->mu);
+            return NULL;
+        }
+        r = ing->q_head;
+        ing->q_head = r->qnext;
+        if (ing->q_head == NULL)
+            ing->q_tail = NULL;
+        r->qnext = NULL;
+        pthread_mutex_unlock(&ing->mu);
+
+        if (!sw_responder_cancelled(r))
+            ing->handler(r, ing->handler_arg);
+        swn_resp_drop_hold(r, "handler_returned", "the handler returned without a terminal");
+    }
+}

@@ -1,0 +1,135 @@
+/* ingress/ring.c -- the resend ring (see ring.h): a pure state machine, no
+ * locks, threads, clock, I/O or logging. Its caller serialises access. */
+#include <stdlib.h>
+
+#include "ingress/ring.h"
+
+int
+swn_ring_init(swn_ring *g, uint32_t window)
+{
+    g->slot = NULL;
+    g->cap = 0;
+    g->window = window;
+    g->next_seq = 1;
+    g->pub_seq = 0;
+    g->acked = 0;
+    if (window == 0)
+        return 0;
+    g->cap = (size_t)window + 1 < SWN_RING_MIN ? (size_t)window + 1 : SWN_RING_MIN;
+    if ((g->slot = calloc(g->cap, sizeof(*g->slot))) == NULL) {
+        g->cap = 0;
+        return -1;
+    }
+    return 0;
+}
+
+void
+swn_ring_free(swn_ring *g)
+{
+    if (g->slot != NULL) {
+        for (size_t i = 0; i < g->cap; i++)
+            free(g->slot[i].buf);
+        free(g->slot);
+    }
+    g->slot = NULL;
+    g->cap = 0;
+}
+
+/* Grows the ring so that seqs acked+1 .. seq fit: at most window + 1 slots
+ * (the window's items plus the final). 0 ok, -1 no room or no memory. */
+static int
+ring_fit(swn_ring *g, uint64_t seq)
+{
+    size_t need = (size_t)(seq - g->acked), ncap = g->cap;
+    size_t limit = (size_t)g->window + 1;
+    swn_slot *nr;
+    if (need <= g->cap)
+        return 0;
+    /* issue 11: reached when the frontend grants credit beyond acked +
+     * window (a CREDIT with a huge limit): send then fails with SW_ENOMEM
+     * instead of the credit being clamped to the window. */
+    if (g->cap >= limit)
+        return -1;
+    while (ncap < need && ncap < limit)
+        ncap *= 2;
+    if (ncap > limit)
+        ncap = limit;
+    if ((nr = calloc(ncap, sizeof(*nr))) == NULL)
+        return -1;
+    for (size_t i = 0; i < g->cap; i++)
+        if (g->slot[i].buf != NULL)
+            nr[g->slot[i].seq % ncap] = g->slot[i];
+    free(g->slot);
+    g->slot = nr;
+    g->cap = ncap;
+    return 0;
+}
+
+sw_err
+swn_ring_keep(swn_ring *g, uint64_t seq, uint8_t *buf, size_t len, int lose)
+{
+    swn_slot *sl;
+    if (g->slot == NULL || ring_fit(g, seq) != 0 || g->slot[seq % g->cap].buf != NULL)
+        return SW_ENOMEM;
+    sl = &g->slot[seq % g->cap];
+    sl->seq = seq;
+    sl->buf = buf;
+    sl->len = len;
+    sl->lose = lose;
+    return SW_OK;
+}
+
+const uint8_t *
+swn_ring_get(const swn_ring *g, uint64_t seq, size_t *len, int *lose)
+{
+    const swn_slot *sl;
+    if (g->slot == NULL)
+        return NULL;
+    sl = &g->slot[seq % g->cap];
+    if (sl->seq != seq || sl->buf == NULL)
+        return NULL;
+    if (len != NULL)
+        *len = sl->len;
+    if (lose != NULL)
+        *lose = sl->lose;
+    return sl->buf;
+}
+
+uint64_t
+swn_ring_ack(swn_ring *g, uint64_t ack)
+{
+    /* Nobody can have received what does not exist. Not pub_seq: items are
+     * acked before their publisher, mu dropped, has moved pub_seq past
+     * them. issue 11: so an ACK can also free items that were never
+     * published (queued, or left out by the loss injection). */
+    if (ack >= g->next_seq)
+        ack = g->next_seq - 1;
+    if (ack <= g->acked)
+        return ack;
+    if (g->slot != NULL) {
+        uint64_t from = g->acked + 1;
+        if (ack - g->acked > g->cap)
+            from = ack - g->cap + 1;
+        for (uint64_t q = from; q <= ack; q++) {
+            swn_slot *s = &g->slot[q % g->cap];
+            if (s->seq == q) {
+                free(s->buf);
+                s->buf = NULL;
+                s->seq = 0;
+            }
+        }
+    }
+    g->acked = ack;
+    return ack;
+}
+
+int
+swn_ring_resend_range(const swn_ring *g, uint64_t *from, uint64_t *to)
+{
+    /* Only what went out: queued items are on their way anyway. */
+    if (*to > g->pub_seq)
+        *to = g->pub_seq;
+    if (*from <= g->acked)
+        *from = g->acked + 1;
+    return g->slot != NULL && *from <= *to;
+}

@@ -1,0 +1,156 @@
+/* ingress/terminal.c -- the end of a stream: finals (completed, failed,
+ * cancelled), marking a stream terminated, the inflight count, firing the
+ * cancel callback, and taking a stream out of the table.
+ *
+ * Threads: handler threads, control callbacks, the timer, drain/destroy.
+ * Locks: the callers of swn_resp_uncount, _mark_terminated, _send_final and
+ * _send_failed hold r->mu; ing->mu is taken under it (counters, and the
+ * table when a stream without a window is unregistered at its final).
+ * swn_unregister_stream takes ing->mu, with or without r->mu held;
+ * swn_resp_fire_cancel takes r->mu itself and calls the cancel callback
+ * with no lock held. */
+#include <stdlib.h>
+
+#include "ingress/ingress_int.h"
+
+/* Bookkeeping once nothing more will be sent (r->mu held). */
+void
+swn_resp_uncount(sw_responder *r)
+{
+    sw_ingress *ing = r->ing;
+    int counted = r->counted;
+    r->counted = 0;
+    if (counted) {
+        pthread_mutex_lock(&ing->mu);
+        ing->inflight--;
+        ing->st.inflight = ing->inflight;
+        pthread_cond_broadcast(&ing->cv);
+        pthread_mutex_unlock(&ing->mu);
+    }
+}
+
+/* Nothing more will be queued (r->mu held). The stream stops counting in
+ * the ingress's inflight (which sw_ingress_drain waits for) once its final
+ * is on the wire, or now if there is no final to publish. */
+void
+swn_resp_mark_terminated(sw_responder *r)
+{
+    swn_resp_tick_soon(r);
+    r->terminated = 1;
+    r->done_ms = swi_now_ms();
+    pthread_cond_broadcast(&r->cv);
+    if (r->final_seq == 0 || r->rg.pub_seq >= r->final_seq)
+        swn_resp_uncount(r);
+}
+
+/* Sends the final wrapper (r->mu held, not terminated). */
+sw_err
+swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
+{
+    sw_ingress *ing = r->ing;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t seq = r->rg.next_seq;
+    size_t max = swn_resp_max_body(r);
+    int kept;
+    sw_err rv;
+
+    if (r->closed)
+        return SW_ECLOSED;
+    rv = swp_final_body_alloc(seq, t, max, &buf, &len);
+    if (rv == SW_EMSGSIZE) {
+        /* A message too long for the bus: send the terminal without it. */
+        swp_terminal t2 = *t;
+        swp_error e2;
+        if (t->error != NULL) {
+            e2 = *t->error;
+            e2.message = (char *)"";
+            t2.error = &e2;
+        }
+        rv = swp_final_body_alloc(seq, &t2, max, &buf, &len);
+    }
+    if (rv != SW_OK)
+        return rv;
+    kept = swn_ring_keeps(&r->rg) && swn_resp_keep(r, seq, buf, len) == SW_OK;
+    if (swn_ring_keeps(&r->rg) && !kept)
+        swn_resp_flush_now(r); /* no room to keep it: still end the stream, after what
+                              was queued before it */
+    r->rg.next_seq++;
+    r->final_seq = seq;
+    if (!kept) { /* published now, not kept (without flow control nothing is) */
+        swn_sent d = {0, 1, 0, 0};
+        rv = r->closed ? SW_ECLOSED : swn_resp_publish_one(r, seq, buf, len, &d);
+        r->rg.pub_seq = seq;
+        free(buf);
+    } else if (r->pub_err != SW_OK) {
+        rv = swn_resp_take_pub_err(r); /* the final is kept, and resent if asked for */
+    }
+    swn_resp_mark_terminated(r);
+    if (kept)
+        swn_resp_kick(r); /* last: it may drop mu while publishing */
+    pthread_mutex_lock(&ing->mu);
+    ing->st.finished[counted_as]++;
+    pthread_mutex_unlock(&ing->mu);
+    if (r->window == 0)
+        swn_unregister_stream(r); /* nothing to resend, no ack will come */
+    return rv;
+}
+
+/* Fills a FAILED terminal: a streamwire code (sw_code != SW_OK) or an
+ * application code token. */
+void
+swn_term_failed(swp_terminal *t, swp_error *e, sw_err sw_code, const char *app_code,
+                const char *message)
+{
+    t->status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
+    e->sw_code = (uint32_t)sw_code;
+    if (app_code != NULL)
+        e->app_code = (char *)app_code;
+    e->message = (char *)(message ? message : sw_code != SW_OK ? sw_strerror(sw_code) : "");
+    t->error = e;
+}
+
+/* Sends a FAILED final (r->mu held, not terminated). */
+sw_err
+swn_resp_send_failed(sw_responder *r, sw_err sw_code, const char *app_code, const char *message)
+{
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    swp_error e = STREAMWIRE__V1__ERROR__INIT;
+    swn_term_failed(&t, &e, sw_code, app_code, message);
+    return swn_resp_send_final(r, &t, sw_code != SW_OK ? SW_STATUS_ERROR : SW_STATUS_FAILED);
+}
+
+/* Fires the cancel callback once, with no lock held. */
+void
+swn_resp_fire_cancel(sw_responder *r)
+{
+    sw_cancel_fn fn = NULL;
+    void *arg = NULL;
+    pthread_mutex_lock(&r->mu);
+    if (r->cancelled && !r->cancel_fired && r->cancel_fn != NULL) {
+        r->cancel_fired = 1;
+        fn = r->cancel_fn;
+        arg = r->cancel_arg;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (fn != NULL)
+        fn(r, arg);
+}
+
+void
+swn_unregister_stream(sw_responder *r)
+{
+    sw_ingress *ing = r->ing;
+    int drop = 0;
+    pthread_mutex_lock(&ing->mu);
+    if (r->registered) {
+        r->registered = 0;
+        swi_idmap_del(&ing->streams, r->id);
+        drop = 1;
+    }
+    pthread_mutex_unlock(&ing->mu);
+    /* Every caller holds a reference of its own (user hold, control or timer
+     * transient), so dropping the table's cannot free r under its lock. */
+    if (drop)
+        swn_resp_unref(r);
+}

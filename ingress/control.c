@@ -6,6 +6,7 @@
  * resend publishes under it). The cancel callback fires with no lock
  * held. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "ingress/ingress_int.h"
 
@@ -113,13 +114,18 @@ resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
 {
     int retire;
     pthread_mutex_lock(&r->mu);
+    if (final && r->final_seq != 0)
+        ack = r->final_seq;
+    ack = swn_ring_ack(&r->rg, ack); /* clamped to what went out */
+    /* Credit never runs more than a window past what the frontend has
+     * acknowledged: the ring holds that much (a huge limit used to make
+     * send fail with SW_ENOMEM, issue 11 #12). */
+    if (r->window != 0 && limit > r->rg.acked + r->window)
+        limit = r->rg.acked + r->window;
     if (r->window != 0 && limit > r->credit_limit) {
         r->credit_limit = limit;
         pthread_cond_broadcast(&r->cv);
     }
-    if (final && r->final_seq != 0)
-        ack = r->final_seq;
-    ack = swn_ring_ack(&r->rg, ack); /* clamped to next_seq - 1 */
     retire = r->terminated && r->final_seq != 0 && ack >= r->final_seq;
     pthread_mutex_unlock(&r->mu);
     if (retire)
@@ -139,6 +145,16 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
     }
     if (c->request_id.len == SW_REQUEST_ID_BYTES)
         r = ing_find(ing, c->request_id.data);
+    if (r != NULL && strcmp(c->router_id, r->router_id) != 0) {
+        /* Not from the stream's own frontend (issue 11 #12): ignored. */
+        pthread_mutex_lock(&ing->mu);
+        ing->st.bad_controls++;
+        pthread_mutex_unlock(&ing->mu);
+        if (c->kind != STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE)
+            goto done;
+        swn_resp_unref(r);
+        r = NULL;
+    }
     switch (c->kind) {
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE:
         ing_probe_reply(ing, msg, r);
@@ -156,7 +172,8 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
         for (size_t i = 0; i < c->n_final_acks; i++) {
             sw_responder *a = ing_find(ing, c->final_acks[i].data);
             if (a != NULL) {
-                resp_credit(a, 0, 0, 1);
+                if (strcmp(c->router_id, a->router_id) == 0)
+                    resp_credit(a, 0, 0, 1);
                 swn_resp_unref(a);
             }
         }

@@ -58,6 +58,24 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         }
         goto done;
     }
+    {
+        /* A request names its own response subject,
+         * sw.rsp.<router_id>.<request id>, and no other: the worker is no
+         * reflector to subjects of someone else's choosing (issue 11 #12).
+         * Such a request gets nothing back. */
+        char own[SWT_SUBJECT_MAX], hex[SW_REQUEST_ID_HEX];
+        swi_hex(hex, req->request_id.data, SW_REQUEST_ID_BYTES);
+        if (swt_subject_response(own, sizeof(own), req->router_id, hex) != SW_OK ||
+            strcmp(own, req->response_subject) != 0) {
+            pthread_mutex_lock(&ing->mu);
+            ing->st.bad_requests++;
+            pthread_mutex_unlock(&ing->mu);
+            swi_log(&ing->log, SW_LOG_WARN,
+                    "request on %s names a response subject that is not its own; dropped",
+                    ing->req_subj);
+            goto done;
+        }
+    }
     if (req->endpoint[0] != '\0' && strcmp(req->endpoint, ing->endpoint) != 0) {
         pthread_mutex_lock(&ing->mu);
         ing->st.bad_requests++;
@@ -92,10 +110,15 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     }
     r->credit_limit = r->window ? r->window : UINT64_MAX;
     r->hb_ms = req->heartbeat_ms;
-    if (r->hb_ms != 0 && r->hb_ms < 10)
-        r->hb_ms = 10;
+    if (r->hb_ms != 0 && r->hb_ms < SWN_MIN_HEARTBEAT_MS)
+        r->hb_ms = SWN_MIN_HEARTBEAT_MS;
+    if (r->hb_ms > SWN_MAX_HEARTBEAT_MS)
+        r->hb_ms = SWN_MAX_HEARTBEAT_MS; /* also bounds how long a final waits for its ack */
     r->last_pub_ms = swi_now_ms();
-    r->deadline_ms = req->deadline_ms ? r->last_pub_ms + req->deadline_ms : -1;
+    r->deadline_ms = req->deadline_ms ? r->last_pub_ms + (req->deadline_ms < SWN_MAX_DEADLINE_MS
+                                                              ? (int64_t)req->deadline_ms
+                                                              : SWN_MAX_DEADLINE_MS)
+                                      : -1;
     if (req->payload.len > 0) {
         if ((r->payload = malloc(req->payload.len)) == NULL)
             goto nomem;

@@ -12,6 +12,7 @@ swn_ring_init(swn_ring *g, uint32_t window)
     g->window = window;
     g->next_seq = 1;
     g->pub_seq = 0;
+    g->built = 0;
     g->acked = 0;
     if (window == 0)
         return 0;
@@ -98,12 +99,14 @@ swn_ring_get(const swn_ring *g, uint64_t seq, size_t *len, int *lose)
 uint64_t
 swn_ring_ack(swn_ring *g, uint64_t ack)
 {
-    /* Nobody can have received what does not exist. Not pub_seq: items are
-     * acked before their publisher, mu dropped, has moved pub_seq past
-     * them. issue 11: so an ACK can also free items that were never
-     * published (queued, or left out by the loss injection). */
-    if (ack >= g->next_seq)
-        ack = g->next_seq - 1;
+    /* Nobody can have received what has not gone out (issue 11 #12: an ACK
+     * used to free items still queued). Not pub_seq alone: a frontend can
+     * ack items of a message whose publisher, mu dropped, has not moved
+     * pub_seq past them yet; `built` covers those, and their bodies were
+     * copied into the message already. */
+    uint64_t out = g->pub_seq > g->built ? g->pub_seq : g->built;
+    if (ack > out)
+        ack = out;
     if (ack <= g->acked)
         return ack;
     if (g->slot != NULL) {

@@ -34,6 +34,7 @@ typedef struct swn_ring {
     uint32_t window;   /* the ring holds at most window + 1 slots */
     uint64_t next_seq; /* next sequence number to assign */
     uint64_t pub_seq;  /* every seq <= pub_seq went out (or was given up) */
+    uint64_t built;    /* every seq <= built was copied into a message that goes out */
     uint64_t acked;    /* every seq <= acked was received by the frontend */
 } swn_ring;
 

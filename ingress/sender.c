@@ -138,6 +138,8 @@ resp_drain(sw_responder *r)
         if (k > 0) {
             swn_sent d = {kd, 1, 0, 0};
             sw_err rv;
+            if (last > r->rg.built)
+                r->rg.built = last; /* copied: an ack for them may free the bodies */
             pthread_mutex_unlock(&r->mu);
             rv = swn_ing_publish_counted(r->ing, r->resp_subj, m.p, len, &d);
             pthread_mutex_lock(&r->mu);

@@ -251,6 +251,10 @@ typedef struct sw_ingress_stats {
                                    items queued while the previous message went out share one */
     uint64_t streams_held;      /* gauge: streams in the worker's table, live ones and finished
                                    ones whose final the frontend has not acknowledged yet */
+    uint64_t bad_controls;      /* control messages for a stream naming another frontend
+                                   (router_id) than the stream's: ignored */
+    uint64_t finals_dropped;    /* finished streams let go before their final was
+                                   acknowledged, to keep at most max_held_finals */
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);

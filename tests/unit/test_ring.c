@@ -75,6 +75,7 @@ test_no_window(void **state)
     assert_int_equal(swn_ring_keep(&g, 1, b, 1, 0), SW_ENOMEM);
     assert_null(swn_ring_get(&g, 1, NULL, NULL));
     g.next_seq = 4;
+    g.pub_seq = 3; /* without a window items go out at once */
     assert_int_equal(swn_ring_ack(&g, 2), 2);
     assert_int_equal(g.acked, 2);
     {
@@ -181,7 +182,9 @@ test_memory_bound(void **state)
     assert_int_equal(swn_ring_keep(&g, 5, b, len, 0), SW_ENOMEM);
     assert_int_equal(g.cap, 4);
     assert_int_equal(count_kept(&g, 1, 5), 4);
-    /* After an ack the freed slot takes the next item. */
+    /* After an ack (of an item that went out) the freed slot takes the
+     * next item. */
+    g.pub_seq = 4;
     assert_int_equal(swn_ring_ack(&g, 1), 1);
     assert_int_equal(swn_ring_keep(&g, 5, b, len, 0), SW_OK);
     g.next_seq = 6;
@@ -191,10 +194,10 @@ test_memory_bound(void **state)
     swn_ring_free(&g);
 }
 
-/* issue 11: a frontend that grants credit beyond acked + window (a CREDIT
- * with a huge limit) makes the worker try to keep an item the ring has no
- * room for: send fails with SW_ENOMEM. It should never get that far: the
- * credit limit should be clamped to acked + window. */
+/* The ring holds at most window + 1 items past acked and refuses more.
+ * (Issue 11 #12: a CREDIT with a huge limit used to get a sender this far,
+ * and send failed with SW_ENOMEM; control.c now clamps every credit limit
+ * to acked + window, tested end to end by test_hostile.) */
 static void
 test_keep_beyond_credit_window(void **state)
 {
@@ -273,10 +276,10 @@ test_ack_beyond_next_seq(void **state)
     swn_ring_free(&g);
 }
 
-/* issue 11: an ack is clamped to next_seq - 1, not pub_seq, so it frees
- * items that are queued but were never published: the drain then finds
- * nothing to send for them and moves on, and a resend cannot repair them.
- * It should release only up to pub_seq (the published items). */
+/* Issue 11 #12 (this test pinned the defect before its fix): an ack is
+ * clamped to what went out, so it never frees an item that is queued and
+ * was never published. Items copied into a message that is being
+ * published (`built`) may be acked: their bodies are in the message. */
 static void
 test_ack_beyond_pub_seq(void **state)
 {
@@ -287,11 +290,17 @@ test_ack_beyond_pub_seq(void **state)
     for (uint64_t q = 1; q <= 5; q++)
         keep(&g, q);
     g.pub_seq = 2;
-    assert_int_equal(swn_ring_ack(&g, 5), 5);
-    assert_int_equal(g.acked, 5);
-    assert_int_equal(count_kept(&g, 1, 5), 0); /* 3..5 freed unpublished */
-    assert_true(swn_ring_queued(&g));          /* still counted as queued */
-    assert_int_equal(swn_ring_resend_range(&g, &f, &t), 0);
+    assert_int_equal(swn_ring_ack(&g, 5), 2);
+    assert_int_equal(g.acked, 2);
+    assert_int_equal(count_kept(&g, 1, 2), 0);
+    for (uint64_t q = 3; q <= 5; q++)
+        assert_kept(&g, q); /* queued items stay */
+    assert_true(swn_ring_queued(&g));
+    assert_int_equal(swn_ring_resend_range(&g, &f, &t), 0); /* nothing of them went out */
+    g.built = 4; /* 3..4 are in a message on its way */
+    assert_int_equal(swn_ring_ack(&g, 5), 4);
+    assert_int_equal(count_kept(&g, 3, 4), 0);
+    assert_kept(&g, 5);
     swn_ring_free(&g);
 }
 

@@ -5,6 +5,7 @@
  * find a stream (released before r->mu is taken), r->mu per stream (a
  * resend publishes under it). The cancel callback fires with no lock
  * held. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,8 +162,22 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
-        if (r != NULL)
+        if (r != NULL) {
             swn_resp_cancel(r, c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL);
+        } else {
+            /* The request may still be on its way (another subscription):
+             * remember the cancel so that it is never started (issue 11 #2).
+             * Checked again under the lock: it may have registered since. */
+            pthread_mutex_lock(&ing->mu);
+            r = swi_idmap_get(&ing->streams, c->request_id.data);
+            if (r != NULL)
+                swn_resp_ref(r);
+            else
+                swn_early_add(ing, c->request_id.data, c->router_id, swi_now_ms());
+            pthread_mutex_unlock(&ing->mu);
+            if (r != NULL && strcmp(c->router_id, r->router_id) == 0)
+                swn_resp_cancel(r, c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL);
+        }
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
         if (r != NULL)
@@ -189,4 +204,62 @@ done:
     if (r != NULL)
         swn_resp_unref(r);
     swp_free(c);
+}
+
+/* ---------------------------------------------------------------- early cancels */
+
+void
+swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, int64_t now)
+{
+    swn_early *e;
+    if (ing->early_q == NULL &&
+        (ing->early_q = calloc(SWN_EARLY_MAX, sizeof(*ing->early_q))) == NULL)
+        return;
+    if (swi_idmap_get(&ing->early, id) != NULL)
+        return;
+    /* Forget the expired, and the oldest when full. */
+    while (ing->early_n > 0) {
+        swn_early *old = ing->early_q[ing->early_head];
+        if (ing->early_n < SWN_EARLY_MAX && now - old->at < SWN_EARLY_TTL_MS)
+            break;
+        if (old->live)
+            swi_idmap_del(&ing->early, old->id);
+        free(old);
+        ing->early_head = (ing->early_head + 1) % SWN_EARLY_MAX;
+        ing->early_n--;
+    }
+    if ((e = calloc(1, sizeof(*e))) == NULL)
+        return;
+    memcpy(e->id, id, SW_REQUEST_ID_BYTES);
+    snprintf(e->router_id, sizeof(e->router_id), "%s", router_id);
+    e->at = now;
+    if (swi_idmap_put(&ing->early, id, e) != 0) {
+        free(e);
+        return;
+    }
+    e->live = 1;
+    ing->early_q[(ing->early_head + ing->early_n) % SWN_EARLY_MAX] = e;
+    ing->early_n++;
+}
+
+int
+swn_early_take(sw_ingress *ing, const uint8_t *id, const char *router_id)
+{
+    swn_early *e = swi_idmap_get(&ing->early, id);
+    if (e == NULL || strcmp(e->router_id, router_id) != 0)
+        return 0;
+    swi_idmap_del(&ing->early, id);
+    e->live = 0; /* freed when it leaves the queue */
+    return 1;
+}
+
+void
+swn_early_fini(sw_ingress *ing)
+{
+    for (size_t i = 0; i < ing->early_n; i++)
+        free(ing->early_q[(ing->early_head + i) % SWN_EARLY_MAX]);
+    free(ing->early_q);
+    ing->early_q = NULL;
+    ing->early_n = 0;
+    swi_idmap_fini(&ing->early);
 }

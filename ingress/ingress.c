@@ -23,6 +23,7 @@ ing_unref(sw_ingress *ing)
     if (atomic_fetch_sub(&ing->refs, 1) != 1)
         return;
     swi_idmap_fini(&ing->streams);
+    swn_early_fini(ing);
     free(ing->fe);
     pthread_mutex_destroy(&ing->live_mu);
     pthread_mutex_destroy(&ing->smu);
@@ -129,6 +130,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     ing->handler = o->handler;
     ing->handler_arg = o->handler_arg;
     ing->max_inflight = o->max_inflight ? o->max_inflight : 64;
+    ing->max_held = o->max_held_finals ? o->max_held_finals : SW_INGRESS_MAX_HELD_DEFAULT;
     ing->nthreads = o->handler_threads ? o->handler_threads : 4;
     ing->send_timeout_ms = o->send_timeout_ms ? o->send_timeout_ms : 30000;
     ing->max_window = o->max_window ? o->max_window : 1024;
@@ -150,7 +152,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     pthread_cond_init(&ing->scv, NULL);
     swi_cond_init(&ing->cv);
     swi_cond_init(&ing->tick_cv);
-    if (swi_idmap_init(&ing->streams, 64) != 0 ||
+    if (swi_idmap_init(&ing->streams, 64) != 0 || swi_idmap_init(&ing->early, 64) != 0 ||
         (ing->threads = calloc(ing->nthreads, sizeof(pthread_t))) == NULL) {
         rv = SW_ENOMEM;
         goto fail;

@@ -117,6 +117,8 @@ struct sw_responder {
     sw_responder *qnext;
     sw_responder *snext;               /* ing->sq, under ing->smu */
     sw_responder *all_prev, *all_next; /* every live responder (ing->all), under ing->mu */
+    sw_responder *fin_prev, *fin_next; /* finished and held for an ack (ing->fin), under ing->mu */
+    int in_fin;
 };
 
 struct sw_ingress {
@@ -130,6 +132,9 @@ struct sw_ingress {
     sw_handler_fn handler;
     void *handler_arg;
     unsigned max_inflight;
+    unsigned max_held;                  /* finished streams held for an ack, at most */
+    sw_responder *fin_head, *fin_tail;  /* those, oldest first (ing->mu) */
+    unsigned nfin;
     unsigned nthreads;
     unsigned send_timeout_ms;
     unsigned max_window;
@@ -143,6 +148,13 @@ struct sw_ingress {
     pthread_cond_t cv;      /* work queue, drain progress */
     pthread_cond_t tick_cv; /* timer thread */
     swi_idmap streams;
+    /* Cancels that came before their request (a CANCEL and its request
+     * travel on different subscriptions): the request is then not started.
+     * At most SWN_EARLY_MAX, oldest forgotten first, each for
+     * SWN_EARLY_TTL_MS (ing->mu). */
+    swi_idmap early;
+    struct swn_early **early_q;
+    size_t early_head, early_n;
     sw_responder *all; /* every responder not yet freed, registered or not */
     sw_responder *q_head, *q_tail;
     pthread_t *threads;
@@ -186,6 +198,21 @@ typedef struct swn_msgbuf {
     uint8_t stack[SWN_MSG_STACK];
 } swn_msgbuf;
 
+void swn_fin_unlink(sw_ingress *ing, sw_responder *r);
+
+#define SWN_EARLY_MAX 4096
+#define SWN_EARLY_TTL_MS 30000
+typedef struct swn_early {
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char router_id[SW_MAX_TOKEN + 1];
+    int64_t at;
+    int live; /* still in the map */
+} swn_early;
+/* A CANCEL/KILL for a request not seen yet (ing->mu held). */
+void swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, int64_t now);
+/* 1 if a cancel for this request came first; forgets it (ing->mu held). */
+int swn_early_take(sw_ingress *ing, const uint8_t *id, const char *router_id);
+void swn_early_fini(sw_ingress *ing);
 #define SWN_RESP_AT(vec, i) ((sw_responder *)(vec).v[i])
 
 /* ingress/ingress.c */

@@ -133,6 +133,11 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         overloaded = 1;
     } else if (swi_idmap_get(&ing->streams, r->id) != NULL) {
         dup = 1;
+    } else if (swn_early_take(ing, r->id, r->router_id)) {
+        /* Its cancel came first: never started, nothing sent (the frontend
+         * has already ended the stream). */
+        dup = 1;
+        ing->st.cancels++;
     } else if (ing->inflight >= ing->max_inflight) {
         overloaded = 1;
         ing->st.rejected_overload++;

@@ -18,6 +18,7 @@ void
 swn_resp_uncount(sw_responder *r)
 {
     sw_ingress *ing = r->ing;
+    sw_responder *evict = NULL;
     int counted = r->counted;
     r->counted = 0;
     if (counted) {
@@ -25,8 +26,49 @@ swn_resp_uncount(sw_responder *r)
         ing->inflight--;
         ing->st.inflight = ing->inflight;
         pthread_cond_broadcast(&ing->cv);
+        if (r->registered && !r->in_fin) {
+            /* Finished, and held for its ack: at most max_held of those; the
+             * oldest goes first (issue 11 #4: peers that never ack held
+             * state without bound). */
+            r->in_fin = 1;
+            r->fin_prev = ing->fin_tail;
+            r->fin_next = NULL;
+            if (ing->fin_tail)
+                ing->fin_tail->fin_next = r;
+            else
+                ing->fin_head = r;
+            ing->fin_tail = r;
+            if (++ing->nfin > ing->max_held && ing->fin_head != r) {
+                evict = ing->fin_head;
+                swn_fin_unlink(ing, evict);
+                evict->registered = 0;
+                swi_idmap_del(&ing->streams, evict->id);
+                ing->st.finals_dropped++;
+            }
+        }
         pthread_mutex_unlock(&ing->mu);
     }
+    if (evict != NULL)
+        swn_resp_unref(evict); /* the table's reference */
+}
+
+/* Takes r off the list of finished streams held for an ack (ing->mu). */
+void
+swn_fin_unlink(sw_ingress *ing, sw_responder *r)
+{
+    if (!r->in_fin)
+        return;
+    r->in_fin = 0;
+    if (r->fin_prev)
+        r->fin_prev->fin_next = r->fin_next;
+    else
+        ing->fin_head = r->fin_next;
+    if (r->fin_next)
+        r->fin_next->fin_prev = r->fin_prev;
+    else
+        ing->fin_tail = r->fin_prev;
+    r->fin_prev = r->fin_next = NULL;
+    ing->nfin--;
 }
 
 /* Nothing more will be queued (r->mu held). The stream stops counting in
@@ -148,6 +190,7 @@ swn_unregister_stream(sw_responder *r)
         swi_idmap_del(&ing->streams, r->id);
         drop = 1;
     }
+    swn_fin_unlink(ing, r);
     pthread_mutex_unlock(&ing->mu);
     /* Every caller holds a reference of its own (user hold, control or timer
      * transient), so dropping the table's cannot free r under its lock. */

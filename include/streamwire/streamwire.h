@@ -199,9 +199,14 @@ typedef struct sw_ingress_opts {
                                    a message of its own, published by the sending thread */
     sw_log_fn log;
     void *log_arg;
+    unsigned max_held_finals;   /* finished streams kept until the frontend acknowledges their
+                                   final (so a lost final can be resent); beyond this many the
+                                   oldest is let go (counted in finals_dropped). Default
+                                   SW_INGRESS_MAX_HELD_DEFAULT */
 } sw_ingress_opts;
 
 #define SW_COALESCE_OFF (-1)
+#define SW_INGRESS_MAX_HELD_DEFAULT 1024
 
 SW_API void sw_ingress_opts_init(sw_ingress_opts *opts);
 

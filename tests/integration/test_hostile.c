@@ -309,6 +309,21 @@ engine_snapshot(engine *e, engine *out)
  * handler that starts sees the cancel, or none starts: after the trials,
  * every started handler has ended, cancelled. Some trials run while the
  * worker is busy with other streams. */
+typedef struct load_arg {
+    sw_stream *s;
+    size_t items;
+} load_arg;
+
+static void *
+load_reader(void *arg)
+{
+    load_arg *a = arg;
+    const sw_item *it;
+    while (sw_stream_next(a->s, &it, 30000) == SW_OK && it->kind == SW_ITEM_DATA)
+        a->items++;
+    return NULL;
+}
+
 static void
 immediate_cancel_reaches_or_prevents(void **state)
 {
@@ -319,22 +334,50 @@ immediate_cancel_reaches_or_prevents(void **state)
     sw_request_opts q;
     engine snap;
     int64_t until;
-    const int trials = 2000;
+    const int trials = 10000;
+    engine le;
+    sw_ingress *ling;
+    sw_conn *lc = conn_open();
+    sw_router *lr = router_new(lc, 256);
+    load_arg la = {NULL, 0};
+    pthread_t lt;
     (void)state;
     memset(&e, 0, sizeof(e));
     pthread_mutex_init(&e.mu, NULL);
     e.tokens = 100000;
     e.delay_ms = 1;
     ing = ingress_new(wc, "w-cancel", &e, 60000);
+    /* The load: a fast stream on the same worker connection, read by a
+     * thread, during the second half of the trials. */
+    memset(&le, 0, sizeof(le));
+    pthread_mutex_init(&le.mu, NULL);
+    le.tokens = 200000;
+    ling = ingress_new(wc, "w-load", &le, 60000);
     sw_request_opts_init(&q);
     q.endpoint = EP;
     q.instance_id = "w-cancel";
     for (int i = 0; i < trials; i++) {
         sw_stream *s = NULL;
+        if (i == trials / 2) {
+            sw_request_opts lq;
+            sw_request_opts_init(&lq);
+            lq.endpoint = EP;
+            lq.instance_id = "w-load";
+            assert_int_equal(sw_router_open(&la.s, lr, &lq, "p", 1), SW_OK);
+            assert_int_equal(pthread_create(&lt, NULL, load_reader, &la), 0);
+        }
         assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
         assert_int_equal(sw_stream_cancel(s), SW_OK);
         sw_stream_close(s);
     }
+    print_message("load stream: %zu items read during the trials\n", la.items);
+    sw_stream_cancel(la.s);
+    pthread_join(lt, NULL);
+    sw_stream_close(la.s);
+    sw_router_destroy(lr);
+    sw_ingress_destroy(ling);
+    sw_conn_close(lc);
+    pthread_mutex_destroy(&le.mu);
     until = swh_now_ms() + T(15000);
     do {
         swh_sleep_ms(20);

@@ -109,6 +109,7 @@ swi_peers_init(swi_peers *p, unsigned interval_ms, unsigned timeout_ms, unsigned
     p->interval_ms = interval_ms;
     p->timeout_ms = timeout_ms;
     p->misses = misses ? misses : 1;
+    p->settle_ms = SWI_PEERS_SETTLE_MS;
 }
 
 void
@@ -168,11 +169,12 @@ swi_peers_suspect(swi_peers *p, const char *id)
     e->suspect = 1; /* swi_peers_round probes it at once */
 }
 
-/* 1 if this side's connection was up for the whole time since `since`. */
+/* 1 if this side's connection was up, and settled, for the whole time
+ * since `since`. */
 static int
-swi_up_throughout(int64_t up_since_ms, int64_t since)
+swi_up_throughout(const swi_peers *p, int64_t up_since_ms, int64_t since)
 {
-    return up_since_ms >= 0 && up_since_ms <= since;
+    return up_since_ms >= 0 && up_since_ms + p->settle_ms <= since;
 }
 
 size_t
@@ -187,7 +189,7 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
         swi_peer *e = &p->v[i];
         if (e->outstanding && now - e->sent_ms >= (int64_t)p->timeout_ms) {
             e->outstanding = 0;
-            if (!swi_up_throughout(up_since_ms, e->sent_ms)) {
+            if (!swi_up_throughout(p, up_since_ms, e->sent_ms)) {
                 /* Our own connection was down meanwhile: proves nothing. */
             } else if (alive != NULL && alive(arg, e->id, e->sent_ms)) {
                 e->misses = 0;
@@ -230,7 +232,7 @@ swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
         e->suspect = 0;
         return 0;
     }
-    if (!swi_up_throughout(up_since_ms, sent))
+    if (!swi_up_throughout(p, up_since_ms, sent))
         return 0;
     e->misses = 0;
     *silent_ms = now - e->last_ok_ms;

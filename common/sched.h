@@ -95,7 +95,12 @@ typedef struct swi_peers {
     unsigned interval_ms; /* probe each peer this often */
     unsigned timeout_ms;  /* an unanswered probe is a miss after this long */
     unsigned misses;      /* this many misses in a row: lost */
+    int64_t settle_ms;    /* after this side's connection comes back, probes sent within
+                             this long prove nothing (peers are still reconnecting and
+                             resubscribing); SWI_PEERS_SETTLE_MS by default */
 } swi_peers;
+
+#define SWI_PEERS_SETTLE_MS 2000
 
 /* A lost peer and how long it had been silent. */
 typedef struct swi_peer_lost {

@@ -98,7 +98,18 @@ swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet)
 {
     swe_rx_act act;
     sw_err err;
+    int64_t up = swt_conn_up_since_ms(s->r->conn);
     pthread_mutex_lock(&s->mu);
+    if (up < 0) {
+        /* Our own connection is down: silence proves nothing (only the
+         * deadline is judged). */
+        quiet = INT64_MIN / 4;
+    } else if (up > s->rx.last_rx_ms) {
+        /* It came back: silence counts from then, for gaps too. */
+        s->rx.last_rx_ms = up;
+        if (s->rx.gap_since_ms != 0 && s->rx.gap_since_ms < up)
+            s->rx.gap_since_ms = up;
+    }
     swe_rx_tick(&s->rx, now, quiet, &act);
     st_plan_tick(s);
     err = s->rx.term.error;

@@ -217,10 +217,10 @@ swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, int64_t
         return;
     if (swi_idmap_get(&ing->early, id) != NULL)
         return;
-    /* Forget the expired, and the oldest when full. */
+    /* Forget the ones already used or expired, and the oldest when full. */
     while (ing->early_n > 0) {
         swn_early *old = ing->early_q[ing->early_head];
-        if (ing->early_n < SWN_EARLY_MAX && now - old->at < SWN_EARLY_TTL_MS)
+        if (old->live && ing->early_n < SWN_EARLY_MAX && now - old->at < SWN_EARLY_TTL_MS)
             break;
         if (old->live)
             swi_idmap_del(&ing->early, old->id);

@@ -150,7 +150,7 @@ struct sw_ingress {
     swi_idmap streams;
     /* Cancels that came before their request (a CANCEL and its request
      * travel on different subscriptions): the request is then not started.
-     * At most SWN_EARLY_MAX, oldest forgotten first, each for
+     * At most SWN_EARLY_MAX (about 1.6 MB), oldest forgotten first, each for
      * SWN_EARLY_TTL_MS (ing->mu). */
     swi_idmap early;
     struct swn_early **early_q;
@@ -200,7 +200,7 @@ typedef struct swn_msgbuf {
 
 void swn_fin_unlink(sw_ingress *ing, sw_responder *r);
 
-#define SWN_EARLY_MAX 4096
+#define SWN_EARLY_MAX 16384
 #define SWN_EARLY_TTL_MS 30000
 typedef struct swn_early {
     uint8_t id[SW_REQUEST_ID_BYTES];

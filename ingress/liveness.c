@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sched.h"
 #include "ingress/ingress_int.h"
 
 /* Core NATS cannot tell a publisher that nobody listens any more, so the
@@ -90,11 +91,18 @@ swn_ing_on_live_reply(const swt_msg *msg, void *arg)
     swn_frontend *e;
     if (id == NULL)
         return;
+    int64_t up_since = swt_conn_up_since_ms(ing->conn);
     pthread_mutex_lock(&ing->live_mu);
     if ((e = fe_find(ing, id)) != NULL) {
         if (msg->no_responders) {
-            snprintf(gone, sizeof(gone), "%s", e->id);
-            fe_remove(ing, e);
+            /* Proof only if our connection was up and settled when the
+             * probe went out (the frontend may still be resubscribing). */
+            if (up_since >= 0 && up_since + SWI_PEERS_SETTLE_MS <= e->sent_ms) {
+                snprintf(gone, sizeof(gone), "%s", e->id);
+                fe_remove(ing, e);
+            } else {
+                e->outstanding = 0;
+            }
         } else {
             e->outstanding = 0;
             e->misses = 0;
@@ -114,7 +122,7 @@ swn_ing_live_main(void *arg)
     size_t cap = 0;
     for (;;) {
         size_t nsend = 0, nlost = 0;
-        int64_t now;
+        int64_t now, up_since;
         pthread_mutex_lock(&ing->mu);
         if (!ing->stopping)
             swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + ing->probe_ms);
@@ -158,6 +166,7 @@ swn_ing_live_main(void *arg)
             }
         }
         now = swi_now_ms();
+        up_since = swt_conn_up_since_ms(ing->conn);
         for (size_t i = 0; i < ing->nfe;) {
             swn_frontend *e = &ing->fe[i];
             if (!e->seen) {
@@ -166,13 +175,17 @@ swn_ing_live_main(void *arg)
             }
             if (e->outstanding && now - e->sent_ms >= (int64_t)ing->probe_timeout_ms) {
                 e->outstanding = 0;
-                if (++e->misses >= 2 && nlost < cap) {
+                /* Our own connection down, or back since the probe went
+                 * out: the miss proves nothing about the frontend. */
+                if (up_since >= 0 && up_since + SWI_PEERS_SETTLE_MS <= e->sent_ms &&
+                    ++e->misses >= 2 &&
+                    nlost < cap) {
                     memcpy(lost[nlost++], e->id, sizeof(swn_fe_id));
                     fe_remove(ing, e);
                     continue;
                 }
             }
-            if (!e->outstanding && nsend < cap) {
+            if (!e->outstanding && up_since >= 0 && nsend < cap) {
                 e->outstanding = 1;
                 e->sent_ms = now;
                 memcpy(send[nsend++], e->id, sizeof(swn_fe_id));

@@ -110,15 +110,25 @@ swn_ring_ack(swn_ring *g, uint64_t ack)
     if (ack <= g->acked)
         return ack;
     if (g->slot != NULL) {
-        uint64_t from = g->acked + 1;
-        if (ack - g->acked > g->cap)
-            from = ack - g->cap + 1;
-        for (uint64_t q = from; q <= ack; q++) {
-            swn_slot *s = &g->slot[q % g->cap];
-            if (s->seq == q) {
-                free(s->buf);
-                s->buf = NULL;
-                s->seq = 0;
+        if (ack - g->acked >= g->cap) {
+            /* A jump past the whole ring: free every body up to ack (a
+             * skipped number or an unkept final can leave older ones). */
+            for (size_t i = 0; i < g->cap; i++) {
+                swn_slot *s = &g->slot[i];
+                if (s->buf != NULL && s->seq <= ack) {
+                    free(s->buf);
+                    s->buf = NULL;
+                    s->seq = 0;
+                }
+            }
+        } else {
+            for (uint64_t q = g->acked + 1; q <= ack; q++) {
+                swn_slot *s = &g->slot[q % g->cap];
+                if (s->seq == q) {
+                    free(s->buf);
+                    s->buf = NULL;
+                    s->seq = 0;
+                }
             }
         }
     }

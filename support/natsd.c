@@ -608,3 +608,55 @@ swh_nats_stop(swh_nats *n)
         swh_rmtree(n->dir);
     n->dir[0] = '\0';
 }
+
+int
+swh_nats_restart(swh_nats *n, long down_ms)
+{
+    char bin[1024], js[320], conf[320], log[320], portstr[16];
+    const char *argv[16];
+    int argc = 0, logfd, has_conf;
+    long long deadline;
+    struct stat sb;
+
+    if (n == NULL || n->dir[0] == '\0' || swh_find_nats_server(bin, sizeof(bin)) != 0)
+        return -1;
+    swh_nats_stop_keep(n);
+    swh_sleep_ms(down_ms);
+    snprintf(js, sizeof(js), "%s/js", n->dir);
+    snprintf(conf, sizeof(conf), "%s/nats.conf", n->dir);
+    snprintf(log, sizeof(log), "%s/nats.log", n->dir);
+    snprintf(portstr, sizeof(portstr), "%d", n->port);
+    has_conf = stat(conf, &sb) == 0;
+    logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (logfd < 0)
+        return -1;
+    fcntl(logfd, F_SETFD, FD_CLOEXEC);
+    argv[argc++] = bin;
+    argv[argc++] = "-a";
+    argv[argc++] = "127.0.0.1";
+    argv[argc++] = "-p";
+    argv[argc++] = portstr;
+    argv[argc++] = "-js";
+    argv[argc++] = "-sd";
+    argv[argc++] = js;
+    if (has_conf) {
+        argv[argc++] = "-c";
+        argv[argc++] = conf;
+    }
+    argv[argc] = NULL;
+    n->pid = swh_spawn_fds(bin, argv, NULL, logfd, logfd);
+    close(logfd);
+    if (n->pid < 0) {
+        n->pid = 0;
+        return -1;
+    }
+    deadline = swh_now_ms() + (long long)SWH_NATS_READY_MS * swh_slow();
+    while (swh_now_ms() < deadline) {
+        if (swh_file_contains(log, "Server is ready") && swh_tcp_accepts(n->port))
+            return 0;
+        swh_sleep_ms(10);
+    }
+    fprintf(stderr, "nats-server did not come back on port %d\n", n->port);
+    swh_print_log_tail(log);
+    return -1;
+}

@@ -39,6 +39,11 @@ void swh_nats_stop(swh_nats *n);
 /* Like swh_nats_stop but keeps the temp dir (for inspection). */
 void swh_nats_stop_keep(swh_nats *n);
 
+/* Stops the server, waits down_ms, and starts it again on the same port
+ * with the same store and config (a NATS restart as clients see it).
+ * Returns 0 once it accepts connections again, -1 on failure. */
+int swh_nats_restart(swh_nats *n, long down_ms);
+
 /* Runs the program at path with argv (argv[0] is the program name as the
  * child sees it; NULL-terminated). If stdout_fd is not NULL the child's stdout
  * is a pipe whose read end (close-on-exec) is stored there; else stdout is

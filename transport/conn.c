@@ -199,7 +199,8 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         goto fail;
     }
     __atomic_store_n(&c->max_payload, natsConnection_GetMaxPayload(c->nc), __ATOMIC_RELEASE);
-    __atomic_store_n(&c->up_since_ms, swi_now_ms(), __ATOMIC_RELEASE);
+    /* Up "since the beginning": only a reconnect starts a settle time. */
+    __atomic_store_n(&c->up_since_ms, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&c->state, SW_CONN_CONNECTED, __ATOMIC_RELEASE);
     *out = c;
     return SW_OK;

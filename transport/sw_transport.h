@@ -69,9 +69,10 @@ uint64_t swt_sub_dropped(swt_sub *s);
  * callback is not running. NULL *sub is a no-op. */
 void swt_sub_close(sw_conn *c, swt_sub **sub);
 
-/* The monotonic time (ms) of the connection's last (re)connect, -1 while it
- * is down: a component that judges peers by silence does not while its own
- * connection is down or has only just come back. */
+/* The monotonic time (ms) of the connection's last reconnect (0 if it never
+ * reconnected since it was opened), -1 while it is down: a component that
+ * judges peers by silence does not while its own connection is down or has
+ * only just come back. */
 int64_t swt_conn_up_since_ms(sw_conn *c);
 
 /* 1 while the connection is up (not reconnecting, not closed). */

@@ -673,6 +673,131 @@ negative_durations_are_invalid(void **state)
     sw_conn_close(c);
 }
 
+/* ------------------------------------------------ NATS restarts (#6, #7, #9) */
+
+/* Issue 11 #7 / issue 14: a lone NATS server restarted within the reconnect
+ * bounds (down 1.5 s): the stream in flight completes with every item, in
+ * order, and the healthy worker is not declared lost. Before: the router's
+ * probes failed while its own connection reconnected and the stream ended
+ * instance_lost (or stream_incomplete). */
+static void
+stream_survives_nats_restart(void **state)
+{
+    sw_conn *fc = conn_open(), *wc = conn_open();
+    engine e;
+    sw_ingress *ing;
+    sw_router *r = router_new(fc, 64);
+    sw_router_stats rs;
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    uint64_t seqs[128];
+    size_t n;
+    sw_terminal term;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 80;
+    e.delay_ms = 25;
+    ing = ingress_new(wc, "w-restart", &e, 30000);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "w-restart";
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    swh_sleep_ms(300);
+    assert_int_equal(swh_nats_restart(&g_nats, 1500), 0);
+    read_all(s, seqs, 128, &n, &term);
+    print_message("after a 1.5 s restart: %s/%s, %zu items\n", sw_status_name(term.status),
+                  term.reason, n);
+    assert_int_equal(term.status, SW_STATUS_COMPLETED);
+    assert_int_equal(n, 80);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(seqs[i], i + 1);
+    sw_router_stats_get(r, &rs);
+    assert_int_equal(rs.instances_lost, 0);
+    assert_true(sw_conn_reconnects(fc) >= 1);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+typedef struct state_rec {
+    pthread_mutex_t mu;
+    int seen[4];
+} state_rec;
+
+static void
+on_state(sw_conn *c, sw_conn_state st, void *arg)
+{
+    state_rec *sr = arg;
+    (void)c;
+    pthread_mutex_lock(&sr->mu);
+    if (st >= 1 && st <= 3)
+        sr->seen[st]++;
+    pthread_mutex_unlock(&sr->mu);
+}
+
+/* Issue 11 #6 and #9: the application hears of every connection state, a
+ * connection whose reconnects run out says CLOSED (nothing spins), and a
+ * router and an ingress destroyed while disconnected, with a stream open,
+ * free nothing under a running callback (ASan). */
+static void
+connection_states_and_destroy_while_down(void **state)
+{
+    sw_conn_opts o;
+    sw_conn *c = NULL, *wc = conn_open();
+    state_rec sr;
+    engine e;
+    sw_ingress *ing;
+    sw_router *r;
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    int64_t until;
+    (void)state;
+    memset(&sr, 0, sizeof(sr));
+    pthread_mutex_init(&sr.mu, NULL);
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 100000;
+    e.delay_ms = 5;
+    sw_conn_opts_init(&o);
+    o.url = g_nats.url;
+    o.max_reconnect = 2;
+    o.reconnect_wait_ms = 100;
+    o.on_state = on_state;
+    o.on_state_arg = &sr;
+    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
+    assert_int_equal(sw_conn_status(c), SW_CONN_CONNECTED);
+    ing = ingress_new(wc, "w-down", &e, 30000);
+    r = router_new(c, 64);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "w-down";
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    swh_sleep_ms(100);
+    swh_nats_stop_keep(&g_nats);
+    until = swh_now_ms() + T(10000);
+    while (sw_conn_status(c) != SW_CONN_CLOSED && swh_now_ms() < until)
+        swh_sleep_ms(20);
+    assert_int_equal(sw_conn_status(c), SW_CONN_CLOSED);
+    pthread_mutex_lock(&sr.mu);
+    assert_true(sr.seen[SW_CONN_RECONNECTING] >= 1);
+    assert_int_equal(sr.seen[SW_CONN_CLOSED], 1);
+    pthread_mutex_unlock(&sr.mu);
+    assert_string_equal(sw_conn_state_name(SW_CONN_CLOSED), "closed");
+    /* Destroy everything while the server is gone. */
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(c);
+    sw_conn_close(wc);
+    assert_int_equal(swh_nats_restart(&g_nats, 0), 0);
+    pthread_mutex_destroy(&e.mu);
+    pthread_mutex_destroy(&sr.mu);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static int
@@ -702,6 +827,8 @@ main(void)
         cmocka_unit_test(foreign_response_subject_is_refused),
         cmocka_unit_test(huge_credit_does_not_break_send),
         cmocka_unit_test(negative_durations_are_invalid),
+        cmocka_unit_test(stream_survives_nats_restart),
+        cmocka_unit_test(connection_states_and_destroy_while_down),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -159,6 +159,7 @@ test_peers_use_release(void **state)
     swi_peers p;
     (void)state;
     swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
     assert_int_equal(swi_peers_use(&p, "a", 0), 0);
     assert_int_equal(swi_peers_use(&p, "a", 0), 0);
     assert_int_equal(swi_peers_use(&p, "b", 0), 0);
@@ -184,6 +185,7 @@ test_peers_probe_schedule(void **state)
     size_t nlost;
     (void)state;
     swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
     swi_peers_use(&p, "a", 1000);
     assert_int_equal(round_at(&p, 1050, UP, send, lost, &nlost), 0);
     assert_int_equal(round_at(&p, 1100, UP, send, lost, &nlost), 1);
@@ -203,6 +205,7 @@ test_peers_lost_after_misses(void **state)
     size_t nlost;
     (void)state;
     swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
     swi_peers_use(&p, "a", 0);
     assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
     assert_int_equal(round_at(&p, 400, UP, send, lost, &nlost), 1); /* miss 1, probe again */
@@ -225,6 +228,7 @@ test_peers_answer_resets(void **state)
     int64_t silent = -1;
     (void)state;
     swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
     swi_peers_use(&p, "a", 0);
     round_at(&p, 100, UP, send, lost, &nlost);
     round_at(&p, 400, UP, send, lost, &nlost); /* miss 1 */
@@ -247,6 +251,7 @@ test_peers_no_responders(void **state)
     int64_t silent = -1;
     (void)state;
     swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
     swi_peers_use(&p, "a", 0);
     round_at(&p, 100, UP, send, lost, &nlost);
     assert_int_equal(swi_peers_answer(&p, "a", 1, 120, UP, &silent), 1);
@@ -265,6 +270,7 @@ test_peers_suspect(void **state)
     size_t nlost;
     (void)state;
     swi_peers_init(&p, 100, 300, 3);
+    p.settle_ms = 0;
     swi_peers_use(&p, "a", 0);
     swi_peers_suspect(&p, "a");
     swi_peers_suspect(&p, "nobody");
@@ -293,6 +299,7 @@ test_peers_alive_by_activity(void **state)
     size_t nlost;
     (void)state;
     swi_peers_init(&p, 100, 300, 1);
+    p.settle_ms = 0;
     swi_peers_use(&p, "a", 0);
     swi_peers_round(&p, 100, UP, always_alive, NULL, send, 8, lost, 8, &nlost);
     swi_peers_round(&p, 400, UP, always_alive, NULL, send, 8, lost, 8, &nlost);
@@ -314,6 +321,7 @@ test_peers_own_connection_down(void **state)
     int64_t silent = -1;
     (void)state;
     swi_peers_init(&p, 100, 300, 1);
+    p.settle_ms = 0; /* the settle time has its own case below */
     swi_peers_use(&p, "a", 0);
     assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
     /* down from 150 on */
@@ -330,6 +338,34 @@ test_peers_own_connection_down(void **state)
     swi_peers_fini(&p);
 }
 
+/* After this side's connection comes back, the peers need time to
+ * reconnect and resubscribe: a probe sent within settle_ms of the return
+ * proves nothing, "no responders" included (a router back before its
+ * worker must not declare it lost). */
+static void
+test_peers_settle_after_reconnect(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int64_t silent = -1;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 1);
+    assert_int_equal(p.settle_ms, SWI_PEERS_SETTLE_MS);
+    swi_peers_use(&p, "a", 0);
+    /* back at 5000 */
+    assert_int_equal(round_at(&p, 5000, 5000, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 5001, 5000, &silent), 0);
+    assert_int_equal(round_at(&p, 5100, 5000, send, lost, &nlost), 1);
+    round_at(&p, 5400, 5000, send, lost, &nlost);
+    assert_int_equal(nlost, 0);
+    /* settled: judged again */
+    assert_int_equal(round_at(&p, 7000, 5000, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 7001, 5000, &silent), 1);
+    swi_peers_fini(&p);
+}
+
 /* At most max_send probes and max_lost losses per round; the rest wait. */
 static void
 test_peers_round_caps(void **state)
@@ -341,6 +377,7 @@ test_peers_round_caps(void **state)
     char id[8];
     (void)state;
     swi_peers_init(&p, 100, 300, 1);
+    p.settle_ms = 0;
     for (int i = 0; i < 5; i++) {
         snprintf(id, sizeof(id), "p%d", i);
         swi_peers_use(&p, id, 0);
@@ -370,6 +407,7 @@ main(void)
         cmocka_unit_test(test_peers_alive_by_activity),
         cmocka_unit_test(test_peers_own_connection_down),
         cmocka_unit_test(test_peers_round_caps),
+        cmocka_unit_test(test_peers_settle_after_reconnect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

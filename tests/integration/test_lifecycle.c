@@ -363,22 +363,55 @@ sleepy_disconnected(natsConnection *nc, void *arg)
     sleep_ms(300);
 }
 
+/* Every call the application gets from the connection (state changes and
+ * log lines): none may come once sw_conn_close has returned. This makes the
+ * test able to fail without ASan too (it used to assert nothing). */
+static atomic_int close_cb_calls;
+
+static void
+close_on_state(sw_conn *conn, sw_conn_state st, void *arg)
+{
+    (void)conn;
+    (void)st;
+    (void)arg;
+    atomic_fetch_add(&close_cb_calls, 1);
+}
+
+static void
+close_on_log(void *arg, sw_log_level lvl, const char *msg)
+{
+    (void)lvl;
+    (void)msg;
+    (void)arg;
+    atomic_fetch_add(&close_cb_calls, 1);
+}
+
 static void
 conn_close_no_callback_after_free(void **state)
 {
     natsOptions *no = NULL;
     natsConnection *blocker = NULL;
-    sw_conn *c;
+    sw_conn_opts co;
+    sw_conn *c = NULL;
+    int at_close;
     (void)state;
 
     assert_int_equal(natsOptions_Create(&no), NATS_OK);
     assert_int_equal(natsOptions_SetURL(no, g_nats.url), NATS_OK);
     assert_int_equal(natsOptions_SetDisconnectedCB(no, sleepy_disconnected, NULL), NATS_OK);
     assert_int_equal(natsConnection_Connect(&blocker, no), NATS_OK);
-    c = conn_open("itest-close");
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    co.name = "itest-close";
+    co.on_state = close_on_state;
+    co.log = close_on_log;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
     natsConnection_Close(blocker); /* the async-callback thread sleeps 300 ms */
     sw_conn_close(c);              /* its callbacks queue behind; c is freed */
-    sleep_ms((long)T(600));        /* ...and run now */
+    at_close = atomic_load(&close_cb_calls);
+    assert_true(at_close >= 1);    /* the CLOSED state, at least, came before the return */
+    sleep_ms((long)T(600));        /* ...anything late would run now */
+    assert_int_equal(atomic_load(&close_cb_calls), at_close);
     natsConnection_Destroy(blocker);
     natsOptions_Destroy(no);
 }

@@ -105,8 +105,8 @@ extern char **environ;
 #define INST_BIG "benchbigwin"
 #define EP_IDLE "bench.sw.idle"
 #define INST_IDLE "benchidle"
-#define EP_LOSS "bench.sw.loss"      /* workers in child processes, found via the registry */
-#define LOSS_BUCKET "swbench_loss"   /* registry bucket of the loss scenario */
+#define EP_LOSS "bench.sw.loss"    /* workers in child processes, found via the registry */
+#define LOSS_BUCKET "swbench_loss" /* registry bucket of the loss scenario */
 #define EP_CANCEL "bench.sw.cancel"
 #define INST_CANCEL "benchcancel"
 #define EP_SLOW "bench.sw.slow"
@@ -142,13 +142,13 @@ typedef struct bench_cfg {
     unsigned idle_n;
     double idle_cpu_secs;
     int verbose;
-    unsigned window; /* credit_window for the streamwire runs; 0 = router default */
-    int side;        /* 0 both, 1 raw only, 2 streamwire only (for profiling) */
-    int callgrind;   /* wrap each long-stream run in callgrind client requests */
+    unsigned window;        /* credit_window for the streamwire runs; 0 = router default */
+    int side;               /* 0 both, 1 raw only, 2 streamwire only (for profiling) */
+    int callgrind;          /* wrap each long-stream run in callgrind client requests */
     unsigned trials;        /* loss: trials per kind; cancel: frontend SIGKILL trials */
     unsigned cancel_trials; /* cancel -> handler trials */
     unsigned slow_streams, slow_items, slow_delay_ms, slow_threads;
-    int frozen_fe; /* cancel: keep another frontend SIGSTOPped during the SIGKILL trials */
+    int frozen_fe;    /* cancel: keep another frontend SIGSTOPped during the SIGKILL trials */
     unsigned live_fe; /* cancel: this many other live frontends (routers) stream meanwhile */
 } bench_cfg;
 
@@ -158,7 +158,6 @@ extern const char *g_url;
 extern char g_cmdline[1024];
 extern char g_load_start[64], g_load_end[64];
 
-
 /* ------------------------------------------------------------------ latch */
 
 typedef struct latch {
@@ -166,7 +165,6 @@ typedef struct latch {
     pthread_cond_t cv;
     int set;
 } latch;
-
 
 /* ------------------------------------------------------------------ results */
 
@@ -179,7 +177,6 @@ typedef struct row {
     int prec;
     char note[200];
 } row;
-
 
 /* ------------------------------------------------------------------ 1 + 3: one stream */
 
@@ -198,14 +195,12 @@ typedef struct stream_run {
     char err[160];
 } stream_run;
 
-
 /* ------------------------------------------------------------------ 2 + 4: short streams */
 
 typedef struct one_res {
     int64_t ttfi;
     char err[160];
 } one_res;
-
 
 /* ------------------------------------------------------------------ 5: idle streams */
 
@@ -221,13 +216,11 @@ typedef struct child {
     size_t blen;
 } child;
 
-
 typedef struct cstat {
     long rss_kb;
     unsigned long raw, sw;
     long long cpu_us;
 } cstat;
-
 
 typedef struct goal {
     int issue;

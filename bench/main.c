@@ -52,57 +52,56 @@ static const scenario scenarios[] = {
 static void
 usage(FILE *f)
 {
-    fprintf(f,
-            "usage: streamwire-bench [options]\n"
-            "\n"
-            "Measures streamwire against hand-written nats.c on the same nats-server, in\n"
-            "one run, and prints a table (raw, streamwire, streamwire/raw).\n"
-            "\n"
-            "Scenarios (--only takes a comma list of these names):\n");
+    fprintf(f, "usage: streamwire-bench [options]\n"
+               "\n"
+               "Measures streamwire against hand-written nats.c on the same nats-server, in\n"
+               "one run, and prints a table (raw, streamwire, streamwire/raw).\n"
+               "\n"
+               "Scenarios (--only takes a comma list of these names):\n");
     for (size_t i = 0; i < NSCEN; i++)
         fprintf(f, "  %-8s %s", scenarios[i].name, scenarios[i].help);
-    fprintf(f,
-            "\n"
-            "Options:\n"
-            "  --server URL        use this nats-server instead of starting one\n"
-            "  --nats-server PATH  nats-server binary to start (default: $SW_NATS_SERVER, else\n"
-            "                      nats-server on PATH); it runs with -js -a 127.0.0.1\n"
-            "                      -p <free port> -sd <tmp dir>/js (support/natsd.c)\n"
-            "  --json FILE         also write the results as JSON\n"
-            "  --quick             small sizes, a few seconds (CI smoke; never assert figures)\n"
-            "  --only LIST         run only these scenarios (default: all)\n"
-            "  --reps N            repetitions of long/short, median reported (default 3; quick 1)\n"
-            "  --items N           items in the long stream (default 100000)\n"
-            "  --sizes LIST        item sizes for the long stream (default 64,1024)\n"
-            "  --concurrency LIST  short-stream concurrencies (default 1,64,1024)\n"
-            "  --short-items N     items per short stream (default 10)\n"
-            "  --short-secs S      duration of one short-stream run (default 2)\n"
-            "  --rate R            latency scenario rate, items/s (default 2000)\n"
-            "  --latency-secs S    latency scenario duration per side (default 5)\n"
-            "  --ttfi-streams N    streams for time to first item (default 2000)\n"
-            "  --idle-streams N    idle open streams (default 10000)\n"
-            "  --idle-cpu-secs S   idle CPU sampling window (default 2)\n"
-            "  --trials N          loss: trials of each kind (SIGKILL, SIGSTOP); cancel:\n"
-            "                      frontend SIGKILL trials (default 20; quick 2)\n"
-            "  --cancel-trials N   cancel -> handler trials (default 200; quick 20)\n"
-            "  --slow-streams N    concurrent slow streams (default 1000; quick 100)\n"
-            "  --slow-items N      items per slow stream (default 600; quick 300)\n"
-            "  --slow-delay-ms N   a slow consumer reads one item per N ms (default 10; quick 2)\n"
-            "  --slow-threads N    consumer threads polling the slow streams (default 4)\n"
-            "  --frozen-frontend   cancel: keep another frontend with a stream SIGSTOPped\n"
-            "                      during the frontend SIGKILL trials (not in the default run)\n"
-            "  --live-frontends N  cancel: N other routers in this process keep a stream open\n"
-            "                      to the worker during the frontend SIGKILL trials (default 0)\n"
-            "  --window N          credit window of the streamwire runs (default: the router's\n"
-            "                      default); the ingress max_window is raised to match\n"
-            "  --no-send-asap      natsOptions_SetSendAsap(false) on every connection, raw and\n"
-            "                      streamwire (default: send asap on all, streamwire's default)\n"
-            "  --side raw|sw|both  run only one side of long and short (for profiling)\n"
-            "  --callgrind         scenario 6: under valgrind --tool=callgrind\n"
-            "                      --instr-atstart=no, profile each long- and short-stream run\n"
-            "                      into its own dump (Ir per item = dump total / items)\n"
-            "  -v, --verbose       print each repetition's figure\n"
-            "  -h, --help          this text\n");
+    fprintf(
+        f, "\n"
+           "Options:\n"
+           "  --server URL        use this nats-server instead of starting one\n"
+           "  --nats-server PATH  nats-server binary to start (default: $SW_NATS_SERVER, else\n"
+           "                      nats-server on PATH); it runs with -js -a 127.0.0.1\n"
+           "                      -p <free port> -sd <tmp dir>/js (support/natsd.c)\n"
+           "  --json FILE         also write the results as JSON\n"
+           "  --quick             small sizes, a few seconds (CI smoke; never assert figures)\n"
+           "  --only LIST         run only these scenarios (default: all)\n"
+           "  --reps N            repetitions of long/short, median reported (default 3; quick 1)\n"
+           "  --items N           items in the long stream (default 100000)\n"
+           "  --sizes LIST        item sizes for the long stream (default 64,1024)\n"
+           "  --concurrency LIST  short-stream concurrencies (default 1,64,1024)\n"
+           "  --short-items N     items per short stream (default 10)\n"
+           "  --short-secs S      duration of one short-stream run (default 2)\n"
+           "  --rate R            latency scenario rate, items/s (default 2000)\n"
+           "  --latency-secs S    latency scenario duration per side (default 5)\n"
+           "  --ttfi-streams N    streams for time to first item (default 2000)\n"
+           "  --idle-streams N    idle open streams (default 10000)\n"
+           "  --idle-cpu-secs S   idle CPU sampling window (default 2)\n"
+           "  --trials N          loss: trials of each kind (SIGKILL, SIGSTOP); cancel:\n"
+           "                      frontend SIGKILL trials (default 20; quick 2)\n"
+           "  --cancel-trials N   cancel -> handler trials (default 200; quick 20)\n"
+           "  --slow-streams N    concurrent slow streams (default 1000; quick 100)\n"
+           "  --slow-items N      items per slow stream (default 600; quick 300)\n"
+           "  --slow-delay-ms N   a slow consumer reads one item per N ms (default 10; quick 2)\n"
+           "  --slow-threads N    consumer threads polling the slow streams (default 4)\n"
+           "  --frozen-frontend   cancel: keep another frontend with a stream SIGSTOPped\n"
+           "                      during the frontend SIGKILL trials (not in the default run)\n"
+           "  --live-frontends N  cancel: N other routers in this process keep a stream open\n"
+           "                      to the worker during the frontend SIGKILL trials (default 0)\n"
+           "  --window N          credit window of the streamwire runs (default: the router's\n"
+           "                      default); the ingress max_window is raised to match\n"
+           "  --no-send-asap      natsOptions_SetSendAsap(false) on every connection, raw and\n"
+           "                      streamwire (default: send asap on all, streamwire's default)\n"
+           "  --side raw|sw|both  run only one side of long and short (for profiling)\n"
+           "  --callgrind         scenario 6: under valgrind --tool=callgrind\n"
+           "                      --instr-atstart=no, profile each long- and short-stream run\n"
+           "                      into its own dump (Ir per item = dump total / items)\n"
+           "  -v, --verbose       print each repetition's figure\n"
+           "  -h, --help          this text\n");
 }
 
 static int
@@ -286,12 +285,12 @@ parse_args(int argc, char **argv)
         cfg.slow_items = cfg.quick ? 300 : 600;
     if (!set_sdelay)
         cfg.slow_delay_ms = cfg.quick ? 2 : 10;
-    if (cfg.trials == 0 || cfg.cancel_trials == 0 || cfg.slow_streams == 0 ||
-        cfg.slow_items == 0 || cfg.slow_threads == 0 || cfg.slow_threads > 256)
+    if (cfg.trials == 0 || cfg.cancel_trials == 0 || cfg.slow_streams == 0 || cfg.slow_items == 0 ||
+        cfg.slow_threads == 0 || cfg.slow_threads > 256)
         goto bad;
-    if (cfg.reps == 0 || cfg.reps > 32 || cfg.items == 0 || cfg.short_items == 0 ||
-        cfg.rate == 0 || cfg.ttfi_n == 0 || cfg.idle_n == 0 || cfg.short_secs <= 0 ||
-        cfg.lat_secs <= 0 || cfg.idle_cpu_secs <= 0)
+    if (cfg.reps == 0 || cfg.reps > 32 || cfg.items == 0 || cfg.short_items == 0 || cfg.rate == 0 ||
+        cfg.ttfi_n == 0 || cfg.idle_n == 0 || cfg.short_secs <= 0 || cfg.lat_secs <= 0 ||
+        cfg.idle_cpu_secs <= 0)
         goto bad;
     for (int i = 0; i < cfg.nsizes; i++)
         if (cfg.sizes[i] > 1024 * 512)
@@ -354,8 +353,7 @@ main(int argc, char **argv)
     /* raw side */
     g_raw_front = raw_connect(g_url, "bench-raw-frontend");
     g_raw_work = raw_connect(g_url, "bench-raw-worker");
-    s = natsConnection_Subscribe(&g_raw_resp_sub, g_raw_work, RAW_REQ_SUBJ, raw_responder_cb,
-                                 NULL);
+    s = natsConnection_Subscribe(&g_raw_resp_sub, g_raw_work, RAW_REQ_SUBJ, raw_responder_cb, NULL);
     if (s == NATS_OK)
         s = natsConnection_Flush(g_raw_work);
     if (s != NATS_OK)
@@ -373,7 +371,8 @@ main(int argc, char **argv)
         die("sw_router_create: %s", sw_err_name(e));
     /* max_inflight raised (default 64) so concurrency 1024 is not answered
      * "overloaded"; everything else default. */
-    g_ing_main = start_ingress(EP_MAIN, INST_MAIN, 2 * max_conc, cfg.window > 1024 ? cfg.window : 0);
+    g_ing_main =
+        start_ingress(EP_MAIN, INST_MAIN, 2 * max_conc, cfg.window > 1024 ? cfg.window : 0);
     /* The credit-cost run asks for a 1<<20 window: the ingress caps windows
      * at max_window (default 1024), so raise it there. */
     g_ing_big = start_ingress(EP_BIG, INST_BIG, 0, BIG_WINDOW);

@@ -126,8 +126,8 @@ eval_goals(goal *g)
     g[n].target = "<= 4096 B + credit window";
     g[n].known = !isnan(g_goal_idle_bps);
     g[n].met = g[n].known && g_goal_idle_bps <= 4096.0;
-    snprintf(g[n].measured, sizeof(g[n].measured),
-             "%.0f B/stream (window %u, no items buffered)", g_goal_idle_bps, g_goal_idle_window);
+    snprintf(g[n].measured, sizeof(g[n].measured), "%.0f B/stream (window %u, no items buffered)",
+             g_goal_idle_bps, g_goal_idle_window);
     n++;
     for (int i = 0; i < 4; i++)
         g[i].issue = 6;
@@ -195,8 +195,8 @@ eval_goals(goal *g)
     g[n].target = "state the ratio";
     g[n].known = cfg.nsizes > 0 && g_credit_cost[0] > 0;
     g[n].met = g[n].known;
-    snprintf(g[n].measured, sizeof(g[n].measured), "default window / window %u = %.2f",
-             BIG_WINDOW, g_credit_cost[0]);
+    snprintf(g[n].measured, sizeof(g[n].measured), "default window / window %u = %.2f", BIG_WINDOW,
+             g_credit_cost[0]);
     n++;
     return n;
 }
@@ -212,7 +212,9 @@ print_goals(void)
             printf(" issue %d\n", g[i].issue);
         printf("  %-38s %-22s %-48s %s\n", g[i].name, g[i].target,
                g[i].known ? g[i].measured : "not run",
-               !g[i].known ? "-" : g[i].met ? "MET" : "MISSED");
+               !g[i].known ? "-"
+               : g[i].met  ? "MET"
+                           : "MISSED");
     }
     for (int i = 0; i < cfg.nsizes && i < MAX_LIST; i++)
         if (g_credit_cost[i] > 0)
@@ -299,7 +301,10 @@ write_json(const char *path)
         json_str(f, g[i].target);
         fprintf(f, ", \"measured\": ");
         json_str(f, g[i].known ? g[i].measured : "not run");
-        fprintf(f, ", \"met\": %s}%s\n", !g[i].known ? "null" : g[i].met ? "true" : "false",
+        fprintf(f, ", \"met\": %s}%s\n",
+                !g[i].known ? "null"
+                : g[i].met  ? "true"
+                            : "false",
                 i + 1 < ng ? "," : "");
     }
     fprintf(f, "  ]\n}\n");

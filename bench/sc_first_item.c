@@ -38,9 +38,10 @@ scen_ttfi(void)
     qsort(v[0], got[0], sizeof(int64_t), cmp_i64);
     qsort(v[1], got[1], sizeof(int64_t), cmp_i64);
     snprintf(param, sizeof(param), "%u sequential streams", n);
-    snprintf(note, sizeof(note),
-             "open -> first item; raw: subscribe + publish per request; errors raw %lu sw %lu%s%.80s",
-             errs[0], errs[1], err[0] ? ": " : "", err);
+    snprintf(
+        note, sizeof(note),
+        "open -> first item; raw: subscribe + publish per request; errors raw %lu sw %lu%s%.80s",
+        errs[0], errs[1], err[0] ? ": " : "", err);
     add_row("4 time to first item", param, "p50 us", pct(v[0], got[0], 0.5) / 1e3,
             pct(v[1], got[1], 0.5) / 1e3, 1, 1, note);
     add_row("4 time to first item", param, "p99 us", pct(v[0], got[0], 0.99) / 1e3,

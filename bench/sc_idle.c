@@ -200,8 +200,7 @@ scen_idle(void)
     add_row("5 idle streams", param, "worker B/stream", r[0].worker_bytes_per_stream,
             r[1].worker_bytes_per_stream, 1, 0, "child process RSS delta");
     add_row("5 idle streams", param, "server B/stream", r[0].server_bytes_per_stream,
-            r[1].server_bytes_per_stream, 1, 0,
-            "nats-server RSS delta (raw: one SUB per stream)");
+            r[1].server_bytes_per_stream, 1, 0, "nats-server RSS delta (raw: one SUB per stream)");
     add_row("5 idle streams", param, "open secs", r[0].open_secs, r[1].open_secs, 1, 2,
             "until the worker holds all");
     add_row("5 idle streams", param, "frontend CPU %", r[0].cpu_front, r[1].cpu_front, 1, 1,

@@ -363,8 +363,7 @@ scen_long(void)
             add_row("1 credit cost", param, "CPU us/item", mc[V_RAW], mc[V_SW_BIG], 1, 2, "");
             add_row("1 credit cost", param, "server CPU us/item", ms[V_RAW], ms[V_SW_BIG], 1, 2,
                     "");
-            add_row("1 credit cost", param, "ctx switches/item", mx[V_RAW], mx[V_SW_BIG], 1, 2,
-                    "");
+            add_row("1 credit cost", param, "ctx switches/item", mx[V_RAW], mx[V_SW_BIG], 1, 2, "");
             if (si < MAX_LIST)
                 g_credit_cost[si] = m[V_SW] / m[V_SW_BIG];
             if (size == 64)

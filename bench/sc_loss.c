@@ -61,9 +61,9 @@ loss_worker_main(const char *url, const char *bucket, const char *inst)
 
 static pthread_mutex_t g_loss_mu = PTHREAD_MUTEX_INITIALIZER;
 static char g_loss_victim[SW_MAX_TOKEN + 1]; /* "" between trials */
-static int64_t g_loss_rep_t;  /* A's registry logged "reported <victim> dead" */
-static int64_t g_loss_rm_a_t; /* REMOVED <victim> in A's registry handle */
-static int64_t g_loss_rm_b_t; /* REMOVED <victim> in B's registry handle */
+static int64_t g_loss_rep_t;                 /* A's registry logged "reported <victim> dead" */
+static int64_t g_loss_rm_a_t;                /* REMOVED <victim> in A's registry handle */
+static int64_t g_loss_rm_b_t;                /* REMOVED <victim> in B's registry handle */
 
 static int
 loss_is_victim_locked(const char *id)
@@ -308,8 +308,7 @@ lkid_wait(lkid *k, sw_registry *a, sw_registry *b)
     until = now_ns() + 10000000000LL;
     while (!reg_has(a, k->inst) || !reg_has(b, k->inst)) {
         if (now_ns() > until)
-            die("loss worker %s registered but is not listed by both routers after 10 s",
-                k->inst);
+            die("loss worker %s registered but is not listed by both routers after 10 s", k->inst);
         sleep_ms(2);
     }
 }
@@ -343,7 +342,7 @@ typedef struct ltrial {
     int stop; /* 0 SIGKILL, 1 SIGSTOP */
     int ok;   /* the trial ran to the end */
     int64_t start_t, kill_t, term_t, rep_t, rm_a_t, rm_b_t, end_t;
-    int lost;     /* terminal was error instance_lost */
+    int lost; /* terminal was error instance_lost */
     char term[64];
     /* from B's pick log */
     int64_t b_last_dead_t; /* B's last pick of the victim in the trial */
@@ -355,8 +354,8 @@ typedef struct ltrial {
  * (note50), "p99 <unit>" (note99) and, when with_max, "max <unit>". v holds n
  * ns values, sorted in place; unit is "ms" or "us". Returns the p99. */
 double
-lat_rows_sw(const char *scen, const char *param, int64_t *v, size_t n, const char *unit,
-            int prec, int with_max, const char *note50, const char *note99)
+lat_rows_sw(const char *scen, const char *param, int64_t *v, size_t n, const char *unit, int prec,
+            int with_max, const char *note50, const char *note99)
 {
     double div = strcmp(unit, "ms") == 0 ? 1e6 : 1e3;
     double p99;
@@ -480,8 +479,8 @@ loss_rows(ltrial *tr, unsigned ntr, const char *err)
              "open errors %lu",
              g_b.failed, g_b.f_incomplete, g_b.f_lost, g_b.f_noresp, g_b.f_other, g_b.f_stuck,
              g_b.open_errors);
-    add_row("7 instance loss", "router B, whole scenario", "requests", NAN, (double)g_b.opened,
-            0, 0, note);
+    add_row("7 instance loss", "router B, whole scenario", "requests", NAN, (double)g_b.opened, 0,
+            0, note);
     g_goal_after_report = after[0] + after[1];
     g_goal_loss_n = ran[0] + ran[1];
     free(v);
@@ -586,8 +585,8 @@ scen_loss(void)
             sleep_ms(1);
         if (atomic_load(&k->items) < 10) {
             snprintf(err, sizeof(err),
-                     "trial %u: stream to %.24s got %lu items before the kill (%.40s)",
-                     i, v->inst, atomic_load(&k->items), k->reason);
+                     "trial %u: stream to %.24s got %lu items before the kill (%.40s)", i, v->inst,
+                     atomic_load(&k->items), k->reason);
             progress("  %s", err);
         }
         /* decorrelate the kill from the probe timer */

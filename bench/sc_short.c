@@ -162,12 +162,12 @@ run_short(int sw, unsigned conc, unsigned long *errors, char *err, size_t errcap
     for (unsigned i = 0; i < conc; i++)
         pthread_join(th[i], NULL);
     free(th);
-    *cpu = atomic_load(&c.completed) ? (double)(self_cpu_us() - cpu0) /
-                                           (double)atomic_load(&c.completed)
-                                     : NAN;
-    *csw = atomic_load(&c.completed) ? (double)(self_csw() - csw0) /
-                                           (double)atomic_load(&c.completed)
-                                     : NAN;
+    *cpu = atomic_load(&c.completed)
+               ? (double)(self_cpu_us() - cpu0) / (double)atomic_load(&c.completed)
+               : NAN;
+    *csw = atomic_load(&c.completed)
+               ? (double)(self_csw() - csw0) / (double)atomic_load(&c.completed)
+               : NAN;
     g_short_completed = atomic_load(&c.completed);
     rate = (double)atomic_load(&c.completed) / ((double)(atomic_load(&c.t_end) - t0) / 1e9);
     *errors = atomic_load(&c.errors);
@@ -201,8 +201,8 @@ scen_short(void)
                     CALLGRIND_ZERO_STATS;
                     CALLGRIND_START_INSTRUMENTATION;
                 }
-                v[sw][rep] = run_short(sw, conc, &e, msg, sizeof(msg), &cpu[sw][rep],
-                                       &csw[sw][rep]);
+                v[sw][rep] =
+                    run_short(sw, conc, &e, msg, sizeof(msg), &cpu[sw][rep], &csw[sw][rep]);
                 if (cfg.callgrind) {
                     char label[96];
                     CALLGRIND_STOP_INSTRUMENTATION;
@@ -227,8 +227,8 @@ scen_short(void)
                      "raw subscribes per request; errors raw %lu sw %lu%s%.100s", errs[0], errs[1],
                      err[0][0] || err[1][0] ? ": " : "", err[1][0] ? err[1] : err[0]);
             add_row("2 short streams", param, "streams/s", raw, sw, 0, 0, note);
-            add_row("2 short streams", param, "CPU us/stream", median(cpu[0], n),
-                    median(cpu[1], n), 1, 1, "this process, all threads");
+            add_row("2 short streams", param, "CPU us/stream", median(cpu[0], n), median(cpu[1], n),
+                    1, 1, "this process, all threads");
             add_row("2 short streams", param, "ctx switches/stream", median(csw[0], n),
                     median(csw[1], n), 1, 1, "this process");
             if (conc == 64)

@@ -141,8 +141,7 @@ slow_worker_main(const char *url, unsigned n)
     while (fgets(line, sizeof(line), stdin) != NULL) {
         if (strncmp(line, "stat", 4) == 0) {
             printf("stat %ld %lu %lu %lu %lld\n", self_rss_kb(), atomic_load(&g_sp_sent),
-                   atomic_load(&g_sp_done), atomic_load(&g_sp_failed),
-                   (long long)self_cpu_us());
+                   atomic_load(&g_sp_done), atomic_load(&g_sp_failed), (long long)self_cpu_us());
         } else if (strncmp(line, "quit", 4) == 0) {
             printf("bye\n");
             break;
@@ -216,9 +215,9 @@ slow_consumer(void *arg)
                     atomic_fetch_add(&c->bad_terms, 1);
                     pthread_mutex_lock(&c->mu);
                     if (!c->err[0])
-                        snprintf(c->err, sizeof(c->err), "stream %u: %s/%s after %" PRIu64
-                                 " items", i, sw_status_name(it->terminal.status),
-                                 it->terminal.reason, x->next);
+                        snprintf(c->err, sizeof(c->err), "stream %u: %s/%s after %" PRIu64 " items",
+                                 i, sw_status_name(it->terminal.status), it->terminal.reason,
+                                 x->next);
                     pthread_mutex_unlock(&c->mu);
                 }
             } else if (e != SW_ETIMEDOUT) {
@@ -391,9 +390,8 @@ scen_slow(void)
 
     fixed = !isnan(g_goal_idle_bps) ? g_goal_idle_bps : 4096.0;
     g_goal_slow_peak_mib = (double)(peak - base) / 1024.0;
-    g_goal_slow_bound_mib = isnan(item_cost)
-                                ? NAN
-                                : ((double)n * window * item_cost + (double)n * fixed) / 1048576.0;
+    g_goal_slow_bound_mib =
+        isnan(item_cost) ? NAN : ((double)n * window * item_cost + (double)n * fixed) / 1048576.0;
     g_goal_slow_pending = (double)max_pending;
     g_goal_slow_window = window;
     g_goal_slow_n = n;
@@ -401,8 +399,7 @@ scen_slow(void)
                            atomic_load(&c.order_errors) == 0 && atomic_load(&c.bad_terms) == 0 &&
                            rs1.nats_dropped == rs0.nats_dropped;
 
-    snprintf(param, sizeof(param), "%u streams x %u x 64 B, 1 item/%u ms", n, m,
-             cfg.slow_delay_ms);
+    snprintf(param, sizeof(param), "%u streams x %u x 64 B, 1 item/%u ms", n, m, cfg.slow_delay_ms);
     snprintf(note, sizeof(note),
              "frontend VmHWM - RSS before opening (worker in a child); bound below; %.1f s, "
              "%.0f items/s consumed",
@@ -427,7 +424,8 @@ scen_slow(void)
              atomic_load(&c.bad_terms), c.err[0] ? ": " : "", c.err, resends, dups);
     add_row("9 slow consumers", param, "items lost", NAN,
             (double)((unsigned long long)n * m - atomic_load(&c.received)), 1, 0, note);
-    snprintf(note, sizeof(note), "sw_router_stats nats_dropped; worker sent %lu items, %lu "
+    snprintf(note, sizeof(note),
+             "sw_router_stats nats_dropped; worker sent %lu items, %lu "
              "streams done, %lu failed, worker RSS %ld KiB",
              wsent, wdone, wfailed, wrss);
     add_row("9 slow consumers", param, "nats dropped", NAN,

@@ -218,8 +218,8 @@ cli_parse(const cli_cmd *cmd, int argc, char **argv)
 }
 
 int
-cli_check_names(const cli_cmd *cmd, const char *server, const char *endpoint,
-                int endpoint_required, const char *instance)
+cli_check_names(const cli_cmd *cmd, const char *server, const char *endpoint, int endpoint_required,
+                const char *instance)
 {
     if (server != NULL && server[0] == '\0')
         return cli_usage_error(cmd, "--server: empty URL");

@@ -78,7 +78,15 @@ demo_make_workers(demo_worker *w)
          0},
         {NULL, "fail", {"--fail-after", "4", NULL}, "--fail-after 4", "", "", 0, -1, 0},
         {NULL, "hang", {"--hang-after", "3", NULL}, "--hang-after 3", "", "", 0, -1, 0},
-        {NULL, "after-final", {"--chaos", "after-final", NULL}, "--chaos after-final", "", "", 0, -1, 0},
+        {NULL,
+         "after-final",
+         {"--chaos", "after-final", NULL},
+         "--chaos after-final",
+         "",
+         "",
+         0,
+         -1,
+         0},
         {NULL, "garbage", {"--chaos", "garbage", NULL}, "--chaos garbage", "", "", 0, -1, 0},
         {NULL, "gap", {"--chaos", "gap", NULL}, "--chaos gap", "", "", 0, -1, 0},
     };
@@ -310,8 +318,8 @@ demo_instance_loss(sw_conn *conn, const char *exe, const char *url, const char *
     printf("\nInstance loss: two workers registered in the discovery registry\n");
     for (int i = 0; i < 2; i++) {
         if (demo_spawn_worker(&pool[i], exe, url, dir, verbose) != 0 ||
-            swh_wait_line(pool[i].out_fd, "worker ready", line, sizeof(line),
-                          10000 * swh_slow()) != 0) {
+            swh_wait_line(pool[i].out_fd, "worker ready", line, sizeof(line), 10000 * swh_slow()) !=
+                0) {
             printf("  worker %s did not start\n", pool[i].id);
             return 1;
         }
@@ -413,7 +421,8 @@ demo_instance_loss(sw_conn *conn, const char *exe, const char *url, const char *
                 items++;
             }
             printf("  [f] the other stream went on: %s after %d more items %s\n",
-                   completed ? "completed" : "not completed", items, completed ? "ok" : "UNEXPECTED");
+                   completed ? "completed" : "not completed", items,
+                   completed ? "ok" : "UNEXPECTED");
             failed += !completed;
         }
     }

@@ -114,8 +114,8 @@ cli_generate_main(int argc, char **argv)
         {"gap-timeout-ms", CLI_INT, "MS",
          "how long a sequence gap may stay open before\nsequence_gap (default 500)", &gap_timeout,
          0, 3600000, NULL, 0},
-        {"window", CLI_INT, "N", "credit window: items in flight (default 256)", &window, 0, 1000000,
-         NULL, 0},
+        {"window", CLI_INT, "N", "credit window: items in flight (default 256)", &window, 0,
+         1000000, NULL, 0},
         {"verbose", CLI_FLAG, NULL, "print library log lines to stderr", &verbose, 0, 0, NULL, 0},
     };
     const cli_cmd cmd = {

@@ -390,9 +390,10 @@ cli_worker_main(int argc, char **argv)
                 err == SW_OK ? "all streams finished" : "some streams were cancelled",
                 (unsigned long long)st.requests, (unsigned long long)st.items_sent,
                 (unsigned long long)st.messages_sent, (unsigned long long)st.items_resent,
-                (unsigned long long)st.heartbeats, (unsigned long long)st.cancels, (unsigned long long)st.finished[1],
-                (unsigned long long)st.finished[2], (unsigned long long)st.finished[3],
-                (unsigned long long)st.finished[4], (unsigned long long)st.finished[5]);
+                (unsigned long long)st.heartbeats, (unsigned long long)st.cancels,
+                (unsigned long long)st.finished[1], (unsigned long long)st.finished[2],
+                (unsigned long long)st.finished[3], (unsigned long long)st.finished[4],
+                (unsigned long long)st.finished[5]);
     }
     rc = CLI_EXIT_OK;
 

@@ -85,8 +85,8 @@ static int
 swi_take_due(void *val, void *arg)
 {
     const swi_due_take *d = arg;
-    if (d->by != NULL && !swi_due_by((const int64_t *)(const void *)((const char *)val + d->off),
-                                     *d->by))
+    if (d->by != NULL &&
+        !swi_due_by((const int64_t *)(const void *)((const char *)val + d->off), *d->by))
         return 0;
     d->ref(val);
     return 1;
@@ -217,8 +217,8 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
 }
 
 int
-swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
-                 int64_t up_since_ms, int64_t *silent_ms)
+swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now, int64_t up_since_ms,
+                 int64_t *silent_ms)
 {
     swi_peer *e = swi_peers_find(p, id);
     int64_t sent;

@@ -72,8 +72,8 @@ swi_due_by(const int64_t *due, int64_t t)
  * them when by is NULL), calling ref(val) on each one taken. The due time
  * sits at byte offset due_off in each value. The caller holds the map's
  * lock, and later drops the references. */
-void swi_idmap_snapshot_due(const swi_idmap *m, swi_ptrvec *vec, size_t due_off,
-                            const int64_t *by, void (*ref)(void *val));
+void swi_idmap_snapshot_due(const swi_idmap *m, swi_ptrvec *vec, size_t due_off, const int64_t *by,
+                            void (*ref)(void *val));
 
 /* ---------------------------------------------------------------- peers */
 

@@ -68,17 +68,17 @@ struct sw_router {
     pthread_mutex_t mu;
     swi_idmap streams;
     swi_ticker ticker;
-    int64_t next_scan;   /* ticker thread only */
-    swi_ptrvec scan_vec; /* ticker thread only: reused by every scan */
-    swi_ptrvec deferred; /* streams to dispatch from the ticker, a reference each (r->mu) */
-    int closing;         /* no new streams */
-    int closed;          /* no more publishing (atomic) */
-    int64_t mux_idle_ms; /* last time the mux had nothing queued (ticker thread only) */
-    uint64_t items;      /* data items delivered (atomic) */
+    int64_t next_scan;          /* ticker thread only */
+    swi_ptrvec scan_vec;        /* ticker thread only: reused by every scan */
+    swi_ptrvec deferred;        /* streams to dispatch from the ticker, a reference each (r->mu) */
+    int closing;                /* no new streams */
+    int closed;                 /* no more publishing (atomic) */
+    int64_t mux_idle_ms;        /* last time the mux had nothing queued (ticker thread only) */
+    uint64_t items;             /* data items delivered (atomic) */
     uint64_t items_after_final; /* (atomic) */
     uint64_t err_counts[SWE_ERR_SLOTS]; /* error terminals by code (r->mu) */
-    pthread_mutex_t ack_mu;   /* acks, nacks */
-    pthread_mutex_t flush_mu; /* one flusher at a time; owns flushing */
+    pthread_mutex_t ack_mu;             /* acks, nacks */
+    pthread_mutex_t flush_mu;           /* one flusher at a time; owns flushing */
     swe_ack acks[SWE_ACKS_MAX];
     swe_ack flushing[SWE_ACKS_MAX];
     size_t nacks;
@@ -96,13 +96,13 @@ struct sw_stream {
     char ctl_subj[SWT_SUBJECT_MAX];
     sw_item_fn on_item;
     void *on_item_arg;
-    swe_rx rx;           /* s->mu */
-    sw_item cur;         /* the item last handed to a blocking consumer */
-    int64_t last_rx_ms;  /* mirror of rx.last_rx_ms for probe rounds (atomic) */
+    swe_rx rx;            /* s->mu */
+    sw_item cur;          /* the item last handed to a blocking consumer */
+    int64_t last_rx_ms;   /* mirror of rx.last_rx_ms for probe rounds (atomic) */
     int64_t next_tick_ms; /* the scan looks at s only from then on (atomic; 0 = next scan) */
 
     int in_table;
-    int pooled; /* counted in the pool and the peer table */
+    int pooled;   /* counted in the pool and the peer table */
     int routed;   /* the instance was picked by the pool (no instance_id given) */
     int rerouted; /* already sent elsewhere once after no_responders */
     /* What sw_stream_instance_id and items show: each buffer is written once
@@ -114,9 +114,9 @@ struct sw_stream {
     char endpoint[SW_MAX_ENDPOINT + 1];
     uint8_t *req_buf; /* the encoded request, kept until the first answer (re-routing) */
     size_t req_len;
-    int opening;      /* sw_router_open runs: item callbacks wait for the ticker */
+    int opening; /* sw_router_open runs: item callbacks wait for the ticker */
     int dispatching;
-    int in_cb;        /* an item callback runs now, on cb_thread */
+    int in_cb; /* an item callback runs now, on cb_thread */
     pthread_t cb_thread;
 };
 

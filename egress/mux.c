@@ -134,8 +134,8 @@ swe_on_msg(const swt_msg *msg, void *arg)
         swe_stream_unref(s);
         return;
     }
-    rv = swp_decode_item_arena(msg->data, msg->len, sw_conn_max_payload(r->conn) + 1024, &arena,
-                               &w);
+    rv =
+        swp_decode_item_arena(msg->data, msg->len, sw_conn_max_payload(r->conn) + 1024, &arena, &w);
     if (rv == SW_OK && memcmp(w->request_id.data, id, SW_REQUEST_ID_BYTES) != 0)
         rv = SW_EPROTO;
     if (rv != SW_OK) {

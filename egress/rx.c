@@ -71,8 +71,7 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
 {
     if (rx->term_state == SWE_TERM_DELIVERED)
         return 0;
-    if (rx->term_state == SWE_TERM_QUEUED &&
-        !(rx->term_from_wire && err == SW_ITEM_AFTER_FINAL))
+    if (rx->term_state == SWE_TERM_QUEUED && !(rx->term_from_wire && err == SW_ITEM_AFTER_FINAL))
         return 0;
     rx->term_state = SWE_TERM_QUEUED;
     rx->term_from_wire = from_wire;
@@ -152,8 +151,7 @@ rx_accept(swe_rx *rx, swe_q *q, int64_t now, swe_rx_act *act)
     if (q->final) {
         /* The stream stays in its router's table until the terminal is
          * delivered (a late item after it must still find it). */
-        (void)rx_set_terminal(rx, rx->w_status, rx->w_err, rx->w_reason, rx->w_msg, q->seq, 1,
-                              now);
+        (void)rx_set_terminal(rx, rx->w_status, rx->w_err, rx->w_reason, rx->w_msg, q->seq, 1, now);
         act->ack_final = 1;
         act->wake = 1;
         free(q);
@@ -369,14 +367,13 @@ swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
     act_zero(act);
     if (rx->term_state == SWE_TERM_NONE) {
         if (rx->cfg.deadline_ms >= 0 && now >= rx->cfg.deadline_ms) {
-            (void)rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now,
-                              act);
+            (void)rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now, act);
         } else if (rx->gap_since_ms != 0 && quiet - rx->gap_since_ms >= rx->cfg.gap_ms) {
-            (void)rx_fail(rx, SW_SEQUENCE_GAP, "a sequence gap was not repaired in time", 1,
-                              now, act);
+            (void)rx_fail(rx, SW_SEQUENCE_GAP, "a sequence gap was not repaired in time", 1, now,
+                          act);
         } else if (quiet - rx->last_rx_ms >= rx->cfg.inactivity_ms) {
             (void)rx_fail(rx, SW_STREAM_INCOMPLETE,
-                              "no item or heartbeat within the inactivity timeout", 1, now, act);
+                          "no item or heartbeat within the inactivity timeout", 1, now, act);
         } else if (rx->gap_since_ms != 0 && now - rx->last_resend_ms >= rx->cfg.gap_ms / 4) {
             /* Everything the worker may have sent past the gap: the reorder
              * window, but never beyond the credit granted (+1: the final

@@ -59,11 +59,11 @@ typedef struct swe_q {
 enum { SWE_TERM_NONE = 0, SWE_TERM_QUEUED = 1, SWE_TERM_DELIVERED = 2 };
 
 typedef struct swe_rx_cfg {
-    uint32_t window;        /* credit window asked of the worker (> 0) */
-    int64_t inactivity_ms;  /* silence that ends the stream */
-    int64_t gap_ms;         /* how long a gap may stay open */
-    int64_t linger_ms;      /* hold a wire terminal this long */
-    int64_t deadline_ms;    /* absolute time, or -1 = none */
+    uint32_t window;       /* credit window asked of the worker (> 0) */
+    int64_t inactivity_ms; /* silence that ends the stream */
+    int64_t gap_ms;        /* how long a gap may stay open */
+    int64_t linger_ms;     /* hold a wire terminal this long */
+    int64_t deadline_ms;   /* absolute time, or -1 = none */
 } swe_rx_cfg;
 
 /* What the caller must do after a call. Zeroed by each call that fills it. */
@@ -72,12 +72,12 @@ typedef struct swe_rx_act {
     uint64_t resend_from, resend_to;
     int credit; /* send CREDIT limit, ack */
     uint64_t credit_limit, credit_ack;
-    int ack_final; /* acknowledge the worker's final (ACK_FINALS) */
-    int ended;     /* this call decided a terminal that ends the stream at once (not the
-                      worker's final, which stays until delivered): remove the stream from
-                      its router's table, wake the consumer */
-    int kill;      /* ... and tell the worker to stop (KILL) */
-    int wake;      /* something new for the consumer */
+    int ack_final;   /* acknowledge the worker's final (ACK_FINALS) */
+    int ended;       /* this call decided a terminal that ends the stream at once (not the
+                        worker's final, which stays until delivered): remove the stream from
+                        its router's table, wake the consumer */
+    int kill;        /* ... and tell the worker to stop (KILL) */
+    int wake;        /* something new for the consumer */
     int after_final; /* an item came after a delivered terminal (a counter) */
 } swe_rx_act;
 
@@ -85,8 +85,8 @@ typedef struct swe_rx_act {
 enum { SWE_IN_DATA = 1, SWE_IN_FINAL = 2, SWE_IN_HEARTBEAT = 3 };
 typedef struct swe_rx_in {
     int kind;
-    uint64_t seq;           /* data and final; 0 for a heartbeat */
-    const uint8_t *data;    /* data: borrowed for the call */
+    uint64_t seq;        /* data and final; 0 for a heartbeat */
+    const uint8_t *data; /* data: borrowed for the call */
     size_t len;
     int droppable;
     uint32_t credit_window; /* the worker's window, 0 = not sent */

@@ -132,8 +132,8 @@ struct sw_ingress {
     sw_handler_fn handler;
     void *handler_arg;
     unsigned max_inflight;
-    unsigned max_held;                  /* finished streams held for an ack, at most */
-    sw_responder *fin_head, *fin_tail;  /* those, oldest first (ing->mu) */
+    unsigned max_held;                 /* finished streams held for an ack, at most */
+    sw_responder *fin_head, *fin_tail; /* those, oldest first (ing->mu) */
     unsigned nfin;
     unsigned nthreads;
     unsigned send_timeout_ms;

@@ -178,8 +178,7 @@ swn_ing_live_main(void *arg)
                 /* Our own connection down, or back since the probe went
                  * out: the miss proves nothing about the frontend. */
                 if (up_since >= 0 && up_since + SWI_PEERS_SETTLE_MS <= e->sent_ms &&
-                    ++e->misses >= 2 &&
-                    nlost < cap) {
+                    ++e->misses >= 2 && nlost < cap) {
                     memcpy(lost[nlost++], e->id, sizeof(swn_fe_id));
                     fe_remove(ing, e);
                     continue;

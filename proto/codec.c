@@ -272,22 +272,22 @@ swp_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, 
     return *out ? SW_OK : SW_EPROTO;
 }
 
-#define SWP_DECODE(fn, type, desc, validate)                                  \
-    sw_err fn(const uint8_t *buf, size_t len, size_t max, type **out)                   \
-    {                                                                                   \
-        ProtobufCMessage *m;                                                            \
-        sw_err rv;                                                                      \
-        if (out == NULL)                                                                \
-            return SW_EINVAL;                                                           \
-        *out = NULL;                                                                    \
-        if ((rv = swp_unpack(&desc, buf, len, max, NULL, &m)) != SW_OK)       \
-            return rv;                                                                  \
-        if ((rv = validate((type *)m)) != SW_OK) {                                      \
-            protobuf_c_message_free_unpacked(m, NULL);                                  \
-            return rv;                                                                  \
-        }                                                                               \
-        *out = (type *)m;                                                               \
-        return SW_OK;                                                                   \
+#define SWP_DECODE(fn, type, desc, validate)                            \
+    sw_err fn(const uint8_t *buf, size_t len, size_t max, type **out)   \
+    {                                                                   \
+        ProtobufCMessage *m;                                            \
+        sw_err rv;                                                      \
+        if (out == NULL)                                                \
+            return SW_EINVAL;                                           \
+        *out = NULL;                                                    \
+        if ((rv = swp_unpack(&desc, buf, len, max, NULL, &m)) != SW_OK) \
+            return rv;                                                  \
+        if ((rv = validate((type *)m)) != SW_OK) {                      \
+            protobuf_c_message_free_unpacked(m, NULL);                  \
+            return rv;                                                  \
+        }                                                               \
+        *out = (type *)m;                                               \
+        return SW_OK;                                                   \
     }
 
 static int
@@ -403,8 +403,7 @@ swp_check_control(swp_control *m)
             return SW_EPROTO;
         return SW_OK;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS:
-        if (m->request_id.len != 0 || m->n_final_acks == 0 ||
-            m->n_final_acks > SWP_MAX_FINAL_ACKS)
+        if (m->request_id.len != 0 || m->n_final_acks == 0 || m->n_final_acks > SWP_MAX_FINAL_ACKS)
             return SW_EPROTO;
         for (size_t i = 0; i < m->n_final_acks; i++)
             if (!swp_id_ok(m->final_acks[i]))
@@ -443,8 +442,7 @@ swp_check_beats(swp_beats *m)
 {
     if (m->version != SW_PROTOCOL_VERSION)
         return SW_EVERSION;
-    if (sw_validate_token(m->instance_id) != SW_OK || m->n_beats == 0 ||
-        m->n_beats > SWP_MAX_BEATS)
+    if (sw_validate_token(m->instance_id) != SW_OK || m->n_beats == 0 || m->n_beats > SWP_MAX_BEATS)
         return SW_EPROTO;
     for (size_t i = 0; i < m->n_beats; i++)
         if (!swp_id_ok(m->beats[i]->request_id))
@@ -452,12 +450,10 @@ swp_check_beats(swp_beats *m)
     return SW_OK;
 }
 
-SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor,
-           swp_check_request)
+SWP_DECODE(swp_decode_request, swp_request, streamwire__v1__request__descriptor, swp_check_request)
 SWP_DECODE(swp_decode_item, swp_item, streamwire__v1__stream_item_wrapper__descriptor,
            swp_check_item)
-SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor,
-           swp_check_control)
+SWP_DECODE(swp_decode_control, swp_control, streamwire__v1__control__descriptor, swp_check_control)
 SWP_DECODE(swp_decode_probe_reply, swp_probe_reply, streamwire__v1__probe_reply__descriptor,
            swp_check_probe_reply)
 SWP_DECODE(swp_decode_instance, swp_instance, streamwire__v1__instance_info__descriptor,
@@ -498,8 +494,8 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
     a->alloc.alloc = swp_arena_alloc;
     a->alloc.free = swp_arena_free;
     a->alloc.allocator_data = a;
-    if ((rv = swp_unpack(&streamwire__v1__stream_item_wrapper__descriptor, buf, len, max,
-                         &a->alloc, &m)) != SW_OK)
+    if ((rv = swp_unpack(&streamwire__v1__stream_item_wrapper__descriptor, buf, len, max, &a->alloc,
+                         &m)) != SW_OK)
         return rv;
     if ((rv = swp_check_item((swp_item *)m)) != SW_OK) {
         protobuf_c_message_free_unpacked(m, &a->alloc);

@@ -125,8 +125,7 @@ size_t swp_hdr_write(const swp_hdr *h, uint8_t *out);
 size_t swp_data_body_size(uint64_t seq, size_t len, int droppable);
 /* Writes a data body (swp_data_body_size bytes) and returns its size. The
  * data field is always present, even when empty (it selects the oneof). */
-size_t swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len,
-                           int droppable);
+size_t swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, int droppable);
 /* Packs a final's body (seq, complete_final, terminal) into a fresh malloc'd
  * buffer if it is <= max bytes: SW_OK, SW_EMSGSIZE, SW_ENOMEM. */
 sw_err swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out,

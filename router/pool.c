@@ -21,7 +21,7 @@ typedef struct pool_inst {
     char id[SW_MAX_TOKEN + 1];
     char endpoint[SW_MAX_ENDPOINT + 1];
     uint64_t revision;
-    int live;     /* the registry says it is there */
+    int live; /* the registry says it is there */
     int draining;
     unsigned inflight;
     int64_t quarantine_until; /* monotonic ms; 0 = none */
@@ -175,7 +175,8 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
     /* Start round robin at a random place, so that many short-lived routers
      * (one request each) still spread their load. */
     swi_random(&p->rr, sizeof(p->rr));
-    if (p->reg != NULL && (rv = sw_registry_watch(p->reg, pool_on_event, p, &p->watch_id)) != SW_OK) {
+    if (p->reg != NULL &&
+        (rv = sw_registry_watch(p->reg, pool_on_event, p, &p->watch_id)) != SW_OK) {
         pthread_mutex_destroy(&p->mu);
         pthread_mutex_destroy(&p->rmu);
         free(p);

@@ -90,7 +90,7 @@ struct sw_registry {
     reg_watcher *w;
     size_t nw, capw;
     int next_id;
-    int dispatching; /* watcher id whose callback runs now */
+    int dispatching;      /* watcher id whose callback runs now */
     unsigned lost_events; /* events not queued for lack of memory, not yet logged */
     reg_event *eh, *et;
     pthread_t thread;
@@ -357,9 +357,10 @@ reg_refresh(sw_registry *reg, const char *key)
     pthread_mutex_unlock(&reg->mu);
     pthread_mutex_unlock(&reg->wmu);
     if (overwritten)
-        swi_log(&reg->log, SW_LOG_WARN,
-                "registry: entry of live instance %s was changed by someone else; registering again",
-                copy.instance);
+        swi_log(
+            &reg->log, SW_LOG_WARN,
+            "registry: entry of live instance %s was changed by someone else; registering again",
+            copy.instance);
     if (rv != SW_OK)
         swi_log(&reg->log, SW_LOG_ERROR, "registry: refresh of %s failed: %s", copy.instance,
                 sw_err_name(rv));
@@ -467,8 +468,7 @@ reg_main(void *arg)
              * the others. */
             int64_t oldest = now + 1;
             for (size_t i = 0; i < reg->nown; i++) {
-                if (reg->own[i].next_refresh_ms <= now &&
-                    reg->own[i].next_refresh_ms < oldest) {
+                if (reg->own[i].next_refresh_ms <= now && reg->own[i].next_refresh_ms < oldest) {
                     oldest = reg->own[i].next_refresh_ms;
                     snprintf(due, sizeof(due), "%s", reg->own[i].key);
                 }

@@ -12,7 +12,7 @@
 typedef struct swr_pool swr_pool;
 
 typedef struct swr_pool_opts {
-    sw_registry *registry;  /* may be NULL: only direct routing then */
+    sw_registry *registry; /* may be NULL: only direct routing then */
     sw_policy policy;
     unsigned quarantine_ms; /* first quarantine; doubles on repeats up to 30 s */
     swi_logger log;

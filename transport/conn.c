@@ -10,7 +10,7 @@ struct sw_conn {
     natsConnection *nc;
     natsOptions *opts;
     swi_logger log;
-    int closing; /* sw_conn_close started: the disconnect is expected */
+    int closing;         /* sw_conn_close started: the disconnect is expected */
     int64_t max_payload; /* cached; refreshed on (re)connect (atomic access) */
     /* nats.c calls the connection callbacks on its own thread, possibly after
      * natsConnection_Close returned; the closed callback is the last one, so
@@ -20,9 +20,9 @@ struct sw_conn {
     int cb_closed;
     sw_conn_state_fn on_state;
     void *on_state_arg;
-    int state;            /* sw_conn_state (atomic access) */
-    int64_t up_since_ms;  /* monotonic time of the last (re)connect; -1 while down (atomic) */
-    uint64_t reconnects;  /* (atomic) */
+    int state;           /* sw_conn_state (atomic access) */
+    int64_t up_since_ms; /* monotonic time of the last (re)connect; -1 while down (atomic) */
+    uint64_t reconnects; /* (atomic) */
 };
 
 sw_err
@@ -166,7 +166,8 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     if (s == NATS_OK)
         s = natsOptions_SetName(c->opts, o->name ? o->name : "streamwire");
     if (s == NATS_OK)
-        s = natsOptions_SetTimeout(c->opts, o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 2000);
+        s = natsOptions_SetTimeout(c->opts,
+                                   o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 2000);
     if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(c->opts, o->max_reconnect != 0 ? o->max_reconnect : 60);
     if (s == NATS_OK)
@@ -364,8 +365,8 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
     pthread_mutex_init(&sub->mu, NULL);
     swi_cond_init(&sub->cv);
     s = natsConnection_Subscribe(&sub->ns, c->nc, subj, swt_on_msg, sub);
-    if (s == NATS_OK && (s = natsSubscription_SetOnCompleteCB(sub->ns, swt_on_complete, sub)) !=
-                            NATS_OK) {
+    if (s == NATS_OK &&
+        (s = natsSubscription_SetOnCompleteCB(sub->ns, swt_on_complete, sub)) != NATS_OK) {
         natsSubscription_Unsubscribe(sub->ns); /* no completion will come */
         natsSubscription_Destroy(sub->ns);
         sub->ns = NULL;

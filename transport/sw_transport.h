@@ -8,7 +8,6 @@
 
 #include "common/sw_common.h"
 
-
 /* Subject buffers: prefix + endpoint + tokens always fit in this. */
 #define SWT_SUBJECT_MAX 320
 

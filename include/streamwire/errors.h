@@ -27,40 +27,36 @@ extern "C" {
 
 /* X(ENUM_SUFFIX, value, "stable_name", "human sentence")
  * Values are part of the wire format (Error.sw_code): never renumber. */
-#define SW_ERR_MAP(X)                                                              \
-    X(OK, 0, "ok", "success")                                                      \
-    X(EINVAL, 1, "invalid_argument", "invalid argument")                           \
-    X(ENOMEM, 2, "no_memory", "out of memory")                                     \
-    X(ETIMEDOUT, 3, "timeout", "operation timed out")                              \
-    X(ECLOSED, 4, "closed", "object is closed")                                    \
-    X(ECANCELLED, 5, "cancelled", "operation cancelled")                           \
-    X(EMSGSIZE, 6, "payload_too_large", "payload exceeds the maximum size")       \
-    X(EPROTO, 7, "protocol_error", "protocol violation")                           \
-    X(ECRYPTO, 8, "crypto_error", "cryptographic operation failed")                \
-    X(ENATS, 9, "nats_error", "NATS client error")                                 \
-    X(EAGAIN, 10, "would_block", "operation would block; try again")               \
-    X(EVERSION, 11, "unsupported_version", "unsupported protocol version")         \
-    X(ENOTFOUND, 12, "not_found", "no such object")                                \
-    X(EBUSY, 13, "busy", "resource busy or in the wrong state")                    \
-    X(EOVERLOADED, 14, "overloaded", "the instance is at its concurrency limit")  \
-    X(EEOF, 15, "end_of_stream", "end of stream: the terminal was delivered")     \
-    X(EINTERNAL, 16, "internal", "internal error")                                 \
-    X(EEXIST, 17, "already_exists", "object already exists")                       \
-    X(ECONNECT, 18, "connection_failed", "could not connect to the NATS server")  \
-    X(STREAM_INCOMPLETE, 100, "stream_incomplete",                                 \
-      "stream went silent before its final marker")                                \
-    X(INSTANCE_LOST, 101, "instance_lost", "the serving instance was lost")        \
-    X(ITEM_AFTER_FINAL, 102, "item_after_final",                                   \
-      "an item arrived after the final marker")                                    \
-    X(DECODE_ERROR, 103, "decode_error", "a stream item did not decode")           \
-    X(SEQUENCE_GAP, 104, "sequence_gap", "a sequence gap could not be repaired")  \
-    X(NO_INSTANCES, 105, "no_instances", "no live instance serves the endpoint")  \
-    X(NO_RESPONDERS, 106, "no_responders",                                         \
-      "nobody is subscribed to the request subject")                               \
-    X(DEADLINE_EXCEEDED, 107, "deadline_exceeded", "the request deadline passed") \
-    X(AUTH_FAILED, 108, "auth_failed", "authentication failed")                    \
-    X(FLOW_VIOLATION, 109, "flow_violation",                                        \
-      "the worker sent beyond the credit it was granted")
+#define SW_ERR_MAP(X)                                                                            \
+    X(OK, 0, "ok", "success")                                                                    \
+    X(EINVAL, 1, "invalid_argument", "invalid argument")                                         \
+    X(ENOMEM, 2, "no_memory", "out of memory")                                                   \
+    X(ETIMEDOUT, 3, "timeout", "operation timed out")                                            \
+    X(ECLOSED, 4, "closed", "object is closed")                                                  \
+    X(ECANCELLED, 5, "cancelled", "operation cancelled")                                         \
+    X(EMSGSIZE, 6, "payload_too_large", "payload exceeds the maximum size")                      \
+    X(EPROTO, 7, "protocol_error", "protocol violation")                                         \
+    X(ECRYPTO, 8, "crypto_error", "cryptographic operation failed")                              \
+    X(ENATS, 9, "nats_error", "NATS client error")                                               \
+    X(EAGAIN, 10, "would_block", "operation would block; try again")                             \
+    X(EVERSION, 11, "unsupported_version", "unsupported protocol version")                       \
+    X(ENOTFOUND, 12, "not_found", "no such object")                                              \
+    X(EBUSY, 13, "busy", "resource busy or in the wrong state")                                  \
+    X(EOVERLOADED, 14, "overloaded", "the instance is at its concurrency limit")                 \
+    X(EEOF, 15, "end_of_stream", "end of stream: the terminal was delivered")                    \
+    X(EINTERNAL, 16, "internal", "internal error")                                               \
+    X(EEXIST, 17, "already_exists", "object already exists")                                     \
+    X(ECONNECT, 18, "connection_failed", "could not connect to the NATS server")                 \
+    X(STREAM_INCOMPLETE, 100, "stream_incomplete", "stream went silent before its final marker") \
+    X(INSTANCE_LOST, 101, "instance_lost", "the serving instance was lost")                      \
+    X(ITEM_AFTER_FINAL, 102, "item_after_final", "an item arrived after the final marker")       \
+    X(DECODE_ERROR, 103, "decode_error", "a stream item did not decode")                         \
+    X(SEQUENCE_GAP, 104, "sequence_gap", "a sequence gap could not be repaired")                 \
+    X(NO_INSTANCES, 105, "no_instances", "no live instance serves the endpoint")                 \
+    X(NO_RESPONDERS, 106, "no_responders", "nobody is subscribed to the request subject")        \
+    X(DEADLINE_EXCEEDED, 107, "deadline_exceeded", "the request deadline passed")                \
+    X(AUTH_FAILED, 108, "auth_failed", "authentication failed")                                  \
+    X(FLOW_VIOLATION, 109, "flow_violation", "the worker sent beyond the credit it was granted")
 
 typedef enum sw_err {
 #define SW__ERR_ENUM(name, val, str, msg) SW_##name = val,

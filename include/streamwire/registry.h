@@ -51,9 +51,9 @@ typedef struct sw_instance {
     uint32_t pid;
     int64_t started_unix_ms;
     uint32_t lease_ms;
-    uint64_t revision;   /* backend revision of this entry */
-    int64_t age_ms;      /* since the entry was last refreshed, as this process sees it */
-    int draining;        /* shutting down: do not route new requests */
+    uint64_t revision; /* backend revision of this entry */
+    int64_t age_ms;    /* since the entry was last refreshed, as this process sees it */
+    int draining;      /* shutting down: do not route new requests */
 } sw_instance;
 
 typedef enum sw_registry_event {
@@ -90,8 +90,8 @@ typedef struct sw_registry_backend {
     /* Writes key. expect_rev == 0: create or overwrite. Otherwise only if the
      * current revision equals expect_rev (SW_EBUSY if not, SW_ENOTFOUND if the
      * key does not exist). *rev gets the new revision. */
-    sw_err (*put)(void *state, const char *key, const uint8_t *val, size_t len,
-                  uint64_t expect_rev, uint64_t *rev);
+    sw_err (*put)(void *state, const char *key, const uint8_t *val, size_t len, uint64_t expect_rev,
+                  uint64_t *rev);
     /* Removes key (no error if absent). */
     sw_err (*del)(void *state, const char *key);
     /* Calls fn for every current entry. */
@@ -112,12 +112,12 @@ SW_API const sw_registry_backend *sw_registry_backend_find(const char *name);
 /* --- the registry ------------------------------------------------------- */
 
 typedef struct sw_registry_opts {
-    const char *backend;       /* "nats-kv" (default) or "memory" */
+    const char *backend;                    /* "nats-kv" (default) or "memory" */
     const sw_registry_backend *backend_ops; /* overrides `backend` */
-    const char *bucket;        /* default "streamwire_instances" */
-    unsigned lease_ms;         /* default 3000. A worker announces its lease in its entry, and
-                                  routers judge each entry by the lease it announces. */
-    unsigned refresh_ms;       /* default lease_ms / 3 */
+    const char *bucket;                     /* default "streamwire_instances" */
+    unsigned lease_ms;   /* default 3000. A worker announces its lease in its entry, and
+                            routers judge each entry by the lease it announces. */
+    unsigned refresh_ms; /* default lease_ms / 3 */
     sw_log_fn log;
     void *log_arg;
 } sw_registry_opts;
@@ -173,8 +173,8 @@ SW_API sw_err sw_registry_deregister(sw_registry *reg, const char *instance_id);
  * the tombstone was written, SW_EBUSY when the entry has a newer revision
  * (the instance refreshed: it is alive), SW_ENOTFOUND when there is no
  * entry. */
-SW_API sw_err sw_registry_report_dead(sw_registry *reg, const char *instance_id,
-                                      uint64_t revision, const char *reason);
+SW_API sw_err sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revision,
+                                      const char *reason);
 
 /* Router side: reports dead an instance that showed no sign of life to the
  * caller for the last silent_ms. The report is accepted only if this

@@ -104,18 +104,18 @@ SW_API const char *sw_conn_state_name(int state);
 typedef void (*sw_conn_state_fn)(sw_conn *conn, sw_conn_state state, void *arg);
 
 typedef struct sw_conn_opts {
-    const char *url;            /* default "nats://127.0.0.1:4222"; comma list allowed */
-    const char *name;           /* connection name shown by the server; default "streamwire" */
+    const char *url;                /* default "nats://127.0.0.1:4222"; comma list allowed */
+    const char *name;               /* connection name shown by the server; default "streamwire" */
     sw_duration connect_timeout_ms; /* default 2000 */
-    int max_reconnect;          /* default 60; -1 = forever */
+    int max_reconnect;              /* default 60; -1 = forever */
     sw_duration reconnect_wait_ms;  /* default 250 */
-    int no_send_asap;           /* 0 (default): flush every publish at once (lowest latency) */
-    const char *user;           /* optional credentials */
+    int no_send_asap;               /* 0 (default): flush every publish at once (lowest latency) */
+    const char *user;               /* optional credentials */
     const char *password;
     const char *token;
-    sw_log_fn log;              /* connection events (disconnect, reconnect) */
+    sw_log_fn log; /* connection events (disconnect, reconnect) */
     void *log_arg;
-    sw_conn_state_fn on_state;  /* optional: every change of state (see above) */
+    sw_conn_state_fn on_state; /* optional: every change of state (see above) */
     void *on_state_arg;
 } sw_conn_opts;
 
@@ -178,31 +178,32 @@ typedef struct sw_responder sw_responder;
 typedef void (*sw_handler_fn)(sw_responder *resp, void *arg);
 
 typedef struct sw_ingress_opts {
-    const char *endpoint;       /* required: "ns.component.endpoint" */
-    const char *instance_id;    /* default: 16 random hex characters */
-    sw_handler_fn handler;      /* required */
+    const char *endpoint;    /* required: "ns.component.endpoint" */
+    const char *instance_id; /* default: 16 random hex characters */
+    sw_handler_fn handler;   /* required */
     void *handler_arg;
-    unsigned max_inflight;      /* live streams (incl. retained responders); default 64.
-                                   A request beyond it gets an "overloaded" terminal. */
-    unsigned handler_threads;   /* default 4 */
-    size_t max_request_bytes;   /* default: the server's max payload */
+    unsigned max_inflight;       /* live streams (incl. retained responders); default 64.
+                                    A request beyond it gets an "overloaded" terminal. */
+    unsigned handler_threads;    /* default 4 */
+    size_t max_request_bytes;    /* default: the server's max payload */
     sw_duration send_timeout_ms; /* how long send() waits for credit; default 30000 */
-    unsigned max_window;        /* cap on a request's credit window; default 1024 */
-    sw_duration frontend_probe_ms; /* how often the frontends of live streams are probed; default 250 */
+    unsigned max_window;         /* cap on a request's credit window; default 1024 */
+    sw_duration
+        frontend_probe_ms; /* how often the frontends of live streams are probed; default 250 */
     sw_duration frontend_timeout_ms; /* a probe unanswered this long is a miss; two misses in a row,
                                      or a no-responders answer, cancel that frontend's streams;
                                      default 1000 */
-    sw_duration coalesce_us;    /* coalescing (docs/PROTOCOL.md): a stream that published less
-                                   than this many microseconds ago hands its items to the
-                                   sender thread, which puts what queues meanwhile in one
-                                   message. 0 = default (200); SW_COALESCE_OFF = every item in
-                                   a message of its own, published by the sending thread */
+    sw_duration coalesce_us;         /* coalescing (docs/PROTOCOL.md): a stream that published less
+                                        than this many microseconds ago hands its items to the
+                                        sender thread, which puts what queues meanwhile in one
+                                        message. 0 = default (200); SW_COALESCE_OFF = every item in
+                                        a message of its own, published by the sending thread */
     sw_log_fn log;
     void *log_arg;
-    unsigned max_held_finals;   /* finished streams kept until the frontend acknowledges their
-                                   final (so a lost final can be resent); beyond this many the
-                                   oldest is let go (counted in finals_dropped). Default
-                                   SW_INGRESS_MAX_HELD_DEFAULT */
+    unsigned max_held_finals; /* finished streams kept until the frontend acknowledges their
+                                 final (so a lost final can be resent); beyond this many the
+                                 oldest is let go (counted in finals_dropped). Default
+                                 SW_INGRESS_MAX_HELD_DEFAULT */
 } sw_ingress_opts;
 
 #define SW_COALESCE_OFF (-1)
@@ -225,8 +226,8 @@ SW_API SW_NODISCARD sw_err sw_ingress_start(sw_ingress **out, sw_conn *conn,
  * that are cancelled: their handlers see the cancellation, and their
  * frontends get the terminal error instance_lost ("the worker is shutting
  * down"), which a migrating router may retry elsewhere. Returns SW_OK
- * when all finished in time, SW_ETIMEDOUT when some had to be cancelled. Idempotent. Must not be called from a
- * handler thread. */
+ * when all finished in time, SW_ETIMEDOUT when some had to be cancelled. Idempotent. Must not be
+ * called from a handler thread. */
 SW_API sw_err sw_ingress_drain(sw_ingress *ing, int64_t grace_ms);
 
 /* Drains with grace 0, stops all threads, frees. Retained responders stay
@@ -248,18 +249,18 @@ typedef struct sw_ingress_stats {
     uint64_t items_resent;      /* retransmissions answering RESEND */
     uint64_t items_shed;        /* droppable items shed for lack of credit */
     uint64_t heartbeats;
-    uint64_t cancels;           /* streams cancelled by the frontend (or its loss) */
-    uint64_t frontends_lost;    /* frontends declared gone by the liveness probe */
-    uint64_t finished[6];       /* terminals sent, indexed by sw_status (1..5) */
-    uint64_t inflight;          /* gauge */
-    uint64_t messages_sent;     /* NATS messages that carried first sends of items and finals:
-                                   items queued while the previous message went out share one */
-    uint64_t streams_held;      /* gauge: streams in the worker's table, live ones and finished
-                                   ones whose final the frontend has not acknowledged yet */
-    uint64_t bad_controls;      /* control messages for a stream naming another frontend
-                                   (router_id) than the stream's: ignored */
-    uint64_t finals_dropped;    /* finished streams let go before their final was
-                                   acknowledged, to keep at most max_held_finals */
+    uint64_t cancels;        /* streams cancelled by the frontend (or its loss) */
+    uint64_t frontends_lost; /* frontends declared gone by the liveness probe */
+    uint64_t finished[6];    /* terminals sent, indexed by sw_status (1..5) */
+    uint64_t inflight;       /* gauge */
+    uint64_t messages_sent;  /* NATS messages that carried first sends of items and finals:
+                                items queued while the previous message went out share one */
+    uint64_t streams_held;   /* gauge: streams in the worker's table, live ones and finished
+                                ones whose final the frontend has not acknowledged yet */
+    uint64_t bad_controls;   /* control messages for a stream naming another frontend
+                                (router_id) than the stream's: ignored */
+    uint64_t finals_dropped; /* finished streams let go before their final was
+                                acknowledged, to keep at most max_held_finals */
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);
@@ -344,15 +345,15 @@ typedef enum sw_item_kind { SW_ITEM_DATA = 1, SW_ITEM_TERMINAL = 2 } sw_item_kin
 
 typedef struct sw_terminal {
     sw_status status;
-    sw_err error;            /* SW_OK unless status == SW_STATUS_ERROR */
-    const char *reason;      /* "stop", "max_tokens", app code, "cancelled", or sw_err_name(error) */
-    const char *message;     /* human text; "" when none */
+    sw_err error;        /* SW_OK unless status == SW_STATUS_ERROR */
+    const char *reason;  /* "stop", "max_tokens", app code, "cancelled", or sw_err_name(error) */
+    const char *message; /* human text; "" when none */
 } sw_terminal;
 
 typedef struct sw_item {
     sw_item_kind kind;
-    uint64_t seq;            /* DATA: 1, 2, ...; TERMINAL: the final's seq, or 0 if synthesized */
-    const void *data;        /* DATA only */
+    uint64_t seq;     /* DATA: 1, 2, ...; TERMINAL: the final's seq, or 0 if synthesized */
+    const void *data; /* DATA only */
     size_t len;
     int droppable;
     sw_terminal terminal;    /* TERMINAL only */
@@ -369,27 +370,27 @@ typedef struct sw_item {
 typedef void (*sw_item_fn)(sw_stream *s, const sw_item *item, void *arg);
 
 typedef struct sw_router_opts {
-    const char *router_id;        /* default: 16 random hex characters */
-    unsigned credit_window;       /* items in flight per stream; default 256. Bounds the frontend's
-                                     memory per stream (window x item size). A worker may grant
-                                     less (its max_window); the router then adopts that. */
-    sw_duration heartbeat_ms;     /* asked of workers; default 250 */
-    sw_duration inactivity_ms;    /* silence (incl. heartbeats) that ends a stream with
-                                     stream_incomplete; default 4 * heartbeat_ms + 500 */
-    sw_duration gap_timeout_ms;   /* how long a sequence gap may stay open; default 500 */
-    sw_duration final_linger_ms;  /* hold the terminal this long after the final to catch
-                                     items sent after it (item_after_final); default 0 */
-    unsigned max_streams;         /* open streams; default 65536 */
-    sw_registry *registry;        /* optional. Enables routing by endpoint (requests with no
-                                     instance_id) and shares dead-instance reports with every
-                                     other router. Must outlive the router. */
-    sw_policy policy;             /* default round robin */
+    const char *router_id;         /* default: 16 random hex characters */
+    unsigned credit_window;        /* items in flight per stream; default 256. Bounds the frontend's
+                                      memory per stream (window x item size). A worker may grant
+                                      less (its max_window); the router then adopts that. */
+    sw_duration heartbeat_ms;      /* asked of workers; default 250 */
+    sw_duration inactivity_ms;     /* silence (incl. heartbeats) that ends a stream with
+                                      stream_incomplete; default 4 * heartbeat_ms + 500 */
+    sw_duration gap_timeout_ms;    /* how long a sequence gap may stay open; default 500 */
+    sw_duration final_linger_ms;   /* hold the terminal this long after the final to catch
+                                      items sent after it (item_after_final); default 0 */
+    unsigned max_streams;          /* open streams; default 65536 */
+    sw_registry *registry;         /* optional. Enables routing by endpoint (requests with no
+                                      instance_id) and shares dead-instance reports with every
+                                      other router. Must outlive the router. */
+    sw_policy policy;              /* default round robin */
     sw_duration probe_interval_ms; /* instances with open streams are probed this often; a dead
                                      one answers "no responders" at once; default 100 */
-    sw_duration probe_timeout_ms; /* an unanswered probe is a miss; default 300 */
-    unsigned probe_misses;        /* misses in a row that make a frozen instance dead; default 2 */
-    sw_duration quarantine_ms;    /* local quarantine of a dead instance, doubling on repeats up
-                                     to 30 s, lifted early when it registers again; default 1000 */
+    sw_duration probe_timeout_ms;  /* an unanswered probe is a miss; default 300 */
+    unsigned probe_misses;         /* misses in a row that make a frozen instance dead; default 2 */
+    sw_duration quarantine_ms;     /* local quarantine of a dead instance, doubling on repeats up
+                                      to 30 s, lifted early when it registers again; default 1000 */
     sw_log_fn log;
     void *log_arg;
 } sw_router_opts;
@@ -410,15 +411,15 @@ SW_API void sw_router_destroy(sw_router *r);
 SW_API const char *sw_router_id(const sw_router *r);
 
 typedef struct sw_request_opts {
-    const char *endpoint;      /* required: "ns.component.endpoint" */
-    const char *instance_id;   /* direct routing to this instance; NULL = pick one through the
-                                  router's registry by policy (no live instance: the stream's
-                                  only item is the terminal error no_instances) */
-    sw_duration deadline_ms;   /* 0 = none */
-    uint32_t max_tokens;       /* hint passed to the engine; 0 = unset */
-    unsigned credit_window;    /* 0 = router default */
-    sw_duration heartbeat_ms;  /* 0 = router default */
-    sw_item_fn on_item;        /* NULL = blocking mode (sw_stream_next) */
+    const char *endpoint;     /* required: "ns.component.endpoint" */
+    const char *instance_id;  /* direct routing to this instance; NULL = pick one through the
+                                 router's registry by policy (no live instance: the stream's
+                                 only item is the terminal error no_instances) */
+    sw_duration deadline_ms;  /* 0 = none */
+    uint32_t max_tokens;      /* hint passed to the engine; 0 = unset */
+    unsigned credit_window;   /* 0 = router default */
+    sw_duration heartbeat_ms; /* 0 = router default */
+    sw_item_fn on_item;       /* NULL = blocking mode (sw_stream_next) */
     void *on_item_arg;
 } sw_request_opts;
 
@@ -433,8 +434,8 @@ SW_API void sw_request_opts_init(sw_request_opts *opts);
  * SW_EINVAL (bad options or endpoint), SW_ENOMEM, SW_ECLOSED (router
  * destroyed), SW_EBUSY (max_streams reached). Thread-safe. */
 SW_API SW_NODISCARD sw_err sw_router_open(sw_stream **out, sw_router *r,
-                                          const sw_request_opts *opts,
-                                          const void *payload, size_t len);
+                                          const sw_request_opts *opts, const void *payload,
+                                          size_t len);
 
 /* Blocking mode: waits up to timeout_ms (-1 = forever, 0 = poll) for the next
  * item. *item stays valid until the next call on this stream or close.
@@ -473,26 +474,26 @@ typedef struct sw_stream_stats {
     uint64_t reordered;       /* held and delivered after a gap filled */
     uint64_t resend_requests; /* RESEND controls sent */
     uint64_t heartbeats;
-    uint64_t peak_pending;    /* most items queued for the consumer at once */
+    uint64_t peak_pending; /* most items queued for the consumer at once */
 } sw_stream_stats;
 
 SW_API void sw_stream_stats_get(sw_stream *s, sw_stream_stats *out);
 
 typedef struct sw_router_stats {
     uint64_t streams_opened;
-    uint64_t terminals[6];         /* by sw_status (1..5) */
-    uint64_t items;                /* data items delivered */
-    uint64_t unknown_stream;       /* messages (or batched heartbeats) for no open stream, or
-                                      heartbeats from an instance the stream is not on */
-    uint64_t items_after_final;    /* seen after a delivered terminal */
-    uint64_t nats_dropped;         /* nats.c slow-consumer drops on the mux subscription */
-    uint64_t open_streams;         /* gauge */
-    uint64_t instances_lost;       /* instances this router declared dead */
+    uint64_t terminals[6];      /* by sw_status (1..5) */
+    uint64_t items;             /* data items delivered */
+    uint64_t unknown_stream;    /* messages (or batched heartbeats) for no open stream, or
+                                   heartbeats from an instance the stream is not on */
+    uint64_t items_after_final; /* seen after a delivered terminal */
+    uint64_t nats_dropped;      /* nats.c slow-consumer drops on the mux subscription */
+    uint64_t open_streams;      /* gauge */
+    uint64_t instances_lost;    /* instances this router declared dead */
     uint64_t probes_sent;
-    uint64_t last_loss_detect_ms;  /* detection latency of the last loss: from the last sign of
-                                      life of the instance to its declaration */
-    uint64_t bad_messages;         /* heartbeat batches that did not decode (a stream's own
-                                      undecodable item ends it with decode_error instead) */
+    uint64_t last_loss_detect_ms; /* detection latency of the last loss: from the last sign of
+                                     life of the instance to its declaration */
+    uint64_t bad_messages;        /* heartbeat batches that did not decode (a stream's own
+                                     undecodable item ends it with decode_error instead) */
 } sw_router_stats;
 
 /* SW_STATUS_ERROR terminals this router delivered with the code `err` (a

@@ -45,13 +45,13 @@ fuzz_decode_stats(unsigned long *decoded, unsigned long *rejected)
     *rejected = n_rejected;
 }
 
-#define FUZZ_CHECK(cond)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_decode: %s:%d: check failed: %s (decoder %d)\n", __FILE__,       \
-                    __LINE__, #cond, sel);                                                         \
-            abort();                                                                               \
-        }                                                                                          \
+#define FUZZ_CHECK(cond)                                                                     \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fprintf(stderr, "fuzz_decode: %s:%d: check failed: %s (decoder %d)\n", __FILE__, \
+                    __LINE__, #cond, sel);                                                   \
+            abort();                                                                         \
+        }                                                                                    \
     } while (0)
 
 static sw_err
@@ -103,8 +103,8 @@ fuzz_decode(int sel, const uint8_t *buf, size_t len, size_t max, void **out)
 }
 
 static const ProtobufCMessageDescriptor *const fuzz_desc[FUZZ_NDECODERS] = {
-    &streamwire__v1__request__descriptor,      &streamwire__v1__stream_item_wrapper__descriptor,
-    &streamwire__v1__control__descriptor,      &streamwire__v1__probe_reply__descriptor,
+    &streamwire__v1__request__descriptor,       &streamwire__v1__stream_item_wrapper__descriptor,
+    &streamwire__v1__control__descriptor,       &streamwire__v1__probe_reply__descriptor,
     &streamwire__v1__instance_info__descriptor, &streamwire__v1__heartbeat_batch__descriptor,
 };
 

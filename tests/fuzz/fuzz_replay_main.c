@@ -334,12 +334,12 @@ main(int argc, char **argv)
     {
         const size_t big = 1u << 20;
         uint8_t *lb = malloc(big + 1);
-        static const uint8_t unit_unknown[] = {0x98, 0x06, 0x01};        /* field 99 varint */
-        static const uint8_t unit_version[] = {0x08, 0x01};              /* field 1 varint */
+        static const uint8_t unit_unknown[] = {0x98, 0x06, 0x01}; /* field 99 varint */
+        static const uint8_t unit_version[] = {0x08, 0x01};       /* field 1 varint */
         static const uint8_t unit_header[] = {0x5a, 0x04, 0x0a, 0x00, 0x12, 0x00}; /* headers {} */
-        static const uint8_t unit_ack[] = {0x4a, 0x00};                  /* final_acks "" */
-        static const uint8_t unit_beat[] = {0x1a, 0x00};                 /* beats {} */
-        static const uint8_t unit_batch[] = {0x62, 0x00};                /* batch {} */
+        static const uint8_t unit_ack[] = {0x4a, 0x00};   /* final_acks "" */
+        static const uint8_t unit_beat[] = {0x1a, 0x00};  /* beats {} */
+        static const uint8_t unit_batch[] = {0x62, 0x00}; /* batch {} */
         static const struct {
             int sel;
             const uint8_t *unit;

@@ -9,7 +9,6 @@
 swh_nats g_nats;
 int g_slow = 1;
 
-
 int64_t
 now_ms(void)
 {
@@ -189,7 +188,7 @@ w_try(wctx *w, sw_responder *r)
     rv[1] = sw_responder_try_send(r, "token-0", 7);
     rv[2] = sw_responder_try_send(r, "token-1", 7);
     rv[3] = sw_responder_try_send(r, "token-2", 7);
-    rv[4] = sw_responder_try_send(r, "token-3", 7); /* no credit: SW_EAGAIN */
+    rv[4] = sw_responder_try_send(r, "token-3", 7);         /* no credit: SW_EAGAIN */
     rv[5] = sw_responder_send_droppable(r, "metrics-b", 9); /* shed */
     pthread_mutex_lock(&w->mu);
     memcpy(w->rv, rv, sizeof(rv));
@@ -501,12 +500,36 @@ ist_wait(env *e, ist_field_fn fn, uint64_t want, int64_t timeout_ms)
         sleep_ms(5);
     }
 }
-uint64_t f_cancels(const sw_ingress_stats *s) { return s->cancels; }
-uint64_t f_bad(const sw_ingress_stats *s) { return s->bad_requests; }
-uint64_t f_fin_cancelled(const sw_ingress_stats *s) { return s->finished[SW_STATUS_CANCELLED]; }
-uint64_t f_fin_completed(const sw_ingress_stats *s) { return s->finished[SW_STATUS_COMPLETED]; }
-uint64_t f_inflight_zero(const sw_ingress_stats *s) { return s->inflight == 0; }
-uint64_t f_held_zero(const sw_ingress_stats *s) { return s->streams_held == 0; }
+uint64_t
+f_cancels(const sw_ingress_stats *s)
+{
+    return s->cancels;
+}
+uint64_t
+f_bad(const sw_ingress_stats *s)
+{
+    return s->bad_requests;
+}
+uint64_t
+f_fin_cancelled(const sw_ingress_stats *s)
+{
+    return s->finished[SW_STATUS_CANCELLED];
+}
+uint64_t
+f_fin_completed(const sw_ingress_stats *s)
+{
+    return s->finished[SW_STATUS_COMPLETED];
+}
+uint64_t
+f_inflight_zero(const sw_ingress_stats *s)
+{
+    return s->inflight == 0;
+}
+uint64_t
+f_held_zero(const sw_ingress_stats *s)
+{
+    return s->streams_held == 0;
+}
 
 void
 got_free(got *g)

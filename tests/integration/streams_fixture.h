@@ -56,36 +56,32 @@ extern int g_slow;
 
 #define EP "itest.llm.generate"
 
-
 /* A generous bound, scaled for sanitizer runs. */
-#define T(ms) ((int64_t)(ms) * g_slow)
-
+#define T(ms) ((int64_t)(ms)*g_slow)
 
 /* ======================================================================== */
 /* Worker side: one configurable handler                                     */
 
 enum {
-    M_STREAM = 1,    /* n tokens (delay_ms apart), finish COMPLETED */
-    M_MAXTOK,        /* n tokens, or max_tokens of them and INCOMPLETE "max_tokens" */
-    M_FAIL,          /* n tokens, fail("engine_error", FAIL_MSG) */
-    M_RETURN,        /* n tokens, return without a terminal */
-    M_RETAIN_RELEASE,/* retain; a thread sends n tokens after the handler returned, releases */
-    M_RETAIN_FINISH, /* retain; a thread sends n tokens, finishes, releases */
-    M_ABANDON,       /* k tokens, swx_responder_abandon */
-    M_AFTER_FINAL,   /* n tokens, finish, swx_responder_send_after_final */
-    M_GARBAGE,       /* k tokens, raw garbage, then keeps sending until stopped */
-    M_GAP,           /* k tokens, skip a seq, tokens k..n-1, finish */
-    M_BLOCK,         /* k tokens, block until the gate opens (then n-k more, finish) or cancel */
-    M_TRY,           /* try_send / droppable probe against a small window */
-    M_KEEP,          /* retain and return; the test owns the responder */
-    M_PAUSE,         /* k tokens, sleep delay_ms, the rest, finish */
-    M_API,           /* responder API misuse and edge cases (results in rv[]) */
-    M_LOSE_FINAL     /* n tokens, swx_responder_lose_next, finish COMPLETED */
+    M_STREAM = 1,     /* n tokens (delay_ms apart), finish COMPLETED */
+    M_MAXTOK,         /* n tokens, or max_tokens of them and INCOMPLETE "max_tokens" */
+    M_FAIL,           /* n tokens, fail("engine_error", FAIL_MSG) */
+    M_RETURN,         /* n tokens, return without a terminal */
+    M_RETAIN_RELEASE, /* retain; a thread sends n tokens after the handler returned, releases */
+    M_RETAIN_FINISH,  /* retain; a thread sends n tokens, finishes, releases */
+    M_ABANDON,        /* k tokens, swx_responder_abandon */
+    M_AFTER_FINAL,    /* n tokens, finish, swx_responder_send_after_final */
+    M_GARBAGE,        /* k tokens, raw garbage, then keeps sending until stopped */
+    M_GAP,            /* k tokens, skip a seq, tokens k..n-1, finish */
+    M_BLOCK,          /* k tokens, block until the gate opens (then n-k more, finish) or cancel */
+    M_TRY,            /* try_send / droppable probe against a small window */
+    M_KEEP,           /* retain and return; the test owns the responder */
+    M_PAUSE,          /* k tokens, sleep delay_ms, the rest, finish */
+    M_API,            /* responder API misuse and edge cases (results in rv[]) */
+    M_LOSE_FINAL      /* n tokens, swx_responder_lose_next, finish COMPLETED */
 };
 
-
 #define FAIL_MSG "the engine fell over: CUDA error 700"
-
 
 typedef struct wctx {
     pthread_mutex_t mu;
@@ -119,17 +115,14 @@ typedef struct wctx {
     int thr_started;
 } wctx;
 
-
 /* ======================================================================== */
 /* Fixture                                                                   */
 
 #define MAX_TRACKED 16
 
-
 struct got;
 
 struct cbgot;
-
 
 typedef struct env {
     sw_conn *wc; /* worker connection */
@@ -153,10 +146,8 @@ typedef struct env {
     sw_router *rt2;
 } env;
 
-
 /* Polls an ingress counter (read by fn) until >= want. Returns its value. */
 typedef uint64_t (*ist_field_fn)(const sw_ingress_stats *);
-
 
 /* ======================================================================== */
 /* Consumer side: collecting a stream                                        */
@@ -180,7 +171,6 @@ typedef struct got {
     int read_delay_ms;
 } got;
 
-
 /* ======================================================================== */
 /* Callback-mode collector                                                   */
 
@@ -189,14 +179,14 @@ typedef struct cbgot {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     atomic_int in_cb;
-    int concurrent;     /* two callbacks for the stream overlapped */
-    int after_terminal; /* callbacks after the terminal */
-    size_t cancel_after;/* cancel from the callback after this many data items (0 = never) */
+    int concurrent;      /* two callbacks for the stream overlapped */
+    int after_terminal;  /* callbacks after the terminal */
+    size_t cancel_after; /* cancel from the callback after this many data items (0 = never) */
     int cancel_called;
     sw_err cancel_rv;
     int close_on_terminal;
     int closed;
-    int busy_ok;        /* sw_stream_next from inside the callback returned SW_EBUSY */
+    int busy_ok; /* sw_stream_next from inside the callback returned SW_EBUSY */
     int busy_checks;
 } cbgot;
 

@@ -241,9 +241,9 @@ custom_response_subject_refused(void **state)
     m.heartbeat_ms = 50;
     m.endpoint = (char *)EP;
     assert_int_equal(swp_encode_alloc(&m, SIZE_MAX, &buf, &blen), SW_OK);
-    assert_int_equal(natsConnection_PublishRequest(nc, sw_ingress_request_subject(e->ing), resp,
-                                                   buf, (int)blen),
-                     NATS_OK);
+    assert_int_equal(
+        natsConnection_PublishRequest(nc, sw_ingress_request_subject(e->ing), resp, buf, (int)blen),
+        NATS_OK);
     free(buf);
     /* Issue 11 #12: the worker is no reflector. A response subject that is
      * not sw.rsp.<router_id>.<request id> gets nothing at all: no item, no
@@ -378,12 +378,9 @@ int
 main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        T_(custom_response_subject_refused),
-        T_(item_after_final),
-        T_(item_after_final_callback),
-        T_(decode_error),
-        T_(decode_error_callback),
-        T_(sequence_gap),
+        T_(custom_response_subject_refused), T_(item_after_final),
+        T_(item_after_final_callback),       T_(decode_error),
+        T_(decode_error_callback),           T_(sequence_gap),
         T_(bad_input_on_request_subject),
     };
     sf_filters(argc, argv);

@@ -64,8 +64,8 @@
 #define ID_SLOW "slow"
 
 typedef struct kid {
-    pid_t pid; /* 0: free or reaped */
-    int fd;    /* its stdout pipe, or -1 */
+    pid_t pid;  /* 0: free or reaped */
+    int fd;     /* its stdout pipe, or -1 */
     int shared; /* 0: the running test's; 1: "plain", 2: "slow" (group-wide) */
 } kid;
 
@@ -75,7 +75,7 @@ static kid g_kids[MAX_KIDS];
 static char *g_out; /* OUT_CAP bytes, reused by the tests */
 static char *g_err;
 
-#define T(ms) ((int)(ms) * g_slow)
+#define T(ms) ((int)(ms)*g_slow)
 /* A NULL-terminated argument list as a compound literal. */
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -177,10 +177,10 @@ worker_start_ex(const char *ep, const char *id, const char *const *extra, int sh
     pid_t pid;
     int r;
 
-    args_join(argv,
-              ARGS("worker", "--server", g_nats.url, "--endpoint", ep, "--instance-id", id,
-                   "--quiet"),
-              extra);
+    args_join(
+        argv,
+        ARGS("worker", "--server", g_nats.url, "--endpoint", ep, "--instance-id", id, "--quiet"),
+        extra);
     pid = swh_spawn(argv, &fd);
     assert_true(pid > 0);
     kid_add(pid, fd, shared);
@@ -665,9 +665,9 @@ test_stream_incomplete_hang(void **state)
 {
     (void)state;
     worker_start("cli.hang.gen", "whang", ARGS("--hang-after", "3"));
-    check_gen(gen_run("cli.hang.gen",
-                      ARGS("--instance-id", "whang", "--heartbeat-ms", "100", "--json")),
-              "error", "stream_incomplete", "whang", 3, 1);
+    check_gen(
+        gen_run("cli.hang.gen", ARGS("--instance-id", "whang", "--heartbeat-ms", "100", "--json")),
+        "error", "stream_incomplete", "whang", 3, 1);
 }
 
 static void
@@ -731,9 +731,9 @@ test_payload_too_large(void **state)
 {
     (void)state;
     need_plain();
-    check_gen(gen_run(EP_PLAIN,
-                      ARGS("--instance-id", ID_PLAIN, "--payload-bytes", "100000", "--json")),
-              "error", "payload_too_large", ID_PLAIN, 0, 1);
+    check_gen(
+        gen_run(EP_PLAIN, ARGS("--instance-id", ID_PLAIN, "--payload-bytes", "100000", "--json")),
+        "error", "payload_too_large", ID_PLAIN, 0, 1);
     /* The worker is unaffected. */
     check_gen(gen_run(EP_PLAIN, ARGS("--instance-id", ID_PLAIN, "--json")), "completed", "stop",
               ID_PLAIN, 16, 0);
@@ -748,9 +748,9 @@ test_deadline_exceeded(void **state)
     (void)state;
     need_slow();
     snprintf(timeout, sizeof(timeout), "%d", T(300));
-    n = check_gen(gen_run(EP_SLOW,
-                          ARGS("--instance-id", ID_SLOW, "--timeout-ms", timeout, "--json")),
-                  "error", "deadline_exceeded", ID_SLOW, -1, 1);
+    n = check_gen(
+        gen_run(EP_SLOW, ARGS("--instance-id", ID_SLOW, "--timeout-ms", timeout, "--json")),
+        "error", "deadline_exceeded", ID_SLOW, -1, 1);
     assert_true(n < 40);
 }
 
@@ -787,8 +787,8 @@ test_routed_by_registry(void **state)
     (void)state;
     worker_start("cli.routed.gen", "wrouted", NULL);
     check_gen(gen_run("cli.routed.gen", ARGS("--json")), "completed", "stop", "wrouted", 16, 0);
-    check_gen(gen_run("cli.routed.gen", ARGS("--max-tokens", "2", "--policy", "least_inflight",
-                                             "--json")),
+    check_gen(gen_run("cli.routed.gen",
+                      ARGS("--max-tokens", "2", "--policy", "least_inflight", "--json")),
               "incomplete", "max_tokens", "wrouted", 2, 0);
 }
 
@@ -934,8 +934,8 @@ static void
 test_help(void **state)
 {
     (void)state;
-    expect_help(ARGS("--help"), ARGS("worker", "generate", "instances", "demo", "--help",
-                                     "--version", "Usage"));
+    expect_help(ARGS("--help"),
+                ARGS("worker", "generate", "instances", "demo", "--help", "--version", "Usage"));
     expect_help(ARGS("help"), ARGS("worker", "generate", "instances", "demo"));
     expect_help(ARGS("worker", "--help"),
                 ARGS("--server", "--endpoint", "--instance-id", "--tokens", "--token-interval-ms",
@@ -975,8 +975,8 @@ expect_usage(const char *const *argv, const char *what)
     else
         snprintf(prefix, sizeof(prefix), "streamwire %s: ", argv[0]);
     if (strncmp(g_err, prefix, strlen(prefix)) != 0 || strstr(g_err, what) == NULL)
-        fail_msg("streamwire %s ...: stderr should start with '%s' and mention '%s': '%s'",
-                 argv[0], prefix, what, g_err);
+        fail_msg("streamwire %s ...: stderr should start with '%s' and mention '%s': '%s'", argv[0],
+                 prefix, what, g_err);
 }
 
 static void
@@ -1035,16 +1035,15 @@ test_usage_errors(void **state)
                  "out of range");
     expect_usage(ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--lease-ms", "5"),
                  "out of range");
-    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--max-tokens",
-                      "4294967296"),
-                 "out of range");
+    expect_usage(
+        ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--max-tokens", "4294967296"),
+        "out of range");
     expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--max-tokens",
                       "99999999999999999999999"),
                  "out of range");
     expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--timeout-ms", "-5"),
                  "out of range");
-    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--cancel-after",
-                      "3x"),
+    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--cancel-after", "3x"),
                  "not an integer");
     expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--window", ""),
                  "not an integer");
@@ -1062,9 +1061,9 @@ test_unreachable_server(void **state)
     int rc;
 
     (void)state;
-    rc = cli_run2(ARGS("generate", "--server", bad, "--endpoint", "a.b.c", "--instance-id", "w",
-                       "--json"),
-                  T(30000));
+    rc = cli_run2(
+        ARGS("generate", "--server", bad, "--endpoint", "a.b.c", "--instance-id", "w", "--json"),
+        T(30000));
     assert_int_equal(rc, 3);
     assert_non_null(strstr(g_err, "cannot connect"));
     assert_string_equal(g_out, ""); /* no terminal line: no stream ever existed */
@@ -1222,8 +1221,8 @@ check_table(const char *ep, const char *const *ids, const pid_t *pids, int n)
         {
             const char *eol = strchr(line, '\n');
             char row[512];
-            size_t len = (size_t)(eol - line) < sizeof(row) - 1 ? (size_t)(eol - line)
-                                                                : sizeof(row) - 1;
+            size_t len =
+                (size_t)(eol - line) < sizeof(row) - 1 ? (size_t)(eol - line) : sizeof(row) - 1;
             memcpy(row, line, len);
             row[len] = '\0';
             if (strstr(row, ep) == NULL || strstr(row, pid) == NULL || strstr(row, "live") == NULL)
@@ -1325,9 +1324,9 @@ test_bucket_and_registry_none(void **state)
     assert_int_equal(n, 0);
     check_gen(gen_run("cli.bucket.gen", ARGS("--json")), "error", "no_instances", "", 0, 1);
     /* ...but in its own. */
-    rc = cli_run(ARGS("instances", "--server", g_nats.url, "--bucket", "cli_other_bucket",
-                      "--json"),
-                 NULL, T(20000));
+    rc =
+        cli_run(ARGS("instances", "--server", g_nats.url, "--bucket", "cli_other_bucket", "--json"),
+                NULL, T(20000));
     assert_int_equal(rc, 0);
     {
         char id[64];
@@ -1362,9 +1361,9 @@ test_bucket_and_registry_none(void **state)
         assert_int_equal(WEXITSTATUS(st), 0);
     }
     worker_stop_clean(wb, T(10000));
-    rc = cli_run(ARGS("instances", "--server", g_nats.url, "--bucket", "cli_other_bucket",
-                      "--json"),
-                 NULL, T(20000));
+    rc =
+        cli_run(ARGS("instances", "--server", g_nats.url, "--bucket", "cli_other_bucket", "--json"),
+                NULL, T(20000));
     assert_int_equal(rc, 0);
     assert_string_equal(g_out, "");
 }
@@ -1403,9 +1402,9 @@ drain_mid_stream(const char *ep, const char *id, const char *const *extra)
 
     args_join(argv, ARGS("--tokens", "40", "--token-interval-ms", "20"), extra);
     w = worker_start(ep, id, argv);
-    g = swh_spawn(ARGS("generate", "--server", g_nats.url, "--endpoint", ep, "--instance-id", id,
-                       "--json"),
-                  &fd);
+    g = swh_spawn(
+        ARGS("generate", "--server", g_nats.url, "--endpoint", ep, "--instance-id", id, "--json"),
+        &fd);
     assert_true(g > 0);
     kid_add(g, fd, 0);
     g_out[0] = '\0';

@@ -170,7 +170,7 @@ try_send_and_droppable(void **state)
     s = env_open_with(e, &o, "p", 1);
     assert_true(wctx_wait(&e->w, &e->w.try_done, 1, T(5000)));
     assert_int_equal(e->w.nrv, 6);
-    assert_int_equal(e->w.rv[0], SW_OK);     /* droppable with credit: sent */
+    assert_int_equal(e->w.rv[0], SW_OK); /* droppable with credit: sent */
     assert_int_equal(e->w.rv[1], SW_OK);
     assert_int_equal(e->w.rv[2], SW_OK);
     assert_int_equal(e->w.rv[3], SW_OK);
@@ -207,8 +207,8 @@ try_send_and_droppable(void **state)
 
 typedef struct sc_stream {
     sw_stream *s;
-    uint64_t next;  /* next expected seq */
-    int bad;        /* out-of-order, wrong content */
+    uint64_t next; /* next expected seq */
+    int bad;       /* out-of-order, wrong content */
     int terminals;
     int status;
     int after_term;
@@ -381,9 +381,8 @@ scale_1000_streams(void **state)
                  (unsigned long long)sw_router_error_count(e->rt, SW_STREAM_INCOMPLETE),
                  (unsigned long long)sw_router_error_count(e->rt, SW_SEQUENCE_GAP),
                  (unsigned long long)sw_router_error_count(e->rt, SW_EOVERLOADED),
-                 (unsigned long long)rs.nats_dropped,
-                 (unsigned long long)st.items_sent, (unsigned long long)st.items_resent,
-                 (unsigned long long)st.rejected_overload);
+                 (unsigned long long)rs.nats_dropped, (unsigned long long)st.items_sent,
+                 (unsigned long long)st.items_resent, (unsigned long long)st.rejected_overload);
     }
     assert_int_equal(rs.terminals[SW_STATUS_COMPLETED], NS);
     assert_int_equal(rs.open_streams, 0);
@@ -430,7 +429,7 @@ router_backlog_no_spurious_incomplete(void **state)
 
     e->w.mode = M_STREAM;
     e->w.n = 40;
-    e->w.delay_ms = 50; /* a live, steady worker: ~2 s per stream */
+    e->w.delay_ms = 50;       /* a live, steady worker: ~2 s per stream */
     env_start(e, NULL, NULL); /* heartbeat 250 ms: inactivity 1500 ms */
     ropts(e, &o);
     o.on_item = slow_cb_item;
@@ -532,6 +531,5 @@ main(int argc, char **argv)
         T_(consumer_stops_reading_then_closes),
     };
     sf_filters(argc, argv);
-    return cmocka_run_group_tests_name("streams.flow", tests, sf_group_setup,
-                                       sf_group_teardown);
+    return cmocka_run_group_tests_name("streams.flow", tests, sf_group_setup, sf_group_teardown);
 }

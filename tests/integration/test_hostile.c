@@ -33,7 +33,7 @@
 
 static swh_nats g_nats;
 
-#define T(ms) ((int64_t)(ms) * swh_slow())
+#define T(ms) ((int64_t)(ms)*swh_slow())
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -520,8 +520,8 @@ forged_cancel_from_other_router_is_ignored(void **state)
     swh_sleep_ms(30);
     raw_control(sw_conn_nats(ac), "w-forge", id, "evil",
                 STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
-    raw_control(sw_conn_nats(ac), "w-forge", id, "evil",
-                STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0, 0);
+    raw_control(sw_conn_nats(ac), "w-forge", id, "evil", STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL,
+                0, 0);
     natsConnection_Flush(sw_conn_nats(ac));
     read_all(s, seqs, 64, &n, &term);
     assert_int_equal(term.status, SW_STATUS_COMPLETED);

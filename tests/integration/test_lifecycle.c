@@ -409,8 +409,8 @@ conn_close_no_callback_after_free(void **state)
     natsConnection_Close(blocker); /* the async-callback thread sleeps 300 ms */
     sw_conn_close(c);              /* its callbacks queue behind; c is freed */
     at_close = atomic_load(&close_cb_calls);
-    assert_true(at_close >= 1);    /* the CLOSED state, at least, came before the return */
-    sleep_ms((long)T(600));        /* ...anything late would run now */
+    assert_true(at_close >= 1); /* the CLOSED state, at least, came before the return */
+    sleep_ms((long)T(600));     /* ...anything late would run now */
     assert_int_equal(atomic_load(&close_cb_calls), at_close);
     natsConnection_Destroy(blocker);
     natsOptions_Destroy(no);

@@ -122,8 +122,8 @@ live_reset(live_engine *e)
 static pid_t
 live_start_frontend(live_fixture *f, int *fd)
 {
-    const char *argv[] = {"generate", "--server", f->nats.url, "--endpoint", "live.engine.gen",
-                          "--instance-id", "wlive", "--json", NULL};
+    const char *argv[] = {"generate",      "--server", f->nats.url, "--endpoint", "live.engine.gen",
+                          "--instance-id", "wlive",    "--json",    NULL};
     pid_t pid = swh_spawn(argv, fd);
     assert_true(pid > 0);
     assert_int_equal(swh_wait_line(*fd, "{\"seq\":3,", NULL, 0, 10000 * swh_slow()), 0);
@@ -228,9 +228,18 @@ test_frontend_alive_not_cancelled(void **state)
     char out[16384];
     /* 40 items read slowly (30 ms each, slower than the engine), then a
      * cancel from the frontend itself. */
-    const char *argv[] = {"generate",        "--server",        f->nats.url, "--endpoint",
-                          "live.engine.gen", "--instance-id",   "wlive",     "--cancel-after",
-                          "40",              "--read-delay-ms", "30",        "--json",
+    const char *argv[] = {"generate",
+                          "--server",
+                          f->nats.url,
+                          "--endpoint",
+                          "live.engine.gen",
+                          "--instance-id",
+                          "wlive",
+                          "--cancel-after",
+                          "40",
+                          "--read-delay-ms",
+                          "30",
+                          "--json",
                           NULL};
     int rc;
     live_reset(&f->eng);

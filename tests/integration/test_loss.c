@@ -78,9 +78,8 @@ heartbeat_batches(void **state)
         assert_int_equal(swt_response_subject_id(sw_stream_request_id(s[0]), id3), -1);
         {
             char subj3[SWT_SUBJECT_MAX];
-            assert_int_equal(swt_subject_response(subj3, sizeof(subj3), "x",
-                                                  sw_stream_request_id(s[0])),
-                             SW_OK);
+            assert_int_equal(
+                swt_subject_response(subj3, sizeof(subj3), "x", sw_stream_request_id(s[0])), SW_OK);
             assert_int_equal(swt_response_subject_id(subj3, id3), 0);
         }
         b1.request_id.data = id1;
@@ -288,6 +287,5 @@ main(int argc, char **argv)
         T_(lost_final_is_resent),
     };
     sf_filters(argc, argv);
-    return cmocka_run_group_tests_name("streams.loss", tests, sf_group_setup,
-                                       sf_group_teardown);
+    return cmocka_run_group_tests_name("streams.loss", tests, sf_group_setup, sf_group_teardown);
 }

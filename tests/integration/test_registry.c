@@ -59,7 +59,7 @@ static swh_nats g_nats;
 static int g_slow = 1;
 static int g_verbose;
 
-#define T(ms) ((int64_t)(ms) * g_slow)
+#define T(ms) ((int64_t)(ms)*g_slow)
 
 static int64_t
 now_ms(void)
@@ -253,14 +253,14 @@ evlog_get(evlog *l, int i)
 #define NLOG 3
 
 typedef struct fx {
-    const char *be; /* backend name: "memory" or "nats-kv" */
+    const char *be;                 /* backend name: "memory" or "nats-kv" */
     const sw_registry_backend *ops; /* if set, opened with this table instead */
     char bucket[SW_MAX_TOKEN + 1];
     char sfx[9];
     sw_conn *conn;
     sw_registry *reg[MAXREG];
-    sw_ingress *ing[MAXING];          /* nats-kv only: the workers' ingresses */
-    sw_registration rg[MAXING];       /* what slot i registers */
+    sw_ingress *ing[MAXING];    /* nats-kv only: the workers' ingresses */
+    sw_registration rg[MAXING]; /* what slot i registers */
     char subj[MAXING][2][SWP_MAX_SUBJECT + 1];
     char ids[MAXING][SW_MAX_TOKEN + 1];
     evlog log[NLOG];
@@ -419,9 +419,8 @@ fx_reg(fx *f, int i, unsigned lease_ms, unsigned refresh_ms)
     o.log_arg = (void *)f->be;
     assert_null(f->reg[i]);
     /* The memory backend needs no connection: prove it by passing none. */
-    assert_int_equal(sw_registry_open(&f->reg[i], strcmp(f->be, "memory") == 0 ? NULL : f->conn,
-                                      &o),
-                     SW_OK);
+    assert_int_equal(
+        sw_registry_open(&f->reg[i], strcmp(f->be, "memory") == 0 ? NULL : f->conn, &o), SW_OK);
     assert_non_null(f->reg[i]);
     return f->reg[i];
 }
@@ -941,8 +940,8 @@ api_errors(void **state)
         char long_subj[SWP_MAX_SUBJECT + 16];
         static const char *const bad_ids[] = {NULL, "", "a.b", "a b", "a*", ">"};
         static const char *const bad_eps[] = {NULL, "", "a.b", "a.b.c.d", "a..c", "a.*.c", "a.b.>"};
-        const char *const bad_subjs[] = {NULL, "", "a..b", ".a", "a.", "a.*", "a.>",
-                                         "a b", long_subj};
+        const char *const bad_subjs[] = {NULL,  "",    "a..b", ".a",     "a.",
+                                         "a.*", "a.>", "a b",  long_subj};
         const sw_registration good = f->rg[0];
         sw_registration b;
         memset(long_subj, 'x', sizeof(long_subj) - 1); /* one token, too long */
@@ -1067,14 +1066,30 @@ open_invalid(void **state)
         for (int k = 0; k < 8; k++) {
             t = *sw_registry_backend_find(f->be);
             switch (k) {
-            case 0: t.open = NULL; break;
-            case 1: t.close = NULL; break;
-            case 2: t.put = NULL; break;
-            case 3: t.del = NULL; break;
-            case 4: t.list = NULL; break;
-            case 5: t.watch = NULL; break;
-            case 6: t.unwatch = NULL; break;
-            default: t.name = NULL; break;
+            case 0:
+                t.open = NULL;
+                break;
+            case 1:
+                t.close = NULL;
+                break;
+            case 2:
+                t.put = NULL;
+                break;
+            case 3:
+                t.del = NULL;
+                break;
+            case 4:
+                t.list = NULL;
+                break;
+            case 5:
+                t.watch = NULL;
+                break;
+            case 6:
+                t.unwatch = NULL;
+                break;
+            default:
+                t.name = NULL;
+                break;
             }
             reg = (sw_registry *)0x1;
             if (sw_registry_open(&reg, conn, &o) != SW_EINVAL)
@@ -1985,9 +2000,11 @@ watchdog_main(void *p)
     while (!w->done && now_ms() < w->until)
         cond_wait_until(&w->cv, &w->mu, w->until);
     if (!w->done) {
-        fprintf(stderr, "FAILED: %s: still running after its deadline: a log callback that "
-                        "re-enters the API deadlocked, i.e. it was called with a registry or pool "
-                        "lock held\n", w->what);
+        fprintf(stderr,
+                "FAILED: %s: still running after its deadline: a log callback that "
+                "re-enters the API deadlocked, i.e. it was called with a registry or pool "
+                "lock held\n",
+                w->what);
         fflush(NULL);
         _exit(1);
     }
@@ -2038,9 +2055,8 @@ fx_reg_reentry(fx *f, int i, unsigned lease_ms, unsigned refresh_ms, reentry *r)
     o.log = reentry_log;
     o.log_arg = r;
     assert_null(f->reg[i]);
-    assert_int_equal(sw_registry_open(&f->reg[i], strcmp(f->be, "memory") == 0 ? NULL : f->conn,
-                                      &o),
-                     SW_OK);
+    assert_int_equal(
+        sw_registry_open(&f->reg[i], strcmp(f->be, "memory") == 0 ? NULL : f->conn, &o), SW_OK);
     __atomic_store_n(&r->reg, f->reg[i], __ATOMIC_RELEASE);
     return f->reg[i];
 }
@@ -2321,17 +2337,20 @@ report_silent_refused_when_refreshed(void **state)
 }
 
 /* One entry per (test, backend): "name [backend]". */
-#define RT(f, be) {#f " [" be "]", f, setup, teardown, (void *)be}
-#define REG_TESTS(be)                                                                      \
-    RT(register_then_list, be), RT(watch_events, be), RT(lease_expiry, be),                \
-        RT(lease_is_the_entrys_own, be), RT(report_dead_guard_and_reregister, be),         \
-        RT(report_dead_of_gone_worker, be), RT(deleted_entry_reregisters, be),             \
-        RT(api_errors, be), RT(list_filters_by_endpoint, be), RT(open_invalid, be),        \
-        RT(open_same_new_bucket_concurrently, be), RT(garbage_entries_ignored, be),        \
-        RT(unwatch_stops_callbacks, be), RT(raw_backend_ops, be),                          \
-        RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be),              \
-        RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be),              \
-        RT(lease_ignores_clock_skew, be), RT(foreign_key_entry_ignored, be),               \
+#define RT(f, be)                                      \
+    {                                                  \
+#f " [" be "]", f, setup, teardown, (void *)be \
+    }
+#define REG_TESTS(be)                                                                              \
+    RT(register_then_list, be), RT(watch_events, be), RT(lease_expiry, be),                        \
+        RT(lease_is_the_entrys_own, be), RT(report_dead_guard_and_reregister, be),                 \
+        RT(report_dead_of_gone_worker, be), RT(deleted_entry_reregisters, be), RT(api_errors, be), \
+        RT(list_filters_by_endpoint, be), RT(open_invalid, be),                                    \
+        RT(open_same_new_bucket_concurrently, be), RT(garbage_entries_ignored, be),                \
+        RT(unwatch_stops_callbacks, be), RT(raw_backend_ops, be),                                  \
+        RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be),                      \
+        RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be),                       \
+        RT(lease_ignores_clock_skew, be), RT(foreign_key_entry_ignored, be),                       \
         RT(report_silent_refused_when_refreshed, be)
 
 int

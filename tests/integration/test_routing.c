@@ -70,7 +70,7 @@ static swh_nats g_nats;
 static int g_slow = 1;
 static int g_verbose;
 
-#define T(ms) ((int64_t)(ms) * g_slow)
+#define T(ms) ((int64_t)(ms)*g_slow)
 #define EP "itroute.llm.generate"
 
 static int64_t
@@ -440,10 +440,10 @@ children_kill_all(void)
 typedef struct coll {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int n;              /* data items */
-    int bad;            /* an item out of order or with unexpected content */
+    int n;   /* data items */
+    int bad; /* an item out of order or with unexpected content */
     int done;
-    int terminals;      /* must end up exactly 1 */
+    int terminals; /* must end up exactly 1 */
     sw_status status;
     sw_err err;
     char reason[96];
@@ -472,7 +472,8 @@ coll_cb(sw_stream *s, const sw_item *it, void *arg)
         c->done = 1;
         c->status = it->terminal.status;
         c->err = it->terminal.error;
-        snprintf(c->reason, sizeof(c->reason), "%s", it->terminal.reason ? it->terminal.reason : "");
+        snprintf(c->reason, sizeof(c->reason), "%s",
+                 it->terminal.reason ? it->terminal.reason : "");
         c->t_term = now_ms();
     }
     if (it->instance_id != NULL && it->instance_id[0] != '\0')
@@ -659,8 +660,7 @@ r2_parse(r2out *o, r2req *v, int cap)
     for (line = strtok_r(copy, "\n", &save); line != NULL && n < cap;
          line = strtok_r(NULL, "\n", &save)) {
         long long t;
-        if (sscanf(line, "req %lld %64s %31s %63s", &t, v[n].inst, v[n].status, v[n].reason) ==
-            4) {
+        if (sscanf(line, "req %lld %64s %31s %63s", &t, v[n].inst, v[n].status, v[n].reason) == 4) {
             v[n].t = t;
             n++;
         }
@@ -878,8 +878,8 @@ world_short_batch(world *w, sw_router *rt, int n, int per[MAXW])
             fail_msg("short stream %d did not end", i - first);
         c = coll_get(&w->c[i]);
         if (c.status != SW_STATUS_COMPLETED || c.n != 3 || c.bad != 0)
-            fail_msg("short stream %d on %s: %s/%s, %d items, %d bad", i - first,
-                     stream_inst(w, i), sw_status_name((int)c.status), c.reason, c.n, c.bad);
+            fail_msg("short stream %d on %s: %s/%s, %d items, %d bad", i - first, stream_inst(w, i),
+                     sw_status_name((int)c.status), c.reason, c.n, c.bad);
         wi = world_widx(w, stream_inst(w, i));
         assert_true(wi >= 0);
         if (per != NULL)
@@ -1031,8 +1031,7 @@ stop_mid_stream_then_cont(void **state)
     t_cont = now_ms();
     swh_kill(w->wpid[victim], SIGCONT);
     i_add = ev_wait(&w->rlog, SW_REGISTRY_ADDED, w->wid[victim], -1,
-                    ev_wait(&w->rlog, SW_REGISTRY_REMOVED, w->wid[victim], -1, 0, 0) + 1,
-                    T(5000));
+                    ev_wait(&w->rlog, SW_REGISTRY_REMOVED, w->wid[victim], -1, 0, 0) + 1, T(5000));
     if (i_add < 0)
         fail_msg("%s did not register again within 5 s of SIGCONT", w->wid[victim]);
     print_message("    SIGCONT -> registered again: %lld ms\n",
@@ -1175,7 +1174,8 @@ two_routers(world *w, int sig)
     print_message("    other router: %d requests, %d to the victim after the signal; its last "
                   "pick of the victim: %+lld ms vs the report seen in the registry, %+lld ms vs "
                   "the terminal here\n",
-                  n, nr_victim, (long long)(last_victim - t_seen), (long long)(last_victim - t_lost));
+                  n, nr_victim, (long long)(last_victim - t_seen),
+                  (long long)(last_victim - t_lost));
     if (late_victim > 0)
         fail_msg("the other router routed %d requests to the reported instance more than 1 s "
                  "after the report was in the registry",

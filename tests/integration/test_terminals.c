@@ -130,9 +130,9 @@ responder_api_edges(void **state)
     env *e = *state;
     got *g = new_got(e);
     sw_stream *s;
-    static const sw_err want[12] = {SW_EINVAL, SW_EINVAL, SW_EINVAL, SW_EINVAL,
-                                    SW_EINVAL, SW_EMSGSIZE, SW_OK, SW_OK,
-                                    SW_ECLOSED, SW_ECLOSED, SW_ECLOSED, SW_ECLOSED};
+    static const sw_err want[12] = {SW_EINVAL,  SW_EINVAL,   SW_EINVAL,  SW_EINVAL,
+                                    SW_EINVAL,  SW_EMSGSIZE, SW_OK,      SW_OK,
+                                    SW_ECLOSED, SW_ECLOSED,  SW_ECLOSED, SW_ECLOSED};
 
     e->w.mode = M_API;
     env_start(e, NULL, NULL);

@@ -66,9 +66,9 @@ typedef struct wstream {
     uint64_t next_seq;     /* next seq to assign */
     uint64_t credit_limit; /* may send seq <= this */
     uint64_t acked;
-    int n;                 /* data items the handler produces */
+    int n; /* data items the handler produces */
     int produced;
-    uint64_t final_seq;    /* 0 = not yet */
+    uint64_t final_seq; /* 0 = not yet */
     int final_acked;
     int cancelled, killed;
     int hostile_credit, hostile_after_final, hostile_garbage;
@@ -82,11 +82,11 @@ typedef struct fstream {
     uint8_t id[16];
     int worker;
     swe_rx rx;
-    int n;            /* what the worker will produce */
-    uint64_t last;    /* last data seq delivered */
-    int terminal;     /* delivered */
+    int n;         /* what the worker will produce */
+    uint64_t last; /* last data seq delivered */
+    int terminal;  /* delivered */
     sw_terminal term;
-    int faulty;       /* its worker was killed, frozen, hostile; or it was cancelled */
+    int faulty;         /* its worker was killed, frozen, hostile; or it was cancelled */
     int after_final_rx; /* an item past the final reached the frontend before the terminal */
     int done_pops;
     wstream w[NWORKERS]; /* the worker side, on worker `worker` only */
@@ -112,13 +112,14 @@ typedef struct node_box {
     int index;
 } node_box;
 
-#define FAIL(wd, ...)                                                                              \
-    do {                                                                                           \
-        fprintf(stderr, "sim_streams: seed 0x%llx profile %s t=%lld: ",                            \
-                (unsigned long long)(wd)->seed, (wd)->p->name, (long long)sim_now((wd)->s));       \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fprintf(stderr, "\n");                                                                     \
-        abort();                                                                                   \
+#define FAIL(wd, ...)                                                                           \
+    do {                                                                                        \
+        fprintf(stderr,                                                                         \
+                "sim_streams: seed 0x%llx profile %s t=%lld: ", (unsigned long long)(wd)->seed, \
+                (wd)->p->name, (long long)sim_now((wd)->s));                                    \
+        fprintf(stderr, __VA_ARGS__);                                                           \
+        fprintf(stderr, "\n");                                                                  \
+        abort();                                                                                \
     } while (0)
 
 static fstream *
@@ -177,7 +178,8 @@ w_item(world *wd, fstream *f, uint64_t seq, int final, int status)
     if (final) {
         m.complete_final = 1;
         t.status = (Streamwire__V1__Status)status;
-        t.finish_reason = (char *)(status == STREAMWIRE__V1__STATUS__STATUS_COMPLETED ? "stop" : "");
+        t.finish_reason =
+            (char *)(status == STREAMWIRE__V1__STATUS__STATUS_COMPLETED ? "stop" : "");
         m.terminal = &t;
     } else {
         payload_of(f->id, seq, pl, sizeof(pl));
@@ -284,9 +286,9 @@ worker_on_control(world *wd, const uint8_t *data, size_t len)
     wstream *w;
     /* I6: what the frontend sends, the worker's decoder accepts. */
     if (swp_decode_control(data, len, 8192, &c) != SW_OK) {
-        Streamwire__V1__Control *raw =
-            streamwire__v1__control__unpack(NULL, len, data);
-        FAIL(wd, "I6: the frontend sent a control the worker's decoder refuses (kind %d, %llu..%llu)",
+        Streamwire__V1__Control *raw = streamwire__v1__control__unpack(NULL, len, data);
+        FAIL(wd,
+             "I6: the frontend sent a control the worker's decoder refuses (kind %d, %llu..%llu)",
              raw ? (int)raw->kind : -1, raw ? (unsigned long long)raw->resend_from : 0,
              raw ? (unsigned long long)raw->resend_to : 0);
     }
@@ -313,8 +315,8 @@ worker_on_control(world *wd, const uint8_t *data, size_t len)
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
         for (uint64_t q = c->resend_from; q <= c->resend_to && q < w->next_seq; q++)
             if (q < w->ring_cap && w->ring[q] != NULL) {
-                sim_send(wd->s, wd->wnode[f->worker], wd->fnode, K_ITEM, w->ring[q],
-                         w->ring_len[q], 0, 0);
+                sim_send(wd->s, wd->wnode[f->worker], wd->fnode, K_ITEM, w->ring[q], w->ring_len[q],
+                         0, 0);
                 wd->messages++;
             }
         break;
@@ -630,8 +632,8 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
         }
         if (sim_rng_chance(r, p->p_kill / 8)) {
             int node = (int)sim_rng_below(r, NWORKERS);
-            sim_at(wd->s, t + (int64_t)sim_rng_below(r, 100), ev_kill, wd, (uint64_t)wd->wnode[node],
-                   0);
+            sim_at(wd->s, t + (int64_t)sim_rng_below(r, 100), ev_kill, wd,
+                   (uint64_t)wd->wnode[node], 0);
             for (int i = 0; i < wd->nstreams; i++)
                 if (wd->st[i].worker == node)
                     wd->st[i].faulty = 1;
@@ -660,8 +662,7 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
         if (!f->faulty && p->f.drop == 0 &&
             (f->term.status != SW_STATUS_COMPLETED || f->last != (uint64_t)f->n))
             FAIL(wd, "I3: healthy stream %d ended %s/%s with %llu of %d items", i,
-                 sw_status_name(f->term.status), f->term.reason, (unsigned long long)f->last,
-                 f->n);
+                 sw_status_name(f->term.status), f->term.reason, (unsigned long long)f->last, f->n);
     }
     if (verbose)
         printf("  seed 0x%llx %-9s streams %d messages %llu: completed %llu cancelled %llu "

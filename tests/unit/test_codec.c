@@ -334,12 +334,12 @@ build_samples(sample *s)
     swp_instance in;
     int n = 0;
 
-#define ADD(k, nm, msg)                                                                            \
-    do {                                                                                           \
-        s[n].kind = (k);                                                                           \
-        s[n].name = (nm);                                                                          \
-        s[n].buf = encode_msg((msg), &s[n].len);                                                   \
-        n++;                                                                                       \
+#define ADD(k, nm, msg)                          \
+    do {                                         \
+        s[n].kind = (k);                         \
+        s[n].name = (nm);                        \
+        s[n].buf = encode_msg((msg), &s[n].len); \
+        n++;                                     \
     } while (0)
 
     fill_request_full(&r);
@@ -2462,7 +2462,6 @@ test_batch_count_cap(void **state)
     free(b);
 }
 
-
 /* 4b. 200 items of 64 bytes: more than the arena holds, so the arena decoder
  * falls back to malloc for the rest (and frees it: the ASan build checks). */
 static void
@@ -2963,9 +2962,9 @@ test_alloc_bound_repeats(void **state)
     memcpy(big, b, len);
     for (size_t i = 0; i < n; i++)
         memcpy(big + len + i * sizeof(ack), ack, sizeof(ack));
-    assert_int_equal(swp_alloc_estimate(&streamwire__v1__control__descriptor, big,
-                                        len + n * sizeof(ack)),
-                     SIZE_MAX);
+    assert_int_equal(
+        swp_alloc_estimate(&streamwire__v1__control__descriptor, big, len + n * sizeof(ack)),
+        SIZE_MAX);
     assert_int_equal(swp_decode_control(big, len + n * sizeof(ack), SIZE_MAX, &dc), SW_EPROTO);
     assert_null(dc);
     free(big);

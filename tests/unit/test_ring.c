@@ -297,7 +297,7 @@ test_ack_beyond_pub_seq(void **state)
         assert_kept(&g, q); /* queued items stay */
     assert_true(swn_ring_queued(&g));
     assert_int_equal(swn_ring_resend_range(&g, &f, &t), 0); /* nothing of them went out */
-    g.built = 4; /* 3..4 are in a message on its way */
+    g.built = 4;                                            /* 3..4 are in a message on its way */
     assert_int_equal(swn_ring_ack(&g, 5), 4);
     assert_int_equal(count_kept(&g, 3, 4), 0);
     assert_kept(&g, 5);

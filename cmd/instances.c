@@ -63,7 +63,7 @@ cli_instances_main(int argc, char **argv)
     sw_registry_opts_init(&ropts);
     if (bucket != NULL)
         ropts.bucket = bucket;
-    ropts.lease_ms = (unsigned)lease;
+    ropts.lease_ms = lease;
     err = sw_registry_open(&reg, conn, &ropts);
     if (err == SW_OK)
         err = sw_registry_list(reg, endpoint, &v, &n);

@@ -327,7 +327,7 @@ cli_worker_main(int argc, char **argv)
         ropts.backend = registry;
         if (bucket != NULL)
             ropts.bucket = bucket;
-        ropts.lease_ms = (unsigned)lease;
+        ropts.lease_ms = lease;
         ropts.log = quiet ? NULL : cli_log_stderr;
         ropts.log_arg = (void *)"worker";
         err = sw_registry_open(&reg, conn, &ropts);

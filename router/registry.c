@@ -535,6 +535,9 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
     bucket = o->bucket ? o->bucket : "streamwire_instances";
     if (!backend_ok(be) || sw_validate_token(bucket) != SW_OK)
         return SW_EINVAL;
+    if (o->lease_ms < 0 || o->lease_ms > UINT32_MAX || o->refresh_ms < 0 ||
+        o->refresh_ms > UINT32_MAX)
+        return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;
     if ((reg = calloc(1, sizeof(*reg))) == NULL)
@@ -542,8 +545,8 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
     reg->be = be;
     reg->log.fn = o->log;
     reg->log.arg = o->log_arg;
-    reg->lease_ms = o->lease_ms ? o->lease_ms : 3000;
-    reg->refresh_ms = o->refresh_ms ? o->refresh_ms : reg->lease_ms / 3;
+    reg->lease_ms = o->lease_ms ? (unsigned)o->lease_ms : 3000;
+    reg->refresh_ms = o->refresh_ms ? (unsigned)o->refresh_ms : reg->lease_ms / 3;
     if (reg->refresh_ms == 0 || reg->refresh_ms >= reg->lease_ms)
         reg->refresh_ms = reg->lease_ms / 3 ? reg->lease_ms / 3 : 1;
     if (gethostname(reg->host, sizeof(reg->host) - 1) != 0)

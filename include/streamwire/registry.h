@@ -115,9 +115,9 @@ typedef struct sw_registry_opts {
     const char *backend;                    /* "nats-kv" (default) or "memory" */
     const sw_registry_backend *backend_ops; /* overrides `backend` */
     const char *bucket;                     /* default "streamwire_instances" */
-    unsigned lease_ms;   /* default 3000. A worker announces its lease in its entry, and
-                            routers judge each entry by the lease it announces. */
-    unsigned refresh_ms; /* default lease_ms / 3 */
+    sw_duration lease_ms;   /* default 3000. A worker announces its lease in its entry, and
+                               routers judge each entry by the lease it announces. */
+    sw_duration refresh_ms; /* default lease_ms / 3 */
     sw_log_fn log;
     void *log_arg;
 } sw_registry_opts;

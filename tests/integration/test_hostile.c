@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include <nats/nats.h>
+#include <streamwire/registry.h>
 #include <streamwire/streamwire.h>
 
 #include "common/sw_common.h"
@@ -671,6 +672,18 @@ negative_durations_are_invalid(void **state)
     assert_null(s);
     sw_router_destroy(r);
     sw_conn_close(c);
+    {
+        sw_registry_opts go;
+        sw_registry *reg = NULL;
+        sw_registry_opts_init(&go);
+        go.backend = "memory";
+        go.lease_ms = -1;
+        assert_int_equal(sw_registry_open(&reg, NULL, &go), SW_EINVAL);
+        go.lease_ms = 0;
+        go.refresh_ms = -3;
+        assert_int_equal(sw_registry_open(&reg, NULL, &go), SW_EINVAL);
+        assert_null(reg);
+    }
 }
 
 /* ------------------------------------------------ NATS restarts (#6, #7, #9) */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/sw_common.h"
 #include <nats/nats.h>
@@ -170,8 +171,16 @@ kv_watch_main(void *arg)
             kv_emit(e, kw->fn, kw->arg);
             kvEntry_Destroy(e);
         } else if (s != NATS_OK && s != NATS_TIMEOUT) {
-            if (kw->stop || s == NATS_ILLEGAL_STATE)
+            /* Closed for good: nothing will ever come (issue 11 #6: this
+             * loop spun at 100% of a core). Any other error (a reconnect
+             * in progress): wait a poll interval rather than spin. */
+            if (kw->stop || s == NATS_ILLEGAL_STATE || s == NATS_CONNECTION_CLOSED ||
+                s == NATS_INVALID_SUBSCRIPTION)
                 break;
+            {
+                struct timespec ts = {0, KV_WATCH_POLL_MS * 1000000L};
+                nanosleep(&ts, NULL);
+            }
         }
     }
     return NULL;

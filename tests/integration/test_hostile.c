@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <cmocka.h>
 
@@ -767,6 +768,7 @@ connection_states_and_destroy_while_down(void **state)
     sw_router *r;
     sw_request_opts q;
     sw_stream *s = NULL;
+    sw_registry *reg = NULL;
     int64_t until;
     (void)state;
     memset(&sr, 0, sizeof(sr));
@@ -789,18 +791,41 @@ connection_states_and_destroy_while_down(void **state)
     q.endpoint = EP;
     q.instance_id = "w-down";
     assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    {
+        sw_registry_opts go;
+        sw_registry_opts_init(&go);
+        go.bucket = "hostile_states";
+        assert_int_equal(sw_registry_open(&reg, c, &go), SW_OK);
+    }
     swh_sleep_ms(100);
     swh_nats_stop_keep(&g_nats);
     until = swh_now_ms() + T(10000);
     while (sw_conn_status(c) != SW_CONN_CLOSED && swh_now_ms() < until)
         swh_sleep_ms(20);
     assert_int_equal(sw_conn_status(c), SW_CONN_CLOSED);
+    {
+        /* Nothing spins once the connection is closed for good (the KV
+         * watch thread used to take a whole core): this process uses well
+         * under half a core over the next 600 ms. */
+        struct rusage a, b;
+        long used_ms;
+        getrusage(RUSAGE_SELF, &a);
+        swh_sleep_ms(600);
+        getrusage(RUSAGE_SELF, &b);
+        used_ms = (b.ru_utime.tv_sec - a.ru_utime.tv_sec) * 1000 +
+                  (b.ru_utime.tv_usec - a.ru_utime.tv_usec) / 1000 +
+                  (b.ru_stime.tv_sec - a.ru_stime.tv_sec) * 1000 +
+                  (b.ru_stime.tv_usec - a.ru_stime.tv_usec) / 1000;
+        print_message("CPU over 600 ms with the connection closed: %ld ms\n", used_ms);
+        assert_true(used_ms < 300);
+    }
     pthread_mutex_lock(&sr.mu);
     assert_true(sr.seen[SW_CONN_RECONNECTING] >= 1);
     assert_int_equal(sr.seen[SW_CONN_CLOSED], 1);
     pthread_mutex_unlock(&sr.mu);
     assert_string_equal(sw_conn_state_name(SW_CONN_CLOSED), "closed");
     /* Destroy everything while the server is gone. */
+    sw_registry_close(reg);
     sw_stream_close(s);
     sw_router_destroy(r);
     sw_ingress_destroy(ing);

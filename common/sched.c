@@ -161,6 +161,14 @@ swi_peers_release(swi_peers *p, const char *id)
 }
 
 void
+swi_peers_release_all(swi_peers *p, const char *id)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    if (e != NULL)
+        *e = p->v[--p->n];
+}
+
+void
 swi_peers_suspect(swi_peers *p, const char *id)
 {
     swi_peer *e = swi_peers_find(p, id);

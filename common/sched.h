@@ -116,6 +116,8 @@ swi_peer *swi_peers_find(swi_peers *p, const char *id);
 int swi_peers_use(swi_peers *p, const char *id, int64_t now);
 /* One stream less; the peer leaves the table when none needs it. */
 void swi_peers_release(swi_peers *p, const char *id);
+/* Removes the peer whatever its use count (it is lost). */
+void swi_peers_release_all(swi_peers *p, const char *id);
 /* Someone says the peer may be gone (the registry removed it): probe it at
  * the next round, and let one miss decide. */
 void swi_peers_suspect(swi_peers *p, const char *id);

@@ -24,7 +24,8 @@ ing_unref(sw_ingress *ing)
         return;
     swi_idmap_fini(&ing->streams);
     swn_early_fini(ing);
-    free(ing->fe);
+    swi_peers_fini(&ing->peers);
+    free(ing->live_vec.v);
     pthread_mutex_destroy(&ing->live_mu);
     pthread_mutex_destroy(&ing->smu);
     pthread_cond_destroy(&ing->scv);
@@ -139,6 +140,8 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
                                                     : SWN_HOT_US;
     ing->probe_ms = o->frontend_probe_ms ? o->frontend_probe_ms : 250;
     ing->probe_timeout_ms = o->frontend_timeout_ms ? o->frontend_timeout_ms : 1000;
+    swi_peers_init(&ing->peers, ing->probe_ms, ing->probe_timeout_ms,
+                   o->frontend_probe_misses ? o->frontend_probe_misses : 2);
     ing->max_req = o->max_request_bytes ? o->max_request_bytes : sw_conn_max_payload(conn);
     if (ing->max_req == 0)
         ing->max_req = 1024 * 1024;
@@ -175,11 +178,10 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         goto fail;
     }
     ing->timer_started = 1;
-    if (pthread_create(&ing->live, NULL, swn_ing_live_main, ing) != 0) {
+    if (swi_ticker_start(&ing->live_ticker, ing->probe_ms, swn_ing_live_tick, ing) != 0) {
         rv = SW_ENOMEM;
         goto fail;
     }
-    ing->live_started = 1;
     ing->sender_on = 1;
     if (pthread_create(&ing->sender, NULL, swn_ing_sender_main, ing) != 0) {
         ing->sender_on = 0;
@@ -268,10 +270,7 @@ ing_stop(sw_ingress *ing)
         pthread_join(ing->timer, NULL);
         ing->timer_started = 0;
     }
-    if (ing->live_started) {
-        pthread_join(ing->live, NULL);
-        ing->live_started = 0;
-    }
+    swi_ticker_stop(&ing->live_ticker);
     /* Last: it publishes what the others queued (finals included), then
      * quits; from then on every stream publishes inline. */
     pthread_mutex_lock(&ing->smu);

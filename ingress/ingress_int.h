@@ -41,6 +41,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/sched.h"
 #include "common/sw_common.h"
 #include "ingress/ring.h"
 #include "proto/sw_codec.h"
@@ -62,8 +63,6 @@
 #define SWN_BATCH_ITEMS 128
 #define SWN_BATCH_BYTES (64 * 1024)
 #define SWN_MSG_STACK 4096
-
-struct swn_frontend; /* liveness.c */
 
 struct sw_responder {
     sw_ingress *ing;
@@ -161,8 +160,6 @@ struct sw_ingress {
     unsigned started_threads;
     pthread_t timer;
     int timer_started;
-    pthread_t live;
-    int live_started;
     /* the sender thread and the streams waiting for it */
     pthread_mutex_t smu;
     pthread_cond_t scv;
@@ -172,9 +169,10 @@ struct sw_ingress {
     int sender_idle; /* waiting on scv */
     int sender_stop;
     pthread_mutex_t live_mu;
-    struct swn_frontend *fe; /* frontends being probed, under live_mu */
-    size_t nfe, capfe;
-    swt_sub *live_sub; /* sw.lv.<instance>.*: probe answers */
+    swi_peers peers;        /* frontends being probed (common/sched.h), under live_mu */
+    swi_ticker live_ticker; /* probing rounds (liveness.c) */
+    swi_ptrvec live_vec;    /* the ticker's snapshot buffer */
+    swt_sub *live_sub;      /* sw.lv.<instance>.*: probe answers */
     unsigned probe_ms, probe_timeout_ms;
     int stopping;
     int draining;
@@ -273,6 +271,6 @@ void *swn_ing_timer_main(void *arg);
 
 /* ingress/liveness.c */
 void swn_ing_on_live_reply(const swt_msg *msg, void *arg);
-void *swn_ing_live_main(void *arg);
+void swn_ing_live_tick(void *arg, int64_t now);
 
 #endif

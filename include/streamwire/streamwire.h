@@ -200,10 +200,13 @@ typedef struct sw_ingress_opts {
                                         a message of its own, published by the sending thread */
     sw_log_fn log;
     void *log_arg;
-    unsigned max_held_finals; /* finished streams kept until the frontend acknowledges their
-                                 final (so a lost final can be resent); beyond this many the
-                                 oldest is let go (counted in finals_dropped). Default
-                                 SW_INGRESS_MAX_HELD_DEFAULT */
+    unsigned frontend_probe_misses; /* unanswered probes in a row that mean a frontend is gone
+                                       (its streams are cancelled); default 2, as the
+                                       router's probe_misses */
+    unsigned max_held_finals;       /* finished streams kept until the frontend acknowledges their
+                                       final (so a lost final can be resent); beyond this many the
+                                       oldest is let go (counted in finals_dropped). Default
+                                       SW_INGRESS_MAX_HELD_DEFAULT */
 } sw_ingress_opts;
 
 #define SW_COALESCE_OFF (-1)

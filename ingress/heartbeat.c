@@ -3,11 +3,12 @@
  * frontend in HeartbeatBatch messages, or a wrapper of their own), and
  * retiring finished streams whose final was never acknowledged.
  *
- * Threads: the timer thread (swn_ing_timer_main); swn_ing_snapshot and
+ * Threads: the timer (the shared ticker, swn_ing_timer_tick); swn_ing_snapshot and
  * swn_resp_tick_soon are called from others too. Locks: ing->mu for the
  * tick wait and snapshots (released before any r->mu), r->mu per stream.
  * Heartbeat batches are published and logged with no lock held. */
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,23 +16,21 @@
 
 /* Takes a reference on r for a snapshot: always (arg NULL), or only if the
  * timer has something to check on it by *(int64_t *)arg. */
-static int
-resp_take(void *v, void *arg)
+static void
+resp_take_ref(void *v)
 {
-    sw_responder *r = v;
-    if (arg != NULL && __atomic_load_n(&r->next_tick_ms, __ATOMIC_RELAXED) > *(const int64_t *)arg)
-        return 0;
-    swn_resp_ref(r);
-    return 1;
+    swn_resp_ref(v);
 }
 
 /* Snapshot of the registered responders, each with a reference: all
- * (due_by NULL), or those with a timer check due by *due_by. */
+ * (due_by NULL), or those with a timer check due by *due_by (the shared
+ * due-time snapshot, common/sched.h). */
 void
 swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by)
 {
     pthread_mutex_lock(&ing->mu);
-    swi_idmap_snapshot(&ing->streams, vec, resp_take, (void *)(uintptr_t)due_by);
+    swi_idmap_snapshot_due(&ing->streams, vec, offsetof(sw_responder, next_tick_ms), due_by,
+                           resp_take_ref);
     pthread_mutex_unlock(&ing->mu);
 }
 
@@ -280,29 +279,28 @@ ing_tick_one(sw_responder *r, int64_t now, swn_beats *beats)
         swn_unregister_stream(r);
 }
 
-void *
-swn_ing_timer_main(void *arg)
+void
+swn_ing_timer_tick(void *arg, int64_t now)
 {
     sw_ingress *ing = arg;
-    swi_ptrvec vec = {NULL, 0, 0};
-    swn_beats beats = {NULL, 0, 0, NULL, NULL};
-    pthread_mutex_lock(&ing->mu);
-    while (!ing->stopping) {
-        swi_cond_wait_until(&ing->tick_cv, &ing->mu, swi_now_ms() + SWN_TICK_MS);
-        if (ing->stopping)
-            break;
-        pthread_mutex_unlock(&ing->mu);
-        int64_t now = swi_now_ms();
-        swn_ing_snapshot(ing, &vec, &now); /* only streams with something due */
-        for (size_t i = 0; i < vec.n; i++) {
-            ing_tick_one(SWN_RESP_AT(vec, i), now, &beats);
-            swn_resp_unref(SWN_RESP_AT(vec, i));
-        }
-        beats_flush(ing, &beats);
-        pthread_mutex_lock(&ing->mu);
+    if (ing->beats == NULL && (ing->beats = calloc(1, sizeof(*ing->beats))) == NULL)
+        return; /* no memory this tick: the next one tries again */
+    swn_ing_snapshot(ing, &ing->timer_vec, &now); /* only streams with something due */
+    for (size_t i = 0; i < ing->timer_vec.n; i++) {
+        ing_tick_one(SWN_RESP_AT(ing->timer_vec, i), now, ing->beats);
+        swn_resp_unref(SWN_RESP_AT(ing->timer_vec, i));
     }
-    pthread_mutex_unlock(&ing->mu);
-    beats_free(&beats);
-    free(vec.v);
-    return NULL;
+    beats_flush(ing, ing->beats);
+}
+
+void
+swn_ing_timer_fini(sw_ingress *ing)
+{
+    if (ing->beats != NULL) {
+        beats_free(ing->beats);
+        free(ing->beats);
+        ing->beats = NULL;
+    }
+    free(ing->timer_vec.v);
+    ing->timer_vec.v = NULL;
 }

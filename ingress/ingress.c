@@ -31,7 +31,6 @@ ing_unref(sw_ingress *ing)
     pthread_cond_destroy(&ing->scv);
     pthread_mutex_destroy(&ing->mu);
     pthread_cond_destroy(&ing->cv);
-    pthread_cond_destroy(&ing->tick_cv);
     free(ing->threads);
     free(ing);
 }
@@ -154,7 +153,6 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     pthread_mutex_init(&ing->smu, NULL);
     pthread_cond_init(&ing->scv, NULL);
     swi_cond_init(&ing->cv);
-    swi_cond_init(&ing->tick_cv);
     if (swi_idmap_init(&ing->streams, 64) != 0 || swi_idmap_init(&ing->early, 64) != 0 ||
         (ing->threads = calloc(ing->nthreads, sizeof(pthread_t))) == NULL) {
         rv = SW_ENOMEM;
@@ -173,11 +171,10 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         }
         ing->started_threads++;
     }
-    if (pthread_create(&ing->timer, NULL, swn_ing_timer_main, ing) != 0) {
+    if (swi_ticker_start(&ing->timer, SWN_TICK_MS, swn_ing_timer_tick, ing) != 0) {
         rv = SW_ENOMEM;
         goto fail;
     }
-    ing->timer_started = 1;
     if (swi_ticker_start(&ing->live_ticker, ing->probe_ms, swn_ing_live_tick, ing) != 0) {
         rv = SW_ENOMEM;
         goto fail;
@@ -261,15 +258,12 @@ ing_stop(sw_ingress *ing)
     pthread_mutex_lock(&ing->mu);
     ing->stopping = 1;
     pthread_cond_broadcast(&ing->cv);
-    pthread_cond_broadcast(&ing->tick_cv);
     pthread_mutex_unlock(&ing->mu);
     for (unsigned i = 0; i < ing->started_threads; i++)
         pthread_join(ing->threads[i], NULL);
     ing->started_threads = 0;
-    if (ing->timer_started) {
-        pthread_join(ing->timer, NULL);
-        ing->timer_started = 0;
-    }
+    swi_ticker_stop(&ing->timer);
+    swn_ing_timer_fini(ing);
     swi_ticker_stop(&ing->live_ticker);
     /* Last: it publishes what the others queued (finals included), then
      * quits; from then on every stream publishes inline. */

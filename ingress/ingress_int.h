@@ -144,8 +144,10 @@ struct sw_ingress {
     swt_sub *ctl_sub;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv;      /* work queue, drain progress */
-    pthread_cond_t tick_cv; /* timer thread */
+    pthread_cond_t cv;       /* work queue, drain progress */
+    swi_ticker timer;        /* heartbeats, deadlines, retiring (heartbeat.c) */
+    swi_ptrvec timer_vec;    /* the timer's snapshot buffer */
+    struct swn_beats *beats; /* the timer's heartbeat batches */
     swi_idmap streams;
     /* Cancels that came before their request (a CANCEL and its request
      * travel on different subscriptions): the request is then not started.
@@ -158,8 +160,6 @@ struct sw_ingress {
     sw_responder *q_head, *q_tail;
     pthread_t *threads;
     unsigned started_threads;
-    pthread_t timer;
-    int timer_started;
     /* the sender thread and the streams waiting for it */
     pthread_mutex_t smu;
     pthread_cond_t scv;
@@ -267,7 +267,8 @@ void swn_ing_on_control(const swt_msg *msg, void *arg);
 /* ingress/heartbeat.c */
 void swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by);
 void swn_resp_tick_soon(sw_responder *r);
-void *swn_ing_timer_main(void *arg);
+void swn_ing_timer_tick(void *arg, int64_t now);
+void swn_ing_timer_fini(sw_ingress *ing);
 
 /* ingress/liveness.c */
 void swn_ing_on_live_reply(const swt_msg *msg, void *arg);

@@ -483,8 +483,18 @@ unacked_finals_are_bounded(void **state)
         sw_ingress_stats_get(ing, &st);
     } while (st.finished[SW_STATUS_COMPLETED] < 3000 && swh_now_ms() < until);
     assert_int_equal(st.finished[SW_STATUS_COMPLETED], 3000);
+    /* Once every final is on the wire (none in flight), all the streams the
+     * worker still holds are finished ones waiting for an ack: capped. */
+    do {
+        sw_ingress_stats_get(ing, &st);
+        if (st.inflight == 0)
+            break;
+        swh_sleep_ms(20);
+    } while (swh_now_ms() < until);
+    assert_int_equal(st.inflight, 0);
     print_message("finished streams held for an ack: %llu\n", (unsigned long long)st.streams_held);
     assert_true(st.streams_held <= SW_INGRESS_MAX_HELD_DEFAULT);
+    assert_int_equal(st.finals_dropped + st.streams_held, 3000); /* each let go is counted */
     sw_ingress_destroy(ing);
     sw_conn_close(fc);
     sw_conn_close(wc);

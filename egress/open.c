@@ -79,7 +79,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     uint8_t *buf = NULL;
     size_t blen = 0;
     sw_err rv;
-    int full = 0, closing = 0, no_instances = 0;
+    int full = 0, closing = 0, no_instances = 0, pending;
     int64_t now;
 
     if (out == NULL || r == NULL || o == NULL || (payload == NULL && len != 0))
@@ -200,9 +200,12 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
 done:
     pthread_mutex_lock(&s->mu);
     s->opening = 0;
+    /* Something arrived or ended while dispatch waited: deliver it from the
+     * ticker (usually nothing has: no wake-up then). */
+    pending = s->rx.qh != NULL || s->rx.term_state == SWE_TERM_QUEUED;
     pthread_mutex_unlock(&s->mu);
-    if (s->on_item != NULL)
-        swe_defer_dispatch(s); /* what arrived or ended meanwhile, from the ticker */
+    if (s->on_item != NULL && pending)
+        swe_defer_dispatch(s);
     swe_stream_unref(s);
     return SW_OK;
 }

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -697,6 +698,54 @@ negative_durations_are_invalid(void **state)
     }
 }
 
+/* ------------------------------------------------ #13 open and callbacks */
+
+static atomic_int in_open, cb_in_open, cb_terms;
+
+static void
+close_in_callback(sw_stream *s, const sw_item *it, void *arg)
+{
+    (void)arg;
+    if (atomic_load(&in_open))
+        atomic_fetch_add(&cb_in_open, 1);
+    if (it->kind == SW_ITEM_TERMINAL) {
+        assert_int_equal(it->terminal.error, SW_NO_INSTANCES);
+        atomic_fetch_add(&cb_terms, 1);
+        sw_stream_close(s); /* the consumer lets go from its callback */
+    }
+}
+
+/* Issue 11 #13: a terminal decided inside sw_router_open (no_instances) used
+ * to be delivered, in callback mode, before open returned: a callback that
+ * closed the stream left *out freed while open returned SW_OK. Now no item
+ * callback runs inside open; the terminal comes right after, once. */
+static void
+no_callback_inside_open(void **state)
+{
+    sw_conn *c = conn_open();
+    sw_router *r = router_new(c, 16);
+    sw_request_opts q;
+    int64_t until;
+    (void)state;
+    sw_request_opts_init(&q);
+    q.endpoint = "nobody.serves.this";
+    q.on_item = close_in_callback;
+    for (int i = 0; i < 50; i++) {
+        sw_stream *s = NULL;
+        atomic_store(&in_open, 1);
+        assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+        atomic_store(&in_open, 0);
+        assert_non_null(s);
+    }
+    until = swh_now_ms() + T(5000);
+    while (atomic_load(&cb_terms) < 50 && swh_now_ms() < until)
+        swh_sleep_ms(5);
+    assert_int_equal(atomic_load(&cb_terms), 50);
+    assert_int_equal(atomic_load(&cb_in_open), 0);
+    sw_router_destroy(r);
+    sw_conn_close(c);
+}
+
 /* ------------------------------------------------ NATS restarts (#6, #7, #9) */
 
 /* Issue 11 #7 / issue 14: a lone NATS server restarted within the reconnect
@@ -875,6 +924,7 @@ main(void)
         cmocka_unit_test(foreign_response_subject_is_refused),
         cmocka_unit_test(huge_credit_does_not_break_send),
         cmocka_unit_test(negative_durations_are_invalid),
+        cmocka_unit_test(no_callback_inside_open),
         cmocka_unit_test(stream_survives_nats_restart),
         cmocka_unit_test(connection_states_and_destroy_while_down),
     };

@@ -1431,6 +1431,33 @@ drain_mid_stream(const char *ep, const char *id, const char *const *extra)
     return WEXITSTATUS(st);
 }
 
+/* Issue 11 #6: a worker outlives a NATS restart by default (it reconnects
+ * without limit) and serves again; with --max-reconnect it exits 3 once the
+ * attempts run out. (Last of the file's cases that need the server: it
+ * stops and restarts the shared one.) */
+static void
+test_worker_reconnects_or_exits(void **state)
+{
+    pid_t keep, quit;
+    int st;
+
+    (void)state;
+    keep = worker_start("cli.reconnect.gen", "wkeep", ARGS("--registry", "none"));
+    quit = worker_start("cli.reconnect.gen", "wquit",
+                        ARGS("--registry", "none", "--max-reconnect", "1"));
+    swh_nats_stop_keep(&g_nats);
+    st = kid_wait(quit, T(15000));
+    if (st == -1)
+        fail_msg("the worker with --max-reconnect 1 did not exit after the server went away");
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 3);
+    assert_int_equal(swh_nats_restart(&g_nats, 500), 0);
+    swh_sleep_ms(T(1500)); /* the other worker reconnects and resubscribes */
+    check_gen(gen_run("cli.reconnect.gen", ARGS("--instance-id", "wkeep", "--json")), "completed",
+              "stop", "wkeep", 16, 0);
+    worker_stop_clean(keep, T(10000));
+}
+
 static void
 test_sigterm_mid_stream_completes(void **state)
 {
@@ -1522,6 +1549,7 @@ main(int argc, char **argv)
         T_(test_bucket_and_registry_none),
         T_(test_slow_consumer),
         T_(test_sigterm_mid_stream_completes),
+        T_(test_worker_reconnects_or_exits),
         T_(test_sigterm_mid_stream_short_grace),
         T_(test_demo),
     };

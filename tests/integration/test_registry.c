@@ -2336,6 +2336,55 @@ report_silent_refused_when_refreshed(void **state)
     assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(2000)) >= 0);
 }
 
+typedef struct report_call {
+    swr_pool *pool;
+    const char *id;
+    int64_t took_ms;
+} report_call;
+
+static void *
+report_thread(void *arg)
+{
+    report_call *rc = arg;
+    int64_t t0 = now_ms();
+    swr_pool_report(rc->pool, rc->id, "slow store test", 0);
+    rc->took_ms = now_ms() - t0;
+    return NULL;
+}
+
+/* Issue 11 #8: a dead report is written from the pool's own thread. With a
+ * store whose writes take 2 s, the caller (a router's timer or probe-reply
+ * thread) returns at once; before, it waited for the write. */
+static void
+pool_report_does_not_block(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg, *rreg;
+    swr_pool *pool = NULL;
+    swr_pool_opts po;
+    report_call rc;
+    pthread_t th;
+    lag_setup(f, 2000); /* writes from any thread but this one take 2 s */
+    wreg = fx_reg(f, 0, 0, 0);
+    rreg = fx_reg(f, 1, 0, 0);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    memset(&po, 0, sizeof(po));
+    po.registry = rreg;
+    po.quarantine_ms = 1000;
+    assert_int_equal(swr_pool_create(&pool, &po), SW_OK);
+    rc.pool = pool;
+    rc.id = fx_id(f, 0);
+    rc.took_ms = -1;
+    assert_int_equal(pthread_create(&th, NULL, report_thread, &rc), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    print_message("swr_pool_report returned after %lld ms (store writes take 2000 ms)\n",
+                  (long long)rc.took_ms);
+    assert_true(rc.took_ms >= 0 && rc.took_ms < 500);
+    g_lag_ms = 0;
+    swr_pool_destroy(pool); /* sends what is queued */
+}
+
 /* One entry per (test, backend): "name [backend]". */
 #define RT(f, be)                                      \
     {                                                  \
@@ -2351,7 +2400,7 @@ report_silent_refused_when_refreshed(void **state)
         RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be),                      \
         RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be),                       \
         RT(lease_ignores_clock_skew, be), RT(foreign_key_entry_ignored, be),                       \
-        RT(report_silent_refused_when_refreshed, be)
+        RT(report_silent_refused_when_refreshed, be), RT(pool_report_does_not_block, be)
 
 int
 main(int argc, char **argv)

@@ -430,3 +430,12 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
     }
     return 0;
 }
+
+int64_t
+swe_rx_quiet(int64_t now, int64_t idle_since, int64_t grace_ms)
+{
+    int64_t quiet = idle_since < now ? idle_since : now;
+    if (now - quiet > grace_ms)
+        quiet = now - grace_ms;
+    return quiet;
+}

@@ -71,9 +71,7 @@ swe_on_tick(void *arg, int64_t now)
             r->mux_idle_ms = now;
         /* Silence is judged up to the time this router had processed what
          * it received, at most SWE_BACKLOG_GRACE_MS back. */
-        quiet = r->mux_idle_ms < now ? r->mux_idle_ms : now;
-        if (now - quiet > SWE_BACKLOG_GRACE_MS)
-            quiet = now - SWE_BACKLOG_GRACE_MS;
+        quiet = swe_rx_quiet(now, r->mux_idle_ms, SWE_BACKLOG_GRACE_MS);
         swe_snapshot(r, &r->scan_vec, &now); /* only streams with something due */
         for (size_t i = 0; i < r->scan_vec.n; i++) {
             swe_stream_tick(SWE_AT(r->scan_vec, i), now, quiet);

@@ -711,6 +711,27 @@ test_next_due_with_gap(void **state)
     swe_rx_fini(&rx);
 }
 
+/* Issue 11 #10: a mux queue that never empties suspends silence checks for
+ * at most the grace time; a stream whose worker went silent still ends. */
+static void
+test_quiet_bounded(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    assert_int_equal(swe_rx_quiet(1000, 1000, 2000), 1000); /* idle now */
+    assert_int_equal(swe_rx_quiet(1000, 900, 2000), 900);   /* 100 ms behind */
+    assert_int_equal(swe_rx_quiet(10000, 0, 2000), 8000);   /* never idle: bounded */
+    assert_int_equal(swe_rx_quiet(1000, 5000, 2000), 1000); /* never ahead of now */
+    start(&rx); /* silent from 1000 on; inactivity 1500 */
+    swe_rx_tick(&rx, 4000, swe_rx_quiet(4000, 1000, 2000), &a);
+    assert_false(a.ended); /* quiet 2000: within the grace */
+    swe_rx_tick(&rx, 5000, swe_rx_quiet(5000, 1000, 2000), &a);
+    assert_true(a.ended); /* quiet 3000: silent for 2000 ms > 1500 */
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_fini(&rx);
+}
+
 /* ---------------------------------------------------------------- terminal */
 
 static void
@@ -902,6 +923,7 @@ main(void)
         cmocka_unit_test(test_inactivity),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_next_due_with_gap),
+        cmocka_unit_test(test_quiet_bounded),
         cmocka_unit_test(test_terminal_decided_once),
         cmocka_unit_test(test_cancel_drops_queued),
         cmocka_unit_test(test_wire_cancelled_final_keeps_data),

@@ -56,11 +56,24 @@ swe_apply(sw_stream *s, const swe_rx_act *act)
         swe_dispatch(s);
 }
 
+/* After a state machine call (s->mu held): plans the next tick, releases
+ * the lock, logs an ended stream, and carries out the actions. */
+static void
+st_unlock_apply(sw_stream *s, const swe_rx_act *act)
+{
+    sw_err err;
+    st_plan_tick(s);
+    err = s->rx.term.error;
+    pthread_mutex_unlock(&s->mu);
+    if (act->ended)
+        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
+    swe_apply(s, act);
+}
+
 void
 swe_stream_on_item(sw_stream *s, const swe_rx_in *in)
 {
     swe_rx_act act;
-    sw_err err;
     int64_t now = swi_now_ms();
     pthread_mutex_lock(&s->mu);
     if (s->req_buf != NULL) { /* the instance answered: no re-routing any more */
@@ -69,12 +82,7 @@ swe_stream_on_item(sw_stream *s, const swe_rx_in *in)
     }
     swe_rx_on_item(&s->rx, in, now, &act);
     __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
-    st_plan_tick(s);
-    err = s->rx.term.error;
-    pthread_mutex_unlock(&s->mu);
-    if (act.ended)
-        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
-    swe_apply(s, &act);
+    st_unlock_apply(s, &act);
 }
 
 void
@@ -97,7 +105,6 @@ void
 swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet)
 {
     swe_rx_act act;
-    sw_err err;
     int64_t up = swt_conn_up_since_ms(s->r->conn);
     pthread_mutex_lock(&s->mu);
     if (up < 0) {
@@ -111,12 +118,7 @@ swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet)
             s->rx.gap_since_ms = up;
     }
     swe_rx_tick(&s->rx, now, quiet, &act);
-    st_plan_tick(s);
-    err = s->rx.term.error;
-    pthread_mutex_unlock(&s->mu);
-    if (act.ended)
-        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
-    swe_apply(s, &act);
+    st_unlock_apply(s, &act);
 }
 
 /* ---------------------------------------------------------------- delivery */

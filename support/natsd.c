@@ -430,13 +430,47 @@ swh_write_file(const char *path, const char *text)
 }
 
 /* One attempt: 0 ready, 1 died early (retry), -1 hard failure. */
+/* Starts nats-server on n->port with JetStream in js, the config file conf
+ * (NULL: none), output to log. Sets n->pid. 0, or -1 (reason printed). */
+static int
+swh_nats_spawn(swh_nats *n, const char *bin, const char *js, const char *conf, const char *log)
+{
+    char portstr[16];
+    const char *argv[16];
+    int argc = 0, logfd;
+    snprintf(portstr, sizeof(portstr), "%d", n->port);
+    logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (logfd < 0) {
+        fprintf(stderr, "cannot open %s: %s\n", log, strerror(errno));
+        return -1;
+    }
+    fcntl(logfd, F_SETFD, FD_CLOEXEC);
+    argv[argc++] = bin;
+    argv[argc++] = "-a";
+    argv[argc++] = "127.0.0.1";
+    argv[argc++] = "-p";
+    argv[argc++] = portstr;
+    argv[argc++] = "-js";
+    argv[argc++] = "-sd";
+    argv[argc++] = js;
+    if (conf != NULL) {
+        argv[argc++] = "-c";
+        argv[argc++] = conf;
+    }
+    argv[argc] = NULL;
+    n->pid = swh_spawn_fds(bin, argv, NULL, logfd, logfd);
+    close(logfd);
+    if (n->pid < 0) {
+        n->pid = 0;
+        return -1;
+    }
+    return 0;
+}
+
 static int
 swh_nats_try(swh_nats *n, const char *bin, const char *extra_conf, int last_attempt)
 {
-    char js[320], conf[320], log[320], portstr[16];
-    const char *argv[16];
-    int argc = 0;
-    int logfd;
+    char js[320], conf[320], log[320];
     long long deadline;
     int st;
 
@@ -458,32 +492,8 @@ swh_nats_try(swh_nats *n, const char *bin, const char *extra_conf, int last_atte
         fprintf(stderr, "cannot find a free TCP port on 127.0.0.1: %s\n", strerror(errno));
         goto hard;
     }
-    snprintf(portstr, sizeof(portstr), "%d", n->port);
-    logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (logfd < 0) {
-        fprintf(stderr, "cannot open %s: %s\n", log, strerror(errno));
+    if (swh_nats_spawn(n, bin, js, extra_conf != NULL ? conf : NULL, log) != 0)
         goto hard;
-    }
-    fcntl(logfd, F_SETFD, FD_CLOEXEC);
-    argv[argc++] = bin;
-    argv[argc++] = "-a";
-    argv[argc++] = "127.0.0.1";
-    argv[argc++] = "-p";
-    argv[argc++] = portstr;
-    argv[argc++] = "-js";
-    argv[argc++] = "-sd";
-    argv[argc++] = js;
-    if (extra_conf != NULL) {
-        argv[argc++] = "-c";
-        argv[argc++] = conf;
-    }
-    argv[argc] = NULL;
-    n->pid = swh_spawn_fds(bin, argv, NULL, logfd, logfd);
-    close(logfd);
-    if (n->pid < 0) {
-        n->pid = 0;
-        goto hard;
-    }
 
     deadline = swh_now_ms() + (long long)SWH_NATS_READY_MS * swh_slow();
     while (swh_now_ms() < deadline) {
@@ -612,9 +622,7 @@ swh_nats_stop(swh_nats *n)
 int
 swh_nats_restart(swh_nats *n, long down_ms)
 {
-    char bin[1024], js[320], conf[320], log[320], portstr[16];
-    const char *argv[16];
-    int argc = 0, logfd, has_conf;
+    char bin[1024], js[320], conf[320], log[320];
     long long deadline;
     struct stat sb;
 
@@ -625,31 +633,8 @@ swh_nats_restart(swh_nats *n, long down_ms)
     snprintf(js, sizeof(js), "%s/js", n->dir);
     snprintf(conf, sizeof(conf), "%s/nats.conf", n->dir);
     snprintf(log, sizeof(log), "%s/nats.log", n->dir);
-    snprintf(portstr, sizeof(portstr), "%d", n->port);
-    has_conf = stat(conf, &sb) == 0;
-    logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (logfd < 0)
+    if (swh_nats_spawn(n, bin, js, stat(conf, &sb) == 0 ? conf : NULL, log) != 0)
         return -1;
-    fcntl(logfd, F_SETFD, FD_CLOEXEC);
-    argv[argc++] = bin;
-    argv[argc++] = "-a";
-    argv[argc++] = "127.0.0.1";
-    argv[argc++] = "-p";
-    argv[argc++] = portstr;
-    argv[argc++] = "-js";
-    argv[argc++] = "-sd";
-    argv[argc++] = js;
-    if (has_conf) {
-        argv[argc++] = "-c";
-        argv[argc++] = conf;
-    }
-    argv[argc] = NULL;
-    n->pid = swh_spawn_fds(bin, argv, NULL, logfd, logfd);
-    close(logfd);
-    if (n->pid < 0) {
-        n->pid = 0;
-        return -1;
-    }
     deadline = swh_now_ms() + (long long)SWH_NATS_READY_MS * swh_slow();
     while (swh_now_ms() < deadline) {
         if (swh_file_contains(log, "Server is ready") && swh_tcp_accepts(n->port))

@@ -32,6 +32,7 @@ struct swr_pool {
     pthread_mutex_t mu;
     sw_registry *reg;
     int watch_id;
+    int detached; /* swr_pool_detach ran: no more registry events */
     sw_policy policy;
     unsigned quarantine_ms;
     swi_logger log;
@@ -206,12 +207,20 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
 }
 
 void
+swr_pool_detach(swr_pool *p)
+{
+    if (p == NULL || p->reg == NULL || p->detached)
+        return;
+    sw_registry_unwatch(p->reg, p->watch_id); /* waits out a callback in progress */
+    p->detached = 1;
+}
+
+void
 swr_pool_destroy(swr_pool *p)
 {
     if (p == NULL)
         return;
-    if (p->reg != NULL)
-        sw_registry_unwatch(p->reg, p->watch_id);
+    swr_pool_detach(p);
     swi_ticker_stop(&p->reporter);
     pool_report_tick(p, swi_now_ms()); /* what is still queued goes out now */
     pthread_mutex_destroy(&p->mu);

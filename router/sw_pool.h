@@ -24,6 +24,10 @@ typedef struct swr_pool_opts {
 } swr_pool_opts;
 
 sw_err swr_pool_create(swr_pool **out, const swr_pool_opts *o);
+/* Stop registry events (and so on_removed calls) for good; returns once a
+ * callback in progress has finished. Owner's thread only; idempotent.
+ * swr_pool_destroy calls it too. */
+void swr_pool_detach(swr_pool *p);
 void swr_pool_destroy(swr_pool *p);
 
 /* Picks an instance serving endpoint into out (SW_OK), or SW_NO_INSTANCES.

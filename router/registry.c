@@ -2,8 +2,9 @@
  * encoding, leases and liveness, dead reports with a revision guard,
  * re-registration of wrongly removed workers, and watchers.
  *
- * Threads: one registry thread (reg_main) does the keep-alive writes,
- * expires entries whose lease ran out, and delivers watch events in order.
+ * Threads: the registry's ticker (common/sched.h; reg_tick every
+ * REG_TICK_MS, and at once when kicked) does the keep-alive writes, expires
+ * entries whose lease ran out, and delivers watch events in order.
  * The backend's watch callback (reg_on_entry) runs on a backend thread (KV)
  * or on the writer's thread (memory backend: synchronously inside put/del,
  * possibly of another handle, which may hold that handle's wmu); it only
@@ -17,7 +18,7 @@
  * Then the backend's own lock (registry_mem.c: its bucket lock, taken
  * inside put/del/list, under wmu but never under mu).
  * No user callback runs with wmu or mu held: watch callbacks are called by
- * reg_main after dropping mu (sw_registry_unwatch waits on `dispatching`),
+ * reg_tick after dropping mu (sw_registry_unwatch waits on `dispatching`),
  * and every log line is written after the locks are released (what happened
  * under a lock is noted there and logged afterwards). */
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/sched.h"
 #include "common/sw_common.h"
 #include "proto/sw_codec.h"
 #include <streamwire/registry.h>
@@ -93,8 +95,7 @@ struct sw_registry {
     int dispatching;      /* watcher id whose callback runs now */
     unsigned lost_events; /* events not queued for lack of memory, not yet logged */
     reg_event *eh, *et;
-    pthread_t thread;
-    int started;
+    swi_ticker ticker; /* runs reg_tick */
     int stopping;
 };
 
@@ -122,9 +123,9 @@ reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_instance
         return;
     if ((e = calloc(1, sizeof(*e))) == NULL || (e->info = info_copy(info)) == NULL) {
         free(e);
-        /* Logged by reg_main, without the lock. */
+        /* Logged by reg_tick, without the lock. */
         reg->lost_events++;
-        pthread_cond_broadcast(&reg->cv);
+        swi_ticker_kick(&reg->ticker);
         return;
     }
     e->target = target;
@@ -136,7 +137,7 @@ reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_instance
     else
         reg->eh = e;
     reg->et = e;
-    pthread_cond_broadcast(&reg->cv);
+    swi_ticker_kick(&reg->ticker);
 }
 
 static reg_view *
@@ -257,7 +258,7 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
             snprintf(wronged, sizeof(wronged), "%s", own->instance);
             own->rev = 0;
             own->next_refresh_ms = now;
-            pthread_cond_broadcast(&reg->cv);
+            swi_ticker_kick(&reg->ticker);
         }
         pthread_mutex_unlock(&reg->mu);
         swp_free(info);
@@ -368,13 +369,16 @@ reg_refresh(sw_registry *reg, const char *key)
 
 /* ---------------------------------------------------------------- thread */
 
-static void *
-reg_main(void *arg)
+/* One tick on the registry's ticker (every REG_TICK_MS, and at once when
+ * kicked): does everything that is due, one piece at a time, then returns. */
+static void
+reg_tick(void *arg, int64_t now0)
 {
     sw_registry *reg = arg;
+    (void)now0;
     pthread_mutex_lock(&reg->mu);
     while (!reg->stopping) {
-        int64_t now = swi_now_ms(), wake = now + REG_TICK_MS;
+        int64_t now = swi_now_ms();
         char due[REG_KEY_MAX];
         char expired[SW_MAX_TOKEN + 1];
 
@@ -472,8 +476,6 @@ reg_main(void *arg)
                     oldest = reg->own[i].next_refresh_ms;
                     snprintf(due, sizeof(due), "%s", reg->own[i].key);
                 }
-                if (reg->own[i].next_refresh_ms < wake)
-                    wake = reg->own[i].next_refresh_ms;
             }
         }
         if (due[0] != '\0') {
@@ -482,11 +484,9 @@ reg_main(void *arg)
             pthread_mutex_lock(&reg->mu);
             continue;
         }
-        if (reg->eh == NULL)
-            swi_cond_wait_until(&reg->cv, &reg->mu, wake);
+        break; /* nothing due: the next tick or kick comes back */
     }
     pthread_mutex_unlock(&reg->mu);
-    return NULL;
 }
 
 /* ---------------------------------------------------------------- API */
@@ -555,6 +555,11 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
     pthread_mutex_init(&reg->mu, NULL);
     swi_cond_init(&reg->cv);
     reg->next_id = 1;
+    /* The ticker first: the backend's callbacks below kick it. */
+    if (swi_ticker_start(&reg->ticker, REG_TICK_MS, reg_tick, reg) != 0) {
+        rv = SW_ENOMEM;
+        goto fail;
+    }
     /* Garbage collection of abandoned entries: well past any lease. */
     rv = be->open(&reg->bs, conn, bucket, 20 * reg->lease_ms < 60000 ? 60000 : 20 * reg->lease_ms);
     if (rv != SW_OK)
@@ -565,11 +570,6 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
         goto fail;
     if ((rv = be->list(reg->bs, reg_on_entry, reg)) != SW_OK)
         goto fail;
-    if (pthread_create(&reg->thread, NULL, reg_main, reg) != 0) {
-        rv = SW_ENOMEM;
-        goto fail;
-    }
-    reg->started = 1;
     *out = reg;
     return SW_OK;
 fail:
@@ -586,10 +586,8 @@ sw_registry_close(sw_registry *reg)
         reg->be->unwatch(reg->bs, reg->bw);
     pthread_mutex_lock(&reg->mu);
     reg->stopping = 1;
-    pthread_cond_broadcast(&reg->cv);
     pthread_mutex_unlock(&reg->mu);
-    if (reg->started)
-        pthread_join(reg->thread, NULL);
+    swi_ticker_stop(&reg->ticker); /* no-op if it never started */
     if (reg->bs != NULL)
         reg->be->close(reg->bs);
     while (reg->eh != NULL) {
@@ -683,7 +681,7 @@ sw_registry_register(sw_registry *reg, const sw_registration *r)
         reg->capown = ncap;
     }
     reg->own[reg->nown++] = o;
-    pthread_cond_broadcast(&reg->cv);
+    swi_ticker_kick(&reg->ticker);
     pthread_mutex_unlock(&reg->mu);
     pthread_mutex_unlock(&reg->wmu);
     swi_log(&reg->log, SW_LOG_INFO, "registry: registered %s (revision %llu)", o.instance,

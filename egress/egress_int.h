@@ -156,6 +156,9 @@ void swe_on_live_probe(const swt_msg *msg, void *arg);
 /* probe.c */
 void swe_on_probe_reply(const swt_msg *msg, void *arg);
 void swe_on_removed(void *arg, const char *instance);
+/* swr_load_fn for the pool: streams open to an instance, from r->peers (the
+ * one count of them). Caller holds r->mu. */
+unsigned swe_instance_load(void *arg, const char *instance);
 void swe_probe_round(sw_router *r, int64_t now);
 void swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms);
 

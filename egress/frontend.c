@@ -39,8 +39,7 @@ void
 swe_remove(sw_stream *s)
 {
     sw_router *r = s->r;
-    int drop = 0, pooled = 0;
-    char inst[SW_MAX_TOKEN + 1];
+    int drop = 0;
     pthread_mutex_lock(&r->mu);
     if (s->in_table) {
         s->in_table = 0;
@@ -49,14 +48,10 @@ swe_remove(sw_stream *s)
         drop = 1;
         if (s->pooled) {
             s->pooled = 0;
-            pooled = 1;
             swi_peers_release(&r->peers, s->instance);
-            memcpy(inst, s->instance, sizeof(inst)); /* changes only under r->mu */
         }
     }
     pthread_mutex_unlock(&r->mu);
-    if (pooled)
-        swr_pool_done(r->pool, inst);
     if (drop)
         swe_stream_unref(s);
 }

@@ -36,12 +36,10 @@ swe_reroute(sw_stream *s)
     pthread_mutex_unlock(&s->mu);
 
     (void)swr_pool_quarantine(r->pool, old); /* local only: it may be alive and draining */
-    if (swr_pool_pick(r->pool, s->endpoint, next) != SW_OK) {
-        free(buf);
-        return 0;
-    }
     pthread_mutex_lock(&r->mu);
-    if (s->in_table && s->pooled && swi_peers_use(&r->peers, next, swi_now_ms()) == 0) {
+    if (s->in_table && s->pooled &&
+        swr_pool_pick(r->pool, s->endpoint, swe_instance_load, r, next) == SW_OK &&
+        swi_peers_use(&r->peers, next, swi_now_ms()) == 0) {
         swi_peers_release(&r->peers, old);
         pthread_mutex_lock(&s->mu);
         memcpy(s->instance, next, sizeof(next));
@@ -53,11 +51,9 @@ swe_reroute(sw_stream *s)
     }
     pthread_mutex_unlock(&r->mu);
     if (!moved) {
-        swr_pool_done(r->pool, next);
         free(buf);
         return 0;
     }
-    swr_pool_done(r->pool, old);
     (void)swt_subject_request(req_subj, sizeof(req_subj), s->endpoint, next);
     (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
     swi_log(&r->log, SW_LOG_INFO, "stream %s: no responder on %s; re-routed to %s", s->idhex, old,
@@ -99,18 +95,11 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     swi_cond_init(&s->cv);
     swi_random(s->id, sizeof(s->id));
     swi_hex(s->idhex, s->id, sizeof(s->id));
-    if (o->instance_id != NULL) {
+    /* A named instance is taken as is; otherwise the pool picks one below,
+     * under r->mu, together with counting the stream on it. */
+    if (o->instance_id != NULL)
         snprintf(s->instance, sizeof(s->instance), "%s", o->instance_id);
-        swr_pool_begin(r->pool, s->instance);
-        s->pooled = 1;
-    } else if (swr_pool_pick(r->pool, o->endpoint, s->instance) == SW_OK) {
-        s->pooled = 1;
-        s->routed = 1;
-    } else {
-        no_instances = 1;
-    }
     snprintf(s->endpoint, sizeof(s->endpoint), "%s", o->endpoint);
-    memcpy(s->inst_first, s->instance, sizeof(s->inst_first));
     s->inst_pub = s->inst_first;
     s->on_item = o->on_item;
     s->on_item_arg = o->on_item_arg;
@@ -126,10 +115,6 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     swe_rx_init(&s->rx, &cfg, now);
     s->last_rx_ms = now;
     s->next_tick_ms = swe_rx_next_due(&s->rx);
-    if (!no_instances) {
-        (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), s->instance);
-        (void)swt_subject_request(req_subj, sizeof(req_subj), o->endpoint, s->instance);
-    }
     (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
 
     m.version = SW_PROTOCOL_VERSION;
@@ -152,10 +137,24 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
         full = 1;
     else if (swi_idmap_put(&r->streams, s->id, s) != 0)
         full = 2;
-    else if (s->pooled && swi_peers_use(&r->peers, s->instance, now) != 0) {
+    else {
+        if (o->instance_id != NULL)
+            s->pooled = 1;
+        else if (swr_pool_pick(r->pool, o->endpoint, swe_instance_load, r, s->instance) == SW_OK)
+            s->pooled = s->routed = 1;
+        else
+            no_instances = 1;
+        if (s->pooled) {
+            /* Set before anyone can find the stream (through r->mu). */
+            memcpy(s->inst_first, s->instance, sizeof(s->inst_first));
+            (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), s->instance);
+        }
+    }
+    if (!closing && !full && s->pooled && swi_peers_use(&r->peers, s->instance, now) != 0) {
         swi_idmap_del(&r->streams, s->id);
+        s->pooled = 0;
         full = 2;
-    } else {
+    } else if (!closing && !full) {
         swe_stream_ref(s); /* the table's */
         s->in_table = 1;
         r->st.open_streams++;
@@ -163,8 +162,6 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     }
     pthread_mutex_unlock(&r->mu);
     if (closing || full) {
-        if (s->pooled)
-            swr_pool_done(r->pool, s->instance);
         swe_stream_unref(s);
         return closing ? SW_ECLOSED : full == 2 ? SW_ENOMEM : SW_EBUSY;
     }
@@ -180,6 +177,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     }
 
     /* From here on, every failure is the stream's terminal. */
+    (void)swt_subject_request(req_subj, sizeof(req_subj), o->endpoint, s->inst_first);
     rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
     if (rv == SW_OK && s->routed) {
         /* Kept until the instance answers, to re-route on no responders. */

@@ -99,6 +99,14 @@ inst_active_since(void *arg, const char *id, int64_t since)
     return a.active;
 }
 
+unsigned
+swe_instance_load(void *arg, const char *instance)
+{
+    sw_router *r = arg;
+    const swi_peer *pe = swi_peers_find(&r->peers, instance);
+    return pe != NULL ? pe->users : 0;
+}
+
 /* The registry removed an instance (another router reported it dead, or
  * its lease ran out). If we have streams to it, probe it now and let a
  * single miss decide. */

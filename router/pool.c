@@ -23,7 +23,6 @@ typedef struct pool_inst {
     uint64_t revision;
     int live; /* the registry says it is there */
     int draining;
-    unsigned inflight;
     int64_t quarantine_until; /* monotonic ms; 0 = none */
     unsigned backoff_ms;
 } pool_inst;
@@ -144,8 +143,7 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
      * table does not grow with every worker that ever lived. */
     for (size_t i = 0; i < p->n;) {
         pool_inst *g = &p->v[i];
-        if (!g->live && g->inflight == 0 &&
-            (g->quarantine_until == 0 || swi_now_ms() >= g->quarantine_until))
+        if (!g->live && (g->quarantine_until == 0 || swi_now_ms() >= g->quarantine_until))
             *g = p->v[--p->n];
         else
             i++;
@@ -238,8 +236,10 @@ pool_eligible(const pool_inst *e, const char *endpoint, int64_t now)
 }
 
 sw_err
-swr_pool_pick(swr_pool *p, const char *endpoint, char out[SW_MAX_TOKEN + 1])
+swr_pool_pick(swr_pool *p, const char *endpoint, swr_load_fn load, void *load_arg,
+              char out[SW_MAX_TOKEN + 1])
 {
+    unsigned best = 0;
     int64_t now = swi_now_ms();
     size_t k = 0, pick = 0, count = 0;
     pool_inst *chosen = NULL;
@@ -259,10 +259,20 @@ swr_pool_pick(swr_pool *p, const char *endpoint, char out[SW_MAX_TOKEN + 1])
         break;
     }
     case SW_POLICY_LEAST_INFLIGHT:
-        for (size_t i = 0; i < p->n; i++)
-            if (pool_eligible(&p->v[i], endpoint, now) &&
-                (chosen == NULL || p->v[i].inflight < chosen->inflight))
-                chosen = &p->v[i];
+        /* Ties go to the first in table order, which the registry's event
+         * order makes the same in every router: rotate the start so equal
+         * loads still spread. */
+        for (size_t j = 0, base = p->rr++; load != NULL && j < p->n; j++) {
+            pool_inst *e = &p->v[(base + j) % p->n];
+            unsigned l;
+            if (!pool_eligible(e, endpoint, now))
+                continue;
+            l = load(load_arg, e->id);
+            if (chosen == NULL || l < best) {
+                chosen = e;
+                best = l;
+            }
+        }
         break;
     default:
         pick = p->rr++ % count;
@@ -271,30 +281,9 @@ swr_pool_pick(swr_pool *p, const char *endpoint, char out[SW_MAX_TOKEN + 1])
     for (size_t i = 0; chosen == NULL && i < p->n; i++)
         if (pool_eligible(&p->v[i], endpoint, now) && k++ == pick)
             chosen = &p->v[i];
-    chosen->inflight++;
     snprintf(out, SW_MAX_TOKEN + 1, "%s", chosen->id);
     pthread_mutex_unlock(&p->mu);
     return SW_OK;
-}
-
-void
-swr_pool_begin(swr_pool *p, const char *instance)
-{
-    pool_inst *e;
-    pthread_mutex_lock(&p->mu);
-    if ((e = pool_get(p, instance)) != NULL)
-        e->inflight++;
-    pthread_mutex_unlock(&p->mu);
-}
-
-void
-swr_pool_done(swr_pool *p, const char *instance)
-{
-    pool_inst *e;
-    pthread_mutex_lock(&p->mu);
-    if ((e = pool_find(p, instance)) != NULL && e->inflight > 0)
-        e->inflight--;
-    pthread_mutex_unlock(&p->mu);
 }
 
 int

@@ -1,8 +1,7 @@
 /* router/sw_pool.h -- instance selection for the egress: the router layer's
- * interface. A pool knows the live instances (from a registry watch), their
- * local quarantine, and how many streams this frontend has open to each; it
- * picks one per request by policy and turns "this instance is dead" into a
- * local quarantine plus a registry report, so every router learns it. */
+ * interface. A pool knows the live instances (from a registry watch) and
+ * their local quarantine; it picks one per request by policy and turns "this instance is dead" into
+ * a local quarantine plus a registry report, so every router learns it. */
 #ifndef SW_POOL_H
 #define SW_POOL_H
 
@@ -30,12 +29,18 @@ sw_err swr_pool_create(swr_pool **out, const swr_pool_opts *o);
 void swr_pool_detach(swr_pool *p);
 void swr_pool_destroy(swr_pool *p);
 
+/* The number of streams the caller has open to an instance. The pool keeps
+ * no such count: the egress owns it (its peer table, which probes every
+ * instance in use), and lends it to least_inflight through this. */
+typedef unsigned (*swr_load_fn)(void *arg, const char *instance);
+
 /* Picks an instance serving endpoint into out (SW_OK), or SW_NO_INSTANCES.
- * Counts one stream in flight on it (release with swr_pool_done). */
-sw_err swr_pool_pick(swr_pool *p, const char *endpoint, char out[SW_MAX_TOKEN + 1]);
-/* Counts a stream on a directly named instance. */
-void swr_pool_begin(swr_pool *p, const char *instance);
-void swr_pool_done(swr_pool *p, const char *instance);
+ * load (may be NULL: then least_inflight sees equal loads) is called with
+ * the pool's lock held, so it must not call into the pool; the egress calls
+ * this with its own lock held, so that the pick and its count are one step
+ * (lock order: the egress's r->mu, then the pool's). */
+sw_err swr_pool_pick(swr_pool *p, const char *endpoint, swr_load_fn load, void *load_arg,
+                     char out[SW_MAX_TOKEN + 1]);
 
 /* Quarantines the instance here (with backoff). Returns 1 when this starts
  * a new quarantine of an instance the registry lists as live: then the

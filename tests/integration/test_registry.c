@@ -2180,9 +2180,9 @@ pool_logs_without_lock(void **state)
 
     assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
     until = now_ms() + T(3000);
-    while (swr_pool_pick(pool, EP1, out) != SW_OK && now_ms() < until)
+    while (swr_pool_pick(pool, EP1, NULL, NULL, out) != SW_OK && now_ms() < until)
         swh_sleep_ms(5);
-    assert_int_equal(swr_pool_pick(pool, EP1, out), SW_OK);
+    assert_int_equal(swr_pool_pick(pool, EP1, NULL, NULL, out), SW_OK);
     assert_string_equal(out, fx_id(f, 0));
     /* Quarantined here; then it deregisters (REMOVED: on_removed) and
      * registers again (ADDED: the quarantine is lifted, and logged). */

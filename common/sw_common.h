@@ -68,8 +68,16 @@ typedef struct swi_idmap {
     size_t cap;  /* power of two */
     size_t used; /* live + tombstones */
     size_t live;
+    int keyed; /* 1: SipHash with the process key (swi_idmap_init); 0: own ids */
 } swi_idmap;
+/* A map whose keys peers may choose (a worker's streams, keyed by the
+ * router's request ids): hashed with SipHash under a random per-process key,
+ * so no peer can build collision chains. */
 int swi_idmap_init(swi_idmap *m, size_t initial);
+/* A map whose keys only this process creates, from swi_random (a router's
+ * own request ids): the key's first 8 bytes are the hash. Lookups of
+ * foreign keys are still safe: they cannot lengthen a chain. */
+int swi_idmap_init_own(swi_idmap *m, size_t initial);
 /* The map's hash: SipHash with a random per-process key (libsodium's
  * crypto_shorthash), because peers choose request ids. */
 size_t swi_idmap_hash(const uint8_t *key);

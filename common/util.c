@@ -154,6 +154,26 @@ swi_idmap_hash(const uint8_t *key)
     return (size_t)h;
 }
 
+/* The hash of a map whose keys this process drew itself (swi_idmap_init_own):
+ * they are uniformly random already, and nobody else chooses them. */
+static inline size_t
+swi_idmap_hash_of(const swi_idmap *m, const uint8_t *key)
+{
+    uint64_t h;
+    if (m->keyed)
+        return swi_idmap_hash(key);
+    memcpy(&h, key, sizeof(h));
+    return (size_t)h;
+}
+
+int
+swi_idmap_init_own(swi_idmap *m, size_t initial)
+{
+    int rv = swi_idmap_init(m, initial);
+    m->keyed = 0;
+    return rv;
+}
+
 int
 swi_idmap_init(swi_idmap *m, size_t initial)
 {
@@ -164,6 +184,7 @@ swi_idmap_init(swi_idmap *m, size_t initial)
     m->slots = calloc(cap, sizeof(*m->slots));
     m->cap = m->slots ? cap : 0;
     m->used = m->live = 0;
+    m->keyed = 1;
     return m->slots ? 0 : -1;
 }
 
@@ -179,7 +200,7 @@ static swi_idmap_slot *
 swi_idmap_find(const swi_idmap *m, const uint8_t *key)
 {
     size_t mask = m->cap - 1;
-    size_t i = swi_idmap_hash(key) & mask;
+    size_t i = swi_idmap_hash_of(m, key) & mask;
     if (m->cap == 0)
         return NULL;
     for (size_t n = 0; n < m->cap; n++, i = (i + 1) & mask) {
@@ -213,7 +234,7 @@ swi_idmap_grow(swi_idmap *m)
     m->used = m->live = 0;
     for (size_t i = 0; i < ocap; i++) {
         if (old[i].val != NULL && old[i].val != SWI_IDMAP_TOMB) {
-            size_t mask = ncap - 1, j = swi_idmap_hash(old[i].key) & mask;
+            size_t mask = ncap - 1, j = swi_idmap_hash_of(m, old[i].key) & mask;
             while (ns[j].val != NULL)
                 j = (j + 1) & mask;
             ns[j] = old[i];
@@ -237,7 +258,7 @@ swi_idmap_put(swi_idmap *m, const uint8_t *key, void *val)
     if ((m->used + 1) * 4 > m->cap * 3 && swi_idmap_grow(m) != 0)
         return -1;
     mask = m->cap - 1;
-    i = swi_idmap_hash(key) & mask;
+    i = swi_idmap_hash_of(m, key) & mask;
     while (m->slots[i].val != NULL && m->slots[i].val != SWI_IDMAP_TOMB)
         i = (i + 1) & mask;
     if (m->slots[i].val == NULL)

@@ -152,7 +152,7 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->ack_mu, NULL);
     pthread_mutex_init(&r->flush_mu, NULL);
-    if (swi_idmap_init(&r->streams, 256) != 0) {
+    if (swi_idmap_init_own(&r->streams, 256) != 0) {
         rv = SW_ENOMEM;
         goto fail;
     }

@@ -96,12 +96,9 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     swi_hex(r->idhex, r->id, SW_REQUEST_ID_BYTES);
     snprintf(r->resp_subj, sizeof(r->resp_subj), "%s", req->response_subject);
     snprintf(r->router_id, sizeof(r->router_id), "%s", req->router_id);
-    {
-        char std[SWT_SUBJECT_MAX];
-        r->beats_batched =
-            swt_subject_response(std, sizeof(std), r->router_id, r->idhex) == SW_OK &&
-            strcmp(std, r->resp_subj) == 0;
-    }
+    /* The reply subject is the standard one (checked above), so the
+     * router's heartbeat batches cover this stream. */
+    r->beats_batched = 1;
     r->max_tokens = req->max_tokens;
     r->window = req->credit_window;
     if (r->window > ing->max_window) {

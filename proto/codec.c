@@ -128,12 +128,28 @@ swp_repeated_elem(const ProtobufCFieldDescriptor *f)
     }
 }
 
+/* protobuf_c_message_descriptor_get_field without the library call and its
+ * binary search: our messages have one or two ranges of field numbers, and
+ * this runs for every field of every message received. */
+static inline const ProtobufCFieldDescriptor *
+swp_field(const ProtobufCMessageDescriptor *d, uint64_t id)
+{
+    const ProtobufCIntRange *r = d->field_ranges;
+    for (unsigned k = 0; k < d->n_field_ranges; k++) {
+        uint64_t start = (uint64_t)(int64_t)r[k].start_value;
+        uint64_t n = r[k + 1].orig_index - r[k].orig_index;
+        if (id >= start && id - start < n)
+            return &d->fields[r[k].orig_index + (id - start)];
+    }
+    return NULL;
+}
+
 static void
 swp_walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, int depth,
          swp_walk_st *w)
 {
     size_t i = 0, unknown = 0, fields = 0;
-    size_t counts[32] = {0}; /* occurrences per field, by field index */
+    uint16_t counts[32] = {0}; /* occurrences per field, by field index (caps < 65535) */
     if (depth > SWP_MAX_DEPTH) {
         w->refuse = 1;
         return;
@@ -170,9 +186,7 @@ swp_walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, int 
         if (i > len)
             return;
         fields++;
-        f = (tag >> 3) <= UINT32_MAX
-                ? protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3))
-                : NULL;
+        f = swp_field(d, tag >> 3);
         if (f == NULL) {
             if (++unknown > SWP_MAX_UNKNOWN) {
                 w->refuse = 1;

@@ -597,11 +597,74 @@ test_idmap_hash_is_keyed(void **state)
     swi_idmap_fini(&m);
 }
 
+/* A router's own map (swi_idmap_init_own): its keys are its own random ids,
+ * so the hash is their first 8 bytes. Put, get, delete and re-put work over
+ * many keys; foreign keys (a peer's guesses, sharing first bytes with live
+ * ones) are not found and do not disturb the entries. */
+static void
+test_idmap_own_keys(void **state)
+{
+    static uint8_t ids[4000][SW_REQUEST_ID_BYTES];
+    uint8_t foreign[SW_REQUEST_ID_BYTES];
+    swi_idmap m;
+    (void)state;
+    assert_int_equal(swi_idmap_init_own(&m, 0), 0);
+    assert_int_equal(m.keyed, 0);
+    for (int i = 0; i < 4000; i++) {
+        swi_random(ids[i], sizeof(ids[i]));
+        assert_int_equal(swi_idmap_put(&m, ids[i], &ids[i]), 0);
+    }
+    assert_int_equal(m.live, 4000);
+    for (int i = 0; i < 4000; i++) {
+        memcpy(foreign, ids[i], 8); /* same hash as a live entry, another id */
+        memset(foreign + 8, 0x5a, 8);
+        assert_null(swi_idmap_get(&m, foreign));
+        assert_ptr_equal(swi_idmap_get(&m, ids[i]), &ids[i]);
+    }
+    for (int i = 0; i < 4000; i += 2)
+        assert_ptr_equal(swi_idmap_del(&m, ids[i]), &ids[i]);
+    for (int i = 0; i < 4000; i++)
+        assert_ptr_equal(swi_idmap_get(&m, ids[i]), i % 2 ? (void *)&ids[i] : NULL);
+    for (int i = 0; i < 4000; i += 2)
+        assert_int_equal(swi_idmap_put(&m, ids[i], &ids[i]), 0);
+    assert_int_equal(m.live, 4000);
+    for (int i = 0; i < 4000; i++)
+        assert_ptr_equal(swi_idmap_get(&m, ids[i]), &ids[i]);
+    swi_idmap_fini(&m);
+}
+
+/* Every byte value: a token holds exactly [A-Za-z0-9_-], 1..SW_MAX_TOKEN
+ * of them. */
+static void
+test_validate_token_charset(void **state)
+{
+    char t[SW_MAX_TOKEN + 2];
+    (void)state;
+    for (int c = 1; c < 256; c++) {
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '_' || c == '-';
+        t[0] = 'a';
+        t[1] = (char)c;
+        t[2] = '\0';
+        assert_int_equal(sw_validate_token(t), ok ? SW_OK : SW_EINVAL);
+    }
+    memset(t, 'x', SW_MAX_TOKEN);
+    t[SW_MAX_TOKEN] = '\0';
+    assert_int_equal(sw_validate_token(t), SW_OK);
+    t[SW_MAX_TOKEN] = 'x';
+    t[SW_MAX_TOKEN + 1] = '\0';
+    assert_int_equal(sw_validate_token(t), SW_EINVAL);
+    assert_int_equal(sw_validate_token(""), SW_EINVAL);
+    assert_int_equal(sw_validate_token(NULL), SW_EINVAL);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idmap_hash_is_keyed),
+        cmocka_unit_test(test_idmap_own_keys),
+        cmocka_unit_test(test_validate_token_charset),
         cmocka_unit_test(test_idmap_basic),
         cmocka_unit_test(test_idmap_initial_capacity),
         cmocka_unit_test(test_idmap_many_keys),

@@ -116,7 +116,8 @@ struct sw_stream {
     size_t req_len;
     int opening; /* sw_router_open runs: item callbacks wait for the ticker */
     int dispatching;
-    int in_cb; /* an item callback runs now, on cb_thread */
+    int in_cb;   /* an item callback runs now, on cb_thread */
+    int waiters; /* blocking consumers in sw_stream_next's wait (atomic; changed under mu) */
     pthread_t cb_thread;
 };
 

@@ -147,9 +147,13 @@ void
 swe_dispatch(sw_stream *s)
 {
     if (s->on_item == NULL) {
-        pthread_mutex_lock(&s->mu);
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
+        /* Blocking mode: wake a consumer only if one waits, and without the
+         * lock (the waker would otherwise hand it a lock it still holds).
+         * No wake-up is lost: the change that prompted this call was made
+         * under s->mu, and a consumer counts itself in `waiters` under
+         * s->mu before it waits, so either it saw the change or we see it. */
+        if (__atomic_load_n(&s->waiters, __ATOMIC_ACQUIRE) > 0)
+            pthread_cond_broadcast(&s->cv);
         return;
     }
     swe_stream_ref(s);
@@ -212,7 +216,9 @@ sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
             pthread_mutex_unlock(&s->mu);
             return SW_ETIMEDOUT;
         }
+        __atomic_add_fetch(&s->waiters, 1, __ATOMIC_RELEASE);
         swi_cond_wait_until(&s->cv, &s->mu, wake);
+        __atomic_sub_fetch(&s->waiters, 1, __ATOMIC_RELEASE);
     }
     *item = &s->cur;
     pthread_mutex_unlock(&s->mu);

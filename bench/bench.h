@@ -97,7 +97,6 @@ extern char **environ;
 #define K_SEND 1               /* send n items of size bytes at rate/s (0 = flat out) */
 #define K_IDLE 2               /* hold the stream open, send nothing */
 
-#define RAW_REQ_SUBJ "bench.raw.req"
 #define IDLE_RAW_SUBJ "bench.idle.raw"
 #define EP_MAIN "bench.sw.main"
 #define INST_MAIN "benchmain"
@@ -287,10 +286,28 @@ void child_quit(child *c);
 
 /* ---------------------------------------------------------- world.c */
 
-natsConnection *raw_connect(const char *url, const char *name);
+/* The raw side runs in both of nats.c's publish modes, and each row
+ * compares streamwire with the better one for that metric (issue 17):
+ * send-asap (one socket write per publish, nats.c's latency mode) and
+ * buffered (nats.c's flusher thread, its throughput mode). g_raw_mode picks
+ * the connections and the responder subject of the raw runs; set it only
+ * between runs, on the main thread. */
+enum { RAW_ASAP, RAW_BUFFERED, RAW_MODES };
+extern int g_raw_mode;
+extern const char *const g_raw_mode_name[RAW_MODES];
+natsConnection *raw_connect(const char *url, const char *name, int asap);
 sw_conn *sw_connect(const char *url, const char *name);
-extern natsConnection *g_raw_front, *g_raw_work;
-extern natsSubscription *g_raw_resp_sub;
+extern natsConnection *g_raw_fronts[RAW_MODES], *g_raw_works[RAW_MODES];
+extern natsSubscription *g_raw_resp_subs[RAW_MODES];
+/* Of the current g_raw_mode. */
+natsConnection *raw_front(void);
+natsConnection *raw_work(void);
+const char *raw_req_subj(void);
+/* The better of the two raw modes' figures (NaN ignored); *which (may be
+ * NULL) gets the winner's mode. */
+double raw_best(double asap, double buffered, int lower_better, int *which);
+/* Appends "; raw best: <mode> (send-asap X, buffered Y)" to note. */
+void raw_best_note(char *note, size_t cap, double asap, double buffered, int which, int prec);
 /* The hand-written responder: publishes n items to the request's reply
  * subject, on nats.c's delivery thread of its one subscription. */
 void raw_responder_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);

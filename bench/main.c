@@ -94,8 +94,9 @@ usage(FILE *f)
            "                      to the worker during the frontend SIGKILL trials (default 0)\n"
            "  --window N          credit window of the streamwire runs (default: the router's\n"
            "                      default); the ingress max_window is raised to match\n"
-           "  --no-send-asap      natsOptions_SetSendAsap(false) on every connection, raw and\n"
-           "                      streamwire (default: send asap on all, streamwire's default)\n"
+           "  --no-send-asap      streamwire's connections without send-asap (its default is\n"
+           "                      on); raw always runs both ways and each row uses its better\n"
+           "                      mode\n"
            "  --side raw|sw|both  run only one side of long and short (for profiling)\n"
            "  --callgrind         scenario 6: under valgrind --tool=callgrind\n"
            "                      --instr-atstart=no, profile each long- and short-stream run\n"
@@ -351,13 +352,20 @@ main(int argc, char **argv)
     }
 
     /* raw side */
-    g_raw_front = raw_connect(g_url, "bench-raw-frontend");
-    g_raw_work = raw_connect(g_url, "bench-raw-worker");
-    s = natsConnection_Subscribe(&g_raw_resp_sub, g_raw_work, RAW_REQ_SUBJ, raw_responder_cb, NULL);
-    if (s == NATS_OK)
-        s = natsConnection_Flush(g_raw_work);
-    if (s != NATS_OK)
-        die("raw responder subscribe: %s", natsStatus_GetText(s));
+    for (g_raw_mode = 0; g_raw_mode < RAW_MODES; g_raw_mode++) {
+        char fname[64], wname[64];
+        snprintf(fname, sizeof(fname), "bench-raw-frontend-%s", g_raw_mode_name[g_raw_mode]);
+        snprintf(wname, sizeof(wname), "bench-raw-worker-%s", g_raw_mode_name[g_raw_mode]);
+        g_raw_fronts[g_raw_mode] = raw_connect(g_url, fname, g_raw_mode == RAW_ASAP);
+        g_raw_works[g_raw_mode] = raw_connect(g_url, wname, g_raw_mode == RAW_ASAP);
+        s = natsConnection_Subscribe(&g_raw_resp_subs[g_raw_mode], raw_work(), raw_req_subj(),
+                                     raw_responder_cb, NULL);
+        if (s == NATS_OK)
+            s = natsConnection_Flush(raw_work());
+        if (s != NATS_OK)
+            die("raw responder subscribe: %s", natsStatus_GetText(s));
+    }
+    g_raw_mode = RAW_ASAP;
 
     /* streamwire side */
     for (int i = 0; i < cfg.nconc; i++)
@@ -431,10 +439,12 @@ main(int argc, char **argv)
     sw_router_destroy(g_router);
     sw_conn_close(g_sw_work);
     sw_conn_close(g_sw_front);
-    natsSubscription_Unsubscribe(g_raw_resp_sub);
-    natsSubscription_Destroy(g_raw_resp_sub);
-    natsConnection_Destroy(g_raw_work);
-    natsConnection_Destroy(g_raw_front);
+    for (int m = 0; m < RAW_MODES; m++) {
+        natsSubscription_Unsubscribe(g_raw_resp_subs[m]);
+        natsSubscription_Destroy(g_raw_resp_subs[m]);
+        natsConnection_Destroy(g_raw_works[m]);
+        natsConnection_Destroy(g_raw_fronts[m]);
+    }
     nats_Close();
     cleanup();
     return 0;

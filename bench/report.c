@@ -79,8 +79,10 @@ print_table(void)
            SW_BENCH_SOURCE, nats_GetVersion(), g_server_version);
     printf("machine: %ld cores, %s\n", sysconf(_SC_NPROCESSORS_ONLN), cpu);
     printf("load average (/proc/loadavg): start %s, end %s\n", g_load_start, g_load_end);
-    printf("send_asap: %s on every connection (raw and streamwire); streamwire credit window %u\n",
-           cfg.send_asap ? "on" : "off", cfg.window ? cfg.window : g_default_window);
+    printf("raw: measured with send-asap on and off (buffered) in every scenario; each row's raw\n"
+           "figure is the better mode for that metric (named in the note). streamwire: send asap\n"
+           "%s; credit window %u\n",
+           cfg.send_asap ? "on (its default)" : "off", cfg.window ? cfg.window : g_default_window);
     printf("raw: hand-written nats.c; short streams and time to first item SUBSCRIBE a fresh\n"
            "inbox per request (what a hand-written client does); streamwire uses its one\n"
            "mux subscription. sw/raw: > 1 is better for rates, < 1 for latency and memory.\n\n");
@@ -103,22 +105,24 @@ static int
 eval_goals(goal *g)
 {
     int n = 0;
+    /* Issue 17: every goal against raw nats.c at its best (the better of
+     * send-asap and buffered for that metric, same run). */
     g[n].name = "long-stream throughput at 64 B";
-    g[n].target = ">= 0.85 x raw";
+    g[n].target = ">= 1.0 x raw at its best";
     g[n].known = !isnan(g_goal_long64);
-    g[n].met = g[n].known && g_goal_long64 >= 0.85;
+    g[n].met = g[n].known && g_goal_long64 >= 1.0;
     snprintf(g[n].measured, sizeof(g[n].measured), "%.2f x raw", g_goal_long64);
     n++;
     g[n].name = "short-stream rate at concurrency 64";
-    g[n].target = ">= 1.0 x raw";
+    g[n].target = ">= 1.3 x raw at its best";
     g[n].known = !isnan(g_goal_short64);
-    g[n].met = g[n].known && g_goal_short64 >= 1.0;
+    g[n].met = g[n].known && g_goal_short64 >= 1.3;
     snprintf(g[n].measured, sizeof(g[n].measured), "%.2f x raw", g_goal_short64);
     n++;
     g[n].name = "p99 item latency";
-    g[n].target = "<= raw p99 + 50 us";
+    g[n].target = "<= raw p99 (best mode) + 20 us";
     g[n].known = !isnan(g_goal_p99_raw) && !isnan(g_goal_p99_sw);
-    g[n].met = g[n].known && g_goal_p99_sw <= g_goal_p99_raw + 50.0;
+    g[n].met = g[n].known && g_goal_p99_sw <= g_goal_p99_raw + 20.0;
     snprintf(g[n].measured, sizeof(g[n].measured), "raw %.1f us, sw %.1f us (%+.1f us)",
              g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_sw - g_goal_p99_raw);
     n++;
@@ -130,7 +134,7 @@ eval_goals(goal *g)
              g_goal_idle_bps, g_goal_idle_window);
     n++;
     for (int i = 0; i < 4; i++)
-        g[i].issue = 6;
+        g[i].issue = 17; /* were issue 6, restated against raw at its best */
 
     g[n].issue = 4;
     g[n].name = "SIGKILL -> terminal, p99";
@@ -206,11 +210,11 @@ print_goals(void)
 {
     goal g[MAX_GOALS];
     int n = eval_goals(g);
-    printf("\ngoals (issues 4, 5, 6; reported, never asserted):\n");
+    printf("\ngoals (issues 4, 5, 17; reported, never asserted):\n");
     for (int i = 0; i < n; i++) {
         if (i == 0 || g[i].issue != g[i - 1].issue)
             printf(" issue %d\n", g[i].issue);
-        printf("  %-38s %-22s %-48s %s\n", g[i].name, g[i].target,
+        printf("  %-38s %-30s %-48s %s\n", g[i].name, g[i].target,
                g[i].known ? g[i].measured : "not run",
                !g[i].known ? "-"
                : g[i].met  ? "MET"

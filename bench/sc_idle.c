@@ -118,15 +118,15 @@ idle_raw(child *c, unsigned n, idle_res *r)
     for (unsigned i = 0; i < n; i++) {
         natsStatus s = natsInbox_Create(&inbox[i]);
         if (s == NATS_OK)
-            s = natsConnection_SubscribeSync(&sub[i], g_raw_front, inbox[i]);
+            s = natsConnection_SubscribeSync(&sub[i], raw_front(), inbox[i]);
         if (s == NATS_OK)
-            s = natsConnection_PublishRequest(g_raw_front, IDLE_RAW_SUBJ, inbox[i], &q,
+            s = natsConnection_PublishRequest(raw_front(), IDLE_RAW_SUBJ, inbox[i], &q,
                                               (int)sizeof(q));
         if (s != NATS_OK)
             die("raw idle stream %u: %s", i, natsStatus_GetText(s));
         idle_open_tick(&o, i);
     }
-    (void)natsConnection_Flush(g_raw_front);
+    (void)natsConnection_Flush(raw_front());
     idle_open_end(c, &o, 0, n, r);
     for (unsigned i = 0; i < n; i++) {
         natsSubscription_Unsubscribe(sub[i]);
@@ -267,7 +267,7 @@ idle_worker_main(const char *url, unsigned n)
     g_idle_cap = (size_t)n + 64;
     if ((g_idle_held = calloc(g_idle_cap, sizeof(*g_idle_held))) == NULL)
         return 1;
-    nc = raw_connect(url, "bench-idle-raw");
+    nc = raw_connect(url, "bench-idle-raw", 1); /* idle: the mode does not matter */
     if (natsConnection_Subscribe(&sub, nc, IDLE_RAW_SUBJ, idle_raw_cb, NULL) != NATS_OK ||
         natsSubscription_SetPendingLimits(sub, -1, -1) != NATS_OK ||
         natsConnection_Flush(nc) != NATS_OK)

@@ -17,9 +17,9 @@ one_raw_stream(unsigned n, size_t size, one_res *o)
     unsigned got = 0;
     natsStatus s = natsInbox_Create(&inbox);
     if (s == NATS_OK)
-        s = natsConnection_SubscribeSync(&sub, g_raw_front, inbox);
+        s = natsConnection_SubscribeSync(&sub, raw_front(), inbox);
     if (s == NATS_OK)
-        s = natsConnection_PublishRequest(g_raw_front, RAW_REQ_SUBJ, inbox, &q, (int)sizeof(q));
+        s = natsConnection_PublishRequest(raw_front(), raw_req_subj(), inbox, &q, (int)sizeof(q));
     while (s == NATS_OK && got < n) {
         natsMsg *m = NULL;
         s = natsSubscription_NextMsg(&m, sub, 10000);
@@ -180,57 +180,71 @@ run_short(int sw, unsigned conc, unsigned long *errors, char *err, size_t errcap
 void
 scen_short(void)
 {
+    /* Sides: raw send-asap, raw buffered, streamwire. */
+    static const char *side[3] = {"raw send-asap", "raw buffered", "sw"};
     for (int ci = 0; ci < cfg.nconc; ci++) {
         unsigned conc = cfg.conc[ci];
-        double v[2][32], cpu[2][32], csw[2][32];
-        unsigned long errs[2] = {0, 0};
-        char err[2][160];
-        char param[48], note[200];
+        double v[3][32], cpu[3][32], csw[3][32];
+        unsigned long errs[3] = {0, 0, 0};
+        char err[3][160];
+        char param[48], note[240];
         memset(err, 0, sizeof(err));
         for (unsigned rep = 0; rep < cfg.reps && rep < 32; rep++) {
-            for (int sw = 0; sw < 2; sw++) {
+            for (int k = 0; k < 3; k++) {
+                int sw = k == 2;
                 unsigned long e = 0;
                 char msg[160];
                 if (cfg.side == (sw ? 1 : 2)) {
-                    v[sw][rep] = cpu[sw][rep] = csw[sw][rep] = NAN;
+                    v[k][rep] = cpu[k][rep] = csw[k][rep] = NAN;
                     continue;
                 }
                 progress("2 short streams (%u items) at concurrency %u: %s, rep %u/%u",
-                         cfg.short_items, conc, sw ? "sw" : "raw", rep + 1, cfg.reps);
+                         cfg.short_items, conc, side[k], rep + 1, cfg.reps);
+                g_raw_mode = k == 1 ? RAW_BUFFERED : RAW_ASAP;
                 if (cfg.callgrind) {
                     CALLGRIND_ZERO_STATS;
                     CALLGRIND_START_INSTRUMENTATION;
                 }
-                v[sw][rep] =
-                    run_short(sw, conc, &e, msg, sizeof(msg), &cpu[sw][rep], &csw[sw][rep]);
+                v[k][rep] = run_short(sw, conc, &e, msg, sizeof(msg), &cpu[k][rep], &csw[k][rep]);
                 if (cfg.callgrind) {
                     char label[96];
                     CALLGRIND_STOP_INSTRUMENTATION;
-                    snprintf(label, sizeof(label), "short c%u %s rep%u streams=%lu", conc,
-                             sw ? "sw" : "raw", rep + 1, g_short_completed);
+                    snprintf(label, sizeof(label), "short c%u %s rep%u streams=%lu", conc, side[k],
+                             rep + 1, g_short_completed);
                     CALLGRIND_DUMP_STATS_AT(label);
                 }
-                errs[sw] += e;
-                if (e && !err[sw][0])
-                    snprintf(err[sw], sizeof(err[sw]), "%s", msg);
+                g_raw_mode = RAW_ASAP;
+                errs[k] += e;
+                if (e && !err[k][0])
+                    snprintf(err[k], sizeof(err[k]), "%s", msg);
                 if (e)
                     progress("  %lu errors: %s", e, msg);
                 else if (cfg.verbose)
-                    progress("  %.0f streams/s", v[sw][rep]);
+                    progress("  %.0f streams/s", v[k][rep]);
             }
         }
         {
             unsigned n = cfg.reps < 32 ? cfg.reps : 32;
-            double raw = median(v[0], n), sw = median(v[1], n);
+            double ra = median(v[0], n), rb = median(v[1], n), sw = median(v[2], n);
+            double ca = median(cpu[0], n), cb = median(cpu[1], n);
+            double xa = median(csw[0], n), xb = median(csw[1], n);
+            int wr, wc, wx;
+            double raw = raw_best(ra, rb, 0, &wr), rc = raw_best(ca, cb, 1, &wc),
+                   rx = raw_best(xa, xb, 1, &wx);
+            const char *e1 = err[2][0] ? err[2] : err[0][0] ? err[0] : err[1];
             snprintf(param, sizeof(param), "%u x 64 B, concurrency %u", cfg.short_items, conc);
             snprintf(note, sizeof(note),
-                     "raw subscribes per request; errors raw %lu sw %lu%s%.100s", errs[0], errs[1],
-                     err[0][0] || err[1][0] ? ": " : "", err[1][0] ? err[1] : err[0]);
+                     "raw subscribes per request; errors raw %lu sw %lu%s%.100s", errs[0] + errs[1],
+                     errs[2], e1[0] ? ": " : "", e1);
+            raw_best_note(note, sizeof(note), ra, rb, wr, 0);
             add_row("2 short streams", param, "streams/s", raw, sw, 0, 0, note);
-            add_row("2 short streams", param, "CPU us/stream", median(cpu[0], n), median(cpu[1], n),
-                    1, 1, "this process, all threads");
-            add_row("2 short streams", param, "ctx switches/stream", median(csw[0], n),
-                    median(csw[1], n), 1, 1, "this process");
+            note[0] = '\0';
+            raw_best_note(note, sizeof(note), ca, cb, wc, 1);
+            add_row("2 short streams", param, "CPU us/stream", rc, median(cpu[2], n), 1, 1, note);
+            note[0] = '\0';
+            raw_best_note(note, sizeof(note), xa, xb, wx, 1);
+            add_row("2 short streams", param, "ctx switches/stream", rx, median(csw[2], n), 1, 1,
+                    note);
             if (conc == 64)
                 g_goal_short64 = sw / raw;
         }

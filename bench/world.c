@@ -8,8 +8,11 @@
 
 /* ------------------------------------------------------------------ connections */
 
+int g_raw_mode = RAW_ASAP;
+const char *const g_raw_mode_name[RAW_MODES] = {"send-asap", "buffered"};
+
 natsConnection *
-raw_connect(const char *url, const char *name)
+raw_connect(const char *url, const char *name, int asap)
 {
     natsOptions *o = NULL;
     natsConnection *nc = NULL;
@@ -21,7 +24,7 @@ raw_connect(const char *url, const char *name)
     if (s == NATS_OK)
         s = natsOptions_SetTimeout(o, 5000);
     if (s == NATS_OK)
-        s = natsOptions_SetSendAsap(o, cfg.send_asap ? true : false);
+        s = natsOptions_SetSendAsap(o, asap ? true : false);
     if (s == NATS_OK)
         s = natsConnection_Connect(&nc, o);
     natsOptions_Destroy(o);
@@ -48,8 +51,52 @@ sw_connect(const char *url, const char *name)
 
 /* ------------------------------------------------------------------ worker side, raw */
 
-natsConnection *g_raw_front, *g_raw_work;
-natsSubscription *g_raw_resp_sub;
+natsConnection *g_raw_fronts[RAW_MODES], *g_raw_works[RAW_MODES];
+natsSubscription *g_raw_resp_subs[RAW_MODES];
+
+natsConnection *
+raw_front(void)
+{
+    return g_raw_fronts[g_raw_mode];
+}
+
+natsConnection *
+raw_work(void)
+{
+    return g_raw_works[g_raw_mode];
+}
+
+const char *
+raw_req_subj(void)
+{
+    return g_raw_mode == RAW_BUFFERED ? "bench.raw.req.buffered" : "bench.raw.req.asap";
+}
+
+double
+raw_best(double asap, double buffered, int lower_better, int *which)
+{
+    int b;
+    if (isnan(buffered))
+        b = RAW_ASAP;
+    else if (isnan(asap))
+        b = RAW_BUFFERED;
+    else if (lower_better)
+        b = buffered < asap ? RAW_BUFFERED : RAW_ASAP;
+    else
+        b = buffered > asap ? RAW_BUFFERED : RAW_ASAP;
+    if (which != NULL)
+        *which = b;
+    return b == RAW_BUFFERED ? buffered : asap;
+}
+
+void
+raw_best_note(char *note, size_t cap, double asap, double buffered, int which, int prec)
+{
+    size_t n = strlen(note);
+    if (n < cap)
+        snprintf(note + n, cap - n, "%sraw best: %s (send-asap %.*f, buffered %.*f)", n ? "; " : "",
+                 g_raw_mode_name[which], prec, asap, prec, buffered);
+}
 
 /* The hand-written responder: publishes n items to the request's reply
  * subject, on nats.c's delivery thread of its one subscription. */

@@ -1,4 +1,5 @@
 /* transport/conn.c -- sw_conn: one NATS connection and bounded publishing. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,12 @@ sw_err_from_nats(int nats_status)
         return SW_EMSGSIZE;
     if (nats_status == NATS_NO_RESPONDERS)
         return SW_NO_RESPONDERS;
+    if (nats_status == NATS_CONNECTION_AUTH_FAILED)
+        return SW_EAUTH;
+    if (nats_status == NATS_NOT_PERMITTED)
+        return SW_EPERM;
+    if (nats_status == NATS_SECURE_CONNECTION_REQUIRED || nats_status == NATS_SSL_ERROR)
+        return SW_ETLS;
     if (nats_status < 0 || nats_status >= SWI_NATS_STATUS_MAX)
         return SW_ENATS;
     return (sw_err)(SW_ENATS_BASE + nats_status);
@@ -133,6 +140,51 @@ swt_on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *ar
     swi_log(&c->log, SW_LOG_ERROR, "nats: async error: %s", natsStatus_GetText(err));
 }
 
+/* Credentials files, the inbox prefix and TLS (sw_conn_opts). A file that
+ * does not load is the error of its kind (SW_EAUTH, SW_ETLS), not a generic
+ * NATS status, so the CLI can say which flag is wrong. */
+static sw_err
+swt_conn_security(natsOptions *no, const sw_conn_opts *o)
+{
+    natsStatus s = NATS_OK;
+    if (o->creds_file != NULL && o->nkey_seed_file != NULL)
+        return SW_EINVAL;
+    if ((o->tls_cert_file == NULL) != (o->tls_key_file == NULL))
+        return SW_EINVAL;
+    if (o->creds_file != NULL) {
+        FILE *f = fopen(o->creds_file, "r");
+        if (f == NULL)
+            return SW_EAUTH;
+        fclose(f);
+        if (natsOptions_SetUserCredentialsFromFiles(no, o->creds_file, NULL) != NATS_OK)
+            return SW_EAUTH;
+    }
+    if (o->nkey_seed_file != NULL) {
+        char pub[SWT_NKEY_PUBLIC_LEN + 1];
+        sw_err rv = swt_nkey_public_from_file(o->nkey_seed_file, pub);
+        if (rv != SW_OK)
+            return rv;
+        if (natsOptions_SetNKeyFromSeed(no, pub, o->nkey_seed_file) != NATS_OK)
+            return SW_EAUTH;
+    }
+    if (o->inbox_prefix != NULL &&
+        (s = natsOptions_SetCustomInboxPrefix(no, o->inbox_prefix)) != NATS_OK)
+        return s == NATS_INVALID_ARG ? SW_EINVAL : sw_err_from_nats(s);
+    if (o->tls || o->tls_ca_file != NULL || o->tls_cert_file != NULL || o->tls_skip_verify) {
+        if (natsOptions_SetSecure(no, true) != NATS_OK)
+            return SW_ETLS;
+        if (o->tls_ca_file != NULL &&
+            natsOptions_LoadCATrustedCertificates(no, o->tls_ca_file) != NATS_OK)
+            return SW_ETLS;
+        if (o->tls_cert_file != NULL &&
+            natsOptions_LoadCertificatesChain(no, o->tls_cert_file, o->tls_key_file) != NATS_OK)
+            return SW_ETLS;
+        if (o->tls_skip_verify && natsOptions_SkipServerVerification(no, true) != NATS_OK)
+            return SW_ETLS;
+    }
+    return SW_OK;
+}
+
 sw_err
 sw_conn_open(sw_conn **out, const sw_conn_opts *o)
 {
@@ -179,6 +231,12 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         s = natsOptions_SetUserInfo(c->opts, o->user, o->password ? o->password : "");
     if (s == NATS_OK && o->token != NULL)
         s = natsOptions_SetToken(c->opts, o->token);
+    if (s != NATS_OK) {
+        rv = sw_err_from_nats(s);
+        goto fail;
+    }
+    if ((rv = swt_conn_security(c->opts, o)) != SW_OK)
+        goto fail;
     if (s == NATS_OK)
         s = natsOptions_SetDisconnectedCB(c->opts, swt_on_disconnect, c);
     if (s == NATS_OK)

@@ -40,6 +40,18 @@ sw_err swt_subject_beats(char *out, size_t cap, const char *router);
 /* 1 if subject is a response subject's heartbeat-batch form (last token "hb"). */
 int swt_is_beats_subject(const char *subject);
 
+/* NATS user nkeys (transport/nkey.c). */
+#define SWT_NKEY_PUBLIC_LEN 56 /* "U..." */
+#define SWT_NKEY_SEED_LEN 58   /* "SU..." */
+/* The public key of a user seed string. SW_EAUTH if it is not one (bad
+ * characters, length, prefix or checksum). The seed's bytes are wiped. */
+sw_err swt_nkey_user_public(const char *seed, char out[SWT_NKEY_PUBLIC_LEN + 1]);
+/* The same for the first user seed in a file (a seed file or a .creds
+ * file); SW_EAUTH if the file cannot be read or holds none. */
+sw_err swt_nkey_public_from_file(const char *path, char out[SWT_NKEY_PUBLIC_LEN + 1]);
+/* Encodes a raw 32-byte Ed25519 seed as a user seed string (tests, keygen). */
+sw_err swt_nkey_user_seed_encode(const uint8_t raw_seed[32], char out[SWT_NKEY_SEED_LEN + 1]);
+
 /* Publishes data on subj (reply may be NULL). Checks len against the
  * server's max payload first: SW_EMSGSIZE, nothing sent. */
 sw_err swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len);

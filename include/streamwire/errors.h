@@ -47,6 +47,9 @@ extern "C" {
     X(EINTERNAL, 16, "internal", "internal error")                                               \
     X(EEXIST, 17, "already_exists", "object already exists")                                     \
     X(ECONNECT, 18, "connection_failed", "could not connect to the NATS server")                 \
+    X(EAUTH, 19, "not_authorized", "the NATS server refused the credentials")                    \
+    X(ETLS, 20, "tls_error", "TLS set-up or handshake with the NATS server failed")              \
+    X(EPERM, 21, "not_permitted", "the NATS server does not permit this for these credentials")  \
     X(STREAM_INCOMPLETE, 100, "stream_incomplete", "stream went silent before its final marker") \
     X(INSTANCE_LOST, 101, "instance_lost", "the serving instance was lost")                      \
     X(ITEM_AFTER_FINAL, 102, "item_after_final", "an item arrived after the final marker")       \

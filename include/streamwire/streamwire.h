@@ -117,13 +117,30 @@ typedef struct sw_conn_opts {
     void *log_arg;
     sw_conn_state_fn on_state; /* optional: every change of state (see above) */
     void *on_state_arg;
+    /* Authentication beyond user/password/token (all optional; nats.c's own
+     * mechanisms, docs/SECURITY.md). At most one of creds_file and
+     * nkey_seed_file. */
+    const char *creds_file;     /* user JWT + nkey seed (a .creds file), decentralised auth */
+    const char *nkey_seed_file; /* a user nkey seed file ("SU..."); the public key is derived */
+    const char *inbox_prefix;   /* reply subjects (JetStream API, registry) start with this
+                                   instead of "_INBOX", so permissions can confine them */
+    /* TLS. Any of the files, or tls = 1, turns TLS on; a tls:// URL does too. */
+    int tls;
+    const char *tls_ca_file;   /* PEM CA(s) the server's certificate must chain to */
+    const char *tls_cert_file; /* client certificate (PEM), with tls_key_file */
+    const char *tls_key_file;
+    int tls_skip_verify; /* do not verify the server's certificate: tests only */
 } sw_conn_opts;
 
 SW_API void sw_conn_opts_init(sw_conn_opts *opts);
 
 /* Connects. On success *out owns a connection; destroy it with sw_conn_close.
- * Errors: SW_EINVAL (NULL out/opts), SW_ECONNECT (no server reachable),
- * SW_ENOMEM, or a wrapped NATS status. Thread-safe. */
+ * Errors: SW_EINVAL (NULL out/opts, both creds_file and nkey_seed_file, a
+ * key file without a certificate or the reverse), SW_ECONNECT (no server
+ * reachable), SW_EAUTH (the server refused the credentials, or a creds or
+ * nkey file could not be read or parsed), SW_ETLS (TLS required by the
+ * server but not set here, a certificate file that does not load, or a
+ * failed handshake), SW_ENOMEM, or a wrapped NATS status. Thread-safe. */
 SW_API SW_NODISCARD sw_err sw_conn_open(sw_conn **out, const sw_conn_opts *opts);
 
 /* Closes and frees. Every sw_ingress and sw_router created on the connection

@@ -55,9 +55,9 @@ static void
 test_map_is_complete(void **state)
 {
     (void)state;
-    /* 19 API codes (0..18) + 10 stream reasons (100..109). Update this when
+    /* 22 API codes (0..21) + 10 stream reasons (100..109). Update this when
      * codes are added; values never change. */
-    assert_int_equal(NROWS, 29);
+    assert_int_equal(NROWS, 32);
     assert_int_equal(rows[0].val, SW_OK);
     assert_string_equal(rows[0].name, "ok");
     assert_int_equal(SW_OK, 0);
@@ -149,7 +149,7 @@ test_strings_are_total(void **state)
     static const int unknown[] = {
         -1,
         -2,
-        19,
+        22,
         50,
         99,
         110,
@@ -189,6 +189,14 @@ test_nats_special_statuses(void **state)
     assert_int_equal(sw_err_from_nats(NATS_NO_RESPONDERS), SW_NO_RESPONDERS);
     assert_int_equal(sw_err_from_nats(NATS_NO_MEMORY), SW_ENOMEM);
     assert_int_equal(sw_err_from_nats(NATS_MAX_PAYLOAD), SW_EMSGSIZE);
+    /* Security refusals get their own codes, so the CLI can name the flag. */
+    assert_int_equal(sw_err_from_nats(NATS_CONNECTION_AUTH_FAILED), SW_EAUTH);
+    assert_int_equal(sw_err_from_nats(NATS_NOT_PERMITTED), SW_EPERM);
+    assert_int_equal(sw_err_from_nats(NATS_SECURE_CONNECTION_REQUIRED), SW_ETLS);
+    assert_int_equal(sw_err_from_nats(NATS_SSL_ERROR), SW_ETLS);
+    assert_string_equal(sw_err_name(SW_EAUTH), "not_authorized");
+    assert_string_equal(sw_err_name(SW_ETLS), "tls_error");
+    assert_string_equal(sw_err_name(SW_EPERM), "not_permitted");
     /* Out of the wrappable range: the generic code, never a bogus wrap. */
     assert_int_equal(sw_err_from_nats(-1), SW_ENATS);
     assert_int_equal(sw_err_from_nats(INT_MIN), SW_ENATS);
@@ -210,7 +218,8 @@ test_nats_wrap_round_trip(void **state)
     for (int s = NATS_ERR; s <= NATS_MISSED_HEARTBEAT; s++) {
         sw_err e = sw_err_from_nats(s);
         if (s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS || s == NATS_NO_MEMORY ||
-            s == NATS_MAX_PAYLOAD) {
+            s == NATS_MAX_PAYLOAD || s == NATS_CONNECTION_AUTH_FAILED || s == NATS_NOT_PERMITTED ||
+            s == NATS_SECURE_CONNECTION_REQUIRED || s == NATS_SSL_ERROR) {
             assert_int_equal(sw_err_is_nats(e), 0);
             continue;
         }

@@ -17,6 +17,11 @@ cli_find(const cli_cmd *cmd, const char *name, size_t len)
         if (strlen(cmd->opts[i].name) == len && strncmp(cmd->opts[i].name, name, len) == 0)
             return &cmd->opts[i];
     }
+    for (i = 0; cmd->conn_opts != NULL && i < cmd->nconn; i++) {
+        if (strlen(cmd->conn_opts[i].name) == len &&
+            strncmp(cmd->conn_opts[i].name, name, len) == 0)
+            return &cmd->conn_opts[i];
+    }
     return NULL;
 }
 
@@ -48,6 +53,35 @@ cli_opt_label(const cli_opt *o, char *buf, size_t cap)
         snprintf(buf, cap, "--%s %s", o->name, o->metavar != NULL ? o->metavar : "VALUE");
 }
 
+static void
+cli_usage_row(const cli_opt *o, FILE *f)
+{
+    char label[128];
+    const char *h = o->help != NULL ? o->help : "";
+    int col;
+
+    cli_opt_label(o, label, sizeof(label));
+    col = fprintf(f, "  %s", label);
+    if (col >= CLI_HELP_COL - 1) {
+        fputc('\n', f);
+        col = 0;
+    }
+    fprintf(f, "%*s", CLI_HELP_COL - col, "");
+    while (*h != '\0') {
+        const char *nl = strchr(h, '\n');
+        size_t len = nl != NULL ? (size_t)(nl - h) : strlen(h);
+
+        fprintf(f, "%.*s", (int)len, h);
+        if (nl == NULL)
+            break;
+        fprintf(f, "\n%*s", CLI_HELP_COL, "");
+        h = nl + 1;
+    }
+    if (o->required)
+        fprintf(f, " (required)");
+    fputc('\n', f);
+}
+
 void
 cli_usage(const cli_cmd *cmd, FILE *f)
 {
@@ -67,33 +101,14 @@ cli_usage(const cli_cmd *cmd, FILE *f)
     if (cmd->about != NULL)
         fprintf(f, "%s\n\n", cmd->about);
     fprintf(f, "Options:\n");
-    for (i = 0; i < cmd->nopts; i++) {
-        const cli_opt *o = &cmd->opts[i];
-        const char *h = o->help != NULL ? o->help : "";
-        int col;
-
-        cli_opt_label(o, label, sizeof(label));
-        col = fprintf(f, "  %s", label);
-        if (col >= CLI_HELP_COL - 1) {
-            fputc('\n', f);
-            col = 0;
-        }
-        fprintf(f, "%*s", CLI_HELP_COL - col, "");
-        while (*h != '\0') {
-            const char *nl = strchr(h, '\n');
-            size_t len = nl != NULL ? (size_t)(nl - h) : strlen(h);
-
-            fprintf(f, "%.*s", (int)len, h);
-            if (nl == NULL)
-                break;
-            fprintf(f, "\n%*s", CLI_HELP_COL, "");
-            h = nl + 1;
-        }
-        if (o->required)
-            fprintf(f, " (required)");
-        fputc('\n', f);
-    }
+    for (i = 0; i < cmd->nopts; i++)
+        cli_usage_row(&cmd->opts[i], f);
     fprintf(f, "  -h, --help%*sshow this help and exit\n", CLI_HELP_COL - 12, "");
+    if (cmd->conn_opts != NULL) {
+        fprintf(f, "\nNATS connection options (docs/SECURITY.md):\n");
+        for (i = 0; i < cmd->nconn; i++)
+            cli_usage_row(&cmd->conn_opts[i], f);
+    }
     if (cmd->epilog != NULL)
         fprintf(f, "\n%s\n", cmd->epilog);
 }
@@ -205,7 +220,7 @@ cli_parse(const cli_cmd *cmd, int argc, char **argv)
         }
         if (cli_set(cmd, o, value) != 0)
             return CLI_PARSE_ERROR;
-        if ((size_t)(o - cmd->opts) < sizeof(seen))
+        if (o >= cmd->opts && o < cmd->opts + cmd->nopts && (size_t)(o - cmd->opts) < sizeof(seen))
             seen[o - cmd->opts] = 1;
     }
     for (i = 0; i < cmd->nopts && i < sizeof(seen); i++) {

@@ -51,6 +51,8 @@ typedef struct cli_cmd {
     const char *epilog;  /* text after the options (exit statuses...); may be NULL */
     const cli_opt *opts;
     size_t nopts;
+    const cli_opt *conn_opts; /* the NATS connection flags (cli_conn_rows), or NULL */
+    size_t nconn;
 } cli_cmd;
 
 enum { CLI_PARSE_OK = 0, CLI_PARSE_HELP = 1, CLI_PARSE_ERROR = 2 };
@@ -99,6 +101,35 @@ void cli_sleep_ms(int64_t ms);
 void cli_json_escape(FILE *f, const void *data, size_t len);
 /* Writes data readably: printable ASCII as is, anything else as \xXX. */
 void cli_print_readable(FILE *f, const void *data, size_t len);
+
+/* ------------------------------------------------------------------------ */
+/* NATS connection flags, shared by every subcommand (cmd/conn.c).            */
+
+typedef struct cli_conn_flags {
+    const char *user, *password, *token; /* password/token also from the environment:
+                                            STREAMWIRE_NATS_PASSWORD, STREAMWIRE_NATS_TOKEN */
+    const char *creds, *nkey, *inbox_prefix;
+    const char *tls_ca, *tls_cert, *tls_key;
+    int tls, tls_insecure;
+} cli_conn_flags;
+
+/* The rows of the connection flags, pointing into f (cmd/conn.c). A
+ * subcommand passes them in its cli_cmd (conn_opts, nconn): cli_parse
+ * accepts them and cli_usage lists them in their own section. */
+#define CLI_CONN_NOPTS 11
+void cli_conn_rows(cli_conn_flags *f, cli_opt rows[CLI_CONN_NOPTS]);
+
+/* Copies the flags into o (after sw_conn_opts_init). */
+void cli_conn_apply(const cli_conn_flags *f, sw_conn_opts *o);
+/* Checks flag combinations; CLI_EXIT_OK or a printed usage error
+ * (CLI_EXIT_USAGE). */
+int cli_conn_check(const cli_cmd *cmd, const cli_conn_flags *f);
+/* The flags as arguments for a child process: fills argv (up to cap
+ * entries, pointing into f) and returns how many. */
+size_t cli_conn_argv(const cli_conn_flags *f, const char **argv, size_t cap);
+/* "streamwire CMD: cannot connect to NATS server at URL: ..." with a hint
+ * naming the flag to check for auth and TLS failures. */
+void cli_conn_error(const char *cmd, const char *url, const cli_conn_flags *f, sw_err err);
 
 /* ------------------------------------------------------------------------ */
 /* Stream runner: opens one stream on a router and reads it to its terminal. */

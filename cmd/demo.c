@@ -146,9 +146,10 @@ demo_self_exe(char *out, size_t cap)
 }
 
 static int
-demo_spawn_worker(demo_worker *w, const char *exe, const char *url, const char *dir, int verbose)
+demo_spawn_worker(demo_worker *w, const char *exe, const char *url, const char *dir, int verbose,
+                  const cli_conn_flags *conn)
 {
-    const char *argv[20 + DEMO_WORKER_FLAGS];
+    const char *argv[20 + DEMO_WORKER_FLAGS + 2 * CLI_CONN_NOPTS];
     int argc = 0;
     int errfd = -1;
     int i;
@@ -167,6 +168,8 @@ demo_spawn_worker(demo_worker *w, const char *exe, const char *url, const char *
     argv[argc++] = DEMO_BUCKET;
     for (i = 0; i < DEMO_WORKER_FLAGS && w->flags[i] != NULL; i++)
         argv[argc++] = w->flags[i];
+    /* The same NATS credentials and TLS as the demo itself. */
+    argc += (int)cli_conn_argv(conn, argv + argc, 2 * CLI_CONN_NOPTS);
     argv[argc] = NULL;
 
     if (!verbose) {
@@ -301,7 +304,7 @@ demo_summary(const demo_outcome *out, size_t ran)
  * survivor. Returns the number of failed checks. */
 static int
 demo_instance_loss(sw_conn *conn, const char *exe, const char *url, const char *dir, int verbose,
-                   demo_worker pool[2])
+                   demo_worker pool[2], const cli_conn_flags *cf)
 {
     sw_registry_opts gopts;
     sw_router_opts ropts;
@@ -317,7 +320,7 @@ demo_instance_loss(sw_conn *conn, const char *exe, const char *url, const char *
 
     printf("\nInstance loss: two workers registered in the discovery registry\n");
     for (int i = 0; i < 2; i++) {
-        if (demo_spawn_worker(&pool[i], exe, url, dir, verbose) != 0 ||
+        if (demo_spawn_worker(&pool[i], exe, url, dir, verbose, cf) != 0 ||
             swh_wait_line(pool[i].out_fd, "worker ready", line, sizeof(line), 10000 * swh_slow()) !=
                 0) {
             printf("  worker %s did not start\n", pool[i].id);
@@ -453,6 +456,8 @@ cli_demo_main(int argc, char **argv)
         {"verbose", CLI_FLAG, NULL, "worker and library logs on stderr instead of log files",
          &verbose, 0, 0, NULL, 0},
     };
+    cli_conn_flags conn_flags = {0};
+    cli_opt conn_rows[CLI_CONN_NOPTS];
     const cli_cmd cmd = {
         "demo",
         "Live demo: starts a nats-server (JetStream on, free port, temp dir, max_payload\n"
@@ -468,6 +473,8 @@ cli_demo_main(int argc, char **argv)
         "the NATS server.",
         opts,
         sizeof(opts) / sizeof(opts[0]),
+        conn_rows,
+        CLI_CONN_NOPTS,
     };
     demo_worker workers[DW_COUNT + 2];
     demo_outcome out[DEMO_N];
@@ -484,9 +491,12 @@ cli_demo_main(int argc, char **argv)
     int rc, all_ok = 1, nready = 0;
     int64_t t0 = cli_now_ms();
 
+    cli_conn_rows(&conn_flags, conn_rows);
     rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    if ((rc = cli_conn_check(&cmd, &conn_flags)) != CLI_EXIT_OK)
+        return rc;
     if (server != NULL && server[0] == '\0')
         return cli_usage_error(&cmd, "--server: empty URL");
 
@@ -524,18 +534,18 @@ cli_demo_main(int argc, char **argv)
     sw_conn_opts_init(&copts);
     copts.url = url;
     copts.name = "streamwire-demo";
+    cli_conn_apply(&conn_flags, &copts);
     copts.log = verbose ? cli_log_stderr : NULL;
     copts.log_arg = (void *)"demo";
     err = sw_conn_open(&conn, &copts);
     if (err != SW_OK) {
-        fprintf(stderr, "streamwire demo: cannot connect to NATS server at %s: %s (%s)\n", url,
-                sw_strerror(err), sw_err_name(err));
+        cli_conn_error("demo", url, &conn_flags, err);
         rc = CLI_EXIT_CONNECT;
         goto cleanup;
     }
 
     for (i = 0; i < DW_COUNT; i++) {
-        if (demo_spawn_worker(&workers[i], exe, url, dir, verbose) != 0) {
+        if (demo_spawn_worker(&workers[i], exe, url, dir, verbose, &conn_flags) != 0) {
             rc = CLI_EXIT_FAIL;
             goto cleanup;
         }
@@ -575,7 +585,8 @@ cli_demo_main(int argc, char **argv)
 
     demo_run(router, workers, sw_conn_max_payload(conn), out, verbose);
     if (!cli_signalled)
-        loss_failed = demo_instance_loss(conn, exe, url, dir, verbose, &workers[DW_COUNT]);
+        loss_failed =
+            demo_instance_loss(conn, exe, url, dir, verbose, &workers[DW_COUNT], &conn_flags);
     for (ran = 0; ran < DEMO_N && (out[ran].got[0] != '\0'); ran++)
         ;
     for (i = 0; i < DEMO_N; i++) {

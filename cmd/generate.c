@@ -118,6 +118,8 @@ cli_generate_main(int argc, char **argv)
          1000000, NULL, 0},
         {"verbose", CLI_FLAG, NULL, "print library log lines to stderr", &verbose, 0, 0, NULL, 0},
     };
+    cli_conn_flags conn_flags = {0};
+    cli_opt conn_rows[CLI_CONN_NOPTS];
     const cli_cmd cmd = {
         "generate",
         "Send one request to an endpoint instance and print the response stream: the\n"
@@ -130,6 +132,8 @@ cli_generate_main(int argc, char **argv)
         "3 cannot connect to the NATS server.",
         opts,
         sizeof(opts) / sizeof(opts[0]),
+        conn_rows,
+        CLI_CONN_NOPTS,
     };
     gen_out g;
     sw_conn_opts copts;
@@ -143,9 +147,12 @@ cli_generate_main(int argc, char **argv)
     sw_err err;
     int rc;
 
+    cli_conn_rows(&conn_flags, conn_rows);
     rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    if ((rc = cli_conn_check(&cmd, &conn_flags)) != CLI_EXIT_OK)
+        return rc;
     if ((rc = cli_check_names(&cmd, server, endpoint, 1, instance)) != CLI_EXIT_OK)
         return rc;
 
@@ -180,12 +187,12 @@ cli_generate_main(int argc, char **argv)
     sw_conn_opts_init(&copts);
     copts.url = server;
     copts.name = "streamwire-generate";
+    cli_conn_apply(&conn_flags, &copts);
     copts.log = verbose ? cli_log_stderr : NULL;
     copts.log_arg = (void *)"generate";
     err = sw_conn_open(&conn, &copts);
     if (err != SW_OK) {
-        fprintf(stderr, "streamwire generate: cannot connect to NATS server at %s: %s (%s)\n",
-                server, sw_strerror(err), sw_err_name(err));
+        cli_conn_error("generate", server, &conn_flags, err);
         free(padding);
         return CLI_EXIT_CONNECT;
     }

@@ -26,6 +26,8 @@ cli_instances_main(int argc, char **argv)
          "one JSON object per line:\n{\"instance\":\"...\",\"endpoint\":\"...\",\"age_ms\":N,...}",
          &json, 0, 0, NULL, 0},
     };
+    cli_conn_flags conn_flags = {0};
+    cli_opt conn_rows[CLI_CONN_NOPTS];
     const cli_cmd cmd = {
         "instances",
         "List the live instances in the discovery registry (JetStream KV). An entry\n"
@@ -35,6 +37,8 @@ cli_instances_main(int argc, char **argv)
         "3 cannot connect to the NATS server.",
         opts,
         sizeof(opts) / sizeof(opts[0]),
+        conn_rows,
+        CLI_CONN_NOPTS,
     };
     sw_conn_opts copts;
     sw_registry_opts ropts;
@@ -45,19 +49,22 @@ cli_instances_main(int argc, char **argv)
     sw_err err;
     int rc;
 
+    cli_conn_rows(&conn_flags, conn_rows);
     rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    if ((rc = cli_conn_check(&cmd, &conn_flags)) != CLI_EXIT_OK)
+        return rc;
     if ((rc = cli_check_names(&cmd, server, endpoint, 0, NULL)) != CLI_EXIT_OK)
         return rc;
 
     sw_conn_opts_init(&copts);
     copts.url = server;
     copts.name = "streamwire-instances";
+    cli_conn_apply(&conn_flags, &copts);
     err = sw_conn_open(&conn, &copts);
     if (err != SW_OK) {
-        fprintf(stderr, "streamwire instances: cannot connect to NATS server at %s: %s (%s)\n",
-                server, sw_strerror(err), sw_err_name(err));
+        cli_conn_error("instances", server, &conn_flags, err);
         return CLI_EXIT_CONNECT;
     }
     sw_registry_opts_init(&ropts);

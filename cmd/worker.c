@@ -234,6 +234,8 @@ cli_worker_main(int argc, char **argv)
          &max_reconnect, -1, 1000000000, NULL, 0},
         {"quiet", CLI_FLAG, NULL, "no log lines on stderr", &quiet, 0, 0, NULL, 0},
     };
+    cli_conn_flags conn_flags = {0};
+    cli_opt conn_rows[CLI_CONN_NOPTS];
     const cli_cmd cmd = {
         "worker",
         "Serve an endpoint with the demo engine: every request gets --tokens items\n"
@@ -248,6 +250,8 @@ cli_worker_main(int argc, char **argv)
         "(at start, or the connection closed for good: --max-reconnect ran out).",
         opts,
         sizeof(opts) / sizeof(opts[0]),
+        conn_rows,
+        CLI_CONN_NOPTS,
     };
     worker_cfg cfg;
     sw_conn_opts copts;
@@ -259,9 +263,12 @@ cli_worker_main(int argc, char **argv)
     int wake[2];
     int rc;
 
+    cli_conn_rows(&conn_flags, conn_rows);
     rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    if ((rc = cli_conn_check(&cmd, &conn_flags)) != CLI_EXIT_OK)
+        return rc;
     if ((rc = cli_check_names(&cmd, server, endpoint, 1, instance)) != CLI_EXIT_OK)
         return rc;
 
@@ -291,6 +298,7 @@ cli_worker_main(int argc, char **argv)
     sw_conn_opts_init(&copts);
     copts.url = server;
     copts.name = "streamwire-worker";
+    cli_conn_apply(&conn_flags, &copts);
     copts.log = quiet ? NULL : cli_log_stderr;
     copts.log_arg = (void *)"worker";
     copts.max_reconnect = (int)max_reconnect;
@@ -298,8 +306,7 @@ cli_worker_main(int argc, char **argv)
     copts.on_state_arg = &wake[1];
     err = sw_conn_open(&conn, &copts);
     if (err != SW_OK) {
-        fprintf(stderr, "streamwire worker: cannot connect to NATS server at %s: %s (%s)\n", server,
-                sw_strerror(err), sw_err_name(err));
+        cli_conn_error("worker", server, &conn_flags, err);
         rc = CLI_EXIT_CONNECT;
         goto out;
     }

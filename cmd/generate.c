@@ -64,7 +64,7 @@ cli_generate_main(int argc, char **argv)
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *prompt = "hello";
     long max_tokens = 0, cancel_after = -1, read_delay = 0, timeout = 0, linger = 20;
     long heartbeat = 0, window = 0, inactivity = 0, gap_timeout = 0, payload_bytes = -1;
-    const char *policy = "round_robin", *bucket = NULL;
+    const char *policy = "round_robin", *bucket = NULL, *router_id = NULL;
     int json = 0, verbose = 0;
     const cli_opt opts[] = {
         {"server", CLI_STRING, "URL", "NATS server URL, e.g. nats://127.0.0.1:4222", &server, 0, 0,
@@ -75,6 +75,10 @@ cli_generate_main(int argc, char **argv)
          "send to this instance directly; default: pick a live\ninstance from the discovery "
          "registry (JetStream KV)",
          &instance, 0, 0, NULL, 0},
+        {"router-id", CLI_STRING, "ID",
+         "this frontend's router id (its response subjects are\nsw.rsp.ID.*; what NATS "
+         "permissions grant); default random",
+         &router_id, 0, 0, NULL, 0},
         {"policy", CLI_CHOICE, "round_robin|random|least_inflight",
          "how to pick an instance without --instance-id\n(default round_robin)", &policy, 0, 0,
          "round_robin|random|least_inflight", 0},
@@ -216,6 +220,7 @@ cli_generate_main(int argc, char **argv)
         ropts.registry = reg;
         (void)sw_policy_from_name(policy, &ropts.policy);
     }
+    ropts.router_id = router_id;
     ropts.final_linger_ms = (unsigned)linger;
     ropts.heartbeat_ms = (unsigned)heartbeat;
     ropts.inactivity_ms = (unsigned)inactivity;

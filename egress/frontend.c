@@ -176,6 +176,13 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         (rv = swt_subscribe(conn, &r->prb, prb, swe_on_probe_reply, r)) != SW_OK ||
         (rv = swt_flush(conn, 5000)) != SW_OK)
         goto fail;
+    if (swt_denied(conn, r->wildcard) || swt_denied(conn, live_subj) || swt_denied(conn, prb)) {
+        rv = SW_EPERM; /* this user may not read this router's subjects */
+        swi_log(&r->log, SW_LOG_ERROR,
+                "router %s: the NATS server does not permit its subscriptions (%s, %s, %s)", r->id,
+                r->wildcard, live_subj, prb);
+        goto fail;
+    }
     if (swi_ticker_start(&r->ticker, SWE_TICK_MS, swe_on_tick, r) != 0) {
         rv = SW_ENOMEM;
         goto fail;

@@ -196,6 +196,18 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         goto fail;
     /* Make sure the server has the interest before anyone is told we exist. */
     (void)swt_flush(conn, 5000);
+    {
+        char lv[SWT_SUBJECT_MAX];
+        (void)swt_subject_live_reply(lv, sizeof(lv), ing->instance_id, NULL);
+        if (swt_denied(conn, ing->req_subj) || swt_denied(conn, ing->ctl_subj) ||
+            swt_denied(conn, lv)) {
+            swi_log(&ing->log, SW_LOG_ERROR,
+                    "instance %s: the NATS server does not permit its subscriptions (%s, %s, %s)",
+                    ing->instance_id, ing->req_subj, ing->ctl_subj, lv);
+            rv = SW_EPERM;
+            goto fail;
+        }
+    }
     swi_log(&ing->log, SW_LOG_INFO, "serving %s as instance %s on %s", ing->endpoint,
             ing->instance_id, ing->req_subj);
     *out = ing;

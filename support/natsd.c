@@ -415,7 +415,7 @@ swh_print_log_tail(const char *path)
     fprintf(stderr, "--- %s (tail) ---\n%s--- end ---\n", path, buf);
 }
 
-static int
+int
 swh_write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");

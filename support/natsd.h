@@ -89,4 +89,7 @@ int swh_rmtree(const char *path);
  * /tmp). Writes the path into out. Returns 0 or -1. */
 int swh_mkdtemp(char *out, size_t cap, const char *prefix);
 
+/* Writes text to path (created or truncated). 0, or -1. */
+int swh_write_file(const char *path, const char *text);
+
 #endif

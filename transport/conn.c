@@ -477,6 +477,18 @@ swt_flush(sw_conn *c, int64_t timeout_ms)
     return sw_err_from_nats(natsConnection_FlushTimeout(c->nc, timeout_ms));
 }
 
+int
+swt_denied(sw_conn *c, const char *subj)
+{
+    const char *txt = NULL;
+    /* The server answers a refused SUB with -ERR 'Permissions Violation for
+     * Subscription to "<subj>"' before the PONG of a later flush, and nats.c
+     * keeps it as the connection's last error. */
+    if (natsConnection_GetLastError(c->nc, &txt) != NATS_NOT_PERMITTED || txt == NULL)
+        return 0;
+    return strstr(txt, "Subscription") != NULL && strstr(txt, subj) != NULL;
+}
+
 void
 swt_sub_close(sw_conn *c, swt_sub **subp)
 {

@@ -52,6 +52,11 @@ sw_err swt_nkey_public_from_file(const char *path, char out[SWT_NKEY_PUBLIC_LEN 
 /* Encodes a raw 32-byte Ed25519 seed as a user seed string (tests, keygen). */
 sw_err swt_nkey_user_seed_encode(const uint8_t raw_seed[32], char out[SWT_NKEY_SEED_LEN + 1]);
 
+/* After a successful swt_flush that followed swt_subscribe(subj): 1 if the
+ * server refused that subscription (its permissions for these credentials
+ * do not allow subj), else 0. */
+int swt_denied(sw_conn *c, const char *subj);
+
 /* Publishes data on subj (reply may be NULL). Checks len against the
  * server's max payload first: SW_EMSGSIZE, nothing sent. */
 sw_err swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len);

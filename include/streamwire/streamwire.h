@@ -234,6 +234,8 @@ SW_API void sw_ingress_opts_init(sw_ingress_opts *opts);
 /* Subscribes to the instance's request and control subjects and starts the
  * handler threads and the heartbeat timer. On success *out owns the ingress.
  * Errors: SW_EINVAL (missing handler, invalid endpoint or instance id),
+ * SW_EPERM (the server's permissions for this connection's user do not let
+ * it subscribe to the instance's request, control or liveness subjects),
  * SW_ENOMEM, wrapped NATS status. conn must outlive the ingress. */
 SW_API SW_NODISCARD sw_err sw_ingress_start(sw_ingress **out, sw_conn *conn,
                                             const sw_ingress_opts *opts);
@@ -418,7 +420,10 @@ typedef struct sw_router_opts {
 SW_API void sw_router_opts_init(sw_router_opts *opts);
 
 /* Creates a router: one wildcard subscription on its response subjects.
- * Errors: SW_EINVAL, SW_ENOMEM, wrapped NATS status. conn must outlive it. */
+ * Errors: SW_EINVAL, SW_EPERM (the server's permissions for this
+ * connection's user do not let it subscribe to the router's own subjects:
+ * sw.rsp.<router_id>.*, sw.rtr.<router_id>, sw.prb.<router_id>.*),
+ * SW_ENOMEM, wrapped NATS status. conn must outlive it. */
 SW_API SW_NODISCARD sw_err sw_router_create(sw_router **out, sw_conn *conn,
                                             const sw_router_opts *opts);
 

@@ -50,6 +50,8 @@ path(char *out, const char *name)
     snprintf(out, 300, "%s/%s", g_dir, name);
 }
 
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 static int
 sh(const char *fmt, ...)
 {

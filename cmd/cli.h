@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <streamwire/metrics.h>
 #include <streamwire/streamwire.h>
 
 #if defined(__GNUC__)
@@ -130,6 +131,17 @@ size_t cli_conn_argv(const cli_conn_flags *f, const char **argv, size_t cap);
 /* "streamwire CMD: cannot connect to NATS server at URL: ..." with a hint
  * naming the flag to check for auth and TLS failures. */
 void cli_conn_error(const char *cmd, const char *url, const cli_conn_flags *f, sw_err err);
+
+/* ------------------------------------------------------------------------ */
+/* --metrics-listen (cmd/metrics_http.c): GET /metrics from one thread.       */
+
+typedef struct cli_metrics_http cli_metrics_http;
+/* Listens on addr ("HOST:PORT"; port 0 picks one) and serves m. 0, or -1
+ * with the reason printed to stderr. */
+int cli_metrics_http_start(cli_metrics_http **out, const char *addr, sw_metrics *m);
+/* The port it listens on (useful with port 0). */
+int cli_metrics_http_port(const cli_metrics_http *h);
+void cli_metrics_http_stop(cli_metrics_http *h);
 
 /* ------------------------------------------------------------------------ */
 /* Stream runner: opens one stream on a router and reads it to its terminal. */

@@ -178,7 +178,9 @@ cli_worker_main(int argc, char **argv)
     long tokens = 16, interval = 0, crash = -1, hang = -1, fail = -1;
     long max_inflight = 0, threads = 0, grace = 5000, send_timeout = 0, lease = 0;
     long max_reconnect = -1;
-    const char *registry = "nats-kv", *bucket = NULL;
+    const char *registry = "nats-kv", *bucket = NULL, *metrics_listen = NULL;
+    sw_metrics *metrics = NULL;
+    cli_metrics_http *mhttp = NULL;
     int quiet = 0;
     const cli_opt opts[] = {
         {"server", CLI_STRING, "URL", "NATS server URL, e.g. nats://127.0.0.1:4222", &server, 0, 0,
@@ -232,6 +234,10 @@ cli_worker_main(int argc, char **argv)
          "reconnect attempts after the server is lost; -1 = no\nlimit (default: a worker in a "
          "cluster outlives a NATS\nrestart). When they run out the worker exits 3",
          &max_reconnect, -1, 1000000000, NULL, 0},
+        {"metrics-listen", CLI_STRING, "HOST:PORT",
+         "serve Prometheus metrics at http://HOST:PORT/metrics\n(port 0 picks one; the line "
+         "'worker metrics url=...'\nsays which)",
+         &metrics_listen, 0, 0, NULL, 0},
         {"quiet", CLI_FLAG, NULL, "no log lines on stderr", &quiet, 0, 0, NULL, 0},
     };
     cli_conn_flags conn_flags = {0};
@@ -354,6 +360,17 @@ cli_worker_main(int argc, char **argv)
             goto out;
         }
     }
+    if (metrics_listen != NULL) {
+        if (sw_metrics_create(&metrics) != SW_OK || sw_metrics_add_conn(metrics, conn) != SW_OK ||
+            sw_metrics_add_ingress(metrics, ing) != SW_OK ||
+            cli_metrics_http_start(&mhttp, metrics_listen, metrics) != 0) {
+            rc = CLI_EXIT_FAIL;
+            goto out;
+        }
+        printf("worker metrics url=http://%.*s:%d/metrics\n",
+               (int)(strrchr(metrics_listen, ':') - metrics_listen), metrics_listen,
+               cli_metrics_http_port(mhttp));
+    }
     printf("worker ready instance=%s endpoint=%s subject=%s\n", sw_ingress_instance_id(ing),
            sw_ingress_endpoint(ing), sw_ingress_request_subject(ing));
     fflush(stdout);
@@ -405,6 +422,8 @@ cli_worker_main(int argc, char **argv)
     rc = CLI_EXIT_OK;
 
 out:
+    cli_metrics_http_stop(mhttp); /* before the objects it renders */
+    sw_metrics_destroy(metrics);
     sw_registry_close(reg);
     sw_ingress_destroy(ing);
     sw_conn_close(conn);

@@ -33,6 +33,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/metrics.h"
 #include "common/sched.h"
 #include "common/sw_common.h"
 #include "egress/rx.h"
@@ -83,6 +84,11 @@ struct sw_router {
     swe_ack flushing[SWE_ACKS_MAX];
     size_t nacks;
     sw_router_stats st;
+    /* Latency histograms (lock-free; egress/metrics.c renders them): open
+     * to first data item delivered, between data items delivered, open to
+     * terminal delivered. */
+    swi_hist h_ttfi, h_inter, h_duration;
+    uint64_t duplicates, resend_requests, heartbeats; /* of finished streams (atomic) */
 };
 
 struct sw_stream {
@@ -99,6 +105,8 @@ struct sw_stream {
     swe_rx rx;            /* s->mu */
     sw_item cur;          /* the item last handed to a blocking consumer */
     int64_t last_rx_ms;   /* mirror of rx.last_rx_ms for probe rounds (atomic) */
+    int64_t t_open_ns;    /* sw_router_open's start, for the histograms */
+    int64_t t_last_ns;    /* last data item delivered (s->mu); 0 = none yet */
     int64_t next_tick_ms; /* the scan looks at s only from then on (atomic; 0 = next scan) */
 
     int in_table;

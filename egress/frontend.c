@@ -52,6 +52,14 @@ swe_remove(sw_stream *s)
         }
     }
     pthread_mutex_unlock(&r->mu);
+    if (drop) {
+        /* The stream's repair counters join the router's (metrics). */
+        sw_stream_stats st;
+        sw_stream_stats_get(s, &st);
+        __atomic_fetch_add(&r->duplicates, st.duplicates, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&r->resend_requests, st.resend_requests, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&r->heartbeats, st.heartbeats, __ATOMIC_RELAXED);
+    }
     if (drop)
         swe_stream_unref(s);
 }
@@ -152,6 +160,9 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->ack_mu, NULL);
     pthread_mutex_init(&r->flush_mu, NULL);
+    swi_hist_init(&r->h_ttfi, swi_hist_latency_bounds, swi_hist_latency_nb);
+    swi_hist_init(&r->h_inter, swi_hist_latency_bounds, swi_hist_latency_nb);
+    swi_hist_init(&r->h_duration, swi_hist_latency_bounds, swi_hist_latency_nb);
     if (swi_idmap_init_own(&r->streams, 256) != 0) {
         rv = SW_ENOMEM;
         goto fail;

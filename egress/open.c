@@ -89,6 +89,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     if ((s = calloc(1, sizeof(*s))) == NULL)
         return SW_ENOMEM;
     atomic_init(&s->refs, 1);
+    s->t_open_ns = swi_now_ns();
     atomic_fetch_add(&r->refs, 1);
     s->r = r;
     pthread_mutex_init(&s->mu, NULL);

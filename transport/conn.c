@@ -24,7 +24,14 @@ struct sw_conn {
     int state;           /* sw_conn_state (atomic access) */
     int64_t up_since_ms; /* monotonic time of the last (re)connect; -1 while down (atomic) */
     uint64_t reconnects; /* (atomic) */
+    char name[64];       /* the connection name (metrics label) */
 };
+
+const char *
+swt_conn_name(const sw_conn *c)
+{
+    return c->name;
+}
 
 sw_err
 sw_err_from_nats(int nats_status)
@@ -207,6 +214,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     c->on_state = o->on_state;
     c->on_state_arg = o->on_state_arg;
     c->up_since_ms = -1;
+    snprintf(c->name, sizeof(c->name), "%s", o->name ? o->name : "streamwire");
     pthread_mutex_init(&c->cb_mu, NULL);
     swi_cond_init(&c->cb_cv);
 

@@ -57,6 +57,9 @@ sw_err swt_nkey_user_seed_encode(const uint8_t raw_seed[32], char out[SWT_NKEY_S
  * do not allow subj), else 0. */
 int swt_denied(sw_conn *c, const char *subj);
 
+/* The connection's name (sw_conn_opts.name), for metrics labels. */
+const char *swt_conn_name(const sw_conn *c);
+
 /* Publishes data on subj (reply may be NULL). Checks len against the
  * server's max payload first: SW_EMSGSIZE, nothing sent. */
 sw_err swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len);

@@ -12,7 +12,7 @@ ingress_render(swi_prom *p, void *obj)
 {
     sw_ingress *ing = obj;
     sw_ingress_stats st;
-    swi_label l[3] = {{"instance", sw_ingress_instance_id(ing)},
+    swi_label l[3] = {{"instance_id", sw_ingress_instance_id(ing)},
                       {"endpoint", sw_ingress_endpoint(ing)},
                       {"status", ""}};
     sw_ingress_stats_get(ing, &st);

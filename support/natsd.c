@@ -340,7 +340,7 @@ swh_find_nats_server(char *out, size_t cap)
 }
 
 /* A port that was free a moment ago on 127.0.0.1 (bind port 0). */
-static int
+int
 swh_free_port(void)
 {
     struct sockaddr_in a;

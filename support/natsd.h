@@ -89,6 +89,9 @@ int swh_rmtree(const char *path);
  * /tmp). Writes the path into out. Returns 0 or -1. */
 int swh_mkdtemp(char *out, size_t cap, const char *prefix);
 
+/* A TCP port that was free a moment ago on 127.0.0.1 (bind to port 0). */
+int swh_free_port(void);
+
 /* Writes text to path (created or truncated). 0, or -1. */
 int swh_write_file(const char *path, const char *text);
 

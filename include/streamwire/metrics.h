@@ -10,7 +10,7 @@
  * the data path.
  *
  * Families (all prefixed streamwire_; docs/METRICS.md lists them with their
- * labels). Labels are bounded: router id, instance id, endpoint, terminal
+ * labels). Labels are bounded: router (id), instance_id, endpoint, conn (name), terminal
  * status and reason; never a request id.
  *
  * Ownership and threads: every function is thread-safe. A source must stay

@@ -1,6 +1,8 @@
 /* common/names.c -- validation of the names that become subject tokens:
  * instance ids, router ids and endpoints. Used by the codec (proto/) and by
- * the subject builders (transport/), so it lives below both. */
+ * the subject builders (transport/), so it lives below both. Also the W3C
+ * traceparent parser and the tag log lines give a stream. */
+#include <stdio.h>
 #include <string.h>
 
 #include "common/sw_common.h"
@@ -51,4 +53,51 @@ sw_validate_endpoint(const char *e)
         e = dot + 1;
     }
     return parts == 3 ? SW_OK : SW_EINVAL;
+}
+
+static int
+swi_lower_hex(const char *s, size_t n, int *all_zero)
+{
+    *all_zero = 1;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return 0;
+        if (c != '0')
+            *all_zero = 0;
+    }
+    return 1;
+}
+
+int
+swi_trace_id(const char *tp, char out[SWI_TRACE_ID_LEN + 1])
+{
+    int zero;
+    out[0] = '\0';
+    /* 2 + 1 + 32 + 1 + 16 + 1 + 2 = 55; later versions may append "-..." */
+    if (tp == NULL || strlen(tp) < 55 || tp[2] != '-' || tp[35] != '-' || tp[52] != '-')
+        return 0;
+    if (!swi_lower_hex(tp, 2, &zero) || (tp[0] == 'f' && tp[1] == 'f'))
+        return 0;
+    if (tp[0] == '0' && tp[1] == '0' && tp[55] != '\0') /* version 00 is exactly 55 long */
+        return 0;
+    if (!swi_lower_hex(tp + 3, 32, &zero) || zero)
+        return 0;
+    {
+        int pzero;
+        if (!swi_lower_hex(tp + 36, 16, &pzero) || pzero || !swi_lower_hex(tp + 53, 2, &zero))
+            return 0;
+    }
+    memcpy(out, tp + 3, 32);
+    out[32] = '\0';
+    return 1;
+}
+
+void
+swi_logtag(char out[SWI_LOGTAG_MAX], const char *idhex, const char *trace_id)
+{
+    if (trace_id != NULL && trace_id[0] != '\0')
+        snprintf(out, SWI_LOGTAG_MAX, "%s trace=%s", idhex, trace_id);
+    else
+        snprintf(out, SWI_LOGTAG_MAX, "%s", idhex);
 }

@@ -57,6 +57,16 @@ void swi_log(const swi_logger *lg, sw_log_level lvl, const char *fmt, ...) SWI_P
 /* Validates an application error code token: 1..64 chars of [a-z0-9_.-]. */
 int swi_valid_code(const char *code);
 
+/* W3C trace context: the trace id (32 lowercase hex) of a traceparent
+ * value "VV-<trace id>-<parent id>-FF" (version not ff, ids not all zero).
+ * Returns 1 and fills out, or 0 and sets out to "". */
+#define SWI_TRACE_ID_LEN 32
+int swi_trace_id(const char *traceparent, char out[SWI_TRACE_ID_LEN + 1]);
+/* What log lines call a stream: "<request id hex>", plus " trace=<trace
+ * id>" when there is one. */
+#define SWI_LOGTAG_MAX (SW_REQUEST_ID_HEX + SWI_TRACE_ID_LEN + 8)
+void swi_logtag(char out[SWI_LOGTAG_MAX], const char *idhex, const char *trace_id);
+
 /* Hash map from 16-byte request id to pointer; open addressing, grows.
  * Not thread-safe: callers lock. */
 typedef struct swi_idmap_slot {

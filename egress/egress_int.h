@@ -98,6 +98,7 @@ struct sw_stream {
     pthread_cond_t cv;
     uint8_t id[SW_REQUEST_ID_BYTES];
     char idhex[SW_REQUEST_ID_HEX];
+    char logtag[SWI_LOGTAG_MAX]; /* idhex, and the trace id when the request has one */
     char instance[SW_MAX_TOKEN + 1];
     char ctl_subj[SWT_SUBJECT_MAX];
     sw_item_fn on_item;

@@ -56,17 +56,43 @@ swe_reroute(sw_stream *s)
     }
     (void)swt_subject_request(req_subj, sizeof(req_subj), s->endpoint, next);
     (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
-    swi_log(&r->log, SW_LOG_INFO, "stream %s: no responder on %s; re-routed to %s", s->idhex, old,
+    swi_log(&r->log, SW_LOG_INFO, "stream %s: no responder on %s; re-routed to %s", s->logtag, old,
             next);
     moved = swt_publish(r->conn, req_subj, resp_subj, buf, len) == SW_OK;
     free(buf);
     return moved;
 }
 
+/* The request headers: at most SWP_MAX_HEADERS, keys 1..128 bytes and
+ * unique, values up to 4096 bytes (the bounds a worker's decoder enforces).
+ * Returns 0 if they are acceptable. */
+static int
+open_headers_ok(const sw_request_opts *o)
+{
+    if (o->nheaders == 0)
+        return 1;
+    if (o->headers == NULL || o->nheaders > SWP_MAX_HEADERS)
+        return 0;
+    for (size_t i = 0; i < o->nheaders; i++) {
+        const sw_header *h = &o->headers[i];
+        size_t kl = h->key ? strlen(h->key) : 0;
+        if (kl == 0 || kl > SWP_MAX_HEADER_KEY || h->value == NULL ||
+            strlen(h->value) > SWP_MAX_HEADER_VALUE)
+            return 0;
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(o->headers[j].key, h->key) == 0)
+                return 0;
+    }
+    return 1;
+}
+
 sw_err
 sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const void *payload,
                size_t len)
 {
+    Streamwire__V1__Request__HeadersEntry hent[SWP_MAX_HEADERS];
+    Streamwire__V1__Request__HeadersEntry *hptr[SWP_MAX_HEADERS];
+    char trace[SWI_TRACE_ID_LEN + 1] = "";
     sw_stream *s;
     char req_subj[SWT_SUBJECT_MAX];
     char resp_subj[SWT_SUBJECT_MAX];
@@ -84,7 +110,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     if (sw_validate_endpoint(o->endpoint) != SW_OK ||
         (o->instance_id != NULL && sw_validate_token(o->instance_id) != SW_OK) ||
         o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS ||
-        o->heartbeat_ms < 0 || o->deadline_ms < 0 || o->deadline_ms > UINT32_MAX)
+        o->heartbeat_ms < 0 || o->deadline_ms < 0 || o->deadline_ms > UINT32_MAX ||
+        !open_headers_ok(o))
         return SW_EINVAL;
     if ((s = calloc(1, sizeof(*s))) == NULL)
         return SW_ENOMEM;
@@ -96,6 +123,10 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     swi_cond_init(&s->cv);
     swi_random(s->id, sizeof(s->id));
     swi_hex(s->idhex, s->id, sizeof(s->id));
+    for (size_t i = 0; i < o->nheaders; i++)
+        if (strcmp(o->headers[i].key, "traceparent") == 0)
+            (void)swi_trace_id(o->headers[i].value, trace);
+    swi_logtag(s->logtag, s->idhex, trace);
     /* A named instance is taken as is; otherwise the pool picks one below,
      * under r->mu, together with counting the stream on it. */
     if (o->instance_id != NULL)
@@ -130,6 +161,15 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.deadline_ms = (uint32_t)o->deadline_ms;
     m.endpoint = (char *)o->endpoint;
     m.max_tokens = o->max_tokens;
+    for (size_t i = 0; i < o->nheaders; i++) {
+        Streamwire__V1__Request__HeadersEntry e = STREAMWIRE__V1__REQUEST__HEADERS_ENTRY__INIT;
+        e.key = (char *)o->headers[i].key;
+        e.value = (char *)o->headers[i].value;
+        hent[i] = e;
+        hptr[i] = &hent[i];
+    }
+    m.n_headers = o->nheaders;
+    m.headers = o->nheaders ? hptr : NULL;
 
     pthread_mutex_lock(&r->mu);
     if (r->closing)

@@ -66,7 +66,7 @@ st_unlock_apply(sw_stream *s, const swe_rx_act *act)
     err = s->rx.term.error;
     pthread_mutex_unlock(&s->mu);
     if (act->ended)
-        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
+        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->logtag, sw_err_name(err));
     swe_apply(s, act);
 }
 
@@ -97,7 +97,7 @@ swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill)
     pthread_mutex_unlock(&s->mu);
     if (!set)
         return;
-    swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->idhex, sw_err_name(err));
+    swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->logtag, sw_err_name(err));
     swe_apply(s, &act);
 }
 

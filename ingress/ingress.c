@@ -60,6 +60,7 @@ swn_resp_unref(sw_responder *r)
         return;
     swn_ring_free(&r->rg);
     free(r->payload);
+    free(r->hdr);
     pthread_mutex_lock(&r->ing->mu);
     if (r->all_prev != NULL)
         r->all_prev->all_next = r->all_next;

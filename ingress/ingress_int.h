@@ -77,6 +77,11 @@ struct sw_responder {
     char router_id[SW_MAX_TOKEN + 1];
     uint8_t *payload;
     size_t plen;
+    char **hdr; /* the request headers: key, value, key, value, ... (one block, with the
+                   strings); NULL when none */
+    size_t nhdr;
+    char trace_id[SWI_TRACE_ID_LEN + 1]; /* of a valid traceparent header, else "" */
+    char logtag[SWI_LOGTAG_MAX];         /* idhex, and the trace id when there is one */
     uint32_t max_tokens;
 
     uint64_t credit_limit; /* may send seq <= credit_limit (UINT64_MAX: no flow control) */

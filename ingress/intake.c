@@ -28,6 +28,38 @@ ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_
     free(buf);
 }
 
+/* Copies the request's headers into r (one block: the pointer pairs, then
+ * the strings; the decoder has bounded their count and sizes) and finds
+ * the trace id. 0, or -1 without memory. */
+static int
+intake_headers(sw_responder *r, const swp_request *req)
+{
+    size_t bytes = 0;
+    char *at;
+    r->trace_id[0] = '\0';
+    if (req->n_headers > 0) {
+        for (size_t i = 0; i < req->n_headers; i++)
+            bytes += strlen(req->headers[i]->key) + strlen(req->headers[i]->value) + 2;
+        if ((r->hdr = malloc(2 * req->n_headers * sizeof(char *) + bytes)) == NULL)
+            return -1;
+        at = (char *)(r->hdr + 2 * req->n_headers);
+        for (size_t i = 0; i < req->n_headers; i++) {
+            for (int k = 0; k < 2; k++) {
+                const char *v = k ? req->headers[i]->value : req->headers[i]->key;
+                size_t n = strlen(v) + 1;
+                memcpy(at, v, n);
+                r->hdr[2 * i + (size_t)k] = at;
+                at += n;
+            }
+            if (strcmp(req->headers[i]->key, "traceparent") == 0)
+                (void)swi_trace_id(req->headers[i]->value, r->trace_id);
+        }
+        r->nhdr = req->n_headers;
+    }
+    swi_logtag(r->logtag, r->idhex, r->trace_id);
+    return 0;
+}
+
 void
 swn_ing_on_request(const swt_msg *msg, void *arg)
 {
@@ -122,7 +154,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         memcpy(r->payload, req->payload.data, req->payload.len);
         r->plen = req->payload.len;
     }
-    if (swn_ring_init(&r->rg, r->window) != 0)
+    if (intake_headers(r, req) != 0 || swn_ring_init(&r->rg, r->window) != 0)
         goto nomem;
 
     pthread_mutex_lock(&ing->mu);
@@ -163,7 +195,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     if (overloaded || dup) {
         if (overloaded) {
             swi_log(&ing->log, SW_LOG_WARN, "request %s rejected: overloaded (%u in flight)",
-                    r->idhex, ing->max_inflight);
+                    r->logtag, ing->max_inflight);
             ing_reject(ing, req->response_subject, r->id, SW_EOVERLOADED,
                        "the instance is at its concurrency limit");
         }
@@ -178,6 +210,7 @@ free_r:
     if (r != NULL) {
         swn_ring_free(&r->rg);
         free(r->payload);
+        free(r->hdr);
         pthread_mutex_destroy(&r->mu);
         pthread_cond_destroy(&r->cv);
         free(r);

@@ -34,6 +34,23 @@ sw_responder_request_id(const sw_responder *r)
     return r ? r->idhex : "";
 }
 
+const char *
+sw_responder_header(const sw_responder *r, const char *key)
+{
+    if (r == NULL || key == NULL)
+        return NULL;
+    for (size_t i = 0; i < r->nhdr; i++)
+        if (strcmp(r->hdr[2 * i], key) == 0)
+            return r->hdr[2 * i + 1];
+    return NULL;
+}
+
+const char *
+sw_responder_trace_id(const sw_responder *r)
+{
+    return r ? r->trace_id : "";
+}
+
 int64_t
 sw_responder_deadline_left_ms(const sw_responder *r)
 {
@@ -246,7 +263,7 @@ swn_resp_drop_hold(sw_responder *r, const char *code, const char *message)
     /* Logged with no lock held (r->idhex never changes; r is still ours). */
     if (failed)
         swi_log(&r->ing->log, SW_LOG_WARN, "stream %s released without a terminal: sent FAILED",
-                r->idhex);
+                r->logtag);
     if (last)
         swn_resp_unref(r);
 }

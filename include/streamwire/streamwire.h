@@ -295,6 +295,12 @@ SW_API const void *sw_responder_payload(const sw_responder *r, size_t *len);
 SW_API uint32_t sw_responder_max_tokens(const sw_responder *r);
 /* Request id as 32 hex characters; owned by r. */
 SW_API const char *sw_responder_request_id(const sw_responder *r);
+/* The value of a request header (see sw_header), or NULL if the request
+ * has none with that key. Owned by r, valid until it is released. */
+SW_API const char *sw_responder_header(const sw_responder *r, const char *key);
+/* The trace id (32 lowercase hex characters) of the request's W3C
+ * traceparent header, or "" if it has none or it is malformed. Owned by r. */
+SW_API const char *sw_responder_trace_id(const sw_responder *r);
 /* Milliseconds left before the request deadline; -1 = no deadline. */
 SW_API int64_t sw_responder_deadline_left_ms(const sw_responder *r);
 
@@ -435,6 +441,18 @@ SW_API void sw_router_destroy(sw_router *r);
 
 SW_API const char *sw_router_id(const sw_router *r);
 
+/* A request header: a key and a value that travel with the request to the
+ * worker (Request.headers). W3C trace context goes here: "traceparent"
+ * (and "tracestate"); when a valid traceparent is present, every log line
+ * the library writes about the stream, on both sides, carries its trace
+ * id. */
+typedef struct sw_header {
+    const char *key;   /* 1..128 bytes */
+    const char *value; /* 0..4096 bytes */
+} sw_header;
+
+#define SW_MAX_HEADERS 64
+
 typedef struct sw_request_opts {
     const char *endpoint;     /* required: "ns.component.endpoint" */
     const char *instance_id;  /* direct routing to this instance; NULL = pick one through the
@@ -446,6 +464,9 @@ typedef struct sw_request_opts {
     sw_duration heartbeat_ms; /* 0 = router default */
     sw_item_fn on_item;       /* NULL = blocking mode (sw_stream_next) */
     void *on_item_arg;
+    const sw_header *headers; /* nheaders of them (copied); at most SW_MAX_HEADERS, keys
+                                 unique; SW_EINVAL otherwise */
+    size_t nheaders;
 } sw_request_opts;
 
 SW_API void sw_request_opts_init(sw_request_opts *opts);

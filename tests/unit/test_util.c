@@ -658,6 +658,42 @@ test_validate_token_charset(void **state)
     assert_int_equal(sw_validate_token(NULL), SW_EINVAL);
 }
 
+/* W3C traceparent: version-traceid-parentid-flags, lowercase hex. */
+static void
+test_trace_id(void **state)
+{
+    char t[SWI_TRACE_ID_LEN + 1];
+    char lt[SWI_LOGTAG_MAX];
+    (void)state;
+    assert_int_equal(swi_trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", t), 1);
+    assert_string_equal(t, "4bf92f3577b34da6a3ce929d0e0e4736");
+    /* a later version may append fields */
+    assert_int_equal(swi_trace_id("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xyz", t),
+                     1);
+    /* refused: version ff, 00 with extra fields, upper case, zero ids, short,
+     * wrong separators, NULL */
+    const char *bad[] = {
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xyz",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",
+        "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+        "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+        "",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(swi_trace_id(bad[i], t), 0);
+        assert_string_equal(t, "");
+    }
+    assert_int_equal(swi_trace_id(NULL, t), 0);
+    swi_logtag(lt, "abcd", "");
+    assert_string_equal(lt, "abcd");
+    swi_logtag(lt, "abcd", "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_string_equal(lt, "abcd trace=4bf92f3577b34da6a3ce929d0e0e4736");
+}
+
 int
 main(void)
 {
@@ -665,6 +701,7 @@ main(void)
         cmocka_unit_test(test_idmap_hash_is_keyed),
         cmocka_unit_test(test_idmap_own_keys),
         cmocka_unit_test(test_validate_token_charset),
+        cmocka_unit_test(test_trace_id),
         cmocka_unit_test(test_idmap_basic),
         cmocka_unit_test(test_idmap_initial_capacity),
         cmocka_unit_test(test_idmap_many_keys),

@@ -103,6 +103,11 @@ struct sw_stream {
     char ctl_subj[SWT_SUBJECT_MAX];
     sw_item_fn on_item;
     void *on_item_arg;
+    void (*on_ready)(sw_stream *s, void *arg); /* blocking mode: something to take (s->mu;
+                                                  NULL after sw_stream_close) */
+    void *on_ready_arg;
+    int in_ready;         /* on_ready calls running now (s->mu) */
+    int has_ready;        /* opened with on_ready (set once, before the stream is shared) */
     swe_rx rx;            /* s->mu */
     sw_item cur;          /* the item last handed to a blocking consumer */
     int64_t last_rx_ms;   /* mirror of rx.last_rx_ms for probe rounds (atomic) */

@@ -135,6 +135,9 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     s->inst_pub = s->inst_first;
     s->on_item = o->on_item;
     s->on_item_arg = o->on_item_arg;
+    s->on_ready = o->on_item == NULL ? o->on_ready : NULL;
+    s->on_ready_arg = o->on_ready_arg;
+    s->has_ready = s->on_ready != NULL;
     s->opening = 1;
     now = swi_now_ms();
     cfg.window = o->credit_window ? o->credit_window : r->window;

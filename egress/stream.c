@@ -162,6 +162,20 @@ swe_dispatch(sw_stream *s)
          * s->mu before it waits, so either it saw the change or we see it. */
         if (__atomic_load_n(&s->waiters, __ATOMIC_ACQUIRE) > 0)
             pthread_cond_broadcast(&s->cv);
+        if (s->has_ready) {
+            void (*fn)(sw_stream *, void *);
+            pthread_mutex_lock(&s->mu);
+            if ((fn = s->on_ready) != NULL)
+                s->in_ready++;
+            pthread_mutex_unlock(&s->mu);
+            if (fn != NULL) {
+                fn(s, s->on_ready_arg);
+                pthread_mutex_lock(&s->mu);
+                if (--s->in_ready == 0)
+                    pthread_cond_broadcast(&s->cv);
+                pthread_mutex_unlock(&s->mu);
+            }
+        }
         return;
     }
     swe_stream_ref(s);
@@ -282,6 +296,14 @@ sw_stream_close(sw_stream *s)
 {
     if (s == NULL)
         return;
+    if (s->has_ready) {
+        /* No on_ready call after close returns (its argument may be freed). */
+        pthread_mutex_lock(&s->mu);
+        s->on_ready = NULL;
+        while (s->in_ready > 0)
+            pthread_cond_wait(&s->cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
     (void)st_cancel(s, 0);
     swe_remove(s);
     swe_stream_unref(s);

@@ -467,6 +467,18 @@ typedef struct sw_request_opts {
     const sw_header *headers; /* nheaders of them (copied); at most SW_MAX_HEADERS, keys
                                  unique; SW_EINVAL otherwise */
     size_t nheaders;
+    /* Blocking mode only (on_item NULL): called on a library thread, with no
+     * library lock held, when sw_stream_next(s, .., 0) may now return an
+     * item or the terminal; for an event loop that must not block in
+     * sw_stream_next. It must not block or call sw_stream_next itself (post
+     * a wake-up to the loop instead), nor sw_stream_close. It may be called
+     * when nothing is new, and may run before sw_router_open returns; after
+     * sw_stream_close returns it is never called again (close waits for a
+     * call in progress). Credit is granted as
+     * sw_stream_next takes items, so a loop that stops taking them (its
+     * client is slow) stops the worker. NULL = none. */
+    void (*on_ready)(sw_stream *s, void *arg);
+    void *on_ready_arg;
 } sw_request_opts;
 
 SW_API void sw_request_opts_init(sw_request_opts *opts);

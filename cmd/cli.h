@@ -187,5 +187,6 @@ int cli_worker_main(int argc, char **argv);
 int cli_generate_main(int argc, char **argv);
 int cli_demo_main(int argc, char **argv);
 int cli_instances_main(int argc, char **argv);
+int cli_gateway_main(int argc, char **argv);
 
 #endif

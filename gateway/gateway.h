@@ -1,0 +1,48 @@
+/* gateway/gateway.h -- `streamwire gateway`: an HTTP front door (OpenAI
+ * Responses API with server-sent events) on an embedded sw_router. Built on
+ * egress only through the public API (blocking mode with on_ready
+ * notifications), into the CLI; the library does not link it.
+ *
+ * Files: http.c (the h2o server, routes, the loop, drain), response.c (one
+ * HTTP request's stream: notifications, events, backpressure, cancel),
+ * events.c (the JSON of events and response objects, pure), request.c (the
+ * request body: parse and validate, pure). Internal prefix swg_. */
+#ifndef SW_GATEWAY_H
+#define SW_GATEWAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <streamwire/metrics.h>
+#include <streamwire/registry.h>
+#include <streamwire/streamwire.h>
+
+typedef struct swg_model {
+    const char *name;     /* what clients send as "model" */
+    const char *endpoint; /* ns.component.endpoint */
+} swg_model;
+
+typedef struct swg_opts {
+    const char *listen; /* HOST:PORT (port 0 picks one) */
+    const swg_model *models;
+    size_t nmodels;
+    sw_conn *conn;
+    sw_router *router;
+    sw_registry *registry; /* for /readyz; may be NULL */
+    sw_metrics *metrics;   /* for /metrics; may be NULL */
+    int64_t keepalive_ms;  /* ": keep-alive" after this much silence; 0 = never */
+    size_t max_body;       /* request body bytes */
+    unsigned max_connections;
+    int cancel_on_disconnect;
+    int64_t grace_ms; /* on stop: how long open streams may finish */
+    int quiet;
+    int stop_fd;                                     /* readable: stop (the CLI's signal pipe) */
+    void (*on_ready)(const char *listen, void *arg); /* listening; may be NULL */
+    void *on_ready_arg;
+} swg_opts;
+
+/* Runs the gateway until stop_fd becomes readable and the drain ends.
+ * 0, or -1 (the reason printed to stderr). */
+int swg_run(const swg_opts *o);
+
+#endif

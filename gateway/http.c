@@ -1,0 +1,374 @@
+/* gateway/http.c -- the HTTP server: libh2o's evloop (HTTP/1.1, and HTTP/2
+ * with prior knowledge, h2c), one loop thread; the routes; the wake-up pipe
+ * from library threads; the drain on stop.
+ *
+ * Routes: POST /v1/responses, POST /v1/responses/{id}/cancel,
+ * GET /v1/models, GET /healthz, GET /readyz, GET /metrics, GET / (the
+ * playground). Everything else is 404; a wrong method 405. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gateway/gw_int.h"
+
+extern const char swg_playground_html[];
+
+static int64_t
+now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int
+is(h2o_iovec_t v, const char *s)
+{
+    return h2o_memis(v.base, v.len, s, strlen(s));
+}
+
+static void
+send_text(h2o_req_t *req, int status, const char *reason, const char *type, const char *body,
+          size_t len)
+{
+    static h2o_generator_t gen = {NULL, NULL};
+    h2o_iovec_t b = h2o_strdup(&req->pool, body, len);
+    req->res.status = status;
+    req->res.reason = reason;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, type, strlen(type));
+    h2o_start_response(req, &gen);
+    h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
+}
+
+static void
+send_err(h2o_req_t *req, int http, const char *type, const char *code, const char *msg)
+{
+    swg_error e;
+    memset(&e, 0, sizeof(e));
+    e.http = http;
+    e.type = type;
+    e.code = code;
+    snprintf(e.message, sizeof(e.message), "%s", msg);
+    swg_send_error(req, &e);
+}
+
+/* 1 if every model has a live instance in the registry. */
+static int
+models_ready(swg_gw *gw)
+{
+    if (gw->o->registry == NULL)
+        return 1;
+    for (size_t i = 0; i < gw->o->nmodels; i++) {
+        sw_instance *v = NULL;
+        size_t n = 0, live = 0;
+        if (sw_registry_list(gw->o->registry, gw->o->models[i].endpoint, &v, &n) != SW_OK)
+            return 0;
+        for (size_t k = 0; k < n; k++)
+            live += !v[k].draining;
+        sw_instances_free(v, n);
+        if (live == 0)
+            return 0;
+    }
+    return 1;
+}
+
+static int
+on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    swg_gw *gw = *(swg_gw **)(self + 1);
+    h2o_iovec_t p = req->path_normalized;
+    int get = is(req->method, "GET") || is(req->method, "HEAD"), post = is(req->method, "POST");
+    static const char pre[] = "/v1/responses/";
+
+    if (is(p, "/v1/responses")) {
+        if (!post)
+            send_err(req, 405, "invalid_request_error", "method_not_allowed", "use POST");
+        else if (gw->draining)
+            send_err(req, 503, "server_error", "shutting_down", "the gateway is shutting down");
+        else
+            swg_rq_start(gw, req);
+        return 0;
+    }
+    if (p.len > sizeof(pre) - 1 && memcmp(p.base, pre, sizeof(pre) - 1) == 0 &&
+        p.len > sizeof(pre) - 1 + 7 && memcmp(p.base + p.len - 7, "/cancel", 7) == 0) {
+        char id[96];
+        size_t n = p.len - (sizeof(pre) - 1) - 7;
+        if (!post) {
+            send_err(req, 405, "invalid_request_error", "method_not_allowed", "use POST");
+            return 0;
+        }
+        if (n == 0 || n >= sizeof(id)) {
+            send_err(req, 404, "not_found_error", "response_not_found", "no such response");
+            return 0;
+        }
+        memcpy(id, p.base + sizeof(pre) - 1, n);
+        id[n] = '\0';
+        if (swg_rq_cancel(gw, id) != 0)
+            send_err(req, 404, "not_found_error", "response_not_found",
+                     "no such response in progress");
+        else
+            swg_send_json(req, 200, "OK",
+                          json_pack("{s:s, s:s, s:s}", "id", id, "object", "response", "status",
+                                    "cancelled"));
+        return 0;
+    }
+    if (!get) {
+        send_err(req, 405, "invalid_request_error", "method_not_allowed", "use GET");
+        return 0;
+    }
+    if (is(p, "/v1/models")) {
+        json_t *data = json_array();
+        for (size_t i = 0; i < gw->o->nmodels; i++)
+            json_array_append_new(data,
+                                  json_pack("{s:s, s:s, s:s, s:s}", "id", gw->o->models[i].name,
+                                            "object", "model", "owned_by", "streamwire", "endpoint",
+                                            gw->o->models[i].endpoint));
+        swg_send_json(req, 200, "OK", json_pack("{s:s, s:o}", "object", "list", "data", data));
+    } else if (is(p, "/healthz")) {
+        send_text(req, 200, "OK", "text/plain", "ok\n", 3);
+    } else if (is(p, "/readyz")) {
+        int conn = sw_conn_status(gw->o->conn) == SW_CONN_CONNECTED;
+        int ready = conn && !gw->draining && models_ready(gw);
+        const char *why = !conn          ? "not ready: NATS is not connected\n"
+                          : gw->draining ? "not ready: shutting down\n"
+                          : !ready       ? "not ready: a model has no live instance\n"
+                                         : "ready\n";
+        send_text(req, ready ? 200 : 503, ready ? "OK" : "Service Unavailable", "text/plain", why,
+                  strlen(why));
+    } else if (is(p, "/metrics") && gw->o->metrics != NULL) {
+        char *out = NULL;
+        size_t len = 0;
+        if (sw_metrics_render(gw->o->metrics, &out, &len) != SW_OK)
+            send_text(req, 500, "Internal Server Error", "text/plain", "out of memory\n", 14);
+        else
+            send_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", out, len);
+        free(out);
+    } else if (is(p, "/")) {
+        send_text(req, 200, "OK", "text/html; charset=utf-8", swg_playground_html,
+                  strlen(swg_playground_html));
+    } else {
+        send_err(req, 404, "not_found_error", "not_found", "no such path");
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- sockets */
+
+static void
+on_conn_close(void *data)
+{
+    swg_gw *gw = data;
+    gw->nconns--;
+}
+
+static void
+on_accept(h2o_socket_t *listener, const char *err)
+{
+    swg_gw *gw = listener->data;
+    h2o_socket_t *sock;
+    if (err != NULL || (sock = h2o_evloop_socket_accept(listener)) == NULL)
+        return;
+    if (gw->o->max_connections > 0 && gw->nconns >= gw->o->max_connections) {
+        h2o_socket_close(sock); /* over the limit: refused at once */
+        return;
+    }
+    gw->nconns++;
+    sock->on_close.cb = on_conn_close;
+    sock->on_close.data = gw;
+    h2o_accept(&gw->accept_ctx, sock);
+}
+
+/* Library threads wrote to the wake pipe: pump every ready request. */
+static void
+on_wake(h2o_socket_t *sock, const char *err)
+{
+    swg_gw *gw = sock->data;
+    swg_rq *list;
+    char buf[256];
+    (void)err;
+    while (read(gw->wake_fd[0], buf, sizeof(buf)) > 0) {
+    }
+    pthread_mutex_lock(&gw->mu);
+    list = gw->ready;
+    gw->ready = NULL;
+    gw->wake_pending = 0;
+    for (swg_rq *q = list; q != NULL; q = q->next_ready)
+        q->queued = 0;
+    pthread_mutex_unlock(&gw->mu);
+    /* h2o's own buffer of the socket holds nothing for us */
+    h2o_buffer_consume(&sock->input, sock->input->size);
+    while (list != NULL) {
+        swg_rq *q = list;
+        list = q->next_ready;
+        swg_rq_pump(q); /* may free q */
+    }
+}
+
+static void
+on_stop(h2o_socket_t *sock, const char *err)
+{
+    swg_gw *gw = sock->data;
+    (void)err;
+    h2o_buffer_consume(&sock->input, sock->input->size);
+    if (gw->draining)
+        return;
+    gw->draining = 1;
+    gw->drain_deadline = now_ms() + gw->o->grace_ms;
+    gw->cancel_deadline = 0;
+    if (gw->listener != NULL) {
+        h2o_socket_read_stop(gw->listener);
+        h2o_socket_close(gw->listener);
+        gw->listener = NULL;
+    }
+    if (!gw->o->quiet)
+        fprintf(stderr, "[gateway] info: stopping: %u stream(s) open, grace %lld ms\n", gw->nactive,
+                (long long)gw->o->grace_ms);
+}
+
+/* Every 100 ms: the drain's progress. */
+static void
+on_tick(h2o_timeout_entry_t *entry)
+{
+    swg_gw *gw = (swg_gw *)((char *)entry - offsetof(swg_gw, tick));
+    if (gw->draining) {
+        int64_t now = now_ms();
+        if (gw->nactive == 0)
+            gw->quit = 1;
+        else if (gw->cancel_deadline == 0 && now >= gw->drain_deadline) {
+            /* grace over: cancel what is left; their terminals still go out */
+            gw->cancel_deadline = now + 2000;
+            for (swg_rq *q = gw->active; q != NULL; q = q->next)
+                if (q->s != NULL)
+                    (void)sw_stream_cancel(q->s);
+        } else if (gw->cancel_deadline != 0 && now >= gw->cancel_deadline) {
+            gw->quit = 1;
+        }
+    }
+    h2o_timeout_link(gw->ctx.loop, &gw->tick_timeout, &gw->tick);
+}
+
+static int
+listen_on(swg_gw *gw, const char *addr, char *actual, size_t cap)
+{
+    char host[128];
+    const char *colon = strrchr(addr, ':');
+    struct addrinfo hints, *ai = NULL;
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof(sa);
+    int fd, one = 1;
+    if (colon == NULL || colon == addr || (size_t)(colon - addr) >= sizeof(host)) {
+        fprintf(stderr, "streamwire gateway: --listen: expected HOST:PORT, got '%s'\n", addr);
+        return -1;
+    }
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || ai == NULL) {
+        fprintf(stderr, "streamwire gateway: --listen: cannot resolve '%s'\n", addr);
+        return -1;
+    }
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &salen) != 0) {
+        fprintf(stderr, "streamwire gateway: --listen %s: %s\n", addr, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    freeaddrinfo(ai);
+    snprintf(actual, cap, "%s:%d", host,
+             ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                            : ((struct sockaddr_in *)&sa)->sin_port));
+    gw->listener = h2o_evloop_socket_create(gw->ctx.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
+    gw->listener->data = gw;
+    h2o_socket_read_start(gw->listener, on_accept);
+    return 0;
+}
+
+int
+swg_run(const swg_opts *o)
+{
+    swg_gw *gw = calloc(1, sizeof(*gw));
+    h2o_hostconf_t *host;
+    h2o_pathconf_t *path;
+    h2o_handler_t *h;
+    char actual[160];
+    int rc = 0;
+    if (gw == NULL)
+        return -1;
+    gw->o = o;
+    pthread_mutex_init(&gw->mu, NULL);
+    if (pipe2(gw->wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
+        free(gw);
+        return -1;
+    }
+    h2o_config_init(&gw->config);
+    gw->config.max_request_entity_size = o->max_body;
+    host = h2o_config_register_host(&gw->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    path = h2o_config_register_path(host, "/", 0);
+    h = h2o_create_handler(path, sizeof(*h) + sizeof(swg_gw *));
+    h->on_req = on_req;
+    *(swg_gw **)(h + 1) = gw;
+    h2o_context_init(&gw->ctx, h2o_evloop_create(), &gw->config);
+    gw->accept_ctx.ctx = &gw->ctx;
+    gw->accept_ctx.hosts = gw->config.hosts;
+    h2o_timeout_init(gw->ctx.loop, &gw->ka_timeout,
+                     (uint64_t)(o->keepalive_ms > 0 ? o->keepalive_ms : 1000));
+    h2o_timeout_init(gw->ctx.loop, &gw->tick_timeout, 100);
+    gw->tick.cb = on_tick;
+    h2o_timeout_link(gw->ctx.loop, &gw->tick_timeout, &gw->tick);
+    gw->wake_sock = h2o_evloop_socket_create(gw->ctx.loop, gw->wake_fd[0], 0);
+    gw->wake_sock->data = gw;
+    h2o_socket_read_start(gw->wake_sock, on_wake);
+    gw->stop_sock = h2o_evloop_socket_create(gw->ctx.loop, dup(o->stop_fd), 0);
+    gw->stop_sock->data = gw;
+    h2o_socket_read_start(gw->stop_sock, on_stop);
+    if (listen_on(gw, o->listen, actual, sizeof(actual)) != 0) {
+        rc = -1;
+        gw->quit = 1;
+    } else if (o->on_ready != NULL) {
+        o->on_ready(actual, o->on_ready_arg);
+    }
+    while (!gw->quit)
+        h2o_evloop_run(gw->ctx.loop, 100);
+    /* what is still open has had its grace and its cancel: drop it */
+    while (gw->active != NULL) {
+        swg_rq *q = gw->active;
+        if (q->s != NULL)
+            (void)sw_stream_cancel(q->s);
+        q->ended = 1;
+        swg_rq_pump(q);
+        if (gw->active == q) { /* still there: free it the hard way */
+            sw_stream_close(q->s);
+            q->s = NULL;
+            gw->active = q->next;
+            if (q->tok != NULL)
+                q->tok->q = NULL;
+            swg_buf_free(&q->out);
+            swg_buf_free(&q->r.text);
+            swg_input_free(&q->in);
+            free(q);
+        }
+    }
+    if (gw->listener != NULL)
+        h2o_socket_close(gw->listener);
+    h2o_socket_close(gw->wake_sock);
+    h2o_socket_close(gw->stop_sock);
+    if (!o->quiet)
+        fprintf(stderr, "[gateway] info: stopped\n");
+    /* h2o 2.2 has no full teardown of a context with live connections; the
+     * process exits next, so the loop is left as it is. */
+    close(gw->wake_fd[1]);
+    return rc;
+}

@@ -1,0 +1,528 @@
+/* gateway/response.c -- one POST /v1/responses: the request body, the
+ * stream on the embedded router, and its events.
+ *
+ * Flow: the stream is opened in blocking mode with on_ready. on_ready (a
+ * library thread) puts the request on the gateway's ready list and wakes
+ * the loop through a pipe; the loop takes what sw_stream_next(s, .., 0)
+ * has, as events, and gives them to h2o in one h2o_send. While h2o has not
+ * called proceed (the client has not taken the bytes), nothing more is
+ * taken from the stream: credits stop the worker, so a slow client costs a
+ * bounded amount of memory (the credit window's items, and at most
+ * SWG_ROUND_BYTES of events).
+ *
+ * response.created waits for the first item, so a request that fails
+ * before any response exists (no_instances, no_responders,
+ * payload_too_large, overloaded) gets an `error` event instead. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "gateway/gw_int.h"
+
+#define SWG_ROUND_BYTES (64 * 1024) /* events taken per round, at most (about) */
+
+void
+swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body)
+{
+    static h2o_generator_t gen = {NULL, NULL};
+    char *js = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    h2o_iovec_t b;
+    if (body != NULL)
+        json_decref(body);
+    req->res.status = status;
+    req->res.reason = reason;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                   H2O_STRLIT("application/json"));
+    h2o_start_response(req, &gen);
+    if (js == NULL) {
+        h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
+        return;
+    }
+    b = h2o_strdup(&req->pool, js, strlen(js));
+    free(js);
+    h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
+}
+
+static const char *
+reason_of(int status)
+{
+    switch (status) {
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 404:
+        return "Not Found";
+    case 413:
+        return "Payload Too Large";
+    case 429:
+        return "Too Many Requests";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    default:
+        return "Internal Server Error";
+    }
+}
+
+void
+swg_send_error(h2o_req_t *req, const swg_error *e)
+{
+    swg_send_json(req, e->http, reason_of(e->http), swg_error_json(e));
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+static void
+rq_free(swg_rq *q)
+{
+    swg_gw *gw = q->gw;
+    if (q->tok != NULL)
+        q->tok->q = NULL;
+    /* No on_ready after this; then off the ready list for good. */
+    sw_stream_close(q->s);
+    q->s = NULL;
+    pthread_mutex_lock(&gw->mu);
+    for (swg_rq **pp = &gw->ready; *pp != NULL; pp = &(*pp)->next_ready)
+        if (*pp == q) {
+            *pp = q->next_ready;
+            break;
+        }
+    pthread_mutex_unlock(&gw->mu);
+    if (h2o_timeout_is_linked(&q->ka))
+        h2o_timeout_unlink(&q->ka);
+    if (q->prev != NULL)
+        q->prev->next = q->next;
+    else
+        gw->active = q->next;
+    if (q->next != NULL)
+        q->next->prev = q->prev;
+    gw->nactive--;
+    swg_buf_free(&q->out);
+    swg_buf_free(&q->r.text);
+    swg_input_free(&q->in);
+    free(q);
+}
+
+void
+swg_rq_on_ready(sw_stream *s, void *arg)
+{
+    swg_rq *q = arg;
+    swg_gw *gw = q->gw;
+    int wake = 0;
+    (void)s;
+    pthread_mutex_lock(&gw->mu);
+    if (!q->queued) {
+        q->queued = 1;
+        q->next_ready = gw->ready;
+        gw->ready = q;
+    }
+    if (!gw->wake_pending) {
+        gw->wake_pending = 1;
+        wake = 1;
+    }
+    pthread_mutex_unlock(&gw->mu);
+    if (wake)
+        (void)!write(gw->wake_fd[1], "w", 1);
+}
+
+/* ---------------------------------------------------------------- events */
+
+/* A terminal item as the response's end. pre: an error before any
+ * response existed, which becomes an `error` event / an HTTP error. */
+static void
+end_of(const sw_item *it, swg_end *end, int *pre, int *http)
+{
+    const sw_terminal *t = &it->terminal;
+    memset(end, 0, sizeof(*end));
+    *pre = 0;
+    *http = 200;
+    switch (t->status) {
+    case SW_STATUS_COMPLETED:
+        end->status = "completed";
+        break;
+    case SW_STATUS_INCOMPLETE:
+        end->status = "incomplete";
+        end->inc_reason = t->reason != NULL && strcmp(t->reason, "max_tokens") == 0
+                              ? "max_output_tokens"
+                              : t->reason;
+        break;
+    case SW_STATUS_CANCELLED:
+        end->status = "cancelled";
+        end->inc_reason = "cancelled";
+        break;
+    case SW_STATUS_FAILED:
+        end->status = "failed";
+        end->err_code = t->reason != NULL && t->reason[0] ? t->reason : "failed";
+        end->err_message = t->message;
+        break;
+    default:
+        end->status = "failed";
+        end->err_code = sw_err_name(t->error);
+        end->err_message = t->message != NULL && t->message[0] ? t->message : sw_strerror(t->error);
+        switch (t->error) {
+        case SW_NO_INSTANCES:
+        case SW_NO_RESPONDERS:
+            *pre = 1;
+            *http = 503;
+            break;
+        case SW_EMSGSIZE:
+            *pre = 1;
+            *http = 413;
+            break;
+        case SW_EOVERLOADED:
+            *pre = 1;
+            *http = 429;
+            break;
+        case SW_DEADLINE_EXCEEDED:
+            *http = 504;
+            break;
+        default:
+            break;
+        }
+        break;
+    }
+}
+
+/* The response's first event(s), once: created and in_progress. */
+static void
+rq_created(swg_rq *q)
+{
+    if (!q->created) {
+        q->created = 1;
+        if (q->in.stream)
+            swg_sse_created(&q->out, &q->r);
+    }
+}
+
+static void
+rq_ka_relink(swg_rq *q)
+{
+    if (q->gw->o->keepalive_ms <= 0 || !q->in.stream)
+        return;
+    if (h2o_timeout_is_linked(&q->ka))
+        h2o_timeout_unlink(&q->ka);
+    h2o_timeout_link(q->gw->ctx.loop, &q->gw->ka_timeout, &q->ka);
+}
+
+/* Hands q->out to h2o: the last bytes of the response (final), or more. */
+static void
+rq_flush(swg_rq *q, int final)
+{
+    h2o_req_t *req = q->req;
+    h2o_iovec_t b;
+    if (req == NULL)
+        return;
+    if (final) {
+        /* h2o may write after we are gone: the bytes live in the request's pool. */
+        b = h2o_strdup(&req->pool, q->out.p ? q->out.p : "", q->out.len);
+        q->out.len = 0;
+        q->req = NULL;
+        h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
+        return;
+    }
+    if (q->out.len == 0)
+        return;
+    b = h2o_iovec_init(q->out.p, q->out.len);
+    q->writing = 1;
+    rq_ka_relink(q);
+    h2o_send(req, &b, 1, H2O_SEND_STATE_IN_PROGRESS);
+}
+
+/* Non-stream: the one JSON answer. */
+static void
+rq_answer(swg_rq *q, const swg_end *end, int pre, int http)
+{
+    h2o_req_t *req = q->req;
+    q->req = NULL;
+    if (pre) {
+        swg_error e;
+        memset(&e, 0, sizeof(e));
+        e.http = http;
+        e.type = http == 429 ? "rate_limit_error" : "server_error";
+        e.code = end->err_code;
+        snprintf(e.message, sizeof(e.message), "%s", end->err_message ? end->err_message : "");
+        swg_send_error(req, &e);
+        return;
+    }
+    swg_send_json(req, http, reason_of(http), swg_response_json(&q->r, end));
+}
+
+void
+swg_rq_pump(swg_rq *q)
+{
+    const sw_item *it;
+    int final = 0;
+    if (q->writing || q->ended || q->s == NULL)
+        return;
+    while (q->out.len < SWG_ROUND_BYTES && sw_stream_next(q->s, &it, 0) == SW_OK) {
+        if (it->kind == SW_ITEM_DATA) {
+            size_t off, n;
+            rq_created(q);
+            if (q->in.stream && !q->r.started)
+                swg_sse_started(&q->out, &q->r);
+            q->r.started = 1;
+            swg_resp_add(&q->r, it->data, it->len, &off, &n);
+            if (q->in.stream && n > 0)
+                swg_sse_delta(&q->out, &q->r, q->r.text.p + off, n);
+            continue;
+        }
+        {
+            swg_end end;
+            int pre, http;
+            end_of(it, &end, &pre, &http);
+            pre = pre && !q->created; /* after a response exists, errors are failures */
+            q->ended = 1;
+            if (!q->in.stream) {
+                if (q->req != NULL)
+                    rq_answer(q, &end, pre, http);
+                rq_free(q);
+                return;
+            }
+            if (pre) {
+                swg_sse_error(&q->out, &q->r, end.err_code, end.err_message);
+            } else {
+                rq_created(q);
+                swg_sse_end(&q->out, &q->r, &end);
+            }
+            final = 1;
+            break;
+        }
+    }
+    if (q->in.stream) {
+        if (q->out.oom) {
+            /* cannot say more: end the HTTP response */
+            q->ended = 1;
+            if (q->req != NULL) {
+                h2o_req_t *req = q->req;
+                q->req = NULL;
+                h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
+            }
+            rq_free(q);
+            return;
+        }
+        rq_flush(q, final);
+        if (final)
+            rq_free(q);
+    }
+}
+
+/* ---------------------------------------------------------------- h2o callbacks */
+
+static void
+rq_proceed(h2o_generator_t *gen, h2o_req_t *req)
+{
+    swg_rq *q = (swg_rq *)gen;
+    (void)req;
+    q->writing = 0;
+    q->out.len = 0;
+    swg_rq_pump(q);
+}
+
+/* The client left (or h2o ends the request): the stream is cancelled
+ * (unless --cancel-on-disconnect off: then it is read to its end and
+ * dropped, which also keeps the worker's credit flowing). */
+static void
+rq_gone(swg_rq *q)
+{
+    q->req = NULL;
+    if (!q->ended && q->gw->o->cancel_on_disconnect) {
+        (void)sw_stream_cancel(q->s);
+        q->ended = 1;
+    }
+    if (q->ended) {
+        rq_free(q);
+        return;
+    }
+    /* cancel-on-disconnect off: keep taking items until the terminal */
+    q->in.stream = 0;
+    q->writing = 0;
+    swg_rq_pump(q);
+}
+
+static void
+rq_stop(h2o_generator_t *gen, h2o_req_t *req)
+{
+    (void)req;
+    rq_gone((swg_rq *)gen);
+}
+
+/* h2o disposes the request (its pool): the last word on a client that left
+ * a non-stream request (no generator, so no stop). */
+static void
+rq_on_dispose(void *p)
+{
+    swg_tok *t = p;
+    if (t->q != NULL) {
+        swg_rq *q = t->q;
+        q->tok = NULL;
+        rq_gone(q);
+    }
+}
+
+static void
+rq_keepalive(h2o_timeout_entry_t *entry)
+{
+    swg_rq *q = (swg_rq *)((char *)entry - offsetof(swg_rq, ka));
+    if (q->writing || q->ended || q->req == NULL)
+        return;
+    swg_sse_keepalive(&q->out);
+    rq_flush(q, 0);
+}
+
+/* ---------------------------------------------------------------- start */
+
+static const swg_model *
+model_of(const swg_opts *o, const char *name)
+{
+    for (size_t i = 0; i < o->nmodels; i++)
+        if (strcmp(o->models[i].name, name) == 0)
+            return &o->models[i];
+    return NULL;
+}
+
+/* A header's value, NUL-terminated in the request's pool, or NULL. */
+static const char *
+header(h2o_req_t *req, const char *name)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, name, strlen(name), -1);
+    if (i < 0)
+        return NULL;
+    return h2o_strdup(&req->pool, req->headers.entries[i].value.base,
+                      req->headers.entries[i].value.len)
+        .base;
+}
+
+void
+swg_rq_start(swg_gw *gw, h2o_req_t *req)
+{
+    const swg_opts *o = gw->o;
+    swg_rq *q = calloc(1, sizeof(*q));
+    swg_error e;
+    const swg_model *m;
+    sw_request_opts ro;
+    sw_header hdr[2];
+    char traceparent[64];
+    const char *tp, *rid;
+    size_t nh = 0;
+    sw_err rv;
+    if (q == NULL) {
+        h2o_send_error_503(req, "Service Unavailable", "out of memory\n", 0);
+        return;
+    }
+    if (swg_parse_request(req->entity.base ? req->entity.base : "", req->entity.len, &q->in, &e) !=
+        0) {
+        swg_send_error(req, &e);
+        free(q);
+        return;
+    }
+    if ((m = model_of(o, q->in.model)) == NULL) {
+        memset(&e, 0, sizeof(e));
+        e.http = 404;
+        e.type = "not_found_error";
+        e.code = "model_not_found";
+        e.param = "model";
+        snprintf(e.message, sizeof(e.message), "the model '%.100s' does not exist (GET /v1/models)",
+                 q->in.model);
+        swg_send_error(req, &e);
+        swg_input_free(&q->in);
+        free(q);
+        return;
+    }
+    q->gw = gw;
+    q->req = req;
+    q->tok = h2o_mem_alloc_shared(&req->pool, sizeof(*q->tok), rq_on_dispose);
+    q->tok->q = q;
+    q->endpoint = m->endpoint;
+    q->gen.proceed = rq_proceed;
+    q->gen.stop = rq_stop;
+    q->ka.cb = rq_keepalive;
+    q->r.model = m->name;
+    q->r.created_at = (int64_t)time(NULL);
+    q->r.input_tokens = q->in.input_tokens;
+    q->r.metadata = q->in.metadata;
+    /* W3C trace context: the client's, or a new one */
+    if ((tp = header(req, "traceparent")) == NULL || strlen(tp) >= sizeof(traceparent)) {
+        uint8_t rnd[24];
+        char hex[49];
+        static const char x[] = "0123456789abcdef";
+        randombytes_buf(rnd, sizeof(rnd));
+        for (size_t i = 0; i < sizeof(rnd); i++) {
+            hex[2 * i] = x[rnd[i] >> 4];
+            hex[2 * i + 1] = x[rnd[i] & 15];
+        }
+        hex[48] = '\0';
+        snprintf(traceparent, sizeof(traceparent), "00-%.32s-%.16s-01", hex, hex + 32);
+        tp = traceparent;
+    }
+    hdr[nh].key = "traceparent";
+    hdr[nh++].value = tp;
+    if ((rid = header(req, "x-request-id")) != NULL && strlen(rid) < sizeof(q->request_id)) {
+        hdr[nh].key = "x-request-id";
+        hdr[nh++].value = rid;
+    }
+    sw_request_opts_init(&ro);
+    ro.endpoint = m->endpoint;
+    ro.max_tokens = q->in.max_output_tokens;
+    ro.headers = hdr;
+    ro.nheaders = nh;
+    ro.on_ready = swg_rq_on_ready;
+    ro.on_ready_arg = q;
+    q->next = gw->active;
+    if (gw->active != NULL)
+        gw->active->prev = q;
+    gw->active = q;
+    gw->nactive++;
+    rv = sw_router_open(&q->s, o->router, &ro, q->in.text, q->in.text_len);
+    if (rv != SW_OK) {
+        memset(&e, 0, sizeof(e));
+        e.http = rv == SW_EBUSY ? 429 : 503;
+        e.type = rv == SW_EBUSY ? "rate_limit_error" : "server_error";
+        e.code = rv == SW_EBUSY ? "overloaded" : sw_err_name(rv);
+        snprintf(e.message, sizeof(e.message), "%s", sw_strerror(rv));
+        q->req = NULL;
+        swg_send_error(req, &e);
+        rq_free(q);
+        return;
+    }
+    snprintf(q->r.id, sizeof(q->r.id), "resp_%s", sw_stream_request_id(q->s));
+    snprintf(q->r.msg_id, sizeof(q->r.msg_id), "msg_%s", sw_stream_request_id(q->s));
+    snprintf(q->request_id, sizeof(q->request_id), "%s", rid ? rid : q->r.id);
+    if (q->in.stream) {
+        req->res.status = 200;
+        req->res.reason = "OK";
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                       H2O_STRLIT("text/event-stream"));
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
+                       H2O_STRLIT("no-cache"));
+        h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-accel-buffering"), 0,
+                              NULL, H2O_STRLIT("no"));
+        h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0, NULL,
+                              q->request_id, strlen(q->request_id));
+        h2o_start_response(req, &q->gen);
+        /* the headers go out now; proceed then pumps what is ready */
+        q->writing = 1;
+        rq_ka_relink(q);
+        h2o_send(req, NULL, 0, H2O_SEND_STATE_IN_PROGRESS);
+        return;
+    }
+    /* non-stream: the answer goes at the end; a client that leaves before
+     * is noticed when h2o disposes the request (stop is not called without
+     * a started response), so the stream runs to its end. */
+    swg_rq_pump(q);
+}
+
+int
+swg_rq_cancel(swg_gw *gw, const char *id)
+{
+    for (swg_rq *q = gw->active; q != NULL; q = q->next)
+        if (q->s != NULL && strcmp(q->r.id, id) == 0) {
+            (void)sw_stream_cancel(q->s); /* its terminal comes through on_ready */
+            return 0;
+        }
+    return -1;
+}

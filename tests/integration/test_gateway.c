@@ -1,0 +1,740 @@
+/* tests/integration/test_gateway.c -- `streamwire gateway` end to end
+ * (issue 12): a nats-server, CLI workers with fault flags (one endpoint per
+ * behaviour), the gateway on a free port, and curl as the client, over
+ * HTTP/1.1 and HTTP/2 (h2c prior knowledge).
+ *
+ * Every streaming case checks the exact event sequence: the types in
+ * order, sequence numbers 0, 1, 2, ... without a hole, the deltas'
+ * concatenation equal to the worker's tokens, and exactly one terminal
+ * with the right status and reason. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+static swh_nats g_nats;
+static char g_gw[128];       /* host:port of the gateway */
+static char g_wmetrics[200]; /* the "long" worker's /metrics */
+static pid_t g_gw_pid, g_workers[8];
+static int g_nworkers, g_gw_fd = -1;
+
+typedef struct worker_def {
+    const char *ep, *id;
+    const char *extra[8];
+} worker_def;
+
+static const worker_def WORKERS[] = {
+    {"gw.ok.gen", "wok", {"--tokens", "5", NULL}},
+    {"gw.long.gen", "wlong", {"--tokens", "400", "--token-interval-ms", "10", NULL}},
+    {"gw.fail.gen", "wfail", {"--tokens", "10", "--fail-after", "2", NULL}},
+    {"gw.hang.gen", "whang", {"--tokens", "10", "--hang-after", "2", NULL}},
+    {"gw.busy.gen",
+     "wbusy",
+     {"--tokens", "400", "--token-interval-ms", "10", "--max-inflight", "1", NULL}},
+};
+
+static pid_t
+start_worker(const worker_def *w, const char *metrics, int *fd)
+{
+    const char *argv[32];
+    int n = 0;
+    pid_t pid;
+    argv[n++] = "worker";
+    argv[n++] = "--server";
+    argv[n++] = g_nats.url;
+    argv[n++] = "--endpoint";
+    argv[n++] = w->ep;
+    argv[n++] = "--instance-id";
+    argv[n++] = w->id;
+    argv[n++] = "--lease-ms";
+    argv[n++] = "1000";
+    argv[n++] = "--quiet";
+    if (metrics != NULL) {
+        argv[n++] = "--metrics-listen";
+        argv[n++] = metrics;
+    }
+    for (int i = 0; w->extra[i] != NULL; i++)
+        argv[n++] = w->extra[i];
+    argv[n] = NULL;
+    pid = swh_spawn(argv, fd);
+    return pid;
+}
+
+static int
+group_setup(void **state)
+{
+    char line[256];
+    int fd;
+    (void)state;
+    if (swh_nats_start(&g_nats, NULL) != 0)
+        return -1;
+    for (size_t i = 0; i < sizeof(WORKERS) / sizeof(WORKERS[0]); i++) {
+        int is_long = strcmp(WORKERS[i].id, "wlong") == 0;
+        pid_t p = start_worker(&WORKERS[i], is_long ? "127.0.0.1:0" : NULL, &fd);
+        if (p <= 0)
+            return -1;
+        g_workers[g_nworkers++] = p;
+        if (is_long) {
+            if (swh_wait_line(fd, "worker metrics url=", line, sizeof(line), 10000 * swh_slow()) !=
+                0)
+                return -1;
+            snprintf(g_wmetrics, sizeof(g_wmetrics), "%s", strchr(line, '=') + 1);
+        }
+        if (swh_wait_line(fd, "worker ready", NULL, 0, 10000 * swh_slow()) != 0)
+            return -1;
+        close(fd);
+    }
+    {
+        const char *argv[] = {"gateway",
+                              "--server",
+                              g_nats.url,
+                              "--listen",
+                              "127.0.0.1:0",
+                              "--model",
+                              "ok=gw.ok.gen",
+                              "--model",
+                              "long=gw.long.gen",
+                              "--model",
+                              "fail=gw.fail.gen",
+                              "--model",
+                              "hang=gw.hang.gen",
+                              "--model",
+                              "busy=gw.busy.gen",
+                              "--model",
+                              "kill=gw.kill.gen",
+                              "--model",
+                              "none=gw.none.gen",
+                              "--keepalive-ms",
+                              "300",
+                              "--max-body",
+                              "65536",
+                              "--quiet",
+                              NULL};
+        g_gw_pid = swh_spawn(argv, &g_gw_fd);
+        if (g_gw_pid <= 0 || swh_wait_line(g_gw_fd, "gateway ready listen=", line, sizeof(line),
+                                           10000 * swh_slow()) != 0)
+            return -1;
+        snprintf(g_gw, sizeof(g_gw), "%s", strchr(line, '=') + 1);
+    }
+    /* the registry entries reach the gateway's router */
+    swh_sleep_ms(1500);
+    return 0;
+}
+
+static int
+group_teardown(void **state)
+{
+    int st;
+    (void)state;
+    if (g_gw_pid > 0) {
+        swh_kill(g_gw_pid, SIGTERM);
+        (void)swh_wait_exit(g_gw_pid, 20000, &st);
+    }
+    for (int i = 0; i < g_nworkers; i++)
+        swh_terminate(g_workers[i], 3000);
+    swh_nats_stop(&g_nats);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- client */
+
+/* Runs curl; the body into out (NUL-terminated). Returns the HTTP status
+ * (from -w), or -1. extra: more curl arguments, space separated, quoted
+ * by the caller where needed. */
+static int
+curl(const char *extra, const char *path, const char *body, char *out, size_t cap)
+{
+    char cmd[2048], tail[16];
+    FILE *p;
+    size_t n;
+    char *mark;
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -N -m 60 %s -w '\\n@@%%{http_code}' %s%s%s%s 'http://%s%s' 2>/dev/null",
+             extra ? extra : "", body ? "-X POST -H 'content-type: application/json' " : "",
+             body ? "--data-binary '" : "", body ? body : "", body ? "'" : "", g_gw, path);
+    /* a body "@FILE" is read from the file by curl */
+    if ((p = popen(cmd, "r")) == NULL)
+        return -1;
+    n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    pclose(p);
+    if ((mark = strstr(out, "\n@@")) == NULL)
+        return -1;
+    snprintf(tail, sizeof(tail), "%s", mark + 3);
+    *mark = '\0';
+    return atoi(tail);
+}
+
+typedef struct sse {
+    int n;
+    char type[512][48];
+    json_t *data[512];
+    int keepalives;
+} sse;
+
+/* Parses "event: T\ndata: J\n\n" frames (and ": keep-alive" comments). */
+static void
+sse_parse(const char *text, sse *s)
+{
+    const char *p = text;
+    memset(s, 0, sizeof(*s));
+    while (*p != '\0') {
+        const char *end = strstr(p, "\n\n");
+        char frame[65536];
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len >= sizeof(frame))
+            fail_msg("frame too long");
+        memcpy(frame, p, len);
+        frame[len] = '\0';
+        if (strncmp(frame, ": keep-alive", 12) == 0) {
+            s->keepalives++;
+        } else if (strncmp(frame, "event: ", 7) == 0) {
+            char *nl = strchr(frame, '\n');
+            json_error_t je;
+            assert_non_null(nl);
+            *nl = '\0';
+            assert_true(s->n < 512);
+            snprintf(s->type[s->n], sizeof(s->type[0]), "%.47s", frame + 7);
+            assert_memory_equal(nl + 1, "data: ", 6);
+            s->data[s->n] = json_loads(nl + 7, 0, &je);
+            if (s->data[s->n] == NULL)
+                fail_msg("bad event data: %s (%s)", nl + 7, je.text);
+            /* every event names its type and counts up from 0 */
+            assert_string_equal(json_string_value(json_object_get(s->data[s->n], "type")),
+                                s->type[s->n]);
+            assert_int_equal(json_integer_value(json_object_get(s->data[s->n], "sequence_number")),
+                             s->n);
+            s->n++;
+        } else if (len > 0) {
+            fail_msg("unexpected frame: %s", frame);
+        }
+        p = end ? end + 2 : p + len;
+    }
+}
+
+static void
+sse_free(sse *s)
+{
+    for (int i = 0; i < s->n; i++)
+        json_decref(s->data[i]);
+}
+
+/* Checks the full sequence of a response that produced `ndelta` deltas and
+ * ended with `terminal`; returns the terminal's response object. */
+static json_t *
+expect_events(sse *s, int ndelta, const char *terminal, char *text, size_t cap)
+{
+    int i = 0;
+    size_t tl = 0;
+    assert_true(s->n >= 3);
+    assert_string_equal(s->type[i++], "response.created");
+    assert_string_equal(s->type[i++], "response.in_progress");
+    if (ndelta > 0) {
+        assert_string_equal(s->type[i++], "response.output_item.added");
+        assert_string_equal(s->type[i++], "response.content_part.added");
+    }
+    text[0] = '\0';
+    for (int d = 0; d < ndelta; d++, i++) {
+        const char *delta;
+        assert_true(i < s->n);
+        assert_string_equal(s->type[i], "response.output_text.delta");
+        delta = json_string_value(json_object_get(s->data[i], "delta"));
+        assert_non_null(delta);
+        tl += (size_t)snprintf(text + tl, cap - tl, "%s", delta);
+    }
+    if (ndelta > 0) {
+        assert_true(i + 3 < s->n);
+        assert_string_equal(s->type[i], "response.output_text.done");
+        assert_string_equal(json_string_value(json_object_get(s->data[i++], "text")), text);
+        assert_string_equal(s->type[i++], "response.content_part.done");
+        assert_string_equal(s->type[i++], "response.output_item.done");
+    }
+    assert_int_equal(i + 1, s->n); /* exactly one terminal, last */
+    assert_string_equal(s->type[i], terminal);
+    return json_object_get(s->data[i], "response");
+}
+
+static const char *
+str_at(json_t *o, const char *a, const char *b)
+{
+    json_t *v = json_object_get(o, a);
+    if (b != NULL)
+        v = json_object_get(v, b);
+    return json_string_value(v);
+}
+
+static char g_out[1 << 20];
+
+/* ---------------------------------------------------------------- cases */
+
+static void
+stream_completed(const char *proto)
+{
+    sse s;
+    char text[256];
+    json_t *r;
+    assert_int_equal(curl(proto, "/v1/responses",
+                          "{\"model\":\"ok\",\"input\":\"hello world\","
+                          "\"stream\":true,\"metadata\":{\"k\":\"v\"}}",
+                          g_out, sizeof(g_out)),
+                     200);
+    sse_parse(g_out, &s);
+    r = expect_events(&s, 5, "response.completed", text, sizeof(text));
+    assert_string_equal(text, "token-0token-1token-2token-3token-4");
+    assert_string_equal(str_at(r, "status", NULL), "completed");
+    assert_string_equal(str_at(r, "metadata", "k"), "v");
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(r, "usage"), "output_tokens")), 5);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(r, "usage"), "input_tokens")), 2);
+    assert_string_equal(
+        json_string_value(json_object_get(
+            json_array_get(
+                json_object_get(json_array_get(json_object_get(r, "output"), 0), "content"), 0),
+            "text")),
+        text);
+    sse_free(&s);
+}
+
+static void
+test_completed_http1(void **state)
+{
+    (void)state;
+    stream_completed("--http1.1");
+}
+
+static void
+test_completed_http2(void **state)
+{
+    (void)state;
+    stream_completed("--http2-prior-knowledge");
+}
+
+static void
+test_incomplete_max_tokens(void **state)
+{
+    sse s;
+    char text[256];
+    json_t *r;
+    (void)state;
+    assert_int_equal(
+        curl(NULL, "/v1/responses",
+             "{\"model\":\"ok\",\"input\":\"x\",\"stream\":true,\"max_output_tokens\":2}", g_out,
+             sizeof(g_out)),
+        200);
+    sse_parse(g_out, &s);
+    r = expect_events(&s, 2, "response.incomplete", text, sizeof(text));
+    assert_string_equal(text, "token-0token-1");
+    assert_string_equal(str_at(r, "status", NULL), "incomplete");
+    assert_string_equal(str_at(r, "incomplete_details", "reason"), "max_output_tokens");
+    sse_free(&s);
+}
+
+static void
+test_failed(void **state)
+{
+    sse s;
+    char text[256];
+    json_t *r;
+    (void)state;
+    assert_int_equal(curl(NULL, "/v1/responses",
+                          "{\"model\":\"fail\",\"input\":\"x\",\"stream\":true}", g_out,
+                          sizeof(g_out)),
+                     200);
+    sse_parse(g_out, &s);
+    r = expect_events(&s, 2, "response.failed", text, sizeof(text));
+    assert_string_equal(str_at(r, "status", NULL), "failed");
+    assert_string_equal(str_at(r, "error", "code"), "engine_error");
+    sse_free(&s);
+}
+
+static void
+test_stream_incomplete_hang(void **state)
+{
+    sse s;
+    char text[256];
+    json_t *r;
+    (void)state;
+    assert_int_equal(curl(NULL, "/v1/responses",
+                          "{\"model\":\"hang\",\"input\":\"x\",\"stream\":true}", g_out,
+                          sizeof(g_out)),
+                     200);
+    sse_parse(g_out, &s);
+    r = expect_events(&s, 2, "response.failed", text, sizeof(text));
+    assert_string_equal(str_at(r, "error", "code"), "stream_incomplete");
+    /* the silence was filled with keep-alive comments (--keepalive-ms 300) */
+    assert_true(s.keepalives >= 1);
+    sse_free(&s);
+}
+
+/* Non-stream answers and their HTTP status codes. */
+static void
+test_non_stream(void **state)
+{
+    json_t *j;
+    (void)state;
+    assert_int_equal(
+        curl(NULL, "/v1/responses", "{\"model\":\"ok\",\"input\":\"x\"}", g_out, sizeof(g_out)),
+        200);
+    j = json_loads(g_out, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "status", NULL), "completed");
+    json_decref(j);
+    assert_int_equal(curl(NULL, "/v1/responses",
+                          "{\"model\":\"ok\",\"input\":\"x\",\"max_output_tokens\":3}", g_out,
+                          sizeof(g_out)),
+                     200);
+    j = json_loads(g_out, 0, NULL);
+    assert_string_equal(str_at(j, "status", NULL), "incomplete");
+    assert_string_equal(str_at(j, "incomplete_details", "reason"), "max_output_tokens");
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "output_tokens")), 3);
+    json_decref(j);
+    assert_int_equal(
+        curl(NULL, "/v1/responses", "{\"model\":\"fail\",\"input\":\"x\"}", g_out, sizeof(g_out)),
+        200);
+    j = json_loads(g_out, 0, NULL);
+    assert_string_equal(str_at(j, "status", NULL), "failed");
+    json_decref(j);
+    assert_int_equal(
+        curl(NULL, "/v1/responses", "{\"model\":\"none\",\"input\":\"x\"}", g_out, sizeof(g_out)),
+        503);
+    j = json_loads(g_out, 0, NULL);
+    assert_string_equal(str_at(j, "error", "code"), "no_instances");
+    json_decref(j);
+}
+
+/* Errors before any response exists: an `error` event (stream) or an HTTP
+ * error with an OpenAI-style body. */
+static void
+test_pre_response_errors(void **state)
+{
+    sse s;
+    json_t *j;
+    static char big[70000];
+    (void)state;
+    assert_int_equal(curl(NULL, "/v1/responses",
+                          "{\"model\":\"none\",\"input\":\"x\",\"stream\":true}", g_out,
+                          sizeof(g_out)),
+                     200);
+    sse_parse(g_out, &s);
+    assert_int_equal(s.n, 1);
+    assert_string_equal(s.type[0], "error");
+    assert_string_equal(str_at(s.data[0], "code", NULL), "no_instances");
+    sse_free(&s);
+    assert_int_equal(
+        curl(NULL, "/v1/responses", "{\"model\":\"nope\",\"input\":\"x\"}", g_out, sizeof(g_out)),
+        404);
+    j = json_loads(g_out, 0, NULL);
+    assert_string_equal(str_at(j, "error", "code"), "model_not_found");
+    assert_string_equal(str_at(j, "error", "param"), "model");
+    assert_string_equal(str_at(j, "error", "type"), "not_found_error");
+    json_decref(j);
+    assert_int_equal(curl(NULL, "/v1/responses", "{not json", g_out, sizeof(g_out)), 400);
+    j = json_loads(g_out, 0, NULL);
+    assert_string_equal(str_at(j, "error", "code"), "invalid_json");
+    json_decref(j);
+    assert_int_equal(curl(NULL, "/v1/responses", "{\"input\":\"x\"}", g_out, sizeof(g_out)), 400);
+    assert_int_equal(curl(NULL, "/v1/responses",
+                          "{\"model\":\"ok\",\"input\":\"x\",\"stream\":\"yes\"}", g_out,
+                          sizeof(g_out)),
+                     400);
+    assert_int_equal(curl(NULL, "/v1/responses",
+                          "{\"model\":\"ok\",\"input\":\"x\",\"max_output_tokens\":0}", g_out,
+                          sizeof(g_out)),
+                     400);
+    /* not UTF-8 */
+    assert_int_equal(curl(NULL, "/v1/responses", "{\"model\":\"ok\",\"input\":\"\xff\xfe\"}", g_out,
+                          sizeof(g_out)),
+                     400);
+    /* a body over --max-body */
+    memset(big, 'a', sizeof(big) - 1);
+    memcpy(big, "{\"model\":\"ok\",\"input\":\"", 23);
+    {
+        char path[64], arg[80];
+        snprintf(path, sizeof(path), "/tmp/sw-gw-big-%d", (int)getpid());
+        assert_int_equal(swh_write_file(path, big), 0);
+        snprintf(arg, sizeof(arg), "@%s", path);
+        assert_int_equal(curl(NULL, "/v1/responses", arg, g_out, sizeof(g_out)), 413);
+        unlink(path);
+    }
+    /* wrong method, unknown path */
+    assert_int_equal(curl(NULL, "/v1/responses", NULL, g_out, sizeof(g_out)), 405);
+    assert_int_equal(curl(NULL, "/nope", NULL, g_out, sizeof(g_out)), 404);
+}
+
+/* The cancel endpoint: the stream ends response.incomplete, status
+ * cancelled, reason cancelled, after the deltas so far. */
+static void
+test_cancel_endpoint(void **state)
+{
+    char cmd[512], id[128] = "", out2[4096], text[8192];
+    FILE *p;
+    sse s;
+    json_t *r;
+    int ndelta = 0;
+    (void)state;
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -N -m 60 -X POST --data-binary "
+             "'{\"model\":\"long\",\"input\":\"x\",\"stream\":true}' 'http://%s/v1/responses'",
+             g_gw);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    {
+        size_t n = 0;
+        char line[8192];
+        g_out[0] = '\0';
+        while (fgets(line, sizeof(line), p) != NULL) {
+            size_t l = strlen(line);
+            memcpy(g_out + n, line, l + 1);
+            n += l;
+            if (id[0] == '\0' && strncmp(line, "data: ", 6) == 0) {
+                char *at = strstr(line, "\"id\":\"resp_");
+                if (at != NULL) {
+                    snprintf(id, sizeof(id), "%.37s", at + 6);
+                    /* cancel after the first few tokens */
+                }
+            }
+            if (id[0] != '\0' && strstr(g_out, "output_text.delta") != NULL &&
+                strstr(g_out, "\"delta\":\"token-3\"") != NULL && out2[0] != 'x') {
+                char path[200];
+                snprintf(path, sizeof(path), "/v1/responses/%s/cancel", id);
+                assert_int_equal(curl(NULL, path, "{}", out2, sizeof(out2)), 200);
+                assert_non_null(strstr(out2, "\"status\":\"cancelled\""));
+                out2[0] = 'x';
+            }
+        }
+    }
+    pclose(p);
+    assert_int_equal(out2[0], 'x');
+    sse_parse(g_out, &s);
+    for (int i = 0; i < s.n; i++)
+        ndelta += strcmp(s.type[i], "response.output_text.delta") == 0;
+    assert_true(ndelta >= 4 && ndelta < 400);
+    r = expect_events(&s, ndelta, "response.incomplete", text, sizeof(text));
+    assert_string_equal(str_at(r, "status", NULL), "cancelled");
+    assert_string_equal(str_at(r, "incomplete_details", "reason"), "cancelled");
+    sse_free(&s);
+    /* an unknown or finished id */
+    snprintf(cmd, sizeof(cmd), "/v1/responses/%s/cancel", id);
+    assert_int_equal(curl(NULL, cmd, "{}", out2, sizeof(out2)), 404);
+}
+
+/* Worker's cancels_total from its /metrics. */
+static double
+worker_cancels(void)
+{
+    char cmd[300], buf[65536];
+    FILE *p;
+    size_t n;
+    const char *at;
+    snprintf(cmd, sizeof(cmd), "curl -s -m 5 '%s'", g_wmetrics);
+    p = popen(cmd, "r");
+    n = fread(buf, 1, sizeof(buf) - 1, p);
+    buf[n] = '\0';
+    pclose(p);
+    at = strstr(buf, "\nstreamwire_worker_cancels_total{");
+    if (at == NULL)
+        return -1;
+    at = strchr(at, '}');
+    return strtod(at + 1, NULL);
+}
+
+/* A client that leaves mid-stream cancels it: the worker sees the cancel
+ * (its cancels_total goes up) within a second. Over HTTP/1.1 and HTTP/2. */
+static void
+disconnect(const char *proto)
+{
+    char cmd[512];
+    double before = worker_cancels(), after = before;
+    int64_t t0, t1 = -1;
+    assert_true(before >= 0);
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -N %s -m 0.6 -X POST --data-binary "
+             "'{\"model\":\"long\",\"input\":\"x\",\"stream\":true}' 'http://%s/v1/responses' "
+             ">/dev/null 2>&1",
+             proto, g_gw);
+    (void)!system(cmd);
+    t0 = swh_now_ms();
+    while (swh_now_ms() - t0 < 5000 * swh_slow()) {
+        after = worker_cancels();
+        if (after > before) {
+            t1 = swh_now_ms();
+            break;
+        }
+        swh_sleep_ms(20);
+    }
+    assert_true(after == before + 1);
+    printf("    client disconnect (%s) -> worker saw the cancel: %lld ms\n", proto,
+           (long long)(t1 - t0));
+    assert_true(t1 - t0 <= 1000 * swh_slow());
+}
+
+static void
+test_disconnect_cancels_http1(void **state)
+{
+    (void)state;
+    disconnect("--http1.1");
+}
+
+static void
+test_disconnect_cancels_http2(void **state)
+{
+    (void)state;
+    disconnect("--http2-prior-knowledge");
+}
+
+/* The worker dies mid-stream: response.failed, error instance_lost. */
+static void
+test_instance_lost(void **state)
+{
+    const worker_def w = {
+        "gw.kill.gen", "wkill", {"--tokens", "1000", "--token-interval-ms", "10", NULL}};
+    int fd, st;
+    pid_t pid = start_worker(&w, NULL, &fd);
+    char cmd[512], line[8192], text[16384];
+    FILE *p;
+    size_t n = 0;
+    int killed = 0, ndelta = 0;
+    sse s;
+    json_t *r;
+    (void)state;
+    assert_true(pid > 0);
+    assert_int_equal(swh_wait_line(fd, "worker ready", NULL, 0, 10000 * swh_slow()), 0);
+    swh_sleep_ms(1500); /* registered, and seen by the gateway */
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -N -m 60 -X POST --data-binary "
+             "'{\"model\":\"kill\",\"input\":\"x\",\"stream\":true}' 'http://%s/v1/responses'",
+             g_gw);
+    p = popen(cmd, "r");
+    g_out[0] = '\0';
+    while (fgets(line, sizeof(line), p) != NULL) {
+        size_t l = strlen(line);
+        memcpy(g_out + n, line, l + 1);
+        n += l;
+        if (!killed && strstr(line, "\"delta\":\"token-5\"") != NULL) {
+            swh_kill(pid, SIGKILL);
+            killed = 1;
+        }
+    }
+    pclose(p);
+    (void)swh_wait_exit(pid, 5000, &st);
+    close(fd);
+    assert_true(killed);
+    sse_parse(g_out, &s);
+    for (int i = 0; i < s.n; i++)
+        ndelta += strcmp(s.type[i], "response.output_text.delta") == 0;
+    r = expect_events(&s, ndelta, "response.failed", text, sizeof(text));
+    assert_string_equal(str_at(r, "error", "code"), "instance_lost");
+    sse_free(&s);
+}
+
+/* A worker at its concurrency limit: the second request is refused,
+ * overloaded (429 without stream). */
+static void
+test_overloaded(void **state)
+{
+    char cmd[512];
+    json_t *j;
+    FILE *p;
+    char line[512];
+    (void)state;
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -N -m 8 -X POST --data-binary "
+             "'{\"model\":\"busy\",\"input\":\"x\",\"stream\":true}' 'http://%s/v1/responses'",
+             g_gw);
+    p = popen(cmd, "r");
+    /* the first stream is running once its first delta arrives */
+    while (fgets(line, sizeof(line), p) != NULL && strstr(line, "output_text.delta") == NULL) {
+    }
+    assert_int_equal(
+        curl(NULL, "/v1/responses", "{\"model\":\"busy\",\"input\":\"x\"}", g_out, sizeof(g_out)),
+        429);
+    j = json_loads(g_out, 0, NULL);
+    assert_string_equal(str_at(j, "error", "code"), "overloaded");
+    json_decref(j);
+    pclose(p); /* leaves: cancels the first */
+}
+
+static void
+test_models_health_ready_metrics(void **state)
+{
+    json_t *j;
+    (void)state;
+    assert_int_equal(curl(NULL, "/v1/models", NULL, g_out, sizeof(g_out)), 200);
+    j = json_loads(g_out, 0, NULL);
+    assert_int_equal(json_array_size(json_object_get(j, "data")), 7);
+    assert_string_equal(str_at(json_array_get(json_object_get(j, "data"), 0), "id", NULL), "ok");
+    json_decref(j);
+    assert_int_equal(curl(NULL, "/healthz", NULL, g_out, sizeof(g_out)), 200);
+    /* "none" (and "kill", once gone) have no instance: not ready */
+    assert_int_equal(curl(NULL, "/readyz", NULL, g_out, sizeof(g_out)), 503);
+    assert_non_null(strstr(g_out, "no live instance"));
+    assert_int_equal(curl(NULL, "/metrics", NULL, g_out, sizeof(g_out)), 200);
+    assert_non_null(strstr(g_out, "streamwire_frontend_streams_total{"));
+    assert_non_null(strstr(g_out, "streamwire_frontend_time_to_first_item_seconds_bucket{"));
+    assert_int_equal(curl(NULL, "/", NULL, g_out, sizeof(g_out)), 200);
+    assert_non_null(strstr(g_out, "<title>streamwire playground</title>"));
+}
+
+/* SIGTERM: the gateway stops accepting, lets a running stream finish, and
+ * exits 0. Last: it ends the gateway. */
+static void
+test_sigterm_drains(void **state)
+{
+    char cmd[512];
+    FILE *p;
+    char line[8192];
+    int st = -1, done = 0;
+    (void)state;
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -N -m 30 -X POST --data-binary "
+             "'{\"model\":\"long\",\"input\":\"x\",\"stream\":true,\"max_output_tokens\":150}' "
+             "'http://%s/v1/responses'",
+             g_gw);
+    p = popen(cmd, "r");
+    while (fgets(line, sizeof(line), p) != NULL && strstr(line, "output_text.delta") == NULL) {
+    }
+    swh_kill(g_gw_pid, SIGTERM);
+    while (fgets(line, sizeof(line), p) != NULL)
+        if (strstr(line, "event: response.incomplete") != NULL)
+            done = 1; /* max_output_tokens reached: the stream finished normally */
+    pclose(p);
+    assert_true(done);
+    assert_int_equal(swh_wait_exit(g_gw_pid, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    g_gw_pid = 0;
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_completed_http1),
+        cmocka_unit_test(test_completed_http2),
+        cmocka_unit_test(test_incomplete_max_tokens),
+        cmocka_unit_test(test_failed),
+        cmocka_unit_test(test_stream_incomplete_hang),
+        cmocka_unit_test(test_non_stream),
+        cmocka_unit_test(test_pre_response_errors),
+        cmocka_unit_test(test_cancel_endpoint),
+        cmocka_unit_test(test_disconnect_cancels_http1),
+        cmocka_unit_test(test_disconnect_cancels_http2),
+        cmocka_unit_test(test_instance_lost),
+        cmocka_unit_test(test_overloaded),
+        cmocka_unit_test(test_models_health_ready_metrics),
+        cmocka_unit_test(test_sigterm_drains),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -60,7 +60,7 @@ cli_gateway_main(int argc, char **argv)
 {
     const char *server = NULL, *listen_addr = "127.0.0.1:8080", *bucket = NULL;
     const char *policy = "round_robin", *cod = "on", *router_id = NULL;
-    long keepalive = 15000, max_body = 1 << 20, max_conns = 10000, grace = 10000;
+    long keepalive = 15000, max_body = 1 << 20, max_conns = 10000, grace = 10000, replicas = 1;
     int quiet = 0, rc, wake[2];
     swg_model models[GW_MAX_MODELS];
     size_t nmodels = 0;
@@ -74,6 +74,8 @@ cli_gateway_main(int argc, char **argv)
          NULL, 0, 0, NULL, 0},
         {"bucket", CLI_STRING, "NAME", "registry bucket (default streamwire_instances)", &bucket, 0,
          0, NULL, 0},
+        {"replicas", CLI_INT, "N", "copies of the registry bucket if the gateway creates it",
+         &replicas, 1, 5, NULL, 0},
         {"policy", CLI_CHOICE, "round_robin|random|least_inflight", "instance selection", &policy,
          0, 0, "round_robin|random|least_inflight", 0},
         {"router-id", CLI_STRING, "ID", "this frontend's router id (default random)", &router_id, 0,
@@ -154,6 +156,7 @@ cli_gateway_main(int argc, char **argv)
     sw_registry_opts_init(&gopts);
     if (bucket != NULL)
         gopts.bucket = bucket;
+    gopts.replicas = (unsigned)replicas;
     gopts.log = quiet ? NULL : cli_log_stderr;
     gopts.log_arg = (void *)"gateway";
     if ((err = sw_registry_open(&reg, conn, &gopts)) != SW_OK) {

@@ -177,7 +177,7 @@ cli_worker_main(int argc, char **argv)
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *chaos = NULL;
     long tokens = 16, interval = 0, crash = -1, hang = -1, fail = -1;
     long max_inflight = 0, threads = 0, grace = 5000, send_timeout = 0, lease = 0;
-    long max_reconnect = -1;
+    long max_reconnect = -1, replicas = 1;
     const char *registry = "nats-kv", *bucket = NULL, *metrics_listen = NULL;
     sw_metrics *metrics = NULL;
     cli_metrics_http *mhttp = NULL;
@@ -226,6 +226,10 @@ cli_worker_main(int argc, char **argv)
          &registry, 0, 0, "nats-kv|none", 0},
         {"bucket", CLI_STRING, "NAME", "registry bucket (default streamwire_instances)", &bucket, 0,
          0, NULL, 0},
+        {"replicas", CLI_INT, "N",
+         "copies of the registry bucket if this worker creates it\n(3 in a JetStream cluster; "
+         "default 1)",
+         &replicas, 1, 5, NULL, 0},
         {"lease-ms", CLI_INT, "MS",
          "registry lease: routers count the instance dead when it\nis not refreshed for this "
          "long (default 3000)",
@@ -341,6 +345,7 @@ cli_worker_main(int argc, char **argv)
         if (bucket != NULL)
             ropts.bucket = bucket;
         ropts.lease_ms = lease;
+        ropts.replicas = (unsigned)replicas;
         ropts.log = quiet ? NULL : cli_log_stderr;
         ropts.log_arg = (void *)"worker";
         err = sw_registry_open(&reg, conn, &ropts);

@@ -561,7 +561,11 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
         goto fail;
     }
     /* Garbage collection of abandoned entries: well past any lease. */
-    rv = be->open(&reg->bs, conn, bucket, 20 * reg->lease_ms < 60000 ? 60000 : 20 * reg->lease_ms);
+    {
+        uint32_t age = 20 * reg->lease_ms < 60000 ? 60000 : 20 * reg->lease_ms;
+        rv = be->open_opts != NULL ? be->open_opts(&reg->bs, conn, bucket, age, o->replicas)
+                                   : be->open(&reg->bs, conn, bucket, age);
+    }
     if (rv != SW_OK)
         goto fail;
     /* Watch before listing, so nothing falls between the two; the

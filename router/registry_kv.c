@@ -32,7 +32,8 @@ typedef struct kv_watch {
 } kv_watch;
 
 static sw_err
-kv_open(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms)
+kv_open_replicas(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms,
+                 unsigned replicas)
 {
     kv_state *st;
     natsStatus s;
@@ -50,6 +51,7 @@ kv_open(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms)
             cfg.History = 1;
             cfg.TTL = (int64_t)max_age_ms * 1000000; /* nanoseconds */
             cfg.Description = "streamwire instance registry";
+            cfg.Replicas = replicas > 0 ? (int)replicas : 1;
             s = js_CreateKeyValue(&st->kv, st->js, &cfg);
             if (s != NATS_OK) /* lost a creation race? bind again */
                 s = js_KeyValue(&st->kv, st->js, bucket);
@@ -63,6 +65,12 @@ kv_open(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms)
     }
     *state = st;
     return SW_OK;
+}
+
+static sw_err
+kv_open(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms)
+{
+    return kv_open_replicas(state, conn, bucket, max_age_ms, 1);
 }
 
 static void
@@ -230,6 +238,7 @@ static const sw_registry_backend kv_backend = {
     .name = "nats-kv",
     .version = SW_REGISTRY_BACKEND_VERSION,
     .open = kv_open,
+    .open_opts = kv_open_replicas,
     .close = kv_close,
     .put = kv_put,
     .del = kv_del,

@@ -101,6 +101,10 @@ typedef struct sw_registry_backend {
      * revisions it already knows). Returns a handle in *watch. */
     sw_err (*watch)(void *state, sw_registry_entry_fn fn, void *arg, void **watch);
     void (*unwatch)(void *state, void *watch);
+    /* Optional (NULL: open is used): opens with the store options below.
+     * The KV backend creates a missing bucket with `replicas` copies. */
+    sw_err (*open_opts)(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms,
+                        unsigned replicas);
 } sw_registry_backend;
 
 /* The built-in backends. */
@@ -118,6 +122,9 @@ typedef struct sw_registry_opts {
     sw_duration lease_ms;   /* default 3000. A worker announces its lease in its entry, and
                                routers judge each entry by the lease it announces. */
     sw_duration refresh_ms; /* default lease_ms / 3 */
+    unsigned replicas;      /* copies of a bucket the registry creates (JetStream KV in a
+                               cluster: 3 survives a node); default 1. An existing bucket
+                               keeps its own. */
     sw_log_fn log;
     void *log_arg;
 } sw_registry_opts;

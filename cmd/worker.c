@@ -180,6 +180,7 @@ cli_worker_main(int argc, char **argv)
     long max_reconnect = -1, replicas = 1;
     const char *registry = "nats-kv", *bucket = NULL, *metrics_listen = NULL;
     sw_metrics *metrics = NULL;
+    char conn_name[96];
     cli_metrics_http *mhttp = NULL;
     int quiet = 0;
     const cli_opt opts[] = {
@@ -307,7 +308,10 @@ cli_worker_main(int argc, char **argv)
 
     sw_conn_opts_init(&copts);
     copts.url = server;
-    copts.name = "streamwire-worker";
+    /* The server's connz names the instance (the cluster tests look it up). */
+    snprintf(conn_name, sizeof(conn_name), "streamwire-worker%s%s", instance ? "-" : "",
+             instance ? instance : "");
+    copts.name = conn_name;
     cli_conn_apply(&conn_flags, &copts);
     copts.log = quiet ? NULL : cli_log_stderr;
     copts.log_arg = (void *)"worker";

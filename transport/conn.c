@@ -147,6 +147,33 @@ swt_on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *ar
     swi_log(&c->log, SW_LOG_ERROR, "nats: async error: %s", natsStatus_GetText(err));
 }
 
+/* One URL, or a comma-separated list of servers of one cluster (nats.c
+ * 3.4's SetURL takes one; SetServers takes the list). */
+static natsStatus
+swt_set_urls(natsOptions *no, const char *url)
+{
+    const char *list[16];
+    char buf[2048], *save = NULL, *tok;
+    int n = 0;
+    if (strchr(url, ',') == NULL) {
+        natsStatus s = natsOptions_SetServers(no, NULL, 0);
+        return s == NATS_OK ? natsOptions_SetURL(no, url) : s;
+    }
+    if (strlen(url) >= sizeof(buf))
+        return NATS_INVALID_ARG;
+    strcpy(buf, url);
+    for (tok = strtok_r(buf, ",", &save); tok != NULL && n < 16; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        if (*tok != '\0')
+            list[n++] = tok;
+    }
+    if (n == 0)
+        return NATS_INVALID_ARG;
+    (void)natsOptions_SetURL(no, NULL);
+    return natsOptions_SetServers(no, list, n);
+}
+
 /* Credentials files, the inbox prefix and TLS (sw_conn_opts). A file that
  * does not load is the error of its kind (SW_EAUTH, SW_ETLS), not a generic
  * NATS status, so the CLI can say which flag is wrong. */
@@ -220,9 +247,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
 
     s = natsOptions_Create(&c->opts);
     if (s == NATS_OK)
-        s = natsOptions_SetServers(c->opts, NULL, 0);
-    if (s == NATS_OK)
-        s = natsOptions_SetURL(c->opts, o->url ? o->url : "nats://127.0.0.1:4222");
+        s = swt_set_urls(c->opts, o->url ? o->url : "nats://127.0.0.1:4222");
     if (s == NATS_OK)
         s = natsOptions_SetName(c->opts, o->name ? o->name : "streamwire");
     if (s == NATS_OK)
@@ -240,7 +265,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     if (s == NATS_OK && o->token != NULL)
         s = natsOptions_SetToken(c->opts, o->token);
     if (s != NATS_OK) {
-        rv = sw_err_from_nats(s);
+        rv = s == NATS_INVALID_ARG ? SW_EINVAL : sw_err_from_nats(s); /* e.g. a bad URL list */
         goto fail;
     }
     if ((rv = swt_conn_security(c->opts, o)) != SW_OK)

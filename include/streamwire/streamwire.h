@@ -135,7 +135,8 @@ typedef struct sw_conn_opts {
 SW_API void sw_conn_opts_init(sw_conn_opts *opts);
 
 /* Connects. On success *out owns a connection; destroy it with sw_conn_close.
- * Errors: SW_EINVAL (NULL out/opts, both creds_file and nkey_seed_file, a
+ * Errors: SW_EINVAL (NULL out/opts, an empty URL list, both creds_file and
+ * nkey_seed_file, a
  * key file without a certificate or the reverse), SW_ECONNECT (no server
  * reachable), SW_EAUTH (the server refused the credentials, or a creds or
  * nkey file could not be read or parsed), SW_ETLS (TLS required by the

@@ -166,6 +166,31 @@ test_on_ready(void **state)
     sw_conn_close(wc);
 }
 
+/* A comma-separated server list (a cluster's URLs): the first that answers
+ * is used; none answering is SW_ECONNECT. */
+static void
+test_url_list(void **state)
+{
+    char url[256];
+    sw_conn_opts o;
+    sw_conn *c = NULL;
+    (void)state;
+    sw_conn_opts_init(&o);
+    o.max_reconnect = 1;
+    o.connect_timeout_ms = 1000;
+    snprintf(url, sizeof(url), "nats://127.0.0.1:1, %s", g_nats.url);
+    o.url = url;
+    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
+    assert_int_equal(sw_conn_status(c), SW_CONN_CONNECTED);
+    sw_conn_close(c);
+    c = NULL;
+    o.url = "nats://127.0.0.1:1,nats://127.0.0.1:2";
+    assert_int_equal(sw_conn_open(&c, &o), SW_ECONNECT);
+    assert_null(c);
+    o.url = ",";
+    assert_int_equal(sw_conn_open(&c, &o), SW_EINVAL);
+}
+
 static int
 group_setup(void **state)
 {
@@ -186,6 +211,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_on_ready),
+        cmocka_unit_test(test_url_list),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

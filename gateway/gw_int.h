@@ -35,6 +35,8 @@ typedef struct swg_gw {
     swg_rq *ready;      /* requests with something to take (mu) */
     int wake_pending;   /* a byte is in the wake pipe (mu) */
     swg_rq *active;     /* every open POST /v1/responses (loop thread) */
+    swg_rq *taken;      /* taken from `ready`, not pumped yet (loop thread; a request
+                           freed meanwhile leaves it) */
     unsigned nactive;
     unsigned nconns; /* open HTTP connections */
     int draining, quit;
@@ -49,12 +51,15 @@ struct swg_rq {
     swg_input in;
     swg_resp r;
     const char *endpoint;
-    swg_buf out;         /* in h2o's hands until proceed */
-    int writing;         /* an h2o_send awaits proceed */
-    int ended;           /* the terminal was taken */
-    int created;         /* response.created went out */
-    int queued;          /* on gw->ready (gw->mu) */
-    swg_rq *next_ready;  /* gw->mu */
+    swg_buf out;        /* in h2o's hands until proceed */
+    int writing;        /* an h2o_send awaits proceed */
+    int ended;          /* the terminal was taken */
+    int created;        /* response.created went out */
+    int queued;         /* on gw->ready (gw->mu) */
+    swg_rq *next_ready; /* gw->mu */
+    swg_rq *next_taken; /* on gw->taken (loop thread): next_ready may be rewritten by
+                           on_ready as soon as queued is cleared */
+    int in_taken;
     swg_rq *prev, *next; /* gw->active */
     h2o_timeout_entry_t ka;
     struct swg_tok *tok; /* in the request's pool: tells us when h2o disposes it */

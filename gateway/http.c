@@ -198,15 +198,22 @@ on_wake(h2o_socket_t *sock, const char *err)
     list = gw->ready;
     gw->ready = NULL;
     gw->wake_pending = 0;
-    for (swg_rq *q = list; q != NULL; q = q->next_ready)
+    for (swg_rq *q = list; q != NULL; q = q->next_ready) {
+        if (!q->in_taken) {
+            q->in_taken = 1;
+            q->next_taken = gw->taken;
+            gw->taken = q;
+        }
         q->queued = 0;
+    }
     pthread_mutex_unlock(&gw->mu);
     /* h2o's own buffer of the socket holds nothing for us */
     h2o_buffer_consume(&sock->input, sock->input->size);
-    while (list != NULL) {
-        swg_rq *q = list;
-        list = q->next_ready;
-        swg_rq_pump(q); /* may free q */
+    while (gw->taken != NULL) {
+        swg_rq *q = gw->taken;
+        gw->taken = q->next_taken;
+        q->in_taken = 0;
+        swg_rq_pump(q); /* may free q, or others (they leave gw->taken) */
     }
 }
 

@@ -93,6 +93,12 @@ rq_free(swg_rq *q)
             break;
         }
     pthread_mutex_unlock(&gw->mu);
+    if (q->in_taken)
+        for (swg_rq **pp = &gw->taken; *pp != NULL; pp = &(*pp)->next_taken)
+            if (*pp == q) {
+                *pp = q->next_taken;
+                break;
+            }
     if (h2o_timeout_is_linked(&q->ka))
         h2o_timeout_unlink(&q->ka);
     if (q->prev != NULL)

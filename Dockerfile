@@ -1,0 +1,37 @@
+# Dockerfile -- the streamwire image: the CLI (worker, gateway, generate,
+# instances, demo) on Debian bookworm, built from this tree by its own
+# CMake build. Only Debian packages. docker-compose.yml runs the cluster.
+
+# ---------------------------------------------------------------- build
+FROM debian:bookworm-slim AS build
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+      build-essential cmake pkg-config libnats-dev libprotobuf-c-dev protobuf-c-compiler \
+      libsodium-dev libcmocka-dev libh2o-evloop-dev libjansson-dev ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSW_BUILD_TESTS=OFF -DSW_BUILD_BENCH=OFF >/dev/null \
+    && cmake --build /build -j"$(nproc)" --target streamwire_cli \
+    && install -m 0755 /build/streamwire /usr/local/bin/streamwire
+
+# ---------------------------------------------------------------- nats
+# A NATS server from Debian's package, for the cluster (no image registry is
+# needed): docker-compose.yml builds this target for its three nodes.
+FROM debian:bookworm-slim AS nats
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends nats-server curl \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10002 --home /data --shell /usr/sbin/nologin nats \
+    && mkdir -p /data && chown nats /data
+USER nats
+ENTRYPOINT ["nats-server"]
+
+# ---------------------------------------------------------------- runtime
+FROM debian:bookworm-slim AS runtime
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+      libnats3.4 libprotobuf-c1 libsodium23 libh2o-evloop0.13 libjansson4 curl ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --home /nonexistent --shell /usr/sbin/nologin streamwire
+COPY --from=build /usr/local/bin/streamwire /usr/local/bin/streamwire
+USER streamwire
+ENTRYPOINT ["/usr/local/bin/streamwire"]
+CMD ["--help"]

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""tests/cluster/containers.py -- the fault tests of `scripts/cluster test`
+against the docker-compose cluster (docker-compose.yml), through the gateway
+on --port. docker-compose talks to whatever DOCKER_HOST scripts/cluster set
+(a Docker engine, or podman's Docker API).
+
+  baseline        a stream through the gateway completes, 400 items in order
+  node-lost       nats1 is killed mid-stream: the stream completes with every
+                  item; nats1 starts again and rejoins; requests are served
+  worker-kill     the serving worker container is killed: instance_lost;
+                  traffic moves to the other; the worker is started again
+  worker-pause    the serving worker is paused: instance_lost within the freeze
+                  bound; unpaused, it registers again and serves
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from faults import check, sse, p99, FAILED  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def compose(*args, timeout=120):
+    return subprocess.run(["docker-compose", "-p", "streamwire", "-f",
+                           os.path.join(ROOT, "docker-compose.yml")] + list(args),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def inflight(svc):
+    out = compose("exec", "-T", svc, "curl", "-s", "http://127.0.0.1:9100/metrics").stdout
+    m = re.search(r"^streamwire_worker_inflight_streams\{[^}]*\} (\S+)", out, re.M)
+    return float(m.group(1)) if m else 0
+
+
+def serving():
+    for _ in range(50):
+        for svc in ("worker1", "worker2"):
+            if inflight(svc) > 0:
+                return svc
+        time.sleep(0.1)
+    return None
+
+
+def instances():
+    out = compose("exec", "-T", "gateway", "streamwire", "instances", "--server",
+                  "nats://nats1:4222,nats://nats2:4222,nats://nats3:4222", "--json").stdout
+    return sorted(re.findall(r'"instance":"([^"]+)"', out))
+
+
+def wait_instances(cond, secs):
+    deadline = time.time() + secs
+    got = []
+    while time.time() < deadline:
+        got = instances()
+        if cond(got):
+            return got, True
+        time.sleep(0.5)
+    return got, False
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=8080)
+    a = ap.parse_args()
+    figures = {}
+    print("baseline", flush=True)
+    r = sse(a.port)
+    check(r["terminal"] == "response.completed" and r["deltas"] == 400 and r["in_order"],
+          "a stream completes with 400 items in order (%s, %d)" % (r["terminal"], r["deltas"]))
+
+    print("node lost mid-stream, then back", flush=True)
+    done = {}
+
+    def kill_node(n):
+        if n == 50 and not done:
+            done["t"] = time.time()
+            compose("kill", "nats1")
+    r = sse(a.port, on_delta=kill_node)
+    check(r["terminal"] == "response.completed" and r["deltas"] == 400 and r["in_order"],
+          "the stream completes with every item (%s, %d)" % (r["terminal"], r["deltas"]))
+    figures["node_lost"] = {"max_gap_ms": round(r["max_gap_ms"]), "p99_gap_ms": round(p99(r["gaps"]))}
+    compose("start", "nats1")
+    got, ok = wait_instances(lambda g: g == ["worker1", "worker2"], 60)
+    check(ok, "nats1 rejoined; the registry lists both workers (%s)" % got)
+    r = sse(a.port, max_tokens=10)
+    check(r["terminal"] == "response.incomplete", "requests are served (%s)" % r["terminal"])
+
+    print("worker container killed mid-stream", flush=True)
+    t = {}
+
+    def kill_worker(n):
+        if n == 30 and not t:
+            t["svc"] = serving()
+            t["t"] = time.time()
+            compose("kill", t["svc"])
+    r = sse(a.port, on_delta=kill_worker)
+    detect = (time.time() - t.get("t", time.time())) * 1000
+    check(r["terminal"] == "response.failed" and r["error"] == "instance_lost",
+          "instance_lost (%s %s) after %.0f ms" % (r["terminal"], r["error"], detect))
+    outcomes = [sse(a.port, max_tokens=5)["terminal"] for _ in range(4)]
+    check(all(o == "response.incomplete" for o in outcomes), "traffic moved: %s" % outcomes)
+    figures["worker_kill_ms"] = round(detect)
+    compose("start", t.get("svc", "worker1"))
+    wait_instances(lambda g: g == ["worker1", "worker2"], 60)
+
+    print("worker container paused mid-stream", flush=True)
+    t = {}
+
+    def pause_worker(n):
+        if n == 30 and not t:
+            t["svc"] = serving()
+            t["t"] = time.time()
+            compose("pause", t["svc"])
+    r = sse(a.port, on_delta=pause_worker)
+    detect = (time.time() - t.get("t", time.time())) * 1000
+    check(r["terminal"] == "response.failed" and r["error"] == "instance_lost",
+          "instance_lost (%s %s) after %.0f ms" % (r["terminal"], r["error"], detect))
+    check(detect <= 2500, "within the freeze bound: %.0f ms" % detect)
+    compose("unpause", t.get("svc", "worker1"))
+    got, ok = wait_instances(lambda g: g == ["worker1", "worker2"], 60)
+    check(ok, "unpaused, it registered again (%s)" % got)
+    figures["worker_pause_ms"] = round(detect)
+    print(figures)
+    print("%d check(s) failed" % len(FAILED) if FAILED else "all checks passed")
+    return min(len(FAILED), 100)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

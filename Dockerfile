@@ -6,7 +6,7 @@
 FROM debian:bookworm-slim AS build
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends \
       build-essential cmake pkg-config libnats-dev libprotobuf-c-dev protobuf-c-compiler \
-      libsodium-dev libcmocka-dev libh2o-evloop-dev libjansson-dev ca-certificates \
+      libsodium-dev libcmocka-dev libh2o-evloop-dev libjansson-dev libssl-dev ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -20,8 +20,8 @@ RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSW_BUILD_TESTS=OFF 
 FROM debian:bookworm-slim AS nats
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends nats-server curl \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10002 --home /data --shell /usr/sbin/nologin nats \
     && mkdir -p /data && chown nats /data
+# (Debian's nats-server package made the system user "nats")
 USER nats
 ENTRYPOINT ["nats-server"]
 

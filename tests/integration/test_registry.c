@@ -1461,8 +1461,16 @@ raw_backend_ops(void **state)
          * (revision <= r3 and k.two); everything later must come, in order. */
         a1 = raw_wait(&lg, "k.w", 0, r3, 0, T(3000));
         assert_true(a1 >= 0);
-        a2 = raw_wait(&lg, "k.w", 0, lg.v[a1].rev, a1 + 1, T(3000));
-        assert_true(a2 > a1);
+        /* A KV bucket keeps one revision per key: a watcher that falls
+         * behind may see only the newer of two quick puts. The newest must
+         * come, after anything older, and nothing may come twice. */
+        if (lg.v[a1].rev < p2) {
+            a2 = raw_wait(&lg, "k.w", 0, lg.v[a1].rev, a1 + 1, T(3000));
+            assert_true(a2 > a1);
+        } else {
+            a2 = a1;
+        }
+        assert_int_equal(lg.v[a2].rev, p2);
         d1 = raw_wait(&lg, "k.w", 1, lg.v[a2].rev, a2 + 1, T(3000));
         assert_true(d1 > a2);
         a3 = raw_wait(&lg, "k.w2", 0, lg.v[d1].rev, d1 + 1, T(3000));

@@ -28,8 +28,7 @@ engine() {
 }
 
 podman_setup() {
-  command -v podman >/dev/null && command -v docker-compose >/dev/null && command -v mmdebstrap >/dev/null ||
-    "$ROOT/scripts/deps" --cluster
+  "$ROOT/scripts/deps" --cluster >/dev/null
   cat >"$STATE/containers.conf" <<'EOF'
 [containers]
 default_ulimits = []

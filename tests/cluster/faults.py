@@ -267,7 +267,7 @@ def main():
         t0 = time.time()
         while True:
             r = sse(cl.gw, max_tokens=20)
-            if r["terminal"] == "response.incomplete" or time.time() - t0 > 15:
+            if r["terminal"] == "response.incomplete" or time.time() - t0 > 30:
                 break
             time.sleep(0.25)
         waited = (time.time() - t0) * 1000

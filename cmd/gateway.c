@@ -59,7 +59,7 @@ int
 cli_gateway_main(int argc, char **argv)
 {
     const char *server = NULL, *listen_addr = "127.0.0.1:8080", *bucket = NULL;
-    const char *policy = "round_robin", *cod = "on", *router_id = NULL;
+    const char *policy = "round_robin", *cod = "on", *router_id = NULL, *access_log = "on";
     long keepalive = 15000, max_body = 1 << 20, max_conns = 10000, grace = 10000, replicas = 1;
     int quiet = 0, rc, wake[2];
     swg_model models[GW_MAX_MODELS];
@@ -95,6 +95,10 @@ cli_gateway_main(int argc, char **argv)
          "on SIGTERM/SIGINT: stop accepting, let open streams\nfinish this long, then cancel "
          "them (default 10000)",
          &grace, 0, 3600000, NULL, 0},
+        {"access-log", CLI_CHOICE, "on|off",
+         "one JSON line per finished request on stdout: trace_id,\nresponse_id, model, instance, "
+         "terminal, reason, items,\nttfi_ms, duration_ms (default on)",
+         &access_log, 0, 0, "on|off", 0},
         {"quiet", CLI_FLAG, NULL, "no log lines on stderr", &quiet, 0, 0, NULL, 0},
     };
     cli_conn_flags conn_flags = {0};
@@ -193,6 +197,7 @@ cli_gateway_main(int argc, char **argv)
     go.cancel_on_disconnect = strcmp(cod, "on") == 0;
     go.grace_ms = grace;
     go.quiet = quiet;
+    go.access_log = strcmp(access_log, "on") == 0;
     go.stop_fd = wake[0];
     go.on_ready = gw_ready;
     rc = swg_run(&go) == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;

@@ -36,7 +36,8 @@ typedef struct swg_opts {
     int cancel_on_disconnect;
     int64_t grace_ms; /* on stop: how long open streams may finish */
     int quiet;
-    int stop_fd;                                     /* readable: stop (the CLI's signal pipe) */
+    int access_log; /* one JSON line per finished request on stdout */
+    int stop_fd;    /* readable: stop (the CLI's signal pipe) */
     void (*on_ready)(const char *listen, void *arg); /* listening; may be NULL */
     void *on_ready_arg;
 } swg_opts;

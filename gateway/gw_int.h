@@ -62,8 +62,11 @@ struct swg_rq {
     int in_taken;
     swg_rq *prev, *next; /* gw->active */
     h2o_timeout_entry_t ka;
-    struct swg_tok *tok; /* in the request's pool: tells us when h2o disposes it */
-    char request_id[80]; /* X-Request-Id */
+    struct swg_tok *tok;            /* in the request's pool: tells us when h2o disposes it */
+    char trace_id[40];              /* of the traceparent sent to the worker */
+    int64_t t_start_ms, t_first_ms; /* monotonic: the request, its first item (0: none) */
+    int logged;                     /* its access-log line went out */
+    char request_id[80];            /* X-Request-Id */
 };
 
 /* response.c */

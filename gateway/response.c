@@ -75,6 +75,44 @@ swg_send_error(h2o_req_t *req, const swg_error *e)
     swg_send_json(req, e->http, reason_of(e->http), swg_error_json(e));
 }
 
+/* ---------------------------------------------------------------- access log */
+
+static int64_t
+mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One JSON line per finished request on stdout (unless --access-log off): trace
+ * id, model, instance, terminal, reason, items, time to first item and
+ * duration, in milliseconds. */
+static void
+rq_log(swg_rq *q, const char *terminal, const char *reason)
+{
+    json_t *j;
+    char *s;
+    int64_t now = mono_ms();
+    if (q->logged || !q->gw->o->access_log)
+        return;
+    q->logged = 1;
+    j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s?, s:i, s:I, s:I}", "trace_id", q->trace_id,
+                  "response_id", q->r.id, "model", q->r.model ? q->r.model : "", "instance",
+                  q->s != NULL ? sw_stream_instance_id(q->s) : "", "terminal", terminal, "reason",
+                  reason, "items", (int)q->r.items, "ttfi_ms",
+                  (json_int_t)(q->t_first_ms ? q->t_first_ms - q->t_start_ms : -1), "duration_ms",
+                  (json_int_t)(now - q->t_start_ms));
+    if (j == NULL)
+        return;
+    if ((s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER)) != NULL) {
+        printf("%s\n", s);
+        fflush(stdout);
+        free(s);
+    }
+    json_decref(j);
+}
+
 /* ---------------------------------------------------------------- lifetime */
 
 static void
@@ -268,6 +306,8 @@ swg_rq_pump(swg_rq *q)
     while (q->out.len < SWG_ROUND_BYTES && sw_stream_next(q->s, &it, 0) == SW_OK) {
         if (it->kind == SW_ITEM_DATA) {
             size_t off, n;
+            if (q->t_first_ms == 0)
+                q->t_first_ms = mono_ms();
             rq_created(q);
             if (q->in.stream && !q->r.started)
                 swg_sse_started(&q->out, &q->r);
@@ -283,6 +323,7 @@ swg_rq_pump(swg_rq *q)
             end_of(it, &end, &pre, &http);
             pre = pre && !q->created; /* after a response exists, errors are failures */
             q->ended = 1;
+            rq_log(q, pre ? "error" : end.status, end.err_code ? end.err_code : end.inc_reason);
             if (!q->in.stream) {
                 if (q->req != NULL)
                     rq_answer(q, &end, pre, http);
@@ -336,6 +377,8 @@ static void
 rq_gone(swg_rq *q)
 {
     q->req = NULL;
+    if (!q->ended)
+        rq_log(q, "client_gone", q->gw->o->cancel_on_disconnect ? "cancelled" : NULL);
     if (!q->ended && q->gw->o->cancel_on_disconnect) {
         (void)sw_stream_cancel(q->s);
         q->ended = 1;
@@ -451,6 +494,7 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
     q->r.created_at = (int64_t)time(NULL);
     q->r.input_tokens = q->in.input_tokens;
     q->r.metadata = q->in.metadata;
+    q->t_start_ms = mono_ms();
     /* W3C trace context: the client's, or a new one */
     if ((tp = header(req, "traceparent")) == NULL || strlen(tp) >= sizeof(traceparent)) {
         uint8_t rnd[24];
@@ -467,6 +511,8 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
     }
     hdr[nh].key = "traceparent";
     hdr[nh++].value = tp;
+    if (strlen(tp) >= 55 && tp[2] == '-' && tp[35] == '-')
+        snprintf(q->trace_id, sizeof(q->trace_id), "%.32s", tp + 3);
     if ((rid = header(req, "x-request-id")) != NULL && strlen(rid) < sizeof(q->request_id)) {
         hdr[nh].key = "x-request-id";
         hdr[nh++].value = rid;

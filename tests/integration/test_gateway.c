@@ -310,8 +310,26 @@ stream_completed(const char *proto)
 static void
 test_completed_http1(void **state)
 {
+    char line[1024];
+    json_t *j;
+    const char *tid;
     (void)state;
     stream_completed("--http1.1");
+    /* the access log: one JSON line for that request */
+    assert_int_equal(swh_wait_line(g_gw_fd, "{", line, sizeof(line), 5000 * swh_slow()), 0);
+    j = json_loads(line, 0, NULL);
+    assert_non_null(j);
+    tid = str_at(j, "trace_id", NULL);
+    assert_non_null(tid);
+    assert_int_equal(strlen(tid), 32);
+    assert_string_equal(str_at(j, "model", NULL), "ok");
+    assert_string_equal(str_at(j, "instance", NULL), "wok");
+    assert_string_equal(str_at(j, "terminal", NULL), "completed");
+    assert_int_equal(json_integer_value(json_object_get(j, "items")), 5);
+    assert_true(json_integer_value(json_object_get(j, "ttfi_ms")) >= 0);
+    assert_true(json_integer_value(json_object_get(j, "duration_ms")) >=
+                json_integer_value(json_object_get(j, "ttfi_ms")));
+    json_decref(j);
 }
 
 static void

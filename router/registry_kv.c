@@ -18,6 +18,7 @@
 typedef struct kv_state {
     jsCtx *js;
     kvStore *kv;
+    sw_conn *conn;
     swi_logger log;
 } kv_state;
 
@@ -29,6 +30,8 @@ typedef struct kv_watch {
     pthread_t thread;
     int started;
     atomic_int stop;
+    uint64_t reconnects; /* the connection's count when the watcher was made */
+    int broken;          /* the watcher failed for good: make another (watch thread) */
 } kv_watch;
 
 static sw_err
@@ -41,6 +44,7 @@ kv_open_replicas(void **state, sw_conn *conn, const char *bucket, uint32_t max_a
         return SW_EINVAL;
     if ((st = calloc(1, sizeof(*st))) == NULL)
         return SW_ENOMEM;
+    st->conn = conn;
     s = natsConnection_JetStream(&st->js, (natsConnection *)sw_conn_nats(conn), NULL);
     if (s == NATS_OK) {
         s = js_KeyValue(&st->kv, st->js, bucket);
@@ -174,17 +178,43 @@ kv_watch_main(void *arg)
     kv_watch *kw = arg;
     while (!kw->stop) {
         kvEntry *e = NULL;
-        natsStatus s = kvWatcher_Next(&e, kw->w, KV_WATCH_POLL_MS);
+        natsStatus s;
+        uint64_t rc = sw_conn_reconnects(kw->st->conn);
+        if (rc != kw->reconnects || kw->broken) {
+            /* Reconnected (maybe to another node): the watcher's consumer
+             * may have died with the old one, and nats.c would notice only
+             * after missed heartbeats (about 10 s, during which the view
+             * gets no keep-alives and live entries lapse). A new watcher at
+             * once replays the current values; the core drops what it knows. */
+            kvWatcher *nw = NULL;
+            kvWatchOptions o;
+            kvWatchOptions_Init(&o);
+            if (kvStore_WatchAll(&nw, kw->st->kv, &o) == NATS_OK) {
+                kvWatcher_Destroy(kw->w);
+                kw->w = nw;
+                kw->reconnects = rc;
+                kw->broken = 0;
+            } else if (kw->broken) {
+                struct timespec ts = {0, KV_WATCH_POLL_MS * 1000000L};
+                nanosleep(&ts, NULL);
+                continue;
+            }
+        }
+        s = kvWatcher_Next(&e, kw->w, KV_WATCH_POLL_MS);
         if (s == NATS_OK && e != NULL) {
             kv_emit(e, kw->fn, kw->arg);
             kvEntry_Destroy(e);
         } else if (s != NATS_OK && s != NATS_TIMEOUT) {
             /* Closed for good: nothing will ever come (issue 11 #6: this
-             * loop spun at 100% of a core). Any other error (a reconnect
-             * in progress): wait a poll interval rather than spin. */
-            if (kw->stop || s == NATS_ILLEGAL_STATE || s == NATS_CONNECTION_CLOSED ||
-                s == NATS_INVALID_SUBSCRIPTION)
+             * loop spun at 100% of a core). A watcher that broke (nats.c
+             * gave up on its consumer, e.g. after a partition) is made
+             * again; any other error (a reconnect in progress): wait a poll
+             * interval rather than spin. */
+            if (kw->stop || s == NATS_CONNECTION_CLOSED ||
+                sw_conn_status(kw->st->conn) == SW_CONN_CLOSED)
                 break;
+            if (s == NATS_ILLEGAL_STATE || s == NATS_INVALID_SUBSCRIPTION)
+                kw->broken = 1;
             {
                 struct timespec ts = {0, KV_WATCH_POLL_MS * 1000000L};
                 nanosleep(&ts, NULL);
@@ -207,6 +237,7 @@ kv_watch_add(void *state, sw_registry_entry_fn fn, void *arg, void **handle)
     kw->fn = fn;
     kw->arg = arg;
     kvWatchOptions_Init(&o);
+    kw->reconnects = sw_conn_reconnects(st->conn);
     s = kvStore_WatchAll(&kw->w, st->kv, &o);
     if (s != NATS_OK) {
         free(kw);

@@ -1,0 +1,246 @@
+/* tests/unit/test_gateway_parse.c -- the gateway's pure parts without a
+ * server: the request body parser (gateway/request.c) on good and hostile
+ * bodies, and the event JSON (gateway/events.c), including UTF-8 split
+ * across items. A seeded mutation loop over the good bodies checks that
+ * no input crashes, leaks or yields a half-filled result. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gateway/events.h"
+
+static int
+parse(const char *body, swg_input *in, swg_error *e)
+{
+    return swg_parse_request(body, strlen(body), in, e);
+}
+
+static void
+test_good_bodies(void **state)
+{
+    swg_input in;
+    swg_error e;
+    (void)state;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"hello  big world\"}", &in, &e), 0);
+    assert_string_equal(in.model, "m");
+    assert_string_equal(in.text, "hello  big world");
+    assert_int_equal(in.input_tokens, 3);
+    assert_int_equal(in.stream, 0);
+    assert_int_equal(in.max_output_tokens, 0);
+    swg_input_free(&in);
+    assert_int_equal(
+        parse("{\"model\":\"m\",\"stream\":true,\"max_output_tokens\":7,\"metadata\":{\"a\":\"b\"},"
+              "\"input\":[{\"role\":\"user\",\"content\":\"one\"},{\"role\":\"user\",\"content\":"
+              "[{\"type\":\"input_text\",\"text\":\"two\"},{\"type\":\"input_text\",\"text\":"
+              "\"three\"}]}],\"unknown\":[1,2,{}]}",
+              &in, &e),
+        0);
+    assert_string_equal(in.text, "one\ntwo\nthree");
+    assert_int_equal(in.stream, 1);
+    assert_int_equal(in.max_output_tokens, 7);
+    assert_non_null(in.metadata);
+    swg_input_free(&in);
+}
+
+static void
+test_bad_bodies(void **state)
+{
+    static const struct {
+        const char *body, *code, *param;
+    } bad[] = {
+        {"", "invalid_json", NULL},
+        {"{", "invalid_json", NULL},
+        {"[]", "invalid_type", NULL},
+        {"\"str\"", "invalid_json", NULL},
+        {"{\"model\":\"m\",\"model\":\"n\",\"input\":\"x\"}", "invalid_json", NULL}, /* duplicate */
+        {"{\"input\":\"x\"}", "missing_required_parameter", "model"},
+        {"{\"model\":\"\",\"input\":\"x\"}", "missing_required_parameter", "model"},
+        {"{\"model\":7,\"input\":\"x\"}", "missing_required_parameter", "model"},
+        {"{\"model\":\"m\"}", "missing_required_parameter", "input"},
+        {"{\"model\":\"m\",\"input\":[]}", "missing_required_parameter", "input"},
+        {"{\"model\":\"m\",\"input\":5}", "missing_required_parameter", "input"},
+        {"{\"model\":\"m\",\"input\":[\"x\"]}", "invalid_value", "input"},
+        {"{\"model\":\"m\",\"input\":[{\"content\":5}]}", "invalid_type", "input"},
+        {"{\"model\":\"m\",\"input\":[{\"content\":[{\"type\":\"x\"}]}]}", "invalid_value",
+         "input"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"stream\":1}", "invalid_type", "stream"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":0}", "invalid_value",
+         "max_output_tokens"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":1.5}", "invalid_value",
+         "max_output_tokens"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":99999999999}", "invalid_value",
+         "max_output_tokens"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"metadata\":[]}", "invalid_type", "metadata"},
+        {"{\"model\":\"m\",\"input\":\"\\xff\"}", "invalid_json", NULL},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        swg_input in;
+        swg_error e;
+        if (parse(bad[i].body, &in, &e) == 0)
+            fail_msg("accepted: %s", bad[i].body);
+        assert_int_equal(e.http, 400);
+        assert_string_equal(e.code, bad[i].code);
+        if (bad[i].param == NULL)
+            assert_null(e.param);
+        else
+            assert_string_equal(e.param, bad[i].param);
+        assert_true(strlen(e.message) > 0);
+        assert_null(in.model);
+        assert_null(in.text);
+    }
+    {
+        /* an embedded NUL ends nothing early: the body is its bytes */
+        swg_input in;
+        swg_error e;
+        static const char nul[] = "{\"model\":\"m\",\"input\":\"a\"}\0junk";
+        assert_int_equal(swg_parse_request(nul, sizeof(nul) - 1, &in, &e), -1);
+        assert_string_equal(e.code, "invalid_json");
+    }
+}
+
+/* Deep nesting is refused by jansson's depth limit, not by a stack
+ * overflow. */
+static void
+test_deep_nesting(void **state)
+{
+    size_t depth = 100000;
+    char *b = malloc(2 * depth + 64);
+    swg_input in;
+    swg_error e;
+    size_t n = 0;
+    (void)state;
+    assert_non_null(b);
+    n += (size_t)sprintf(b, "{\"model\":\"m\",\"input\":\"x\",\"z\":");
+    for (size_t i = 0; i < depth; i++)
+        b[n++] = '[';
+    for (size_t i = 0; i < depth; i++)
+        b[n++] = ']';
+    b[n++] = '}';
+    assert_int_equal(swg_parse_request(b, n, &in, &e), -1);
+    assert_string_equal(e.code, "invalid_json");
+    free(b);
+}
+
+/* Seeded mutations of good bodies: whatever comes back is either a whole
+ * result or a whole error. (ASan and LSan in the sanitizer build.) */
+static void
+test_mutations(void **state)
+{
+    static const char *seeds[] = {
+        "{\"model\":\"m\",\"input\":\"hello\",\"stream\":true}",
+        "{\"model\":\"m\",\"input\":[{\"content\":[{\"text\":\"a\"},{\"text\":\"b\"}]}],"
+        "\"max_output_tokens\":3,\"metadata\":{\"k\":\"v\"}}",
+    };
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    char buf[512];
+    (void)state;
+    for (int it = 0; it < 200000; it++) {
+        const char *s = seeds[it % 2];
+        size_t n = strlen(s);
+        swg_input in;
+        swg_error e;
+        memcpy(buf, s, n);
+        for (int k = 0; k < 1 + it % 4; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            switch (x % 3) {
+            case 0:
+                buf[(x >> 8) % n] = (char)(x >> 16);
+                break;
+            case 1:
+                if (n > 1)
+                    n--;
+                break;
+            default:
+                if (n < sizeof(buf) - 1)
+                    buf[n++] = (char)(x >> 24);
+                break;
+            }
+        }
+        if (swg_parse_request(buf, n, &in, &e) == 0) {
+            assert_non_null(in.model);
+            assert_non_null(in.text);
+            swg_input_free(&in);
+        } else {
+            assert_true(e.http == 400 || e.http == 500);
+            assert_null(in.model);
+        }
+    }
+}
+
+static void
+test_utf8_across_items(void **state)
+{
+    swg_resp r;
+    size_t off, n;
+    (void)state;
+    memset(&r, 0, sizeof(r));
+    /* "é" (c3 a9) split over two items, then "€" (e2 82 ac) whole */
+    swg_resp_add(&r, "a\xc3", 2, &off, &n);
+    assert_int_equal(n, 1);
+    swg_resp_add(&r,
+                 "\xa9"
+                 "b",
+                 2, &off, &n);
+    assert_int_equal(n, 3);
+    assert_memory_equal(r.text.p + off,
+                        "\xc3\xa9"
+                        "b",
+                        3);
+    swg_resp_add(&r, "\xe2\x82\xac", 3, &off, &n);
+    assert_int_equal(n, 3);
+    /* invalid bytes become U+FFFD */
+    swg_resp_add(&r, "\xff", 1, &off, &n);
+    assert_memory_equal(r.text.p + off, "\xef\xbf\xbd", 3);
+    swg_resp_add(&r, "\xed\xa0\x80", 3, &off, &n); /* a surrogate */
+    assert_memory_equal(r.text.p + off, "\xef\xbf\xbd", 3);
+    assert_int_equal(r.items, 5);
+    swg_buf_free(&r.text);
+}
+
+static void
+test_events_json(void **state)
+{
+    swg_resp r;
+    swg_buf b;
+    swg_end end = {"incomplete", "max_output_tokens", NULL, NULL};
+    size_t off, n;
+    (void)state;
+    memset(&r, 0, sizeof(r));
+    memset(&b, 0, sizeof(b));
+    snprintf(r.id, sizeof(r.id), "resp_1");
+    snprintf(r.msg_id, sizeof(r.msg_id), "msg_1");
+    r.model = "m";
+    swg_sse_created(&b, &r);
+    swg_sse_started(&b, &r);
+    swg_resp_add(&r, "tok\"\n", 5, &off, &n);
+    swg_sse_delta(&b, &r, r.text.p + off, n);
+    swg_sse_end(&b, &r, &end);
+    assert_false(b.oom);
+    assert_non_null(strstr(b.p, "event: response.created\ndata: {"));
+    assert_non_null(strstr(b.p, "\"delta\":\"tok\\\"\\n\""));
+    assert_non_null(strstr(b.p, "event: response.incomplete\n"));
+    assert_non_null(strstr(b.p, "\"incomplete_details\":{\"reason\":\"max_output_tokens\"}"));
+    assert_non_null(strstr(b.p, "\"sequence_number\":8}"));
+    assert_null(strstr(b.p, "\"sequence_number\":9"));
+    swg_buf_free(&b);
+    swg_buf_free(&r.text);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_good_bodies),       cmocka_unit_test(test_bad_bodies),
+        cmocka_unit_test(test_deep_nesting),      cmocka_unit_test(test_mutations),
+        cmocka_unit_test(test_utf8_across_items), cmocka_unit_test(test_events_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

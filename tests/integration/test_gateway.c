@@ -15,6 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -706,6 +710,171 @@ test_models_health_ready_metrics(void **state)
     assert_non_null(strstr(g_out, "<title>streamwire playground</title>"));
 }
 
+/* ---------------------------------------------------------------- hostile HTTP */
+
+static int
+tcp_connect(const char *hostport)
+{
+    char host[64];
+    const char *colon = strrchr(hostport, ':');
+    struct sockaddr_in a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&a, 0, sizeof(a));
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - hostport), hostport);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)atoi(colon + 1));
+    inet_pton(AF_INET, host, &a.sin_addr);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Reads what the server answers within ms; returns the bytes (0: it closed
+ * the connection, -1: nothing in time). */
+static ssize_t
+read_some(int fd, char *buf, size_t cap, int ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, ms) <= 0)
+        return -1;
+    return read(fd, buf, cap - 1);
+}
+
+/* 1,500 idle connections and 50 slowloris clients (a header byte every
+ * 100 ms) are open while a normal stream runs: it completes, exactly as
+ * without them; the gateway is still healthy afterwards. */
+static void
+test_idle_and_slowloris(void **state)
+{
+    static int idle[1500], slow[50];
+    int nidle = 0;
+    (void)state;
+    for (int i = 0; i < 1500; i++)
+        if ((idle[i] = tcp_connect(g_gw)) >= 0)
+            nidle++;
+    assert_true(nidle >= 1400);
+    for (int i = 0; i < 50; i++) {
+        slow[i] = tcp_connect(g_gw);
+        assert_true(slow[i] >= 0);
+        {
+            static const char head[] = "POST /v1/responses HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+            (void)!write(slow[i], head, sizeof(head) - 1);
+        }
+    }
+    for (int round = 0; round < 5; round++) {
+        for (int i = 0; i < 50; i++)
+            (void)!write(slow[i], "a", 1);
+        swh_sleep_ms(100);
+    }
+    stream_completed("--http1.1");
+    stream_completed("--http2-prior-knowledge");
+    for (int i = 0; i < 1500; i++)
+        if (idle[i] >= 0)
+            close(idle[i]);
+    for (int i = 0; i < 50; i++)
+        close(slow[i]);
+    assert_int_equal(curl(NULL, "/healthz", NULL, g_out, sizeof(g_out)), 200);
+}
+
+/* A flood of headers, a giant header line, and garbage bytes: each gets a
+ * 4xx or a closed connection, never a crash; the gateway stays healthy. */
+static void
+test_header_floods(void **state)
+{
+    static char big[2 * 1024 * 1024];
+    char buf[4096];
+    int fd;
+    size_t n = 0;
+    ssize_t r;
+    (void)state;
+    /* 20,000 headers */
+    fd = tcp_connect(g_gw);
+    assert_true(fd >= 0);
+    n = (size_t)snprintf(big, sizeof(big), "GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    for (int i = 0; i < 20000 && n + 40 < sizeof(big); i++)
+        n += (size_t)snprintf(big + n, sizeof(big) - n, "X-H%d: v\r\n", i);
+    n += (size_t)snprintf(big + n, sizeof(big) - n, "\r\n");
+    (void)!send(fd, big, n, MSG_NOSIGNAL);
+    r = read_some(fd, buf, sizeof(buf), 5000 * swh_slow());
+    buf[r > 0 ? r : 0] = '\0';
+    assert_true(r == 0 || (r > 0 && (strncmp(buf, "HTTP/1.1 4", 10) == 0 ||
+                                     strncmp(buf, "HTTP/1.1 200", 12) == 0)));
+    close(fd);
+    /* one header line of 1 MiB */
+    fd = tcp_connect(g_gw);
+    assert_true(fd >= 0);
+    n = (size_t)snprintf(big, sizeof(big), "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ");
+    memset(big + n, 'a', 1024 * 1024);
+    n += 1024 * 1024;
+    n += (size_t)snprintf(big + n, sizeof(big) - n, "\r\n\r\n");
+    (void)!send(fd, big, n, MSG_NOSIGNAL);
+    r = read_some(fd, buf, sizeof(buf), 5000 * swh_slow());
+    buf[r > 0 ? r : 0] = '\0';
+    assert_true(r <= 0 || strncmp(buf, "HTTP/1.1 4", 10) == 0);
+    close(fd);
+    /* garbage */
+    fd = tcp_connect(g_gw);
+    assert_true(fd >= 0);
+    {
+        static const char junk[] = "\x16\x03\x01\x00\xff garbage\r\n\r\n";
+        (void)!send(fd, junk, sizeof(junk) - 1, MSG_NOSIGNAL);
+    }
+    r = read_some(fd, buf, sizeof(buf), 5000 * swh_slow());
+    buf[r > 0 ? r : 0] = '\0';
+    assert_true(r <= 0 || strncmp(buf, "HTTP/1.1 4", 10) == 0);
+    close(fd);
+    /* and the gateway still serves */
+    assert_int_equal(curl(NULL, "/healthz", NULL, g_out, sizeof(g_out)), 200);
+    stream_completed("--http1.1");
+}
+
+/* --max-connections: a gateway allowed 5 connections closes the 6th at
+ * once, and takes new ones when others leave. */
+static void
+test_max_connections(void **state)
+{
+    const char *argv[] = {"gateway",     "--server", g_nats.url,     "--listen",
+                          "127.0.0.1:0", "--model",  "ok=gw.ok.gen", "--max-connections",
+                          "5",           "--quiet",  "--access-log", "off",
+                          NULL};
+    char line[256], hp[128], buf[256];
+    int fd, c[6], st;
+    pid_t pid;
+    (void)state;
+    pid = swh_spawn(argv, &fd);
+    assert_true(pid > 0);
+    assert_int_equal(
+        swh_wait_line(fd, "gateway ready listen=", line, sizeof(line), 10000 * swh_slow()), 0);
+    snprintf(hp, sizeof(hp), "%s", strchr(line, '=') + 1);
+    for (int i = 0; i < 5; i++) {
+        c[i] = tcp_connect(hp);
+        assert_true(c[i] >= 0);
+    }
+    swh_sleep_ms(200);
+    c[5] = tcp_connect(hp);
+    assert_true(c[5] >= 0);
+    assert_int_equal(read_some(c[5], buf, sizeof(buf), 3000 * swh_slow()), 0); /* closed */
+    close(c[5]);
+    close(c[0]);
+    swh_sleep_ms(300);
+    c[5] = tcp_connect(hp);
+    {
+        static const char get[] = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        (void)!write(c[5], get, sizeof(get) - 1);
+    }
+    assert_true(read_some(c[5], buf, sizeof(buf), 3000 * swh_slow()) > 0);
+    assert_int_equal(strncmp(buf, "HTTP/1.1 200", 12), 0);
+    for (int i = 1; i < 6; i++)
+        close(c[i]);
+    swh_kill(pid, SIGTERM);
+    assert_int_equal(swh_wait_exit(pid, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    close(fd);
+}
+
 /* SIGTERM: the gateway stops accepting, lets a running stream finish, and
  * exits 0. Last: it ends the gateway. */
 static void
@@ -752,6 +921,9 @@ main(void)
         cmocka_unit_test(test_instance_lost),
         cmocka_unit_test(test_overloaded),
         cmocka_unit_test(test_models_health_ready_metrics),
+        cmocka_unit_test(test_idle_and_slowloris),
+        cmocka_unit_test(test_header_floods),
+        cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_sigterm_drains),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

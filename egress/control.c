@@ -96,3 +96,76 @@ swe_queue_final_ack(sw_stream *s)
     if (full)
         swe_flush_acks(r);
 }
+
+/* ---------------------------------------------------------------- cancels */
+
+void
+swe_cancel_wait(sw_stream *s, int kill)
+{
+    sw_router *r = s->r;
+    int added;
+    pthread_mutex_lock(&s->mu);
+    if (s->ctl_subj[0] == '\0') { /* never sent anywhere */
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&r->mu);
+    added = !r->closing && swe_cancels_add(&r->cancels, s->id, s, kill, swi_now_ms()) == 0;
+    if (added) {
+        swe_stream_ref(s); /* the table's */
+        __atomic_store_n(&r->cancels_waiting, (int)r->cancels.n, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void
+swe_cancels_tick(sw_router *r, int64_t now)
+{
+    swe_cancel due[64];
+    size_t n;
+    if (__atomic_load_n(&r->cancels_waiting, __ATOMIC_ACQUIRE) == 0)
+        return;
+    pthread_mutex_lock(&r->mu);
+    n = swe_cancels_due(&r->cancels, now, due, sizeof(due) / sizeof(due[0]));
+    __atomic_store_n(&r->cancels_waiting, (int)r->cancels.n, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&r->mu);
+    for (size_t i = 0; i < n; i++) {
+        sw_stream *s = due[i].s;
+        swe_send_control(s,
+                         due[i].kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
+                                     : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
+                         0, 0, 0, 0);
+        if (due[i].sent >= SWE_CANCEL_TRIES)
+            swe_stream_unref(s); /* out of the table */
+    }
+}
+
+void
+swe_cancels_answer(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES], const swt_msg *msg)
+{
+    swp_item *w = NULL;
+    swp_arena arena;
+    int final = 0;
+    sw_stream *s = NULL;
+    if (__atomic_load_n(&r->cancels_waiting, __ATOMIC_ACQUIRE) == 0 || msg->no_responders)
+        return;
+    /* Bounded like every decode; only while cancels wait. */
+    if (swp_decode_item_arena(msg->data, msg->len, sw_conn_max_payload(r->conn) + 1024, &arena,
+                              &w) != SW_OK)
+        return;
+    final = w->complete_final;
+    for (size_t i = 0; i < w->n_batch; i++)
+        final |= w->batch[i]->complete_final;
+    if (memcmp(w->request_id.data, id, SW_REQUEST_ID_BYTES) != 0)
+        final = 0;
+    swp_free_arena(w, &arena);
+    if (!final)
+        return;
+    pthread_mutex_lock(&r->mu);
+    s = swe_cancels_seen(&r->cancels, id);
+    __atomic_store_n(&r->cancels_waiting, (int)r->cancels.n, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&r->mu);
+    if (s != NULL)
+        swe_stream_unref(s);
+}

@@ -36,6 +36,7 @@
 #include "common/metrics.h"
 #include "common/sched.h"
 #include "common/sw_common.h"
+#include "egress/cancels.h"
 #include "egress/rx.h"
 #include "proto/sw_codec.h"
 #include "router/sw_pool.h"
@@ -89,6 +90,8 @@ struct sw_router {
      * terminal delivered. */
     swi_hist h_ttfi, h_inter, h_duration;
     uint64_t duplicates, resend_requests, heartbeats; /* of finished streams (atomic) */
+    swe_cancels cancels; /* cancelled streams whose worker has not answered (r->mu) */
+    int cancels_waiting; /* cancels.n, readable without r->mu (atomic) */
 };
 
 struct sw_stream {
@@ -171,6 +174,13 @@ void swe_on_live_probe(const swt_msg *msg, void *arg);
 /* probe.c */
 void swe_on_probe_reply(const swt_msg *msg, void *arg);
 void swe_on_removed(void *arg, const char *instance);
+/* Cancels sent again until the worker answers (egress/cancels.h). */
+void swe_cancel_wait(sw_stream *s, int kill);
+void swe_cancels_tick(sw_router *r, int64_t now);
+/* A message for a stream no longer in the table: if it is the final of a
+ * cancelled one, its cancel is answered. */
+void swe_cancels_answer(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES], const swt_msg *msg);
+
 /* swr_load_fn for the pool: streams open to an instance, from r->peers (the
  * one count of them). Caller holds r->mu. */
 unsigned swe_instance_load(void *arg, const char *instance);

@@ -245,6 +245,12 @@ sw_router_stats_get(sw_router *r, sw_router_stats *out)
     out->nats_dropped = dropped;
 }
 
+static void
+release_stream(void *s)
+{
+    swe_stream_unref(s);
+}
+
 void
 sw_router_destroy(sw_router *r)
 {
@@ -261,6 +267,16 @@ sw_router_destroy(sw_router *r)
     swt_sub_close(r->conn, &r->prb);
     swt_sub_close(r->conn, &r->mux);
     swe_flush_acks(r); /* after the mux drained: finals it delivered are acked too */
+    {
+        /* cancels still waiting for an answer: no more sends */
+        swe_cancels drop;
+        pthread_mutex_lock(&r->mu);
+        drop = r->cancels;
+        memset(&r->cancels, 0, sizeof(r->cancels));
+        __atomic_store_n(&r->cancels_waiting, 0, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&r->mu);
+        swe_cancels_clear(&drop, release_stream);
+    }
     swe_run_deferred(r);
     swe_snapshot(r, &vec, NULL);
     for (size_t i = 0; i < vec.n; i++) {

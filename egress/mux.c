@@ -123,8 +123,13 @@ swe_on_msg(const swt_msg *msg, void *arg)
         on_beats(r, msg);
         return;
     }
-    if (swt_response_subject_id(msg->subject, id) != 0 || (s = swe_lookup(r, id)) == NULL) {
+    if (swt_response_subject_id(msg->subject, id) != 0) {
         count_bad(r, &r->st.unknown_stream, 1);
+        return;
+    }
+    if ((s = swe_lookup(r, id)) == NULL) {
+        count_bad(r, &r->st.unknown_stream, 1);
+        swe_cancels_answer(r, id, msg); /* the final of a stream we cancelled? */
         return;
     }
     if (msg->no_responders) {

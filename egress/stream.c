@@ -275,6 +275,7 @@ st_cancel(sw_stream *s, int kill)
                      kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
                           : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
                      0, 0, 0, 0);
+    swe_cancel_wait(s, kill); /* sent again if the worker does not answer */
     swe_dispatch(s);
     return SW_OK;
 }

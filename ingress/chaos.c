@@ -100,6 +100,23 @@ swx_responder_send_after_final(sw_responder *r, const void *data, size_t len)
 }
 
 void
+swx_ingress_drop_cancels(sw_ingress *ing, int n)
+{
+    if (ing != NULL)
+        __atomic_store_n(&ing->drop_cancels, n, __ATOMIC_RELEASE);
+}
+
+int
+swn_chaos_drop_cancel(sw_ingress *ing)
+{
+    int n = __atomic_load_n(&ing->drop_cancels, __ATOMIC_ACQUIRE);
+    while (n > 0 && !__atomic_compare_exchange_n(&ing->drop_cancels, &n, n - 1, 0, __ATOMIC_ACQ_REL,
+                                                 __ATOMIC_ACQUIRE)) {
+    }
+    return n > 0;
+}
+
+void
 swx_ingress_set_drop_rate(sw_ingress *ing, double rate)
 {
     if (ing != NULL)

@@ -43,4 +43,8 @@ sw_err swx_responder_send_after_final(sw_responder *r, const void *data, size_t 
  * only). */
 void swx_ingress_set_drop_rate(sw_ingress *ing, double rate);
 
+/* Test-only: the next n CANCEL/KILL controls this ingress receives are
+ * dropped as if the bus had lost them (chaos build only). */
+void swx_ingress_drop_cancels(sw_ingress *ing, int n);
+
 #endif

@@ -162,6 +162,10 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
+#ifdef SW_CHAOS
+        if (swn_chaos_drop_cancel(ing))
+            break; /* lost on the bus (test hook) */
+#endif
         if (r != NULL) {
             swn_resp_cancel(r, c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL);
         } else {

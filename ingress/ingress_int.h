@@ -185,6 +185,7 @@ struct sw_ingress {
     unsigned inflight;
 #ifdef SW_CHAOS
     double drop_rate; /* chaos: loss injection of first publishes */
+    int drop_cancels; /* chaos: CANCEL/KILL controls still to drop (atomic) */
 #endif
     sw_ingress_stats st;
 };
@@ -267,6 +268,10 @@ void *swn_ing_worker_main(void *arg);
 
 /* ingress/control.c */
 void swn_resp_cancel(sw_responder *r, int kill);
+#ifdef SW_CHAOS
+/* ingress/chaos.c: 1 if this CANCEL/KILL is to be dropped (test hook). */
+int swn_chaos_drop_cancel(sw_ingress *ing);
+#endif
 void swn_ing_on_control(const swt_msg *msg, void *arg);
 
 /* ingress/heartbeat.c */

@@ -29,6 +29,7 @@
 
 #include "common/sw_common.h"
 #include "harness.h"
+#include "ingress/chaos.h"
 #include "proto/sw_codec.h"
 #include "transport/sw_transport.h"
 
@@ -916,6 +917,68 @@ group_teardown(void **state)
     return 0;
 }
 
+/* ------------------------------------------------ a lost CANCEL is sent again */
+
+/* The bus loses the first CANCEL (and, in a second round, the first three,
+ * and a KILL): the router sends it again (after 100 ms, then doubling) until
+ * the worker answers with its final, so the handler still sees the cancel
+ * and ends. Without the repeats it would run on until credit runs out. */
+static void
+lost_cancel_is_sent_again(void **state)
+{
+    sw_conn *fc = conn_open(), *wc = conn_open();
+    engine e;
+    sw_ingress *ing;
+    sw_router *r = router_new(fc, 0);
+    static const struct {
+        int drop, kill;
+    } rounds[3] = {{1, 0}, {3, 0}, {2, 1}};
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 100000;
+    e.delay_ms = 5;
+    ing = ingress_new(wc, "lc1", &e, 60000);
+    for (int k = 0; k < 3; k++) {
+        sw_request_opts q;
+        sw_stream *s;
+        const sw_item *it;
+        engine snap;
+        int64_t t0;
+        int ended_before;
+        engine_snapshot(&e, &snap);
+        ended_before = snap.ended;
+        sw_request_opts_init(&q);
+        q.endpoint = EP;
+        q.instance_id = "lc1";
+        assert_int_equal(sw_router_open(&s, r, &q, "x", 1), SW_OK);
+        assert_int_equal(sw_stream_next(s, &it, 10000 * swh_slow()), SW_OK);
+        assert_int_equal(it->kind, SW_ITEM_DATA);
+        swx_ingress_drop_cancels(ing, rounds[k].drop);
+        t0 = swh_now_ms();
+        assert_int_equal(rounds[k].kill ? sw_stream_kill(s) : sw_stream_cancel(s), SW_OK);
+        for (;;) {
+            engine_snapshot(&e, &snap);
+            if (snap.ended > ended_before || swh_now_ms() - t0 > 10000 * swh_slow())
+                break;
+            swh_sleep_ms(10);
+        }
+        assert_int_equal(snap.ended, ended_before + 1); /* the handler saw it and ended */
+        /* it took the repeats: no sooner than the first repeat (100 ms) */
+        assert_true(swh_now_ms() - t0 >= 90);
+        printf("    %d %s(s) lost: the handler saw the cancel after %lld ms\n", rounds[k].drop,
+               rounds[k].kill ? "KILL" : "CANCEL", (long long)(swh_now_ms() - t0));
+        sw_stream_close(s);
+    }
+    engine_snapshot(&e, &e);
+    assert_int_equal(e.cancelled, 3);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
 int
 main(void)
 {
@@ -931,6 +994,7 @@ main(void)
         cmocka_unit_test(no_callback_inside_open),
         cmocka_unit_test(stream_survives_nats_restart),
         cmocka_unit_test(connection_states_and_destroy_while_down),
+        cmocka_unit_test(lost_cancel_is_sent_again),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -25,12 +25,18 @@
  *      accepts (a RESEND range too wide for it would never repair a gap);
  *   I7 an item past the worker's final that reached the frontend before the
  *      terminal was delivered never leaves the stream "completed": it ends
- *      with item_after_final (or another error), nothing is dropped silently.
+ *      with item_after_final (or another error), nothing is dropped silently;
+ *   I8 every cancel reaches its handler or prevents it: a cancelled stream
+ *      whose worker was not killed has a worker that saw the CANCEL/KILL or
+ *      had already finished it. The frontend sends lost cancels again with
+ *      the router's own table (egress/cancels.c); without it, seed 1 of the
+ *      chaos profile breaks I8.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "egress/cancels.h"
 #include "egress/rx.h"
 #include "proto/sw_codec.h"
 #include "tests/sim/sim.h"
@@ -88,6 +94,8 @@ typedef struct fstream {
     sw_terminal term;
     int faulty;         /* its worker was killed, frozen, hostile; or it was cancelled */
     int after_final_rx; /* an item past the final reached the frontend before the terminal */
+    int cancel_sent;    /* the frontend cancelled (or killed) it */
+    int worker_killed;  /* its worker's node was killed */
     int done_pops;
     wstream w[NWORKERS]; /* the worker side, on worker `worker` only */
 } fstream;
@@ -103,6 +111,8 @@ typedef struct world {
     int fnode;
     uint64_t messages;
     uint64_t completed, errors_by[256], cancelled_terms, after_final_seen;
+    uint64_t cancels, cancel_resends;
+    swe_cancels fc; /* the frontend's cancels waiting for an answer (egress/cancels.c) */
     int failed;
 } world;
 
@@ -469,11 +479,36 @@ fe_cancel(sim *s, void *arg, uint64_t idx, uint64_t b)
     world *wd = arg;
     fstream *f = &wd->st[idx];
     (void)s;
-    if (swe_rx_cancel(&f->rx, (int)b))
+    if (swe_rx_cancel(&f->rx, (int)b)) {
         fe_send_ctl(wd, f,
                     b ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
                       : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
                     0, 0, 0, 0);
+        f->cancel_sent = 1;
+        wd->cancels++;
+        /* sent again until the worker's final arrives, as the router does */
+        (void)swe_cancels_add(&wd->fc, f->id, f, (int)b, sim_now(s));
+    }
+}
+
+/* Every tick: the cancels due to be sent again. */
+static void
+fe_cancels_tick(sim *s, void *arg, uint64_t a, uint64_t b)
+{
+    world *wd = arg;
+    swe_cancel due[64];
+    size_t n;
+    (void)a;
+    (void)b;
+    while ((n = swe_cancels_due(&wd->fc, sim_now(s), due, 64)) > 0)
+        for (size_t i = 0; i < n; i++) {
+            fe_send_ctl(wd, due[i].s,
+                        due[i].kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
+                                    : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
+                        0, 0, 0, 0);
+            wd->cancel_resends++;
+        }
+    sim_at(s, TICK_MS, fe_cancels_tick, wd, 0, 0);
 }
 
 static void
@@ -501,6 +536,8 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
         return;
     }
     memcpy(id, w->request_id.data, 16);
+    if (w->complete_final)
+        (void)swe_cancels_seen(&wd->fc, id); /* a cancel's answer */
     f = find_stream(wd, id);
     if (f != NULL) {
         swe_rx_in in;
@@ -603,6 +640,7 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
     boxes[NWORKERS].wd = wd;
     boxes[NWORKERS].index = NWORKERS;
     wd->fnode = sim_node_add(wd->s, &boxes[NWORKERS], fe_recv);
+    sim_at(wd->s, TICK_MS, fe_cancels_tick, wd, 0, 0);
     /* The workload: streams open over the first seconds, each on a worker. */
     while (wd->nstreams < MAX_STREAMS && wd->messages < budget) {
         int batch = 1 + (int)sim_rng_below(r, 32);
@@ -636,7 +674,7 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                    (uint64_t)wd->wnode[node], 0);
             for (int i = 0; i < wd->nstreams; i++)
                 if (wd->st[i].worker == node)
-                    wd->st[i].faulty = 1;
+                    wd->st[i].faulty = wd->st[i].worker_killed = 1;
         }
         if (sim_rng_chance(r, p->p_freeze / 8)) {
             int node = (int)sim_rng_below(r, NWORKERS);
@@ -658,12 +696,23 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                  (unsigned long long)f->last);
         if (f->after_final_rx && f->term.status == SW_STATUS_COMPLETED)
             FAIL(wd, "I7: stream %d completed although an item past its final arrived", i);
+        /* I8: every cancel reaches its handler or prevents it: unless its
+         * worker was killed, the worker saw the CANCEL/KILL, or had already
+         * finished the stream (its handler was not running any more). */
+        if (f->cancel_sent && !f->worker_killed) {
+            const wstream *w = &f->w[f->worker];
+            if (!w->cancelled && !w->killed && w->final_seq == 0)
+                FAIL(wd, "I8: stream %d was cancelled, and its handler never heard of it", i);
+        }
         /* I3: healthy worker, lossless bus: complete with every item. */
         if (!f->faulty && p->f.drop == 0 &&
             (f->term.status != SW_STATUS_COMPLETED || f->last != (uint64_t)f->n))
             FAIL(wd, "I3: healthy stream %d ended %s/%s with %llu of %d items", i,
                  sw_status_name(f->term.status), f->term.reason, (unsigned long long)f->last, f->n);
     }
+    if (verbose)
+        printf("  seed 0x%llx %-9s cancels %llu (sent again %llu)\n", (unsigned long long)seed,
+               p->name, (unsigned long long)wd->cancels, (unsigned long long)wd->cancel_resends);
     if (verbose)
         printf("  seed 0x%llx %-9s streams %d messages %llu: completed %llu cancelled %llu "
                "gap %llu incomplete %llu after_final %llu flow %llu decode %llu\n",
@@ -675,6 +724,7 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                (unsigned long long)wd->errors_by[SW_FLOW_VIOLATION & 0xff],
                (unsigned long long)wd->errors_by[SW_DECODE_ERROR]);
     *msgs = wd->messages;
+    swe_cancels_clear(&wd->fc, NULL);
     for (int i = 0; i < wd->nstreams; i++) {
         wstream *w = &wd->st[i].w[wd->st[i].worker];
         swe_rx_fini(&wd->st[i].rx);

@@ -45,9 +45,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include <streamwire/registry.h>
+#include <streamwire/streamwire.h>
 
 #include "harness.h"
 
@@ -1520,6 +1524,128 @@ test_demo(void **state)
 
 #define T_(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
+/* Issue 11 #3: liveness never depends on clock agreement. A worker whose
+ * wall clock is an hour ahead (and, second round, an hour behind) of this
+ * process (Debian's faketime) registers, stays live in this process's
+ * registry view for well over its lease, is routed to, and once killed
+ * lapses after about one lease, judged by this process's own monotonic
+ * clock. (With wall-clock judgement it would never lapse, or at once.) */
+static int64_t g_listed_started; /* the entry's started_unix_ms (the worker's clock) */
+
+static int
+listed(sw_registry *reg, const char *ep, const char *id)
+{
+    sw_instance *v = NULL;
+    size_t n = 0;
+    int found = 0;
+    if (sw_registry_list(reg, ep, &v, &n) != SW_OK)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(v[i].instance_id, id) == 0) {
+            found = 1;
+            g_listed_started = v[i].started_unix_ms;
+        }
+    sw_instances_free(v, n);
+    return found;
+}
+
+static void
+test_clocks_an_hour_apart(void **state)
+{
+    static const char *offsets[2] = {"+1h", "-1h"};
+    sw_conn *c = NULL;
+    sw_conn_opts co;
+    sw_registry *reg = NULL;
+    sw_registry_opts ro;
+    (void)state;
+    /* libfaketime preloaded into the worker alone (the faketime wrapper
+     * would stand between us and the worker's pid). Multithreaded build:
+     * the worker has threads. */
+    static const char lib[] = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+#ifdef SW_SANITIZED
+    /* A sanitizer runtime must come first in a process: libfaketime cannot
+     * be preloaded into the sanitized CLI. The normal build runs this. */
+    print_message("skipped under sanitizers (libfaketime cannot be preloaded)\n");
+    skip();
+#endif
+    if (access(lib, R_OK) != 0)
+        fail_msg("libfaketime is not installed (scripts/deps installs faketime)");
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    sw_registry_opts_init(&ro);
+    assert_int_equal(sw_registry_open(&reg, c, &ro), SW_OK);
+    for (int k = 0; k < 2; k++) {
+        char ep[64], id[32];
+        const char *argv[24];
+        int fd = -1, st, n = 0;
+        pid_t pid;
+        int64_t t0, gone_ms = -1;
+        snprintf(ep, sizeof(ep), "cli.clock%d.gen", k);
+        snprintf(id, sizeof(id), "wclock%d", k);
+        argv[n++] = "streamwire";
+        argv[n++] = "worker";
+        argv[n++] = "--server";
+        argv[n++] = g_nats.url;
+        argv[n++] = "--endpoint";
+        argv[n++] = ep;
+        argv[n++] = "--instance-id";
+        argv[n++] = id;
+        argv[n++] = "--lease-ms";
+        argv[n++] = "1000";
+        argv[n++] = "--tokens";
+        argv[n++] = "3";
+        argv[n++] = "--quiet";
+        argv[n] = NULL;
+        setenv("LD_PRELOAD", lib, 1);
+        setenv("FAKETIME", offsets[k], 1);
+        pid = swh_spawn_path(swh_cli_path(), argv, &fd, -1);
+        unsetenv("LD_PRELOAD");
+        unsetenv("FAKETIME");
+        assert_true(pid > 0);
+        assert_int_equal(swh_wait_line(fd, "worker ready", NULL, 0, T(10000)), 0);
+        t0 = swh_now_ms();
+        while (!listed(reg, ep, id) && swh_now_ms() - t0 < T(5000))
+            swh_sleep_ms(20);
+        assert_true(listed(reg, ep, id));
+        {
+            /* the skew is real: the worker stamped its entry an hour off */
+            int64_t now_unix = (int64_t)time(NULL) * 1000;
+            int64_t skew = g_listed_started - now_unix;
+            int64_t want = k == 0 ? 3600000 : -3600000;
+            if (skew < want - 300000 || skew > want + 300000)
+                fail_msg("clock %s: the worker's entry is %lld ms off, not about an hour",
+                         offsets[k], (long long)skew);
+        }
+        /* three leases and more: still live here, and served when routed */
+        t0 = swh_now_ms();
+        while (swh_now_ms() - t0 < 3500) {
+            if (!listed(reg, ep, id))
+                fail_msg("clock %s: the entry lapsed after %lld ms although the worker lives",
+                         offsets[k], (long long)(swh_now_ms() - t0));
+            check_gen(gen_run(ep, ARGS("--json")), "completed", "stop", id, 3, 0);
+        }
+        /* killed: it lapses after about a lease, by this process's clock */
+        swh_kill(pid, SIGKILL);
+        (void)swh_wait_exit(pid, T(5000), &st);
+        close(fd);
+        t0 = swh_now_ms();
+        while (swh_now_ms() - t0 < T(6000)) {
+            if (!listed(reg, ep, id)) {
+                gone_ms = swh_now_ms() - t0;
+                break;
+            }
+            swh_sleep_ms(20);
+        }
+        print_message("clock %s: lived past 3 leases; killed -> lapsed after %lld ms (lease "
+                      "1000)\n",
+                      offsets[k], (long long)gone_ms);
+        assert_true(gone_ms >= 0 && gone_ms <= T(2500));
+    }
+    sw_registry_close(reg);
+    sw_conn_close(c);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -1550,6 +1676,7 @@ main(int argc, char **argv)
         T_(test_slow_consumer),
         T_(test_sigterm_mid_stream_completes),
         T_(test_worker_reconnects_or_exits),
+        T_(test_clocks_an_hour_apart),
         T_(test_sigterm_mid_stream_short_grace),
         T_(test_demo),
     };

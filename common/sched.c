@@ -110,6 +110,7 @@ swi_peers_init(swi_peers *p, unsigned interval_ms, unsigned timeout_ms, unsigned
     p->timeout_ms = timeout_ms;
     p->misses = misses ? misses : 1;
     p->settle_ms = SWI_PEERS_SETTLE_MS;
+    p->nr_grace_ms = SWI_PEERS_NR_GRACE_MS;
 }
 
 void
@@ -238,11 +239,24 @@ swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now, i
         e->last_ok_ms = now;
         e->misses = 0;
         e->suspect = 0;
+        e->nr_pending = 0;
         return 0;
     }
     if (!swi_up_throughout(p, up_since_ms, sent))
         return 0;
+    if (!e->nr_pending) {
+        /* Maybe gone, maybe reconnecting to another node: ask again at
+         * once, and decide only when a probe sent nr_grace_ms later
+         * bounces too. */
+        e->nr_pending = 1;
+        e->nr_first_ms = sent;
+    }
+    if (sent - e->nr_first_ms < p->nr_grace_ms) {
+        e->suspect = 1;
+        return 0;
+    }
     e->misses = 0;
+    e->nr_pending = 0;
     *silent_ms = now - e->last_ok_ms;
     return 1;
 }

@@ -81,12 +81,14 @@ typedef char swi_peer_id[SW_MAX_TOKEN + 1];
 
 typedef struct swi_peer {
     swi_peer_id id;
-    unsigned users;     /* streams that need this peer: probed while > 0 */
-    int outstanding;    /* a probe is out */
-    int64_t sent_ms;    /* when the last probe went out */
-    int64_t last_ok_ms; /* the last sign of life */
-    unsigned misses;    /* unanswered probes in a row */
-    int suspect;        /* told it may be gone: the next probe is due now, one miss decides */
+    unsigned users;      /* streams that need this peer: probed while > 0 */
+    int outstanding;     /* a probe is out */
+    int64_t sent_ms;     /* when the last probe went out */
+    int64_t last_ok_ms;  /* the last sign of life */
+    unsigned misses;     /* unanswered probes in a row */
+    int suspect;         /* told it may be gone: the next probe is due now, one miss decides */
+    int nr_pending;      /* a probe met "no responders"; not yet confirmed */
+    int64_t nr_first_ms; /* when that first bounced probe went out */
 } swi_peer;
 
 typedef struct swi_peers {
@@ -98,9 +100,14 @@ typedef struct swi_peers {
     int64_t settle_ms;    /* after this side's connection comes back, probes sent within
                              this long prove nothing (peers are still reconnecting and
                              resubscribing); SWI_PEERS_SETTLE_MS by default */
+    int64_t nr_grace_ms;  /* "no responders" proves a peer gone only when a probe sent this
+                             long after the first bounced one bounces too: a live peer whose
+                             NATS node died is briefly without subscriptions while it
+                             reconnects elsewhere; SWI_PEERS_NR_GRACE_MS by default */
 } swi_peers;
 
 #define SWI_PEERS_SETTLE_MS 2000
+#define SWI_PEERS_NR_GRACE_MS 100
 
 /* A lost peer and how long it had been silent. */
 typedef struct swi_peer_lost {
@@ -142,10 +149,12 @@ size_t swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
                        size_t *nlost);
 
 /* A probe's answer. An answer means alive (misses reset, suspicion
- * lifted); "no responders" means lost at once: returns 1 and *silent_ms,
- * unless the probe was sent before this side's connection last came back
- * (up_since_ms > sent_ms), which proves nothing. Returns 0 otherwise, and
- * for a peer not in the table. */
+ * lifted). "No responders" makes the peer suspect (probed again at the next
+ * round); it is lost (returns 1 and *silent_ms) when "no responders" also
+ * answers a probe sent nr_grace_ms or more after the first bounced one, with
+ * no answer in between. A probe sent before this side's connection last
+ * came back and settled (up_since_ms + settle_ms > sent_ms) proves nothing.
+ * Returns 0 otherwise, and for a peer not in the table. */
 int swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
                      int64_t up_since_ms, int64_t *silent_ms);
 

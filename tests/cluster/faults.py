@@ -237,7 +237,8 @@ def node_loss(cl, who, conn_name):
     r = sse(cl.gw, on_delta=on_delta)
     node = victim.get("node")
     check(node is not None, "found the node of %s" % who)
-    check(r["terminal"] == "response.completed", "stream completed (%s)" % r["terminal"])
+    check(r["terminal"] == "response.completed",
+          "stream completed (%s%s)" % (r["terminal"], " " + r["error"] if r["error"] else ""))
     check(r["deltas"] == 400 and r["in_order"], "all 400 items, in order, once (%d)" % r["deltas"])
     print("        added delay: max gap %.0f ms, p99 gap %.0f ms (10 ms between items)"
           % (r["max_gap_ms"], p99(r["gaps"])))

@@ -240,7 +240,8 @@ test_peers_answer_resets(void **state)
     swi_peers_fini(&p);
 }
 
-/* "No responders" is lost at once. */
+/* "No responders" is lost once it is confirmed: a probe sent nr_grace_ms
+ * after the first bounced one bounces too. */
 static void
 test_peers_no_responders(void **state)
 {
@@ -251,11 +252,50 @@ test_peers_no_responders(void **state)
     int64_t silent = -1;
     (void)state;
     swi_peers_init(&p, 100, 300, 2);
+    assert_int_equal(p.nr_grace_ms, SWI_PEERS_NR_GRACE_MS);
     p.settle_ms = 0;
+    p.nr_grace_ms = 100;
+    swi_peers_use(&p, "a", 0);
+    assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 101, UP, &silent), 0); /* first bounce */
+    /* probed again at the next round, not one interval later */
+    assert_int_equal(round_at(&p, 110, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 111, UP, &silent), 0); /* within the grace */
+    assert_int_equal(round_at(&p, 200, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 201, UP, &silent), 1); /* 100 ms on: lost */
+    assert_int_equal(silent, 201);
+    swi_peers_fini(&p);
+}
+
+/* A peer whose NATS node died has no subscriptions until it reconnects
+ * elsewhere: "no responders" and then an answer is not a loss, and the next
+ * bounce starts a new grace. */
+static void
+test_peers_no_responders_then_back(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int64_t silent = -1;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
+    p.nr_grace_ms = 100;
     swi_peers_use(&p, "a", 0);
     round_at(&p, 100, UP, send, lost, &nlost);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 120, UP, &silent), 1);
-    assert_int_equal(silent, 120);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 101, UP, &silent), 0);
+    round_at(&p, 150, UP, send, lost, &nlost);
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 151, UP, &silent), 0); /* reconnected */
+    assert_int_equal(swi_peers_find(&p, "a")->suspect, 0);
+    assert_int_equal(round_at(&p, 160, UP, send, lost, &nlost), 0); /* back to the interval */
+    assert_int_equal(round_at(&p, 251, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 252, UP, &silent), 0); /* a new grace */
+    round_at(&p, 300, UP, send, lost, &nlost);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 301, UP, &silent), 0);
+    round_at(&p, 351, UP, send, lost, &nlost);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 352, UP, &silent), 1);
+    assert_int_equal(nlost, 0);
     swi_peers_fini(&p);
 }
 
@@ -362,7 +402,9 @@ test_peers_settle_after_reconnect(void **state)
     assert_int_equal(nlost, 0);
     /* settled: judged again */
     assert_int_equal(round_at(&p, 7000, 5000, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 7001, 5000, &silent), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 7001, 5000, &silent), 0); /* first bounce */
+    assert_int_equal(round_at(&p, 7100, 5000, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 7101, 5000, &silent), 1); /* confirmed */
     swi_peers_fini(&p);
 }
 
@@ -403,6 +445,7 @@ main(void)
         cmocka_unit_test(test_peers_lost_after_misses),
         cmocka_unit_test(test_peers_answer_resets),
         cmocka_unit_test(test_peers_no_responders),
+        cmocka_unit_test(test_peers_no_responders_then_back),
         cmocka_unit_test(test_peers_suspect),
         cmocka_unit_test(test_peers_alive_by_activity),
         cmocka_unit_test(test_peers_own_connection_down),

@@ -188,5 +188,6 @@ int cli_generate_main(int argc, char **argv);
 int cli_demo_main(int argc, char **argv);
 int cli_instances_main(int argc, char **argv);
 int cli_gateway_main(int argc, char **argv);
+int cli_keygen_main(int argc, char **argv);
 
 #endif

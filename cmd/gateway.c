@@ -60,6 +60,7 @@ cli_gateway_main(int argc, char **argv)
 {
     const char *server = NULL, *listen_addr = "127.0.0.1:8080", *bucket = NULL;
     const char *policy = "round_robin", *cod = "on", *router_id = NULL, *access_log = "on";
+    const char *narration = "on";
     long keepalive = 15000, max_body = 1 << 20, max_conns = 10000, grace = 10000, replicas = 1;
     int quiet = 0, rc, wake[2];
     swg_model models[GW_MAX_MODELS];
@@ -91,6 +92,10 @@ cli_gateway_main(int argc, char **argv)
          1000000, NULL, 0},
         {"cancel-on-disconnect", CLI_CHOICE, "on|off",
          "a client that leaves cancels its stream (default on)", &cod, 0, 0, "on|off", 0},
+        {"narration", CLI_CHOICE, "on|off",
+         "`narration` SSE events at the start, cancel and end of\neach stream, never one per "
+         "token (default on)",
+         &narration, 0, 0, "on|off", 0},
         {"grace-ms", CLI_INT, "MS",
          "on SIGTERM/SIGINT: stop accepting, let open streams\nfinish this long, then cancel "
          "them (default 10000)",
@@ -195,6 +200,7 @@ cli_gateway_main(int argc, char **argv)
     go.max_body = (size_t)max_body;
     go.max_connections = (unsigned)max_conns;
     go.cancel_on_disconnect = strcmp(cod, "on") == 0;
+    go.narration = strcmp(narration, "on") == 0;
     go.grace_ms = grace;
     go.quiet = quiet;
     go.access_log = strcmp(access_log, "on") == 0;

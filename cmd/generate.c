@@ -15,12 +15,18 @@ gen_on_data(const sw_item *item, void *arg)
 {
     const gen_out *g = arg;
 
+    const char *ev = item->event != NULL ? item->event : "";
     if (g->json) {
-        printf("{\"seq\":%llu,\"data\":\"", (unsigned long long)item->seq);
+        printf("{\"seq\":%llu,", (unsigned long long)item->seq);
+        if (ev[0] != '\0') /* event names are [A-Za-z0-9._:-]: nothing to escape */
+            printf("\"event\":\"%s\",", ev);
+        printf("\"data\":\"");
         cli_json_escape(stdout, item->data, item->len);
         printf("\"}\n");
     } else {
         printf("%6llu  ", (unsigned long long)item->seq);
+        if (ev[0] != '\0')
+            printf("[%s] ", ev);
         cli_print_readable(stdout, item->data, item->len);
         printf("%s\n", item->droppable ? "  (droppable)" : "");
     }
@@ -103,8 +109,8 @@ cli_generate_main(int argc, char **argv)
          "(default 0 = none)",
          &timeout, 0, 4294967295L, NULL, 0},
         {"json", CLI_FLAG, NULL,
-         "one JSON object per line: {\"seq\":N,\"data\":\"...\"} per item,\nthen the "
-         "terminal {\"terminal\":...}",
+         "one JSON object per line: {\"seq\":N,\"data\":\"...\"} per item\n(with "
+         "\"event\":\"NAME\" for a typed item), then the\nterminal {\"terminal\":...}",
          &json, 0, 0, NULL, 0},
         {"final-linger-ms", CLI_INT, "MS",
          "hold the terminal this long after the final to catch\nitems sent after it "

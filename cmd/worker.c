@@ -19,6 +19,8 @@ typedef struct worker_cfg {
     long crash_after; /* -1 = off */
     long hang_after;
     long fail_after;
+    long metrics_every; /* 0 = off */
+    int refuse;
     int chaos;
     int quiet;
 } worker_cfg;
@@ -54,6 +56,30 @@ worker_sleep(sw_responder *r, long ms)
     }
 }
 
+/* --refuse: the answer is a refusal, streamed as "refusal" items (one
+ * per word, the spaces kept), and the stream completes. */
+static void
+worker_refuse(const worker_cfg *cfg, sw_responder *r)
+{
+    static const char *const words[] = {"I'm ",   "sorry, ", "but ",  "I ",
+                                        "can't ", "help ",   "with ", "that."};
+    sw_err err;
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++) {
+        if (i > 0 && cfg->interval_ms > 0 && worker_sleep(r, cfg->interval_ms))
+            return;
+        err = sw_responder_send_event(r, "refusal", words[i], strlen(words[i]), 0);
+        if (err == SW_ECANCELLED || err == SW_ECLOSED)
+            return;
+        if (err != SW_OK) {
+            sw_responder_fail(r, "send_failed", sw_strerror(err));
+            return;
+        }
+    }
+    err = sw_responder_finish(r, SW_STATUS_COMPLETED, "stop");
+    if (err != SW_OK && err != SW_ECLOSED && !cfg->quiet)
+        fprintf(stderr, "[worker] warn: finish: %s\n", sw_err_name(err));
+}
+
 static void
 worker_handler(sw_responder *r, void *arg)
 {
@@ -69,6 +95,10 @@ worker_handler(sw_responder *r, void *arg)
     if (max_tokens != 0 && (long)max_tokens < total) {
         total = (long)max_tokens;
         limited = 1;
+    }
+    if (cfg->refuse) {
+        worker_refuse(cfg, r);
+        return;
     }
     for (;;) {
         char buf[32];
@@ -122,6 +152,13 @@ worker_handler(sw_responder *r, void *arg)
             return;
         }
         sent++;
+        if (cfg->metrics_every > 0 && sent % cfg->metrics_every == 0) {
+            /* droppable: shed when the frontend is out of credit */
+            len = snprintf(buf, sizeof(buf), "{\"tokens\":%ld}", sent);
+            err = sw_responder_send_event(r, "metrics", buf, (size_t)len, SW_SEND_DROPPABLE);
+            if (err == SW_ECANCELLED || err == SW_ECLOSED)
+                return;
+        }
     }
     if (cfg->chaos == CHAOS_NO_FINAL) {
         worker_note(cfg, r, "ending without a final marker (--chaos no-final)", sent);
@@ -177,7 +214,8 @@ cli_worker_main(int argc, char **argv)
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *chaos = NULL;
     long tokens = 16, interval = 0, crash = -1, hang = -1, fail = -1;
     long max_inflight = 0, threads = 0, grace = 5000, send_timeout = 0, lease = 0;
-    long max_reconnect = -1, replicas = 1;
+    long max_reconnect = -1, replicas = 1, metrics_every = 0;
+    int refuse = 0;
     const char *registry = "nats-kv", *bucket = NULL, *metrics_listen = NULL;
     sw_metrics *metrics = NULL;
     char conn_name[96];
@@ -204,6 +242,14 @@ cli_worker_main(int argc, char **argv)
         {"fail-after", CLI_INT, "K",
          "fault: after K items fail the stream with app code\nengine_error", &fail, 0, 100000000,
          NULL, 0},
+        {"refuse", CLI_FLAG, NULL,
+         "answer every request with a refusal: \"refusal\" items\n(\"I'm sorry, but I can't help "
+         "with that.\",\none per word), then completed",
+         &refuse, 0, 0, NULL, 0},
+        {"metrics-every", CLI_INT, "N",
+         "after every N tokens send a droppable \"metrics\" item\n{\"tokens\":K} (shed when the "
+         "frontend is out of\ncredit; default 0 = none)",
+         &metrics_every, 0, 100000000, NULL, 0},
         {"chaos", CLI_CHOICE, "after-final|garbage|gap|no-final",
          "protocol fault: after-final = an item after the final;\ngarbage = undecodable bytes "
          "mid-stream; gap = skip a\nsequence number mid-stream; no-final = all items but no\n"
@@ -289,6 +335,8 @@ cli_worker_main(int argc, char **argv)
     cfg.crash_after = crash;
     cfg.hang_after = hang;
     cfg.fail_after = fail;
+    cfg.metrics_every = metrics_every;
+    cfg.refuse = refuse;
     cfg.chaos = worker_chaos_kind(chaos);
     cfg.quiet = quiet;
     if (crash >= 0) {

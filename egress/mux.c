@@ -55,7 +55,7 @@ final_to_in(const swp_terminal *t, swe_rx_in *in)
 
 static void
 feed(sw_stream *s, uint32_t credit_window, uint64_t seq, int final, const swp_terminal *t,
-     ProtobufCBinaryData data, int droppable)
+     ProtobufCBinaryData data, int droppable, const char *event)
 {
     swe_rx_in in;
     memset(&in, 0, sizeof(in));
@@ -69,6 +69,7 @@ feed(sw_stream *s, uint32_t credit_window, uint64_t seq, int final, const swp_te
         in.data = data.data;
         in.len = data.len;
         in.droppable = droppable;
+        in.event = event; /* the decoder checked it: "" or a valid name */
     }
     swe_stream_on_item(s, &in);
 }
@@ -154,13 +155,14 @@ swe_on_msg(const swt_msg *msg, void *arg)
         in.last_seq = w->heartbeat->last_seq;
         swe_stream_on_item(s, &in);
     } else {
-        feed(s, w->credit_window, w->seq, w->complete_final, w->terminal, w->data, w->droppable);
+        feed(s, w->credit_window, w->seq, w->complete_final, w->terminal, w->data, w->droppable,
+             w->event);
         /* A batch: the items the worker had queued behind the first, in
          * order, each handled as if it had come in a message of its own. */
         for (size_t i = 0; i < w->n_batch; i++) {
             const swp_batched *b = w->batch[i];
-            feed(s, w->credit_window, b->seq, b->complete_final, b->terminal, b->data,
-                 b->droppable);
+            feed(s, w->credit_window, b->seq, b->complete_final, b->terminal, b->data, b->droppable,
+                 b->event);
         }
     }
     swp_free_arena(w, &arena);

@@ -129,7 +129,9 @@ static swe_q *
 q_make(const swe_rx_in *in)
 {
     size_t len = in->kind == SWE_IN_DATA ? in->len : 0;
-    swe_q *q = malloc(sizeof(*q) + len);
+    size_t elen =
+        in->kind == SWE_IN_DATA && in->event != NULL ? strnlen(in->event, SW_MAX_EVENT) : 0;
+    swe_q *q = malloc(sizeof(*q) + len + elen + 1);
     if (q == NULL)
         return NULL;
     q->next = NULL;
@@ -139,6 +141,9 @@ q_make(const swe_rx_in *in)
     q->len = len;
     if (len)
         memcpy(q->data, in->data, len);
+    memcpy(q->data + len, elen ? in->event : "", elen);
+    q->data[len + elen] = '\0';
+    q->event = (const char *)q->data + len;
     return q;
 }
 
@@ -407,6 +412,7 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
         out->data = q->data;
         out->len = q->len;
         out->droppable = q->droppable;
+        out->event = q->event;
         rx->consumed++;
         rx->st.items++;
         if (rx->consumed + rx->window / 2 >= rx->credit_sent) {
@@ -424,6 +430,7 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
         rx->term_state = SWE_TERM_DELIVERED;
         memset(out, 0, sizeof(*out));
         out->kind = SW_ITEM_TERMINAL;
+        out->event = "";
         out->seq = rx->term_seq;
         out->terminal = rx->term;
         return 2;

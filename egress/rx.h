@@ -52,6 +52,7 @@ typedef struct swe_q {
     uint64_t seq;
     int final; /* a held final marker (no data) */
     int droppable;
+    const char *event; /* "" or the item's event name, stored after data */
     size_t len;
     uint8_t data[];
 } swe_q;
@@ -89,6 +90,7 @@ typedef struct swe_rx_in {
     const uint8_t *data; /* data: borrowed for the call */
     size_t len;
     int droppable;
+    const char *event;      /* data: NULL, "" or a valid name (<= SW_MAX_EVENT) */
     uint32_t credit_window; /* the worker's window, 0 = not sent */
     uint64_t last_seq;      /* heartbeat: the last seq published */
     /* final: the terminal it carries */

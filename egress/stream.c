@@ -329,5 +329,6 @@ sw_stream_stats_get(sw_stream *s, sw_stream_stats *out)
         return;
     pthread_mutex_lock(&s->mu);
     *out = s->rx.st;
+    out->pending = s->rx.qlen;
     pthread_mutex_unlock(&s->mu);
 }

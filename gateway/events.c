@@ -122,13 +122,37 @@ text_part(const char *text, size_t n)
 }
 
 static json_t *
+refusal_part(const char *text, size_t n)
+{
+    return json_pack("{s:s, s:s%}", "type", "refusal", "refusal", text ? text : "", n);
+}
+
+/* The current part as it stands. */
+static json_t *
+cur_part(const swg_resp *r)
+{
+    return r->refusal ? refusal_part(r->text.p, r->text.len) : text_part(r->text.p, r->text.len);
+}
+
+static json_t *
 message_item(const swg_resp *r, const char *status, int with_content)
 {
     json_t *content = json_array();
-    if (with_content)
-        json_array_append_new(content, text_part(r->text.p, r->text.len));
+    if (with_content) {
+        if (r->parts != NULL)
+            json_array_extend(content, r->parts);
+        json_array_append_new(content, cur_part(r));
+    }
     return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", r->msg_id, "type", "message", "status",
                      status, "role", "assistant", "content", content);
+}
+
+void
+swg_resp_free(swg_resp *r)
+{
+    json_decref(r->parts);
+    r->parts = NULL;
+    swg_buf_free(&r->text);
 }
 
 json_t *
@@ -177,6 +201,10 @@ static void
 sse(swg_buf *b, swg_resp *r, const char *type, json_t *ev)
 {
     char *js;
+    if (b == NULL) { /* not streamed: nothing to write */
+        json_decref(ev);
+        return;
+    }
     if (ev == NULL) {
         b->oom = 1;
         return;
@@ -212,32 +240,98 @@ swg_sse_started(swg_buf *b, swg_resp *r)
         json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(r, "in_progress", 0)));
     sse(b, r, "response.content_part.added",
         json_pack("{s:s, s:i, s:i, s:o}", "item_id", r->msg_id, "output_index", 0, "content_index",
-                  0, "part", text_part("", 0)));
+                  (int)r->part, "part", r->refusal ? refusal_part("", 0) : text_part("", 0)));
 }
 
 void
 swg_sse_delta(swg_buf *b, swg_resp *r, const char *text, size_t n)
 {
-    sse(b, r, "response.output_text.delta",
+    sse(b, r, r->refusal ? "response.refusal.delta" : "response.output_text.delta",
         json_pack("{s:s, s:i, s:i, s:s%}", "item_id", r->msg_id, "output_index", 0, "content_index",
-                  0, "delta", text, n));
+                  (int)r->part, "delta", text, n));
+}
+
+/* The done events of the current part. */
+static void
+part_done(swg_buf *b, swg_resp *r)
+{
+    const char *t = r->text.p ? r->text.p : "";
+    if (r->refusal)
+        sse(b, r, "response.refusal.done",
+            json_pack("{s:s, s:i, s:i, s:s%}", "item_id", r->msg_id, "output_index", 0,
+                      "content_index", (int)r->part, "refusal", t, r->text.len));
+    else
+        sse(b, r, "response.output_text.done",
+            json_pack("{s:s, s:i, s:i, s:s%}", "item_id", r->msg_id, "output_index", 0,
+                      "content_index", (int)r->part, "text", t, r->text.len));
+    sse(b, r, "response.content_part.done",
+        json_pack("{s:s, s:i, s:i, s:o}", "item_id", r->msg_id, "output_index", 0, "content_index",
+                  (int)r->part, "part", cur_part(r)));
+}
+
+void
+swg_sse_switch(swg_buf *b, swg_resp *r, int refusal)
+{
+    static const char repl[] = "\xef\xbf\xbd";
+    if (r->ncarry > 0) { /* a character cut off by the switch */
+        swg_buf_add(&r->text, repl, 3);
+        r->ncarry = 0;
+    }
+    part_done(b, r);
+    if (r->parts == NULL)
+        r->parts = json_array();
+    if (r->parts == NULL || json_array_append_new(r->parts, cur_part(r)) != 0) {
+        if (b != NULL)
+            b->oom = 1;
+        r->text.oom = 1;
+    }
+    r->text.len = 0;
+    if (r->text.p != NULL)
+        r->text.p[0] = '\0';
+    r->part++;
+    r->refusal = refusal;
+    sse(b, r, "response.content_part.added",
+        json_pack("{s:s, s:i, s:i, s:o}", "item_id", r->msg_id, "output_index", 0, "content_index",
+                  (int)r->part, "part", refusal ? refusal_part("", 0) : text_part("", 0)));
+}
+
+void
+swg_sse_metrics(swg_buf *b, swg_resp *r, const void *data, size_t len)
+{
+    json_t *d = json_loadb(data, len, JSON_DECODE_ANY, NULL);
+    if (d == NULL)
+        d = json_stringn(data, len); /* NULL unless valid UTF-8 */
+    sse(b, r, "metrics", json_pack("{s:o}", "data", d != NULL ? d : json_null()));
+}
+
+void
+swg_sse_narration(swg_buf *b, swg_resp *r, const char *phase, const char *message)
+{
+    sse(b, r, "narration", json_pack("{s:s, s:s}", "phase", phase, "message", message));
 }
 
 void
 swg_sse_end(swg_buf *b, swg_resp *r, const swg_end *end)
 {
-    const char *type;
+    swg_sse_done(b, r, end);
+    swg_sse_terminal(b, r, end);
+}
+
+void
+swg_sse_done(swg_buf *b, swg_resp *r, const swg_end *end)
+{
     if (r->started) {
         const char *st = strcmp(end->status, "completed") == 0 ? "completed" : "incomplete";
-        sse(b, r, "response.output_text.done",
-            json_pack("{s:s, s:i, s:i, s:s%}", "item_id", r->msg_id, "output_index", 0,
-                      "content_index", 0, "text", r->text.p ? r->text.p : "", r->text.len));
-        sse(b, r, "response.content_part.done",
-            json_pack("{s:s, s:i, s:i, s:o}", "item_id", r->msg_id, "output_index", 0,
-                      "content_index", 0, "part", text_part(r->text.p, r->text.len)));
+        part_done(b, r);
         sse(b, r, "response.output_item.done",
             json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(r, st, 1)));
     }
+}
+
+void
+swg_sse_terminal(swg_buf *b, swg_resp *r, const swg_end *end)
+{
+    const char *type;
     if (strcmp(end->status, "completed") == 0)
         type = "response.completed";
     else if (strcmp(end->status, "failed") == 0)

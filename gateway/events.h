@@ -60,6 +60,9 @@ typedef struct swg_resp {
     unsigned input_tokens;
     json_t *metadata; /* borrowed; may be NULL */
     int started;      /* the output item and content part were announced */
+    int refusal;      /* the current content part is a refusal (else output_text) */
+    unsigned part;    /* the current part's content_index */
+    json_t *parts;    /* the finished parts before it (an array), or NULL; owned */
 } swg_resp;
 
 /* How a response ended. */
@@ -81,12 +84,29 @@ json_t *swg_error_json(const swg_error *e);
 void swg_resp_add(swg_resp *r, const void *data, size_t len, size_t *off, size_t *n);
 
 /* Server-sent events, appended to b as "event: T\ndata: JSON\n\n" with
- * type and sequence_number set. */
+ * type and sequence_number set. b may be NULL (a response that is not
+ * streamed): the state in r changes all the same and nothing is written.
+ * The text of a part goes out as response.output_text.delta, or as
+ * response.refusal.delta when r->refusal is set for the part (set it before
+ * swg_sse_started; swg_sse_switch starts a part of the other kind). */
 void swg_sse_created(swg_buf *b, swg_resp *r); /* created + in_progress */
 void swg_sse_started(swg_buf *b, swg_resp *r); /* output_item.added + content_part.added */
 void swg_sse_delta(swg_buf *b, swg_resp *r, const char *text, size_t n);
-void swg_sse_end(swg_buf *b, swg_resp *r, const swg_end *end); /* the done events + terminal */
+void swg_sse_end(swg_buf *b, swg_resp *r, const swg_end *end);      /* the done events + terminal */
+void swg_sse_done(swg_buf *b, swg_resp *r, const swg_end *end);     /* the done events */
+void swg_sse_terminal(swg_buf *b, swg_resp *r, const swg_end *end); /* the terminal event */
 void swg_sse_error(swg_buf *b, swg_resp *r, const char *code, const char *message);
+/* Ends the current content part (its done events) and starts the next one,
+ * a refusal part if refusal, else output_text. */
+void swg_sse_switch(swg_buf *b, swg_resp *r, int refusal);
+/* A `metrics` event: {"type","sequence_number","data"}, data the item's JSON
+ * (or its text as a string when it is not JSON). */
+void swg_sse_metrics(swg_buf *b, swg_resp *r, const void *data, size_t len);
+/* A `narration` event: {"type","sequence_number","phase","message"};
+ * phase is start, cancel or end. */
+void swg_sse_narration(swg_buf *b, swg_resp *r, const char *phase, const char *message);
+/* Frees what r owns (the finished parts and the text). */
+void swg_resp_free(swg_resp *r);
 void swg_sse_keepalive(swg_buf *b);
 
 #endif

@@ -34,6 +34,7 @@ typedef struct swg_opts {
     size_t max_body;       /* request body bytes */
     unsigned max_connections;
     int cancel_on_disconnect;
+    int narration;    /* `narration` events at start, cancel and end of a stream */
     int64_t grace_ms; /* on stop: how long open streams may finish */
     int quiet;
     int access_log; /* one JSON line per finished request on stdout */

@@ -41,6 +41,7 @@ typedef struct swg_gw {
     unsigned nconns; /* open HTTP connections */
     int draining, quit;
     int64_t drain_deadline, cancel_deadline;
+    uint64_t metrics_shed; /* metrics items not sent: the client was behind (atomic) */
 } swg_gw;
 
 struct swg_rq {

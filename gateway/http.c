@@ -144,10 +144,22 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
     } else if (is(p, "/metrics") && gw->o->metrics != NULL) {
         char *out = NULL;
         size_t len = 0;
-        if (sw_metrics_render(gw->o->metrics, &out, &len) != SW_OK)
+        char *all = NULL;
+        int n = -1;
+        if (sw_metrics_render(gw->o->metrics, &out, &len) == SW_OK)
+            n = asprintf(&all,
+                         "%.*s# HELP streamwire_gateway_sse_dropped_total SSE events this gateway "
+                         "shed because the client was behind (metrics items are shed first; "
+                         "tokens never).\n"
+                         "# TYPE streamwire_gateway_sse_dropped_total counter\n"
+                         "streamwire_gateway_sse_dropped_total{event=\"metrics\"} %llu\n",
+                         (int)len, out,
+                         (unsigned long long)__atomic_load_n(&gw->metrics_shed, __ATOMIC_RELAXED));
+        if (n < 0)
             send_text(req, 500, "Internal Server Error", "text/plain", "out of memory\n", 14);
         else
-            send_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", out, len);
+            send_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", all, (size_t)n);
+        free(all);
         free(out);
     } else if (is(p, "/")) {
         send_text(req, 200, "OK", "text/html; charset=utf-8", swg_playground_html,
@@ -363,7 +375,7 @@ swg_run(const swg_opts *o)
             if (q->tok != NULL)
                 q->tok->q = NULL;
             swg_buf_free(&q->out);
-            swg_buf_free(&q->r.text);
+            swg_resp_free(&q->r);
             swg_input_free(&q->in);
             free(q);
         }

@@ -23,6 +23,8 @@
 #include "gateway/gw_int.h"
 
 #define SWG_ROUND_BYTES (64 * 1024) /* events taken per round, at most (about) */
+/* A client with this many items waiting for it is behind: metrics are shed. */
+#define SWG_BEHIND_ITEMS 8
 
 void
 swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body)
@@ -147,7 +149,7 @@ rq_free(swg_rq *q)
         q->next->prev = q->prev;
     gw->nactive--;
     swg_buf_free(&q->out);
-    swg_buf_free(&q->r.text);
+    swg_resp_free(&q->r);
     swg_input_free(&q->in);
     free(q);
 }
@@ -238,8 +240,15 @@ rq_created(swg_rq *q)
 {
     if (!q->created) {
         q->created = 1;
-        if (q->in.stream)
+        if (q->in.stream) {
             swg_sse_created(&q->out, &q->r);
+            if (q->gw->o->narration) {
+                char msg[160];
+                snprintf(msg, sizeof(msg), "routed to instance %s",
+                         q->s != NULL ? sw_stream_instance_id(q->s) : "");
+                swg_sse_narration(&q->out, &q->r, "start", msg);
+            }
+        }
     }
 }
 
@@ -304,17 +313,36 @@ swg_rq_pump(swg_rq *q)
     if (q->writing || q->ended || q->s == NULL)
         return;
     while (q->out.len < SWG_ROUND_BYTES && sw_stream_next(q->s, &it, 0) == SW_OK) {
+        swg_buf *b = q->in.stream ? &q->out : NULL;
         if (it->kind == SW_ITEM_DATA) {
             size_t off, n;
+            int refusal;
             if (q->t_first_ms == 0)
                 q->t_first_ms = mono_ms();
             rq_created(q);
-            if (q->in.stream && !q->r.started)
-                swg_sse_started(&q->out, &q->r);
-            q->r.started = 1;
+            if (strcmp(it->event, "metrics") == 0) {
+                /* Droppable: shed first when this client is behind (items
+                 * wait behind this one, or this round is already large). */
+                sw_stream_stats st;
+                if (b == NULL)
+                    continue;
+                sw_stream_stats_get(q->s, &st);
+                if (st.pending < SWG_BEHIND_ITEMS && q->out.len < SWG_ROUND_BYTES / 2)
+                    swg_sse_metrics(b, &q->r, it->data, it->len);
+                else
+                    __atomic_fetch_add(&q->gw->metrics_shed, 1, __ATOMIC_RELAXED);
+                continue;
+            }
+            refusal = strcmp(it->event, "refusal") == 0;
+            if (!q->r.started) {
+                q->r.refusal = refusal;
+                swg_sse_started(b, &q->r);
+            } else if (refusal != q->r.refusal) {
+                swg_sse_switch(b, &q->r, refusal);
+            }
             swg_resp_add(&q->r, it->data, it->len, &off, &n);
-            if (q->in.stream && n > 0)
-                swg_sse_delta(&q->out, &q->r, q->r.text.p + off, n);
+            if (n > 0)
+                swg_sse_delta(b, &q->r, q->r.text.p + off, n);
             continue;
         }
         {
@@ -334,7 +362,23 @@ swg_rq_pump(swg_rq *q)
                 swg_sse_error(&q->out, &q->r, end.err_code, end.err_message);
             } else {
                 rq_created(q);
-                swg_sse_end(&q->out, &q->r, &end);
+                swg_sse_done(&q->out, &q->r, &end);
+                if (q->gw->o->narration) {
+                    char msg[160];
+                    if (strcmp(end.status, "cancelled") == 0)
+                        swg_sse_narration(&q->out, &q->r, "cancel",
+                                          it->terminal.message && it->terminal.message[0]
+                                              ? it->terminal.message
+                                              : "cancelled");
+                    snprintf(msg, sizeof(msg), "%s%s%s: %u items in %lld ms", end.status,
+                             end.err_code || end.inc_reason ? " " : "",
+                             end.err_code     ? end.err_code
+                             : end.inc_reason ? end.inc_reason
+                                              : "",
+                             q->r.items, (long long)(mono_ms() - q->t_start_ms));
+                    swg_sse_narration(&q->out, &q->r, "end", msg);
+                }
+                swg_sse_terminal(&q->out, &q->r, &end);
             }
             final = 1;
             break;

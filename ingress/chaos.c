@@ -84,12 +84,12 @@ swx_responder_send_after_final(sw_responder *r, const void *data, size_t len)
         return SW_EBUSY;
     }
     swn_resp_flush_now(r);
-    blen = swp_data_body_size(r->rg.next_seq, len, 0);
+    blen = swp_data_body_size(r->rg.next_seq, len, 0, 0);
     if ((buf = malloc(blen)) == NULL) {
         pthread_mutex_unlock(&r->mu);
         return SW_ENOMEM;
     }
-    (void)swp_data_body_write(buf, r->rg.next_seq, data, len, 0);
+    (void)swp_data_body_write(buf, r->rg.next_seq, data, len, 0, NULL, 0);
     rv =
         r->closed ? SW_ECLOSED : swn_resp_publish_one(r, r->rg.next_seq, buf, blen, &swn_sent_none);
     r->rg.next_seq++;

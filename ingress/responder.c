@@ -1,5 +1,5 @@
 /* ingress/responder.c -- the public sw_responder_* API: accessors, send
- * (blocking, non-blocking, droppable), finish, fail, retain/release.
+ * (blocking, non-blocking, droppable, typed), finish, fail, retain/release.
  *
  * Threads: the user's (handler threads or any thread holding a retained
  * responder). Locks: r->mu; ing->mu under it for counters. The log
@@ -88,17 +88,23 @@ sw_responder_on_cancel(sw_responder *r, sw_cancel_fn fn, void *arg)
 
 /* mode: 0 blocking, 1 non-blocking, 2 droppable */
 static sw_err
-resp_send(sw_responder *r, const void *data, size_t len, int mode)
+resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *event)
 {
     sw_ingress *ing;
     int64_t wait_until;
     uint8_t *buf = NULL;
     size_t blen = 0;
     uint64_t seq;
+    size_t elen = 0;
     sw_err rv;
 
     if (r == NULL || (data == NULL && len != 0))
         return SW_EINVAL;
+    if (event != NULL && event[0] != '\0') {
+        elen = strnlen(event, SW_MAX_EVENT + 1);
+        if (!swp_valid_event(event, elen))
+            return SW_EINVAL;
+    }
     ing = r->ing;
     pthread_mutex_lock(&r->mu);
     wait_until = swi_now_ms() + ing->send_timeout_ms;
@@ -139,7 +145,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
     }
     seq = r->rg.next_seq;
     if (len > swn_resp_max_body(r) ||
-        (blen = swp_data_body_size(seq, len, mode == 2)) > swn_resp_max_body(r)) {
+        (blen = swp_data_body_size(seq, len, mode == 2, elen)) > swn_resp_max_body(r)) {
         rv = SW_EMSGSIZE; /* nothing consumed, the stream goes on */
         goto out;
     }
@@ -147,7 +153,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode)
         rv = SW_ENOMEM;
         goto out;
     }
-    (void)swp_data_body_write(buf, seq, data, len, mode == 2);
+    (void)swp_data_body_write(buf, seq, data, len, mode == 2, event, elen);
     if (!swn_ring_keeps(&r->rg)) { /* no flow control: published at once, not kept */
         swn_sent d = {1, 1, 0, 0};
         rv = swn_resp_publish_one(r, seq, buf, blen, &d);
@@ -172,19 +178,32 @@ out:
 sw_err
 sw_responder_send(sw_responder *r, const void *data, size_t len)
 {
-    return resp_send(r, data, len, 0);
+    return resp_send(r, data, len, 0, NULL);
 }
 
 sw_err
 sw_responder_try_send(sw_responder *r, const void *data, size_t len)
 {
-    return resp_send(r, data, len, 1);
+    return resp_send(r, data, len, 1, NULL);
 }
 
 sw_err
 sw_responder_send_droppable(sw_responder *r, const void *data, size_t len)
 {
-    return resp_send(r, data, len, 2);
+    return resp_send(r, data, len, 2, NULL);
+}
+
+sw_err
+sw_responder_send_event(sw_responder *r, const char *event, const void *data, size_t len,
+                        unsigned flags)
+{
+    if ((flags & ~(SW_SEND_DROPPABLE | SW_SEND_NOWAIT)) != 0)
+        return SW_EINVAL;
+    return resp_send(r, data, len,
+                     (flags & SW_SEND_DROPPABLE) ? 2
+                     : (flags & SW_SEND_NOWAIT)  ? 1
+                                                 : 0,
+                     event);
 }
 
 static sw_err

@@ -352,6 +352,31 @@ swp_check_terminal(const swp_terminal *t)
     }
 }
 
+int
+swp_valid_event(const char *s, size_t n)
+{
+    if (n == 0 || n > SW_MAX_EVENT)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* A decoded event field: protobuf-c gives "" when absent. */
+static int
+swp_event_ok(const char *e)
+{
+    size_t n;
+    if (e == NULL || e[0] == '\0')
+        return 1;
+    n = strnlen(e, SW_MAX_EVENT + 1);
+    return swp_valid_event(e, n);
+}
+
 /* A batch: the wrapper is a data item, the batched items follow it in
  * strictly increasing seq, and a final may only come last. */
 static sw_err
@@ -365,8 +390,10 @@ swp_check_batch(const swp_item *m)
         if (b->seq <= prev)
             return SW_EPROTO;
         prev = b->seq;
+        if (!swp_event_ok(b->event))
+            return SW_EPROTO;
         if (b->complete_final) {
-            if (i + 1 != m->n_batch || b->data.len != 0)
+            if (i + 1 != m->n_batch || b->data.len != 0 || b->event[0] != '\0')
                 return SW_EPROTO;
             if (swp_check_terminal(b->terminal) != SW_OK)
                 return SW_EPROTO;
@@ -386,6 +413,11 @@ swp_check_item(swp_item *m)
         return SW_EPROTO;
     if (m->n_batch != 0 && swp_check_batch(m) != SW_OK)
         return SW_EPROTO;
+    if (!swp_event_ok(m->event))
+        return SW_EPROTO;
+    if (m->event[0] != '\0' &&
+        (m->complete_final || m->body_case != STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA))
+        return SW_EPROTO; /* only a data item is typed */
     if (m->complete_final) {
         if (m->seq == 0 || m->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT)
             return SW_EPROTO;
@@ -584,6 +616,7 @@ enum {
     TAG_RESENT = (10 << 3) | 0,
     TAG_CREDIT_WINDOW = (11 << 3) | 0,
     TAG_BATCH = (12 << 3) | 2,
+    TAG_EVENT = (13 << 3) | 2,
 };
 
 static size_t
@@ -638,13 +671,15 @@ swp_hdr_write(const swp_hdr *h, uint8_t *out)
 }
 
 size_t
-swp_data_body_size(uint64_t seq, size_t len, int droppable)
+swp_data_body_size(uint64_t seq, size_t len, int droppable, size_t event_len)
 {
-    return 1 + varint_size(seq) + 1 + varint_size(len) + len + (droppable ? 2 : 0);
+    return 1 + varint_size(seq) + 1 + varint_size(len) + len + (droppable ? 2 : 0) +
+           (event_len ? 2 + event_len : 0);
 }
 
 size_t
-swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, int droppable)
+swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, int droppable,
+                    const char *event, size_t event_len)
 {
     size_t n = 0;
     out[n++] = TAG_SEQ;
@@ -657,6 +692,12 @@ swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, in
     if (droppable) {
         out[n++] = TAG_DROPPABLE;
         out[n++] = 1;
+    }
+    if (event_len != 0) { /* <= SW_MAX_EVENT: a one-byte length */
+        out[n++] = TAG_EVENT;
+        out[n++] = (uint8_t)event_len;
+        memcpy(out + n, event, event_len);
+        n += event_len;
     }
     return n;
 }

@@ -121,11 +121,17 @@ typedef struct swp_hdr {
 #define SWP_PREFIX_MAX 11
 
 size_t swp_hdr_write(const swp_hdr *h, uint8_t *out);
-/* Size of a data item's body. */
-size_t swp_data_body_size(uint64_t seq, size_t len, int droppable);
+/* Size of a data item's body; event_len 0 = an untyped item. */
+size_t swp_data_body_size(uint64_t seq, size_t len, int droppable, size_t event_len);
 /* Writes a data body (swp_data_body_size bytes) and returns its size. The
- * data field is always present, even when empty (it selects the oneof). */
-size_t swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, int droppable);
+ * data field is always present, even when empty (it selects the oneof).
+ * event[0..event_len) must satisfy swp_valid_event (or event_len be 0). */
+size_t swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, int droppable,
+                           const char *event, size_t event_len);
+/* 1 if s[0..n) is a valid item event name: 1..SW_MAX_EVENT characters of
+ * [A-Za-z0-9._:-]. Every decoder refuses (SW_EPROTO) an item whose event
+ * is not, or that is typed but is not a data item. */
+int swp_valid_event(const char *s, size_t n);
 /* Packs a final's body (seq, complete_final, terminal) into a fresh malloc'd
  * buffer if it is <= max bytes: SW_OK, SW_EMSGSIZE, SW_ENOMEM. */
 sw_err swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out,

@@ -15,6 +15,8 @@
 #include "transport/sw_transport.h"
 #include <streamwire/registry.h>
 
+#define KV_OPEN_RETRY_MS 20000
+
 typedef struct kv_state {
     jsCtx *js;
     kvStore *kv;
@@ -34,6 +36,40 @@ typedef struct kv_watch {
     int broken;          /* the watcher failed for good: make another (watch thread) */
 } kv_watch;
 
+/* 1 if a JetStream API failure may pass by itself: a clustered JetStream
+ * that is still electing its meta leader or the bucket's stream leader
+ * answers late (timeout) or "temporarily unavailable". A server without
+ * JetStream ("no responders") is not retried. */
+static int
+kv_transient(natsStatus s)
+{
+    const char *why;
+    if (s == NATS_TIMEOUT)
+        return 1;
+    why = nats_GetLastError(NULL);
+    return why != NULL && (strstr(why, "temporarily unavailable") != NULL ||
+                           strstr(why, "no suitable peers") != NULL);
+}
+
+static natsStatus
+kv_bind(kv_state *st, const char *bucket, uint32_t max_age_ms, unsigned replicas)
+{
+    natsStatus s = js_KeyValue(&st->kv, st->js, bucket);
+    if (s == NATS_NOT_FOUND) {
+        kvConfig cfg;
+        kvConfig_Init(&cfg);
+        cfg.Bucket = bucket;
+        cfg.History = 1;
+        cfg.TTL = (int64_t)max_age_ms * 1000000; /* nanoseconds */
+        cfg.Description = "streamwire instance registry";
+        cfg.Replicas = replicas > 0 ? (int)replicas : 1;
+        s = js_CreateKeyValue(&st->kv, st->js, &cfg);
+        if (s != NATS_OK) /* lost a creation race? bind again */
+            s = js_KeyValue(&st->kv, st->js, bucket);
+    }
+    return s;
+}
+
 static sw_err
 kv_open_replicas(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms,
                  unsigned replicas)
@@ -47,18 +83,18 @@ kv_open_replicas(void **state, sw_conn *conn, const char *bucket, uint32_t max_a
     st->conn = conn;
     s = natsConnection_JetStream(&st->js, (natsConnection *)sw_conn_nats(conn), NULL);
     if (s == NATS_OK) {
-        s = js_KeyValue(&st->kv, st->js, bucket);
-        if (s == NATS_NOT_FOUND) {
-            kvConfig cfg;
-            kvConfig_Init(&cfg);
-            cfg.Bucket = bucket;
-            cfg.History = 1;
-            cfg.TTL = (int64_t)max_age_ms * 1000000; /* nanoseconds */
-            cfg.Description = "streamwire instance registry";
-            cfg.Replicas = replicas > 0 ? (int)replicas : 1;
-            s = js_CreateKeyValue(&st->kv, st->js, &cfg);
-            if (s != NATS_OK) /* lost a creation race? bind again */
-                s = js_KeyValue(&st->kv, st->js, bucket);
+        /* A cluster that has just started, or lost a node, may need a few
+         * seconds to elect leaders: transient failures are retried for up
+         * to KV_OPEN_RETRY_MS. */
+        int64_t give_up = swi_now_ms() + KV_OPEN_RETRY_MS;
+        int64_t pause = 100;
+        while ((s = kv_bind(st, bucket, max_age_ms, replicas)) != NATS_OK && kv_transient(s) &&
+               swi_now_ms() + pause < give_up) {
+            struct timespec ts = {0, (long)pause * 1000000L};
+            kvStore_Destroy(st->kv);
+            st->kv = NULL;
+            nanosleep(&ts, NULL);
+            pause = pause * 2 > 1000 ? 1000 : pause * 2;
         }
     }
     if (s != NATS_OK) {

@@ -70,6 +70,8 @@ SW_API const char *sw_log_level_name(sw_log_level level);
 #define SW_MAX_TOKEN 64
 /* Maximum length of an endpoint "ns.component.endpoint". */
 #define SW_MAX_ENDPOINT (3 * SW_MAX_TOKEN + 2)
+/* Maximum length of an item's event name (sw_responder_send_event). */
+#define SW_MAX_EVENT 64
 
 /* Checks one subject token: 1..64 chars of [A-Za-z0-9_-]. No dots, no
  * wildcards, no spaces. Returns SW_OK or SW_EINVAL. NULL gives SW_EINVAL. */
@@ -325,6 +327,23 @@ SW_API sw_err sw_responder_try_send(sw_responder *r, const void *data, size_t le
  * (counted in items_shed) and SW_OK is returned. Never blocks. */
 SW_API sw_err sw_responder_send_droppable(sw_responder *r, const void *data, size_t len);
 
+/* Typed items. An item may carry an event name that tells the frontend
+ * what it is, as Dynamo's Annotated does: "refusal" (text the model
+ * declined with), "metrics" (progress figures), or any name of the
+ * application's. The name is 1..SW_MAX_EVENT characters of
+ * [A-Za-z0-9._:-]; NULL or "" sends a plain item. It reaches the consumer
+ * in sw_item.event; items keep their order whatever their names.
+ * flags: SW_SEND_DROPPABLE sheds the item when no credit is left (as
+ * sw_responder_send_droppable; never blocks), SW_SEND_NOWAIT returns
+ * SW_EAGAIN instead of blocking (as sw_responder_try_send); 0 blocks as
+ * sw_responder_send. Errors: those of sw_responder_send, and SW_EINVAL for
+ * a bad name or flag. The gateway (docs/GATEWAY.md) turns "refusal" items
+ * into response.refusal.* events and "metrics" items into `metrics` events. */
+#define SW_SEND_DROPPABLE 1u
+#define SW_SEND_NOWAIT 2u
+SW_API sw_err sw_responder_send_event(sw_responder *r, const char *event, const void *data,
+                                      size_t len, unsigned flags);
+
 /* Ends the stream with COMPLETED or INCOMPLETE and a finish reason
  * (NULL = "stop" for completed; required for incomplete, e.g. "max_tokens").
  * Errors: SW_EINVAL (other status), SW_ECLOSED (already terminated). */
@@ -387,6 +406,8 @@ typedef struct sw_item {
     int droppable;
     sw_terminal terminal;    /* TERMINAL only */
     const char *instance_id; /* the instance that served the stream ("" if none) */
+    const char *event;       /* DATA: the item's event name (sw_responder_send_event), "" for a
+                                plain item; never NULL. Valid as long as data. */
 } sw_item;
 
 /* Callback mode: called on a library thread for each item in order, never
@@ -537,6 +558,8 @@ typedef struct sw_stream_stats {
     uint64_t resend_requests; /* RESEND controls sent */
     uint64_t heartbeats;
     uint64_t peak_pending; /* most items queued for the consumer at once */
+    uint64_t pending;      /* items queued for the consumer now (a consumer that is behind
+                              may shed what it can spare, as the gateway does with metrics) */
 } sw_stream_stats;
 
 SW_API void sw_stream_stats_get(sw_stream *s, sw_stream_stats *out);

@@ -14,6 +14,12 @@ cmd=$1 state=$2
 name_file="$state/netns.name"
 case "$cmd" in
   setup)
+    # A run that was killed leaves its namespace and 10.213.0.1 behind,
+    # and a second link with that address breaks the new one: remove them.
+    for old in $(ip netns list 2>/dev/null | awk '/^sw-[0-9]+/ {print $1}'); do
+      ip link del "${old}-h" 2>/dev/null || true
+      ip netns del "$old" 2>/dev/null || true
+    done
     ns="sw-$$"
     ip netns add "$ns"
     ip link add "${ns}-h" type veth peer name "${ns}-n"

@@ -126,7 +126,8 @@ class Cluster:
             if "worker ready" in open(os.path.join(self.state, wid + ".log")).read():
                 return p
             time.sleep(0.1)
-        raise RuntimeError("worker %s not ready" % wid)
+        tail = open(os.path.join(self.state, wid + ".log")).read()[-2000:]
+        raise RuntimeError("worker %s not ready; its log ends:\n%s" % (wid, tail))
 
     def instances(self):
         out = subprocess.run([self.cli, "instances", "--server", self.urls(1, 2, 3), "--json"],

@@ -234,12 +234,24 @@ b_hdr(void)
 static void
 b_data(int batched, uint64_t seq, const char *data, int droppable)
 {
-    size_t len = strlen(data), size = swp_data_body_size(seq, len, droppable);
+    size_t len = strlen(data), size = swp_data_body_size(seq, len, droppable, 0);
     if (blen + SWP_PREFIX_MAX + size > sizeof(bbuf))
         exit(1);
     if (batched)
         blen += swp_batch_prefix(bbuf + blen, size);
-    blen += swp_data_body_write(bbuf + blen, seq, data, len, droppable);
+    blen += swp_data_body_write(bbuf + blen, seq, data, len, droppable, NULL, 0);
+}
+
+/* A typed data item (an event name). */
+static void
+b_event(int batched, uint64_t seq, const char *data, const char *event)
+{
+    size_t len = strlen(data), elen = strlen(event), size = swp_data_body_size(seq, len, 0, elen);
+    if (blen + SWP_PREFIX_MAX + size > sizeof(bbuf))
+        exit(1);
+    if (batched)
+        blen += swp_batch_prefix(bbuf + blen, size);
+    blen += swp_data_body_write(bbuf + blen, seq, data, len, 0, event, elen);
 }
 
 static void
@@ -293,6 +305,16 @@ batches(void)
     b_data(1, 5, "", 0);
     b_data(1, 6, "{\"token\":\"q\"}", 0);
     emit_raw(1, "item-batch-empty-data", bbuf, blen, NULL, 0);
+
+    /* typed items (an event name), alone and batched */
+    b_hdr();
+    b_event(0, 1, "I can't", "refusal");
+    b_data(1, 2, "{\"token\":\"b\"}", 0);
+    b_event(1, 3, "{\"tokens\":2}", "metrics");
+    emit_raw(1, "item-batch-typed", bbuf, blen, NULL, 0);
+    b_hdr();
+    b_event(0, 1, "x", "bad name");
+    emit_raw(1, "item-typed-bad-name", bbuf, blen, NULL, 0);
 
     /* near-misses: rejected by swp_check_batch */
     b_hdr();

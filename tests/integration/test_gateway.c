@@ -30,7 +30,7 @@
 static swh_nats g_nats;
 static char g_gw[128];       /* host:port of the gateway */
 static char g_wmetrics[200]; /* the "long" worker's /metrics */
-static pid_t g_gw_pid, g_workers[8];
+static pid_t g_gw_pid, g_workers[10];
 static int g_nworkers, g_gw_fd = -1;
 
 typedef struct worker_def {
@@ -46,6 +46,9 @@ static const worker_def WORKERS[] = {
     {"gw.busy.gen",
      "wbusy",
      {"--tokens", "400", "--token-interval-ms", "10", "--max-inflight", "1", NULL}},
+    {"gw.refuse.gen", "wrefuse", {"--refuse", NULL}},
+    {"gw.metrics.gen", "wmetrics", {"--tokens", "6", "--metrics-every", "2", NULL}},
+    {"gw.flood.gen", "wflood", {"--tokens", "20000", "--metrics-every", "1", NULL}},
 };
 
 static pid_t
@@ -119,6 +122,12 @@ group_setup(void **state)
                               "kill=gw.kill.gen",
                               "--model",
                               "none=gw.none.gen",
+                              "--model",
+                              "refuse=gw.refuse.gen",
+                              "--model",
+                              "metrics=gw.metrics.gen",
+                              "--model",
+                              "flood=gw.flood.gen",
                               "--keepalive-ms",
                               "300",
                               "--max-body",
@@ -234,6 +243,8 @@ sse_free(sse *s)
         json_decref(s->data[i]);
 }
 
+static const char *str_at(json_t *o, const char *a, const char *b);
+
 /* Checks the full sequence of a response that produced `ndelta` deltas and
  * ended with `terminal`; returns the terminal's response object. */
 static json_t *
@@ -244,6 +255,10 @@ expect_events(sse *s, int ndelta, const char *terminal, char *text, size_t cap)
     assert_true(s->n >= 3);
     assert_string_equal(s->type[i++], "response.created");
     assert_string_equal(s->type[i++], "response.in_progress");
+    /* narration (on by default): one at the start, at most a cancel and an end
+     * before the terminal, never one per token */
+    assert_string_equal(s->type[i], "narration");
+    assert_string_equal(str_at(s->data[i++], "phase", NULL), "start");
     if (ndelta > 0) {
         assert_string_equal(s->type[i++], "response.output_item.added");
         assert_string_equal(s->type[i++], "response.content_part.added");
@@ -264,6 +279,13 @@ expect_events(sse *s, int ndelta, const char *terminal, char *text, size_t cap)
         assert_string_equal(s->type[i++], "response.content_part.done");
         assert_string_equal(s->type[i++], "response.output_item.done");
     }
+    if (strcmp(terminal, "response.incomplete") == 0 && i < s->n &&
+        strcmp(s->type[i], "narration") == 0 &&
+        strcmp(str_at(s->data[i], "phase", NULL), "cancel") == 0)
+        i++;
+    assert_true(i < s->n);
+    assert_string_equal(s->type[i], "narration");
+    assert_string_equal(str_at(s->data[i++], "phase", NULL), "end");
     assert_int_equal(i + 1, s->n); /* exactly one terminal, last */
     assert_string_equal(s->type[i], terminal);
     return json_object_get(s->data[i], "response");
@@ -439,6 +461,187 @@ test_non_stream(void **state)
 
 /* Errors before any response exists: an `error` event (stream) or an HTTP
  * error with an OpenAI-style body. */
+/* Typed items: a refusal streams as response.refusal.* in a refusal
+ * content part, never as output_text; the same without stream. */
+static void
+test_refusal(void **state)
+{
+    static const char *const words[] = {"I'm ",   "sorry, ", "but ",  "I ",
+                                        "can't ", "help ",   "with ", "that."};
+    static const char full[] = "I'm sorry, but I can't help with that.";
+    sse s;
+    int i = 0;
+    json_t *r, *part, *j;
+    (void)state;
+    assert_int_equal(curl(NULL, "/v1/responses",
+                          "{\"model\":\"refuse\",\"input\":\"how do I pick a lock\","
+                          "\"stream\":true}",
+                          g_out, sizeof(g_out)),
+                     200);
+    sse_parse(g_out, &s);
+    assert_int_equal(s.n, 3 + 2 + 8 + 3 + 1 + 1);
+    assert_string_equal(s.type[i++], "response.created");
+    assert_string_equal(s.type[i++], "response.in_progress");
+    assert_string_equal(s.type[i++], "narration");
+    assert_string_equal(s.type[i++], "response.output_item.added");
+    assert_string_equal(s.type[i], "response.content_part.added");
+    assert_string_equal(str_at(json_object_get(s.data[i++], "part"), "type", NULL), "refusal");
+    for (int k = 0; k < 8; k++, i++) {
+        assert_string_equal(s.type[i], "response.refusal.delta");
+        assert_string_equal(str_at(s.data[i], "delta", NULL), words[k]);
+        assert_int_equal(json_integer_value(json_object_get(s.data[i], "content_index")), 0);
+    }
+    assert_string_equal(s.type[i], "response.refusal.done");
+    assert_string_equal(str_at(s.data[i++], "refusal", NULL), full);
+    assert_string_equal(s.type[i], "response.content_part.done");
+    assert_string_equal(str_at(json_object_get(s.data[i++], "part"), "refusal", NULL), full);
+    assert_string_equal(s.type[i++], "response.output_item.done");
+    assert_string_equal(s.type[i++], "narration");
+    assert_string_equal(s.type[i], "response.completed");
+    r = json_object_get(s.data[i], "response");
+    part = json_array_get(
+        json_object_get(json_array_get(json_object_get(r, "output"), 0), "content"), 0);
+    assert_string_equal(str_at(part, "type", NULL), "refusal");
+    assert_string_equal(str_at(part, "refusal", NULL), full);
+    assert_int_equal(json_array_size(json_object_get(
+                         json_array_get(json_object_get(r, "output"), 0), "content")),
+                     1);
+    for (int k = 0; k < s.n; k++)
+        assert_null(strstr(s.type[k], "output_text"));
+    sse_free(&s);
+
+    assert_int_equal(
+        curl(NULL, "/v1/responses", "{\"model\":\"refuse\",\"input\":\"x\"}", g_out, sizeof(g_out)),
+        200);
+    j = json_loads(g_out, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "status", NULL), "completed");
+    part = json_array_get(
+        json_object_get(json_array_get(json_object_get(j, "output"), 0), "content"), 0);
+    assert_string_equal(str_at(part, "type", NULL), "refusal");
+    assert_string_equal(str_at(part, "refusal", NULL), full);
+    json_decref(j);
+}
+
+/* Typed items: metrics items become `metrics` events in their place
+ * among the deltas; they are not output text and not output tokens. */
+static void
+test_metrics_events(void **state)
+{
+    sse s;
+    int deltas = 0, metrics = 0, narr = 0;
+    json_t *r;
+    (void)state;
+    assert_int_equal(curl(NULL, "/v1/responses",
+                          "{\"model\":\"metrics\",\"input\":\"x\",\"stream\":true}", g_out,
+                          sizeof(g_out)),
+                     200);
+    sse_parse(g_out, &s);
+    for (int i = 0; i < s.n; i++) {
+        if (strcmp(s.type[i], "response.output_text.delta") == 0) {
+            char want[32];
+            snprintf(want, sizeof(want), "token-%d", deltas++);
+            assert_string_equal(str_at(s.data[i], "delta", NULL), want);
+        } else if (strcmp(s.type[i], "metrics") == 0) {
+            /* after every second token: {"tokens": 2, 4, 6} */
+            metrics++;
+            assert_int_equal(deltas, 2 * metrics);
+            assert_int_equal(
+                json_integer_value(json_object_get(json_object_get(s.data[i], "data"), "tokens")),
+                2 * metrics);
+        } else if (strcmp(s.type[i], "narration") == 0) {
+            narr++;
+        }
+    }
+    assert_int_equal(deltas, 6);
+    assert_int_equal(metrics, 3);
+    assert_int_equal(narr, 2); /* start and end: never one per token */
+    assert_string_equal(s.type[s.n - 1], "response.completed");
+    r = json_object_get(s.data[s.n - 1], "response");
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(r, "usage"), "output_tokens")), 6);
+    assert_string_equal(
+        str_at(json_array_get(
+                   json_object_get(json_array_get(json_object_get(r, "output"), 0), "content"), 0),
+               "text", NULL),
+        "token-0token-1token-2token-3token-4token-5");
+    sse_free(&s);
+}
+
+static long
+gw_metric(const char *name)
+{
+    char buf[256];
+    const char *p;
+    char *page = malloc(1 << 20);
+    long v = -1;
+    assert_non_null(page);
+    assert_int_equal(curl(NULL, "/metrics", NULL, page, 1 << 20), 200);
+    snprintf(buf, sizeof(buf), "\n%s ", name);
+    if ((p = strstr(page, buf)) != NULL)
+        v = atol(p + strlen(buf));
+    free(page);
+    return v;
+}
+
+/* A slow client: metrics are shed first, tokens never. 20,000 tokens, each
+ * followed by a metrics item, read at 1 MB/s (several times what the
+ * socket buffers hold), so the gateway falls behind. */
+static void
+test_slow_client_sheds_metrics(void **state)
+{
+    char cmd[512], line[512], path[] = "/tmp/sw-gw-slow-XXXXXX";
+    FILE *f;
+    int fd, next = 0, metrics = 0, in_order = 1, completed = 0;
+    long shed0, shed1;
+    const char *ev = "";
+    (void)state;
+    shed0 = gw_metric("streamwire_gateway_sse_dropped_total{event=\"metrics\"}");
+    assert_true(shed0 >= 0);
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -N -m 120 --limit-rate 1M -X POST -H 'content-type: application/json' "
+             "--data-binary '{\"model\":\"flood\",\"input\":\"x\",\"stream\":true}' "
+             "'http://%s/v1/responses' -o %s",
+             g_gw, path);
+    assert_int_equal(system(cmd), 0);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, "event: ", 7) == 0) {
+            ev = strcmp(line, "event: response.output_text.delta\n") == 0 ? "delta"
+                 : strcmp(line, "event: metrics\n") == 0                  ? "metrics"
+                 : strcmp(line, "event: response.completed\n") == 0       ? "completed"
+                                                                          : "";
+        } else if (strncmp(line, "data: ", 6) == 0) {
+            if (strcmp(ev, "delta") == 0) {
+                char want[48];
+                snprintf(want, sizeof(want), "\"delta\":\"token-%d\"", next++);
+                if (strstr(line, want) == NULL)
+                    in_order = 0;
+            } else if (strcmp(ev, "metrics") == 0) {
+                metrics++;
+            } else if (strcmp(ev, "completed") == 0) {
+                completed++;
+            }
+        }
+    }
+    fclose(f);
+    unlink(path);
+    shed1 = gw_metric("streamwire_gateway_sse_dropped_total{event=\"metrics\"}");
+    print_message("    slow client: %d tokens, %d of 20000 metrics events, %ld shed\n", next,
+                  metrics, shed1 - shed0);
+    assert_int_equal(next, 20000); /* every token, in order, once */
+    assert_true(in_order);
+    assert_int_equal(completed, 1);
+    assert_true(shed1 - shed0 > 0);
+    /* what was not sent was counted (the worker may shed some itself) */
+    assert_true(metrics + (shed1 - shed0) <= 20000);
+    assert_true(metrics < 20000);
+}
+
 static void
 test_pre_response_errors(void **state)
 {
@@ -547,6 +750,20 @@ test_cancel_endpoint(void **state)
     r = expect_events(&s, ndelta, "response.incomplete", text, sizeof(text));
     assert_string_equal(str_at(r, "status", NULL), "cancelled");
     assert_string_equal(str_at(r, "incomplete_details", "reason"), "cancelled");
+    /* narration: start, cancel, end, in that order, and nothing else */
+    {
+        const char *phases[3];
+        int nn = 0;
+        for (int i = 0; i < s.n; i++)
+            if (strcmp(s.type[i], "narration") == 0) {
+                assert_true(nn < 3);
+                phases[nn++] = str_at(s.data[i], "phase", NULL);
+            }
+        assert_int_equal(nn, 3);
+        assert_string_equal(phases[0], "start");
+        assert_string_equal(phases[1], "cancel");
+        assert_string_equal(phases[2], "end");
+    }
     sse_free(&s);
     /* an unknown or finished id */
     snprintf(cmd, sizeof(cmd), "/v1/responses/%s/cancel", id);
@@ -696,7 +913,7 @@ test_models_health_ready_metrics(void **state)
     (void)state;
     assert_int_equal(curl(NULL, "/v1/models", NULL, g_out, sizeof(g_out)), 200);
     j = json_loads(g_out, 0, NULL);
-    assert_int_equal(json_array_size(json_object_get(j, "data")), 7);
+    assert_int_equal(json_array_size(json_object_get(j, "data")), 10);
     assert_string_equal(str_at(json_array_get(json_object_get(j, "data"), 0), "id", NULL), "ok");
     json_decref(j);
     assert_int_equal(curl(NULL, "/healthz", NULL, g_out, sizeof(g_out)), 200);
@@ -915,6 +1132,9 @@ main(void)
         cmocka_unit_test(test_stream_incomplete_hang),
         cmocka_unit_test(test_non_stream),
         cmocka_unit_test(test_pre_response_errors),
+        cmocka_unit_test(test_refusal),
+        cmocka_unit_test(test_metrics_events),
+        cmocka_unit_test(test_slow_client_sheds_metrics),
         cmocka_unit_test(test_cancel_endpoint),
         cmocka_unit_test(test_disconnect_cancels_http1),
         cmocka_unit_test(test_disconnect_cancels_http2),

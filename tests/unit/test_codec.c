@@ -1166,6 +1166,29 @@ test_item_validation(void **state)
     expect_decode_rv(K_ITEM, &m, SW_EPROTO, "FAILED with 65-char app code");
     fill_item_final(&m, STREAMWIRE__V1__STATUS__STATUS_FAILED, NULL, SW_EINTERNAL, "");
     expect_decode_rv(K_ITEM, &m, SW_OK, "FAILED with sw_code only");
+
+    /* typed items: an event name on a data item only, 1..64 of [A-Za-z0-9._:-] */
+    fill_item_data(&m);
+    m.event = "refusal";
+    expect_decode_rv(K_ITEM, &m, SW_OK, "typed data item");
+    m.event = "app.v2:tool-call_1";
+    expect_decode_rv(K_ITEM, &m, SW_OK, "typed data item, every allowed character");
+    m.event = "a234567890123456789012345678901234567890123456789012345678901234";
+    expect_decode_rv(K_ITEM, &m, SW_OK, "64-char event");
+    m.event = "a2345678901234567890123456789012345678901234567890123456789012345";
+    expect_decode_rv(K_ITEM, &m, SW_EPROTO, "65-char event");
+    m.event = "has space";
+    expect_decode_rv(K_ITEM, &m, SW_EPROTO, "event with a space");
+    m.event = "sw.rsp.>";
+    expect_decode_rv(K_ITEM, &m, SW_EPROTO, "event with a wildcard");
+    m.event = "caf\xc3\xa9";
+    expect_decode_rv(K_ITEM, &m, SW_EPROTO, "event with non-ASCII");
+    fill_item_heartbeat(&m);
+    m.event = "metrics";
+    expect_decode_rv(K_ITEM, &m, SW_EPROTO, "typed heartbeat");
+    fill_item_final(&m, STREAMWIRE__V1__STATUS__STATUS_COMPLETED, "stop", 0, NULL);
+    m.event = "refusal";
+    expect_decode_rv(K_ITEM, &m, SW_EPROTO, "typed final");
 }
 
 static void
@@ -1824,10 +1847,10 @@ wb_prefix(wbuf *w, size_t body_len)
 static void
 wb_data(wbuf *w, int batched, uint64_t seq, const void *data, size_t len, int droppable)
 {
-    size_t size = swp_data_body_size(seq, len, droppable), n;
+    size_t size = swp_data_body_size(seq, len, droppable, 0), n;
     if (batched)
         wb_prefix(w, size);
-    n = swp_data_body_write(wb_room(w, size), seq, data, len, droppable);
+    n = swp_data_body_write(wb_room(w, size), seq, data, len, droppable, NULL, 0);
     assert_int_equal(n, size);
     w->len += n;
 }
@@ -2034,17 +2057,27 @@ test_data_body_matches_protobuf_c(void **state)
     fill_pattern(data, sizeof(data), 13, 1);
     for (size_t s = 0; s < sizeof(seqs) / sizeof(seqs[0]); s++) {
         for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
-            for (int dr = 0; dr <= 1; dr++) {
+            for (int dr = 0; dr <= 3; dr++) {
+                /* dr bit 0: droppable; bit 1: typed (an event name, the longest one
+                 * when the data is long) */
+                static const char *evs[] = {"refusal", "x",
+                                            "0123456789abcdefghijABCDEFGHIJ._:-0123456789abcdefg"
+                                            "hijABCDEFGH"};
+                const char *ev = (dr & 2) ? evs[(s + l) % 3] : NULL;
+                size_t elen = ev ? strlen(ev) : 0;
                 swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;
-                size_t plen, size = swp_data_body_size(seqs[s], lens[l], dr), n;
+                size_t plen, size = swp_data_body_size(seqs[s], lens[l], dr & 1, elen), n;
                 uint8_t *packed, *mine = malloc(size + 8);
                 assert_non_null(mine);
+                assert_true(elen <= SW_MAX_EVENT);
                 memset(mine, 0xee, size + 8);
                 b.seq = seqs[s];
                 b.data = bin(data, lens[l]);
-                b.droppable = dr;
+                b.droppable = dr & 1;
+                if (ev)
+                    b.event = (char *)ev;
                 packed = encode_msg(&b, &plen);
-                n = swp_data_body_write(mine, seqs[s], data, lens[l], dr);
+                n = swp_data_body_write(mine, seqs[s], data, lens[l], dr & 1, ev, elen);
                 assert_int_equal(n, size);
                 assert_int_equal(n, plen);
                 assert_memory_equal(mine, packed, n);
@@ -2056,14 +2089,14 @@ test_data_body_matches_protobuf_c(void **state)
             }
         }
     }
-    assert_int_equal(checked, 8 * 8 * 2);
+    assert_int_equal(checked, 8 * 8 * 4);
 
     /* sizes spelled out: tag, varint seq, tag, varint length, data, droppable */
-    assert_int_equal(swp_data_body_size(1, 0, 0), 4);
-    assert_int_equal(swp_data_body_size(1, 0, 1), 6);
-    assert_int_equal(swp_data_body_size(UINT64_C(1) << 40, 200, 1), 1 + 6 + 1 + 2 + 200 + 2);
-    assert_int_equal(swp_data_body_size(1, 70000, 0), 1 + 1 + 1 + 3 + 70000);
-    assert_int_equal(swp_data_body_size(UINT64_MAX, 1, 0), 1 + 10 + 1 + 1 + 1);
+    assert_int_equal(swp_data_body_size(1, 0, 0, 0), 4);
+    assert_int_equal(swp_data_body_size(1, 0, 1, 0), 6);
+    assert_int_equal(swp_data_body_size(UINT64_C(1) << 40, 200, 1, 0), 1 + 6 + 1 + 2 + 200 + 2);
+    assert_int_equal(swp_data_body_size(1, 70000, 0, 0), 1 + 1 + 1 + 3 + 70000);
+    assert_int_equal(swp_data_body_size(UINT64_MAX, 1, 0, 0), 1 + 10 + 1 + 1 + 1);
 
     /* empty data: the field is still written (protobuf-c would omit it), so
      * the wrapper's oneof says DATA */
@@ -2071,7 +2104,7 @@ test_data_body_matches_protobuf_c(void **state)
         static const uint8_t want[] = {0x18, 0x07, 0x22, 0x00};
         uint8_t out[sizeof(want) + 1];
         out[sizeof(want)] = 0xee;
-        assert_int_equal(swp_data_body_write(out, 7, NULL, 0, 0), sizeof(want));
+        assert_int_equal(swp_data_body_write(out, 7, NULL, 0, 0, NULL, 0), sizeof(want));
         assert_memory_equal(out, want, sizeof(want));
         assert_int_equal(out[sizeof(want)], 0xee);
     }
@@ -2420,9 +2453,9 @@ test_batch_count_cap(void **state)
         swp_item *d = NULL;
         swp_arena a;
         n = swp_hdr_write(&h, b);
-        n += swp_data_body_write(b + n, 1, "x", 1, 0);
+        n += swp_data_body_write(b + n, 1, "x", 1, 0, NULL, 0);
         for (uint64_t q = 2; q <= 1 + (uint64_t)SWP_MAX_BATCH + (uint64_t)extra; q++) {
-            size_t bl = swp_data_body_write(body, q, "y", 1, 0);
+            size_t bl = swp_data_body_write(body, q, "y", 1, 0, NULL, 0);
             n += swp_batch_prefix(b + n, bl);
             memcpy(b + n, body, bl);
             n += bl;
@@ -2450,7 +2483,7 @@ test_batch_count_cap(void **state)
         swp_item *d = NULL;
         assert_non_null(e);
         n = swp_hdr_write(&h, e);
-        n += swp_data_body_write(e + n, 1, "x", 1, 0);
+        n += swp_data_body_write(e + n, 1, "x", 1, 0, NULL, 0);
         while (n + 2 <= big) {
             e[n++] = 0x62;
             e[n++] = 0x00;
@@ -2710,6 +2743,18 @@ test_batch_rules_rejected(void **state)
         b1.terminal = &t;
         b1.data = bin(NULL, 0);
         expect_decode_rv(K_ITEM, &m, SW_EPROTO, "encoded batch, final first");
+        /* typed batched items: data may be typed, the final may not */
+        b1.complete_final = 0;
+        b1.terminal = NULL;
+        b1.data = bin("a", 1);
+        b1.event = "metrics";
+        m.event = "refusal";
+        expect_decode_rv(K_ITEM, &m, SW_OK, "encoded batch, typed data items");
+        b1.event = "bad event";
+        expect_decode_rv(K_ITEM, &m, SW_EPROTO, "encoded batch, bad batched event");
+        b1.event = "metrics";
+        b2.event = "refusal";
+        expect_decode_rv(K_ITEM, &m, SW_EPROTO, "encoded batch, typed final");
     }
 }
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -199,6 +200,22 @@ cli_gateway_main(int argc, char **argv)
     go.keepalive_ms = keepalive;
     go.max_body = (size_t)max_body;
     go.max_connections = (unsigned)max_conns;
+    {
+        /* Each connection is a descriptor: raise the soft limit as far as
+         * the hard one allows, and say so when it is still too low. */
+        struct rlimit rl;
+        rlim_t want = (rlim_t)max_conns + 256;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want) {
+            rl.rlim_cur = rl.rlim_max < want ? rl.rlim_max : want;
+            (void)setrlimit(RLIMIT_NOFILE, &rl);
+            if (rl.rlim_cur < want && !quiet)
+                fprintf(stderr,
+                        "streamwire gateway: warning: open files limited to %llu, below "
+                        "--max-connections %ld + 256; connections beyond it are refused by the "
+                        "kernel (raise ulimit -n)\n",
+                        (unsigned long long)rl.rlim_cur, max_conns);
+        }
+    }
     go.cancel_on_disconnect = strcmp(cod, "on") == 0;
     go.narration = strcmp(narration, "on") == 0;
     go.grace_ms = grace;

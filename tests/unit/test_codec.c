@@ -2061,8 +2061,8 @@ test_data_body_matches_protobuf_c(void **state)
                 /* dr bit 0: droppable; bit 1: typed (an event name, the longest one
                  * when the data is long) */
                 static const char *evs[] = {"refusal", "x",
-                                            "0123456789abcdefghijABCDEFGHIJ._:-0123456789abcdefg"
-                                            "hijABCDEFGH"};
+                                            ("0123456789abcdefghijABCDEFGHIJ._:-0123456789abcdefg"
+                                             "hijABCDEFGH")};
                 const char *ev = (dr & 2) ? evs[(s + l) % 3] : NULL;
                 size_t elen = ev ? strlen(ev) : 0;
                 swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;

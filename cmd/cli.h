@@ -171,8 +171,10 @@ typedef struct cli_stream_result {
     char message[1024];
     char instance[SW_MAX_TOKEN + 1];
     uint64_t terminal_seq;
-    uint64_t items;     /* data items received */
-    int64_t elapsed_ms; /* from just before sw_router_open to the terminal */
+    uint64_t items;        /* data items received */
+    int64_t elapsed_ms;    /* from just before sw_router_open to the terminal */
+    int64_t elapsed_us;    /* the same in microseconds */
+    int64_t first_item_us; /* from just before sw_router_open to the first data item; -1: none */
 } cli_stream_result;
 
 /* Returns the sw_router_open error (SW_OK when the stream was opened and

@@ -45,8 +45,11 @@ gen_print_terminal(const cli_stream_result *res, int json)
         cli_json_escape(stdout, res->reason, strlen(res->reason));
         printf("\",\"instance\":\"");
         cli_json_escape(stdout, res->instance, strlen(res->instance));
-        printf("\",\"items\":%llu,\"elapsed_ms\":%lld", (unsigned long long)res->items,
-               (long long)res->elapsed_ms);
+        printf("\",\"items\":%llu,\"elapsed_ms\":%lld,\"elapsed_us\":%lld",
+               (unsigned long long)res->items, (long long)res->elapsed_ms,
+               (long long)res->elapsed_us);
+        if (res->first_item_us >= 0)
+            printf(",\"first_item_us\":%lld", (long long)res->first_item_us);
         if (res->message[0] != '\0') {
             printf(",\"message\":\"");
             cli_json_escape(stdout, res->message, strlen(res->message));

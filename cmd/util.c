@@ -122,6 +122,14 @@ cli_copy(char *dst, size_t cap, const char *src)
     snprintf(dst, cap, "%s", src != NULL ? src : "");
 }
 
+static int64_t
+cli_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 sw_err
 cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *res)
 {
@@ -129,9 +137,10 @@ cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *
     sw_stream *s = NULL;
     sw_err err;
     int cancelled = 0;
-    int64_t t0;
+    int64_t t0, t0_us;
 
     memset(res, 0, sizeof(*res));
+    res->first_item_us = -1;
     sw_request_opts_init(&o);
     o.endpoint = req->endpoint;
     o.instance_id = req->instance_id;
@@ -141,6 +150,7 @@ cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *
     o.heartbeat_ms = req->heartbeat_ms;
 
     t0 = cli_now_ms();
+    t0_us = cli_now_us();
     err = sw_router_open(&s, router, &o, req->payload, req->len);
     if (err != SW_OK) {
         res->elapsed_ms = cli_now_ms() - t0;
@@ -174,6 +184,8 @@ cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *
             break;
         }
         if (item->kind == SW_ITEM_DATA) {
+            if (res->items == 0)
+                res->first_item_us = cli_now_us() - t0_us;
             res->items++;
             if (req->on_data != NULL)
                 req->on_data(item, req->on_data_arg);
@@ -198,6 +210,7 @@ cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *
         break;
     }
     res->elapsed_ms = cli_now_ms() - t0;
+    res->elapsed_us = cli_now_us() - t0_us;
     sw_stream_close(s);
     return SW_OK;
 }

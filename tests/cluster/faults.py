@@ -132,7 +132,10 @@ class Cluster:
     def instances(self):
         out = subprocess.run([self.cli, "instances", "--server", self.urls(1, 2, 3), "--json"],
                              capture_output=True, text=True, timeout=20).stdout
-        return sorted(json.loads(l)["instance"] for l in out.splitlines() if l.startswith("{"))
+        # the Python worker (model py) serves its own endpoint: not counted here
+        return sorted(e["instance"] for e in (json.loads(l) for l in out.splitlines()
+                                              if l.startswith("{"))
+                      if e["endpoint"] != "demo.py.gen")
 
     def wait_instances(self, cond, secs):
         deadline = time.time() + secs
@@ -162,11 +165,11 @@ def wait_http(host, port, path, secs):
     return False
 
 
-def sse(port, max_tokens=None, timeout=60, on_delta=None):
+def sse(port, max_tokens=None, timeout=60, on_delta=None, model="demo"):
     """One streamed response through the gateway: the terminal, the deltas,
     the largest gap between events (ms), and whether the text is
     token-0 token-1 ... in order, each once."""
-    body = {"model": "demo", "input": "hello", "stream": True}
+    body = {"model": model, "input": "hello", "stream": True}
     if max_tokens:
         body["max_output_tokens"] = max_tokens
     r = {"terminal": None, "deltas": 0, "max_gap_ms": 0.0, "error": None, "in_order": True,
@@ -259,6 +262,12 @@ def main():
     wait_http("127.0.0.1", cl.gw, "/readyz", 30)
     got, ok = cl.wait_instances(lambda g: g == ["w1", "w2"], 20)
     check(ok, "registry lists w1 and w2 (%s)" % got)
+
+    # 0: the Python worker (python/examples/worker.py) through the gateway
+    print("0 a worker written in Python, through the gateway", flush=True)
+    r = sse(cl.gw, model="py")
+    check(r["terminal"] == "response.completed" and r["deltas"] == 16 and r["in_order"],
+          "model py: %s, %d tokens in order" % (r["terminal"], r["deltas"]))
 
     # 1: the node under a streaming worker, then the one under the gateway
     serving = {}

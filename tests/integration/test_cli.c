@@ -374,6 +374,8 @@ typedef struct gen_res {
     char instance[96];
     long long items;
     long long elapsed_ms;
+    long long elapsed_us;
+    long long first_item_us;
     int has_message;
     char message[1024];
 } gen_res;
@@ -437,8 +439,9 @@ num_at(const char **p, long long *v)
     return 0;
 }
 
-/* {"terminal":"T","reason":"R","instance":"I","items":N,"elapsed_ms":T}
- * with an optional ,"message":"M" before the closing brace. */
+/* {"terminal":"T","reason":"R","instance":"I","items":N,"elapsed_ms":T,
+ * "elapsed_us":U} with ,"first_item_us":F when items came, and an optional
+ * ,"message":"M" before the closing brace. */
 static int
 parse_terminal(const char *line, gen_res *r)
 {
@@ -448,8 +451,18 @@ parse_terminal(const char *line, gen_res *r)
         lit(&p, ",\"reason\":\"") || json_str_at(&p, r->reason, sizeof(r->reason)) ||
         lit(&p, ",\"instance\":\"") || json_str_at(&p, r->instance, sizeof(r->instance)) ||
         lit(&p, ",\"items\":") || num_at(&p, &r->items) || lit(&p, ",\"elapsed_ms\":") ||
-        num_at(&p, &r->elapsed_ms))
+        num_at(&p, &r->elapsed_ms) || lit(&p, ",\"elapsed_us\":") || num_at(&p, &r->elapsed_us))
         return -1;
+    /* the microseconds agree with the milliseconds */
+    if (r->elapsed_us / 1000 < r->elapsed_ms - 1 || r->elapsed_us / 1000 > r->elapsed_ms + 1)
+        return -1;
+    r->first_item_us = -1;
+    if (lit(&p, ",\"first_item_us\":") == 0) {
+        if (num_at(&p, &r->first_item_us) || r->first_item_us > r->elapsed_us || r->items == 0)
+            return -1;
+    } else if (r->items != 0) {
+        return -1; /* items came: the first one's time is there */
+    }
     if (lit(&p, ",\"message\":\"") == 0) {
         if (json_str_at(&p, r->message, sizeof(r->message)))
             return -1;

@@ -1,0 +1,673 @@
+"""streamwire -- Python binding of the streamwire C library (ctypes, no
+dependencies beyond the standard library).
+
+Workers::
+
+    import streamwire as sw
+
+    def handler(req):                      # runs on one of the library's handler threads
+        for i in range(16):
+            yield "token-%d" % i           # str (sent as UTF-8) or bytes
+        return sw.Completed()              # or sw.Incomplete("max_tokens"), sw.Failed(code, msg)
+
+    with sw.Connection("nats://127.0.0.1:4222") as conn, \\
+         sw.Registry(conn) as reg, \\
+         sw.Worker(conn, "demo.llm.generate", handler, registry=reg) as w:
+        w.wait()                            # until close() or a signal
+
+Frontends::
+
+    with sw.Router(conn, registry=reg) as router:
+        with router.open("demo.llm.generate", "hello") as stream:
+            for item in stream:             # sw.Item: .data (bytes), .text, .seq, .event
+                print(item.text)
+            print(stream.terminal)          # sw.Terminal: .status, .reason, .message, .error
+
+``async for item in stream`` works too, and a handler may be an ``async def``
+generator run on an asyncio loop (``Worker(..., loop=loop)``).
+
+Cancellation: ``stream.cancel()`` on the frontend; in a handler,
+``req.cancelled`` turns true and the next ``yield`` raises ``Cancelled``
+inside the generator (catch it to clean up; the library sends the CANCELLED
+terminal). Errors are ``StreamwireError`` subclasses named after the C
+library's stable names: ``sw_err_name(SW_INSTANCE_LOST)`` is
+``"instance_lost"``, raised as ``InstanceLostError`` with ``.name ==
+"instance_lost"``.
+
+Threads: a Connection, Router or Worker may be used from any thread. A
+Stream is for one consumer at a time. Handlers run on the library's handler
+threads (``threads=``, default 4) and hold the GIL only while Python code
+runs: every blocking call into the library releases it, so a handler that
+sleeps or waits on I/O never stalls the other streams; a handler that
+computes in pure Python holds the GIL as any Python thread does.
+"""
+import asyncio
+import builtins
+import ctypes
+import inspect
+import threading
+
+from . import _lib
+from ._lib import lib
+
+__all__ = ["Connection", "Registry", "Worker", "Request", "Router", "Stream", "Item", "Terminal",
+           "Event", "Completed", "Incomplete", "Failed", "Cancelled", "StreamwireError",
+           "error_class", "version"]
+
+STATUS_NAMES = {1: "completed", 2: "incomplete", 3: "failed", 4: "cancelled", 5: "error"}
+_SW_ETIMEDOUT = 3
+_SW_ECANCELLED = 5
+_SW_ECLOSED = 4
+_SW_EEOF = 15
+
+
+def version():
+    """The C library's version string."""
+    return lib.sw_version().decode()
+
+
+# ---------------------------------------------------------------- errors
+
+class StreamwireError(Exception):
+    """A streamwire error: .code (the C sw_err value), .name (its stable name,
+    e.g. "instance_lost"), and the library's sentence as the message."""
+
+    def __init__(self, code, detail=None):
+        self.code = code
+        self.name = lib.sw_err_name(code).decode()
+        msg = lib.sw_strerror(code).decode()
+        super().__init__("%s (%s)%s" % (msg, self.name, ": " + detail if detail else ""))
+
+
+_classes = {}
+
+
+def error_class(name):
+    """The StreamwireError subclass for a stable name: "no_instances" ->
+    NoInstancesError. Made on first use; the same class every time."""
+    if name not in _classes:
+        cls_name = "".join(p.capitalize() for p in name.split("_")) + "Error"
+        bases = (StreamwireError,)
+        if hasattr(builtins, cls_name):  # "timeout": never shadow a builtin
+            if issubclass(getattr(builtins, cls_name), Exception):
+                bases += (getattr(builtins, cls_name),)
+            cls_name = "Streamwire" + cls_name
+        _classes[name] = type(cls_name, bases, {})
+    return _classes[name]
+
+
+def _raise_for(code, detail=None):
+    if code != 0:
+        name = lib.sw_err_name(code).decode()
+        raise error_class(name)(code, detail)
+
+
+# Every stable name of the C library, as module attributes (InvalidArgumentError, ...).
+for _code in list(range(0, 22)) + list(range(100, 110)):
+    _n = lib.sw_err_name(_code).decode()
+    if _n != "unknown_error" and _n != "ok":
+        globals()[error_class(_n).__name__] = error_class(_n)
+        __all__.append(error_class(_n).__name__)
+
+
+class Cancelled(Exception):
+    """Raised inside a handler's generator when its stream was cancelled
+    (the frontend cancelled, went away, or the deadline passed)."""
+
+
+def _b(s):
+    if s is None:
+        return None
+    return s.encode() if isinstance(s, str) else bytes(s)
+
+
+# ---------------------------------------------------------------- results and items
+
+class Completed:
+    """A handler's result: the stream completed (finish reason, default "stop")."""
+
+    def __init__(self, reason="stop"):
+        self.reason = reason
+
+
+class Incomplete:
+    """A handler's result: finished early for a reason, e.g. "max_tokens"."""
+
+    def __init__(self, reason):
+        self.reason = reason
+
+
+class Failed:
+    """A handler's result: failed with an application code ([a-z0-9_], <= 64
+    characters, e.g. "engine_error") and a message."""
+
+    def __init__(self, code, message=""):
+        self.code = code
+        self.message = message
+
+
+class Event:
+    """A typed item a handler yields: a name ("refusal", "metrics", or the
+    application's), its data, and whether it may be shed under pressure."""
+
+    def __init__(self, name, data, droppable=False):
+        self.name = name
+        self.data = data
+        self.droppable = droppable
+
+
+class Item:
+    """A data item as the frontend receives it."""
+    __slots__ = ("data", "seq", "event", "droppable")
+
+    def __init__(self, data, seq, event, droppable):
+        self.data = data
+        self.seq = seq
+        self.event = event
+        self.droppable = droppable
+
+    @property
+    def text(self):
+        return self.data.decode("utf-8", errors="replace")
+
+    def __repr__(self):
+        return "Item(seq=%d, data=%r%s)" % (self.seq, self.data,
+                                           ", event=%r" % self.event if self.event else "")
+
+
+class Terminal:
+    """How a stream ended: .status ("completed", "incomplete", "failed",
+    "cancelled" or "error"), .reason ("stop", "max_tokens", an application
+    code, "cancelled", or the error's name), .message, and .error (the
+    error's name for status "error", else None)."""
+
+    def __init__(self, status, reason, message, error):
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.error = error
+
+    @property
+    def ok(self):
+        return self.status == "completed"
+
+    def __repr__(self):
+        return "Terminal(%s, %r%s)" % (self.status, self.reason,
+                                       ", %r" % self.message if self.message else "")
+
+
+# ---------------------------------------------------------------- connection
+
+class Connection:
+    """A NATS connection (sw_conn). Keyword options follow sw_conn_opts:
+    name, user, password, token, creds_file, nkey_seed_file, inbox_prefix,
+    tls, tls_ca_file, tls_cert_file, tls_key_file, connect_timeout_ms,
+    max_reconnect (-1 = forever). Raises ConnectionFailedError,
+    NotAuthorizedError, TlsError, ..."""
+
+    def __init__(self, url="nats://127.0.0.1:4222", **opts):
+        o = _lib.ConnOpts()
+        lib.sw_conn_opts_init(ctypes.byref(o))
+        self._keep = [_b(url)]
+        o.url = self._keep[0]
+        for k, v in opts.items():
+            if not hasattr(o, k):
+                raise TypeError("unknown connection option %r" % k)
+            if isinstance(v, str):
+                v = _b(v)
+                self._keep.append(v)
+            setattr(o, k, v)
+        h = ctypes.c_void_p()
+        _raise_for(lib.sw_conn_open(ctypes.byref(h), ctypes.byref(o)), url)
+        self._h = h
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise error_class("closed")(_SW_ECLOSED)
+        return self._h
+
+    def close(self):
+        if self._h is not None:
+            lib.sw_conn_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+class Registry:
+    """The discovery registry (JetStream KV by default). Options: bucket,
+    lease_ms, replicas, backend ("nats-kv" or "memory")."""
+
+    def __init__(self, conn, bucket=None, lease_ms=0, replicas=0, backend=None):
+        o = _lib.RegistryOpts()
+        lib.sw_registry_opts_init(ctypes.byref(o))
+        self._keep = [_b(bucket), _b(backend)]
+        if bucket:
+            o.bucket = self._keep[0]
+        if backend:
+            o.backend = self._keep[1]
+        if lease_ms:
+            o.lease_ms = lease_ms
+        if replicas:
+            o.replicas = replicas
+        h = ctypes.c_void_p()
+        _raise_for(lib.sw_registry_open(ctypes.byref(h), conn.handle, ctypes.byref(o)))
+        self._h = h
+        self._conn = conn
+
+    def close(self):
+        if self._h is not None:
+            lib.sw_registry_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+# ---------------------------------------------------------------- worker
+
+class Request:
+    """What a handler gets: the payload (bytes; .text decodes it), the
+    max_tokens hint, the request id, headers, the trace id, the deadline,
+    and whether the stream was cancelled."""
+
+    def __init__(self, resp):
+        self._r = resp
+        n = ctypes.c_size_t()
+        p = lib.sw_responder_payload(resp, ctypes.byref(n))
+        self.payload = ctypes.string_at(p, n.value) if p else b""
+        self.max_tokens = lib.sw_responder_max_tokens(resp)
+        self.request_id = lib.sw_responder_request_id(resp).decode()
+        self.trace_id = lib.sw_responder_trace_id(resp).decode()
+
+    @property
+    def text(self):
+        return self.payload.decode("utf-8", errors="replace")
+
+    def header(self, key):
+        v = lib.sw_responder_header(self._r, _b(key))
+        return v.decode() if v is not None else None
+
+    @property
+    def cancelled(self):
+        return lib.sw_responder_cancelled(self._r) != 0
+
+    @property
+    def deadline_left_ms(self):
+        """Milliseconds left before the deadline, or None without one."""
+        v = lib.sw_responder_deadline_left_ms(self._r)
+        return None if v < 0 else v
+
+
+def _send(resp, value):
+    """Sends one yielded value; returns the C error code."""
+    if isinstance(value, Event):
+        data = _b(value.data) or b""
+        return lib.sw_responder_send_event(resp, _b(value.name), data, len(data),
+                                           1 if value.droppable else 0)
+    data = _b(value)
+    return lib.sw_responder_send(resp, data, len(data))
+
+
+def _finish(resp, result):
+    if result is None or isinstance(result, Completed):
+        return lib.sw_responder_finish(resp, 1, _b(result.reason if result else "stop"))
+    if isinstance(result, Incomplete):
+        return lib.sw_responder_finish(resp, 2, _b(result.reason))
+    if isinstance(result, Failed):
+        return lib.sw_responder_fail(resp, _b(result.code), _b(result.message or ""))
+    return lib.sw_responder_fail(resp, b"handler_error",
+                                 _b("the handler returned %r, not a Completed, Incomplete "
+                                    "or Failed" % (result,)))
+
+
+_RESULTS = (Completed, Incomplete, Failed)
+
+
+class Worker:
+    """Serves an endpoint (an sw_ingress) with a Python handler, and
+    registers it when a Registry is given. The handler gets a Request and is
+    a generator (or an async generator with loop=) that yields str, bytes or
+    Event items and returns -- or yields last -- a Completed, Incomplete or
+    Failed. An exception in it fails the stream with code "handler_error".
+    Options: instance_id, threads, max_inflight, send_timeout_ms, max_window."""
+
+    def __init__(self, conn, endpoint, handler, registry=None, instance_id=None, threads=0,
+                 max_inflight=0, send_timeout_ms=0, max_window=0, loop=None):
+        self._handler = handler
+        self._loop = loop
+        if inspect.isasyncgenfunction(handler) and loop is None:
+            raise TypeError("an async generator handler needs loop=")
+        self._cb = _lib.HANDLER_FN(self._on_request)
+        self._stop = threading.Event()
+        o = _lib.IngressOpts()
+        lib.sw_ingress_opts_init(ctypes.byref(o))
+        self._keep = [_b(endpoint), _b(instance_id)]
+        o.endpoint = self._keep[0]
+        if instance_id:
+            o.instance_id = self._keep[1]
+        o.handler = self._cb
+        if threads:
+            o.handler_threads = threads
+        if max_inflight:
+            o.max_inflight = max_inflight
+        if send_timeout_ms:
+            o.send_timeout_ms = send_timeout_ms
+        if max_window:
+            o.max_window = max_window
+        h = ctypes.c_void_p()
+        _raise_for(lib.sw_ingress_start(ctypes.byref(h), conn.handle, ctypes.byref(o)), endpoint)
+        self._h = h
+        self._reg = registry
+        self.instance_id = lib.sw_ingress_instance_id(h).decode()
+        if registry is not None:
+            rg = _lib.Registration()
+            _raise_for(lib.sw_ingress_registration(h, ctypes.byref(rg)))
+            rv = lib.sw_registry_register(registry._h, ctypes.byref(rg))
+            if rv != 0:
+                self.close()
+                _raise_for(rv, "registering %s" % self.instance_id)
+
+    # Runs on a library handler thread (ctypes takes the GIL for it).
+    def _on_request(self, resp, arg):
+        req = Request(resp)
+        try:
+            if inspect.isasyncgenfunction(self._handler):
+                fut = asyncio.run_coroutine_threadsafe(self._drive_async(resp, req), self._loop)
+                fut.result()
+            else:
+                self._drive(resp, req)
+        except BaseException as e:  # never let an exception unwind into C
+            try:
+                lib.sw_responder_fail(resp, b"handler_error", _b(repr(e)[:400]))
+            except BaseException:
+                pass
+
+    def _drive(self, resp, req):
+        try:
+            gen = self._handler(req)
+        except Exception as e:
+            lib.sw_responder_fail(resp, b"handler_error", _b(repr(e)[:400]))
+            return
+        if not inspect.isgenerator(gen):
+            # a plain function: an iterable of items, or a result
+            if isinstance(gen, _RESULTS) or gen is None:
+                _finish(resp, gen)
+                return
+            gen = iter(gen)
+        result = None
+        try:
+            value = next(gen)
+            while True:
+                if isinstance(value, _RESULTS):
+                    result = value
+                    break
+                rv = _send(resp, value)
+                if rv in (_SW_ECANCELLED, _SW_ECLOSED):
+                    try:
+                        gen.throw(Cancelled())
+                    except (Cancelled, StopIteration):
+                        pass
+                    gen.close()
+                    return  # the library sends the CANCELLED terminal
+                if rv != 0:
+                    gen.close()
+                    lib.sw_responder_fail(resp, b"send_failed", lib.sw_err_name(rv))
+                    return
+                value = next(gen)
+        except StopIteration as stop:
+            result = stop.value
+        except Cancelled:
+            return
+        except Exception as e:
+            lib.sw_responder_fail(resp, b"handler_error", _b(repr(e)[:400]))
+            return
+        _finish(resp, result)
+
+    async def _drive_async(self, resp, req):
+        loop = asyncio.get_running_loop()
+        agen = self._handler(req)
+        result = None
+        try:
+            async for value in agen:
+                if isinstance(value, _RESULTS):
+                    result = value
+                    break
+                rv = await loop.run_in_executor(None, _send, resp, value)
+                if rv in (_SW_ECANCELLED, _SW_ECLOSED):
+                    try:
+                        await agen.athrow(Cancelled())
+                    except (Cancelled, StopAsyncIteration):
+                        pass
+                    return
+                if rv != 0:
+                    lib.sw_responder_fail(resp, b"send_failed", lib.sw_err_name(rv))
+                    return
+        except Cancelled:
+            return
+        except Exception as e:
+            lib.sw_responder_fail(resp, b"handler_error", _b(repr(e)[:400]))
+            return
+        finally:
+            await agen.aclose()
+        await loop.run_in_executor(None, _finish, resp, result)
+
+    def wait(self, timeout=None):
+        """Blocks until close() is called (from another thread or a signal
+        handler); returns True then, False on timeout."""
+        return self._stop.wait(timeout)
+
+    def _deregister(self):
+        if self._reg is not None and self._reg._h is not None and self._h is not None:
+            lib.sw_registry_deregister(self._reg._h, _b(self.instance_id))
+        self._reg = None
+
+    def drain(self, grace_ms=5000):
+        """Deregisters (routers stop picking this instance), stops taking
+        requests, and lets the open ones finish for up to grace_ms."""
+        self._deregister()
+        if self._h is not None:
+            lib.sw_ingress_drain(self._h, grace_ms)
+
+    def close(self):
+        """Deregisters, stops serving (open streams are cancelled), frees."""
+        self._deregister()
+        if self._h is not None:
+            h, self._h = self._h, None
+            lib.sw_ingress_destroy(h)
+        self._stop.set()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+# ---------------------------------------------------------------- frontend
+
+class Stream:
+    """One response stream, read in blocking mode: iterate it (or ``async
+    for``) for its Items; .terminal is set once the iteration ends. For one
+    consumer at a time; cancel() and close() may be called from any thread."""
+
+    def __init__(self, handle, keep):
+        self._h = handle
+        self._keep = keep
+        self._lock = threading.Lock()
+        self.terminal = None
+        self._inst = ""
+        self.request_id = lib.sw_stream_request_id(handle).decode()
+
+    @property
+    def instance_id(self):
+        """The instance serving the stream ("" until known); kept after close."""
+        with self._lock:
+            if self._h is not None:
+                self._inst = lib.sw_stream_instance_id(self._h).decode()
+            return self._inst
+
+    def next_item(self, timeout_ms=200):
+        """The next Item, or None once the terminal has arrived (then
+        .terminal is set). Raises TimeoutError when nothing came within
+        timeout_ms (the stream goes on)."""
+        if self.terminal is not None:
+            return None
+        p = ctypes.POINTER(_lib.CItem)()
+        h = self._h
+        if h is None:
+            raise error_class("closed")(_SW_ECLOSED)
+        rv = lib.sw_stream_next(h, ctypes.byref(p), timeout_ms)
+        if rv == _SW_ETIMEDOUT:
+            raise builtins.TimeoutError("no item within %d ms" % timeout_ms)
+        if rv == _SW_EEOF:
+            return None
+        _raise_for(rv)
+        it = p.contents
+        if it.kind == 1:
+            ev = it.event.decode() if it.event else ""
+            return Item(ctypes.string_at(it.data, it.len) if it.len else b"", it.seq, ev,
+                        bool(it.droppable))
+        t = it.terminal
+        if it.instance_id:
+            self._inst = it.instance_id.decode()
+        status = STATUS_NAMES.get(t.status, "unknown")
+        self.terminal = Terminal(status, t.reason.decode() if t.reason else "",
+                                 t.message.decode() if t.message else "",
+                                 lib.sw_err_name(t.error).decode() if status == "error" else None)
+        return None
+
+    def __iter__(self):
+        while True:
+            try:
+                item = self.next_item(200)
+            except builtins.TimeoutError:
+                continue
+            if item is None:
+                return
+            yield item
+
+    def __aiter__(self):
+        return self._agen()
+
+    async def _agen(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                item = await loop.run_in_executor(None, self.next_item, 200)
+            except builtins.TimeoutError:
+                continue
+            if item is None:
+                return
+            yield item
+
+    def read_all(self):
+        """Every item, then the terminal: (list of Items, Terminal)."""
+        items = list(self)
+        return items, self.terminal
+
+    def cancel(self):
+        """Asks the worker to stop; the terminal will be CANCELLED (unless
+        another came first)."""
+        with self._lock:
+            if self._h is not None:
+                lib.sw_stream_cancel(self._h)
+
+    def close(self):
+        """Frees the stream (cancelling it if it is still open)."""
+        with self._lock:
+            if self._h is not None:
+                h, self._h = self._h, None
+                lib.sw_stream_close(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Router:
+    """The frontend side (an sw_router): opens streams to workers, directly
+    (instance_id=) or through a Registry by policy ("round_robin", "random",
+    "least_inflight"). Options: router_id, credit_window, heartbeat_ms."""
+
+    _POLICIES = {"round_robin": 0, "random": 1, "least_inflight": 2}
+
+    def __init__(self, conn, registry=None, policy="round_robin", router_id=None,
+                 credit_window=0, heartbeat_ms=0):
+        o = _lib.RouterOpts()
+        lib.sw_router_opts_init(ctypes.byref(o))
+        self._keep = [_b(router_id)]
+        if router_id:
+            o.router_id = self._keep[0]
+        if registry is not None:
+            o.registry = registry._h
+        if policy not in self._POLICIES:
+            raise ValueError("policy must be one of %s" % ", ".join(self._POLICIES))
+        o.policy = self._POLICIES[policy]
+        if credit_window:
+            o.credit_window = credit_window
+        if heartbeat_ms:
+            o.heartbeat_ms = heartbeat_ms
+        h = ctypes.c_void_p()
+        _raise_for(lib.sw_router_create(ctypes.byref(h), conn.handle, ctypes.byref(o)))
+        self._h = h
+        self._registry = registry
+
+    def open(self, endpoint, payload=b"", instance_id=None, max_tokens=0, deadline_ms=0,
+             headers=None, credit_window=0):
+        """Sends a request; returns its Stream. Errors that happen before
+        anything is sent raise (InvalidArgumentError, ClosedError, ...);
+        everything after arrives as the stream's terminal (no_instances,
+        no_responders, instance_lost, ...)."""
+        if self._h is None:
+            raise error_class("closed")(_SW_ECLOSED)
+        q = _lib.RequestOpts()
+        lib.sw_request_opts_init(ctypes.byref(q))
+        keep = [_b(endpoint), _b(instance_id)]
+        q.endpoint = keep[0]
+        if instance_id:
+            q.instance_id = keep[1]
+        q.max_tokens = max_tokens
+        q.deadline_ms = deadline_ms
+        q.credit_window = credit_window
+        if headers:
+            arr = (_lib.Header * len(headers))()
+            for i, (k, v) in enumerate(headers.items()):
+                kb, vb = _b(k), _b(v)
+                keep += [kb, vb]
+                arr[i].key, arr[i].value = kb, vb
+            keep.append(arr)
+            q.headers = arr
+            q.nheaders = len(headers)
+        data = _b(payload) or b""
+        h = ctypes.c_void_p()
+        _raise_for(lib.sw_router_open(ctypes.byref(h), self._h, ctypes.byref(q), data, len(data)),
+                   endpoint)
+        return Stream(h, keep)
+
+    def close(self):
+        if self._h is not None:
+            h, self._h = self._h, None
+            lib.sw_router_destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()

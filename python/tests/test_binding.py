@@ -1,0 +1,487 @@
+"""python/tests/test_binding.py -- the Python binding against a real
+nats-server (JetStream on, a temp dir, a port picked at run time): every
+terminal kind, cancel seen from both sides, a worker process killed
+mid-stream, the GIL (a slow handler does not stall other streams), async
+handlers and async frontends, typed items, error classes, and both ways
+between Python and the C CLI.
+
+    STREAMWIRE_LIB=build/libstreamwire.so STREAMWIRE_CLI=build/streamwire \\
+    STREAMWIRE_ABI=build/python/sw_python_abi python3 -m unittest discover -s python/tests
+
+(ctest runs it as `python_binding`.)
+"""
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+import streamwire as sw  # noqa: E402
+from streamwire import _lib  # noqa: E402
+
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+CLI = os.environ.get("STREAMWIRE_CLI", os.path.join(ROOT, "build", "streamwire"))
+ABI = os.environ.get("STREAMWIRE_ABI")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Nats:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="sw-py-")
+        self.port = free_port()
+        self.url = "nats://127.0.0.1:%d" % self.port
+        self.proc = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p",
+                                      str(self.port), "-sd", self.dir],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("nats-server did not start")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+NATS = None
+
+
+def setUpModule():
+    global NATS
+    NATS = Nats()
+
+
+def tearDownModule():
+    NATS.stop()
+
+
+def tokens(n, prefix="token-"):
+    return [("%s%d" % (prefix, i)).encode() for i in range(n)]
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.conn = sw.Connection(NATS.url)
+        self.router = sw.Router(self.conn)
+        self.workers = []
+
+    def tearDown(self):
+        self.router.close()
+        for w in self.workers:
+            w.close()
+        self.conn.close()
+
+    def worker(self, endpoint, handler, **kw):
+        w = sw.Worker(self.conn, endpoint, handler, **kw)
+        self.workers.append(w)
+        return w
+
+    def run_stream(self, endpoint, instance, payload=b"x", **kw):
+        with self.router.open(endpoint, payload, instance_id=instance, **kw) as s:
+            items, term = s.read_all()
+        return [i.data for i in items], term
+
+
+class TestAbi(unittest.TestCase):
+    def test_structs_match_c(self):
+        """The ctypes mirrors have the C compiler's sizes and offsets."""
+        if not ABI:
+            self.skipTest("STREAMWIRE_ABI not set (ctest sets it)")
+        c = json.loads(subprocess.check_output([ABI]).decode())
+        self.assertEqual(set(c), set(_lib.MIRRORED))
+        for name, fields in c.items():
+            cls = _lib.MIRRORED[name]
+            self.assertEqual(fields["size"], __import__("ctypes").sizeof(cls), name)
+            for f, off in fields.items():
+                if f != "size":
+                    self.assertEqual(getattr(cls, f).offset, off, "%s.%s" % (name, f))
+
+
+class TestTerminals(Base):
+    def test_completed_in_order(self):
+        def h(req):
+            self.assertEqual(req.text, "hello")
+            for t in tokens(50):
+                yield t
+            return sw.Completed()
+        w = self.worker("py.t.done", h)
+        data, term = self.run_stream("py.t.done", w.instance_id, "hello")
+        self.assertEqual(data, tokens(50))
+        self.assertEqual((term.status, term.reason, term.error), ("completed", "stop", None))
+        self.assertTrue(term.ok)
+
+    def test_str_items_and_plain_return(self):
+        def h(req):
+            yield "caf\u00e9"
+            yield b"\x00\xff"
+        w = self.worker("py.t.str", h)
+        data, term = self.run_stream("py.t.str", w.instance_id)
+        self.assertEqual(data, ["caf\u00e9".encode(), b"\x00\xff"])
+        self.assertEqual(term.status, "completed")
+
+    def test_incomplete_max_tokens(self):
+        def h(req):
+            n = req.max_tokens or 100
+            for t in tokens(n):
+                yield t
+            return sw.Incomplete("max_tokens")
+        w = self.worker("py.t.inc", h)
+        data, term = self.run_stream("py.t.inc", w.instance_id, max_tokens=7)
+        self.assertEqual(data, tokens(7))
+        self.assertEqual((term.status, term.reason), ("incomplete", "max_tokens"))
+
+    def test_failed_with_code(self):
+        def h(req):
+            yield "a"
+            return sw.Failed("engine_error", "CUDA out of memory")
+        w = self.worker("py.t.fail", h)
+        data, term = self.run_stream("py.t.fail", w.instance_id)
+        self.assertEqual(data, [b"a"])
+        self.assertEqual((term.status, term.reason, term.message),
+                         ("failed", "engine_error", "CUDA out of memory"))
+
+    def test_exception_fails_the_stream(self):
+        def h(req):
+            yield "a"
+            raise ValueError("boom")
+        w = self.worker("py.t.exc", h)
+        data, term = self.run_stream("py.t.exc", w.instance_id)
+        self.assertEqual(data, [b"a"])
+        self.assertEqual(term.status, "failed")
+        self.assertEqual(term.reason, "handler_error")
+        self.assertIn("boom", term.message)
+
+    def test_result_yielded_last(self):
+        def h(req):
+            yield "a"
+            yield sw.Incomplete("length")
+            yield "never sent"
+        w = self.worker("py.t.yres", h)
+        data, term = self.run_stream("py.t.yres", w.instance_id)
+        self.assertEqual(data, [b"a"])
+        self.assertEqual((term.status, term.reason), ("incomplete", "length"))
+
+    def test_typed_items(self):
+        def h(req):
+            yield sw.Event("refusal", "I can't")
+            yield "plain"
+            yield sw.Event("metrics", b'{"tokens":1}', droppable=True)
+        w = self.worker("py.t.typed", h)
+        with self.router.open("py.t.typed", b"x", instance_id=w.instance_id) as s:
+            items, term = s.read_all()
+        self.assertEqual([(i.event, i.data, i.droppable) for i in items],
+                         [("refusal", b"I can't", False), ("", b"plain", False),
+                          ("metrics", b'{"tokens":1}', True)])
+        self.assertEqual(term.status, "completed")
+
+    def test_bad_event_name_fails_the_stream(self):
+        def h(req):
+            yield sw.Event("has space", "x")
+        w = self.worker("py.t.badev", h)
+        data, term = self.run_stream("py.t.badev", w.instance_id)
+        self.assertEqual(data, [])
+        self.assertEqual((term.status, term.reason, term.message),
+                         ("failed", "send_failed", "invalid_argument"))
+
+    def test_no_responders_and_no_instances(self):
+        data, term = self.run_stream("py.t.nobody", "nobody")
+        self.assertEqual((term.status, term.error), ("error", "no_responders"))
+        reg = sw.Registry(self.conn, bucket="py_t_empty")
+        try:
+            with sw.Router(self.conn, registry=reg) as r, r.open("py.t.none", b"x") as s:
+                items, term = s.read_all()
+            self.assertEqual(items, [])
+            self.assertEqual((term.status, term.reason, term.error),
+                             ("error", "no_instances", "no_instances"))
+        finally:
+            reg.close()
+
+    def test_deadline(self):
+        def h(req):
+            yield "a"
+            time.sleep(2)
+            yield "b"
+        w = self.worker("py.t.dl", h)
+        data, term = self.run_stream("py.t.dl", w.instance_id, deadline_ms=300)
+        self.assertEqual(data, [b"a"])
+        self.assertEqual((term.status, term.error), ("error", "deadline_exceeded"))
+
+
+class TestErrors(Base):
+    def test_error_classes(self):
+        with self.assertRaises(sw.InvalidArgumentError) as cm:
+            self.router.open("not an endpoint", b"x", instance_id="w")
+        self.assertEqual(cm.exception.name, "invalid_argument")
+        self.assertEqual(cm.exception.code, 1)
+        self.assertIs(sw.error_class("instance_lost"), sw.InstanceLostError)
+        self.assertTrue(issubclass(sw.NoInstancesError, sw.StreamwireError))
+        with self.assertRaises(sw.ConnectionFailedError):
+            sw.Connection("nats://127.0.0.1:%d" % free_port(), connect_timeout_ms=300,
+                          max_reconnect=0)
+        with self.assertRaises(sw.InvalidArgumentError):
+            self.worker("bad endpoint", lambda r: iter(()))
+        with self.assertRaises(TypeError):
+            sw.Connection(NATS.url, no_such_option=1)
+
+    def test_closed_router(self):
+        r = sw.Router(self.conn)
+        r.close()
+        with self.assertRaises(sw.ClosedError):
+            r.open("py.e.x", b"x", instance_id="w")
+
+
+class TestCancel(Base):
+    def test_frontend_cancel_reaches_the_handler(self):
+        seen = {"cancelled": False, "flag": False, "sent": 0}
+        started = threading.Event()
+
+        def h(req):
+            try:
+                for t in tokens(100000):
+                    seen["sent"] += 1
+                    started.set()
+                    time.sleep(0.002)
+                    yield t
+            except sw.Cancelled:
+                seen["cancelled"] = True
+                seen["flag"] = req.cancelled
+                raise
+        w = self.worker("py.c.fe", h)
+        with self.router.open("py.c.fe", b"x", instance_id=w.instance_id) as s:
+            got = []
+            for item in s:
+                got.append(item.data)
+                if len(got) == 20:
+                    s.cancel()
+            term = s.terminal
+        self.assertEqual(got, tokens(len(got)))  # in order, no gaps
+        self.assertGreaterEqual(len(got), 20)
+        self.assertEqual(term.status, "cancelled")
+        deadline = time.time() + 5
+        while not seen["cancelled"] and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(seen["cancelled"], "the handler saw Cancelled")
+        self.assertTrue(seen["flag"], "req.cancelled was true")
+        self.assertLess(seen["sent"], 100000)
+
+    def test_close_cancels(self):
+        gone = threading.Event()
+
+        def h(req):
+            try:
+                while True:
+                    time.sleep(0.005)
+                    yield "x"
+            except sw.Cancelled:
+                gone.set()
+                raise
+        w = self.worker("py.c.close", h)
+        with self.router.open("py.c.close", b"x", instance_id=w.instance_id) as s:
+            s.next_item(5000)
+        self.assertTrue(gone.wait(5), "closing the stream cancelled the handler")
+
+    def test_c_frontend_cancels_python_worker(self):
+        """The CLI's generate --cancel-after against a Python worker."""
+        gone = threading.Event()
+
+        def h(req):
+            try:
+                for t in tokens(100000):
+                    time.sleep(0.002)
+                    yield t
+            except sw.Cancelled:
+                gone.set()
+                raise
+        w = self.worker("py.c.cli", h)
+        out = subprocess.run([CLI, "generate", "--server", NATS.url, "--endpoint", "py.c.cli",
+                              "--instance-id", w.instance_id, "--cancel-after", "5", "--json"],
+                             capture_output=True, timeout=30)
+        lines = [json.loads(x) for x in out.stdout.decode().splitlines()]
+        self.assertEqual(lines[-1]["terminal"], "cancelled")
+        self.assertEqual([x["data"] for x in lines[:5]], ["token-%d" % i for i in range(5)])
+        self.assertTrue(gone.wait(5))
+
+
+class TestProcesses(Base):
+    def test_worker_process_killed_mid_stream(self):
+        env = dict(os.environ)
+        p = subprocess.Popen([sys.executable, os.path.join(ROOT, "python", "examples", "worker.py"),
+                              "--server", NATS.url, "--endpoint", "py.p.kill", "--instance-id",
+                              "pykill", "--tokens", "100000", "--token-interval-ms", "5",
+                              "--registry", "none"], stdout=subprocess.PIPE, env=env)
+        try:
+            line = p.stdout.readline().decode()
+            self.assertIn("worker ready instance=pykill", line)
+            got = []
+            with self.router.open("py.p.kill", b"x", instance_id="pykill") as s:
+                t0 = None
+                for item in s:
+                    got.append(item.data)
+                    if len(got) == 10:
+                        p.send_signal(signal.SIGKILL)
+                        t0 = time.time()
+                term = s.terminal
+            took = (time.time() - t0) * 1000
+            self.assertEqual(got, tokens(len(got)))
+            self.assertEqual((term.status, term.error), ("error", "instance_lost"))
+            self.assertLess(took, 3000)
+        finally:
+            p.kill()
+            p.wait()
+
+    def test_python_worker_to_c_frontend_and_back(self):
+        """streamwire generate reads a Python worker; Python reads `streamwire worker`."""
+        def h(req):
+            for t in tokens(12):
+                yield t
+        w = self.worker("py.p.cli", h)
+        out = subprocess.run([CLI, "generate", "--server", NATS.url, "--endpoint", "py.p.cli",
+                              "--instance-id", w.instance_id, "--json"], capture_output=True,
+                             timeout=30)
+        lines = [json.loads(x) for x in out.stdout.decode().splitlines()]
+        self.assertEqual([x["data"] for x in lines[:-1]], ["token-%d" % i for i in range(12)])
+        self.assertEqual(lines[-1]["terminal"], "completed")
+        self.assertEqual(out.returncode, 0)
+
+        c = subprocess.Popen([CLI, "worker", "--server", NATS.url, "--endpoint", "py.p.cw",
+                              "--instance-id", "cworker", "--tokens", "9", "--registry", "none",
+                              "--quiet"], stdout=subprocess.PIPE)
+        try:
+            self.assertIn("worker ready", c.stdout.readline().decode())
+            data, term = self.run_stream("py.p.cw", "cworker")
+            self.assertEqual(data, tokens(9))
+            self.assertEqual(term.status, "completed")
+        finally:
+            c.terminate()
+            c.wait(10)
+
+    def test_registry_routing_and_example_worker(self):
+        """The example worker registers; a Router with the Registry finds it."""
+        p = subprocess.Popen([sys.executable, os.path.join(ROOT, "python", "examples", "worker.py"),
+                              "--server", NATS.url, "--endpoint", "py.p.reg", "--instance-id",
+                              "pyreg", "--tokens", "5", "--lease-ms", "1000"],
+                             stdout=subprocess.PIPE)
+        try:
+            self.assertIn("worker ready", p.stdout.readline().decode())
+            with sw.Registry(self.conn, lease_ms=1000) as reg, \
+                    sw.Router(self.conn, registry=reg) as r:
+                deadline = time.time() + 10
+                while True:
+                    with r.open("py.p.reg", b"x") as s:
+                        items, term = s.read_all()
+                    if term.status == "completed" or time.time() > deadline:
+                        break
+                    time.sleep(0.1)
+                self.assertEqual([i.data for i in items], tokens(5))
+                self.assertEqual(s.instance_id, "pyreg")
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(15), 0)
+        finally:
+            p.kill()
+            p.wait()
+
+
+class TestGil(Base):
+    def test_slow_handler_does_not_stall_others(self):
+        """One handler sleeps 3 s between items; another stream completes
+        meanwhile, promptly."""
+        def h(req):
+            if req.text == "slow":
+                yield "s0"
+                time.sleep(3)
+                yield "s1"
+            else:
+                for t in tokens(200):
+                    yield t
+        w = self.worker("py.g.slow", h, threads=4)
+        slow = self.router.open("py.g.slow", b"slow", instance_id=w.instance_id)
+        self.assertEqual(slow.next_item(5000).data, b"s0")
+        t0 = time.time()
+        data, term = self.run_stream("py.g.slow", w.instance_id, b"fast")
+        took = time.time() - t0
+        self.assertEqual(data, tokens(200))
+        self.assertEqual(term.status, "completed")
+        self.assertLess(took, 1.5, "the fast stream waited for the slow handler")
+        slow.close()
+
+    def test_consumer_threads_run_in_parallel(self):
+        """Two Python consumers blocked in next_item do not block each other."""
+        def h(req):
+            for t in tokens(300):
+                time.sleep(0.001)
+                yield t
+        w = self.worker("py.g.par", h)
+        results = []
+
+        def consume():
+            results.append(self.run_stream("py.g.par", w.instance_id))
+        ts = [threading.Thread(target=consume) for _ in range(4)]
+        t0 = time.time()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        self.assertEqual(len(results), 4)
+        for data, term in results:
+            self.assertEqual(data, tokens(300))
+            self.assertEqual(term.status, "completed")
+        self.assertLess(time.time() - t0, 10)
+
+
+class TestAsync(Base):
+    def test_async_handler_and_async_frontend(self):
+        loop = asyncio.new_event_loop()
+        th = threading.Thread(target=loop.run_forever, daemon=True)
+        th.start()
+
+        async def h(req):
+            for i in range(30):
+                await asyncio.sleep(0.001)
+                yield "a%d" % i
+            yield sw.Incomplete("max_tokens")
+        try:
+            w = self.worker("py.a.gen", h, loop=loop)
+
+            async def consume():
+                got = []
+                with self.router.open("py.a.gen", b"x", instance_id=w.instance_id) as s:
+                    async for item in s:
+                        got.append(item.text)
+                    return got, s.terminal
+            got, term = asyncio.run(consume())
+            self.assertEqual(got, ["a%d" % i for i in range(30)])
+            self.assertEqual((term.status, term.reason), ("incomplete", "max_tokens"))
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            th.join(5)
+
+    def test_async_handler_needs_a_loop(self):
+        async def h(req):
+            yield "x"
+        with self.assertRaises(TypeError):
+            self.worker("py.a.noloop", h)
+
+
+if __name__ == "__main__":
+    unittest.main()

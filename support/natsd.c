@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -467,6 +468,18 @@ swh_nats_spawn(swh_nats *n, const char *bin, const char *js, const char *conf, c
     return 0;
 }
 
+/* Removes n->dir and lets go of its owner lock. */
+static void
+swh_dir_release(swh_nats *n)
+{
+    if (n->dir[0] != '\0')
+        swh_rmtree(n->dir);
+    n->dir[0] = '\0';
+    if (n->lock_fd > 0)
+        close(n->lock_fd);
+    n->lock_fd = 0;
+}
+
 static int
 swh_nats_try(swh_nats *n, const char *bin, const char *extra_conf, int last_attempt)
 {
@@ -476,6 +489,12 @@ swh_nats_try(swh_nats *n, const char *bin, const char *extra_conf, int last_atte
 
     if (swh_mkdtemp(n->dir, sizeof(n->dir), "swnats") != 0)
         return -1;
+    snprintf(js, sizeof(js), "%s/owner.lock", n->dir);
+    n->lock_fd = open(js, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    if (n->lock_fd > 0 && flock(n->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        close(n->lock_fd);
+        n->lock_fd = 0;
+    }
     snprintf(js, sizeof(js), "%s/js", n->dir);
     snprintf(conf, sizeof(conf), "%s/nats.conf", n->dir);
     snprintf(log, sizeof(log), "%s/nats.log", n->dir);
@@ -512,8 +531,7 @@ swh_nats_try(swh_nats *n, const char *bin, const char *extra_conf, int last_atte
                         "port\n",
                         n->port);
             }
-            swh_rmtree(n->dir);
-            n->dir[0] = '\0';
+            swh_dir_release(n);
             return port_taken ? 1 : -1;
         }
         if (swh_file_contains(log, "Server is ready") && swh_tcp_accepts(n->port)) {
@@ -529,14 +547,16 @@ swh_nats_try(swh_nats *n, const char *bin, const char *extra_conf, int last_atte
     return 1;
 
 hard:
-    swh_rmtree(n->dir);
-    n->dir[0] = '\0';
+    swh_dir_release(n);
     return -1;
 }
 
 /* Removes swnats-XXXXXX dirs left by runs that were killed (SIGKILL skips
- * swh_nats_stop): only when the server pid recorded in its nats.log is gone
- * and the dir was untouched for a minute. */
+ * swh_nats_stop): only when the dir was untouched for a minute and its
+ * owner process is gone (nobody holds the flock on its owner.lock; for a
+ * dir without one, the server pid in its nats.log is gone). CI caught the
+ * pid test alone removing the dir of a live test whose server was down for
+ * a restart. */
 static void
 swh_sweep_stale(void)
 {
@@ -562,6 +582,19 @@ swh_sweep_stale(void)
         if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
             now - st.st_mtime < 60)
             continue;
+        /* Its owner holds an flock on owner.lock for as long as it lives
+         * (its server may be down for a restart): locked means in use. */
+        snprintf(log, sizeof(log), "%s/owner.lock", path);
+        {
+            int lf = open(log, O_RDWR | O_CLOEXEC);
+            if (lf >= 0) {
+                int owned = flock(lf, LOCK_EX | LOCK_NB) != 0;
+                close(lf);
+                if (!owned)
+                    swh_rmtree(path);
+                continue;
+            }
+        }
         snprintf(log, sizeof(log), "%s/nats.log", path);
         f = fopen(log, "r");
         if (f == NULL)
@@ -614,9 +647,7 @@ swh_nats_stop(swh_nats *n)
     if (n == NULL)
         return;
     swh_nats_stop_keep(n);
-    if (n->dir[0] != '\0')
-        swh_rmtree(n->dir);
-    n->dir[0] = '\0';
+    swh_dir_release(n);
 }
 
 int

@@ -19,6 +19,9 @@ typedef struct swh_nats {
     int port;
     pid_t pid;     /* 0 when not running */
     char dir[256]; /* temp dir: js/ (JetStream store), nats.conf, nats.log */
+    int lock_fd;   /* > 0: holds an flock on dir/owner.lock while this process owns dir, so
+                      that another process's sweep of stale dirs never removes it (even while
+                      the server is down for a restart) */
 } swh_nats;
 
 /* Starts nats-server (binary: env SW_NATS_SERVER, else `nats-server` on PATH,

@@ -1,5 +1,6 @@
 /* cmd/conn.c -- the NATS connection flags every subcommand shares
- * (--user, --password, --token, --creds, --nkey, --inbox-prefix, --tls*),
+ * (--user, --password, --token, --creds, --nkey, --inbox-prefix, --tls*,
+ * --key-file),
  * their application to sw_conn_opts, the arguments that pass them on to
  * child processes (demo), and the message for a failed connection, which
  * names the flag to look at. */
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "transport/seal.h"
 
 void
 cli_conn_rows(cli_conn_flags *f, cli_opt rows[CLI_CONN_NOPTS])
@@ -38,6 +40,10 @@ cli_conn_rows(cli_conn_flags *f, cli_opt rows[CLI_CONN_NOPTS])
         {"tls-key", CLI_STRING, "FILE", "client private key, PEM", &f->tls_key, 0, 0, NULL, 0},
         {"tls-insecure", CLI_FLAG, NULL, "do not verify the server's certificate (tests only)",
          &f->tls_insecure, 0, 0, NULL, 0},
+        {"key-file", CLI_STRING, "FILE",
+         "cluster key (streamwire keygen): seal everything sent\nand refuse everything received "
+         "unsealed (mode 0600)",
+         &f->key_file, 0, 0, NULL, 0},
     };
     memcpy(rows, r, sizeof(r));
 }
@@ -58,6 +64,7 @@ cli_conn_apply(const cli_conn_flags *f, sw_conn_opts *o)
     o->tls_cert_file = f->tls_cert;
     o->tls_key_file = f->tls_key;
     o->tls_skip_verify = f->tls_insecure;
+    o->seal_key_file = f->key_file;
 }
 
 int
@@ -82,6 +89,16 @@ cli_conn_check(const cli_cmd *cmd, const cli_conn_flags *f)
             fclose(fp);
         }
     }
+    if (f->key_file != NULL) {
+        /* checked here so that the reason reaches the user (sw_conn_open
+         * only has an error code for it) */
+        swt_seal_key k;
+        char why[SWT_SEAL_WHY_MAX];
+        sw_err e = swt_seal_key_load(f->key_file, &k, why, sizeof(why));
+        swt_seal_key_wipe(&k);
+        if (e != SW_OK)
+            return cli_usage_error(cmd, "--key-file: %s", why);
+    }
     return CLI_EXIT_OK;
 }
 
@@ -105,6 +122,7 @@ cli_conn_argv(const cli_conn_flags *f, const char **argv, size_t cap)
     CLI_PASS("--tls-ca", f->tls_ca);
     CLI_PASS("--tls-cert", f->tls_cert);
     CLI_PASS("--tls-key", f->tls_key);
+    CLI_PASS("--key-file", f->key_file);
 #undef CLI_PASS
     if (f->tls && n < cap)
         argv[n++] = "--tls";

@@ -160,6 +160,12 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->ack_mu, NULL);
     pthread_mutex_init(&r->flush_mu, NULL);
+    {
+        /* A diagnostic switch (docs/METRICS.md): the per-item timing that
+         * feeds the latency histograms, off, to measure what it costs. */
+        const char *m = getenv("STREAMWIRE_METRICS");
+        r->timing_off = m != NULL && strcmp(m, "off") == 0;
+    }
     swi_hist_init(&r->h_ttfi, swi_hist_latency_bounds, swi_hist_latency_nb);
     swi_hist_init(&r->h_inter, swi_hist_latency_bounds, swi_hist_latency_nb);
     swi_hist_init(&r->h_duration, swi_hist_latency_bounds, swi_hist_latency_nb);

@@ -121,7 +121,10 @@ swe_on_msg(const swt_msg *msg, void *arg)
     sw_err rv;
 
     if (swt_is_beats_subject(msg->subject)) {
-        on_beats(r, msg);
+        if (msg->auth_failed)
+            count_bad(r, &r->st.auth_failures, 1);
+        else
+            on_beats(r, msg);
         return;
     }
     if (swt_response_subject_id(msg->subject, id) != 0) {
@@ -129,12 +132,32 @@ swe_on_msg(const swt_msg *msg, void *arg)
         return;
     }
     if ((s = swe_lookup(r, id)) == NULL) {
+        if (msg->auth_failed) {
+            count_bad(r, &r->st.auth_failures, 1);
+            return;
+        }
         count_bad(r, &r->st.unknown_stream, 1);
         swe_cancels_answer(r, id, msg); /* the final of a stream we cancelled? */
         return;
     }
+    if (msg->auth_failed) {
+        /* Forged, tampered, of another key, or from a worker whose sealing
+         * differs: nothing of it reaches the consumer. */
+        count_bad(r, &r->st.auth_failures, 1);
+        swe_stream_fail(s, SW_AUTH_FAILED,
+                        sw_conn_sealed(r->conn)
+                            ? "a stream item did not open with the cluster key (forged, tampered, "
+                              "or from a worker that does not seal)"
+                            : "a stream item is sealed and this frontend has no key",
+                        1);
+        swe_stream_unref(s);
+        return;
+    }
     if (msg->no_responders) {
-        if (!swe_reroute(s))
+        /* A sealed cluster does not re-send on "no responders" alone: that
+         * status is not sealed (anyone may forge it), and a second instance
+         * must never run a request the first may still be running. */
+        if (sw_conn_sealed(r->conn) || !swe_reroute(s))
             swe_stream_fail(s, SW_NO_RESPONDERS, "no worker is subscribed to the request subject",
                             0);
         swe_stream_unref(s);
@@ -177,6 +200,10 @@ swe_on_live_probe(const swt_msg *msg, void *arg)
     swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
     uint8_t buf[128];
     size_t len;
+    if (msg->auth_failed) { /* not a worker of this cluster: no answer */
+        count_bad(r, &r->st.auth_failures, 1);
+        return;
+    }
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = r->id;
     if (msg->reply != NULL && swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)

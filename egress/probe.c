@@ -54,6 +54,14 @@ swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_
         swr_pool_report(r->pool, inst, why, silent_ms);
 }
 
+static void
+count_auth(sw_router *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->st.auth_failures++;
+    pthread_mutex_unlock(&r->mu);
+}
+
 void
 swe_on_probe_reply(const swt_msg *msg, void *arg)
 {
@@ -63,6 +71,12 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
     int64_t silent = 0;
     if (id == NULL)
         return;
+    if (msg->auth_failed) { /* not the instance's answer: no sign of life */
+        count_auth(r);
+        return;
+    }
+    if (msg->no_responders && sw_conn_sealed(r->conn))
+        return; /* unsealed, forgeable: a sealed cluster judges by probe timeouts alone */
     pthread_mutex_lock(&r->mu);
     lost = swi_peers_answer(&r->peers, id, msg->no_responders, swi_now_ms(),
                             swt_conn_up_since_ms(r->conn), &silent);

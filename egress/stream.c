@@ -136,15 +136,18 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
 {
     int got = swe_rx_pop(&s->rx, swi_now_ms(), out, act);
     if (got != 0) {
-        int64_t now = swi_now_ns();
         out->instance_id = __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
-        if (got == 1) {
+        if (got == 1)
             __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);
-            swi_hist_observe_ns(s->t_last_ns ? &s->r->h_inter : &s->r->h_ttfi,
-                                now - (s->t_last_ns ? s->t_last_ns : s->t_open_ns));
-            s->t_last_ns = now;
-        } else {
-            swi_hist_observe_ns(&s->r->h_duration, now - s->t_open_ns);
+        if (!s->r->timing_off) {
+            int64_t now = swi_now_ns();
+            if (got == 1) {
+                swi_hist_observe_ns(s->t_last_ns ? &s->r->h_inter : &s->r->h_ttfi,
+                                    now - (s->t_last_ns ? s->t_last_ns : s->t_open_ns));
+                s->t_last_ns = now;
+            } else {
+                swi_hist_observe_ns(&s->r->h_duration, now - s->t_open_ns);
+            }
         }
     }
     st_plan_tick(s);

@@ -139,7 +139,14 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
     sw_ingress *ing = arg;
     swp_control *c = NULL;
     sw_responder *r = NULL;
-    sw_err rv = swp_decode_control(msg->data, msg->len, SWN_MAX_CONTROL_BYTES, &c);
+    sw_err rv;
+    if (msg->auth_failed) { /* forged, replayed elsewhere, or of another cluster: never acted on */
+        pthread_mutex_lock(&ing->mu);
+        ing->st.auth_failures++;
+        pthread_mutex_unlock(&ing->mu);
+        return;
+    }
+    rv = swp_decode_control(msg->data, msg->len, SWN_MAX_CONTROL_BYTES, &c);
     if (rv != SW_OK) {
         swi_log(&ing->log, SW_LOG_WARN, "bad control message: %s", sw_err_name(rv));
         goto done;

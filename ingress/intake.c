@@ -14,8 +14,8 @@
 /* Answers a request that cannot be served with a one-item stream: a final
  * wrapper (seq 1) carrying a streamwire error code. */
 static void
-ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_BYTES], sw_err code,
-           const char *message)
+ing_reject_as(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_BYTES],
+              sw_err code, const char *message, int plain)
 {
     swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
     swp_error e = STREAMWIRE__V1__ERROR__INIT;
@@ -24,8 +24,15 @@ ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_
     swn_term_failed(&t, &e, code, NULL, message);
     if (swn_resp_pack_final(id, ing->instance_id, 1, &t, sw_conn_max_payload(ing->conn), &buf,
                             &len) == SW_OK)
-        (void)swt_publish(ing->conn, subject, NULL, buf, len);
+        (void)(plain ? swt_publish_plain : swt_publish)(ing->conn, subject, NULL, buf, len);
     free(buf);
+}
+
+static void
+ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_BYTES], sw_err code,
+           const char *message)
+{
+    ing_reject_as(ing, subject, id, code, message, 0);
 }
 
 /* Copies the request's headers into r (one block: the pointer pairs, then
@@ -73,6 +80,25 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     sw_err rv;
     int overloaded = 0, dup = 0;
 
+    if (msg->auth_failed) {
+        /* Sealing does not match (a sealed request here without a key, an
+         * unsealed one on a sealed worker, or one that did not open): never
+         * served. A plain auth_failed final tells a frontend whose sealing
+         * differs at once, instead of leaving it to time out; a sealed
+         * frontend refuses it as unsealed, which ends the same way. */
+        pthread_mutex_lock(&ing->mu);
+        ing->st.auth_failures++;
+        pthread_mutex_unlock(&ing->mu);
+        if (swt_is_response_subject(reply) && swt_response_subject_id(reply, rid) == 0)
+            ing_reject_as(ing, reply, rid, SW_AUTH_FAILED,
+                          sw_conn_sealed(ing->conn)
+                              ? "the worker seals, and the request was not sealed with its key"
+                              : "the request is sealed and the worker has no key",
+                          1);
+        swi_log(&ing->log, SW_LOG_WARN, "request on %s refused: it does not open (auth_failed)",
+                ing->req_subj);
+        goto done;
+    }
     rv = swp_decode_request(data, len, ing->max_req, &req);
     if (rv != SW_OK) {
         pthread_mutex_lock(&ing->mu);

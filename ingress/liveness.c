@@ -68,6 +68,14 @@ swn_ing_on_live_reply(const swt_msg *msg, void *arg)
     int64_t silent = 0;
     if (id == NULL)
         return;
+    if (msg->auth_failed) { /* not the frontend's answer: no sign of life */
+        pthread_mutex_lock(&ing->mu);
+        ing->st.auth_failures++;
+        pthread_mutex_unlock(&ing->mu);
+        return;
+    }
+    if (msg->no_responders && sw_conn_sealed(ing->conn))
+        return; /* unsealed, forgeable: a sealed cluster judges by probe timeouts alone */
     pthread_mutex_lock(&ing->live_mu);
     if (swi_peers_answer(&ing->peers, id, msg->no_responders, swi_now_ms(),
                          swt_conn_up_since_ms(ing->conn), &silent)) {

@@ -4,7 +4,9 @@
 #include <string.h>
 
 #include <nats/nats.h>
+#include <sodium.h>
 
+#include "transport/envelope.h"
 #include "transport/sw_transport.h"
 
 struct sw_conn {
@@ -21,10 +23,12 @@ struct sw_conn {
     int cb_closed;
     sw_conn_state_fn on_state;
     void *on_state_arg;
-    int state;           /* sw_conn_state (atomic access) */
-    int64_t up_since_ms; /* monotonic time of the last (re)connect; -1 while down (atomic) */
-    uint64_t reconnects; /* (atomic) */
-    char name[64];       /* the connection name (metrics label) */
+    int state;              /* sw_conn_state (atomic access) */
+    int64_t up_since_ms;    /* monotonic time of the last (re)connect; -1 while down (atomic) */
+    uint64_t reconnects;    /* (atomic) */
+    char name[64];          /* the connection name (metrics label) */
+    swt_sealer *sealer;     /* sw_conn_opts.seal_key_file: seals and opens every message */
+    uint64_t auth_failures; /* messages refused: did not open, or unsealed (atomic) */
 };
 
 const char *
@@ -270,6 +274,13 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     }
     if ((rv = swt_conn_security(c->opts, o)) != SW_OK)
         goto fail;
+    if (o->seal_key_file != NULL) {
+        char why[SWT_SEAL_WHY_MAX] = "";
+        if ((rv = swt_sealer_load(&c->sealer, o->seal_key_file, why, sizeof(why))) != SW_OK) {
+            swi_log(&c->log, SW_LOG_ERROR, "cannot use the cluster key: %s", why);
+            goto fail;
+        }
+    }
     if (s == NATS_OK)
         s = natsOptions_SetDisconnectedCB(c->opts, swt_on_disconnect, c);
     if (s == NATS_OK)
@@ -298,6 +309,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     return SW_OK;
 fail:
     natsOptions_Destroy(c->opts);
+    swt_sealer_free(c->sealer);
     pthread_mutex_destroy(&c->cb_mu);
     pthread_cond_destroy(&c->cb_cv);
     free(c);
@@ -326,6 +338,7 @@ sw_conn_close(sw_conn *c)
         natsConnection_Destroy(c->nc);
     }
     natsOptions_Destroy(c->opts);
+    swt_sealer_free(c->sealer);
     pthread_mutex_destroy(&c->cb_mu);
     pthread_cond_destroy(&c->cb_cv);
     free(c);
@@ -358,7 +371,28 @@ sw_conn_max_payload(sw_conn *c)
     if (c == NULL || c->nc == NULL)
         return 0;
     m = __atomic_load_n(&c->max_payload, __ATOMIC_ACQUIRE);
+    if (c->sealer != NULL) /* what a message may hold before its envelope */
+        m = m > SWT_ENV_OVERHEAD ? m - SWT_ENV_OVERHEAD : 0;
     return m > 0 ? (size_t)m : 0;
+}
+
+int
+sw_conn_sealed(const sw_conn *c)
+{
+    return c != NULL && c->sealer != NULL;
+}
+
+uint64_t
+swt_conn_auth_failures(sw_conn *c)
+{
+    return c ? __atomic_load_n(&c->auth_failures, __ATOMIC_RELAXED) : 0;
+}
+
+void
+swt_conn_count_auth_failure(sw_conn *c)
+{
+    if (c != NULL)
+        __atomic_fetch_add(&c->auth_failures, 1, __ATOMIC_RELAXED);
 }
 
 void *
@@ -368,13 +402,11 @@ sw_conn_nats(sw_conn *c)
 }
 
 sw_err
-swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len)
+swt_publish_plain(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len)
 {
     natsStatus s;
-    size_t max = sw_conn_max_payload(c);
-    if (max != 0 && len > max)
-        return SW_EMSGSIZE;
-    if (len > (size_t)INT32_MAX)
+    int64_t max = __atomic_load_n(&c->max_payload, __ATOMIC_ACQUIRE);
+    if ((max > 0 && len > (size_t)max) || len > (size_t)INT32_MAX)
         return SW_EMSGSIZE;
     if (reply != NULL)
         s = natsConnection_PublishRequest(c->nc, subj, reply, data, (int)len);
@@ -383,11 +415,34 @@ swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, s
     return sw_err_from_nats(s);
 }
 
+sw_err
+swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len)
+{
+    uint8_t stackbuf[2048], *buf = stackbuf;
+    size_t max = sw_conn_max_payload(c), cap = len + SWT_ENV_OVERHEAD, n = 0;
+    sw_err e;
+    if (max != 0 && len > max)
+        return SW_EMSGSIZE;
+    if (c->sealer == NULL)
+        return swt_publish_plain(c, subj, reply, data, len);
+    if (cap > sizeof(stackbuf) && (buf = malloc(cap)) == NULL)
+        return SW_ENOMEM;
+    e = swt_env_seal(c->sealer, subj, data, len, buf, cap, &n);
+    if (e == SW_OK)
+        e = swt_publish_plain(c, subj, reply, buf, n);
+    if (buf != stackbuf)
+        free(buf);
+    return e;
+}
+
 /* A subscription. nats.c may run the handler one last time after
  * Unsubscribe returns, on its own thread; its completion callback comes
  * after the handler's last return, so swt_sub_close waits for that before
  * it frees anything (cb_mu/cb_cv below guard `completed`). */
 struct swt_sub {
+    sw_conn *c;
+    uint8_t *pt; /* opened plaintext (the callbacks of one subscription run one at a time) */
+    size_t pt_cap;
     natsSubscription *ns;
     swt_msg_fn fn;
     void *arg;
@@ -405,6 +460,9 @@ swt_sub_free(swt_sub *sub)
     natsSubscription_Destroy(sub->ns);
     pthread_mutex_destroy(&sub->mu);
     pthread_cond_destroy(&sub->cv);
+    if (sub->pt != NULL)
+        sodium_memzero(sub->pt, sub->pt_cap);
+    free(sub->pt);
     free(sub);
 }
 
@@ -418,6 +476,36 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     m.data = (const uint8_t *)natsMsg_GetData(msg);
     m.len = (size_t)natsMsg_GetDataLength(msg);
     m.no_responders = natsMsg_IsNoResponders(msg) ? 1 : 0;
+    m.auth_failed = 0;
+    if (!m.no_responders) {
+        /* Sealed cluster: open before anyone looks; refuse what is not
+         * sealed. Unsealed: refuse what is (a sealed peer we cannot read). */
+        int sealed = swt_env_is_sealed(m.data, m.len);
+        if (sub->c->sealer != NULL && sealed) {
+            size_t n = 0;
+            if (sub->pt_cap < m.len) {
+                uint8_t *np = realloc(sub->pt, m.len);
+                if (np != NULL) {
+                    sub->pt = np;
+                    sub->pt_cap = m.len;
+                }
+            }
+            if (sub->pt_cap >= m.len && swt_env_open(sub->c->sealer, m.subject, m.data, m.len,
+                                                     sub->pt, sub->pt_cap, &n) == SW_OK) {
+                m.data = sub->pt;
+                m.len = n;
+            } else {
+                m.auth_failed = 1;
+            }
+        } else if (sub->c->sealer != NULL || sealed) {
+            m.auth_failed = 1;
+        }
+        if (m.auth_failed) {
+            m.data = NULL;
+            m.len = 0;
+            swt_conn_count_auth_failure(sub->c);
+        }
+    }
     pthread_mutex_lock(&sub->mu);
     sub->in_cb = 1;
     sub->cb_thread = pthread_self();
@@ -451,6 +539,7 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
     *out = NULL;
     if ((sub = calloc(1, sizeof(*sub))) == NULL)
         return SW_ENOMEM;
+    sub->c = c;
     sub->fn = fn;
     sub->arg = arg;
     pthread_mutex_init(&sub->mu, NULL);

@@ -98,8 +98,10 @@ swt_seal_key_from_bytes(const uint8_t raw[SWT_SEAL_KEY_BYTES], swt_seal_key *out
         sodium_memzero(out, sizeof(*out));
         return SW_EINVAL;
     }
-    if (swi_init() != SW_OK)
+    if (swi_init() != SW_OK) {
+        sodium_memzero(out, sizeof(*out));
         return SW_ECRYPTO;
+    }
     memmove(out->k, raw, SWT_SEAL_KEY_BYTES);
     out->id = seal_key_id(out->k);
     return SW_OK;
@@ -110,8 +112,10 @@ swt_seal_key_generate(swt_seal_key *out)
 {
     if (out == NULL)
         return SW_EINVAL;
-    if (swi_init() != SW_OK)
+    if (swi_init() != SW_OK) {
+        memset(out, 0, sizeof(*out));
         return SW_ECRYPTO;
+    }
     randombytes_buf(out->k, sizeof(out->k));
     out->id = seal_key_id(out->k);
     return SW_OK;
@@ -184,7 +188,9 @@ swt_seal_key_load(const char *path, swt_seal_key *out, char *why, size_t why_len
         return seal_fail(SW_EINVAL, why, why_len, "(none)", "no path given");
     if (swi_init() != SW_OK)
         return seal_fail(SW_ECRYPTO, why, why_len, path, "libsodium failed to initialise");
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    /* O_NONBLOCK: a FIFO (or a device) at the path must not block start-up
+     * before the regular-file check below refuses it. */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         return seal_fail(e == ENOENT   ? SW_ENOTFOUND
@@ -195,6 +201,13 @@ swt_seal_key_load(const char *path, swt_seal_key *out, char *why, size_t why_len
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         return seal_fail(SW_EINVAL, why, why_len, path, "not a regular file");
+    }
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        close(fd);
+        return seal_fail(SW_EPERM, why, why_len, path,
+                         "owned by uid %u, not by this user (uid %u) or root: a key another "
+                         "user controls is refused (chown it)",
+                         (unsigned)st.st_uid, (unsigned)geteuid());
     }
     if ((st.st_mode & 077) != 0) {
         close(fd);

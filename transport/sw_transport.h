@@ -61,8 +61,18 @@ int swt_denied(sw_conn *c, const char *subj);
 const char *swt_conn_name(const sw_conn *c);
 
 /* Publishes data on subj (reply may be NULL). Checks len against the
- * server's max payload first: SW_EMSGSIZE, nothing sent. */
+ * server's max payload first (less the envelope when the connection seals):
+ * SW_EMSGSIZE, nothing sent. A sealing connection seals data for subj
+ * (transport/envelope.h) before it goes out. */
 sw_err swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len);
+/* Publishes data as it is, never sealed: only for the plain auth_failed
+ * answer to a peer whose sealing does not match ours. */
+sw_err swt_publish_plain(sw_conn *c, const char *subj, const char *reply, const void *data,
+                         size_t len);
+/* Messages this connection refused: sealed when it does not seal, not
+ * sealed or not opening when it does. */
+uint64_t swt_conn_auth_failures(sw_conn *c);
+void swt_conn_count_auth_failure(sw_conn *c);
 
 /* A received message: a view valid only for the duration of the callback. */
 typedef struct swt_msg {
@@ -71,6 +81,9 @@ typedef struct swt_msg {
     const uint8_t *data;
     size_t len;
     int no_responders; /* the server's answer to a request of ours: nobody listens */
+    int auth_failed;   /* refused by sealing (data NULL, len 0): it did not open, it was not
+                          sealed on a sealing connection, or it was sealed on one that is not.
+                          Already counted in swt_conn_auth_failures. */
 } swt_msg;
 typedef void (*swt_msg_fn)(const swt_msg *m, void *arg);
 

@@ -131,7 +131,13 @@ typedef struct sw_conn_opts {
     const char *tls_ca_file;   /* PEM CA(s) the server's certificate must chain to */
     const char *tls_cert_file; /* client certificate (PEM), with tls_key_file */
     const char *tls_key_file;
-    int tls_skip_verify; /* do not verify the server's certificate: tests only */
+    int tls_skip_verify;       /* do not verify the server's certificate: tests only */
+    const char *seal_key_file; /* a cluster key (streamwire keygen): every message this
+                                  connection publishes is sealed and every message it receives
+                                  must open (docs/PROTOCOL.md "Security: sealing"); NULL = off.
+                                  The file must be mode 0600 (or stricter), owned by this user
+                                  or root: sw_conn_open fails with not_permitted, not_found or
+                                  invalid_argument, and logs why. */
 } sw_conn_opts;
 
 SW_API void sw_conn_opts_init(sw_conn_opts *opts);
@@ -159,8 +165,13 @@ SW_API sw_conn_state sw_conn_status(sw_conn *conn);
 /* Reconnections since sw_conn_open. Thread-safe. */
 SW_API uint64_t sw_conn_reconnects(sw_conn *conn);
 
-/* The server's max payload in bytes (0 if not connected). Thread-safe. */
+/* The largest message the library will publish, in bytes: the server's max
+ * payload, less the sealed envelope (78 bytes) when the connection seals; 0
+ * if not connected. Thread-safe. */
 SW_API size_t sw_conn_max_payload(sw_conn *conn);
+
+/* 1 if the connection seals (sw_conn_opts.seal_key_file). */
+SW_API int sw_conn_sealed(const sw_conn *conn);
 
 /* The underlying natsConnection* for advanced use (registry backends, custom
  * subscriptions). Owned by conn; valid until sw_conn_close. */
@@ -286,6 +297,9 @@ typedef struct sw_ingress_stats {
                                 (router_id) than the stream's: ignored */
     uint64_t finals_dropped; /* finished streams let go before their final was
                                 acknowledged, to keep at most max_held_finals */
+    uint64_t auth_failures;  /* requests, controls and probes refused by sealing: they did not
+                                open, or their sealing did not match this connection's; never
+                                acted on */
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);
@@ -579,6 +593,9 @@ typedef struct sw_router_stats {
                                      life of the instance to its declaration */
     uint64_t bad_messages;        /* heartbeat batches that did not decode (a stream's own
                                      undecodable item ends it with decode_error instead) */
+    uint64_t auth_failures;       /* messages refused by sealing (they did not open, or their
+                                     sealing did not match the connection's): a stream's own
+                                     ends it with auth_failed; others are dropped */
 } sw_router_stats;
 
 /* SW_STATUS_ERROR terminals this router delivered with the code `err` (a

@@ -31,7 +31,8 @@ class ConnOpts(Structure):
                 ("on_state", c_void_p), ("on_state_arg", c_void_p), ("creds_file", c_char_p),
                 ("nkey_seed_file", c_char_p), ("inbox_prefix", c_char_p), ("tls", c_int),
                 ("tls_ca_file", c_char_p), ("tls_cert_file", c_char_p),
-                ("tls_key_file", c_char_p), ("tls_skip_verify", c_int)]
+                ("tls_key_file", c_char_p), ("tls_skip_verify", c_int),
+                ("seal_key_file", c_char_p)]
 
 
 class IngressOpts(Structure):

@@ -620,6 +620,19 @@ test_key_file_errors(void **state)
     /* a directory */
     snprintf(g_path, sizeof(g_path), "%s", g_dir);
     expect_load_fails(NULL, 0, SW_EINVAL, "not a regular file");
+    /* a FIFO: refused at once, never blocking in open() (review Q9) */
+    snprintf(g_path, sizeof(g_path), "%s/fifo", g_dir);
+    unlink(g_path);
+    assert_int_equal(mkfifo(g_path, 0600), 0);
+    expect_load_fails(NULL, 0, SW_EINVAL, "not a regular file");
+    unlink(g_path);
+    /* owned by another user (only root can make one here) */
+    if (geteuid() == 0) {
+        write_key_file(HEX64 "\n", 0600);
+        assert_int_equal(chown(g_path, 12345, 12345), 0);
+        expect_load_fails(NULL, 0, SW_EPERM, "owned by uid 12345");
+        unlink(g_path);
+    }
     assert_int_equal(swt_seal_key_load(NULL, &k, NULL, 0), SW_EINVAL);
     assert_int_equal(swt_seal_key_load("", &k, NULL, 0), SW_EINVAL);
     assert_int_equal(swt_seal_key_load(g_dir, NULL, NULL, 0), SW_EINVAL);

@@ -1,0 +1,660 @@
+/* tests/integration/test_sealed.c -- sealing wired into the streams (issue
+ * 13), against a real nats-server: a sealed cluster streams, cancels and
+ * detects loss; a mixed cluster ends every stream with auth_failed, at
+ * once, both ways; and a hostile peer on the bus (nats.c, no key) attacks
+ * a sealed cluster: forged items, finals and heartbeats, items replayed
+ * from another stream and from earlier positions of the same stream,
+ * tampered bytes, forged cancels and credits, forged probe answers for a
+ * killed worker, a flood of requests with bad seals. Each is refused or
+ * ends its stream with auth_failed; nothing forged reaches a consumer; no
+ * healthy worker is evicted; no live stream is cancelled by a forgery. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "common/sw_common.h"
+#include "harness.h"
+#include "proto/sw_codec.h"
+#include "transport/seal.h"
+#include "transport/sw_transport.h"
+
+#define EP "seal.demo.gen"
+#define T(ms) ((int64_t)(ms)*swh_slow())
+
+static swh_nats g_nats;
+static char g_key1[320], g_key2[320];
+
+static void
+write_key(char *path, size_t cap, const char *name)
+{
+    swt_seal_key k;
+    char hex[SWT_SEAL_KEY_HEX + 1];
+    FILE *f;
+    snprintf(path, cap, "%s/%s", g_nats.dir, name);
+    assert_int_equal(swt_seal_key_generate(&k), SW_OK);
+    swt_seal_key_hex(&k, hex);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%s\n", hex);
+    fclose(f);
+    assert_int_equal(chmod(path, 0600), 0);
+    swt_seal_key_wipe(&k);
+}
+
+static sw_conn *
+conn_open(const char *key)
+{
+    sw_conn_opts o;
+    sw_conn *c = NULL;
+    sw_conn_opts_init(&o);
+    o.url = g_nats.url;
+    o.seal_key_file = key;
+    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
+    assert_int_equal(sw_conn_sealed(c), key != NULL);
+    return c;
+}
+
+/* ------------------------------------------------------------ a worker */
+
+typedef struct engine {
+    int n;        /* items per request (payload "n=K" overrides) */
+    int delay_ms; /* between items */
+    pthread_mutex_t mu;
+    int cancelled, served;
+} engine;
+
+static void
+handler(sw_responder *r, void *arg)
+{
+    engine *e = arg;
+    size_t len;
+    const char *p = sw_responder_payload(r, &len);
+    int n = e->n;
+    char buf[32];
+    if (len > 2 && len < sizeof(buf) && p[0] == 'n' && p[1] == '=') {
+        memcpy(buf, p + 2, len - 2); /* the payload is not a C string */
+        buf[len - 2] = '\0';
+        n = atoi(buf);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->served++;
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < n; i++) {
+        int k = snprintf(buf, sizeof(buf), "token-%d", i);
+        if (i > 0 && e->delay_ms > 0)
+            swh_sleep_ms(e->delay_ms);
+        if (sw_responder_send(r, buf, (size_t)k) != SW_OK) {
+            pthread_mutex_lock(&e->mu);
+            e->cancelled++;
+            pthread_mutex_unlock(&e->mu);
+            return;
+        }
+    }
+    (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+}
+
+static sw_ingress *
+worker(sw_conn *c, const char *inst, engine *e)
+{
+    sw_ingress_opts o;
+    sw_ingress *ing = NULL;
+    sw_ingress_opts_init(&o);
+    o.endpoint = EP;
+    o.instance_id = inst;
+    o.handler = handler;
+    o.handler_arg = e;
+    assert_int_equal(sw_ingress_start(&ing, c, &o), SW_OK);
+    return ing;
+}
+
+static sw_router *
+router(sw_conn *c)
+{
+    sw_router_opts o;
+    sw_router *r = NULL;
+    sw_router_opts_init(&o);
+    assert_int_equal(sw_router_create(&r, c, &o), SW_OK);
+    return r;
+}
+
+static sw_stream *
+open_stream(sw_router *r, const char *inst, const char *payload)
+{
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = inst;
+    assert_int_equal(sw_router_open(&s, r, &q, payload, strlen(payload)), SW_OK);
+    return s;
+}
+
+/* Reads to the terminal: the number of items, each checked to be token-k
+ * in order (so no forged or garbled bytes reached the consumer). */
+static int
+drain(sw_stream *s, sw_terminal *term, char *reason, size_t cap)
+{
+    const sw_item *it;
+    int n = 0;
+    for (;;) {
+        assert_int_equal(sw_stream_next(s, &it, T(15000)), SW_OK);
+        if (it->kind == SW_ITEM_TERMINAL)
+            break;
+        {
+            char want[32];
+            int k = snprintf(want, sizeof(want), "token-%d", n);
+            if (it->len != (size_t)k || memcmp(it->data, want, it->len) != 0)
+                fail_msg("item %d is not %s: %.*s", n, want, (int)it->len, (const char *)it->data);
+        }
+        n++;
+    }
+    *term = it->terminal;
+    snprintf(reason, cap, "%s", it->terminal.reason ? it->terminal.reason : "");
+    term->reason = reason;
+    term->message = "";
+    return n;
+}
+
+/* ------------------------------------------------------------ the cases */
+
+static void
+sealed_cluster_streams(void **state)
+{
+    sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e = {50, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    sw_ingress *ing = worker(wc, "sw1", &e);
+    sw_router *r = router(fc);
+    sw_terminal t;
+    char reason[64];
+    sw_stream *s;
+    (void)state;
+    for (int i = 0; i < 5; i++) {
+        s = open_stream(r, "sw1", "n=300"); /* beyond the credit window: credit flows sealed */
+        assert_int_equal(drain(s, &t, reason, sizeof(reason)), 300);
+        assert_int_equal(t.status, SW_STATUS_COMPLETED);
+        sw_stream_close(s);
+    }
+    /* a cancel, sealed, reaches the handler */
+    e.delay_ms = 5;
+    s = open_stream(r, "sw1", "n=100000");
+    {
+        const sw_item *it;
+        assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+        assert_int_equal(sw_stream_cancel(s), SW_OK);
+        do
+            assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+        while (it->kind == SW_ITEM_DATA);
+        assert_int_equal(it->terminal.status, SW_STATUS_CANCELLED);
+    }
+    sw_stream_close(s);
+    for (int i = 0; i < 200; i++) {
+        int c;
+        pthread_mutex_lock(&e.mu);
+        c = e.cancelled;
+        pthread_mutex_unlock(&e.mu);
+        if (c == 1)
+            break;
+        swh_sleep_ms(10);
+    }
+    assert_int_equal(e.cancelled, 1);
+    {
+        sw_ingress_stats is;
+        sw_router_stats rs;
+        sw_ingress_stats_get(ing, &is);
+        sw_router_stats_get(r, &rs);
+        assert_int_equal(is.auth_failures, 0);
+        assert_int_equal(rs.auth_failures, 0);
+        assert_int_equal(swt_conn_auth_failures(fc), 0);
+    }
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+}
+
+/* A mixed cluster: auth_failed at once, never a hang or a garbled stream. */
+static void
+mixed_cluster_fails_fast(void **state)
+{
+    const char *keys[3][2] = {{g_key1, NULL}, {NULL, g_key1}, {g_key1, g_key2}};
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        sw_conn *wc = conn_open(keys[k][0]), *fc = conn_open(keys[k][1]);
+        engine e = {20, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+        sw_ingress *ing = worker(wc, "mix1", &e);
+        sw_router *r = router(fc);
+        sw_terminal t;
+        char reason[64];
+        int64_t t0 = swi_now_ms();
+        sw_stream *s = open_stream(r, "mix1", "hello");
+        assert_int_equal(drain(s, &t, reason, sizeof(reason)), 0);
+        assert_int_equal(t.status, SW_STATUS_ERROR);
+        assert_int_equal(t.error, SW_AUTH_FAILED);
+        assert_string_equal(t.reason, "auth_failed");
+        assert_true(swi_now_ms() - t0 < T(1000));
+        sw_stream_close(s);
+        assert_int_equal(e.served, 0); /* the handler never ran */
+        sw_router_destroy(r);
+        sw_ingress_destroy(ing);
+        sw_conn_close(fc);
+        sw_conn_close(wc);
+    }
+}
+
+/* A raw nats.c client: the attacker, or an eavesdropper. */
+static natsConnection *
+raw_conn(void)
+{
+    natsConnection *nc = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, g_nats.url), NATS_OK);
+    return nc;
+}
+
+static void
+raw_item(natsConnection *nc, const char *subj, const uint8_t *id, uint64_t seq, const char *data,
+         int final)
+{
+    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    uint8_t buf[512];
+    size_t len;
+    w.version = SW_PROTOCOL_VERSION;
+    w.request_id.data = (uint8_t *)(uintptr_t)id;
+    w.request_id.len = SW_REQUEST_ID_BYTES;
+    w.seq = seq;
+    if (final) {
+        w.complete_final = 1;
+        t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+        t.finish_reason = (char *)"stop";
+        w.terminal = &t;
+    } else {
+        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+        w.data.data = (uint8_t *)(uintptr_t)data;
+        w.data.len = strlen(data);
+    }
+    assert_int_equal(swp_encode(&w, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+}
+
+/* Opens a slow sealed stream and reads its first item: its subject and id. */
+static sw_stream *
+slow_stream(sw_router *r, const char *inst, char *subj, size_t cap, uint8_t id[16])
+{
+    sw_stream *s = open_stream(r, inst, "n=100000");
+    const sw_item *it;
+    const char *hex = sw_stream_request_id(s);
+    assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    assert_int_equal(swt_subject_response(subj, cap, sw_router_id(r), hex), SW_OK);
+    for (int i = 0; i < 16; i++) {
+        unsigned v;
+        assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
+        id[i] = (uint8_t)v;
+    }
+    return s;
+}
+
+/* The stream ends auth_failed, and every item it delivered was the
+ * worker's own (token-k in order). */
+static void
+expect_auth_failed(sw_stream *s)
+{
+    const sw_item *it;
+    int n = 1; /* slow_stream read token-0 */
+    for (;;) {
+        assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+        if (it->kind == SW_ITEM_TERMINAL)
+            break;
+        {
+            char want[32];
+            int k = snprintf(want, sizeof(want), "token-%d", n++);
+            assert_int_equal(it->len, (size_t)k);
+            assert_memory_equal(it->data, want, (size_t)k);
+        }
+    }
+    assert_int_equal(it->terminal.status, SW_STATUS_ERROR);
+    assert_string_equal(it->terminal.reason, "auth_failed");
+}
+
+typedef struct capture {
+    pthread_mutex_t mu;
+    uint8_t msgs[64][1024];
+    size_t lens[64];
+    int n;
+} capture;
+
+static void
+on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    capture *c = arg;
+    (void)nc;
+    (void)sub;
+    pthread_mutex_lock(&c->mu);
+    if (c->n < 64 && (size_t)natsMsg_GetDataLength(m) <= sizeof(c->msgs[0])) {
+        memcpy(c->msgs[c->n], natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
+        c->lens[c->n++] = (size_t)natsMsg_GetDataLength(m);
+    }
+    pthread_mutex_unlock(&c->mu);
+    natsMsg_Destroy(m);
+}
+
+static void
+hostile_peer_against_sealed_cluster(void **state)
+{
+    sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e = {0, 20, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    sw_ingress *ing = worker(wc, "hw1", &e);
+    sw_router *r = router(fc);
+    natsConnection *nc = raw_conn();
+    char subj[SWT_SUBJECT_MAX], ctl[SWT_SUBJECT_MAX];
+    uint8_t id[16];
+    sw_stream *s;
+    capture cap;
+    natsSubscription *spy = NULL;
+    sw_router_stats rs;
+    sw_ingress_stats is;
+    (void)state;
+    memset(&cap, 0, sizeof(cap));
+    pthread_mutex_init(&cap.mu, NULL);
+
+    /* 1. forged item (unsealed) on a live stream's subject */
+    s = slow_stream(r, "hw1", subj, sizeof(subj), id);
+    raw_item(nc, subj, id, 2, "FORGED", 0);
+    expect_auth_failed(s);
+    sw_stream_close(s);
+
+    /* 2. forged final */
+    s = slow_stream(r, "hw1", subj, sizeof(subj), id);
+    raw_item(nc, subj, id, 2, NULL, 1);
+    expect_auth_failed(s);
+    sw_stream_close(s);
+
+    /* 3. an eavesdropper records a stream's sealed items ... */
+    s = slow_stream(r, "hw1", subj, sizeof(subj), id);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, subj, on_capture, &cap), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    for (int i = 0; i < 200; i++) {
+        int n;
+        pthread_mutex_lock(&cap.mu);
+        n = cap.n;
+        pthread_mutex_unlock(&cap.mu);
+        if (n >= 3)
+            break;
+        swh_sleep_ms(10);
+    }
+    natsSubscription_Unsubscribe(spy);
+    natsSubscription_Destroy(spy);
+    assert_true(cap.n >= 3);
+    /* ... and nothing of the tokens is readable in what it recorded */
+    for (int i = 0; i < cap.n; i++)
+        assert_null(memmem(cap.msgs[i], cap.lens[i], "token-", 6));
+    /* 3a. replays of earlier positions of the same stream: dropped as
+     * duplicates, the consumer's view does not change */
+    for (int i = 0; i < cap.n; i++)
+        assert_int_equal(natsConnection_Publish(nc, subj, cap.msgs[i], (int)cap.lens[i]), NATS_OK);
+    {
+        const sw_item *it;
+        int next = -1;
+        for (int k = 0; k < 10; k++) {
+            char tok[32];
+            assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+            assert_int_equal(it->kind, SW_ITEM_DATA);
+            assert_true(it->len < sizeof(tok));
+            memcpy(tok, it->data, it->len);
+            tok[it->len] = '\0';
+            if (next >= 0)
+                assert_int_equal(atoi(tok + 6), next);
+            next = atoi(tok + 6) + 1;
+        }
+    }
+    sw_stream_close(s);
+    /* 3b. the recorded items replayed into another stream: they do not open */
+    s = slow_stream(r, "hw1", subj, sizeof(subj), id);
+    assert_int_equal(natsConnection_Publish(nc, subj, cap.msgs[1], (int)cap.lens[1]), NATS_OK);
+    expect_auth_failed(s);
+    sw_stream_close(s);
+
+    /* 4. tampered bytes: a recorded item of a live stream, one bit flipped */
+    s = slow_stream(r, "hw1", subj, sizeof(subj), id);
+    memset(&cap, 0, sizeof(cap));
+    pthread_mutex_init(&cap.mu, NULL);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, subj, on_capture, &cap), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    while (1) {
+        int n;
+        pthread_mutex_lock(&cap.mu);
+        n = cap.n;
+        pthread_mutex_unlock(&cap.mu);
+        if (n >= 1)
+            break;
+        swh_sleep_ms(5);
+    }
+    natsSubscription_Unsubscribe(spy);
+    natsSubscription_Destroy(spy);
+    cap.msgs[0][cap.lens[0] - 3] ^= 0x20;
+    assert_int_equal(natsConnection_Publish(nc, subj, cap.msgs[0], (int)cap.lens[0]), NATS_OK);
+    expect_auth_failed(s);
+    sw_stream_close(s);
+
+    /* 5. forged cancel, kill and credit (unsealed) for a live stream: never
+     * acted on; the stream completes, every item once */
+    e.delay_ms = 2;
+    s = open_stream(r, "hw1", "n=400");
+    {
+        const char *hex = sw_stream_request_id(s);
+        swp_control c = STREAMWIRE__V1__CONTROL__INIT;
+        uint8_t buf[256];
+        size_t len;
+        for (int i = 0; i < 16; i++) {
+            unsigned v;
+            assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
+            id[i] = (uint8_t)v;
+        }
+        assert_int_equal(swt_subject_control(ctl, sizeof(ctl), "hw1"), SW_OK);
+        c.version = SW_PROTOCOL_VERSION;
+        c.request_id.data = id;
+        c.request_id.len = 16;
+        c.router_id = (char *)sw_router_id(r);
+        for (int kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL;
+             kind <= STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT; kind++) {
+            c.kind = (Streamwire__V1__ControlKind)kind;
+            c.credit_limit = 1u << 20;
+            assert_int_equal(swp_encode(&c, buf, sizeof(buf), &len), SW_OK);
+            assert_int_equal(natsConnection_Publish(nc, ctl, buf, (int)len), NATS_OK);
+        }
+        natsConnection_Flush(nc);
+    }
+    {
+        sw_terminal t;
+        char reason[64];
+        assert_int_equal(drain(s, &t, reason, sizeof(reason)), 400);
+        assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    }
+    sw_stream_close(s);
+
+    /* 6. a flood of requests with bad seals (sealed with another key, and
+     * unsealed): none served; the worker still serves */
+    {
+        int served0 = e.served;
+        char rsubj[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
+        swp_request q = STREAMWIRE__V1__REQUEST__INIT;
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        assert_int_equal(swt_subject_request(rsubj, sizeof(rsubj), EP, "hw1"), SW_OK);
+        for (int i = 0; i < 1000; i++) {
+            char hex[33];
+            for (int b = 0; b < 16; b++)
+                id[b] = (uint8_t)rand();
+            swi_hex(hex, id, 16);
+            assert_int_equal(swt_subject_response(reply, sizeof(reply), "attacker", hex), SW_OK);
+            q.version = SW_PROTOCOL_VERSION;
+            q.request_id.data = id;
+            q.request_id.len = 16;
+            q.response_subject = reply;
+            q.router_id = (char *)"attacker";
+            q.endpoint = (char *)EP;
+            assert_int_equal(swp_encode_alloc(&q, SIZE_MAX, &buf, &len), SW_OK);
+            assert_int_equal(natsConnection_PublishRequest(nc, rsubj, reply, buf, (int)len),
+                             NATS_OK);
+            free(buf);
+        }
+        natsConnection_Flush(nc);
+        for (int i = 0; i < 300; i++) {
+            sw_ingress_stats_get(ing, &is);
+            if (is.auth_failures >= 1000)
+                break;
+            swh_sleep_ms(10);
+        }
+        assert_true(is.auth_failures >= 1000);
+        assert_int_equal(e.served, served0);
+        e.delay_ms = 0;
+        s = open_stream(r, "hw1", "n=10");
+        {
+            sw_terminal t;
+            char reason[64];
+            assert_int_equal(drain(s, &t, reason, sizeof(reason)), 10);
+            assert_int_equal(t.status, SW_STATUS_COMPLETED);
+        }
+        sw_stream_close(s);
+    }
+    sw_router_stats_get(r, &rs);
+    assert_true(rs.auth_failures >= 4); /* cases 1, 2, 3b, 4 */
+    print_message("    refused: frontend %llu, worker %llu\n", (unsigned long long)rs.auth_failures,
+                  (unsigned long long)is.auth_failures);
+
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+}
+
+/* Forged probe answers (unsealed) for a worker that went away: the router
+ * still declares it lost, by its probes' timeouts (a sealed cluster takes
+ * no unsealed "no responders" shortcut). */
+typedef struct spammer {
+    natsConnection *nc;
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t buf[128];
+    size_t len;
+    volatile int stop;
+    int sent;
+} spammer;
+
+static void *
+spam_main(void *arg)
+{
+    spammer *sp = arg;
+    while (!sp->stop) {
+        (void)natsConnection_Publish(sp->nc, sp->subj, sp->buf, (int)sp->len);
+        sp->sent++;
+        swh_sleep_ms(5);
+    }
+    return NULL;
+}
+
+static void
+forged_probe_answers_do_not_hide_a_loss(void **state)
+{
+    sw_conn *fc = conn_open(g_key1);
+    const char *argv[] = {"worker",   "--server",
+                          g_nats.url, "--endpoint",
+                          EP,         "--instance-id",
+                          "pw1",      "--tokens",
+                          "100000",   "--token-interval-ms",
+                          "10",       "--registry",
+                          "none",     "--key-file",
+                          g_key1,     "--quiet",
+                          NULL};
+    int wfd = -1;
+    pid_t wpid = swh_spawn(argv, &wfd);
+    sw_router *r = router(fc);
+    spammer sp;
+    pthread_t th;
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t id[16];
+    sw_stream *s;
+    swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
+    const sw_item *it = NULL;
+    int64_t t0;
+    sw_router_stats rs;
+    (void)state;
+    assert_true(wpid > 0);
+    assert_int_equal(swh_wait_line(wfd, "worker ready", NULL, 0, (int)T(10000)), 0);
+    s = slow_stream(r, "pw1", subj, sizeof(subj), id);
+    memset(&sp, 0, sizeof(sp));
+    sp.nc = raw_conn();
+    assert_int_equal(swt_subject_probe_reply(sp.subj, sizeof(sp.subj), sw_router_id(r), "pw1"),
+                     SW_OK);
+    p.version = SW_PROTOCOL_VERSION;
+    p.instance_id = (char *)"pw1";
+    assert_int_equal(swp_encode(&p, sp.buf, sizeof(sp.buf), &sp.len), SW_OK);
+    assert_int_equal(pthread_create(&th, NULL, spam_main, &sp), 0);
+    /* the worker freezes: nothing more from it, its subscriptions stay
+     * (so only probe timeouts can tell), and the attacker answers every
+     * probe for it */
+    t0 = swi_now_ms();
+    swh_kill(wpid, SIGSTOP);
+    do
+        assert_int_not_equal(sw_stream_next(s, &it, 20), SW_EINVAL);
+    while ((it == NULL || it->kind != SW_ITEM_TERMINAL) && swi_now_ms() - t0 < T(10000));
+    sp.stop = 1;
+    pthread_join(th, NULL);
+    assert_non_null(it);
+    assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+    assert_int_equal(it->terminal.status, SW_STATUS_ERROR);
+    assert_string_equal(it->terminal.reason, "instance_lost");
+    sw_router_stats_get(r, &rs);
+    assert_true(rs.auth_failures > 0); /* the forged answers, refused */
+    print_message("    frozen worker -> instance_lost in %lld ms despite %d forged answers\n",
+                  (long long)(swi_now_ms() - t0), sp.sent);
+    sw_stream_close(s);
+    swh_kill(wpid, SIGCONT);
+    swh_terminate(wpid, 5000);
+    close(wfd);
+    natsConnection_Destroy(sp.nc);
+    sw_router_destroy(r);
+    sw_conn_close(fc);
+}
+
+static int
+group_setup(void **state)
+{
+    (void)state;
+    if (swh_nats_start(&g_nats, NULL) != 0)
+        return -1;
+    write_key(g_key1, sizeof(g_key1), "k1");
+    write_key(g_key2, sizeof(g_key2), "k2");
+    return 0;
+}
+
+static int
+group_teardown(void **state)
+{
+    (void)state;
+    swh_nats_stop(&g_nats);
+    return 0;
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(sealed_cluster_streams),
+        cmocka_unit_test(mixed_cluster_fails_fast),
+        cmocka_unit_test(hostile_peer_against_sealed_cluster),
+        cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -316,6 +316,12 @@ extern sw_router *g_router;
 extern sw_ingress *g_ing_main, *g_ing_big;
 extern unsigned g_default_window;
 void sw_bench_handler(sw_responder *r, void *arg);
+/* The instance the short-stream runs address (INST_MAIN; the sealed
+ * scenario points it at its own). */
+extern const char *g_sw_inst;
+/* Closed loop of short streams (sc_short.c): streams/s. */
+double run_short(int sw, unsigned conc, unsigned long *errors, char *err, size_t errcap,
+                 double *cpu, double *csw);
 sw_ingress *start_ingress(const char *ep, const char *inst, unsigned max_inflight,
                           unsigned max_window);
 
@@ -364,6 +370,7 @@ void scen_latency(void);
 /* ---------------------------------------------------------- sc_first_item.c */
 
 void scen_ttfi(void);
+void scen_sealed(void);
 
 /* ---------------------------------------------------------- sc_idle.c */
 

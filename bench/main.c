@@ -33,6 +33,9 @@ static const scenario scenarios[] = {
      "           (the raw baseline subscribes to a fresh inbox per request)\n"},
     {"latency", scen_latency, 0, "per-item latency at a fixed rate: p50, p99, p99.9\n"},
     {"ttfi", scen_ttfi, 0, "time to first item: p50, p99\n"},
+    {"sealed", scen_sealed, 0,
+     "issue 13: the same runs sealed (a cluster key) against unsealed, alternating:\n"
+     "           long 64 B and 1 KiB, short streams at c=64, latency p99, CPU/item\n"},
     {"idle", scen_idle, 1, "idle open streams at the frontend: RSS per stream, idle CPU\n"},
     {"loss", scen_loss, 0,
      "issue 4: SIGKILL / SIGSTOP of a worker (child process) mid-stream ->\n"

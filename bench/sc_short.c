@@ -52,7 +52,7 @@ one_sw_stream(unsigned n, size_t size, one_res *o)
     sw_err e;
     sw_request_opts_init(&ro);
     ro.endpoint = EP_MAIN;
-    ro.instance_id = INST_MAIN;
+    ro.instance_id = g_sw_inst;
     ro.credit_window = cfg.window;
     t0 = now_ns();
     if ((e = sw_router_open(&s, g_router, &ro, &q, sizeof(q))) != SW_OK) {
@@ -125,7 +125,7 @@ short_thread(void *arg)
 }
 
 /* Closed loop: conc threads, each runs streams back to back for short_secs. */
-static double
+double
 run_short(int sw, unsigned conc, unsigned long *errors, char *err, size_t errcap, double *cpu,
           double *csw)
 {

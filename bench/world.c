@@ -129,6 +129,7 @@ raw_responder_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *ar
 
 sw_conn *g_sw_front, *g_sw_work;
 sw_router *g_router;
+const char *g_sw_inst = INST_MAIN;
 sw_ingress *g_ing_main, *g_ing_big;
 unsigned g_default_window;
 

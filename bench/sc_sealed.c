@@ -1,0 +1,192 @@
+/* bench/sc_sealed.c -- streamwire-bench: scenario "sealed" (issue 13). The
+ * same streamwire runs through connections that seal (a cluster key: every
+ * message sealed by the sender's transport and opened by the receiver's)
+ * and through the unsealed ones, alternating, in the same run: a long
+ * stream of 64 B and 1 KiB items, short streams at concurrency 64, and
+ * per-item latency at a fixed rate. In its rows the "raw" column holds the
+ * unsealed streamwire figure, so the ratio is sealed / unsealed (goals:
+ * items/s >= 0.8x, p99 <= +20 us). Uses the public API only. */
+#include "bench.h"
+
+#define INST_SEALED "benchsealed"
+
+static sw_conn *s_front, *s_work;
+static sw_router *s_router;
+static sw_ingress *s_ing;
+static char s_key[64] = "";
+
+/* A cluster key file (what `streamwire keygen` writes: 64 hex digits,
+ * mode 0600) in a temp file. */
+static void
+write_key(void)
+{
+    unsigned char raw[32];
+    FILE *u = fopen("/dev/urandom", "rb"), *f;
+    int fd;
+    if (u == NULL || fread(raw, 1, sizeof(raw), u) != sizeof(raw))
+        die("cannot read /dev/urandom");
+    fclose(u);
+    snprintf(s_key, sizeof(s_key), "/tmp/swbench-key-XXXXXX");
+    if ((fd = mkstemp(s_key)) < 0 || (f = fdopen(fd, "w")) == NULL)
+        die("cannot write a key file");
+    for (size_t i = 0; i < sizeof(raw); i++)
+        fprintf(f, "%02x", raw[i]);
+    fprintf(f, "\n");
+    fclose(f);
+}
+
+static sw_conn *
+sealed_connect(const char *name)
+{
+    sw_conn_opts co;
+    sw_conn *c = NULL;
+    sw_err e;
+    sw_conn_opts_init(&co);
+    co.url = g_url;
+    co.name = name;
+    co.connect_timeout_ms = 5000;
+    co.no_send_asap = !cfg.send_asap;
+    co.seal_key_file = s_key;
+    if ((e = sw_conn_open(&c, &co)) != SW_OK)
+        die("sw_conn_open (sealed): %s", sw_err_name(e));
+    return c;
+}
+
+static void
+sealed_world(void)
+{
+    sw_router_opts ro;
+    sw_conn *keep = g_sw_work;
+    sw_err e;
+    unsigned max_conc = 64;
+    if (s_router != NULL)
+        return;
+    write_key();
+    s_front = sealed_connect("bench-sealed-frontend");
+    s_work = sealed_connect("bench-sealed-worker");
+    unlink(s_key); /* read at connect; nothing keeps it on disk */
+    g_sw_work = s_work;
+    for (int i = 0; i < cfg.nconc; i++)
+        if (cfg.conc[i] > max_conc)
+            max_conc = cfg.conc[i];
+    s_ing = start_ingress(EP_MAIN, INST_SEALED, 2 * max_conc, cfg.window > 1024 ? cfg.window : 0);
+    g_sw_work = keep;
+    sw_router_opts_init(&ro);
+    if ((e = sw_router_create(&s_router, s_front, &ro)) != SW_OK)
+        die("sw_router_create (sealed): %s", sw_err_name(e));
+}
+
+/* Runs fn with the sealed world in place of the unsealed one. */
+#define WITH_SEALED(code)               \
+    do {                                \
+        sw_router *keep_r = g_router;   \
+        const char *keep_i = g_sw_inst; \
+        g_router = s_router;            \
+        g_sw_inst = INST_SEALED;        \
+        code;                           \
+        g_router = keep_r;              \
+        g_sw_inst = keep_i;             \
+    } while (0)
+
+void
+scen_sealed(void)
+{
+    unsigned reps = cfg.reps < 32 ? cfg.reps : 32;
+    char param[64], note[200];
+    sealed_world();
+    /* warm-up */
+    {
+        stream_run w;
+        memset(&w, 0, sizeof(w));
+        w.n = 1000;
+        w.size = 64;
+        WITH_SEALED(run_sw_stream(&w, EP_MAIN, INST_SEALED, cfg.window, 0));
+    }
+    for (int si = 0; si < cfg.nsizes; si++) {
+        size_t size = cfg.sizes[si];
+        double ips[2][32], cpu[2][32];
+        for (unsigned rep = 0; rep < reps; rep++) {
+            for (int sealed = 0; sealed <= 1; sealed++) {
+                stream_run r;
+                memset(&r, 0, sizeof(r));
+                r.n = cfg.items;
+                r.size = size;
+                progress("sealed: long stream %zu B x %lu, %s, rep %u/%u", size, cfg.items,
+                         sealed ? "sealed" : "unsealed", rep + 1, reps);
+                if (sealed)
+                    WITH_SEALED(run_sw_stream(&r, EP_MAIN, INST_SEALED, cfg.window, 0));
+                else
+                    run_sw_stream(&r, EP_MAIN, INST_MAIN, cfg.window, 0);
+                if (r.err[0])
+                    progress("  %s", r.err);
+                ips[sealed][rep] = r.secs > 0 ? (double)r.received / r.secs : NAN;
+                cpu[sealed][rep] = r.received ? r.cpu_us / (double)r.received : NAN;
+            }
+        }
+        snprintf(param, sizeof(param), "long %zu B x %lu", size, cfg.items);
+        snprintf(note, sizeof(note), "raw column = unsealed streamwire; goal sealed >= 0.8x");
+        add_row("13 sealed", param, "items/s", median(ips[0], reps), median(ips[1], reps), 0, 0,
+                note);
+        add_row("13 sealed", param, "CPU us/item", median(cpu[0], reps), median(cpu[1], reps), 1, 2,
+                "frontend + worker in this process");
+    }
+    {
+        double rate[2][32], cpu[2][32], csw;
+        unsigned long errors;
+        char err[160];
+        for (unsigned rep = 0; rep < reps; rep++)
+            for (int sealed = 0; sealed <= 1; sealed++) {
+                progress("sealed: short streams c=64, %s, rep %u/%u",
+                         sealed ? "sealed" : "unsealed", rep + 1, reps);
+                if (sealed)
+                    WITH_SEALED(rate[1][rep] = run_short(1, 64, &errors, err, sizeof(err),
+                                                         &cpu[1][rep], &csw));
+                else
+                    rate[0][rep] = run_short(1, 64, &errors, err, sizeof(err), &cpu[0][rep], &csw);
+                if (errors)
+                    progress("  %lu errors: %s", errors, err);
+            }
+        snprintf(param, sizeof(param), "short %u x 64 B, c=64", cfg.short_items);
+        add_row("13 sealed", param, "streams/s", median(rate[0], reps), median(rate[1], reps), 0, 0,
+                "raw column = unsealed streamwire");
+        add_row("13 sealed", param, "CPU us/stream", median(cpu[0], reps), median(cpu[1], reps), 1,
+                1, "");
+    }
+    {
+        unsigned segs = cfg.quick ? 2 : 6;
+        unsigned long per = (unsigned long)(cfg.rate * cfg.lat_secs) / segs, got[2] = {0, 0};
+        int64_t *lat[2];
+        if (per < 10)
+            per = 10;
+        for (int k = 0; k < 2; k++)
+            if ((lat[k] = calloc(per * segs, sizeof(int64_t))) == NULL)
+                die("out of memory");
+        for (unsigned seg = 0; seg < segs; seg++)
+            for (int sealed = 0; sealed <= 1; sealed++) {
+                stream_run r;
+                memset(&r, 0, sizeof(r));
+                r.n = per;
+                r.size = 64;
+                r.rate = cfg.rate;
+                r.lat = lat[sealed] + got[sealed];
+                progress("sealed: latency at %u/s, %s, segment %u/%u", cfg.rate,
+                         sealed ? "sealed" : "unsealed", seg + 1, segs);
+                if (sealed)
+                    WITH_SEALED(run_sw_stream(&r, EP_MAIN, INST_SEALED, cfg.window, 0));
+                else
+                    run_sw_stream(&r, EP_MAIN, INST_MAIN, cfg.window, 0);
+                got[sealed] += r.received < per ? r.received : per;
+            }
+        for (int k = 0; k < 2; k++)
+            qsort(lat[k], got[k], sizeof(int64_t), cmp_i64);
+        snprintf(param, sizeof(param), "latency 64 B at %u/s", cfg.rate);
+        add_row("13 sealed", param, "p50 us", pct(lat[0], got[0], 0.5) / 1e3,
+                pct(lat[1], got[1], 0.5) / 1e3, 1, 1, "raw column = unsealed streamwire");
+        snprintf(note, sizeof(note), "sealed - unsealed = %+.1f us (goal <= +20)",
+                 (pct(lat[1], got[1], 0.99) - pct(lat[0], got[0], 0.99)) / 1e3);
+        add_row("13 sealed", param, "p99 us", pct(lat[0], got[0], 0.99) / 1e3,
+                pct(lat[1], got[1], 0.99) / 1e3, 1, 1, note);
+        free(lat[0]);
+        free(lat[1]);
+    }
+}

@@ -280,8 +280,13 @@ swt_env_seal(const swt_sealer *s, const char *subject, const uint8_t *msg, size_
     if (len > SWT_SEAL_MAX_PLAINTEXT || len + SWT_ENV_OVERHEAD > out_cap)
         return SW_EMSGSIZE;
     swt_env_classify(subject, &cl);
-    if (has_rid_field(cl.msg_type) && find_rid(msg, len, &rid) != 1)
-        rid = NULL;
+    if (has_rid_field(cl.msg_type)) {
+        int found = find_rid(msg, len, &rid);
+        if (found < 0)
+            return SW_EINVAL; /* not a protobuf message: the receiver could not check it */
+        if (found == 0)
+            rid = NULL;
+    }
     if ((e = env_prepare(s, subject, &cl, rid, &k)) != SW_OK)
         return e;
     sealed_len =

@@ -54,7 +54,8 @@ void swt_env_classify(const char *subject, swt_env_class *out);
 int swt_env_is_sealed(const uint8_t *buf, size_t len);
 
 /* Seals msg (a complete encoded message) for subject into out (out_cap >= len
- * + SWT_ENV_OVERHEAD). SW_OK, SW_EMSGSIZE, SW_EINVAL, SW_ECRYPTO. */
+ * + SWT_ENV_OVERHEAD). SW_OK, SW_EMSGSIZE, SW_EINVAL (also: a request, item
+ * or control that is not a well-formed protobuf message), SW_ECRYPTO. */
 sw_err swt_env_seal(const swt_sealer *s, const char *subject, const uint8_t *msg, size_t len,
                     uint8_t *out, size_t out_cap, size_t *out_len);
 

@@ -58,6 +58,10 @@ router_render(swi_prom *p, void *obj)
                    "Messages for no open stream of this router.", l, 1, (double)st.unknown_stream);
     swi_prom_value(p, F("bad_messages_total"), "counter", "Heartbeat batches that did not decode.",
                    l, 1, (double)st.bad_messages);
+    swi_prom_value(p, F("auth_failures_total"), "counter",
+                   "Messages refused by sealing: they did not open, or their sealing did not "
+                   "match this connection's (a stream's own ends it with auth_failed).",
+                   l, 1, (double)st.auth_failures);
     swi_prom_value(p, F("instances_lost_total"), "counter", "Instances this router declared dead.",
                    l, 1, (double)st.instances_lost);
     swi_prom_value(p, F("probes_sent_total"), "counter", "Liveness probes sent to instances.", l, 1,

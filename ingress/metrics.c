@@ -45,6 +45,9 @@ ingress_render(swi_prom *p, void *obj)
     swi_prom_value(p, F("bad_controls_total"), "counter",
                    "Control messages naming another frontend than the stream's.", l, 2,
                    (double)st.bad_controls);
+    swi_prom_value(p, F("auth_failures_total"), "counter",
+                   "Requests, controls and probe answers refused by sealing; never acted on.", l, 2,
+                   (double)st.auth_failures);
     swi_prom_value(p, F("finals_dropped_total"), "counter",
                    "Finished streams let go before their final was acknowledged.", l, 2,
                    (double)st.finals_dropped);

@@ -24,6 +24,7 @@
 #include <nats/nats.h>
 
 #include "common/sw_common.h"
+#include <streamwire/metrics.h>
 #include "harness.h"
 #include "proto/sw_codec.h"
 #include "transport/seal.h"
@@ -532,6 +533,28 @@ hostile_peer_against_sealed_cluster(void **state)
     assert_true(rs.auth_failures >= 4); /* cases 1, 2, 3b, 4 */
     print_message("    refused: frontend %llu, worker %llu\n", (unsigned long long)rs.auth_failures,
                   (unsigned long long)is.auth_failures);
+    {
+        /* exported as Prometheus families, with the same counts */
+        sw_metrics *m = NULL;
+        char *text = NULL, want[160];
+        size_t tl = 0;
+        assert_int_equal(sw_metrics_create(&m), SW_OK);
+        assert_int_equal(sw_metrics_add_router(m, r), SW_OK);
+        assert_int_equal(sw_metrics_add_ingress(m, ing), SW_OK);
+        assert_int_equal(sw_metrics_render(m, &text, &tl), SW_OK);
+        sw_router_stats_get(r, &rs);
+        sw_ingress_stats_get(ing, &is);
+        snprintf(want, sizeof(want),
+                 "streamwire_frontend_auth_failures_total{router=\"%s\"} %llu\n", sw_router_id(r),
+                 (unsigned long long)rs.auth_failures);
+        if (strstr(text, want) == NULL)
+            fail_msg("no line %s", want);
+        snprintf(want, sizeof(want), "} %llu\n", (unsigned long long)is.auth_failures);
+        assert_non_null(strstr(text, "streamwire_worker_auth_failures_total{"));
+        assert_non_null(strstr(strstr(text, "streamwire_worker_auth_failures_total{"), want));
+        free(text);
+        sw_metrics_destroy(m);
+    }
 
     natsConnection_Destroy(nc);
     sw_router_destroy(r);

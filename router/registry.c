@@ -29,6 +29,8 @@
 #include "common/sched.h"
 #include "common/sw_common.h"
 #include "proto/sw_codec.h"
+#include "transport/envelope.h"
+#include "transport/sw_transport.h"
 #include <streamwire/registry.h>
 
 #define REG_MAX_VALUE (64 * 1024)
@@ -73,6 +75,7 @@ typedef struct reg_watcher {
 
 struct sw_registry {
     const sw_registry_backend *be;
+    const swt_sealer *sealer; /* the connection's: values sealed under their key (or NULL) */
     void *bs;
     void *bw;
     swi_logger log;
@@ -209,7 +212,28 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
 
     wronged[0] = '\0';
     if (!deleted) {
-        sw_err rv = swp_decode_instance(e->value, e->len, REG_MAX_VALUE, &info);
+        const uint8_t *val = e->value;
+        size_t vlen = e->len;
+        uint8_t *opened = NULL;
+        sw_err rv;
+        if (reg->sealer != NULL || swt_env_is_sealed(e->value, e->len)) {
+            /* Sealed registry: an entry or tombstone that does not open under
+             * its own key (unsealed, another key, moved, forged) is ignored. */
+            size_t n = 0;
+            if (reg->sealer == NULL || (opened = malloc(e->len ? e->len : 1)) == NULL ||
+                swt_env_open_kv(reg->sealer, e->key, e->value, e->len, opened, e->len, &n) !=
+                    SW_OK) {
+                free(opened);
+                swi_log(&reg->log, SW_LOG_WARN,
+                        "registry: entry %s does not open with %s: ignored (auth_failed)", e->key,
+                        reg->sealer ? "the cluster key" : "no key (it is sealed)");
+                return;
+            }
+            val = opened;
+            vlen = n;
+        }
+        rv = swp_decode_instance(val, vlen, REG_MAX_VALUE, &info);
+        free(opened);
         if (rv != SW_OK) {
             swi_log(&reg->log, SW_LOG_WARN, "registry: entry %s does not decode (%s): ignored",
                     e->key, sw_err_name(rv));
@@ -298,6 +322,29 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
 
 /* ---------------------------------------------------------------- keep-alive */
 
+/* Seals a value for its key when the connection seals (*buf replaced). */
+static sw_err
+reg_seal(const sw_registry *reg, const char *key, uint8_t **buf, size_t *len)
+{
+    uint8_t *out;
+    size_t n = 0;
+    sw_err e;
+    if (reg->sealer == NULL)
+        return SW_OK;
+    if ((out = malloc(*len + SWT_ENV_OVERHEAD)) == NULL)
+        return SW_ENOMEM;
+    e = swt_env_seal_kv(reg->sealer, key, *buf, *len, out, *len + SWT_ENV_OVERHEAD, &n);
+    free(*buf);
+    *buf = NULL;
+    if (e != SW_OK) {
+        free(out);
+        return e;
+    }
+    *buf = out;
+    *len = n;
+    return SW_OK;
+}
+
 static sw_err
 own_encode(sw_registry *reg, const reg_own *o, uint8_t **buf, size_t *len)
 {
@@ -313,7 +360,10 @@ own_encode(sw_registry *reg, const reg_own *o, uint8_t **buf, size_t *len)
     m.refreshed_unix_ms = (uint64_t)swi_unix_ms();
     m.lease_ms = reg->lease_ms;
     m.draining = o->draining != 0;
-    return swp_encode_alloc(&m, REG_MAX_VALUE, buf, len);
+    {
+        sw_err e = swp_encode_alloc(&m, REG_MAX_VALUE, buf, len);
+        return e == SW_OK ? reg_seal(reg, o->key, buf, len) : e;
+    }
 }
 
 /* One keep-alive write for own entry `key` (reg->mu NOT held). */
@@ -543,6 +593,7 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
     if ((reg = calloc(1, sizeof(*reg))) == NULL)
         return SW_ENOMEM;
     reg->be = be;
+    reg->sealer = conn != NULL ? swt_conn_sealer(conn) : NULL;
     reg->log.fn = o->log;
     reg->log.arg = o->log_arg;
     reg->lease_ms = o->lease_ms ? (unsigned)o->lease_ms : 3000;
@@ -793,6 +844,8 @@ reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int64_t
         t.dead_reason = (char *)(reason ? reason : "reported dead");
         t.reported_by = reg->host;
         rv = swp_encode_alloc(&t, REG_MAX_VALUE, &buf, &len);
+        if (rv == SW_OK)
+            rv = reg_seal(reg, key, &buf, &len); /* only a key holder's tombstone opens */
     }
     swp_free(tomb);
     if (rv != SW_OK)

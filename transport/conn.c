@@ -382,6 +382,12 @@ sw_conn_sealed(const sw_conn *c)
     return c != NULL && c->sealer != NULL;
 }
 
+const swt_sealer *
+swt_conn_sealer(sw_conn *c)
+{
+    return c ? c->sealer : NULL;
+}
+
 uint64_t
 swt_conn_auth_failures(sw_conn *c)
 {

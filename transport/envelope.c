@@ -12,7 +12,7 @@
 
 struct swt_sealer {
     swt_seal_key key;
-    swt_seal_subkey inst_f2w, inst_w2f;
+    swt_seal_subkey inst_f2w, inst_w2f, registry;
 };
 
 sw_err
@@ -28,7 +28,8 @@ swt_sealer_from_key(swt_sealer **out, const swt_seal_key *key)
     memset(s, 0, sizeof(*s));
     s->key = *key;
     if ((e = swt_seal_derive(&s->key, SWT_SEAL_INST_F2W, NULL, &s->inst_f2w)) != SW_OK ||
-        (e = swt_seal_derive(&s->key, SWT_SEAL_INST_W2F, NULL, &s->inst_w2f)) != SW_OK) {
+        (e = swt_seal_derive(&s->key, SWT_SEAL_INST_W2F, NULL, &s->inst_w2f)) != SW_OK ||
+        (e = swt_seal_derive(&s->key, SWT_SEAL_REGISTRY, NULL, &s->registry)) != SW_OK) {
         swt_sealer_free(s);
         return e;
     }
@@ -59,6 +60,7 @@ swt_sealer_free(swt_sealer *s)
     swt_seal_key_wipe(&s->key);
     swt_seal_subkey_wipe(&s->inst_f2w);
     swt_seal_subkey_wipe(&s->inst_w2f);
+    swt_seal_subkey_wipe(&s->registry);
     sodium_free(s); /* zeroes the whole guarded page */
 }
 
@@ -255,6 +257,10 @@ env_prepare(const swt_sealer *s, const char *subject, const swt_env_class *cl, c
         k->ad.context = (const char *)k->ctx;
         k->ad.context_len = sizeof(k->ctx);
     }
+    if (cl->msg_type == SWT_SEAL_MSG_INSTANCE_INFO) { /* registry values (entries, tombstones) */
+        k->use = &s->registry;
+        return SW_OK;
+    }
     if (rid == NULL) {
         k->use = cl->to_worker ? &s->inst_f2w : &s->inst_w2f;
         return SW_OK;
@@ -264,11 +270,11 @@ env_prepare(const swt_sealer *s, const char *subject, const swt_env_class *cl, c
                            &k->stream);
 }
 
-sw_err
-swt_env_seal(const swt_sealer *s, const char *subject, const uint8_t *msg, size_t len, uint8_t *out,
-             size_t out_cap, size_t *out_len)
+static sw_err
+env_seal(const swt_sealer *s, const char *subject, const swt_env_class *clp, const uint8_t *msg,
+         size_t len, uint8_t *out, size_t out_cap, size_t *out_len)
 {
-    swt_env_class cl;
+    swt_env_class cl = *clp;
     env_keys k;
     const uint8_t *rid = NULL;
     uint8_t nonce[SWT_SEAL_NONCE_BYTES];
@@ -279,7 +285,6 @@ swt_env_seal(const swt_sealer *s, const char *subject, const uint8_t *msg, size_
     *out_len = 0;
     if (len > SWT_SEAL_MAX_PLAINTEXT || len + SWT_ENV_OVERHEAD > out_cap)
         return SW_EMSGSIZE;
-    swt_env_classify(subject, &cl);
     if (has_rid_field(cl.msg_type)) {
         int found = find_rid(msg, len, &rid);
         if (found < 0)
@@ -321,11 +326,11 @@ swt_env_seal(const swt_sealer *s, const char *subject, const uint8_t *msg, size_
     return SW_OK;
 }
 
-sw_err
-swt_env_open(const swt_sealer *s, const char *subject, const uint8_t *buf, size_t len, uint8_t *pt,
-             size_t pt_cap, size_t *pt_len)
+static sw_err
+env_open(const swt_sealer *s, const char *subject, const swt_env_class *clp, const uint8_t *buf,
+         size_t len, uint8_t *pt, size_t pt_cap, size_t *pt_len)
 {
-    swt_env_class cl;
+    swt_env_class cl = *clp;
     env_keys k;
     const uint8_t *rid = NULL, *nonce = NULL, *ct = NULL, *inner_rid = NULL;
     size_t nonce_len = 0, ct_len = 0, off = 0;
@@ -366,7 +371,6 @@ swt_env_open(const swt_sealer *s, const char *subject, const uint8_t *buf, size_
     }
     if (!version || !have_sealed || ct == NULL || key_id > UINT32_MAX)
         return SW_AUTH_FAILED;
-    swt_env_classify(subject, &cl);
     if (rid != NULL && !has_rid_field(cl.msg_type))
         return SW_AUTH_FAILED;
     if ((e = env_prepare(s, subject, &cl, rid, &k)) != SW_OK)
@@ -388,4 +392,51 @@ swt_env_open(const swt_sealer *s, const char *subject, const uint8_t *buf, size_
         return SW_AUTH_FAILED;
     }
     return SW_OK;
+}
+
+sw_err
+swt_env_seal(const swt_sealer *s, const char *subject, const uint8_t *msg, size_t len, uint8_t *out,
+             size_t out_cap, size_t *out_len)
+{
+    swt_env_class cl;
+    if (subject == NULL)
+        return SW_EINVAL;
+    swt_env_classify(subject, &cl);
+    return env_seal(s, subject, &cl, msg, len, out, out_cap, out_len);
+}
+
+sw_err
+swt_env_open(const swt_sealer *s, const char *subject, const uint8_t *buf, size_t len, uint8_t *pt,
+             size_t pt_cap, size_t *pt_len)
+{
+    swt_env_class cl;
+    if (pt_len != NULL)
+        *pt_len = 0;
+    if (subject == NULL)
+        return SW_AUTH_FAILED;
+    swt_env_classify(subject, &cl);
+    return env_open(s, subject, &cl, buf, len, pt, pt_cap, pt_len);
+}
+
+/* Registry values: the registry key as the context, the registry key. */
+static const swt_env_class kv_class = {0, SWT_SEAL_MSG_INSTANCE_INFO};
+
+sw_err
+swt_env_seal_kv(const swt_sealer *s, const char *key, const uint8_t *msg, size_t len, uint8_t *out,
+                size_t out_cap, size_t *out_len)
+{
+    if (key == NULL)
+        return SW_EINVAL;
+    return env_seal(s, key, &kv_class, msg, len, out, out_cap, out_len);
+}
+
+sw_err
+swt_env_open_kv(const swt_sealer *s, const char *key, const uint8_t *buf, size_t len, uint8_t *pt,
+                size_t pt_cap, size_t *pt_len)
+{
+    if (pt_len != NULL)
+        *pt_len = 0;
+    if (key == NULL)
+        return SW_AUTH_FAILED;
+    return env_open(s, key, &kv_class, buf, len, pt, pt_cap, pt_len);
 }

@@ -66,4 +66,13 @@ sw_err swt_env_seal(const swt_sealer *s, const char *subject, const uint8_t *msg
 sw_err swt_env_open(const swt_sealer *s, const char *subject, const uint8_t *buf, size_t len,
                     uint8_t *pt, size_t pt_cap, size_t *pt_len);
 
+/* The same for registry values (instance entries and tombstones) under
+ * their registry key: sealed with the registry key, bound to the key, so an
+ * entry opens only under its own key, and only a key holder can write one
+ * that opens. */
+sw_err swt_env_seal_kv(const swt_sealer *s, const char *key, const uint8_t *msg, size_t len,
+                       uint8_t *out, size_t out_cap, size_t *out_len);
+sw_err swt_env_open_kv(const swt_sealer *s, const char *key, const uint8_t *buf, size_t len,
+                       uint8_t *pt, size_t pt_cap, size_t *pt_len);
+
 #endif

@@ -72,6 +72,10 @@ sw_err swt_publish_plain(sw_conn *c, const char *subj, const char *reply, const 
 /* Messages this connection refused: sealed when it does not seal, not
  * sealed or not opening when it does. */
 uint64_t swt_conn_auth_failures(sw_conn *c);
+/* The connection's keys, or NULL when it does not seal (the registry seals
+ * its values with them). Valid until sw_conn_close. */
+struct swt_sealer;
+const struct swt_sealer *swt_conn_sealer(sw_conn *c);
 void swt_conn_count_auth_failure(sw_conn *c);
 
 /* A received message: a view valid only for the duration of the callback. */

@@ -25,6 +25,7 @@
 
 #include "common/sw_common.h"
 #include <streamwire/metrics.h>
+#include <streamwire/registry.h>
 #include "harness.h"
 #include "proto/sw_codec.h"
 #include "transport/seal.h"
@@ -651,6 +652,127 @@ forged_probe_answers_do_not_hide_a_loss(void **state)
     sw_conn_close(fc);
 }
 
+/* The registry of a sealed cluster: entries and tombstones are sealed under
+ * their key. A sealed router sees sealed workers only; a forged (unsealed)
+ * entry is not an instance; a forged tombstone for a live worker evicts
+ * nothing; an unsealed router sees no sealed worker. */
+static size_t
+listed(sw_registry *reg, const char *want)
+{
+    sw_instance *v = NULL;
+    size_t n = 0, hits = 0;
+    assert_int_equal(sw_registry_list(reg, EP, &v, &n), SW_OK);
+    for (size_t i = 0; i < n; i++)
+        if (want == NULL || strcmp(v[i].instance_id, want) == 0)
+            hits++;
+    sw_instances_free(v, n);
+    return hits;
+}
+
+static void
+kv_put_raw(const char *key, const void *val, size_t len)
+{
+    natsConnection *nc = raw_conn();
+    jsCtx *js = NULL;
+    kvStore *kv = NULL;
+    uint64_t rev = 0;
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(js_KeyValue(&kv, js, "sw_sealed_reg"), NATS_OK);
+    assert_int_equal(kvStore_Put(&rev, kv, key, val, (int)len), NATS_OK);
+    kvStore_Destroy(kv);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+}
+
+static void
+sealed_registry(void **state)
+{
+    sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1), *uc = conn_open(NULL);
+    engine e = {5, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    sw_ingress *ing = worker(wc, "rw1", &e);
+    sw_registry_opts ro;
+    sw_registry *wreg = NULL, *freg = NULL, *ureg = NULL;
+    sw_registration rg;
+    (void)state;
+    sw_registry_opts_init(&ro);
+    ro.bucket = "sw_sealed_reg";
+    ro.lease_ms = 1000;
+    assert_int_equal(sw_registry_open(&wreg, wc, &ro), SW_OK);
+    assert_int_equal(sw_registry_open(&freg, fc, &ro), SW_OK);
+    assert_int_equal(sw_registry_open(&ureg, uc, &ro), SW_OK);
+    assert_int_equal(sw_ingress_registration(ing, &rg), SW_OK);
+    assert_int_equal(sw_registry_register(wreg, &rg), SW_OK);
+    for (int i = 0; i < 300 && listed(freg, "rw1") == 0; i++)
+        swh_sleep_ms(10);
+    assert_int_equal(listed(freg, "rw1"), 1);
+    /* forged, unsealed: an entry for a fake instance, and a tombstone of
+     * the live one (what an attacker with KV write access could put) */
+    {
+        swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
+        uint8_t buf[512];
+        size_t len;
+        char key[128];
+        m.version = SW_PROTOCOL_VERSION;
+        m.instance_id = (char *)"fake1";
+        m.endpoint = (char *)EP;
+        m.request_subject = (char *)"sw.req." EP ".fake1";
+        m.control_subject = (char *)"sw.ctl.fake1";
+        m.lease_ms = 60000;
+        m.refreshed_unix_ms = (uint64_t)swi_unix_ms();
+        assert_int_equal(swp_encode(&m, buf, sizeof(buf), &len), SW_OK);
+        snprintf(key, sizeof(key), "%s.fake1", EP);
+        kv_put_raw(key, buf, len);
+        m.instance_id = (char *)"rw1";
+        m.request_subject = (char *)"sw.req." EP ".rw1";
+        m.control_subject = (char *)"sw.ctl.rw1";
+        m.dead = 1;
+        m.dead_reason = (char *)"forged";
+        assert_int_equal(swp_encode(&m, buf, sizeof(buf), &len), SW_OK);
+        snprintf(key, sizeof(key), "%s.rw1", EP);
+        kv_put_raw(key, buf, len);
+    }
+    swh_sleep_ms(T(500));
+    assert_int_equal(listed(freg, "fake1"), 0); /* never an instance */
+    /* the live worker stays (its next keep-alive rewrites the entry anyway;
+     * the forged tombstone never counted) */
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(listed(freg, "rw1"), 1);
+        swh_sleep_ms(T(100));
+    }
+    /* an unsealed registry sees no sealed worker, and believes the forgery:
+     * what sealing prevents */
+    assert_int_equal(listed(ureg, "rw1"), 0);
+    assert_int_equal(listed(ureg, "fake1"), 1);
+    /* a sealed router routes to it through the registry */
+    {
+        sw_router_opts o;
+        sw_router *r = NULL;
+        sw_request_opts q;
+        sw_stream *s = NULL;
+        sw_terminal t;
+        char reason[64];
+        sw_router_opts_init(&o);
+        o.registry = freg;
+        assert_int_equal(sw_router_create(&r, fc, &o), SW_OK);
+        sw_request_opts_init(&q);
+        q.endpoint = EP;
+        assert_int_equal(sw_router_open(&s, r, &q, "n=5", 3), SW_OK);
+        assert_int_equal(drain(s, &t, reason, sizeof(reason)), 5);
+        assert_int_equal(t.status, SW_STATUS_COMPLETED);
+        assert_string_equal(sw_stream_instance_id(s), "rw1");
+        sw_stream_close(s);
+        sw_router_destroy(r);
+    }
+    (void)sw_registry_deregister(wreg, "rw1");
+    sw_registry_close(ureg);
+    sw_registry_close(freg);
+    sw_registry_close(wreg);
+    sw_ingress_destroy(ing);
+    sw_conn_close(uc);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+}
+
 static int
 group_setup(void **state)
 {
@@ -678,6 +800,7 @@ main(void)
         cmocka_unit_test(mixed_cluster_fails_fast),
         cmocka_unit_test(hostile_peer_against_sealed_cluster),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
+        cmocka_unit_test(sealed_registry),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -402,6 +402,37 @@ class TestProcesses(Base):
             p.wait()
 
 
+class TestSealed(unittest.TestCase):
+    def test_sealed_and_mixed(self):
+        """A cluster key (streamwire keygen) through Connection(seal_key_file=):
+        sealed both sides stream; a frontend without the key gets
+        auth_failed at once; a bad key file raises NotPermittedError."""
+        d = tempfile.mkdtemp(prefix="sw-py-key-")
+        key = os.path.join(d, "cluster.key")
+        try:
+            subprocess.run([CLI, "keygen", "--out", key], check=True, capture_output=True)
+            with sw.Connection(NATS.url, seal_key_file=key) as wc, \
+                    sw.Connection(NATS.url, seal_key_file=key) as fc, \
+                    sw.Connection(NATS.url) as uc:
+                def h(req):
+                    for t in tokens(20):
+                        yield t
+                with sw.Worker(wc, "py.s.gen", h) as w, sw.Router(fc) as r, sw.Router(uc) as u:
+                    with r.open("py.s.gen", b"x", instance_id=w.instance_id) as s:
+                        items, term = s.read_all()
+                    self.assertEqual([i.data for i in items], tokens(20))
+                    self.assertEqual(term.status, "completed")
+                    with u.open("py.s.gen", b"x", instance_id=w.instance_id) as s:
+                        items, term = s.read_all()
+                    self.assertEqual(items, [])
+                    self.assertEqual((term.status, term.error), ("error", "auth_failed"))
+            os.chmod(key, 0o644)
+            with self.assertRaises(sw.NotPermittedError):
+                sw.Connection(NATS.url, seal_key_file=key)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class TestGil(Base):
     def test_slow_handler_does_not_stall_others(self):
         """One handler sleeps 3 s between items; another stream completes

@@ -1,0 +1,206 @@
+/* tests/unit/test_merge_core.c -- the pure state machine of sw_merge
+ * (egress/merge_core.c), without a server: the design document's example,
+ * different chunk sizes, empty and late streams, overlapping chunks, and a
+ * randomized run that checks the invariants (every item once, in order;
+ * references increasing; nothing past the reference; the reference lane's
+ * head always taken). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "egress/merge_core.h"
+
+#define MAXL 8
+#define MAXI 256
+
+/* Scripted lanes: each gives its indices one at a time when needed. */
+typedef struct script {
+    uint64_t idx[MAXL][MAXI];
+    size_t n[MAXL], next[MAXL];
+    size_t lanes;
+} script;
+
+typedef struct frame_log {
+    uint64_t ref[MAXI];
+    size_t counts[MAXI][MAXL];
+    uint64_t got[MAXL][MAXI]; /* indices taken per lane, in order */
+    size_t ngot[MAXL];
+    size_t nframes;
+} frame_log;
+
+static void
+run(script *sc, frame_log *fl)
+{
+    swm_core c;
+    memset(fl, 0, sizeof(*fl));
+    swm_core_init(&c);
+    for (size_t i = 0; i < sc->lanes; i++) {
+        size_t lane;
+        assert_int_equal(swm_core_add(&c, &lane), 0);
+        assert_int_equal(lane, i);
+    }
+    for (int guard = 0; guard < 100000; guard++) {
+        size_t need = 99;
+        uint64_t ref = 0;
+        int st = swm_core_step(&c, &need, &ref);
+        if (st == SWM_DONE)
+            break;
+        if (st == SWM_NEED) {
+            assert_true(need < sc->lanes);
+            if (sc->next[need] < sc->n[need]) {
+                uint64_t v = sc->idx[need][sc->next[need]++];
+                char text[32];
+                snprintf(text, sizeof(text), "L%zu@%llu", need, (unsigned long long)v);
+                swm_core_push(&c, need, swm_item_new(0, v, text, strlen(text), NULL));
+            } else {
+                swm_core_end(&c, need);
+            }
+            continue;
+        }
+        assert_int_equal(st, SWM_FRAME);
+        if (fl->nframes > 0)
+            assert_true(ref > fl->ref[fl->nframes - 1] || ref == fl->ref[fl->nframes - 1]);
+        fl->ref[fl->nframes] = ref;
+        {
+            int took_ref = 0;
+            for (size_t i = 0; i < sc->lanes; i++) {
+                size_t cnt = 0;
+                swm_item *it = swm_core_take(&c, i, ref, &cnt);
+                fl->counts[fl->nframes][i] = cnt;
+                while (it != NULL) {
+                    swm_item *nx = it->next;
+                    assert_true(it->index <= ref); /* nothing past the reference */
+                    if (it->index == ref)
+                        took_ref = 1;
+                    fl->got[i][fl->ngot[i]++] = it->index;
+                    free(it);
+                    it = nx;
+                }
+            }
+            assert_true(took_ref); /* progress */
+        }
+        fl->nframes++;
+    }
+    /* every item once, in order */
+    for (size_t i = 0; i < sc->lanes; i++) {
+        assert_int_equal(fl->ngot[i], sc->n[i]);
+        for (size_t k = 0; k < sc->n[i]; k++)
+            assert_int_equal(fl->got[i][k], sc->idx[i][k]);
+    }
+    swm_core_fini(&c);
+}
+
+/* ADR 002: "maximum processed_index is 42 and another queue has responses
+ * at 5, 17 and 34": they wait for 42 or more; past 42 stays queued. */
+static void
+test_design_doc_example(void **state)
+{
+    script sc = {{{42, 90}, {5, 17, 34, 50, 90}}, {2, 5}, {0, 0}, 2};
+    frame_log fl;
+    (void)state;
+    run(&sc, &fl);
+    assert_int_equal(fl.nframes, 2);
+    assert_int_equal(fl.ref[0], 42);
+    assert_int_equal(fl.counts[0][0], 1);
+    assert_int_equal(fl.counts[0][1], 3); /* 5, 17, 34; 50 stays */
+    assert_int_equal(fl.ref[1], 90);
+    assert_int_equal(fl.counts[1][0], 1);
+    assert_int_equal(fl.counts[1][1], 2); /* 50, 90 */
+}
+
+/* Chunks of 1, 5 and 20 characters over the same 40-character text. */
+static void
+test_chunk_sizes(void **state)
+{
+    script sc;
+    frame_log fl;
+    size_t sizes[3] = {1, 5, 20};
+    (void)state;
+    memset(&sc, 0, sizeof(sc));
+    sc.lanes = 3;
+    for (size_t l = 0; l < 3; l++)
+        for (uint64_t at = sizes[l]; at <= 40; at += sizes[l])
+            sc.idx[l][sc.n[l]++] = at;
+    run(&sc, &fl);
+    /* bounded by the coarsest chunker: frames at 20 and 40 */
+    assert_int_equal(fl.nframes, 2);
+    assert_int_equal(fl.ref[0], 20);
+    assert_int_equal(fl.counts[0][0], 20);
+    assert_int_equal(fl.counts[0][1], 4);
+    assert_int_equal(fl.counts[0][2], 1);
+    assert_int_equal(fl.ref[1], 40);
+}
+
+/* A stream with no results at all ends at once and blocks nobody; a
+ * stream that ends early lets the others go on. */
+static void
+test_empty_and_short_streams(void **state)
+{
+    script sc = {{{10, 20, 30}, {0}, {10}}, {3, 0, 1}, {0, 0, 0}, 3};
+    frame_log fl;
+    (void)state;
+    run(&sc, &fl);
+    assert_int_equal(fl.nframes, 3);
+    assert_int_equal(fl.ref[0], 10);
+    assert_int_equal(fl.counts[0][2], 1);
+    assert_int_equal(fl.ref[2], 30);
+    assert_int_equal(fl.counts[2][1], 0);
+    assert_int_equal(fl.counts[2][2], 0);
+}
+
+/* Overlapping chunks: a later chunk ending before an earlier one's end
+ * travels with the first frame that reaches the item before it (taken in
+ * stream order). */
+static void
+test_overlapping_chunks(void **state)
+{
+    script sc = {{{10, 8, 20}, {20}}, {3, 1}, {0, 0}, 2};
+    frame_log fl;
+    (void)state;
+    run(&sc, &fl);
+    assert_int_equal(fl.nframes, 1);
+    assert_int_equal(fl.ref[0], 20);
+    assert_int_equal(fl.counts[0][0], 3);
+}
+
+/* Random lanes: the invariants hold (checked in run). */
+static void
+test_random(void **state)
+{
+    (void)state;
+    srand(7);
+    for (int trial = 0; trial < 2000; trial++) {
+        script sc;
+        frame_log fl;
+        memset(&sc, 0, sizeof(sc));
+        sc.lanes = 1 + (size_t)(rand() % MAXL);
+        for (size_t l = 0; l < sc.lanes; l++) {
+            uint64_t at = 0;
+            size_t n = (size_t)(rand() % 40);
+            for (size_t k = 0; k < n; k++) {
+                at += (uint64_t)(rand() % 7); /* steps of 0 (repeats) allowed */
+                sc.idx[l][sc.n[l]++] = at;
+            }
+        }
+        run(&sc, &fl);
+    }
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_design_doc_example),
+        cmocka_unit_test(test_chunk_sizes),
+        cmocka_unit_test(test_empty_and_short_streams),
+        cmocka_unit_test(test_overlapping_chunks),
+        cmocka_unit_test(test_random),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -371,6 +371,9 @@ void scen_latency(void);
 
 void scen_ttfi(void);
 void scen_sealed(void);
+/* What scenarios made for themselves, freed before the shared connections. */
+void scen_long_fini(void);
+void scen_sealed_fini(void);
 
 /* ---------------------------------------------------------- sc_idle.c */
 

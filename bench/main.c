@@ -437,6 +437,8 @@ main(int argc, char **argv)
         progress("wrote %s", cfg.json_path);
     }
 
+    scen_long_fini();
+    scen_sealed_fini();
     sw_ingress_destroy(g_ing_big);
     sw_ingress_destroy(g_ing_main);
     sw_router_destroy(g_router);

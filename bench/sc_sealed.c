@@ -76,6 +76,18 @@ sealed_world(void)
         die("sw_router_create (sealed): %s", sw_err_name(e));
 }
 
+void
+scen_sealed_fini(void)
+{
+    sw_router_destroy(s_router);
+    sw_ingress_destroy(s_ing);
+    sw_conn_close(s_front);
+    sw_conn_close(s_work);
+    s_router = NULL;
+    s_ing = NULL;
+    s_front = s_work = NULL;
+}
+
 /* Runs fn with the sealed world in place of the unsealed one. */
 #define WITH_SEALED(code)               \
     do {                                \

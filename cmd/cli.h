@@ -193,4 +193,11 @@ int cli_instances_main(int argc, char **argv);
 int cli_gateway_main(int argc, char **argv);
 int cli_keygen_main(int argc, char **argv);
 
+/* generate --fanout (cmd/fanout.c): N in-process detectors, one merged
+ * stream of frames (sw_merge). */
+#define CLI_FANOUT_MAX 16
+int cli_fanout_parse_chunks(const char *list, long *chunks, int max);
+int cli_fanout_run(sw_conn *conn, sw_router *router, const char *endpoint, const char *text,
+                   int fanout, const long *chunks, int nchunks, long deadline_ms, int json);
+
 #endif

@@ -75,6 +75,10 @@ cli_generate_main(int argc, char **argv)
     long heartbeat = 0, window = 0, inactivity = 0, gap_timeout = 0, payload_bytes = -1;
     const char *policy = "round_robin", *bucket = NULL, *router_id = NULL;
     int json = 0, verbose = 0;
+    long fanout = 0;
+    const char *chunk_list = "1,5,20";
+    long chunks[CLI_FANOUT_MAX];
+    int nchunks = 0;
     const cli_opt opts[] = {
         {"server", CLI_STRING, "URL", "NATS server URL, e.g. nats://127.0.0.1:4222", &server, 0, 0,
          NULL, 1},
@@ -95,6 +99,14 @@ cli_generate_main(int argc, char **argv)
          0, NULL, 0},
         {"prompt", CLI_STRING, "TEXT", "request payload (default \"hello\")", &prompt, 0, 0, NULL,
          0},
+        {"fanout", CLI_INT, "N",
+         "ordered fan-in demo: start N detector workers here\n(chunks from --chunks), send the "
+         "prompt to all of\nthem and print the merged frames (docs/MERGE.md)",
+         &fanout, 1, CLI_FANOUT_MAX, NULL, 0},
+        {"chunks", CLI_STRING, "LIST",
+         "the detectors' chunk sizes in characters, comma\nseparated, reused in turn (default "
+         "1,5,20)",
+         &chunk_list, 0, 0, NULL, 0},
         {"payload-bytes", CLI_INT, "N",
          "send N bytes ('x' repeated) instead of --prompt\n(e.g. more than the server's max "
          "payload)",
@@ -168,6 +180,13 @@ cli_generate_main(int argc, char **argv)
         return rc;
     if ((rc = cli_check_names(&cmd, server, endpoint, 1, instance)) != CLI_EXIT_OK)
         return rc;
+    if (fanout > 0) {
+        if ((nchunks = cli_fanout_parse_chunks(chunk_list, chunks, CLI_FANOUT_MAX)) < 0)
+            return cli_usage_error(&cmd, "--chunks: a comma list of 1..16 sizes of 1..1000");
+        if (instance != NULL)
+            return cli_usage_error(&cmd, "--fanout starts its own detectors: no --instance-id");
+        instance = "fanout"; /* no registry: the detectors are addressed directly */
+    }
 
     memset(&req, 0, sizeof(req));
     req.endpoint = endpoint;
@@ -245,6 +264,11 @@ cli_generate_main(int argc, char **argv)
         goto out;
     }
 
+    if (fanout > 0) {
+        rc = cli_fanout_run(conn, router, endpoint, payload_bytes >= 0 ? padding : prompt,
+                            (int)fanout, chunks, nchunks, timeout, json);
+        goto out;
+    }
     err = cli_run_stream(router, &req, &res);
     if (err != SW_OK) {
         fprintf(stderr, "streamwire generate: cannot open the stream: %s (%s)\n", sw_strerror(err),

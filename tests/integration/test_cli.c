@@ -1475,6 +1475,27 @@ test_worker_reconnects_or_exits(void **state)
     worker_stop_clean(keep, T(10000));
 }
 
+/* generate --fanout: N in-process detectors, merged frames (sw_merge). */
+static void
+test_fanout_demo(void **state)
+{
+    int rc;
+    (void)state;
+    rc = gen_run("cli.fanout.gen",
+                 ARGS("--fanout", "3", "--chunks", "1,5,20", "--prompt",
+                      "The quick brown fox jumps over the lazy dog, twice.", "--json"));
+    assert_int_equal(rc, 0);
+    assert_string_equal(g_out,
+                        "{\"frame\":20,\"text\":\"The quick brown fox \",\"results\":[20,4,1]}\n"
+                        "{\"frame\":40,\"text\":\"jumps over the lazy \",\"results\":[20,4,1]}\n"
+                        "{\"frame\":51,\"text\":\"dog, twice.\",\"results\":[11,3,1]}\n"
+                        "{\"terminal\":\"completed\",\"reason\":\"stop\",\"frames\":3,"
+                        "\"failed_stream\":-1}\n");
+    /* bad lists are usage errors */
+    assert_int_equal(gen_run("cli.fanout.gen", ARGS("--fanout", "2", "--chunks", "0,5")), 2);
+    assert_int_equal(gen_run("cli.fanout.gen", ARGS("--fanout", "2", "--chunks", "5,x")), 2);
+}
+
 static void
 test_sigterm_mid_stream_completes(void **state)
 {
@@ -1687,6 +1708,7 @@ main(int argc, char **argv)
         T_(test_instances_and_drain),
         T_(test_bucket_and_registry_none),
         T_(test_slow_consumer),
+        T_(test_fanout_demo),
         T_(test_sigterm_mid_stream_completes),
         T_(test_worker_reconnects_or_exits),
         T_(test_clocks_an_hour_apart),

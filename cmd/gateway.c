@@ -184,7 +184,8 @@ cli_gateway_main(int argc, char **argv)
     if ((err = sw_router_create(&router, conn, &ropts)) != SW_OK ||
         (err = sw_metrics_create(&metrics)) != SW_OK ||
         (err = sw_metrics_add_router(metrics, router)) != SW_OK ||
-        (err = sw_metrics_add_conn(metrics, conn)) != SW_OK) {
+        (err = sw_metrics_add_conn(metrics, conn)) != SW_OK ||
+        (reg != NULL && (err = sw_metrics_add_registry(metrics, reg)) != SW_OK)) {
         fprintf(stderr, "streamwire gateway: %s (%s)\n", sw_strerror(err), sw_err_name(err));
         rc = CLI_EXIT_FAIL;
         goto out;

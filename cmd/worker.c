@@ -420,6 +420,7 @@ cli_worker_main(int argc, char **argv)
     if (metrics_listen != NULL) {
         if (sw_metrics_create(&metrics) != SW_OK || sw_metrics_add_conn(metrics, conn) != SW_OK ||
             sw_metrics_add_ingress(metrics, ing) != SW_OK ||
+            (reg != NULL && sw_metrics_add_registry(metrics, reg) != SW_OK) ||
             cli_metrics_http_start(&mhttp, metrics_listen, metrics) != 0) {
             rc = CLI_EXIT_FAIL;
             goto out;

@@ -45,6 +45,9 @@ ingress_render(swi_prom *p, void *obj)
     swi_prom_value(p, F("bad_controls_total"), "counter",
                    "Control messages naming another frontend than the stream's.", l, 2,
                    (double)st.bad_controls);
+    swi_prom_value(p, F("credit_stalls_total"), "counter",
+                   "Blocking sends that waited for credit (the consumer was slower).", l, 2,
+                   (double)st.credit_stalls);
     swi_prom_value(p, F("auth_failures_total"), "counter",
                    "Requests, controls and probe answers refused by sealing; never acted on.", l, 2,
                    (double)st.auth_failures);

@@ -96,6 +96,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
     size_t blen = 0;
     uint64_t seq;
     size_t elen = 0;
+    int stalled = 0;
     sw_err rv;
 
     if (r == NULL || (data == NULL && len != 0))
@@ -133,6 +134,12 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
         if (mode == 1) {
             rv = SW_EAGAIN;
             goto out;
+        }
+        if (!stalled) { /* a send that waits for credit: the consumer is slower */
+            stalled = 1;
+            pthread_mutex_lock(&ing->mu);
+            ing->st.credit_stalls++;
+            pthread_mutex_unlock(&ing->mu);
         }
         if (swi_cond_wait_until(&r->cv, &r->mu, wait_until) != 0 && swi_now_ms() >= wait_until) {
             rv = SW_ETIMEDOUT;

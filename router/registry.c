@@ -75,6 +75,8 @@ typedef struct reg_watcher {
 
 struct sw_registry {
     const sw_registry_backend *be;
+    sw_registry_stats st; /* counters (mu) */
+    char bucket[SW_MAX_TOKEN + 1];
     const swt_sealer *sealer; /* the connection's: values sealed under their key (or NULL) */
     void *bs;
     void *bw;
@@ -103,6 +105,35 @@ struct sw_registry {
 };
 
 /* ---------------------------------------------------------------- helpers */
+
+static void
+reg_count(sw_registry *reg, uint64_t *field)
+{
+    pthread_mutex_lock(&reg->mu);
+    (*field)++;
+    pthread_mutex_unlock(&reg->mu);
+}
+
+void
+sw_registry_stats_get(sw_registry *reg, sw_registry_stats *out)
+{
+    if (reg == NULL || out == NULL)
+        return;
+    pthread_mutex_lock(&reg->mu);
+    *out = reg->st;
+    out->live = 0;
+    for (size_t i = 0; i < reg->nview; i++)
+        if (reg->view[i].live)
+            out->live++;
+    pthread_mutex_unlock(&reg->mu);
+}
+
+const char *swr_registry_bucket(const sw_registry *reg);
+const char *
+swr_registry_bucket(const sw_registry *reg)
+{
+    return reg->bucket;
+}
 
 static swp_instance *
 info_copy(const swp_instance *in)
@@ -227,6 +258,7 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
                 swi_log(&reg->log, SW_LOG_WARN,
                         "registry: entry %s does not open with %s: ignored (auth_failed)", e->key,
                         reg->sealer ? "the cluster key" : "no key (it is sealed)");
+                reg_count(reg, &reg->st.entries_ignored);
                 return;
             }
             val = opened;
@@ -237,6 +269,7 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         if (rv != SW_OK) {
             swi_log(&reg->log, SW_LOG_WARN, "registry: entry %s does not decode (%s): ignored",
                     e->key, sw_err_name(rv));
+            reg_count(reg, &reg->st.entries_ignored);
             return;
         }
         {
@@ -250,6 +283,7 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
                         "registry: entry %s names %s.%s: not its own key, ignored", e->key,
                         info->endpoint, info->instance_id);
                 swp_free(info);
+                reg_count(reg, &reg->st.entries_ignored);
                 return;
             }
         }
@@ -264,6 +298,8 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         return;
     }
     if (deleted || info->dead) {
+        if (!deleted)
+            reg->st.dead_reports_received++; /* mu held */
         if (v != NULL && v->live)
             reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
         if (deleted) {
@@ -593,6 +629,7 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
     if ((reg = calloc(1, sizeof(*reg))) == NULL)
         return SW_ENOMEM;
     reg->be = be;
+    snprintf(reg->bucket, sizeof(reg->bucket), "%s", bucket);
     reg->sealer = conn != NULL ? swt_conn_sealer(conn) : NULL;
     reg->log.fn = o->log;
     reg->log.arg = o->log_arg;
@@ -858,11 +895,20 @@ reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int64_t
     return rv;
 }
 
+/* Counts a report's outcome: written, or refused (newer entry or gone). */
+static sw_err
+reg_report_counted(sw_registry *reg, sw_err rv)
+{
+    if (reg != NULL && (rv == SW_OK || rv == SW_EBUSY || rv == SW_ENOTFOUND))
+        reg_count(reg, rv == SW_OK ? &reg->st.dead_reports_sent : &reg->st.dead_reports_refused);
+    return rv;
+}
+
 sw_err
 sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revision,
                         const char *reason)
 {
-    return reg_report(reg, instance_id, revision, -1, reason);
+    return reg_report_counted(reg, reg_report(reg, instance_id, revision, -1, reason));
 }
 
 sw_err
@@ -871,7 +917,7 @@ sw_registry_report_silent(sw_registry *reg, const char *instance_id, sw_duration
 {
     if (silent_ms < 0)
         return SW_EINVAL;
-    return reg_report(reg, instance_id, 0, silent_ms, reason);
+    return reg_report_counted(reg, reg_report(reg, instance_id, 0, silent_ms, reason));
 }
 
 void

@@ -39,6 +39,10 @@ SW_API void sw_metrics_destroy(sw_metrics *m);
 SW_API sw_err sw_metrics_add_router(sw_metrics *m, sw_router *r);
 SW_API sw_err sw_metrics_add_ingress(sw_metrics *m, sw_ingress *ing);
 SW_API sw_err sw_metrics_add_conn(sw_metrics *m, sw_conn *c);
+/* streamwire_registry_*: dead reports sent, refused and received, entries
+ * ignored, live instances (label bucket). */
+struct sw_registry;
+SW_API sw_err sw_metrics_add_registry(sw_metrics *m, struct sw_registry *reg);
 /* Removes a source added with any of the above; SW_ENOTFOUND if absent. */
 SW_API sw_err sw_metrics_remove(sw_metrics *m, const void *source);
 

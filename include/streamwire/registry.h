@@ -210,6 +210,18 @@ SW_API sw_err sw_registry_watch(sw_registry *reg, sw_registry_watch_fn fn, void 
  * not be called again. Must not be called from the callback. */
 SW_API void sw_registry_unwatch(sw_registry *reg, int id);
 
+/* What a registry handle did and saw (counters since sw_registry_open). */
+typedef struct sw_registry_stats {
+    uint64_t dead_reports_sent;     /* tombstones this handle wrote */
+    uint64_t dead_reports_refused;  /* reports refused: the entry was newer (alive) or gone */
+    uint64_t dead_reports_received; /* tombstones seen in the store (anyone's, ours included) */
+    uint64_t entries_ignored;       /* values that did not decode, sat under another key, or did
+                                       not open (sealing) */
+    uint64_t live;                  /* gauge: live instances in this handle's view */
+} sw_registry_stats;
+
+SW_API void sw_registry_stats_get(sw_registry *reg, sw_registry_stats *out);
+
 /* Lease of this registry handle, ms. */
 SW_API unsigned sw_registry_lease_ms(const sw_registry *reg);
 

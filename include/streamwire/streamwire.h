@@ -300,6 +300,8 @@ typedef struct sw_ingress_stats {
     uint64_t auth_failures;  /* requests, controls and probes refused by sealing: they did not
                                 open, or their sealing did not match this connection's; never
                                 acted on */
+    uint64_t credit_stalls;  /* blocking sends that had to wait for credit (the frontend's
+                                consumer was slower than the handler) */
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);

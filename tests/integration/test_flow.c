@@ -149,6 +149,10 @@ slow_consumer_flow_control(void **state)
     ingress_stats(e, &st);
     assert_int_equal(st.items_sent, (uint64_t)N);
     assert_int_equal(st.items_shed, 0);
+    /* the handler outran a 1 ms-per-item consumer with a window of 16: its
+     * sends waited for credit, and say so (at most once per send) */
+    assert_true(st.credit_stalls > 0);
+    assert_true(st.credit_stalls <= (uint64_t)N);
     got_free(g);
 }
 

@@ -743,6 +743,29 @@ sealed_registry(void **state)
      * what sealing prevents */
     assert_int_equal(listed(ureg, "rw1"), 0);
     assert_int_equal(listed(ureg, "fake1"), 1);
+    {
+        /* counted: the two forgeries ignored, a refused report for a live
+         * instance, one live instance; exported as streamwire_registry_* */
+        sw_registry_stats rst;
+        sw_metrics *mx = NULL;
+        char *text = NULL;
+        size_t tl = 0;
+        assert_int_equal(sw_registry_report_silent(freg, "rw1", 60000, "test"), SW_EBUSY);
+        sw_registry_stats_get(freg, &rst);
+        assert_true(rst.entries_ignored >= 2);
+        assert_int_equal(rst.dead_reports_sent, 0);
+        assert_int_equal(rst.dead_reports_refused, 1);
+        assert_int_equal(rst.live, 1);
+        assert_int_equal(sw_metrics_create(&mx), SW_OK);
+        assert_int_equal(sw_metrics_add_registry(mx, freg), SW_OK);
+        assert_int_equal(sw_metrics_render(mx, &text, &tl), SW_OK);
+        assert_non_null(
+            strstr(text, "streamwire_registry_live_instances{bucket=\"sw_sealed_reg\"} 1\n"));
+        assert_non_null(strstr(
+            text, "streamwire_registry_dead_reports_refused_total{bucket=\"sw_sealed_reg\"} 1\n"));
+        free(text);
+        sw_metrics_destroy(mx);
+    }
     /* a sealed router routes to it through the registry */
     {
         sw_router_opts o;

@@ -572,7 +572,7 @@ typedef struct spammer {
     char subj[SWT_SUBJECT_MAX];
     uint8_t buf[128];
     size_t len;
-    volatile int stop;
+    int stop; /* atomic */
     int sent;
 } spammer;
 
@@ -580,7 +580,7 @@ static void *
 spam_main(void *arg)
 {
     spammer *sp = arg;
-    while (!sp->stop) {
+    while (!__atomic_load_n(&sp->stop, __ATOMIC_ACQUIRE)) {
         (void)natsConnection_Publish(sp->nc, sp->subj, sp->buf, (int)sp->len);
         sp->sent++;
         swh_sleep_ms(5);
@@ -633,7 +633,7 @@ forged_probe_answers_do_not_hide_a_loss(void **state)
     do
         assert_int_not_equal(sw_stream_next(s, &it, 20), SW_EINVAL);
     while ((it == NULL || it->kind != SW_ITEM_TERMINAL) && swi_now_ms() - t0 < T(10000));
-    sp.stop = 1;
+    __atomic_store_n(&sp.stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
     assert_non_null(it);
     assert_int_equal(it->kind, SW_ITEM_TERMINAL);

@@ -118,22 +118,6 @@ cpu_us(pid_t pid)
     return (int64_t)(ut + st) * 1000000 / sysconf(_SC_CLK_TCK);
 }
 
-static long
-rss_kb(pid_t pid)
-{
-    char path[64], line[256];
-    long kb = -1;
-    FILE *f;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    if ((f = fopen(path, "r")) == NULL)
-        return -1;
-    while (fgets(line, sizeof(line), f) != NULL)
-        if (sscanf(line, "VmRSS: %ld", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
-
 /* ---------------------------------------------------------------- lib path */
 
 typedef struct lib_stream {
@@ -372,7 +356,7 @@ run_http(run_result *res)
             }
         }
         if (finished < g_streams / 2 && now_us() - last_rss > 20000) {
-            long r = rss_kb(g_gw_pid);
+            long r = swh_rss_kb(g_gw_pid);
             last_rss = now_us();
             if (r > rss_peak)
                 rss_peak = r;
@@ -576,7 +560,7 @@ main(int argc, char **argv)
         run_http(&w);
         g_streams = s;
     }
-    rss_idle = rss_kb(g_gw_pid);
+    rss_idle = swh_rss_kb(g_gw_pid);
     printf("gateway bench: %u concurrent streams x %u tokens, %u rep(s) of each path, "
            "alternating\n",
            g_streams, g_tokens, g_reps);

@@ -42,6 +42,22 @@ swh_slow(void)
     return 1;
 }
 
+long
+swh_rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    long kb = -1;
+    FILE *f;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    if ((f = fopen(path, "r")) == NULL)
+        return -1;
+    while (fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "VmRSS: %ld", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
 long long
 swh_now_ms(void)
 {

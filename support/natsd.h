@@ -85,6 +85,9 @@ int swh_slow(void);
 /* Monotonic clock in milliseconds. */
 long long swh_now_ms(void);
 
+/* VmRSS of process pid in KiB (from /proc), or -1. */
+long swh_rss_kb(pid_t pid);
+
 /* rm -rf path (no symlinks followed). Returns 0 or -1. */
 int swh_rmtree(const char *path);
 

@@ -13,7 +13,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <nats/nats.h>
+
 #include "harness.h"
+#include "common/sw_common.h"
+#include "proto/sw_codec.h"
 
 #define SWH_MAX_ARGS 128
 
@@ -125,4 +129,31 @@ swh_run(const char *const argv[], char *out, size_t cap, int timeout_ms)
     if (WIFSIGNALED(st))
         return 128 + WTERMSIG(st);
     return -1;
+}
+
+int
+swh_raw_item(natsConnection *nc, const char *subj, const uint8_t *id, uint64_t seq,
+             const char *data, int final)
+{
+    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    uint8_t buf[512];
+    size_t len;
+    w.version = SW_PROTOCOL_VERSION;
+    w.request_id.data = (uint8_t *)(uintptr_t)id;
+    w.request_id.len = SW_REQUEST_ID_BYTES;
+    w.seq = seq;
+    if (final) {
+        w.complete_final = 1;
+        t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+        t.finish_reason = (char *)"stop";
+        w.terminal = &t;
+    } else {
+        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+        w.data.data = (uint8_t *)(uintptr_t)data;
+        w.data.len = strlen(data);
+    }
+    if (swp_encode(&w, buf, sizeof(buf), &len) != SW_OK)
+        return -1;
+    return (int)natsConnection_Publish(nc, subj, buf, (int)len);
 }

@@ -36,6 +36,7 @@
 #ifndef SW_TEST_HARNESS_H
 #define SW_TEST_HARNESS_H
 
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "natsd.h"
@@ -61,5 +62,13 @@ pid_t swh_spawn_err(const char *const argv[], int *stdout_fd, int stderr_fd);
  * SIGKILLs it. Returns the exit status (0..255), 128+signal if killed by a
  * signal, or -1 on timeout or spawn failure. */
 int swh_run(const char *const argv[], char *out, size_t cap, int timeout_ms);
+
+/* A fake worker's publish of one StreamItemWrapper on subj with nats.c
+ * directly (hostile and sealing tests): a data item, or the final
+ * (completed "stop") when final. Asserts nothing; returns the NATS status
+ * (0 = sent). */
+struct __natsConnection;
+int swh_raw_item(struct __natsConnection *nc, const char *subj, const uint8_t *id, uint64_t seq,
+                 const char *data, int final);
 
 #endif

@@ -79,23 +79,6 @@ start_worker(const worker_def *w, const char *metrics, int *fd)
     return pid;
 }
 
-/* VmRSS of a process in KiB, or -1. */
-static long
-rss_kb(pid_t pid)
-{
-    char path[64], line[256];
-    long kb = -1;
-    FILE *f;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    if ((f = fopen(path, "r")) == NULL)
-        return -1;
-    while (fgets(line, sizeof(line), f) != NULL)
-        if (sscanf(line, "VmRSS: %ld", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
-
 static int
 group_setup(void **state)
 {
@@ -997,7 +980,7 @@ test_idle_and_slowloris(void **state)
     int nidle = 0;
     long rss0, rss1;
     (void)state;
-    rss0 = rss_kb(g_gw_pid);
+    rss0 = swh_rss_kb(g_gw_pid);
     for (int i = 0; i < NIDLE; i++)
         if ((idle[i] = tcp_connect(g_gw)) >= 0)
             nidle++;
@@ -1019,7 +1002,7 @@ test_idle_and_slowloris(void **state)
     /* while they are all open, streams still work over both protocols */
     stream_completed("--http1.1");
     stream_completed("--http2-prior-knowledge");
-    rss1 = rss_kb(g_gw_pid);
+    rss1 = swh_rss_kb(g_gw_pid);
     print_message("    %d idle + 50 slowloris connections: gateway RSS %ld -> %ld KiB "
                   "(%.1f KiB per connection)\n",
                   nidle, rss0, rss1, (double)(rss1 - rss0) / (nidle + 50));

@@ -267,26 +267,7 @@ static void
 raw_item(natsConnection *nc, const char *subj, const uint8_t *id, uint64_t seq, const char *data,
          int final)
 {
-    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
-    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
-    uint8_t buf[512];
-    size_t len;
-    w.version = SW_PROTOCOL_VERSION;
-    w.request_id.data = (uint8_t *)(uintptr_t)id;
-    w.request_id.len = SW_REQUEST_ID_BYTES;
-    w.seq = seq;
-    if (final) {
-        w.complete_final = 1;
-        t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
-        t.finish_reason = (char *)"stop";
-        w.terminal = &t;
-    } else {
-        w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
-        w.data.data = (uint8_t *)(uintptr_t)data;
-        w.data.len = strlen(data);
-    }
-    assert_int_equal(swp_encode(&w, buf, sizeof(buf), &len), SW_OK);
-    assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+    assert_int_equal(swh_raw_item(nc, subj, id, seq, data, final), NATS_OK);
 }
 
 /* Opens a slow sealed stream and reads its first item: its subject and id. */

@@ -260,3 +260,75 @@ swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now, i
     *silent_ms = now - e->last_ok_ms;
     return 1;
 }
+
+/* ---------------------------------------------------------------- idq */
+
+int
+swi_idq_init(swi_idq *q, size_t max, int64_t ttl_ms)
+{
+    memset(q, 0, sizeof(*q));
+    q->max = max ? max : 1;
+    q->ttl_ms = ttl_ms;
+    return swi_idmap_init(&q->map, 64);
+}
+
+void
+swi_idq_add(swi_idq *q, const uint8_t *id, const char *tag, int64_t now)
+{
+    swi_idq_entry *e;
+    if (q->q == NULL && (q->q = calloc(q->max, sizeof(*q->q))) == NULL)
+        return;
+    if (swi_idmap_get(&q->map, id) != NULL)
+        return;
+    /* Forget the ones already taken or expired, and the oldest when full. */
+    while (q->n > 0) {
+        swi_idq_entry *old = q->q[q->head];
+        if (old->live && q->n < q->max && now - old->at < q->ttl_ms)
+            break;
+        if (old->live)
+            swi_idmap_del(&q->map, old->id);
+        free(old);
+        q->head = (q->head + 1) % q->max;
+        q->n--;
+    }
+    if ((e = calloc(1, sizeof(*e))) == NULL)
+        return;
+    memcpy(e->id, id, sizeof(e->id));
+    snprintf(e->tag, sizeof(e->tag), "%s", tag ? tag : "");
+    e->at = now;
+    if (swi_idmap_put(&q->map, id, e) != 0) {
+        free(e);
+        return;
+    }
+    e->live = 1;
+    q->q[(q->head + q->n) % q->max] = e;
+    q->n++;
+}
+
+swi_idq_entry *
+swi_idq_find(swi_idq *q, const uint8_t *id, int64_t now)
+{
+    swi_idq_entry *e = swi_idmap_get(&q->map, id);
+    return e != NULL && now - e->at < q->ttl_ms ? e : NULL;
+}
+
+int
+swi_idq_take(swi_idq *q, const uint8_t *id, const char *tag)
+{
+    swi_idq_entry *e = swi_idmap_get(&q->map, id);
+    if (e == NULL || (tag != NULL && strcmp(e->tag, tag) != 0))
+        return 0;
+    swi_idmap_del(&q->map, id);
+    e->live = 0; /* freed when it leaves the ring */
+    return 1;
+}
+
+void
+swi_idq_fini(swi_idq *q)
+{
+    for (size_t i = 0; i < q->n; i++)
+        free(q->q[(q->head + i) % q->max]);
+    free(q->q);
+    swi_idmap_fini(&q->map);
+    memset(q, 0, sizeof(*q));
+}

@@ -158,4 +158,36 @@ size_t swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
 int swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
                      int64_t up_since_ms, int64_t *silent_ms);
 
+/* ---------------------------------------------------------------- idq */
+
+/* A bounded, expiring set of request ids, each with a short tag (a router
+ * id): at most `max` entries, each forgotten `ttl_ms` after it was added
+ * (or when it is taken, or pushed out by a newer one when full). Lookups by
+ * a keyed hash; memory max x (one entry + one table slot). Not thread-safe:
+ * the owner locks. */
+typedef struct swi_idq_entry {
+    uint8_t id[16];
+    char tag[65];
+    int64_t at;
+    int live; /* still in the map */
+} swi_idq_entry;
+
+typedef struct swi_idq {
+    swi_idmap map;
+    swi_idq_entry **q; /* ring of max, allocated on the first add */
+    size_t head, n, max;
+    int64_t ttl_ms;
+} swi_idq;
+
+/* 0, or -1 without memory. */
+int swi_idq_init(swi_idq *q, size_t max, int64_t ttl_ms);
+/* Adds id (no-op if present); drops expired and taken entries, and the
+ * oldest when full. */
+void swi_idq_add(swi_idq *q, const uint8_t *id, const char *tag, int64_t now);
+/* The live entry for id, or NULL (also when it expired). */
+swi_idq_entry *swi_idq_find(swi_idq *q, const uint8_t *id, int64_t now);
+/* 1 and forgets it if id is there with this tag (tag NULL: any), else 0. */
+int swi_idq_take(swi_idq *q, const uint8_t *id, const char *tag);
+void swi_idq_fini(swi_idq *q);
+
 #endif

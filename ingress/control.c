@@ -222,55 +222,18 @@ done:
 void
 swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, int64_t now)
 {
-    swn_early *e;
-    if (ing->early_q == NULL &&
-        (ing->early_q = calloc(SWN_EARLY_MAX, sizeof(*ing->early_q))) == NULL)
-        return;
-    if (swi_idmap_get(&ing->early, id) != NULL)
-        return;
-    /* Forget the ones already used or expired, and the oldest when full. */
-    while (ing->early_n > 0) {
-        swn_early *old = ing->early_q[ing->early_head];
-        if (old->live && ing->early_n < SWN_EARLY_MAX && now - old->at < SWN_EARLY_TTL_MS)
-            break;
-        if (old->live)
-            swi_idmap_del(&ing->early, old->id);
-        free(old);
-        ing->early_head = (ing->early_head + 1) % SWN_EARLY_MAX;
-        ing->early_n--;
-    }
-    if ((e = calloc(1, sizeof(*e))) == NULL)
-        return;
-    memcpy(e->id, id, SW_REQUEST_ID_BYTES);
-    snprintf(e->router_id, sizeof(e->router_id), "%s", router_id);
-    e->at = now;
-    if (swi_idmap_put(&ing->early, id, e) != 0) {
-        free(e);
-        return;
-    }
-    e->live = 1;
-    ing->early_q[(ing->early_head + ing->early_n) % SWN_EARLY_MAX] = e;
-    ing->early_n++;
+    swi_idq_add(&ing->early, id, router_id, now);
 }
 
 int
 swn_early_take(sw_ingress *ing, const uint8_t *id, const char *router_id)
 {
-    swn_early *e = swi_idmap_get(&ing->early, id);
-    if (e == NULL || strcmp(e->router_id, router_id) != 0)
-        return 0;
-    swi_idmap_del(&ing->early, id);
-    e->live = 0; /* freed when it leaves the queue */
-    return 1;
+    return swi_idq_take(&ing->early, id, router_id);
 }
 
 void
 swn_early_fini(sw_ingress *ing)
 {
-    for (size_t i = 0; i < ing->early_n; i++)
-        free(ing->early_q[(ing->early_head + i) % SWN_EARLY_MAX]);
-    free(ing->early_q);
-    ing->early_q = NULL;
-    ing->early_n = 0;
-    swi_idmap_fini(&ing->early);
+    swi_idq_fini(&ing->early);
+    swi_idq_fini(&ing->seen);
 }

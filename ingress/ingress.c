@@ -154,7 +154,9 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     pthread_mutex_init(&ing->smu, NULL);
     pthread_cond_init(&ing->scv, NULL);
     swi_cond_init(&ing->cv);
-    if (swi_idmap_init(&ing->streams, 64) != 0 || swi_idmap_init(&ing->early, 64) != 0 ||
+    if (swi_idmap_init(&ing->streams, 64) != 0 ||
+        swi_idq_init(&ing->early, SWN_EARLY_MAX, SWN_EARLY_TTL_MS) != 0 ||
+        swi_idq_init(&ing->seen, SWN_SEEN_MAX, SWN_SEEN_TTL_MS) != 0 ||
         (ing->threads = calloc(ing->nthreads, sizeof(pthread_t))) == NULL) {
         rv = SW_ENOMEM;
         goto fail;

@@ -158,9 +158,8 @@ struct sw_ingress {
      * travel on different subscriptions): the request is then not started.
      * At most SWN_EARLY_MAX (about 1.6 MB), oldest forgotten first, each for
      * SWN_EARLY_TTL_MS (ing->mu). */
-    swi_idmap early;
-    struct swn_early **early_q;
-    size_t early_head, early_n;
+    swi_idq early;     /* CANCEL/KILL for requests not seen yet (SWN_EARLY_MAX, 30 s) */
+    swi_idq seen;      /* requests served recently: a replay is never run twice (SWN_SEEN_MAX) */
     sw_responder *all; /* every responder not yet freed, registered or not */
     sw_responder *q_head, *q_tail;
     pthread_t *threads;
@@ -206,12 +205,11 @@ void swn_fin_unlink(sw_ingress *ing, sw_responder *r);
 
 #define SWN_EARLY_MAX 16384
 #define SWN_EARLY_TTL_MS 30000
-typedef struct swn_early {
-    uint8_t id[SW_REQUEST_ID_BYTES];
-    char router_id[SW_MAX_TOKEN + 1];
-    int64_t at;
-    int live; /* still in the map */
-} swn_early;
+/* Request ids this worker accepted recently: at most this many, for this
+ * long (a request replayed to the same instance after its stream ended is
+ * not run again; sealing review finding A3). */
+#define SWN_SEEN_MAX 65536
+#define SWN_SEEN_TTL_MS (10 * 60 * 1000)
 /* A CANCEL/KILL for a request not seen yet (ing->mu held). */
 void swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, int64_t now);
 /* 1 if a cancel for this request came first; forgets it (ing->mu held). */

@@ -193,6 +193,11 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
          * has already ended the stream). */
         dup = 1;
         ing->st.cancels++;
+    } else if (swi_idq_find(&ing->seen, r->id, swi_now_ms()) != NULL) {
+        /* Served here already and over: a replay (a frontend never sends a
+         * request again once its stream ended). Never run twice. */
+        dup = 1;
+        ing->st.replays++;
     } else if (ing->inflight >= ing->max_inflight) {
         overloaded = 1;
         ing->st.rejected_overload++;
@@ -210,6 +215,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         ing->inflight++;
         ing->st.inflight = ing->inflight;
         ing->st.requests++;
+        swi_idq_add(&ing->seen, r->id, r->router_id, swi_now_ms());
         if (ing->q_tail)
             ing->q_tail->qnext = r;
         else

@@ -302,6 +302,8 @@ typedef struct sw_ingress_stats {
                                 acted on */
     uint64_t credit_stalls;  /* blocking sends that had to wait for credit (the frontend's
                                 consumer was slower than the handler) */
+    uint64_t replays;        /* requests this worker had already served (within the last 10
+                                minutes, the last 65,536): dropped, never run twice */
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);

@@ -511,6 +511,49 @@ hostile_peer_against_sealed_cluster(void **state)
         }
         sw_stream_close(s);
     }
+    /* 7. a recorded (sealed) request replayed to the same instance after its
+     * stream ended: it opens, and is not run twice (review finding A3) */
+    {
+        char rsubj[SWT_SUBJECT_MAX];
+        capture rq;
+        int served0;
+        memset(&rq, 0, sizeof(rq));
+        pthread_mutex_init(&rq.mu, NULL);
+        assert_int_equal(swt_subject_request(rsubj, sizeof(rsubj), EP, "hw1"), SW_OK);
+        assert_int_equal(natsConnection_Subscribe(&spy, nc, rsubj, on_capture, &rq), NATS_OK);
+        assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+        s = open_stream(r, "hw1", "n=3");
+        {
+            sw_terminal t;
+            char reason[64];
+            assert_int_equal(drain(s, &t, reason, sizeof(reason)), 3);
+        }
+        sw_stream_close(s);
+        natsSubscription_Unsubscribe(spy);
+        natsSubscription_Destroy(spy);
+        assert_int_equal(rq.n, 1);
+        served0 = e.served;
+        /* wait until the worker let go of the stream (its final acknowledged):
+         * only the record of served ids can catch the replay then */
+        for (int i = 0; i < 300; i++) {
+            sw_ingress_stats_get(ing, &is);
+            if (is.streams_held == 0)
+                break;
+            swh_sleep_ms(10);
+        }
+        assert_int_equal(is.streams_held, 0);
+        assert_int_equal(is.replays, 0);
+        assert_int_equal(
+            natsConnection_PublishRequest(nc, rsubj, "sw.rsp.x.y", rq.msgs[0], (int)rq.lens[0]),
+            NATS_OK);
+        natsConnection_Flush(nc);
+        for (int i = 0; i < 200 && is.replays == 0; i++) {
+            swh_sleep_ms(10);
+            sw_ingress_stats_get(ing, &is);
+        }
+        assert_int_equal(is.replays, 1);
+        assert_int_equal(e.served, served0);
+    }
     sw_router_stats_get(r, &rs);
     assert_true(rs.auth_failures >= 4); /* cases 1, 2, 3b, 4 */
     print_message("    refused: frontend %llu, worker %llu\n", (unsigned long long)rs.auth_failures,

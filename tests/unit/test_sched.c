@@ -432,6 +432,44 @@ test_peers_round_caps(void **state)
     swi_peers_fini(&p);
 }
 
+/* The bounded, expiring id set (early cancels, served requests). */
+static void
+test_idq(void **state)
+{
+    swi_idq q;
+    uint8_t id[16];
+    (void)state;
+    assert_int_equal(swi_idq_init(&q, 3, 100), 0);
+    memset(id, 0, sizeof(id));
+    for (uint8_t i = 1; i <= 3; i++) {
+        id[0] = i;
+        swi_idq_add(&q, id, "r1", 0);
+    }
+    id[0] = 1;
+    assert_non_null(swi_idq_find(&q, id, 50));
+    assert_null(swi_idq_find(&q, id, 100)); /* expired */
+    /* full: the oldest goes */
+    id[0] = 4;
+    swi_idq_add(&q, id, "r1", 10);
+    id[0] = 1;
+    assert_null(swi_idq_find(&q, id, 20));
+    id[0] = 4;
+    assert_non_null(swi_idq_find(&q, id, 20));
+    /* take checks the tag, and forgets */
+    assert_int_equal(swi_idq_take(&q, id, "r2"), 0);
+    assert_int_equal(swi_idq_take(&q, id, "r1"), 1);
+    assert_null(swi_idq_find(&q, id, 20));
+    assert_int_equal(swi_idq_take(&q, id, NULL), 0);
+    /* never more than max entries, whatever is added */
+    for (int i = 0; i < 1000; i++) {
+        id[0] = (uint8_t)i;
+        id[1] = (uint8_t)(i >> 8);
+        swi_idq_add(&q, id, "r", 30 + i);
+        assert_true(q.n <= 3);
+    }
+    swi_idq_fini(&q);
+}
+
 int
 main(void)
 {
@@ -446,6 +484,7 @@ main(void)
         cmocka_unit_test(test_peers_answer_resets),
         cmocka_unit_test(test_peers_no_responders),
         cmocka_unit_test(test_peers_no_responders_then_back),
+        cmocka_unit_test(test_idq),
         cmocka_unit_test(test_peers_suspect),
         cmocka_unit_test(test_peers_alive_by_activity),
         cmocka_unit_test(test_peers_own_connection_down),

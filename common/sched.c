@@ -111,6 +111,22 @@ swi_peers_init(swi_peers *p, unsigned interval_ms, unsigned timeout_ms, unsigned
     p->misses = misses ? misses : 1;
     p->settle_ms = SWI_PEERS_SETTLE_MS;
     p->nr_grace_ms = SWI_PEERS_NR_GRACE_MS;
+    swi_random(&p->probe_seq, sizeof(p->probe_seq));
+    p->probe_seq &= (UINT64_C(1) << 62) - 1; /* never wraps to 0 */
+}
+
+uint64_t
+swi_peers_probe_id(swi_peers *p, const char *id)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    return e != NULL ? e->probe_id : 0;
+}
+
+int
+swi_peers_is_current(swi_peers *p, const char *id, uint64_t probe_id)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    return e != NULL && probe_id != 0 && e->probe_id == probe_id;
 }
 
 void
@@ -218,6 +234,7 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
             nsend < max_send) {
             e->outstanding = 1;
             e->sent_ms = now;
+            e->probe_id = ++p->probe_seq;
             memcpy(send[nsend], e->id, sizeof(e->id));
             nsend++;
         }

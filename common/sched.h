@@ -87,6 +87,7 @@ typedef struct swi_peer {
     int64_t last_ok_ms;  /* the last sign of life */
     unsigned misses;     /* unanswered probes in a row */
     int suspect;         /* told it may be gone: the next probe is due now, one miss decides */
+    uint64_t probe_id;   /* the id of the last probe sent: an answer must echo it */
     int nr_pending;      /* a probe met "no responders"; not yet confirmed */
     int64_t nr_first_ms; /* when that first bounced probe went out */
 } swi_peer;
@@ -100,6 +101,7 @@ typedef struct swi_peers {
     int64_t settle_ms;    /* after this side's connection comes back, probes sent within
                              this long prove nothing (peers are still reconnecting and
                              resubscribing); SWI_PEERS_SETTLE_MS by default */
+    uint64_t probe_seq;   /* the last probe id given out (starts at a random value) */
     int64_t nr_grace_ms;  /* "no responders" proves a peer gone only when a probe sent this
                              long after the first bounced one bounces too: a live peer whose
                              NATS node died is briefly without subscriptions while it
@@ -155,6 +157,12 @@ size_t swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
  * no answer in between. A probe sent before this side's connection last
  * came back and settled (up_since_ms + settle_ms > sent_ms) proves nothing.
  * Returns 0 otherwise, and for a peer not in the table. */
+/* The probe id of the last probe swi_peers_round sent to id (0 if none):
+ * the caller puts it in the probe. */
+uint64_t swi_peers_probe_id(swi_peers *p, const char *id);
+/* 1 if probe_id answers the last probe sent to id: a recorded answer
+ * replayed later (another id) is not an answer and must be ignored. */
+int swi_peers_is_current(swi_peers *p, const char *id, uint64_t probe_id);
 int swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
                      int64_t up_since_ms, int64_t *silent_ms);
 

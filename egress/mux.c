@@ -192,7 +192,8 @@ swe_on_msg(const swt_msg *msg, void *arg)
     swe_stream_unref(s);
 }
 
-/* A worker asks whether this frontend still exists; any answer will do. */
+/* A worker asks whether this frontend still exists: the answer echoes the
+ * probe's id. */
 void
 swe_on_live_probe(const swt_msg *msg, void *arg)
 {
@@ -206,6 +207,12 @@ swe_on_live_probe(const swt_msg *msg, void *arg)
     }
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = r->id;
+    if (msg->len > 0) { /* echo the probe's id (a worker judges answers by it) */
+        swp_control *c = NULL;
+        if (swp_decode_control(msg->data, msg->len, 4096, &c) == SW_OK)
+            p.probe_id = c->probe_id;
+        swp_free(c);
+    }
     if (msg->reply != NULL && swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
         (void)swt_publish(r->conn, msg->reply, NULL, buf, len);
 }

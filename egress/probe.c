@@ -77,6 +77,21 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
     }
     if (msg->no_responders && sw_conn_sealed(r->conn))
         return; /* unsealed, forgeable: a sealed cluster judges by probe timeouts alone */
+    if (!msg->no_responders) {
+        /* An answer counts only if it echoes the last probe's id: a
+         * recorded answer replayed later is not one. */
+        swp_probe_reply *pr = NULL;
+        uint64_t pid = 0;
+        if (swp_decode_probe_reply(msg->data, msg->len, 4096, &pr) == SW_OK)
+            pid = pr->probe_id;
+        swp_free(pr);
+        pthread_mutex_lock(&r->mu);
+        if (!swi_peers_is_current(&r->peers, id, pid)) {
+            pthread_mutex_unlock(&r->mu);
+            return;
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
     pthread_mutex_lock(&r->mu);
     lost = swi_peers_answer(&r->peers, id, msg->no_responders, swi_now_ms(),
                             swt_conn_up_since_ms(r->conn), &silent);
@@ -140,9 +155,12 @@ swe_probe_round(sw_router *r, int64_t now)
     swi_peer_id send[SWE_PROBES_MAX];
     swi_peer_lost lost[SWE_LOST_MAX];
     size_t nsend, nlost;
+    uint64_t ids[SWE_PROBES_MAX];
     pthread_mutex_lock(&r->mu);
     nsend = swi_peers_round(&r->peers, now, swt_conn_up_since_ms(r->conn), inst_active_since, r,
                             send, SWE_PROBES_MAX, lost, SWE_LOST_MAX, &nlost);
+    for (size_t i = 0; i < nsend; i++)
+        ids[i] = swi_peers_probe_id(&r->peers, send[i]);
     r->st.probes_sent += nsend;
     pthread_mutex_unlock(&r->mu);
     for (size_t i = 0; i < nsend; i++) {
@@ -153,6 +171,7 @@ swe_probe_round(sw_router *r, int64_t now)
         m.version = SW_PROTOCOL_VERSION;
         m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
         m.router_id = r->id;
+        m.probe_id = ids[i];
         if (swt_subject_control(ctl, sizeof(ctl), send[i]) == SW_OK &&
             swt_subject_probe_reply(reply, sizeof(reply), r->id, send[i]) == SW_OK &&
             swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)

@@ -70,7 +70,7 @@ resp_resend(sw_responder *r, uint64_t from, uint64_t to)
 }
 
 static void
-ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r)
+ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r, uint64_t probe_id)
 {
     swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
     uint8_t buf[256];
@@ -80,6 +80,7 @@ ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r)
         return;
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = ing->instance_id;
+    p.probe_id = probe_id;
     pthread_mutex_lock(&ing->mu);
     p.inflight = ing->inflight;
     p.draining = ing->draining != 0;
@@ -165,7 +166,7 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
     }
     switch (c->kind) {
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE:
-        ing_probe_reply(ing, msg, r);
+        ing_probe_reply(ing, msg, r, c->probe_id);
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:

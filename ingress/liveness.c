@@ -76,6 +76,20 @@ swn_ing_on_live_reply(const swt_msg *msg, void *arg)
     }
     if (msg->no_responders && sw_conn_sealed(ing->conn))
         return; /* unsealed, forgeable: a sealed cluster judges by probe timeouts alone */
+    if (!msg->no_responders) {
+        /* an answer counts only if it echoes the last probe's id */
+        swp_probe_reply *pr = NULL;
+        uint64_t pid = 0;
+        int current;
+        if (swp_decode_probe_reply(msg->data, msg->len, 4096, &pr) == SW_OK)
+            pid = pr->probe_id;
+        swp_free(pr);
+        pthread_mutex_lock(&ing->live_mu);
+        current = swi_peers_is_current(&ing->peers, id, pid);
+        pthread_mutex_unlock(&ing->live_mu);
+        if (!current)
+            return;
+    }
     pthread_mutex_lock(&ing->live_mu);
     if (swi_peers_answer(&ing->peers, id, msg->no_responders, swi_now_ms(),
                          swt_conn_up_since_ms(ing->conn), &silent)) {
@@ -95,6 +109,7 @@ swn_ing_live_tick(void *arg, int64_t now)
 {
     sw_ingress *ing = arg;
     swi_peer_id send[SWN_PROBES_MAX];
+    uint64_t ids[SWN_PROBES_MAX];
     swi_peer_lost lost[SWN_PROBES_MAX];
     size_t nsend, nlost;
     /* Every registered stream names its frontend (router_id never
@@ -120,6 +135,8 @@ swn_ing_live_tick(void *arg, int64_t now)
     }
     nsend = swi_peers_round(&ing->peers, now, swt_conn_up_since_ms(ing->conn), NULL, NULL, send,
                             SWN_PROBES_MAX, lost, SWN_PROBES_MAX, &nlost);
+    for (size_t i = 0; i < nsend; i++)
+        ids[i] = swi_peers_probe_id(&ing->peers, send[i]);
     for (size_t i = 0; i < nlost; i++)
         swi_peers_release_all(&ing->peers, lost[i].id);
     pthread_mutex_unlock(&ing->live_mu);
@@ -130,7 +147,17 @@ swn_ing_live_tick(void *arg, int64_t now)
         if (swt_subject_router(subj, sizeof(subj), send[i]) != SW_OK ||
             swt_subject_live_reply(reply, sizeof(reply), ing->instance_id, send[i]) != SW_OK)
             continue;
-        (void)swt_publish(ing->conn, subj, reply, NULL, 0);
+        {
+            /* a PROBE carrying a fresh id that the frontend's answer echoes */
+            swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+            uint8_t buf[64];
+            size_t len;
+            m.version = SW_PROTOCOL_VERSION;
+            m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
+            m.probe_id = ids[i];
+            if (swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
+                (void)swt_publish(ing->conn, subj, reply, buf, len);
+        }
     }
     for (size_t i = 0; i < nlost; i++)
         ing_cancel_frontend(ing, lost[i].id, "did not answer its probes");

@@ -48,6 +48,9 @@ ingress_render(swi_prom *p, void *obj)
     swi_prom_value(p, F("credit_stalls_total"), "counter",
                    "Blocking sends that waited for credit (the consumer was slower).", l, 2,
                    (double)st.credit_stalls);
+    swi_prom_value(p, F("replays_total"), "counter",
+                   "Requests already served here (a replay): dropped, never run twice.", l, 2,
+                   (double)st.replays);
     swi_prom_value(p, F("auth_failures_total"), "counter",
                    "Requests, controls and probe answers refused by sealing; never acted on.", l, 2,
                    (double)st.auth_failures);

@@ -1460,27 +1460,39 @@ raw_backend_ops(void **state)
         /* The backend may first replay what existed when the watch began
          * (revision <= r3 and k.two); everything later must come, in order. */
         a1 = raw_wait(&lg, "k.w", 0, r3, 0, T(3000));
-        assert_true(a1 >= 0);
         /* A KV bucket keeps one revision per key: a watcher that falls
-         * behind may see only the newer of two quick puts. The newest must
-         * come, after anything older, and nothing may come twice. */
-        if (lg.v[a1].rev < p2) {
-            a2 = raw_wait(&lg, "k.w", 0, lg.v[a1].rev, a1 + 1, T(3000));
-            assert_true(a2 > a1);
+         * behind may see only the newer of two quick puts -- or, when it
+         * falls further behind (a loaded machine), only the delete that
+         * replaced both. What it sees comes in order and never twice, and
+         * the newest state always comes. */
+        if (a1 < 0) {
+            d1 = raw_wait(&lg, "k.w", 1, r3, 0, T(3000));
+            assert_true(d1 >= 0);
+            a1 = a2 = d1; /* no put seen: the checks below start at the delete */
+            print_message("    %s: the watcher fell behind both puts of k.w (history 1)\n", f->be);
         } else {
-            a2 = a1;
+            if (lg.v[a1].rev < p2) {
+                a2 = raw_wait(&lg, "k.w", 0, lg.v[a1].rev, a1 + 1, T(3000));
+                assert_true(a2 > a1);
+            } else {
+                a2 = a1;
+            }
+            assert_int_equal(lg.v[a2].rev, p2);
+            d1 = raw_wait(&lg, "k.w", 1, lg.v[a2].rev, a2 + 1, T(3000));
+            assert_true(d1 > a2);
         }
-        assert_int_equal(lg.v[a2].rev, p2);
-        d1 = raw_wait(&lg, "k.w", 1, lg.v[a2].rev, a2 + 1, T(3000));
-        assert_true(d1 > a2);
         a3 = raw_wait(&lg, "k.w2", 0, lg.v[d1].rev, d1 + 1, T(3000));
         assert_true(a3 > d1);
         assert_true(raw_wait(&lg, "k.one", 1, r3, a3 + 1, T(3000)) > a3);
         pthread_mutex_lock(&lg.mu);
-        assert_int_equal(lg.v[a1].rev, p1);
-        assert_int_equal(lg.v[a2].rev, p2);
-        assert_string_equal(lg.v[a1].val, "x1");
-        assert_string_equal(lg.v[a2].val, "x2");
+        if (a1 != d1) { /* the puts were seen */
+            assert_int_equal(lg.v[a2].rev, p2);
+            assert_string_equal(lg.v[a2].val, "x2");
+            if (a1 != a2) {
+                assert_int_equal(lg.v[a1].rev, p1);
+                assert_string_equal(lg.v[a1].val, "x1");
+            }
+        }
         assert_string_equal(lg.v[a3].val, "y1");
         /* Strictly increasing revisions over everything delivered after
          * the first new event. */

@@ -200,7 +200,7 @@ sealed_cluster_streams(void **state)
         assert_int_equal(it->terminal.status, SW_STATUS_CANCELLED);
     }
     sw_stream_close(s);
-    for (int i = 0; i < 200; i++) {
+    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
         int c;
         pthread_mutex_lock(&e.mu);
         c = e.cancelled;
@@ -367,7 +367,7 @@ hostile_peer_against_sealed_cluster(void **state)
     s = slow_stream(r, "hw1", subj, sizeof(subj), id);
     assert_int_equal(natsConnection_Subscribe(&spy, nc, subj, on_capture, &cap), NATS_OK);
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    for (int i = 0; i < 200; i++) {
+    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
         int n;
         pthread_mutex_lock(&cap.mu);
         n = cap.n;
@@ -493,7 +493,7 @@ hostile_peer_against_sealed_cluster(void **state)
             free(buf);
         }
         natsConnection_Flush(nc);
-        for (int i = 0; i < 300; i++) {
+        for (int i = 0; i < 5 * 300 * swh_slow(); i++) {
             sw_ingress_stats_get(ing, &is);
             if (is.auth_failures >= 1000)
                 break;
@@ -535,7 +535,7 @@ hostile_peer_against_sealed_cluster(void **state)
         served0 = e.served;
         /* wait until the worker let go of the stream (its final acknowledged):
          * only the record of served ids can catch the replay then */
-        for (int i = 0; i < 300; i++) {
+        for (int i = 0; i < 5 * 300 * swh_slow(); i++) {
             sw_ingress_stats_get(ing, &is);
             if (is.streams_held == 0)
                 break;
@@ -547,7 +547,7 @@ hostile_peer_against_sealed_cluster(void **state)
             natsConnection_PublishRequest(nc, rsubj, "sw.rsp.x.y", rq.msgs[0], (int)rq.lens[0]),
             NATS_OK);
         natsConnection_Flush(nc);
-        for (int i = 0; i < 200 && is.replays == 0; i++) {
+        for (int i = 0; i < 5 * 200 * swh_slow() && is.replays == 0; i++) {
             swh_sleep_ms(10);
             sw_ingress_stats_get(ing, &is);
         }
@@ -577,6 +577,7 @@ hostile_peer_against_sealed_cluster(void **state)
         snprintf(want, sizeof(want), "} %llu\n", (unsigned long long)is.auth_failures);
         assert_non_null(strstr(text, "streamwire_worker_auth_failures_total{"));
         assert_non_null(strstr(strstr(text, "streamwire_worker_auth_failures_total{"), want));
+        assert_non_null(strstr(text, "streamwire_worker_replays_total{"));
         free(text);
         sw_metrics_destroy(m);
     }
@@ -588,15 +589,18 @@ hostile_peer_against_sealed_cluster(void **state)
     sw_conn_close(wc);
 }
 
-/* Forged probe answers (unsealed) for a worker that went away: the router
- * still declares it lost, by its probes' timeouts (a sealed cluster takes
- * no unsealed "no responders" shortcut). */
+/* Forged probe answers (unsealed) and the worker's own earlier answers
+ * (recorded, sealed) replayed for a worker that froze: the router still
+ * declares it lost, by its probes' timeouts (a sealed cluster takes no
+ * unsealed "no responders" shortcut, and an answer must echo the current
+ * probe's id). */
 typedef struct spammer {
     natsConnection *nc;
     char subj[SWT_SUBJECT_MAX];
     uint8_t buf[128];
     size_t len;
-    int stop; /* atomic */
+    capture *rec; /* recorded (sealed) answers, replayed in turn */
+    int stop;     /* atomic */
     int sent;
 } spammer;
 
@@ -606,6 +610,10 @@ spam_main(void *arg)
     spammer *sp = arg;
     while (!__atomic_load_n(&sp->stop, __ATOMIC_ACQUIRE)) {
         (void)natsConnection_Publish(sp->nc, sp->subj, sp->buf, (int)sp->len);
+        if (sp->rec != NULL && sp->rec->n > 0) {
+            int k = sp->sent % sp->rec->n;
+            (void)natsConnection_Publish(sp->nc, sp->subj, sp->rec->msgs[k], (int)sp->rec->lens[k]);
+        }
         sp->sent++;
         swh_sleep_ms(5);
     }
@@ -648,6 +656,30 @@ forged_probe_answers_do_not_hide_a_loss(void **state)
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = (char *)"pw1";
     assert_int_equal(swp_encode(&p, sp.buf, sizeof(sp.buf), &sp.len), SW_OK);
+    {
+        /* record the worker's own sealed answers to this router's probes
+         * while it is healthy: replayed later, they must not count (each
+         * answers an older probe id) */
+        static capture rec;
+        natsSubscription *spy = NULL;
+        memset(&rec, 0, sizeof(rec));
+        pthread_mutex_init(&rec.mu, NULL);
+        assert_int_equal(natsConnection_Subscribe(&spy, sp.nc, sp.subj, on_capture, &rec), NATS_OK);
+        assert_int_equal(natsConnection_Flush(sp.nc), NATS_OK);
+        for (int i = 0; i < 5 * 300 * swh_slow(); i++) {
+            int n;
+            pthread_mutex_lock(&rec.mu);
+            n = rec.n;
+            pthread_mutex_unlock(&rec.mu);
+            if (n >= 3)
+                break;
+            swh_sleep_ms(10);
+        }
+        natsSubscription_Unsubscribe(spy);
+        natsSubscription_Destroy(spy);
+        assert_true(rec.n >= 3);
+        sp.rec = &rec;
+    }
     assert_int_equal(pthread_create(&th, NULL, spam_main, &sp), 0);
     /* the worker freezes: nothing more from it, its subscriptions stay
      * (so only probe timeouts can tell), and the attacker answers every
@@ -665,7 +697,8 @@ forged_probe_answers_do_not_hide_a_loss(void **state)
     assert_string_equal(it->terminal.reason, "instance_lost");
     sw_router_stats_get(r, &rs);
     assert_true(rs.auth_failures > 0); /* the forged answers, refused */
-    print_message("    frozen worker -> instance_lost in %lld ms despite %d forged answers\n",
+    print_message("    frozen worker -> instance_lost in %lld ms despite %d forged and as many "
+                  "replayed answers\n",
                   (long long)(swi_now_ms() - t0), sp.sent);
     sw_stream_close(s);
     swh_kill(wpid, SIGCONT);
@@ -726,7 +759,7 @@ sealed_registry(void **state)
     assert_int_equal(sw_registry_open(&ureg, uc, &ro), SW_OK);
     assert_int_equal(sw_ingress_registration(ing, &rg), SW_OK);
     assert_int_equal(sw_registry_register(wreg, &rg), SW_OK);
-    for (int i = 0; i < 300 && listed(freg, "rw1") == 0; i++)
+    for (int i = 0; i < 5 * 300 * swh_slow() && listed(freg, "rw1") == 0; i++)
         swh_sleep_ms(10);
     assert_int_equal(listed(freg, "rw1"), 1);
     /* forged, unsealed: an entry for a fake instance, and a tombstone of

@@ -432,6 +432,35 @@ test_peers_round_caps(void **state)
     swi_peers_fini(&p);
 }
 
+/* Probe ids: each probe gets a new one; only an answer echoing the last
+ * one counts (a recorded answer replayed later does not). */
+static void
+test_peers_probe_ids(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    uint64_t first, second;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
+    swi_peers_use(&p, "a", 0);
+    assert_int_equal(swi_peers_probe_id(&p, "a"), 0);
+    assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
+    first = swi_peers_probe_id(&p, "a");
+    assert_true(first != 0);
+    assert_true(swi_peers_is_current(&p, "a", first));
+    assert_false(swi_peers_is_current(&p, "a", 0));
+    assert_false(swi_peers_is_current(&p, "nobody", first));
+    round_at(&p, 500, UP, send, lost, &nlost); /* a miss, and a new probe */
+    second = swi_peers_probe_id(&p, "a");
+    assert_true(second != first);
+    assert_false(swi_peers_is_current(&p, "a", first)); /* the old answer is stale */
+    assert_true(swi_peers_is_current(&p, "a", second));
+    swi_peers_fini(&p);
+}
+
 /* The bounded, expiring id set (early cancels, served requests). */
 static void
 test_idq(void **state)
@@ -485,6 +514,7 @@ main(void)
         cmocka_unit_test(test_peers_no_responders),
         cmocka_unit_test(test_peers_no_responders_then_back),
         cmocka_unit_test(test_idq),
+        cmocka_unit_test(test_peers_probe_ids),
         cmocka_unit_test(test_peers_suspect),
         cmocka_unit_test(test_peers_alive_by_activity),
         cmocka_unit_test(test_peers_own_connection_down),

@@ -35,23 +35,6 @@ write_key(void)
     fclose(f);
 }
 
-static sw_conn *
-sealed_connect(const char *name)
-{
-    sw_conn_opts co;
-    sw_conn *c = NULL;
-    sw_err e;
-    sw_conn_opts_init(&co);
-    co.url = g_url;
-    co.name = name;
-    co.connect_timeout_ms = 5000;
-    co.no_send_asap = !cfg.send_asap;
-    co.seal_key_file = s_key;
-    if ((e = sw_conn_open(&c, &co)) != SW_OK)
-        die("sw_conn_open (sealed): %s", sw_err_name(e));
-    return c;
-}
-
 static void
 sealed_world(void)
 {
@@ -62,8 +45,8 @@ sealed_world(void)
     if (s_router != NULL)
         return;
     write_key();
-    s_front = sealed_connect("bench-sealed-frontend");
-    s_work = sealed_connect("bench-sealed-worker");
+    s_front = sw_connect_key(g_url, "bench-sealed-frontend", s_key);
+    s_work = sw_connect_key(g_url, "bench-sealed-worker", s_key);
     unlink(s_key); /* read at connect; nothing keeps it on disk */
     g_sw_work = s_work;
     for (int i = 0; i < cfg.nconc; i++)

@@ -34,7 +34,7 @@ raw_connect(const char *url, const char *name, int asap)
 }
 
 sw_conn *
-sw_connect(const char *url, const char *name)
+sw_connect_key(const char *url, const char *name, const char *key_file)
 {
     sw_conn_opts co;
     sw_conn *c = NULL;
@@ -44,9 +44,16 @@ sw_connect(const char *url, const char *name)
     co.name = name;
     co.connect_timeout_ms = 5000;
     co.no_send_asap = !cfg.send_asap;
+    co.seal_key_file = key_file;
     if ((e = sw_conn_open(&c, &co)) != SW_OK)
-        die("sw_conn_open %s: %s", url, sw_err_name(e));
+        die("sw_conn_open %s%s: %s", url, key_file ? " (sealed)" : "", sw_err_name(e));
     return c;
+}
+
+sw_conn *
+sw_connect(const char *url, const char *name)
+{
+    return sw_connect_key(url, name, NULL);
 }
 
 /* ------------------------------------------------------------------ worker side, raw */

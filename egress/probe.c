@@ -69,6 +69,7 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
     const char *id = swt_subject_last_token(msg->subject);
     int lost;
     int64_t silent = 0;
+    uint64_t pid;
     if (id == NULL)
         return;
     if (msg->auth_failed) { /* not the instance's answer: no sign of life */
@@ -77,23 +78,12 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
     }
     if (msg->no_responders && sw_conn_sealed(r->conn))
         return; /* unsealed, forgeable: a sealed cluster judges by probe timeouts alone */
-    if (!msg->no_responders) {
-        /* An answer counts only if it echoes the last probe's id: a
-         * recorded answer replayed later is not one. */
-        swp_probe_reply *pr = NULL;
-        uint64_t pid = 0;
-        if (swp_decode_probe_reply(msg->data, msg->len, 4096, &pr) == SW_OK)
-            pid = pr->probe_id;
-        swp_free(pr);
-        pthread_mutex_lock(&r->mu);
-        if (!swi_peers_is_current(&r->peers, id, pid)) {
-            pthread_mutex_unlock(&r->mu);
-            return;
-        }
-        pthread_mutex_unlock(&r->mu);
-    }
+    /* An answer counts only if it echoes the last probe's id: a recorded
+     * answer replayed later is not one. */
+    pid = msg->no_responders ? 0 : swp_probe_reply_id(msg->data, msg->len);
     pthread_mutex_lock(&r->mu);
-    lost = swi_peers_answer(&r->peers, id, msg->no_responders, swi_now_ms(),
+    lost = (msg->no_responders || swi_peers_is_current(&r->peers, id, pid)) &&
+           swi_peers_answer(&r->peers, id, msg->no_responders, swi_now_ms(),
                             swt_conn_up_since_ms(r->conn), &silent);
     pthread_mutex_unlock(&r->mu);
     if (lost)

@@ -66,6 +66,7 @@ swn_ing_on_live_reply(const swt_msg *msg, void *arg)
     const char *id = swt_subject_last_token(msg->subject);
     swi_peer_id gone = "";
     int64_t silent = 0;
+    uint64_t pid;
     if (id == NULL)
         return;
     if (msg->auth_failed) { /* not the frontend's answer: no sign of life */
@@ -76,22 +77,11 @@ swn_ing_on_live_reply(const swt_msg *msg, void *arg)
     }
     if (msg->no_responders && sw_conn_sealed(ing->conn))
         return; /* unsealed, forgeable: a sealed cluster judges by probe timeouts alone */
-    if (!msg->no_responders) {
-        /* an answer counts only if it echoes the last probe's id */
-        swp_probe_reply *pr = NULL;
-        uint64_t pid = 0;
-        int current;
-        if (swp_decode_probe_reply(msg->data, msg->len, 4096, &pr) == SW_OK)
-            pid = pr->probe_id;
-        swp_free(pr);
-        pthread_mutex_lock(&ing->live_mu);
-        current = swi_peers_is_current(&ing->peers, id, pid);
-        pthread_mutex_unlock(&ing->live_mu);
-        if (!current)
-            return;
-    }
+    /* an answer counts only if it echoes the last probe's id */
+    pid = msg->no_responders ? 0 : swp_probe_reply_id(msg->data, msg->len);
     pthread_mutex_lock(&ing->live_mu);
-    if (swi_peers_answer(&ing->peers, id, msg->no_responders, swi_now_ms(),
+    if ((msg->no_responders || swi_peers_is_current(&ing->peers, id, pid)) &&
+        swi_peers_answer(&ing->peers, id, msg->no_responders, swi_now_ms(),
                          swt_conn_up_since_ms(ing->conn), &silent)) {
         snprintf(gone, sizeof(gone), "%s", id);
         swi_peers_release_all(&ing->peers, id);

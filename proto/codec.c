@@ -62,9 +62,7 @@ swp_has_field0(const ProtobufCMessage *m)
     return 0;
 }
 
-/* Reads a varint at p[*i] (advancing *i). 0 ok, -1 truncated or longer
- * than 64 bits. */
-static int
+int
 swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
 {
     unsigned sh = 0;
@@ -619,8 +617,8 @@ enum {
     TAG_EVENT = (13 << 3) | 2,
 };
 
-static size_t
-varint_size(uint64_t v)
+size_t
+swp_varint_size(uint64_t v)
 {
     size_t n = 1;
     while (v >= 0x80) {
@@ -630,8 +628,8 @@ varint_size(uint64_t v)
     return n;
 }
 
-static size_t
-varint_write(uint8_t *out, uint64_t v)
+size_t
+swp_varint_write(uint8_t *out, uint64_t v)
 {
     size_t n = 0;
     while (v >= 0x80) {
@@ -655,7 +653,7 @@ swp_hdr_write(const swp_hdr *h, uint8_t *out)
     if (h->instance_id != NULL && h->instance_id[0] != '\0') {
         size_t l = strnlen(h->instance_id, SW_MAX_TOKEN);
         out[n++] = TAG_INSTANCE_ID;
-        n += varint_write(out + n, l);
+        n += swp_varint_write(out + n, l);
         memcpy(out + n, h->instance_id, l);
         n += l;
     }
@@ -665,7 +663,7 @@ swp_hdr_write(const swp_hdr *h, uint8_t *out)
     }
     if (h->credit_window != 0) {
         out[n++] = TAG_CREDIT_WINDOW;
-        n += varint_write(out + n, h->credit_window);
+        n += swp_varint_write(out + n, h->credit_window);
     }
     return n;
 }
@@ -673,7 +671,7 @@ swp_hdr_write(const swp_hdr *h, uint8_t *out)
 size_t
 swp_data_body_size(uint64_t seq, size_t len, int droppable, size_t event_len)
 {
-    return 1 + varint_size(seq) + 1 + varint_size(len) + len + (droppable ? 2 : 0) +
+    return 1 + swp_varint_size(seq) + 1 + swp_varint_size(len) + len + (droppable ? 2 : 0) +
            (event_len ? 2 + event_len : 0);
 }
 
@@ -683,9 +681,9 @@ swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, in
 {
     size_t n = 0;
     out[n++] = TAG_SEQ;
-    n += varint_write(out + n, seq);
+    n += swp_varint_write(out + n, seq);
     out[n++] = TAG_DATA;
-    n += varint_write(out + n, len);
+    n += swp_varint_write(out + n, len);
     if (len != 0)
         memcpy(out + n, data, len);
     n += len;
@@ -716,5 +714,16 @@ size_t
 swp_batch_prefix(uint8_t *out, size_t body_len)
 {
     out[0] = TAG_BATCH;
-    return 1 + varint_write(out + 1, body_len);
+    return 1 + swp_varint_write(out + 1, body_len);
+}
+
+uint64_t
+swp_probe_reply_id(const uint8_t *buf, size_t len)
+{
+    swp_probe_reply *p = NULL;
+    uint64_t id = 0;
+    if (swp_decode_probe_reply(buf, len, SWP_MAX_PROBE_REPLY, &p) == SW_OK)
+        id = p->probe_id;
+    swp_free(p);
+    return id;
 }

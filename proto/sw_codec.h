@@ -73,6 +73,10 @@ sw_err swp_decode_control(const uint8_t *buf, size_t len, size_t max, swp_contro
 sw_err swp_decode_probe_reply(const uint8_t *buf, size_t len, size_t max, swp_probe_reply **out);
 sw_err swp_decode_instance(const uint8_t *buf, size_t len, size_t max, swp_instance **out);
 sw_err swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out);
+/* The probe_id a ProbeReply echoes; 0 if the bytes are not a valid
+ * ProbeReply of at most SWP_MAX_PROBE_REPLY bytes. */
+#define SWP_MAX_PROBE_REPLY 4096
+uint64_t swp_probe_reply_id(const uint8_t *buf, size_t len);
 
 /* Frees any decoded message. NULL ok. */
 void swp_free(void *msg);
@@ -136,6 +140,12 @@ int swp_valid_event(const char *s, size_t n);
  * buffer if it is <= max bytes: SW_OK, SW_EMSGSIZE, SW_ENOMEM. */
 sw_err swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out,
                             size_t *len);
+/* Protobuf base-128 varints: the bytes v takes (1..10), writing them, and
+ * reading one at p[*i] (advancing *i; 0 ok, -1 truncated or longer than
+ * 64 bits). */
+size_t swp_varint_size(uint64_t v);
+size_t swp_varint_write(uint8_t *out, uint64_t v);
+int swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v);
 /* Writes the tag and length that put a body of body_len bytes into `batch`. */
 size_t swp_batch_prefix(uint8_t *out, size_t body_len);
 

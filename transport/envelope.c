@@ -6,6 +6,7 @@
 
 #include <sodium.h>
 
+#include "proto/sw_codec.h"
 #include "transport/envelope.h"
 
 #define ENV_RID 16
@@ -112,24 +113,6 @@ has_rid_field(uint8_t msg_type)
 
 /* ---------------------------------------------------------------- protobuf walking */
 
-static int
-rd_varint(const uint8_t *p, size_t len, size_t *off, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (unsigned shift = 0; shift < 64; shift += 7) {
-        uint8_t b;
-        if (*off >= len)
-            return -1;
-        b = p[(*off)++];
-        x |= (uint64_t)(b & 0x7f) << shift;
-        if ((b & 0x80) == 0) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 /* One top-level field: its number, wire type, and for varints the value,
  * for length-delimited fields the bytes. 0, or -1 when malformed. */
 typedef struct pb_field {
@@ -144,13 +127,13 @@ static int
 rd_field(const uint8_t *p, size_t len, size_t *off, pb_field *f)
 {
     uint64_t tag;
-    if (rd_varint(p, len, off, &tag) != 0 || (tag >> 3) == 0 || (tag >> 3) > 0x1fffffff)
+    if (swp_read_varint(p, len, off, &tag) != 0 || (tag >> 3) == 0 || (tag >> 3) > 0x1fffffff)
         return -1;
     f->num = (uint32_t)(tag >> 3);
     f->wt = (int)(tag & 7);
     switch (f->wt) {
     case 0:
-        return rd_varint(p, len, off, &f->v);
+        return swp_read_varint(p, len, off, &f->v);
     case 1:
         if (len - *off < 8)
             return -1;
@@ -162,7 +145,7 @@ rd_field(const uint8_t *p, size_t len, size_t *off, pb_field *f)
         *off += 4;
         return 0;
     case 2:
-        if (rd_varint(p, len, off, &f->v) != 0 || f->v > len - *off)
+        if (swp_read_varint(p, len, off, &f->v) != 0 || f->v > len - *off)
             return -1;
         f->b = p + *off;
         f->blen = (size_t)f->v;
@@ -206,29 +189,6 @@ find_rid(const uint8_t *p, size_t len, const uint8_t **rid)
         }
     }
     return found;
-}
-
-static size_t
-wr_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
-static size_t
-varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
 }
 
 /* ---------------------------------------------------------------- seal and open */
@@ -294,8 +254,8 @@ env_seal(const swt_sealer *s, const char *subject, const swt_env_class *clp, con
     }
     if ((e = env_prepare(s, subject, &cl, rid, &k)) != SW_OK)
         return e;
-    sealed_len =
-        1 + varint_len(s->key.id) + 2 + SWT_SEAL_NONCE_BYTES + 1 + varint_len(ct_len) + ct_len;
+    sealed_len = 1 + swp_varint_size(s->key.id) + 2 + SWT_SEAL_NONCE_BYTES + 1 +
+                 swp_varint_size(ct_len) + ct_len;
     out[n++] = (1 << 3) | 0; /* version */
     out[n++] = 1;
     if (rid != NULL) {
@@ -305,16 +265,16 @@ env_seal(const swt_sealer *s, const char *subject, const swt_env_class *clp, con
         n += ENV_RID;
     }
     out[n++] = (15 << 3) | 2;
-    n += wr_varint(out + n, sealed_len);
+    n += swp_varint_write(out + n, sealed_len);
     out[n++] = (1 << 3) | 0;
-    n += wr_varint(out + n, s->key.id);
+    n += swp_varint_write(out + n, s->key.id);
     out[n++] = (3 << 3) | 2;
     out[n++] = SWT_SEAL_NONCE_BYTES;
     {
         size_t nonce_at = n;
         n += SWT_SEAL_NONCE_BYTES;
         out[n++] = (4 << 3) | 2;
-        n += wr_varint(out + n, ct_len);
+        n += swp_varint_write(out + n, ct_len);
         e = swt_seal(k.use, &k.ad, msg, len, nonce, out + n, out_cap - n, &got);
         memcpy(out + nonce_at, nonce, SWT_SEAL_NONCE_BYTES);
     }

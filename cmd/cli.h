@@ -156,9 +156,10 @@ typedef struct cli_stream_req {
     unsigned heartbeat_ms;
     const void *payload;
     size_t len;
-    long cancel_after;  /* cancel after this many data items; -1 = never */
-    long read_delay_ms; /* sleep after each data item */
-    int64_t give_up_ms; /* > 0: stop waiting for a terminal after this long */
+    long cancel_after;   /* cancel after this many data items; -1 = never */
+    long read_delay_ms;  /* sleep after each data item */
+    int64_t give_up_ms;  /* > 0: stop waiting for a terminal after this long */
+    int migration_limit; /* sw_request_opts.migration_limit */
     void (*on_data)(const sw_item *item, void *arg); /* may be NULL */
     void *on_data_arg;
 } cli_stream_req;
@@ -176,6 +177,8 @@ typedef struct cli_stream_result {
     int64_t elapsed_ms;    /* from just before sw_router_open to the terminal */
     int64_t elapsed_us;    /* the same in microseconds */
     int64_t first_item_us; /* from just before sw_router_open to the first data item; -1: none */
+    unsigned migrations;   /* the terminal's */
+    char instances[(SW_MAX_TOKEN + 1) * (SW_MAX_MIGRATIONS + 1)];
 } cli_stream_result;
 
 /* Returns the sw_router_open error (SW_OK when the stream was opened and

@@ -50,6 +50,11 @@ gen_print_terminal(const cli_stream_result *res, int json)
                (long long)res->elapsed_us);
         if (res->first_item_us >= 0)
             printf(",\"first_item_us\":%lld", (long long)res->first_item_us);
+        if (res->migrations > 0) {
+            printf(",\"migrations\":%u,\"instances\":\"", res->migrations);
+            cli_json_escape(stdout, res->instances, strlen(res->instances));
+            printf("\"");
+        }
         if (res->message[0] != '\0') {
             printf(",\"message\":\"");
             cli_json_escape(stdout, res->message, strlen(res->message));
@@ -60,6 +65,9 @@ gen_print_terminal(const cli_stream_result *res, int json)
         printf("-- %s (%s) from instance %s: %llu items in %lld ms", status, res->reason,
                res->instance[0] != '\0' ? res->instance : "(none)", (unsigned long long)res->items,
                (long long)res->elapsed_ms);
+        if (res->migrations > 0)
+            printf(" after %u migration%s (%s)", res->migrations, res->migrations > 1 ? "s" : "",
+                   res->instances);
         if (res->message[0] != '\0')
             printf(": %s", res->message);
         printf("\n");
@@ -71,6 +79,7 @@ int
 cli_generate_main(int argc, char **argv)
 {
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *prompt = "hello";
+    long migration_limit = 0;
     long max_tokens = 0, cancel_after = -1, read_delay = 0, timeout = 0, linger = 20;
     long heartbeat = 0, window = 0, inactivity = 0, gap_timeout = 0, payload_bytes = -1;
     const char *policy = "round_robin", *bucket = NULL, *router_id = NULL;
@@ -141,6 +150,10 @@ cli_generate_main(int argc, char **argv)
          0, 3600000, NULL, 0},
         {"window", CLI_INT, "N", "credit window: items in flight (default 256)", &window, 0,
          1000000, NULL, 0},
+        {"migration-limit", CLI_INT, "N",
+         "move the stream to another instance up to N times\nwhen its worker is lost or drains "
+         "(default 0;\nneeds the registry: no --instance-id)",
+         &migration_limit, 0, SW_MAX_MIGRATIONS, NULL, 0},
         {"verbose", CLI_FLAG, NULL, "print library log lines to stderr", &verbose, 0, 0, NULL, 0},
     };
     cli_conn_flags conn_flags = {0};
@@ -197,6 +210,7 @@ cli_generate_main(int argc, char **argv)
     req.heartbeat_ms = (unsigned)heartbeat;
     req.cancel_after = cancel_after;
     req.read_delay_ms = read_delay;
+    req.migration_limit = (int)migration_limit;
     if (payload_bytes >= 0) {
         padding = malloc((size_t)payload_bytes + 1);
         if (padding == NULL) {

@@ -148,6 +148,7 @@ cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *
     o.max_tokens = req->max_tokens;
     o.credit_window = req->credit_window;
     o.heartbeat_ms = req->heartbeat_ms;
+    o.migration_limit = req->migration_limit;
 
     t0 = cli_now_ms();
     t0_us = cli_now_us();
@@ -203,6 +204,8 @@ cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *
         res->terminal_seq = item->seq;
         cli_copy(res->reason, sizeof(res->reason), item->terminal.reason);
         cli_copy(res->message, sizeof(res->message), item->terminal.message);
+        res->migrations = item->terminal.migrations;
+        cli_copy(res->instances, sizeof(res->instances), item->terminal.instances);
         cli_copy(res->instance, sizeof(res->instance),
                  item->instance_id != NULL && item->instance_id[0] != '\0'
                      ? item->instance_id

@@ -80,6 +80,24 @@ worker_refuse(const worker_cfg *cfg, sw_responder *r)
         fprintf(stderr, "[worker] warn: finish: %s\n", sw_err_name(err));
 }
 
+/* Where a migrated request continues (docs/MIGRATION.md): after the items
+ * the consumer has (resume_from), or, like an LLM given its own output as
+ * prompt, after the tokens the prompt already holds ("token-K" words). */
+static long
+worker_start(sw_responder *r)
+{
+    uint64_t resume = sw_responder_resume_from(r);
+    size_t len = 0;
+    const char *p = sw_responder_payload(r, &len);
+    long n = 0;
+    if (resume > 0)
+        return (long)(resume - 1);
+    for (size_t i = 0; p != NULL && i + 6 <= len; i++)
+        if (memcmp(p + i, "token-", 6) == 0)
+            n++;
+    return n;
+}
+
 static void
 worker_handler(sw_responder *r, void *arg)
 {
@@ -89,11 +107,13 @@ worker_handler(sw_responder *r, void *arg)
     uint32_t max_tokens = sw_responder_max_tokens(r);
     long total = cfg->tokens;
     int limited = 0;
-    long sent = 0;
+    long sent = worker_start(r);
     sw_err err;
 
-    if (max_tokens != 0 && (long)max_tokens < total) {
-        total = (long)max_tokens;
+    if (sent > total)
+        sent = total;
+    if (max_tokens != 0 && (long)max_tokens < total - sent) {
+        total = sent + (long)max_tokens;
         limited = 1;
     }
     if (cfg->refuse) {
@@ -297,7 +317,10 @@ cli_worker_main(int argc, char **argv)
         "worker",
         "Serve an endpoint with the demo engine: every request gets --tokens items\n"
         "(token-0, token-1, ...), then a COMPLETED terminal (reason stop), or INCOMPLETE\n"
-        "(reason max_tokens) when the request's max_tokens is smaller.",
+        "(reason max_tokens) when the request's max_tokens is smaller. A migrated\n"
+        "request continues where its consumer is: after resume_from_seq - 1 items, or\n"
+        "after the token-K words its prompt holds (a rebuilt prompt); max_tokens then\n"
+        "counts from there.",
         "Once serving, prints one line to stdout:\n"
         "  worker ready instance=<id> endpoint=<endpoint> subject=<request subject>\n"
         "Logs go to stderr as \"[worker] level: message\" unless --quiet. SIGTERM or\n"

@@ -1,5 +1,6 @@
 /* egress/cancels.c -- see cancels.h. Linear scans: the table is small and
  * only looked at while cancels wait. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,13 @@
 int
 swe_cancels_add(swe_cancels *c, const uint8_t id[SW_REQUEST_ID_BYTES], void *s, int kill,
                 int64_t now)
+{
+    return swe_cancels_add_to(c, id, NULL, s, kill, now);
+}
+
+int
+swe_cancels_add_to(swe_cancels *c, const uint8_t id[SW_REQUEST_ID_BYTES], const char *subj, void *s,
+                   int kill, int64_t now)
 {
     if (c->n >= SWE_CANCELS_MAX)
         return -1;
@@ -23,6 +31,7 @@ swe_cancels_add(swe_cancels *c, const uint8_t id[SW_REQUEST_ID_BYTES], void *s, 
         c->cap = ncap;
     }
     memcpy(c->v[c->n].id, id, SW_REQUEST_ID_BYTES);
+    snprintf(c->v[c->n].subj, sizeof(c->v[c->n].subj), "%s", subj ? subj : "");
     c->v[c->n].s = s;
     c->v[c->n].kill = kill;
     c->v[c->n].sent = 1;

@@ -21,11 +21,14 @@
 #define SWE_CANCEL_TRIES 5 /* sends in all, the first included */
 #define SWE_CANCEL_FIRST_MS 100
 
+#define SWE_CANCEL_SUBJ_MAX 320 /* SWT_SUBJECT_MAX */
+
 typedef struct swe_cancel {
     uint8_t id[SW_REQUEST_ID_BYTES];
-    void *s;  /* the stream (the caller holds a reference while it is here) */
-    int kill; /* KILL rather than CANCEL */
-    int sent; /* sends so far */
+    char subj[SWE_CANCEL_SUBJ_MAX]; /* where to send it ("" = the stream's current subject) */
+    void *s;                        /* the stream (the caller holds a reference while it is here) */
+    int kill;                       /* KILL rather than CANCEL */
+    int sent;                       /* sends so far */
     int64_t next_ms;
 } swe_cancel;
 
@@ -37,6 +40,10 @@ typedef struct swe_cancels {
 /* After the first send at now. 0, or -1 (full, or no memory: no retries). */
 int swe_cancels_add(swe_cancels *c, const uint8_t id[SW_REQUEST_ID_BYTES], void *s, int kill,
                     int64_t now);
+/* As swe_cancels_add, to the control subject subj (copied; a stream that
+ * migrated stops its old worker there). */
+int swe_cancels_add_to(swe_cancels *c, const uint8_t id[SW_REQUEST_ID_BYTES], const char *subj,
+                       void *s, int kill, int64_t now);
 /* The entries due at now: copied to due[] (at most max) with their next
  * send scheduled; those that have now been sent SWE_CANCEL_TRIES times are
  * removed (their copy in due[] has sent == SWE_CANCEL_TRIES: the caller

@@ -7,31 +7,50 @@
 
 #include "egress/egress_int.h"
 
+_Static_assert(SWT_SUBJECT_MAX <= SWE_CANCEL_SUBJ_MAX, "a cancel keeps a control subject");
+
+/* The stream's control subject and request id (both change when it
+ * re-routes or migrates). */
+static void
+ctl_target(sw_stream *s, char subj[SWT_SUBJECT_MAX], uint8_t id[SW_REQUEST_ID_BYTES])
+{
+    pthread_mutex_lock(&s->mu);
+    memcpy(subj, s->ctl_subj, SWT_SUBJECT_MAX);
+    memcpy(id, s->id, SW_REQUEST_ID_BYTES);
+    pthread_mutex_unlock(&s->mu);
+}
+
 void
 swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
+{
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    if (__atomic_load_n(&s->r->closed, __ATOMIC_ACQUIRE))
+        return;
+    ctl_target(s, subj, id);
+    swe_send_control_to(s->r, subj, id, kind, limit, ack, from, to);
+}
+
+void
+swe_send_control_to(sw_router *r, const char *subj, const uint8_t id[SW_REQUEST_ID_BYTES], int kind,
+                    uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
 {
     swp_control m = STREAMWIRE__V1__CONTROL__INIT;
     uint8_t buf[128];
     size_t len;
-    char subj[SWT_SUBJECT_MAX];
-    if (__atomic_load_n(&s->r->closed, __ATOMIC_ACQUIRE))
-        return;
-    pthread_mutex_lock(&s->mu);
-    memcpy(subj, s->ctl_subj, sizeof(subj));
-    pthread_mutex_unlock(&s->mu);
-    if (subj[0] == '\0')
-        return; /* never sent anywhere (no instance) */
+    if (__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE) || subj[0] == '\0')
+        return; /* closed, or never sent anywhere (no instance) */
     m.version = SW_PROTOCOL_VERSION;
-    m.request_id.data = s->id;
+    m.request_id.data = (uint8_t *)id;
     m.request_id.len = SW_REQUEST_ID_BYTES;
     m.kind = (Streamwire__V1__ControlKind)kind;
     m.credit_limit = limit;
     m.ack_seq = ack;
     m.resend_from = from;
     m.resend_to = to;
-    m.router_id = s->r->id;
+    m.router_id = r->id;
     if (swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
-        (void)swt_publish(s->r->conn, subj, NULL, buf, len);
+        (void)swt_publish(r->conn, subj, NULL, buf, len);
 }
 
 /* Sends the queued acknowledgements of finals: one ACK_FINALS per worker. */
@@ -87,10 +106,7 @@ swe_queue_final_ack(sw_stream *s)
         swe_flush_acks(r);
         pthread_mutex_lock(&r->ack_mu);
     }
-    pthread_mutex_lock(&s->mu);
-    memcpy(r->acks[r->nacks].subj, s->ctl_subj, sizeof(s->ctl_subj));
-    pthread_mutex_unlock(&s->mu);
-    memcpy(r->acks[r->nacks].id, s->id, SW_REQUEST_ID_BYTES);
+    ctl_target(s, r->acks[r->nacks].subj, r->acks[r->nacks].id);
     full = ++r->nacks == SWE_ACKS_MAX;
     pthread_mutex_unlock(&r->ack_mu);
     if (full)
@@ -102,16 +118,21 @@ swe_queue_final_ack(sw_stream *s)
 void
 swe_cancel_wait(sw_stream *s, int kill)
 {
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    ctl_target(s, subj, id);
+    swe_cancel_wait_to(s, subj, id, kill);
+}
+
+void
+swe_cancel_wait_to(sw_stream *s, const char *subj, const uint8_t id[SW_REQUEST_ID_BYTES], int kill)
+{
     sw_router *r = s->r;
     int added;
-    pthread_mutex_lock(&s->mu);
-    if (s->ctl_subj[0] == '\0') { /* never sent anywhere */
-        pthread_mutex_unlock(&s->mu);
+    if (subj[0] == '\0') /* never sent anywhere */
         return;
-    }
-    pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&r->mu);
-    added = !r->closing && swe_cancels_add(&r->cancels, s->id, s, kill, swi_now_ms()) == 0;
+    added = !r->closing && swe_cancels_add_to(&r->cancels, id, subj, s, kill, swi_now_ms()) == 0;
     if (added) {
         swe_stream_ref(s); /* the table's */
         __atomic_store_n(&r->cancels_waiting, (int)r->cancels.n, __ATOMIC_RELEASE);
@@ -132,10 +153,10 @@ swe_cancels_tick(sw_router *r, int64_t now)
     pthread_mutex_unlock(&r->mu);
     for (size_t i = 0; i < n; i++) {
         sw_stream *s = due[i].s;
-        swe_send_control(s,
-                         due[i].kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
-                                     : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
-                         0, 0, 0, 0);
+        swe_send_control_to(r, due[i].subj, due[i].id,
+                            due[i].kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
+                                        : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
+                            0, 0, 0, 0);
         if (due[i].sent >= SWE_CANCEL_TRIES)
             swe_stream_unref(s); /* out of the table */
     }

@@ -12,6 +12,8 @@
  *               peer table); a lost instance ends its streams
  *   timer.c     the router's ticker: stream deadlines, probes, ack flushes
  *   open.c      sw_router_open and the one-time re-route on no responders
+ *   migrate.c   migration: a stream whose worker was lost moves to another
+ *               instance under a new request id (docs/MIGRATION.md)
  *   frontend.c  sw_router: options, create, destroy, stats, the table
  *
  * Threads: nats.c's delivery thread runs the mux and probe callbacks; one
@@ -62,6 +64,7 @@ struct sw_router {
     char id[SW_MAX_TOKEN + 1];
     char wildcard[SWT_SUBJECT_MAX];
     unsigned window, hb_ms, inactivity_ms, gap_ms, linger_ms, max_streams;
+    int migration_limit; /* the default for requests */
     swt_sub *mux;
     swt_sub *live; /* sw.rtr.<id>: answers workers' liveness probes */
     swt_sub *prb;  /* sw.prb.<id>.*: answers to our instance probes */
@@ -91,6 +94,7 @@ struct sw_router {
     swi_hist h_ttfi, h_inter, h_duration;
     int timing_off; /* STREAMWIRE_METRICS=off: no per-item clock reads or histograms */
     uint64_t duplicates, resend_requests, heartbeats; /* of finished streams (atomic) */
+    uint64_t migrations, migration_failures;          /* (atomic) */
     swe_cancels cancels; /* cancelled streams whose worker has not answered (r->mu) */
     int cancels_waiting; /* cancels.n, readable without r->mu (atomic) */
 };
@@ -137,6 +141,15 @@ struct sw_stream {
     int in_cb;   /* an item callback runs now, on cb_thread */
     int waiters; /* blocking consumers in sw_stream_next's wait (atomic; changed under mu) */
     pthread_t cb_thread;
+    /* Migration (migrate.c). s->id, ctl_subj and instance change under
+     * r->mu and s->mu; idhex and logtag stay the first request's. */
+    sw_migrate_fn mig_fn;
+    void *mig_arg;
+    uint8_t *mig_req; /* the request as first encoded (set once at open, before sharing) */
+    size_t mig_req_len;
+    char (*mig_insts)[SW_MAX_TOKEN + 1]; /* the instance of each worker generation (s->mu;
+                                            allocated at the first migration, never moved) */
+    char *inst_list;                     /* "a,b" for the terminal (s->mu) */
 };
 
 /* frontend.c */
@@ -165,6 +178,9 @@ void swe_apply(sw_stream *s, const swe_rx_act *act);
 /* control.c */
 void swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from,
                       uint64_t to);
+/* To a given control subject and request id (a stream's earlier worker). */
+void swe_send_control_to(sw_router *r, const char *subj, const uint8_t id[SW_REQUEST_ID_BYTES],
+                         int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to);
 void swe_queue_final_ack(sw_stream *s);
 void swe_flush_acks(sw_router *r);
 
@@ -177,6 +193,10 @@ void swe_on_probe_reply(const swt_msg *msg, void *arg);
 void swe_on_removed(void *arg, const char *instance);
 /* Cancels sent again until the worker answers (egress/cancels.h). */
 void swe_cancel_wait(sw_stream *s, int kill);
+/* As swe_cancel_wait, for the request id at subj (a migrated stream's
+ * earlier worker). */
+void swe_cancel_wait_to(sw_stream *s, const char *subj, const uint8_t id[SW_REQUEST_ID_BYTES],
+                        int kill);
 void swe_cancels_tick(sw_router *r, int64_t now);
 /* A message for a stream no longer in the table: if it is the final of a
  * cancelled one, its cancel is answered. */
@@ -190,6 +210,13 @@ void swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t si
 
 /* open.c */
 int swe_reroute(sw_stream *s);
+
+/* migrate.c: carries out act->migrate (no lock held). */
+void swe_migrate(sw_stream *s);
+/* Frees the stream's migration state (at its last reference). */
+void swe_migrate_fini(sw_stream *s);
+/* The instance that served an item of worker generation gen. s->mu held. */
+const char *swe_gen_instance(sw_stream *s, unsigned gen);
 
 /* timer.c */
 void swe_on_tick(void *arg, int64_t now);

@@ -134,7 +134,8 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         o->final_linger_ms < 0 || o->probe_interval_ms < 0 || o->probe_timeout_ms < 0 ||
         o->quarantine_ms < 0 || o->inactivity_ms > INT32_MAX || o->gap_timeout_ms > INT32_MAX ||
         o->final_linger_ms > INT32_MAX || o->probe_interval_ms > INT32_MAX ||
-        o->probe_timeout_ms > INT32_MAX || o->quarantine_ms > INT32_MAX)
+        o->probe_timeout_ms > INT32_MAX || o->quarantine_ms > INT32_MAX || o->migration_limit < 0 ||
+        o->migration_limit > SW_MAX_MIGRATIONS)
         return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;
@@ -154,6 +155,7 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     r->gap_ms = o->gap_timeout_ms ? o->gap_timeout_ms : 500;
     r->linger_ms = o->final_linger_ms;
     r->max_streams = o->max_streams ? o->max_streams : 65536;
+    r->migration_limit = o->migration_limit;
     swi_peers_init(&r->peers, o->probe_interval_ms ? o->probe_interval_ms : 100,
                    o->probe_timeout_ms ? o->probe_timeout_ms : 300,
                    o->probe_misses ? o->probe_misses : 2);

@@ -45,6 +45,20 @@ sw_merge_opts_init(sw_merge_opts *o)
     o->max_streams = 64;
 }
 
+/* A terminal the merge decides itself. */
+static sw_terminal
+merge_term(sw_status status, sw_err err, const char *reason, const char *message)
+{
+    sw_terminal t;
+    memset(&t, 0, sizeof(t));
+    t.status = status;
+    t.error = err;
+    t.reason = reason;
+    t.message = message;
+    t.instances = "";
+    return t;
+}
+
 static int
 dec_u64(const char *p, size_t n, size_t *i, uint64_t *v)
 {
@@ -208,7 +222,8 @@ pull(sw_merge *m, size_t i)
     if (e == SW_ETIMEDOUT)
         return 0;
     if (e != SW_OK) {
-        sw_terminal t = {SW_STATUS_ERROR, e, sw_err_name(e), "a merged stream could not be read"};
+        sw_terminal t =
+            merge_term(SW_STATUS_ERROR, e, sw_err_name(e), "a merged stream could not be read");
         merge_end(m, &t, (long)i);
         return -1;
     }
@@ -231,14 +246,14 @@ pull(sw_merge *m, size_t i)
         size_t skip = 0;
         swm_item *q;
         if (m->o.index(it, &start, &idx, &skip, m->o.index_arg) != 0 || skip > it->len) {
-            sw_terminal t = {SW_STATUS_ERROR, SW_DECODE_ERROR, "decode_error",
-                             "an item of a merged stream carries no processed index"};
+            sw_terminal t = merge_term(SW_STATUS_ERROR, SW_DECODE_ERROR, "decode_error",
+                                       "an item of a merged stream carries no processed index");
             merge_end(m, &t, (long)i);
             return -1;
         }
         q = swm_item_new(start, idx, (const uint8_t *)it->data + skip, it->len - skip, it->event);
         if (q == NULL) {
-            sw_terminal t = {SW_STATUS_ERROR, SW_ENOMEM, "no_memory", "out of memory"};
+            sw_terminal t = merge_term(SW_STATUS_ERROR, SW_ENOMEM, "no_memory", "out of memory");
             merge_end(m, &t, -1);
             return -1;
         }
@@ -313,7 +328,8 @@ sw_merge_next(sw_merge *m, const sw_merge_frame **frame, int64_t timeout_ms)
         st = swm_core_step(&m->core, &need, &ref);
         if (st == SWM_FRAME) {
             if (frame_build(m, ref) != 0) {
-                sw_terminal t = {SW_STATUS_ERROR, SW_ENOMEM, "no_memory", "out of memory"};
+                sw_terminal t =
+                    merge_term(SW_STATUS_ERROR, SW_ENOMEM, "no_memory", "out of memory");
                 frame_release(m);
                 merge_end(m, &t, -1);
                 continue;
@@ -324,10 +340,10 @@ sw_merge_next(sw_merge *m, const sw_merge_frame **frame, int64_t timeout_ms)
         if (st == SWM_DONE) {
             /* every stream ended: completed, or the first incomplete one's reason */
             if (m->incomplete >= 0) {
-                sw_terminal t = {SW_STATUS_INCOMPLETE, SW_OK, m->inc_reason, ""};
+                sw_terminal t = merge_term(SW_STATUS_INCOMPLETE, SW_OK, m->inc_reason, "");
                 merge_end(m, &t, m->incomplete);
             } else {
-                sw_terminal t = {SW_STATUS_COMPLETED, SW_OK, "stop", ""};
+                sw_terminal t = merge_term(SW_STATUS_COMPLETED, SW_OK, "stop", "");
                 merge_end(m, &t, -1);
             }
             continue;

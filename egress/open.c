@@ -103,6 +103,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     sw_err rv;
     int full = 0, closing = 0, no_instances = 0, pending;
     int64_t now;
+    unsigned migrations;
 
     if (out == NULL || r == NULL || o == NULL || (payload == NULL && len != 0))
         return SW_EINVAL;
@@ -111,8 +112,12 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
         (o->instance_id != NULL && sw_validate_token(o->instance_id) != SW_OK) ||
         o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS ||
         o->heartbeat_ms < 0 || o->deadline_ms < 0 || o->deadline_ms > UINT32_MAX ||
-        !open_headers_ok(o))
+        o->migration_limit < -1 || o->migration_limit > SW_MAX_MIGRATIONS || !open_headers_ok(o))
         return SW_EINVAL;
+    /* Migration needs the registry's choice of instance. */
+    migrations = o->instance_id != NULL || o->migration_limit < 0 ? 0
+                 : o->migration_limit > 0                         ? (unsigned)o->migration_limit
+                                                                  : (unsigned)r->migration_limit;
     if ((s = calloc(1, sizeof(*s))) == NULL)
         return SW_ENOMEM;
     atomic_init(&s->refs, 1);
@@ -147,6 +152,10 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     cfg.gap_ms = r->gap_ms;
     cfg.linger_ms = r->linger_ms;
     cfg.deadline_ms = o->deadline_ms ? now + o->deadline_ms : -1;
+    cfg.migrations = migrations;
+    cfg.keep_history = migrations > 0 && o->migrate != NULL;
+    s->mig_fn = o->migrate;
+    s->mig_arg = o->migrate_arg;
     swe_rx_init(&s->rx, &cfg, now);
     s->last_rx_ms = now;
     s->next_tick_ms = swe_rx_next_due(&s->rx);
@@ -173,6 +182,18 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     }
     m.n_headers = o->nheaders;
     m.headers = o->nheaders ? hptr : NULL;
+    m.migratable = migrations > 0;
+    rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
+    if (rv == SW_OK && migrations > 0) {
+        /* Kept for the life of the stream: a migration sends it again. */
+        if ((s->mig_req = malloc(blen)) == NULL) {
+            free(buf);
+            swe_stream_unref(s);
+            return SW_ENOMEM;
+        }
+        memcpy(s->mig_req, buf, blen);
+        s->mig_req_len = blen;
+    }
 
     pthread_mutex_lock(&r->mu);
     if (r->closing)
@@ -206,6 +227,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     }
     pthread_mutex_unlock(&r->mu);
     if (closing || full) {
+        free(buf);
         swe_stream_unref(s);
         return closing ? SW_ECLOSED : full == 2 ? SW_ENOMEM : SW_EBUSY;
     }
@@ -216,13 +238,13 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     swe_stream_ref(s);
     *out = s;
     if (no_instances) {
+        free(buf);
         swe_stream_fail(s, SW_NO_INSTANCES, "no live instance serves the endpoint", 0);
         goto done;
     }
 
     /* From here on, every failure is the stream's terminal. */
     (void)swt_subject_request(req_subj, sizeof(req_subj), o->endpoint, s->inst_first);
-    rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
     if (rv == SW_OK && s->routed) {
         /* Kept until the instance answers, to re-route on no responders. */
         pthread_mutex_lock(&s->mu);

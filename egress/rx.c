@@ -47,6 +47,17 @@ swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now)
     /* The reorder window covers what the worker may have sent past a gap. */
     rx->hold_cap = (size_t)cfg->window + 2;
     rx->last_rx_ms = now;
+    rx->mig_left = cfg->migrations;
+}
+
+static void
+rx_drop_history(swe_rx *rx)
+{
+    for (size_t i = 0; i < rx->nhist; i++)
+        free(rx->hist[i]);
+    free(rx->hist);
+    rx->hist = NULL;
+    rx->nhist = rx->hist_cap = rx->hist_bytes = 0;
 }
 
 void
@@ -60,6 +71,7 @@ swe_rx_fini(swe_rx *rx)
     rx->qlen = 0;
     free(rx->cur);
     rx->cur = NULL;
+    rx_drop_history(rx);
 }
 
 /* Decides the terminal. The first decision wins; the one exception is a
@@ -74,6 +86,7 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
     if (rx->term_state == SWE_TERM_QUEUED && !(rx->term_from_wire && err == SW_ITEM_AFTER_FINAL))
         return 0;
     rx->term_state = SWE_TERM_QUEUED;
+    rx->migrating = 0;
     rx->term_from_wire = from_wire;
     rx->term_ready_ms = from_wire ? now + rx->cfg.linger_ms : 0;
     rx->term.status = status;
@@ -97,10 +110,32 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
     return 1;
 }
 
+/* A loss that migration may repair: enters `migrating` if migrations are
+ * left. Returns 1 if the stream migrates (or already does). */
+static int
+rx_migrate(swe_rx *rx, sw_err why, int from_final, swe_rx_act *act)
+{
+    if (why != SW_INSTANCE_LOST && why != SW_STREAM_INCOMPLETE)
+        return 0;
+    if (rx->migrating)
+        return 1;
+    if (rx->term_state != SWE_TERM_NONE || rx->mig_left == 0)
+        return 0;
+    rx->migrating = 1;
+    rx->mig_why = why;
+    rx->mig_from_final = from_final;
+    rx_clear_hold(rx); /* past the last in-order item: the new worker sends it again */
+    rx->gap_since_ms = 0;
+    act->migrate = 1;
+    return 1;
+}
+
 /* Ends the stream with a synthesized error, adding to act. */
 static int
 rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
 {
+    if (rx_migrate(rx, err, 0, act))
+        return 0;
     if (!rx_set_terminal(rx, SW_STATUS_ERROR, err, NULL, msg, 0, 0, now))
         return 0;
     act->ended = 1;
@@ -138,6 +173,7 @@ q_make(const swe_rx_in *in)
     q->seq = in->seq;
     q->final = in->kind == SWE_IN_FINAL;
     q->droppable = in->droppable;
+    q->gen = 0;
     q->len = len;
     if (len)
         memcpy(q->data, in->data, len);
@@ -147,12 +183,54 @@ q_make(const swe_rx_in *in)
     return q;
 }
 
+/* A copy of a data item for the migrate callback. Past
+ * SW_MIGRATION_HISTORY_MAX bytes the history goes, and migration with it. */
+static void
+rx_keep(swe_rx *rx, const swe_q *q)
+{
+    size_t sz = sizeof(*q) + q->len + strlen(q->event) + 1;
+    swe_q *c;
+    if (rx->mig_left == 0)
+        return;
+    if (rx->hist_bytes + q->len > SW_MIGRATION_HISTORY_MAX)
+        goto off;
+    if (rx->nhist == rx->hist_cap) {
+        size_t cap = rx->hist_cap ? 2 * rx->hist_cap : 64;
+        swe_q **v = realloc(rx->hist, cap * sizeof(*v));
+        if (v == NULL)
+            goto off;
+        rx->hist = v;
+        rx->hist_cap = cap;
+    }
+    if ((c = malloc(sz)) == NULL)
+        goto off;
+    memcpy(c, q, sz);
+    c->event = (const char *)c->data + c->len;
+    c->next = NULL;
+    rx->hist[rx->nhist++] = c;
+    rx->hist_bytes += q->len;
+    return;
+off:
+    rx_drop_history(rx);
+    rx->mig_left = 0;
+}
+
 /* Hands one in-order item to the queue or, for the final, decides the
  * terminal. Takes ownership of q. */
 static void
 rx_accept(swe_rx *rx, swe_q *q, int64_t now, swe_rx_act *act)
 {
     rx->expected = q->seq + 1;
+    q->seq += rx->seq_base;
+    q->gen = rx->gen;
+    if (q->final && rx->w_status == SW_STATUS_ERROR && rx->w_err == SW_INSTANCE_LOST &&
+        rx_migrate(rx, SW_INSTANCE_LOST, 1, act)) {
+        /* The worker handed the stream back (it drains): acknowledged,
+         * and the stream moves on. */
+        act->ack_final = 1;
+        free(q);
+        return;
+    }
     if (q->final) {
         /* The stream stays in its router's table until the terminal is
          * delivered (a late item after it must still find it). */
@@ -162,6 +240,9 @@ rx_accept(swe_rx *rx, swe_q *q, int64_t now, swe_rx_act *act)
         free(q);
         return;
     }
+    rx->gen_items++;
+    if (rx->cfg.keep_history)
+        rx_keep(rx, q);
     q->next = NULL;
     if (rx->qt)
         rx->qt->next = q;
@@ -222,6 +303,8 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
     const char *fail_msg = NULL;
 
     act_zero(act);
+    if (rx->migrating)
+        return; /* from the worker left behind */
     if (rx->term_state != SWE_TERM_NONE) {
         /* Something arrived after the terminal was decided. */
         if (!is_hb && rx->final_seq != 0 && in->seq > rx->final_seq) {
@@ -349,7 +432,10 @@ int64_t
 swe_rx_next_due(const swe_rx *rx)
 {
     int64_t due = INT64_MAX, gap = rx->cfg.gap_ms;
-    if (rx->term_state == SWE_TERM_NONE) {
+    if (rx->migrating) {
+        if (rx->cfg.deadline_ms >= 0)
+            due = rx->cfg.deadline_ms;
+    } else if (rx->term_state == SWE_TERM_NONE) {
         if (rx->cfg.deadline_ms >= 0)
             due = rx->cfg.deadline_ms;
         if (rx->last_rx_ms + rx->cfg.inactivity_ms < due)
@@ -370,7 +456,10 @@ void
 swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
 {
     act_zero(act);
-    if (rx->term_state == SWE_TERM_NONE) {
+    if (rx->migrating) {
+        if (rx->cfg.deadline_ms >= 0 && now >= rx->cfg.deadline_ms)
+            (void)rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now, act);
+    } else if (rx->term_state == SWE_TERM_NONE) {
         if (rx->cfg.deadline_ms >= 0 && now >= rx->cfg.deadline_ms) {
             (void)rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now, act);
         } else if (rx->gap_since_ms != 0 && quiet - rx->gap_since_ms >= rx->cfg.gap_ms) {
@@ -413,9 +502,11 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
         out->len = q->len;
         out->droppable = q->droppable;
         out->event = q->event;
-        rx->consumed++;
         rx->st.items++;
-        if (rx->consumed + rx->window / 2 >= rx->credit_sent) {
+        if (q->gen != rx->gen)
+            return 1; /* the worker it came from is gone: no credit for it */
+        rx->consumed++;
+        if (!rx->migrating && rx->consumed + rx->window / 2 >= rx->credit_sent) {
             rx->credit_sent = rx->consumed + rx->window;
             rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
             if (rx->credit_sent > rx->granted)
@@ -433,9 +524,49 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
         out->event = "";
         out->seq = rx->term_seq;
         out->terminal = rx->term;
+        out->terminal.migrations = (unsigned)rx->st.migrations;
         return 2;
     }
     return 0;
+}
+
+int
+swe_rx_migration_failed(swe_rx *rx, sw_err err, const char *msg, int64_t now, swe_rx_act *act)
+{
+    act_zero(act);
+    if (!rx->migrating)
+        return 0;
+    rx->migrating = 0;
+    rx->mig_left = 0;
+    return rx_fail(rx, err, msg, 0, now, act);
+}
+
+void
+swe_rx_migrated(swe_rx *rx, int64_t now)
+{
+    if (!rx->migrating)
+        return;
+    rx->migrating = 0;
+    rx->mig_left--;
+    rx->gen++;
+    rx->st.migrations++;
+    rx->seq_base += rx->gen_items;
+    rx->gen_items = 0;
+    rx_clear_hold(rx);
+    rx->expected = 1;
+    rx->final_seq = 0;
+    rx->w_status = 0;
+    rx->w_err = SW_OK;
+    rx->w_reason[0] = rx->w_msg[0] = '\0';
+    rx->window = rx->cfg.window;
+    rx->consumed = 0;
+    rx->credit_sent = rx->granted = rx->cfg.window;
+    memset(rx->grants, 0, sizeof(rx->grants));
+    rx->grants[0] = rx->cfg.window;
+    rx->ngrants = 1;
+    rx->gap_since_ms = 0;
+    rx->last_resend_ms = 0;
+    rx->last_rx_ms = now;
 }
 
 int64_t

@@ -34,7 +34,18 @@
  *     time up to which the caller has processed what it received;
  *   - the first terminal decided wins (except item_after_final over an
  *     undelivered final); a wire terminal is held back linger_ms to catch a
- *     late item after it; a cancel drops queued data. */
+ *     late item after it; a cancel drops queued data;
+ *   - migration (cfg.migrations > 0): instance_lost and stream_incomplete
+ *     decided here or by the caller, and a worker's final instance_lost
+ *     (it drains) once every item before it arrived, do not end the
+ *     stream: the state machine enters `migrating` (act->migrate), drops
+ *     what it holds past the last in-order item, ignores items and judges
+ *     only the deadline until the caller calls swe_rx_migrated (the new
+ *     request is out) or ends it (swe_rx_fail). The new worker numbers
+ *     from 1 again; its items continue the consumer's sequence after the
+ *     last one received (seq_base). Credit restarts at the window for the
+ *     new worker; items still queued from the old one do not grant it, so
+ *     for one migration at most twice the window is queued. */
 #ifndef SW_EGRESS_RX_H
 #define SW_EGRESS_RX_H
 
@@ -52,6 +63,7 @@ typedef struct swe_q {
     uint64_t seq;
     int final; /* a held final marker (no data) */
     int droppable;
+    unsigned gen;      /* the worker (0, then 1 after a migration, ...) */
     const char *event; /* "" or the item's event name, stored after data */
     size_t len;
     uint8_t data[];
@@ -65,6 +77,8 @@ typedef struct swe_rx_cfg {
     int64_t gap_ms;        /* how long a gap may stay open */
     int64_t linger_ms;     /* hold a wire terminal this long */
     int64_t deadline_ms;   /* absolute time, or -1 = none */
+    unsigned migrations;   /* migrations allowed (0 = none) */
+    int keep_history;      /* keep the data items received (a migrate callback reads them) */
 } swe_rx_cfg;
 
 /* What the caller must do after a call. Zeroed by each call that fills it. */
@@ -80,6 +94,7 @@ typedef struct swe_rx_act {
     int kill;        /* ... and tell the worker to stop (KILL) */
     int wake;        /* something new for the consumer */
     int after_final; /* an item came after a delivered terminal (a counter) */
+    int migrate;     /* the stream must move to another instance (rx.migrating) */
 } swe_rx_act;
 
 /* A decoded item. */
@@ -134,6 +149,16 @@ typedef struct swe_rx {
     int64_t last_rx_ms;
     int64_t gap_since_ms;
     int64_t last_resend_ms;
+    /* migration */
+    unsigned gen;       /* workers before the current one */
+    unsigned mig_left;  /* migrations still allowed */
+    int migrating;      /* between act->migrate and swe_rx_migrated or the terminal */
+    int mig_from_final; /* the worker handed the stream back with its final (no stop needed) */
+    sw_err mig_why;     /* SW_INSTANCE_LOST or SW_STREAM_INCOMPLETE */
+    uint64_t seq_base;  /* consumer seq = seq_base + the current worker's seq */
+    uint64_t gen_items; /* data items accepted from the current worker */
+    swe_q **hist;       /* cfg.keep_history: copies of the data items received, in order */
+    size_t nhist, hist_cap, hist_bytes;
     sw_stream_stats st;
 } swe_rx;
 
@@ -154,6 +179,14 @@ int swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, 
 /* The consumer cancels (kill: and asks the worker to drop everything).
  * Queued data is dropped. Returns 1 if this decided the terminal. */
 int swe_rx_cancel(swe_rx *rx, int kill);
+
+/* The new request is out (the caller re-keyed the stream): reassembly,
+ * credit and timers restart for the new worker. */
+void swe_rx_migrated(swe_rx *rx, int64_t now);
+
+/* The migration did not happen (no instance, the callback declined): the
+ * stream ends with err. Returns 1 if this decided the terminal. */
+int swe_rx_migration_failed(swe_rx *rx, sw_err err, const char *msg, int64_t now, swe_rx_act *act);
 
 /* The timer at `now`; quiet as above. */
 void swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act);

@@ -20,6 +20,7 @@ swe_stream_unref(sw_stream *s)
     if (atomic_fetch_sub(&s->refs, 1) != 1)
         return;
     swe_rx_fini(&s->rx);
+    swe_migrate_fini(s);
     free(s->req_buf);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -54,6 +55,8 @@ swe_apply(sw_stream *s, const swe_rx_act *act)
     }
     if (act->wake || act->ended)
         swe_dispatch(s);
+    if (act->migrate)
+        swe_migrate(s);
 }
 
 /* After a state machine call (s->mu held): plans the next tick, releases
@@ -95,6 +98,10 @@ swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill)
     set = swe_rx_fail(&s->rx, err, msg, kill, swi_now_ms(), &act);
     st_plan_tick(s);
     pthread_mutex_unlock(&s->mu);
+    if (act.migrate) {
+        swe_apply(s, &act);
+        return;
+    }
     if (!set)
         return;
     swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->logtag, sw_err_name(err));
@@ -136,7 +143,12 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
 {
     int got = swe_rx_pop(&s->rx, swi_now_ms(), out, act);
     if (got != 0) {
-        out->instance_id = __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
+        if (got == 1) {
+            out->instance_id = swe_gen_instance(s, s->rx.cur->gen);
+        } else {
+            out->instance_id = __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
+            out->terminal.instances = s->inst_list != NULL ? s->inst_list : out->instance_id;
+        }
         if (got == 1)
             __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);
         if (!s->r->timing_off) {

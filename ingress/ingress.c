@@ -221,10 +221,33 @@ fail:
     return rv;
 }
 
+/* Ends the streams still open (all, or the migratable ones) with a final
+ * instance_lost: their frontends migrate them, or report the loss. */
+static void
+ing_hand_back(sw_ingress *ing, int only_migratable, const char *msg)
+{
+    swi_ptrvec vec = {NULL, 0, 0};
+    swn_ing_snapshot(ing, &vec, NULL);
+    for (size_t i = 0; i < vec.n; i++) {
+        sw_responder *r = SWN_RESP_AT(vec, i);
+        int newly = 0;
+        pthread_mutex_lock(&r->mu);
+        if (!r->terminated && (r->migratable || !only_migratable)) {
+            newly = !r->cancelled;
+            r->cancelled = 1;
+            (void)swn_resp_send_failed(r, SW_INSTANCE_LOST, NULL, msg);
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (newly)
+            swn_resp_fire_cancel(r);
+        swn_resp_unref(r);
+    }
+    free(vec.v);
+}
+
 sw_err
 sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
 {
-    swi_ptrvec vec = {NULL, 0, 0};
     int64_t until;
     sw_err rv = SW_OK;
 
@@ -234,6 +257,9 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     ing->draining = 1;
     pthread_mutex_unlock(&ing->mu);
     swt_sub_close(ing->conn, &ing->req_sub);
+    /* Streams whose frontend migrates them move on at once, rather than
+     * keep this worker for the grace period. */
+    ing_hand_back(ing, 1, "the worker is draining; the frontend migrates the stream");
     until = swi_now_ms() + (grace_ms > 0 ? grace_ms : 0);
     pthread_mutex_lock(&ing->mu);
     while (ing->inflight > 0 && swi_now_ms() < until)
@@ -244,22 +270,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     if (rv == SW_OK)
         return SW_OK;
     /* Out of time: end what is left. The frontend sees instance_lost. */
-    swn_ing_snapshot(ing, &vec, NULL);
-    for (size_t i = 0; i < vec.n; i++) {
-        sw_responder *r = SWN_RESP_AT(vec, i);
-        int newly = 0;
-        pthread_mutex_lock(&r->mu);
-        if (!r->terminated) {
-            newly = !r->cancelled;
-            r->cancelled = 1;
-            (void)swn_resp_send_failed(r, SW_INSTANCE_LOST, NULL, "the worker is shutting down");
-        }
-        pthread_mutex_unlock(&r->mu);
-        if (newly)
-            swn_resp_fire_cancel(r);
-        swn_resp_unref(r);
-    }
-    free(vec.v);
+    ing_hand_back(ing, 0, "the worker is shutting down");
     return rv;
 }
 

@@ -83,6 +83,8 @@ struct sw_responder {
     char trace_id[SWI_TRACE_ID_LEN + 1]; /* of a valid traceparent header, else "" */
     char logtag[SWI_LOGTAG_MAX];         /* idhex, and the trace id when there is one */
     uint32_t max_tokens;
+    uint64_t resume_from; /* Request.resume_from_seq */
+    int migratable;       /* Request.migratable: a drain hands the stream back */
 
     uint64_t credit_limit; /* may send seq <= credit_limit (UINT64_MAX: no flow control) */
     uint32_t window;

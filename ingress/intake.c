@@ -158,6 +158,8 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
      * router's heartbeat batches cover this stream. */
     r->beats_batched = 1;
     r->max_tokens = req->max_tokens;
+    r->resume_from = req->resume_from_seq;
+    r->migratable = req->migratable;
     r->window = req->credit_window;
     if (r->window > ing->max_window) {
         r->window = ing->max_window;

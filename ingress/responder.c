@@ -28,6 +28,18 @@ sw_responder_max_tokens(const sw_responder *r)
     return r ? r->max_tokens : 0;
 }
 
+uint64_t
+sw_responder_resume_from(const sw_responder *r)
+{
+    return r ? r->resume_from : 0;
+}
+
+int
+sw_responder_migratable(const sw_responder *r)
+{
+    return r ? r->migratable : 0;
+}
+
 const char *
 sw_responder_request_id(const sw_responder *r)
 {

@@ -257,8 +257,10 @@ SW_API SW_NODISCARD sw_err sw_ingress_start(sw_ingress **out, sw_conn *conn,
 /* Stops accepting requests (the request subscription is removed: a router
  * that picked this instance from the registry gets "no responders" and sends
  * the request to another instance; call sw_registry_set_draining first so
- * routers stop picking it at all) and waits
- * up to grace_ms for in-flight streams to finish. Streams still open after
+ * routers stop picking it at all). Streams whose frontend migrates them
+ * (sw_responder_migratable) are handed back at once: their handlers see the
+ * cancellation and their frontends move them to another instance. Then it
+ * waits up to grace_ms for the other in-flight streams to finish. Streams still open after
  * that are cancelled: their handlers see the cancellation, and their
  * frontends get the terminal error instance_lost ("the worker is shutting
  * down"), which a migrating router may retry elsewhere. Returns SW_OK
@@ -324,6 +326,17 @@ SW_API const char *sw_responder_header(const sw_responder *r, const char *key);
 SW_API const char *sw_responder_trace_id(const sw_responder *r);
 /* Milliseconds left before the request deadline; -1 = no deadline. */
 SW_API int64_t sw_responder_deadline_left_ms(const sw_responder *r);
+/* Migration (sw_request_opts.migration_limit): 0 for a new stream; N when
+ * the frontend re-issued this request after losing the worker that served
+ * it, and its consumer already has items 1..N-1. A handler that can resume
+ * sends what comes after them (its first item continues the consumer's
+ * stream at seq N; it numbers nothing itself). A handler that cannot may
+ * ignore it and the consumer sees the output again from the start. */
+SW_API uint64_t sw_responder_resume_from(const sw_responder *r);
+/* 1 if the frontend migrates this stream when this worker goes away: a
+ * draining ingress (sw_ingress_drain) hands such streams back at once (the
+ * handler sees a cancellation) rather than letting them finish. */
+SW_API int sw_responder_migratable(const sw_responder *r);
 
 /* Sends one data item (copied). Blocks while the stream has no credit, until
  * credit arrives, the stream is cancelled, or the ingress send timeout passes.
@@ -411,9 +424,12 @@ typedef enum sw_item_kind { SW_ITEM_DATA = 1, SW_ITEM_TERMINAL = 2 } sw_item_kin
 
 typedef struct sw_terminal {
     sw_status status;
-    sw_err error;        /* SW_OK unless status == SW_STATUS_ERROR */
-    const char *reason;  /* "stop", "max_tokens", app code, "cancelled", or sw_err_name(error) */
-    const char *message; /* human text; "" when none */
+    sw_err error;          /* SW_OK unless status == SW_STATUS_ERROR */
+    const char *reason;    /* "stop", "max_tokens", app code, "cancelled", or sw_err_name(error) */
+    const char *message;   /* human text; "" when none */
+    unsigned migrations;   /* times the stream moved to another instance (migration_limit) */
+    const char *instances; /* the instances that served it, in order, comma-separated ("" if
+                              none); valid as long as the item */
 } sw_terminal;
 
 typedef struct sw_item {
@@ -436,6 +452,41 @@ typedef struct sw_item {
  * delays every stream of the router (never ends them: silence is measured
  * only while the router is not behind). Hand heavy work to another thread. */
 typedef void (*sw_item_fn)(sw_stream *s, const sw_item *item, void *arg);
+
+/* Migration: what the router knows when it re-issues a request, and what
+ * the rebuild callback may change. */
+#define SW_MAX_MIGRATIONS 16
+/* Beyond this many bytes of data received, a stream with a migrate callback
+ * no longer keeps its items for it, and is no longer migrated. */
+#define SW_MIGRATION_HISTORY_MAX (4u << 20)
+typedef struct sw_migration {
+    /* in */
+    const void *payload; /* the request payload as first sent */
+    size_t len;
+    uint32_t max_tokens;  /* as first sent */
+    const sw_item *items; /* the data items received so far, in order (seq 1..nitems): those
+                             delivered and those still queued for the consumer, never again */
+    size_t nitems;
+    unsigned attempt;          /* 1 for the first migration of the stream */
+    sw_err why;                /* SW_INSTANCE_LOST (also: the worker drained) or
+                                  SW_STREAM_INCOMPLETE */
+    const char *lost_instance; /* the instance the stream leaves */
+    /* out, preset to the default (the same request, resumed) */
+    void *new_payload; /* NULL = the original payload; else malloc()ed by the callback,
+                          freed by the library */
+    size_t new_len;
+    uint32_t new_max_tokens;  /* preset: max_tokens */
+    uint64_t resume_from_seq; /* preset: nitems + 1 (sw_responder_resume_from); set 0 when the
+                                 new payload already carries what was delivered */
+} sw_migration;
+
+/* Called on a library thread with no library lock held, once per migration,
+ * before the new instance is picked; m->items are valid during the call
+ * only. Return SW_OK to go on, anything else to end the stream with the
+ * terminal it would have had without migration. It should not block long:
+ * it holds up the thread that noticed the loss (a cancel during the call
+ * is honoured: no new request is sent). */
+typedef sw_err (*sw_migrate_fn)(sw_migration *m, void *arg);
 
 typedef struct sw_router_opts {
     const char *router_id;         /* default: 16 random hex characters */
@@ -461,6 +512,8 @@ typedef struct sw_router_opts {
                                       to 30 s, lifted early when it registers again; default 1000 */
     sw_log_fn log;
     void *log_arg;
+    int migration_limit; /* default for sw_request_opts.migration_limit; 0 (the default) = no
+                            migration; at most SW_MAX_MIGRATIONS */
 } sw_router_opts;
 
 SW_API void sw_router_opts_init(sw_router_opts *opts);
@@ -519,6 +572,19 @@ typedef struct sw_request_opts {
      * client is slow) stops the worker. NULL = none. */
     void (*on_ready)(sw_stream *s, void *arg);
     void *on_ready_arg;
+    /* Migration (docs/MIGRATION.md). When the stream would end with
+     * instance_lost or stream_incomplete, or its worker drains before
+     * finishing it, the router re-issues the request to another live
+     * instance, at most migration_limit times, and the consumer sees one
+     * continuous stream. 0 = the router's default (sw_router_opts), -1 =
+     * never, 1..SW_MAX_MIGRATIONS. Only for requests routed by the registry
+     * (instance_id NULL); SW_EINVAL above the maximum. */
+    int migration_limit;
+    /* Rebuilds the request for the next instance; NULL = the same payload,
+     * with resume_from (sw_responder_resume_from) telling the worker where
+     * the consumer is. See sw_migrate_fn. */
+    sw_migrate_fn migrate;
+    void *migrate_arg;
 } sw_request_opts;
 
 SW_API void sw_request_opts_init(sw_request_opts *opts);
@@ -578,6 +644,7 @@ typedef struct sw_stream_stats {
     uint64_t peak_pending; /* most items queued for the consumer at once */
     uint64_t pending;      /* items queued for the consumer now (a consumer that is behind
                               may shed what it can spare, as the gateway does with metrics) */
+    uint64_t migrations;   /* times the stream moved to another instance */
 } sw_stream_stats;
 
 SW_API void sw_stream_stats_get(sw_stream *s, sw_stream_stats *out);

@@ -178,14 +178,18 @@ class Item:
 class Terminal:
     """How a stream ended: .status ("completed", "incomplete", "failed",
     "cancelled" or "error"), .reason ("stop", "max_tokens", an application
-    code, "cancelled", or the error's name), .message, and .error (the
-    error's name for status "error", else None)."""
+    code, "cancelled", or the error's name), .message, .error (the
+    error's name for status "error", else None), .migrations (times the
+    stream moved to another instance) and .instances (those that served it,
+    in order)."""
 
-    def __init__(self, status, reason, message, error):
+    def __init__(self, status, reason, message, error, migrations=0, instances=()):
         self.status = status
         self.reason = reason
         self.message = message
         self.error = error
+        self.migrations = migrations
+        self.instances = list(instances)
 
     @property
     def ok(self):
@@ -285,6 +289,8 @@ class Request:
         p = lib.sw_responder_payload(resp, ctypes.byref(n))
         self.payload = ctypes.string_at(p, n.value) if p else b""
         self.max_tokens = lib.sw_responder_max_tokens(resp)
+        # migration: the consumer already has items 1..resume_from-1 (0 = a new stream)
+        self.resume_from = lib.sw_responder_resume_from(resp)
         self.request_id = lib.sw_responder_request_id(resp).decode()
         self.trace_id = lib.sw_responder_trace_id(resp).decode()
 
@@ -542,7 +548,9 @@ class Stream:
         status = STATUS_NAMES.get(t.status, "unknown")
         self.terminal = Terminal(status, t.reason.decode() if t.reason else "",
                                  t.message.decode() if t.message else "",
-                                 lib.sw_err_name(t.error).decode() if status == "error" else None)
+                                 lib.sw_err_name(t.error).decode() if status == "error" else None,
+                                 t.migrations,
+                                 [x for x in (t.instances or b"").decode().split(",") if x])
         return None
 
     def __iter__(self):
@@ -604,12 +612,14 @@ class Stream:
 class Router:
     """The frontend side (an sw_router): opens streams to workers, directly
     (instance_id=) or through a Registry by policy ("round_robin", "random",
-    "least_inflight"). Options: router_id, credit_window, heartbeat_ms."""
+    "least_inflight"). Options: router_id, credit_window, heartbeat_ms,
+    migration_limit (streams move to another instance when theirs is lost or
+    drains, at most that many times; docs/MIGRATION.md)."""
 
     _POLICIES = {"round_robin": 0, "random": 1, "least_inflight": 2}
 
     def __init__(self, conn, registry=None, policy="round_robin", router_id=None,
-                 credit_window=0, heartbeat_ms=0):
+                 credit_window=0, heartbeat_ms=0, migration_limit=0):
         o = _lib.RouterOpts()
         lib.sw_router_opts_init(ctypes.byref(o))
         self._keep = [_b(router_id)]
@@ -624,13 +634,14 @@ class Router:
             o.credit_window = credit_window
         if heartbeat_ms:
             o.heartbeat_ms = heartbeat_ms
+        o.migration_limit = migration_limit
         h = ctypes.c_void_p()
         _raise_for(lib.sw_router_create(ctypes.byref(h), conn.handle, ctypes.byref(o)))
         self._h = h
         self._registry = registry
 
     def open(self, endpoint, payload=b"", instance_id=None, max_tokens=0, deadline_ms=0,
-             headers=None, credit_window=0):
+             headers=None, credit_window=0, migration_limit=0):
         """Sends a request; returns its Stream. Errors that happen before
         anything is sent raise (InvalidArgumentError, ClosedError, ...);
         everything after arrives as the stream's terminal (no_instances,
@@ -646,6 +657,7 @@ class Router:
         q.max_tokens = max_tokens
         q.deadline_ms = deadline_ms
         q.credit_window = credit_window
+        q.migration_limit = migration_limit
         if headers:
             arr = (_lib.Header * len(headers))()
             for i, (k, v) in enumerate(headers.items()):

@@ -51,7 +51,8 @@ class RouterOpts(Structure):
                 ("final_linger_ms", sw_duration), ("max_streams", c_uint),
                 ("registry", c_void_p), ("policy", c_int), ("probe_interval_ms", sw_duration),
                 ("probe_timeout_ms", sw_duration), ("probe_misses", c_uint),
-                ("quarantine_ms", sw_duration), ("log", c_void_p), ("log_arg", c_void_p)]
+                ("quarantine_ms", sw_duration), ("log", c_void_p), ("log_arg", c_void_p),
+                ("migration_limit", c_int)]
 
 
 class Header(Structure):
@@ -62,7 +63,8 @@ class RequestOpts(Structure):
     _fields_ = [("endpoint", c_char_p), ("instance_id", c_char_p), ("deadline_ms", sw_duration),
                 ("max_tokens", c_uint32), ("credit_window", c_uint), ("heartbeat_ms", sw_duration),
                 ("on_item", c_void_p), ("on_item_arg", c_void_p), ("headers", POINTER(Header)),
-                ("nheaders", c_size_t), ("on_ready", c_void_p), ("on_ready_arg", c_void_p)]
+                ("nheaders", c_size_t), ("on_ready", c_void_p), ("on_ready_arg", c_void_p),
+                ("migration_limit", c_int), ("migrate", c_void_p), ("migrate_arg", c_void_p)]
 
 
 class RegistryOpts(Structure):
@@ -77,7 +79,8 @@ class Registration(Structure):
 
 
 class CTerminal(Structure):
-    _fields_ = [("status", c_int), ("error", c_int), ("reason", c_char_p), ("message", c_char_p)]
+    _fields_ = [("status", c_int), ("error", c_int), ("reason", c_char_p), ("message", c_char_p),
+                ("migrations", c_uint), ("instances", c_char_p)]
 
 
 class CItem(Structure):
@@ -136,6 +139,8 @@ _proto("sw_ingress_instance_id", c_char_p, vp)
 _proto("sw_ingress_registration", c_int, vp, POINTER(Registration))
 _proto("sw_responder_payload", c_void_p, vp, POINTER(c_size_t))
 _proto("sw_responder_max_tokens", c_uint32, vp)
+_proto("sw_responder_resume_from", c_uint64, vp)
+_proto("sw_responder_migratable", c_int, vp)
 _proto("sw_responder_request_id", c_char_p, vp)
 _proto("sw_responder_header", c_char_p, vp, c_char_p)
 _proto("sw_responder_trace_id", c_char_p, vp)

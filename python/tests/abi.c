@@ -34,12 +34,15 @@ main(void)
     F(sw_router_opts, policy);
     F(sw_router_opts, quarantine_ms);
     F(sw_router_opts, log_arg);
+    F(sw_router_opts, migration_limit);
     E();
     S(sw_request_opts);
     F(sw_request_opts, max_tokens);
     F(sw_request_opts, on_item);
     F(sw_request_opts, nheaders);
     F(sw_request_opts, on_ready_arg);
+    F(sw_request_opts, migration_limit);
+    F(sw_request_opts, migrate_arg);
     E();
     S(sw_registry_opts);
     F(sw_registry_opts, lease_ms);
@@ -51,6 +54,7 @@ main(void)
     E();
     S(sw_terminal);
     F(sw_terminal, message);
+    F(sw_terminal, instances);
     E();
     S(sw_item);
     F(sw_item, seq);

@@ -594,6 +594,7 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
     uint8_t buf[256];
     size_t len;
     (void)b;
+    memset(&cfg, 0, sizeof(cfg));
     cfg.window = wd->p->window;
     cfg.inactivity_ms = 4 * wd->p->hb_ms + 500;
     cfg.gap_ms = 500;

@@ -19,6 +19,7 @@ static swe_rx_cfg
 cfg_default(void)
 {
     swe_rx_cfg c;
+    memset(&c, 0, sizeof(c));
     c.window = W;
     c.inactivity_ms = 1500;
     c.gap_ms = 500;
@@ -891,6 +892,332 @@ test_fini_frees_everything(void **state)
     swe_rx_fini(&rx); /* twice is harmless */
 }
 
+/* ---------------------------------------------------------------- migration */
+
+/* A data item of the worker's own numbering (wire) whose payload names the
+ * seq the consumer should see. */
+static swe_rx_act
+data_as(swe_rx *rx, uint64_t wire, uint64_t shown, int64_t now)
+{
+    swe_rx_in in;
+    swe_rx_act act;
+    char buf[32];
+    memset(&in, 0, sizeof(in));
+    snprintf(buf, sizeof(buf), "item-%llu", (unsigned long long)shown);
+    in.kind = SWE_IN_DATA;
+    in.seq = wire;
+    in.data = (const uint8_t *)buf;
+    in.len = strlen(buf);
+    swe_rx_on_item(rx, &in, now, &act);
+    return act;
+}
+
+static void
+start_migrating(swe_rx *rx, unsigned migrations, int history)
+{
+    swe_rx_cfg c = cfg_default();
+    c.migrations = migrations;
+    c.keep_history = history;
+    swe_rx_init(rx, &c, 1000);
+}
+
+/* Lost mid-stream: no terminal, what was held past the gap is dropped, the
+ * old worker's stragglers are ignored, and the new worker's items continue
+ * the consumer's sequence; one terminal at the end, counting the move. */
+static void
+test_migrate_continues_sequence(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start_migrating(&rx, 2, 0);
+    for (uint64_t i = 1; i <= 3; i++)
+        data(&rx, i, 1001);
+    data(&rx, 5, 1002); /* held: 4 is missing */
+    assert_int_equal(rx.held, 1);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);
+    assert_true(a.migrate);
+    assert_false(a.ended || a.kill);
+    assert_true(rx.migrating);
+    assert_int_equal(rx.term_state, SWE_TERM_NONE);
+    assert_int_equal(rx.held, 0);
+    /* A second report of the same loss changes nothing. */
+    assert_int_equal(swe_rx_fail(&rx, SW_STREAM_INCOMPLETE, "silent", 1, 1101, &a), 0);
+    assert_false(a.migrate || a.ended);
+    /* The old worker's late item (4) is not taken. */
+    a = data(&rx, 4, 1102);
+    assert_false(a.wake);
+    /* While migrating only the deadline is judged. */
+    assert_int_equal(swe_rx_next_due(&rx), INT64_MAX);
+    swe_rx_tick(&rx, 99999, 99999, &a);
+    assert_false(a.ended || a.migrate);
+    swe_rx_migrated(&rx, 1200);
+    assert_false(rx.migrating);
+    assert_int_equal(rx.gen, 1);
+    assert_int_equal(rx.st.migrations, 1);
+    /* The new worker numbers from 1: the consumer sees 4, 5, ... */
+    data_as(&rx, 1, 4, 1201);
+    data_as(&rx, 2, 5, 1202);
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "stop", 1203);
+    assert_true(a.ack_final);
+    assert_int_equal(drain(&rx, 1203, seqs, 16, &t), 5);
+    assert_seqs(seqs, 5, 1);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_int_equal(t.migrations, 1);
+    swe_rx_fini(&rx);
+}
+
+/* Silence (stream_incomplete) migrates too; a worker's final instance_lost
+ * (it drains) hands the stream back once every item before it arrived. */
+static void
+test_migrate_on_silence_and_drain(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start_migrating(&rx, 2, 0);
+    data(&rx, 1, 1001);
+    swe_rx_tick(&rx, 1001 + 1500, 1001 + 1500, &a);
+    assert_true(a.migrate);
+    assert_false(a.ended);
+    assert_int_equal(rx.mig_why, SW_STREAM_INCOMPLETE);
+    swe_rx_migrated(&rx, 3000);
+    data_as(&rx, 1, 2, 3001);
+    {
+        swe_rx_in in;
+        memset(&in, 0, sizeof(in));
+        in.kind = SWE_IN_FINAL;
+        in.seq = 3;
+        in.status = SW_STATUS_ERROR;
+        in.err = SW_INSTANCE_LOST;
+        in.reason = "instance_lost";
+        in.message = "draining";
+        swe_rx_on_item(&rx, &in, 3002, &a);
+        assert_false(a.migrate); /* item 2 of this worker is missing */
+        assert_true(a.resend);
+        data_as(&rx, 2, 3, 3003);
+    }
+    /* The final came in order now: acknowledged and migrating. */
+    assert_true(rx.migrating);
+    assert_true(rx.mig_from_final);
+    assert_int_equal(rx.mig_why, SW_INSTANCE_LOST);
+    swe_rx_migrated(&rx, 3100);
+    data_as(&rx, 1, 4, 3101);
+    final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 3102);
+    assert_int_equal(drain(&rx, 3102, seqs, 16, &t), 4);
+    assert_seqs(seqs, 4, 1);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_int_equal(t.migrations, 2);
+    swe_rx_fini(&rx);
+}
+
+/* The limit: the loss after the last migration allowed is the terminal. */
+static void
+test_migrate_limit(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start_migrating(&rx, 1, 0);
+    data(&rx, 1, 1001);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1002, &a);
+    assert_true(a.migrate);
+    swe_rx_migrated(&rx, 1003);
+    data_as(&rx, 1, 2, 1004);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost again", 1, 1005, &a), 1);
+    assert_false(a.migrate);
+    assert_true(a.ended);
+    assert_int_equal(drain(&rx, 1005, seqs, 16, &t), 2);
+    assert_int_equal(t.error, SW_INSTANCE_LOST);
+    assert_int_equal(t.migrations, 1);
+    swe_rx_fini(&rx);
+}
+
+/* Never on cancel, the deadline, flow violations, gaps, or any final but a
+ * drain's instance_lost; a cancel or the deadline during the move ends it. */
+static void
+test_migrate_never_on_other_ends(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c;
+    swe_rx_act a;
+    static const sw_err others[] = {SW_DEADLINE_EXCEEDED, SW_FLOW_VIOLATION, SW_SEQUENCE_GAP,
+                                    SW_AUTH_FAILED, SW_ITEM_AFTER_FINAL};
+    (void)state;
+    for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++) {
+        start_migrating(&rx, 3, 0);
+        assert_int_equal(swe_rx_fail(&rx, others[i], NULL, 1, 1001, &a), 1);
+        assert_false(a.migrate);
+        assert_int_equal(rx.term.error, others[i]);
+        swe_rx_fini(&rx);
+    }
+    start_migrating(&rx, 3, 0);
+    assert_int_equal(swe_rx_cancel(&rx, 0), 1);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1001, &a), 0);
+    assert_false(a.migrate);
+    swe_rx_fini(&rx);
+    /* a worker's failed final is the application's answer */
+    start_migrating(&rx, 3, 0);
+    a = final_at(&rx, 1, SW_STATUS_FAILED, "engine_error", 1001);
+    assert_false(a.migrate);
+    assert_int_equal(rx.term.status, SW_STATUS_FAILED);
+    swe_rx_fini(&rx);
+    /* cancel while migrating: cancelled, and the move does not complete */
+    start_migrating(&rx, 3, 0);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1001, &a);
+    assert_true(a.migrate);
+    assert_int_equal(swe_rx_cancel(&rx, 0), 1);
+    assert_false(rx.migrating);
+    swe_rx_migrated(&rx, 1002);
+    assert_int_equal(rx.st.migrations, 0);
+    assert_int_equal(rx.term.status, SW_STATUS_CANCELLED);
+    swe_rx_fini(&rx);
+    /* the deadline while migrating */
+    c = cfg_default();
+    c.migrations = 3;
+    c.deadline_ms = 1500;
+    swe_rx_init(&rx, &c, 1000);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1001, &a);
+    assert_true(a.migrate);
+    assert_int_equal(swe_rx_next_due(&rx), 1500);
+    swe_rx_tick(&rx, 1500, 1500, &a);
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_DEADLINE_EXCEEDED);
+    swe_rx_fini(&rx);
+}
+
+/* No instance to move to: the items so far, then the caller's terminal. */
+static void
+test_migration_failed(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start_migrating(&rx, 3, 0);
+    data(&rx, 1, 1001);
+    data(&rx, 2, 1001);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1002, &a);
+    assert_true(a.migrate);
+    assert_int_equal(swe_rx_migration_failed(&rx, SW_NO_INSTANCES, "none", 1003, &a), 1);
+    assert_true(a.ended);
+    assert_false(a.kill);
+    assert_int_equal(drain(&rx, 1003, seqs, 16, &t), 2);
+    assert_int_equal(t.error, SW_NO_INSTANCES);
+    assert_int_equal(swe_rx_migration_failed(&rx, SW_NO_INSTANCES, "none", 1004, &a), 0);
+    swe_rx_fini(&rx);
+}
+
+/* Memory: the old worker's queued items grant no credit; the new worker
+ * gets the window, and an item beyond it is a flow violation, so at most
+ * twice the window is ever queued. */
+static void
+test_migrate_credit_bound(void **state)
+{
+    swe_rx rx;
+    sw_item it;
+    swe_rx_act a;
+    (void)state;
+    start_migrating(&rx, 3, 0);
+    for (uint64_t i = 1; i <= W; i++)
+        data(&rx, i, 1001);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1002, &a);
+    /* popping while migrating grants nothing */
+    assert_int_equal(swe_rx_pop(&rx, 1003, &it, &a), 1);
+    assert_false(a.credit);
+    swe_rx_migrated(&rx, 1004);
+    for (uint64_t i = 1; i <= W; i++)
+        data_as(&rx, i, W + i, 1005);
+    assert_int_equal(rx.qlen, 2 * W - 1);
+    /* the old worker's items: no credit for the new one */
+    for (int i = 0; i < W - 1; i++) {
+        assert_int_equal(swe_rx_pop(&rx, 1006, &it, &a), 1);
+        assert_false(a.credit);
+    }
+    a = data_as(&rx, W + 1, 2 * W + 1, 1007);
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_FLOW_VIOLATION);
+    swe_rx_fini(&rx);
+    /* and the new worker's items grant as usual */
+    start_migrating(&rx, 3, 0);
+    data(&rx, 1, 1001);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1002, &a);
+    swe_rx_migrated(&rx, 1003);
+    for (uint64_t i = 1; i <= W; i++)
+        data_as(&rx, i, 1 + i, 1004);
+    assert_int_equal(swe_rx_pop(&rx, 1005, &it, &a), 1); /* the old one */
+    assert_false(a.credit);
+    for (int i = 0; i < W / 2; i++)
+        assert_int_equal(swe_rx_pop(&rx, 1005, &it, &a), 1);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_limit, W / 2 + W);
+    assert_int_equal(a.credit_ack, W);
+    swe_rx_fini(&rx);
+}
+
+/* The history a migrate callback reads: every data item once, in the
+ * consumer's numbering, across moves; too much of it turns migration off. */
+static void
+test_migrate_history(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    start_migrating(&rx, 3, 1);
+    data(&rx, 1, 1001);
+    data(&rx, 3, 1001); /* held, dropped by the move */
+    data(&rx, 2, 1001);
+    assert_int_equal(swe_rx_pop(&rx, 1002, &it, &a), 1); /* delivered items stay in it */
+    data(&rx, 5, 1003);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1004, &a);
+    assert_int_equal(rx.nhist, 3);
+    swe_rx_migrated(&rx, 1005);
+    data_as(&rx, 1, 4, 1006);
+    assert_int_equal(rx.nhist, 4);
+    for (size_t i = 0; i < rx.nhist; i++) {
+        char want[32];
+        snprintf(want, sizeof(want), "item-%zu", i + 1);
+        assert_int_equal(rx.hist[i]->seq, i + 1);
+        assert_int_equal(rx.hist[i]->len, strlen(want));
+        assert_memory_equal(rx.hist[i]->data, want, rx.hist[i]->len);
+        assert_string_equal(rx.hist[i]->event, "");
+    }
+    assert_int_equal(rx.hist[3]->gen, 1);
+    swe_rx_fini(&rx);
+    /* past SW_MIGRATION_HISTORY_MAX bytes: no history, no migration */
+    {
+        swe_rx_cfg c = cfg_default();
+        static uint8_t big[65536];
+        uint64_t n = SW_MIGRATION_HISTORY_MAX / sizeof(big) + 1;
+        c.window = (uint32_t)n + 8;
+        c.migrations = 3;
+        c.keep_history = 1;
+        swe_rx_init(&rx, &c, 1000);
+        for (uint64_t i = 1; i <= n; i++) {
+            swe_rx_in in;
+            memset(&in, 0, sizeof(in));
+            in.kind = SWE_IN_DATA;
+            in.seq = i;
+            in.data = big;
+            in.len = sizeof(big);
+            swe_rx_on_item(&rx, &in, 1001, &a);
+        }
+        assert_int_equal(rx.nhist, 0);
+        assert_int_equal(rx.mig_left, 0);
+        assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1002, &a), 1);
+        assert_false(a.migrate);
+        swe_rx_fini(&rx);
+    }
+}
+
 int
 main(void)
 {
@@ -932,6 +1259,13 @@ main(void)
         cmocka_unit_test(test_seq_limits),
         cmocka_unit_test(test_memory_bound),
         cmocka_unit_test(test_fini_frees_everything),
+        cmocka_unit_test(test_migrate_continues_sequence),
+        cmocka_unit_test(test_migrate_on_silence_and_drain),
+        cmocka_unit_test(test_migrate_limit),
+        cmocka_unit_test(test_migrate_never_on_other_ends),
+        cmocka_unit_test(test_migration_failed),
+        cmocka_unit_test(test_migrate_credit_bound),
+        cmocka_unit_test(test_migrate_history),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,663 @@
+/* tests/integration/test_migration.c -- request migration (issue 15,
+ * docs/MIGRATION.md) with real worker processes.
+ *
+ * Workers are `streamwire worker` processes (the demo engine: token-0,
+ * token-1, ... every 20 ms, which resumes where its consumer is) registered
+ * in a registry bucket of the test's own; the frontend is an in-process
+ * sw_router routing through that registry. The worker serving a stream is
+ * SIGKILLed, SIGSTOPped or SIGTERMed (drained) mid-stream, and the consumer
+ * must see one continuous stream: every token once, in order, seqs 1..N,
+ * then exactly one terminal that counts the migrations and names the
+ * instances. Also: the limit, no other instance, a cancel during the
+ * migration (no second request runs), sealing, and a migrate callback that
+ * rebuilds the prompt.
+ *
+ * Run one test: test_migration '<glob>'. SW_IT_VERBOSE=1 shows library logs. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include <streamwire/registry.h>
+#include <streamwire/streamwire.h>
+
+#include "harness.h"
+#include "transport/seal.h"
+
+#define EP "mig.llm.generate"
+#define TOKENS 60
+#define MAXW 3
+
+static swh_nats g_nats;
+static int g_slow = 1;
+static int g_verbose;
+static char g_key[320];
+
+#define T(ms) ((int64_t)(ms)*g_slow)
+
+static void
+log_cb(void *arg, sw_log_level level, const char *msg)
+{
+    if (g_verbose || level <= SW_LOG_ERROR)
+        fprintf(stderr, "[%s] %s: %s\n", arg ? (const char *)arg : "", sw_log_level_name(level),
+                msg);
+}
+
+/* ------------------------------------------------------------ the world */
+
+typedef struct world {
+    char bucket[64];
+    const char *key; /* sealed: the key file */
+    pid_t pid[MAXW];
+    int out[MAXW];
+    char id[MAXW][16];
+    int err_fd[MAXW]; /* the worker's stderr, kept in a file */
+    char err_path[MAXW][512];
+    int nw;
+    sw_conn *conn;
+    sw_registry *reg;
+    sw_router *rt;
+} world;
+
+static int
+world_setup(void **state)
+{
+    static unsigned n;
+    world *w = calloc(1, sizeof(*w));
+    assert_non_null(w);
+    snprintf(w->bucket, sizeof(w->bucket), "mig_%d_%u", (int)getpid(), ++n);
+    *state = w;
+    return 0;
+}
+
+static void
+world_worker(world *w, const char *key)
+{
+    int i = w->nw++;
+    char tokens[16];
+    const char *argv[32];
+    int a = 0;
+    snprintf(w->id[i], sizeof(w->id[i]), "w%d", i + 1);
+    snprintf(tokens, sizeof(tokens), "%d", TOKENS);
+    {
+        char bucket[64];
+        memcpy(bucket, w->bucket, sizeof(bucket));
+        snprintf(w->err_path[i], sizeof(w->err_path[i]), "%s/%s-w%d.err", g_nats.dir, bucket,
+                 i + 1);
+    }
+    w->err_fd[i] = open(w->err_path[i], O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(w->err_fd[i] >= 0);
+    argv[a++] = "worker";
+    argv[a++] = "--server";
+    argv[a++] = g_nats.url;
+    argv[a++] = "--endpoint";
+    argv[a++] = EP;
+    argv[a++] = "--instance-id";
+    argv[a++] = w->id[i];
+    argv[a++] = "--bucket";
+    argv[a++] = w->bucket;
+    argv[a++] = "--tokens";
+    argv[a++] = tokens;
+    argv[a++] = "--token-interval-ms";
+    argv[a++] = "20";
+    argv[a++] = "--drain-grace-ms";
+    argv[a++] = "20000";
+    if (key != NULL) {
+        argv[a++] = "--key-file";
+        argv[a++] = key;
+    }
+    argv[a] = NULL;
+    w->pid[i] = swh_spawn_err(argv, &w->out[i], w->err_fd[i]);
+    assert_true(w->pid[i] > 0);
+    assert_int_equal(swh_wait_line(w->out[i], "worker ready", NULL, 0, (int)T(15000)), 0);
+}
+
+static void
+world_frontend(world *w, const char *key)
+{
+    sw_conn_opts co;
+    sw_registry_opts go;
+    sw_router_opts ro;
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    co.seal_key_file = key;
+    co.log = log_cb;
+    co.log_arg = (void *)"frontend";
+    assert_int_equal(sw_conn_open(&w->conn, &co), SW_OK);
+    sw_registry_opts_init(&go);
+    go.bucket = w->bucket;
+    go.log = log_cb;
+    go.log_arg = (void *)"registry";
+    assert_int_equal(sw_registry_open(&w->reg, w->conn, &go), SW_OK);
+    sw_router_opts_init(&ro);
+    ro.registry = w->reg;
+    ro.policy = SW_POLICY_ROUND_ROBIN;
+    ro.migration_limit = 2;
+    ro.log = log_cb;
+    ro.log_arg = (void *)"router";
+    assert_int_equal(sw_router_create(&w->rt, w->conn, &ro), SW_OK);
+    /* Every worker listed before a request is routed. */
+    for (int64_t until = swh_now_ms() + T(10000);;) {
+        sw_instance *v = NULL;
+        size_t n = 0;
+        assert_int_equal(sw_registry_list(w->reg, EP, &v, &n), SW_OK);
+        sw_instances_free(v, n);
+        if (n == (size_t)w->nw)
+            break;
+        assert_true(swh_now_ms() < until);
+        swh_sleep_ms(20);
+    }
+    swh_sleep_ms(100); /* the router's pool watches the same registry */
+}
+
+static int
+world_teardown(void **state)
+{
+    world *w = *state;
+    sw_router_destroy(w->rt);
+    sw_registry_close(w->reg);
+    sw_conn_close(w->conn);
+    for (int i = 0; i < w->nw; i++) {
+        if (w->pid[i] > 0) {
+            swh_kill(w->pid[i], SIGCONT);
+            swh_kill(w->pid[i], SIGKILL);
+            (void)swh_wait_exit(w->pid[i], 5000, NULL);
+        }
+        close(w->out[i]);
+        close(w->err_fd[i]);
+    }
+    free(w);
+    return 0;
+}
+
+static int
+world_index(world *w, const char *id)
+{
+    for (int i = 0; i < w->nw; i++)
+        if (strcmp(w->id[i], id) == 0)
+            return i;
+    return -1;
+}
+
+/* ------------------------------------------------------------ a consumer */
+
+typedef struct coll {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, bad, terminals;
+    char first_inst[16], last_inst[16];
+    sw_status status;
+    sw_err err;
+    unsigned migrations;
+    char reason[64], instances[256];
+} coll;
+
+static void
+coll_cb(sw_stream *s, const sw_item *it, void *arg)
+{
+    coll *c = arg;
+    (void)s;
+    pthread_mutex_lock(&c->mu);
+    if (it->kind == SW_ITEM_DATA) {
+        char want[32];
+        int n = snprintf(want, sizeof(want), "token-%d", c->n);
+        if (c->terminals || it->seq != (uint64_t)c->n + 1 || it->len != (size_t)n ||
+            memcmp(it->data, want, (size_t)n) != 0) {
+            if (c->bad++ == 0)
+                fprintf(stderr, "unexpected item: seq %llu %.*s (wanted %s)\n",
+                        (unsigned long long)it->seq, (int)it->len, (const char *)it->data, want);
+        }
+        if (c->n == 0)
+            snprintf(c->first_inst, sizeof(c->first_inst), "%s", it->instance_id);
+        snprintf(c->last_inst, sizeof(c->last_inst), "%s", it->instance_id);
+        c->n++;
+    } else {
+        c->terminals++;
+        c->status = it->terminal.status;
+        c->err = it->terminal.error;
+        c->migrations = it->terminal.migrations;
+        snprintf(c->reason, sizeof(c->reason), "%s", it->terminal.reason);
+        snprintf(c->instances, sizeof(c->instances), "%s", it->terminal.instances);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void
+coll_init(coll *c)
+{
+    memset(c, 0, sizeof(*c));
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+}
+
+/* Waits until n items (or the terminal when n < 0). */
+static void
+coll_wait(coll *c, int n, int64_t ms)
+{
+    int64_t until = swh_now_ms() + ms;
+    pthread_mutex_lock(&c->mu);
+    while ((n >= 0 ? c->n < n : c->terminals == 0) && swh_now_ms() < until) {
+        pthread_mutex_unlock(&c->mu);
+        swh_sleep_ms(5);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (n >= 0)
+        assert_true(c->n >= n);
+    else
+        assert_int_equal(c->terminals, 1);
+}
+
+static sw_stream *
+open_stream(world *w, coll *c, int limit, uint32_t max_tokens, sw_migrate_fn fn, void *arg)
+{
+    sw_request_opts o;
+    sw_stream *s = NULL;
+    sw_request_opts_init(&o);
+    o.endpoint = EP;
+    o.on_item = coll_cb;
+    o.on_item_arg = c;
+    o.migration_limit = limit;
+    o.max_tokens = max_tokens;
+    o.migrate = fn;
+    o.migrate_arg = arg;
+    assert_int_equal(sw_router_open(&s, w->rt, &o, "hello", 5), SW_OK);
+    return s;
+}
+
+/* The worker serving c's stream (from its first item). */
+static int
+serving(world *w, coll *c)
+{
+    int i;
+    pthread_mutex_lock(&c->mu);
+    i = world_index(w, c->first_inst);
+    pthread_mutex_unlock(&c->mu);
+    assert_true(i >= 0);
+    return i;
+}
+
+/* nworkers workers and the frontend; a stream (limit, max_tokens, fn) that
+ * has delivered 10 items; *from: the worker serving it. */
+static sw_stream *
+begin(world *w, coll *c, int nworkers, const char *key, int limit, uint32_t max_tokens,
+      sw_migrate_fn fn, void *arg, int *from)
+{
+    sw_stream *s;
+    for (int i = 0; i < nworkers; i++)
+        world_worker(w, key);
+    world_frontend(w, key);
+    coll_init(c);
+    s = open_stream(w, c, limit, max_tokens, fn, arg);
+    coll_wait(c, 10, T(10000));
+    *from = serving(w, c);
+    return s;
+}
+
+/* The whole stream, in order, once, then `completed` after one migration
+ * from worker `from` to the other one of two. */
+static void
+assert_migrated_once(world *w, coll *c, int from)
+{
+    char want[64];
+    int to = from == 0 ? 1 : 0;
+    coll_wait(c, -1, T(20000));
+    swh_sleep_ms(100); /* nothing more may come */
+    pthread_mutex_lock(&c->mu);
+    assert_int_equal(c->bad, 0);
+    assert_int_equal(c->n, TOKENS);
+    assert_int_equal(c->terminals, 1);
+    assert_int_equal(c->status, SW_STATUS_COMPLETED);
+    assert_string_equal(c->reason, "stop");
+    assert_int_equal(c->migrations, 1);
+    snprintf(want, sizeof(want), "%s,%s", w->id[from], w->id[to]);
+    assert_string_equal(c->instances, want);
+    assert_string_equal(c->last_inst, w->id[to]);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void
+sigkill_migrates(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    sw_stream_stats st;
+    int from;
+    s = begin(w, &c, 2, NULL, 0 /* the router's: 2 */, 0, NULL, NULL, &from);
+    swh_kill(w->pid[from], SIGKILL);
+    assert_migrated_once(w, &c, from);
+    sw_stream_stats_get(s, &st);
+    assert_int_equal(st.migrations, 1);
+    sw_stream_close(s);
+}
+
+static void
+sigstop_migrates(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    int from;
+    s = begin(w, &c, 2, NULL, 2, 0, NULL, NULL, &from);
+    swh_kill(w->pid[from], SIGSTOP);
+    assert_migrated_once(w, &c, from);
+    /* The frozen worker wakes up: what it still sends reaches nobody. */
+    swh_kill(w->pid[from], SIGCONT);
+    swh_sleep_ms(500);
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.n, TOKENS);
+    assert_int_equal(c.terminals, 1);
+    assert_int_equal(c.bad, 0);
+    pthread_mutex_unlock(&c.mu);
+    sw_stream_close(s);
+}
+
+/* SIGTERM: the worker drains; it hands the migratable stream back at once
+ * (it does not wait out its 20 s grace) and the stream moves on. */
+static void
+drain_migrates(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    int from, st = -1;
+    int64_t t0;
+    s = begin(w, &c, 2, NULL, 2, 0, NULL, NULL, &from);
+    t0 = swh_now_ms();
+    swh_kill(w->pid[from], SIGTERM);
+    assert_migrated_once(w, &c, from);
+    assert_int_equal(swh_wait_exit(w->pid[from], (int)T(10000), &st), 0);
+    assert_int_equal(st, 0);
+    assert_true(swh_now_ms() - t0 < T(10000));
+    w->pid[from] = 0;
+    sw_stream_close(s);
+}
+
+/* Limit 1: the second loss ends the stream with instance_lost, after every
+ * item received so far, in order. */
+static void
+limit_reached(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    int from, n;
+    s = begin(w, &c, 2, NULL, 1, 0, NULL, NULL, &from);
+    swh_kill(w->pid[from], SIGKILL);
+    coll_wait(&c, 20, T(10000));
+    swh_kill(w->pid[from == 0 ? 1 : 0], SIGKILL);
+    coll_wait(&c, -1, T(20000));
+    pthread_mutex_lock(&c.mu);
+    n = c.n;
+    assert_int_equal(c.bad, 0);
+    assert_true(n >= 20 && n < TOKENS);
+    assert_int_equal(c.status, SW_STATUS_ERROR);
+    assert_int_equal(c.err, SW_INSTANCE_LOST);
+    assert_int_equal(c.migrations, 1);
+    pthread_mutex_unlock(&c.mu);
+    sw_stream_close(s);
+}
+
+/* No other live instance: no_instances, after the items so far. */
+static void
+no_other_instance(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    int from;
+    s = begin(w, &c, 1, NULL, 2, 0, NULL, NULL, &from);
+    swh_kill(w->pid[from], SIGKILL);
+    coll_wait(&c, -1, T(20000));
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.bad, 0);
+    assert_true(c.n >= 10 && c.n < TOKENS);
+    assert_int_equal(c.status, SW_STATUS_ERROR);
+    assert_int_equal(c.err, SW_NO_INSTANCES);
+    assert_int_equal(c.migrations, 0);
+    pthread_mutex_unlock(&c.mu);
+    sw_stream_close(s);
+}
+
+/* A cancel while the migrate callback runs: the stream ends cancelled, and
+ * the other worker never gets a request. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int entered, release, calls;
+} gate;
+
+static sw_err
+gate_migrate(sw_migration *m, void *arg)
+{
+    gate *g = arg;
+    (void)m;
+    pthread_mutex_lock(&g->mu);
+    g->entered = 1;
+    g->calls++;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->release)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    return SW_OK;
+}
+
+static void
+cancel_during_migration(void **state)
+{
+    world *w = *state;
+    coll c;
+    gate g;
+    sw_stream *s;
+    int from, other, st = -1;
+    char log[8192];
+    FILE *f;
+    size_t n;
+    memset(&g, 0, sizeof(g));
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    s = begin(w, &c, 2, NULL, 2, 0, gate_migrate, &g, &from);
+    other = from == 0 ? 1 : 0;
+    swh_kill(w->pid[from], SIGKILL);
+    pthread_mutex_lock(&g.mu);
+    for (int64_t until = swh_now_ms() + T(10000); !g.entered && swh_now_ms() < until;) {
+        pthread_mutex_unlock(&g.mu);
+        swh_sleep_ms(5);
+        pthread_mutex_lock(&g.mu);
+    }
+    assert_true(g.entered);
+    pthread_mutex_unlock(&g.mu);
+    assert_int_equal(sw_stream_cancel(s), SW_OK);
+    pthread_mutex_lock(&g.mu);
+    g.release = 1;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    coll_wait(&c, -1, T(10000));
+    swh_sleep_ms(300);
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.status, SW_STATUS_CANCELLED);
+    assert_int_equal(c.terminals, 1);
+    assert_int_equal(c.migrations, 0);
+    pthread_mutex_unlock(&c.mu);
+    assert_int_equal(g.calls, 1);
+    /* The other worker served nothing: its drain summary says so. */
+    swh_kill(w->pid[other], SIGTERM);
+    assert_int_equal(swh_wait_exit(w->pid[other], (int)T(10000), &st), 0);
+    w->pid[other] = 0;
+    f = fopen(w->err_path[other], "r");
+    assert_non_null(f);
+    n = fread(log, 1, sizeof(log) - 1, f);
+    fclose(f);
+    log[n] = '\0';
+    assert_non_null(strstr(log, "): 0 requests,"));
+    sw_stream_close(s);
+}
+
+static void
+sealed_migrates(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    int from;
+    s = begin(w, &c, 2, g_key, 2, 0, NULL, NULL, &from);
+    swh_kill(w->pid[from], SIGKILL);
+    assert_migrated_once(w, &c, from);
+    sw_stream_close(s);
+}
+
+/* The migrate callback rebuilds the prompt as an LLM frontend would: the
+ * tokens so far appended, max_tokens lowered, no resume_from_seq (the demo
+ * engine continues after the tokens its prompt holds). */
+typedef struct rebuild {
+    int calls, bad;
+    size_t nitems;
+} rebuild;
+
+static sw_err
+rebuild_migrate(sw_migration *m, void *arg)
+{
+    rebuild *rb = arg;
+    size_t cap = m->len + 16 * m->nitems + 1, off;
+    char *p = malloc(cap);
+    rb->calls++;
+    rb->nitems = m->nitems;
+    if (p == NULL)
+        return SW_ENOMEM;
+    if (m->len != 5 || memcmp(m->payload, "hello", 5) != 0 || m->max_tokens != 50 ||
+        m->attempt != 1 || m->why != SW_INSTANCE_LOST || m->resume_from_seq != m->nitems + 1)
+        rb->bad++;
+    memcpy(p, m->payload, m->len);
+    off = m->len;
+    for (size_t i = 0; i < m->nitems; i++) {
+        char want[32];
+        int n = snprintf(want, sizeof(want), "token-%zu", i);
+        if (m->items[i].seq != i + 1 || m->items[i].len != (size_t)n ||
+            memcmp(m->items[i].data, want, (size_t)n) != 0)
+            rb->bad++;
+        p[off++] = ' ';
+        memcpy(p + off, m->items[i].data, m->items[i].len);
+        off += m->items[i].len;
+    }
+    m->new_payload = p;
+    m->new_len = off;
+    m->new_max_tokens = m->max_tokens - (uint32_t)m->nitems;
+    m->resume_from_seq = 0;
+    return SW_OK;
+}
+
+static void
+callback_rebuilds_prompt(void **state)
+{
+    world *w = *state;
+    coll c;
+    rebuild rb = {0, 0, 0};
+    sw_stream *s;
+    int from;
+    s = begin(w, &c, 2, NULL, 2, 50, rebuild_migrate, &rb, &from);
+    swh_kill(w->pid[from], SIGKILL);
+    coll_wait(&c, -1, T(20000));
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.bad, 0);
+    assert_int_equal(c.n, 50);
+    assert_int_equal(c.status, SW_STATUS_INCOMPLETE);
+    assert_string_equal(c.reason, "max_tokens");
+    assert_int_equal(c.migrations, 1);
+    pthread_mutex_unlock(&c.mu);
+    assert_int_equal(rb.calls, 1);
+    assert_int_equal(rb.bad, 0);
+    assert_true(rb.nitems >= 10 && rb.nitems < 50);
+    sw_stream_close(s);
+}
+
+/* The options are checked. */
+static void
+bad_options(void **state)
+{
+    world *w = *state;
+    sw_request_opts o;
+    sw_router_opts ro;
+    sw_router *rt = NULL;
+    sw_stream *s = NULL;
+    world_worker(w, NULL);
+    world_frontend(w, NULL);
+    sw_request_opts_init(&o);
+    o.endpoint = EP;
+    o.migration_limit = SW_MAX_MIGRATIONS + 1;
+    assert_int_equal(sw_router_open(&s, w->rt, &o, "x", 1), SW_EINVAL);
+    o.migration_limit = -2;
+    assert_int_equal(sw_router_open(&s, w->rt, &o, "x", 1), SW_EINVAL);
+    sw_router_opts_init(&ro);
+    ro.migration_limit = -1;
+    assert_int_equal(sw_router_create(&rt, w->conn, &ro), SW_EINVAL);
+    ro.migration_limit = SW_MAX_MIGRATIONS + 1;
+    assert_int_equal(sw_router_create(&rt, w->conn, &ro), SW_EINVAL);
+    assert_null(rt);
+}
+
+static int
+group_setup(void **state)
+{
+    swt_seal_key k;
+    char hex[SWT_SEAL_KEY_HEX + 1];
+    FILE *f;
+    (void)state;
+    if (getenv("SW_SLOW") != NULL && strcmp(getenv("SW_SLOW"), "0") != 0)
+        g_slow = 3;
+    g_verbose = getenv("SW_IT_VERBOSE") != NULL;
+    if (swh_nats_start(&g_nats, NULL) != 0)
+        return -1;
+    snprintf(g_key, sizeof(g_key), "%s/cluster.key", g_nats.dir);
+    if (swt_seal_key_generate(&k) != SW_OK || (f = fopen(g_key, "w")) == NULL)
+        return -1;
+    swt_seal_key_hex(&k, hex);
+    fprintf(f, "%s\n", hex);
+    fclose(f);
+    swt_seal_key_wipe(&k);
+    return chmod(g_key, 0600);
+}
+
+static int
+group_teardown(void **state)
+{
+    (void)state;
+    swh_nats_stop(&g_nats);
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(sigkill_migrates, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(sigstop_migrates, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(drain_migrates, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(limit_reached, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(no_other_instance, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(cancel_during_migration, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(callback_rebuilds_prompt, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(bad_options, world_setup, world_teardown),
+    };
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -404,6 +404,23 @@ extern double g_goal_after_report;
 extern unsigned g_goal_loss_n;
 void scen_loss(void);
 
+/* A worker in a child process (--worker-mode), registered in LOSS_BUCKET
+ * on EP_LOSS (sc_loss.c; sc_migration.c uses them too). */
+typedef struct lkid {
+    child c;
+    char inst[SW_MAX_TOKEN + 1];
+    int state; /* 0 free, 1 starting, 2 ready */
+    unsigned seq;
+} lkid;
+void lkid_start(lkid *k);
+/* Waits for its "ready" and for registry handles a and b (b may be NULL) to
+ * list it. */
+void lkid_wait(lkid *k, sw_registry *a, sw_registry *b);
+
+/* ---------------------------------------------------------- sc_migration.c */
+
+void scen_migration(void);
+
 /* ---------------------------------------------------------- sc_cancel.c */
 
 /* Hidden mode --frontend-mode URL: a frontend process that, on "go", opens a

@@ -41,6 +41,9 @@ static const scenario scenarios[] = {
      "issue 4: SIGKILL / SIGSTOP of a worker (child process) mid-stream ->\n"
      "           terminal at the consumer; dead report -> another router stops\n"
      "           routing there; requests routed to the dead instance after the report\n"},
+    {"migration", scen_migration, 0,
+     "issue 15: SIGKILL of the worker serving a stream that may migrate ->\n"
+     "           the first item from the new instance (20 trials)\n"},
     {"cancel", scen_cancel, 0,
      "issue 5: sw_stream_cancel -> the handler's cancel callback; SIGKILL of\n"
      "           a frontend (child process) -> the worker cancels its stream\n"},

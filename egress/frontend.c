@@ -251,6 +251,8 @@ sw_router_stats_get(sw_router *r, sw_router_stats *out)
     out->items = __atomic_load_n(&r->items, __ATOMIC_RELAXED);
     out->items_after_final = __atomic_load_n(&r->items_after_final, __ATOMIC_RELAXED);
     out->nats_dropped = dropped;
+    out->migrations = __atomic_load_n(&r->migrations, __ATOMIC_RELAXED);
+    out->migration_failures = __atomic_load_n(&r->migration_failures, __ATOMIC_RELAXED);
 }
 
 static void

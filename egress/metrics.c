@@ -64,6 +64,13 @@ router_render(swi_prom *p, void *obj)
                    l, 1, (double)st.auth_failures);
     swi_prom_value(p, F("instances_lost_total"), "counter", "Instances this router declared dead.",
                    l, 1, (double)st.instances_lost);
+    swi_prom_value(p, F("migrations_total"), "counter",
+                   "Streams moved to another instance after a loss or a drain (each move).", l, 1,
+                   (double)st.migrations);
+    swi_prom_value(p, F("migration_failures_total"), "counter",
+                   "Moves that did not happen (no instance, the callback declined): the stream "
+                   "ended instead.",
+                   l, 1, (double)st.migration_failures);
     swi_prom_value(p, F("probes_sent_total"), "counter", "Liveness probes sent to instances.", l, 1,
                    (double)st.probes_sent);
     swi_prom_value(p, F("loss_detection_seconds"), "gauge",

@@ -340,12 +340,16 @@ sigkill_migrates(void **state)
     coll c;
     sw_stream *s;
     sw_stream_stats st;
+    sw_router_stats rst;
     int from;
     s = begin(w, &c, 2, NULL, 0 /* the router's: 2 */, 0, NULL, NULL, &from);
     swh_kill(w->pid[from], SIGKILL);
     assert_migrated_once(w, &c, from);
     sw_stream_stats_get(s, &st);
     assert_int_equal(st.migrations, 1);
+    sw_router_stats_get(w->rt, &rst);
+    assert_int_equal(rst.migrations, 1);
+    assert_int_equal(rst.migration_failures, 0);
     sw_stream_close(s);
 }
 
@@ -434,6 +438,12 @@ no_other_instance(void **state)
     assert_int_equal(c.err, SW_NO_INSTANCES);
     assert_int_equal(c.migrations, 0);
     pthread_mutex_unlock(&c.mu);
+    {
+        sw_router_stats rst;
+        sw_router_stats_get(w->rt, &rst);
+        assert_int_equal(rst.migrations, 0);
+        assert_int_equal(rst.migration_failures, 1);
+    }
     sw_stream_close(s);
 }
 

@@ -63,6 +63,7 @@ cli_gateway_main(int argc, char **argv)
     const char *policy = "round_robin", *cod = "on", *router_id = NULL, *access_log = "on";
     const char *narration = "on";
     long keepalive = 15000, max_body = 1 << 20, max_conns = 10000, grace = 10000, replicas = 1;
+    long migration_limit = 0;
     int quiet = 0, rc, wake[2];
     swg_model models[GW_MAX_MODELS];
     size_t nmodels = 0;
@@ -105,6 +106,11 @@ cli_gateway_main(int argc, char **argv)
          "one JSON line per finished request on stdout: trace_id,\nresponse_id, model, instance, "
          "terminal, reason, items,\nttfi_ms, duration_ms (default on)",
          &access_log, 0, 0, "on|off", 0},
+        {"migration-limit", CLI_INT, "N",
+         "a stream whose worker dies, freezes or drains moves to\nanother instance, up to N "
+         "times; the client sees one\ncontinuous response (default 0 = off; "
+         "docs/MIGRATION.md)",
+         &migration_limit, 0, SW_MAX_MIGRATIONS, NULL, 0},
         {"quiet", CLI_FLAG, NULL, "no log lines on stderr", &quiet, 0, 0, NULL, 0},
     };
     cli_conn_flags conn_flags = {0};
@@ -178,6 +184,7 @@ cli_gateway_main(int argc, char **argv)
     sw_router_opts_init(&ropts);
     ropts.registry = reg;
     ropts.router_id = router_id;
+    ropts.migration_limit = (int)migration_limit;
     (void)sw_policy_from_name(policy, &ropts.policy);
     ropts.log = quiet ? NULL : cli_log_stderr;
     ropts.log_arg = (void *)"gateway";

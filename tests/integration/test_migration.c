@@ -598,6 +598,79 @@ callback_rebuilds_prompt(void **state)
     sw_stream_close(s);
 }
 
+/* The front door: `streamwire gateway --migration-limit 2`. The worker
+ * serving an SSE response is SIGKILLed mid-stream; the client's response
+ * carries every token once, in order, and completes. */
+static void
+gateway_migrates(void **state)
+{
+    world *w = *state;
+    const char *argv[] = {"gateway",  "--server", g_nats.url, "--listen", "127.0.0.1:0",
+                          "--bucket", w->bucket,  "--model",  "m=" EP,    "--migration-limit",
+                          "2",        "--quiet",  NULL};
+    char line[4096], gw[128], cmd[1024], victim[16] = "", *text, *p;
+    size_t len = 0, cap = 1 << 20;
+    int fd, deltas = 0, st, vi;
+    pid_t pid;
+    FILE *f;
+    world_worker(w, NULL);
+    world_worker(w, NULL);
+    pid = swh_spawn(argv, &fd);
+    assert_true(pid > 0);
+    assert_int_equal(swh_wait_line(fd, "gateway ready", line, sizeof(line), (int)T(15000)), 0);
+    snprintf(gw, sizeof(gw), "%s", strchr(line, '=') + 1);
+    swh_sleep_ms((int)T(1000)); /* the registry entries reach the gateway's router */
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -N -m 60 -X POST -H 'content-type: application/json' --data-binary "
+             "'{\"model\":\"m\",\"input\":\"hello\",\"stream\":true}' 'http://%s/v1/responses'",
+             gw);
+    f = popen(cmd, "r");
+    assert_non_null(f);
+    text = malloc(cap);
+    assert_non_null(text);
+    text[0] = '\0';
+    while (fgets(line, sizeof(line), f) != NULL) {
+        size_t l = strlen(line);
+        assert_true(len + l < cap);
+        memcpy(text + len, line, l + 1);
+        len += l;
+        if (victim[0] == '\0' && (p = strstr(line, "routed to instance ")) != NULL)
+            sscanf(p + strlen("routed to instance "), "%15[A-Za-z0-9_-]", victim);
+        if (strncmp(line, "event: response.output_text.delta", 33) == 0 && ++deltas == 10) {
+            vi = world_index(w, victim);
+            assert_true(vi >= 0);
+            swh_kill(w->pid[vi], SIGKILL);
+        }
+    }
+    pclose(f);
+    /* every token once, in order, then completed */
+    {
+        char want[16 * TOKENS], got[16 * TOKENS];
+        size_t wl = 0, gl = 0;
+        for (int i = 0; i < TOKENS; i++)
+            wl += (size_t)snprintf(want + wl, sizeof(want) - wl, "token-%d", i);
+        for (p = text; (p = strstr(p, "\"delta\":\"")) != NULL;) {
+            char *e;
+            p += 9;
+            e = strchr(p, '"');
+            assert_non_null(e);
+            assert_true(gl + (size_t)(e - p) < sizeof(got));
+            memcpy(got + gl, p, (size_t)(e - p));
+            gl += (size_t)(e - p);
+            p = e;
+        }
+        got[gl] = '\0';
+        assert_string_equal(got, want);
+    }
+    assert_true(deltas >= 10);
+    assert_non_null(strstr(text, "event: response.completed"));
+    assert_null(strstr(text, "event: response.failed"));
+    free(text);
+    swh_kill(pid, SIGTERM);
+    assert_int_equal(swh_wait_exit(pid, (int)T(20000), &st), 0);
+    close(fd);
+}
+
 /* The options are checked. */
 static void
 bad_options(void **state)
@@ -665,6 +738,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(cancel_during_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(callback_rebuilds_prompt, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(gateway_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(bad_options, world_setup, world_teardown),
     };
     if (argc > 1)

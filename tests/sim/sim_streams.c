@@ -10,7 +10,11 @@
  * Profiles: clean (no faults), lossy (drops, duplicates, jitter), chaos
  * (lossy + killed and frozen workers + cancels), hostile (chaos + workers
  * that ignore credit, send after their final, send garbage), bigwindow
- * (lossy with a 2^20 credit window), all (each in turn; the default).
+ * (lossy with a 2^20 credit window), migrate (lossy + killed, frozen and
+ * draining workers, every stream allowed 2 migrations: the frontend moves
+ * a stream to another worker under a new request id, as egress/migrate.c
+ * does, and the new worker resumes at resume_from_seq), all (each in turn;
+ * the default).
  *
  * Checked after every step (an invariant broken aborts with the seed):
  *   I1 exactly one terminal per stream, and nothing after it;
@@ -30,7 +34,13 @@
  *      whose worker was not killed has a worker that saw the CANCEL/KILL or
  *      had already finished it. The frontend sends lost cancels again with
  *      the router's own table (egress/cancels.c); without it, seed 1 of the
- *      chaos profile breaks I8.
+ *      chaos profile breaks I8;
+ *   I9 a stream that completed delivered every item its worker(s) produced,
+ *      however many times it moved;
+ *   I10 the terminal counts the moves the frontend made, never more than the
+ *      limit, and while a stream moves at most twice the window is queued
+ *      (I5's bound doubles then). The migrate profile must see streams that
+ *      moved and completed, or it tested nothing.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,22 +64,27 @@ typedef struct profile {
     double p_kill, p_freeze, p_cancel, p_hostile;
     uint32_t window;
     int64_t hb_ms;
+    unsigned migrations; /* allowed per stream */
+    double p_drain;      /* a worker drains: it hands its streams back */
 } profile;
 
 static const profile profiles[] = {
-    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50},
-    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50},
-    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50},
-    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50},
+    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0},
+    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0},
+    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0},
+    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0},
     /* rare heartbeats: gaps are repaired by the timer's resends */
-    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400},
+    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0},
+    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2},
 };
 
 /* ---------------------------------------------------------------- state */
 
 typedef struct wstream {
     int used;
-    uint64_t next_seq;     /* next seq to assign */
+    uint8_t wid[16];   /* the request id this worker got */
+    uint64_t base;     /* items the consumer had when this worker started (resume_from_seq - 1) */
+    uint64_t next_seq; /* next seq to assign */
     uint64_t credit_limit; /* may send seq <= this */
     uint64_t acked;
     int n; /* data items the handler produces */
@@ -97,7 +112,10 @@ typedef struct fstream {
     int cancel_sent;    /* the frontend cancelled (or killed) it */
     int worker_killed;  /* its worker's node was killed */
     int done_pops;
-    wstream w[NWORKERS]; /* the worker side, on worker `worker` only */
+    uint8_t wid[16];     /* the request id on the wire now (id until the first move) */
+    unsigned used_mask;  /* workers the stream was on */
+    unsigned moves;      /* migrations made */
+    wstream w[NWORKERS]; /* the worker side, one per worker the stream was on */
 } fstream;
 
 typedef struct world {
@@ -114,6 +132,8 @@ typedef struct world {
     uint64_t cancels, cancel_resends;
     swe_cancels fc; /* the frontend's cancels waiting for an answer (egress/cancels.c) */
     int failed;
+    int draining[NWORKERS];
+    uint64_t migrations, mig_failed, moved_completed;
 } world;
 
 /* What a bus node points to: its world and its node index. */
@@ -132,13 +152,33 @@ typedef struct node_box {
         abort();                                                                                \
     } while (0)
 
+/* The frontend's view: the stream whose request id on the wire is id. */
 static fstream *
 find_stream(world *wd, const uint8_t *id)
 {
     for (int i = 0; i < wd->nstreams; i++)
-        if (memcmp(wd->st[i].id, id, 16) == 0)
+        if (memcmp(wd->st[i].wid, id, 16) == 0)
             return &wd->st[i];
     return NULL;
+}
+
+/* A worker's view: its stream with request id id (k: the worker's index). */
+static fstream *
+find_wstream(world *wd, int k, const uint8_t *id)
+{
+    for (int i = 0; i < wd->nstreams; i++)
+        if (wd->st[i].w[k].used && memcmp(wd->st[i].w[k].wid, id, 16) == 0)
+            return &wd->st[i];
+    return NULL;
+}
+
+static int
+worker_index(world *wd, int node)
+{
+    for (int k = 0; k < NWORKERS; k++)
+        if (wd->wnode[k] == node)
+            return k;
+    return -1;
 }
 
 static void
@@ -163,99 +203,122 @@ w_store(wstream *w, uint64_t seq, const uint8_t *buf, size_t len)
 }
 
 static void
-w_publish(world *wd, fstream *f, const swp_item *m, uint64_t keep_seq)
+w_publish(world *wd, fstream *f, int k, const swp_item *m, uint64_t keep_seq)
 {
     uint8_t buf[512];
     size_t len;
     if (swp_encode(m, buf, sizeof(buf), &len) != SW_OK)
         abort();
     if (keep_seq)
-        w_store(&f->w[f->worker], keep_seq, buf, len);
-    sim_send(wd->s, wd->wnode[f->worker], wd->fnode, K_ITEM, buf, len, 0, 0);
+        w_store(&f->w[k], keep_seq, buf, len);
+    sim_send(wd->s, wd->wnode[k], wd->fnode, K_ITEM, buf, len, 0, 0);
     wd->messages++;
 }
 
+/* Worker k's item seq (its own numbering); a final with status, or with
+ * error err (status 0: a final error, as a draining worker's handing back). */
 static void
-w_item(world *wd, fstream *f, uint64_t seq, int final, int status)
+w_item(world *wd, fstream *f, int k, uint64_t seq, int final, int status)
 {
     swp_item m = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
     swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    swp_error e = STREAMWIRE__V1__ERROR__INIT;
     char pl[32];
     m.version = SW_PROTOCOL_VERSION;
-    m.request_id.data = f->id;
+    m.request_id.data = f->w[k].wid;
     m.request_id.len = 16;
     m.seq = seq;
     if (final) {
         m.complete_final = 1;
-        t.status = (Streamwire__V1__Status)status;
+        if (status == 0) {
+            t.status = STREAMWIRE__V1__STATUS__STATUS_FAILED;
+            e.sw_code = SW_INSTANCE_LOST;
+            e.message = (char *)"the worker is draining";
+            t.error = &e;
+        } else {
+            t.status = (Streamwire__V1__Status)status;
+        }
         t.finish_reason =
             (char *)(status == STREAMWIRE__V1__STATUS__STATUS_COMPLETED ? "stop" : "");
         m.terminal = &t;
     } else {
-        payload_of(f->id, seq, pl, sizeof(pl));
+        /* the consumer's seq: after what it had when this worker started */
+        payload_of(f->id, f->w[k].base + seq, pl, sizeof(pl));
         m.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
         m.data.data = (uint8_t *)pl;
         m.data.len = strlen(pl);
     }
-    w_publish(wd, f, &m, seq);
+    w_publish(wd, f, k, &m, seq);
 }
 
-/* The handler: produces the next item when credit allows. */
+/* The handler on worker k (b): produces the next item when credit allows. */
 static void
 ev_produce(sim *s, void *arg, uint64_t idx, uint64_t b)
 {
     world *wd = arg;
     fstream *f = &wd->st[idx];
-    wstream *w = &f->w[f->worker];
-    (void)b;
-    if (!sim_alive(s, wd->wnode[f->worker]) || w->cancelled || w->killed || w->final_seq)
+    int k = (int)b;
+    wstream *w = &f->w[k];
+    if (!sim_alive(s, wd->wnode[k]) || w->cancelled || w->killed || w->final_seq)
         return;
-    if (sim_frozen(s, wd->wnode[f->worker])) {
-        sim_at(s, 5, ev_produce, wd, idx, 0);
+    if (sim_frozen(s, wd->wnode[k])) {
+        sim_at(s, 5, ev_produce, wd, idx, b);
         return;
     }
     if (w->produced < w->n) {
         if (w->next_seq > w->credit_limit && !w->hostile_credit) {
-            sim_at(s, 2, ev_produce, wd, idx, 0); /* blocked on credit */
+            sim_at(s, 2, ev_produce, wd, idx, b); /* blocked on credit */
             return;
         }
         if (w->hostile_garbage && sim_rng_chance(sim_rand(s), 0.05)) {
             static const uint8_t junk[] = {0xff, 0x01, 0x02, 0x7f};
-            sim_send(s, wd->wnode[f->worker], wd->fnode, K_ITEM, junk, sizeof(junk), 0, 0);
+            sim_send(s, wd->wnode[k], wd->fnode, K_ITEM, junk, sizeof(junk), 0, 0);
         }
-        w_item(wd, f, w->next_seq++, 0, 0);
+        w_item(wd, f, k, w->next_seq++, 0, 0);
         w->produced++;
-        sim_at(s, (int64_t)sim_rng_below(sim_rand(s), 4), ev_produce, wd, idx, 0);
+        sim_at(s, (int64_t)sim_rng_below(sim_rand(s), 4), ev_produce, wd, idx, b);
         return;
     }
     w->final_seq = w->next_seq++;
-    w_item(wd, f, w->final_seq, 1, STREAMWIRE__V1__STATUS__STATUS_COMPLETED);
+    w_item(wd, f, k, w->final_seq, 1, STREAMWIRE__V1__STATUS__STATUS_COMPLETED);
     if (w->hostile_after_final)
-        w_item(wd, f, w->next_seq++, 0, 0);
+        w_item(wd, f, k, w->next_seq++, 0, 0);
 }
 
-/* Heartbeats until the final is acknowledged. */
+/* Heartbeats of worker k (b) until the final is acknowledged. */
 static void
 ev_heartbeat(sim *s, void *arg, uint64_t idx, uint64_t b)
 {
     world *wd = arg;
     fstream *f = &wd->st[idx];
-    wstream *w = &f->w[f->worker];
+    int k = (int)b;
+    wstream *w = &f->w[k];
     swp_item m = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
     swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
-    (void)b;
-    if (!sim_alive(s, wd->wnode[f->worker]) || w->killed || w->final_acked)
+    if (!sim_alive(s, wd->wnode[k]) || w->killed || w->final_acked)
         return;
-    if (!sim_frozen(s, wd->wnode[f->worker])) {
+    if (!sim_frozen(s, wd->wnode[k])) {
         m.version = SW_PROTOCOL_VERSION;
-        m.request_id.data = f->id;
+        m.request_id.data = w->wid;
         m.request_id.len = 16;
         m.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
         h.last_seq = w->next_seq - 1;
         m.heartbeat = &h;
-        w_publish(wd, f, &m, 0);
+        w_publish(wd, f, k, &m, 0);
     }
-    sim_at(s, wd->p->hb_ms, ev_heartbeat, wd, idx, 0);
+    sim_at(s, wd->p->hb_ms, ev_heartbeat, wd, idx, b);
+}
+
+/* A draining worker hands stream f back: a final instance_lost after what
+ * it sent (the frontend migrates the stream). */
+static void
+w_hand_back(world *wd, fstream *f, int k)
+{
+    wstream *w = &f->w[k];
+    if (!w->used || w->final_seq || w->cancelled || w->killed)
+        return;
+    w->final_seq = w->next_seq++;
+    w_item(wd, f, k, w->final_seq, 1, 0);
 }
 
 static void
@@ -264,36 +327,55 @@ worker_on_request(world *wd, int node, const uint8_t *data, size_t len)
     swp_request *req = NULL;
     fstream *f;
     wstream *w;
+    int k = worker_index(wd, node);
     if (swp_decode_request(data, len, 1 << 20, &req) != SW_OK)
         FAIL(wd, "a request the frontend sent did not decode");
+    if (k < 0 || (f = find_wstream(wd, k, req->request_id.data)) != NULL) {
+        swp_free(req); /* a duplicate request: NATS may deliver twice */
+        return;
+    }
     f = find_stream(wd, req->request_id.data);
-    if (f == NULL || wd->wnode[f->worker] != node)
-        FAIL(wd, "a request for an unknown stream");
-    w = &f->w[f->worker];
-    if (w->used) { /* a duplicate request: NATS may deliver twice */
+    if (f == NULL) {
+        /* The stream moved on while this request was on its way (a frozen
+         * worker): the frontend no longer knows the id. */
         swp_free(req);
         return;
     }
+    if (f->worker != k)
+        FAIL(wd, "a request for an unknown stream");
+    w = &f->w[k];
+    if (w->used)
+        FAIL(wd, "a stream came back to worker %d", k);
     w->used = 1;
+    memcpy(w->wid, req->request_id.data, 16);
+    w->base = req->resume_from_seq ? req->resume_from_seq - 1 : 0;
+    if (w->base > (uint64_t)f->n)
+        FAIL(wd, "resume_from_seq %llu past the stream's %d items",
+             (unsigned long long)req->resume_from_seq, f->n);
     w->next_seq = 1;
     w->credit_limit = req->credit_window;
-    w->n = f->n;
-    w->ring_cap = (size_t)f->n + 3;
+    w->n = f->n - (int)w->base;
+    w->ring_cap = (size_t)w->n + 3;
     w->ring = calloc(w->ring_cap, sizeof(*w->ring));
     w->ring_len = calloc(w->ring_cap, sizeof(*w->ring_len));
     if (w->ring == NULL || w->ring_len == NULL)
         abort();
     swp_free(req);
-    sim_at(wd->s, 0, ev_produce, wd, (uint64_t)(f - wd->st), 0);
-    sim_at(wd->s, wd->p->hb_ms, ev_heartbeat, wd, (uint64_t)(f - wd->st), 0);
+    if (wd->draining[k]) { /* it takes nothing new: handed back at once */
+        w_hand_back(wd, f, k);
+        return;
+    }
+    sim_at(wd->s, 0, ev_produce, wd, (uint64_t)(f - wd->st), (uint64_t)k);
+    sim_at(wd->s, wd->p->hb_ms, ev_heartbeat, wd, (uint64_t)(f - wd->st), (uint64_t)k);
 }
 
 static void
-worker_on_control(world *wd, const uint8_t *data, size_t len)
+worker_on_control(world *wd, int node, const uint8_t *data, size_t len)
 {
     swp_control *c = NULL;
     fstream *f;
     wstream *w;
+    int k = worker_index(wd, node);
     /* I6: what the frontend sends, the worker's decoder accepts. */
     if (swp_decode_control(data, len, 8192, &c) != SW_OK) {
         Streamwire__V1__Control *raw = streamwire__v1__control__unpack(NULL, len, data);
@@ -302,19 +384,23 @@ worker_on_control(world *wd, const uint8_t *data, size_t len)
              raw ? (int)raw->kind : -1, raw ? (unsigned long long)raw->resend_from : 0,
              raw ? (unsigned long long)raw->resend_to : 0);
     }
+    if (k < 0) {
+        swp_free(c);
+        return;
+    }
     if (c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS) {
         for (size_t i = 0; i < c->n_final_acks; i++)
-            if ((f = find_stream(wd, c->final_acks[i].data)) != NULL)
-                f->w[f->worker].final_acked = 1;
+            if ((f = find_wstream(wd, k, c->final_acks[i].data)) != NULL)
+                f->w[k].final_acked = 1;
         swp_free(c);
         return;
     }
-    f = find_stream(wd, c->request_id.data);
-    if (f == NULL || !f->w[f->worker].used) {
+    f = find_wstream(wd, k, c->request_id.data);
+    if (f == NULL) {
         swp_free(c);
         return;
     }
-    w = &f->w[f->worker];
+    w = &f->w[k];
     switch (c->kind) {
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
         if (c->credit_limit > w->credit_limit)
@@ -325,8 +411,7 @@ worker_on_control(world *wd, const uint8_t *data, size_t len)
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
         for (uint64_t q = c->resend_from; q <= c->resend_to && q < w->next_seq; q++)
             if (q < w->ring_cap && w->ring[q] != NULL) {
-                sim_send(wd->s, wd->wnode[f->worker], wd->fnode, K_ITEM, w->ring[q], w->ring_len[q],
-                         0, 0);
+                sim_send(wd->s, wd->wnode[k], wd->fnode, K_ITEM, w->ring[q], w->ring_len[q], 0, 0);
                 wd->messages++;
             }
         break;
@@ -334,7 +419,7 @@ worker_on_control(world *wd, const uint8_t *data, size_t len)
         if (!w->cancelled && !w->final_seq) {
             w->cancelled = 1;
             w->final_seq = w->next_seq++;
-            w_item(wd, f, w->final_seq, 1, STREAMWIRE__V1__STATUS__STATUS_CANCELLED);
+            w_item(wd, f, k, w->final_seq, 1, STREAMWIRE__V1__STATUS__STATUS_CANCELLED);
         }
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
@@ -355,16 +440,17 @@ worker_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t 
     if (kind == K_REQ)
         worker_on_request(nb->wd, nb->index, data, len);
     else if (kind == K_CTL)
-        worker_on_control(nb->wd, data, len);
+        worker_on_control(nb->wd, nb->index, data, len);
 }
 
 /* ---------------------------------------------------------------- frontend */
 
 static void fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b);
 
+/* A control to worker k about request id. */
 static void
-fe_send_ctl(world *wd, fstream *f, int kind, uint64_t limit, uint64_t ack, uint64_t from,
-            uint64_t to)
+fe_send_ctl_to(world *wd, int k, const uint8_t *id, int kind, uint64_t limit, uint64_t ack,
+               uint64_t from, uint64_t to)
 {
     swp_control m = STREAMWIRE__V1__CONTROL__INIT;
     ProtobufCBinaryData one;
@@ -374,12 +460,12 @@ fe_send_ctl(world *wd, fstream *f, int kind, uint64_t limit, uint64_t ack, uint6
     m.kind = (Streamwire__V1__ControlKind)kind;
     m.router_id = (char *)"simfe";
     if (kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS) {
-        one.data = f->id;
+        one.data = (uint8_t *)id;
         one.len = 16;
         m.final_acks = &one;
         m.n_final_acks = 1;
     } else {
-        m.request_id.data = f->id;
+        m.request_id.data = (uint8_t *)id;
         m.request_id.len = 16;
     }
     m.credit_limit = limit;
@@ -388,17 +474,94 @@ fe_send_ctl(world *wd, fstream *f, int kind, uint64_t limit, uint64_t ack, uint6
     m.resend_to = to;
     if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
         abort();
-    sim_send(wd->s, wd->fnode, wd->wnode[f->worker], K_CTL, buf, len, 0, 0);
+    sim_send(wd->s, wd->fnode, wd->wnode[k], K_CTL, buf, len, 0, 0);
     wd->messages++;
+}
+
+static void
+fe_send_ctl(world *wd, fstream *f, int kind, uint64_t limit, uint64_t ack, uint64_t from,
+            uint64_t to)
+{
+    fe_send_ctl_to(wd, f->worker, f->wid, kind, limit, ack, from, to);
+}
+
+/* A cancel sent again until the worker answers (the cancels table keeps
+ * the worker's index as its "subject"). */
+static void
+fe_cancel_wait(world *wd, fstream *f, int k, const uint8_t *id, int kill)
+{
+    char subj[8];
+    snprintf(subj, sizeof(subj), "%d", k);
+    (void)swe_cancels_add_to(&wd->fc, id, subj, f, kill, sim_now(wd->s));
 }
 
 static void
 fe_check_bounds(world *wd, fstream *f)
 {
-    if (f->rx.qlen > f->rx.cfg.window)
+    /* I5, and I10: twice the window while items of a worker left behind
+     * are still queued */
+    size_t bound = (size_t)f->rx.cfg.window * (f->rx.gen > 0 ? 2 : 1);
+    if (f->rx.qlen > bound)
         FAIL(wd, "I5: %zu items queued, window %u", f->rx.qlen, f->rx.cfg.window);
     if (f->rx.held > f->rx.hold_cap)
         FAIL(wd, "I5: %zu items held, reorder window %zu", f->rx.held, f->rx.hold_cap);
+}
+
+static void fe_apply(world *wd, fstream *f, const swe_rx_act *a);
+
+/* act->migrate, as egress/migrate.c does it: the old worker is cancelled
+ * (unless it handed the stream back), another live worker the stream was
+ * never on is picked, and the request goes out again under a new id with
+ * resume_from_seq. */
+static void
+fe_migrate(world *wd, fstream *f)
+{
+    sim *s = wd->s;
+    int cand[NWORKERS], nc = 0, k;
+    uint64_t resume;
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    uint8_t buf[256];
+    size_t len;
+    if (!f->rx.migrating)
+        return;
+    if (!f->rx.mig_from_final) {
+        fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0, 0, 0);
+        fe_cancel_wait(wd, f, f->worker, f->wid, 0);
+    }
+    for (k = 0; k < NWORKERS; k++)
+        if (sim_alive(s, wd->wnode[k]) && !wd->draining[k] && !(f->used_mask & (1u << k)))
+            cand[nc++] = k;
+    if (nc == 0) {
+        swe_rx_act a;
+        if (swe_rx_migration_failed(&f->rx, SW_NO_INSTANCES, NULL, sim_now(s), &a)) {
+            wd->mig_failed++;
+            fe_apply(wd, f, &a);
+        }
+        return;
+    }
+    k = cand[sim_rng_below(sim_rand(s), (uint64_t)nc)];
+    resume = f->rx.seq_base + f->rx.gen_items + 1;
+    for (int j = 0; j < 16; j++)
+        f->wid[j] = (uint8_t)sim_rng_next(sim_rand(s));
+    f->worker = k;
+    f->used_mask |= 1u << k;
+    f->moves++;
+    wd->migrations++;
+    swe_rx_migrated(&f->rx, sim_now(s));
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = f->wid;
+    m.request_id.len = 16;
+    m.response_subject = (char *)"sw.rsp.simfe.x";
+    m.router_id = (char *)"simfe";
+    m.credit_window = f->rx.cfg.window;
+    m.heartbeat_ms = (uint32_t)wd->p->hb_ms;
+    m.resume_from_seq = resume;
+    m.migratable = f->rx.mig_left > 0;
+    if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
+        abort();
+    sim_send_reliable(s, wd->fnode, wd->wnode[k], K_REQ, buf, len,
+                      1 + (int64_t)sim_rng_below(sim_rand(s), 3));
+    wd->messages++;
 }
 
 static void
@@ -417,6 +580,8 @@ fe_apply(world *wd, fstream *f, const swe_rx_act *a)
     if (a->after_final)
         wd->after_final_seen++;
     fe_check_bounds(wd, f);
+    if (a->migrate)
+        fe_migrate(wd, f);
 }
 
 /* The consumer pops what is ready, checking I1 and I2. */
@@ -487,7 +652,7 @@ fe_cancel(sim *s, void *arg, uint64_t idx, uint64_t b)
         f->cancel_sent = 1;
         wd->cancels++;
         /* sent again until the worker's final arrives, as the router does */
-        (void)swe_cancels_add(&wd->fc, f->id, f, (int)b, sim_now(s));
+        fe_cancel_wait(wd, f, f->worker, f->wid, (int)b);
     }
 }
 
@@ -502,10 +667,10 @@ fe_cancels_tick(sim *s, void *arg, uint64_t a, uint64_t b)
     (void)b;
     while ((n = swe_cancels_due(&wd->fc, sim_now(s), due, 64)) > 0)
         for (size_t i = 0; i < n; i++) {
-            fe_send_ctl(wd, due[i].s,
-                        due[i].kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
-                                    : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
-                        0, 0, 0, 0);
+            fe_send_ctl_to(wd, atoi(due[i].subj), due[i].id,
+                           due[i].kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
+                                       : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
+                           0, 0, 0, 0);
             wd->cancel_resends++;
         }
     sim_at(s, TICK_MS, fe_cancels_tick, wd, 0, 0);
@@ -553,6 +718,11 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
                             : SW_STATUS_CANCELLED;
             in.reason = in.status == SW_STATUS_COMPLETED ? "stop" : "cancelled";
             in.message = "";
+            if (w->terminal->error != NULL && w->terminal->error->sw_code != 0) {
+                in.status = SW_STATUS_ERROR; /* a draining worker's hand-back */
+                in.err = (sw_err)w->terminal->error->sw_code;
+                in.reason = sw_err_name(in.err);
+            }
         } else {
             in.kind = SWE_IN_DATA;
             in.data = w->data.data;
@@ -584,6 +754,21 @@ ev_freeze(sim *s, void *arg, uint64_t node, uint64_t ms)
     sim_freeze(s, (int)node, (int64_t)ms);
 }
 
+/* Worker k drains: it hands back every stream it serves, and any it gets
+ * from now on. */
+static void
+ev_drain(sim *s, void *arg, uint64_t k, uint64_t b)
+{
+    world *wd = arg;
+    (void)b;
+    if (!sim_alive(s, wd->wnode[k]) || wd->draining[k])
+        return;
+    wd->draining[k] = 1;
+    for (int i = 0; i < wd->nstreams; i++)
+        if (wd->st[i].used_mask & (1u << k))
+            w_hand_back(wd, &wd->st[i], (int)k);
+}
+
 static void
 ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
 {
@@ -600,7 +785,9 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
     cfg.gap_ms = 500;
     cfg.linger_ms = 0;
     cfg.deadline_ms = -1;
+    cfg.migrations = wd->p->migrations;
     swe_rx_init(&f->rx, &cfg, sim_now(s));
+    m.migratable = cfg.migrations > 0;
     m.version = SW_PROTOCOL_VERSION;
     m.request_id.data = f->id;
     m.request_id.len = 16;
@@ -620,7 +807,8 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
 }
 
 static int
-run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t *msgs)
+run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t *msgs,
+         uint64_t *moved)
 {
     world *wd = calloc(1, sizeof(*wd));
     node_box boxes[NWORKERS + 1];
@@ -651,7 +839,9 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
             for (int j = 0; j < 16; j++)
                 f->id[j] = (uint8_t)sim_rng_next(r);
             f->used = 1;
+            memcpy(f->wid, f->id, 16);
             f->worker = (int)sim_rng_below(r, NWORKERS);
+            f->used_mask = 1u << f->worker;
             f->n = (int)sim_rng_below(r, 120);
             w = &f->w[f->worker];
             if (sim_rng_chance(r, p->p_hostile)) {
@@ -685,6 +875,13 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                 if (wd->st[i].worker == node)
                     wd->st[i].faulty = 1;
         }
+        if (sim_rng_chance(r, p->p_drain / 8)) {
+            int k = (int)sim_rng_below(r, NWORKERS);
+            sim_at(wd->s, t + (int64_t)sim_rng_below(r, 100), ev_drain, wd, (uint64_t)k, 0);
+            for (int i = 0; i < wd->nstreams; i++)
+                if (wd->st[i].worker == k)
+                    wd->st[i].faulty = 1;
+        }
         t += 20 + (int64_t)sim_rng_below(r, 80);
         sim_run(wd->s, t);
     }
@@ -706,6 +903,16 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
             if (w->used && !w->cancelled && !w->killed && w->final_seq == 0)
                 FAIL(wd, "I8: stream %d was cancelled, and its handler never heard of it", i);
         }
+        /* I9: completed means every item, however often it moved. */
+        if (f->term.status == SW_STATUS_COMPLETED && f->last != (uint64_t)f->n)
+            FAIL(wd, "I9: stream %d completed with %llu of %d items (%u moves)", i,
+                 (unsigned long long)f->last, f->n, f->moves);
+        /* I10: the terminal counts the moves, within the limit. */
+        if (f->term.migrations != f->moves || f->moves > p->migrations)
+            FAIL(wd, "I10: stream %d: terminal says %u migrations, %u made, limit %u", i,
+                 f->term.migrations, f->moves, p->migrations);
+        if (f->moves > 0 && f->term.status == SW_STATUS_COMPLETED)
+            wd->moved_completed++;
         /* I3: healthy worker, lossless bus: complete with every item. */
         if (!f->faulty && p->f.drop == 0 &&
             (f->term.status != SW_STATUS_COMPLETED || f->last != (uint64_t)f->n))
@@ -713,8 +920,12 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                  sw_status_name(f->term.status), f->term.reason, (unsigned long long)f->last, f->n);
     }
     if (verbose)
-        printf("  seed 0x%llx %-9s cancels %llu (sent again %llu)\n", (unsigned long long)seed,
-               p->name, (unsigned long long)wd->cancels, (unsigned long long)wd->cancel_resends);
+        printf("  seed 0x%llx %-9s cancels %llu (sent again %llu); migrations %llu, failed %llu, "
+               "moved and completed %llu\n",
+               (unsigned long long)seed, p->name, (unsigned long long)wd->cancels,
+               (unsigned long long)wd->cancel_resends, (unsigned long long)wd->migrations,
+               (unsigned long long)wd->mig_failed, (unsigned long long)wd->moved_completed);
+    *moved = wd->moved_completed;
     if (verbose)
         printf("  seed 0x%llx %-9s streams %d messages %llu: completed %llu cancelled %llu "
                "gap %llu incomplete %llu after_final %llu flow %llu decode %llu\n",
@@ -728,12 +939,14 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
     *msgs = wd->messages;
     swe_cancels_clear(&wd->fc, NULL);
     for (int i = 0; i < wd->nstreams; i++) {
-        wstream *w = &wd->st[i].w[wd->st[i].worker];
         swe_rx_fini(&wd->st[i].rx);
-        for (size_t q = 0; q < w->ring_cap; q++)
-            free(w->ring[q]);
-        free(w->ring);
-        free(w->ring_len);
+        for (int k = 0; k < NWORKERS; k++) {
+            wstream *w = &wd->st[i].w[k];
+            for (size_t q = 0; q < w->ring_cap; q++)
+                free(w->ring[q]);
+            free(w->ring);
+            free(w->ring_len);
+        }
     }
     sim_free(wd->s);
     free(wd);
@@ -760,19 +973,27 @@ main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
-                    "[--profile clean|lossy|chaos|hostile|bigwindow|all] [--verbose]\n",
+                    "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|all] [--verbose]\n",
                     argv[0]);
             return 2;
         }
     }
     for (size_t k = 0; k < sizeof(profiles) / sizeof(profiles[0]); k++) {
-        uint64_t pm = 0;
+        uint64_t pm = 0, moved = 0;
         if (strcmp(pname, "all") != 0 && strcmp(pname, profiles[k].name) != 0)
             continue;
         for (uint64_t n = 0; n < nseeds; n++) {
-            uint64_t m = 0;
-            run_seed(&profiles[k], seed + n, budget, verbose, &m);
+            uint64_t m = 0, mv = 0;
+            run_seed(&profiles[k], seed + n, budget, verbose, &m, &mv);
             pm += m;
+            moved += mv;
+        }
+        if (profiles[k].migrations > 0 && moved == 0) {
+            fprintf(stderr,
+                    "sim_streams: profile %s: no stream moved and completed: the "
+                    "migration paths were not exercised\n",
+                    profiles[k].name);
+            return 1;
         }
         printf("sim_streams: profile %-9s seeds 0x%llx..+%llu: %llu messages, every invariant "
                "held\n",

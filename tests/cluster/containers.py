@@ -11,6 +11,8 @@ on --port. docker-compose talks to whatever DOCKER_HOST scripts/cluster set
                   traffic moves to the other; the worker is started again
   worker-pause    the serving worker is paused: instance_lost within the freeze
                   bound; unpaused, it registers again and serves
+  python          the Python worker's container (model "py") streams through
+                  the gateway: 100 items in order, completed
 """
 import argparse
 import os
@@ -46,9 +48,10 @@ def serving():
     return None
 
 
-def instances():
+def instances(endpoint="demo.llm.gen"):
     out = compose("exec", "-T", "gateway", "streamwire", "instances", "--server",
-                  "nats://nats1:4222,nats://nats2:4222,nats://nats3:4222", "--json").stdout
+                  "nats://nats1:4222,nats://nats2:4222,nats://nats3:4222", "--endpoint", endpoint,
+                  "--json").stdout
     return sorted(re.findall(r'"instance":"([^"]+)"', out))
 
 
@@ -129,6 +132,13 @@ def main():
     got, ok = wait_instances(lambda g: g == ["worker1", "worker2"], 60)
     check(ok, "unpaused, it registered again (%s)" % got)
     figures["worker_pause_ms"] = round(detect)
+    print("python worker", flush=True)
+    r = sse(a.port, model="py")
+    check(r["terminal"] == "response.completed" and r["deltas"] == 100 and r["in_order"],
+          "the Python worker's container streams 100 items in order (%s, %d)"
+          % (r["terminal"], r["deltas"]))
+    check(instances("demo.py.gen") == ["workerpy"], "the Python worker is registered")
+
     print(figures)
     print("%d check(s) failed" % len(FAILED) if FAILED else "all checks passed")
     return min(len(FAILED), 100)

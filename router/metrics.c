@@ -30,6 +30,13 @@ registry_render(swi_prom *p, void *obj)
                    l, 1, (double)st.entries_ignored);
     swi_prom_value(p, F("live_instances"), "gauge", "Live instances in this handle's view.", l, 1,
                    (double)st.live);
+    swi_prom_value(p, F("store_pings_failed_total"), "counter",
+                   "Pings the store did not answer when every lease had lapsed (lapsed entries "
+                   "were held, not removed).",
+                   l, 1, (double)st.store_pings_failed);
+    swi_prom_value(p, F("store_down"), "gauge",
+                   "1 while the store does not answer and lapsed entries are held.", l, 1,
+                   (double)st.store_down);
 }
 
 sw_err

@@ -36,14 +36,20 @@
 #define REG_MAX_VALUE (64 * 1024)
 #define REG_TICK_MS 50
 #define REG_FORGET_LEASES 20 /* a dead entry is forgotten after this many leases */
+#define REG_PING_MS 250      /* the store is asked at most this often while leases lapse */
 #define REG_KEY_MAX (SW_MAX_ENDPOINT + SW_MAX_TOKEN + 2)
 
 typedef struct reg_view {
     char key[REG_KEY_MAX];
     swp_instance *info;
     uint64_t rev;
-    int64_t seen_ms; /* monotonic time this revision counts from */
+    int64_t seen_ms;  /* monotonic time this revision counts from */
+    int64_t grace_ms; /* its lease does not lapse before this (the store came back) */
     int live;
+    /* A dead report of ours was refused (the entry looked refreshed, or
+     * our view was behind the store): written when its lease lapses here. */
+    int report_pending;
+    char report_reason[96];
 } reg_view;
 
 typedef struct reg_own {
@@ -78,6 +84,7 @@ struct sw_registry {
     sw_registry_stats st; /* counters (mu) */
     char bucket[SW_MAX_TOKEN + 1];
     const swt_sealer *sealer; /* the connection's: values sealed under their key (or NULL) */
+    sw_conn *conn;            /* NULL for a backend that needs none */
     void *bs;
     void *bw;
     swi_logger log;
@@ -102,6 +109,13 @@ struct sw_registry {
     reg_event *eh, *et;
     swi_ticker ticker; /* runs reg_tick */
     int stopping;
+    /* The store's health, for leases (mu): the last time anything was seen
+     * written to it (a newer revision, or one of our writes), the last
+     * ping, and whether it failed. */
+    int64_t activity_ms, ping_ms;
+    int store_down;
+    unsigned held; /* lapsed entries held in the last look (logged once) */
+    int log_back;  /* the store answers again: to be logged */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -125,6 +139,7 @@ sw_registry_stats_get(sw_registry *reg, sw_registry_stats *out)
     for (size_t i = 0; i < reg->nview; i++)
         if (reg->view[i].live)
             out->live++;
+    out->store_down = (uint64_t)reg->store_down;
     pthread_mutex_unlock(&reg->mu);
 }
 
@@ -229,6 +244,45 @@ view_remove(sw_registry *reg, reg_view *v)
     *v = reg->view[--reg->nview];
 }
 
+/* The store works (again) (mu held). If it was down, every live entry
+ * gets a lease from now to be refreshed in, as its worker's keep-alives go
+ * through again: none is dropped in the moment between the store coming
+ * back and the first keep-alive. (A grace, not a sighting: seen_ms, which
+ * dead reports are judged by, stays the last refresh really seen.) */
+static void
+reg_store_back(sw_registry *reg, int64_t now)
+{
+    if (!reg->store_down)
+        return;
+    reg->store_down = 0;
+    reg->log_back = 1; /* logged by the ticker, without the lock */
+    for (size_t i = 0; i < reg->nview; i++)
+        if (reg->view[i].live)
+            reg->view[i].grace_ms =
+                now + (reg->view[i].info->lease_ms ? reg->view[i].info->lease_ms : reg->lease_ms);
+}
+
+static sw_err reg_report(sw_registry *reg, const char *instance_id, uint64_t revision,
+                         int64_t silent_ms, const char *reason);
+static sw_err reg_report_counted(sw_registry *reg, sw_err rv);
+
+/* A refused report, kept for when the entry's lease lapses in this view
+ * (a watch that lagged behind the store shows a dead worker's last refresh
+ * late: the report is refused, and the entry would stay in the store for
+ * every router that starts later). */
+static void
+reg_report_later(sw_registry *reg, const char *instance_id, const char *reason)
+{
+    reg_view *v;
+    pthread_mutex_lock(&reg->mu);
+    if ((v = view_find_instance(reg, instance_id)) != NULL && !v->info->dead) {
+        v->report_pending = 1;
+        snprintf(v->report_reason, sizeof(v->report_reason), "%s",
+                 reason ? reason : "reported dead");
+    }
+    pthread_mutex_unlock(&reg->mu);
+}
+
 /* ---------------------------------------------------------------- backend events */
 
 static void
@@ -297,6 +351,8 @@ reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         swp_free(info);
         return;
     }
+    reg->activity_ms = now; /* the store was written: it works */
+    reg_store_back(reg, now);
     if (deleted || info->dead) {
         if (!deleted)
             reg->st.dead_reports_received++; /* mu held */
@@ -436,6 +492,10 @@ reg_refresh(sw_registry *reg, const char *key)
     free(buf);
     pthread_mutex_lock(&reg->mu);
     o = own_find(reg, key);
+    if (rv == SW_OK) {
+        reg->activity_ms = swi_now_ms();
+        reg_store_back(reg, reg->activity_ms);
+    }
     if (o != NULL) {
         if (rv == SW_OK)
             o->rev = rev;
@@ -455,6 +515,23 @@ reg_refresh(sw_registry *reg, const char *key)
 
 /* ---------------------------------------------------------------- thread */
 
+/* Nothing was seen written to the store for half a lease (every live
+ * worker writes every third of one), and the backend can be asked whether
+ * it answers (mu held). */
+static int
+reg_store_quiet(const sw_registry *reg, int64_t now, int64_t lease)
+{
+    return reg->be->version >= 2 && reg->be->ping != NULL && now - reg->activity_ms >= lease / 2;
+}
+
+/* How long a lapsed entry may be held while the store does not answer. */
+static int64_t
+reg_hold_max(int64_t lease)
+{
+    int64_t m = SW_REGISTRY_HOLD_MAX_LEASES * lease;
+    return m < 30000 ? 30000 : m;
+}
+
 /* One tick on the registry's ticker (every REG_TICK_MS, and at once when
  * kicked): does everything that is due, one piece at a time, then returns. */
 static void
@@ -467,6 +544,10 @@ reg_tick(void *arg, int64_t now0)
         int64_t now = swi_now_ms();
         char due[REG_KEY_MAX];
         char expired[SW_MAX_TOKEN + 1];
+        unsigned held;
+        int need_ping;
+        int64_t up;
+        char late_reason[96];
 
         /* Log lines noted under the lock, written without it. */
         if (reg->lost_events > 0) {
@@ -527,15 +608,43 @@ reg_tick(void *arg, int64_t now0)
         }
 
         /* Leases: an entry not refreshed within lease_ms is dead. One at a
-         * time, so that its log line is written without the lock. */
+         * time, so that its log line is written without the lock. But
+         * when nothing at all was written to the store for half a lease, the
+         * store itself may be down (a JetStream cluster electing the
+         * bucket's leader: every keep-alive fails): it is asked (ping),
+         * and while it does not answer, lapsed entries are held. */
         expired[0] = '\0';
-        for (size_t i = 0; i < reg->nview && expired[0] == '\0'; i++) {
+        late_reason[0] = '\0';
+        held = 0;
+        need_ping = 0;
+        /* Our own connection down: no refresh can reach us, and silence is
+         * no evidence; once it is back, silence counts from then (the watch
+         * is made again and catches up). */
+        up = reg->conn != NULL ? swt_conn_up_since_ms(reg->conn) : 0;
+        for (size_t i = 0; i < reg->nview && expired[0] == '\0' && !need_ping; i++) {
             reg_view *v = &reg->view[i];
             /* Each entry by the lease its worker announced. */
             int64_t lease = v->info->lease_ms ? (int64_t)v->info->lease_ms : (int64_t)reg->lease_ms;
+            if (v->live && (now < v->grace_ms || up < 0 || now - up < lease))
+                continue;
+            if (v->live && now - v->seen_ms >= lease && reg_store_quiet(reg, now, lease) &&
+                now - v->seen_ms < reg_hold_max(lease)) {
+                if (now - reg->ping_ms >= REG_PING_MS) {
+                    need_ping = 1;
+                    break;
+                }
+                if (reg->store_down) {
+                    held++;
+                    continue;
+                }
+            }
             if (v->live && now - v->seen_ms >= lease) {
                 v->live = 0;
                 snprintf(expired, sizeof(expired), "%s", v->info->instance_id);
+                if (v->report_pending) {
+                    v->report_pending = 0;
+                    snprintf(late_reason, sizeof(late_reason), "%s", v->report_reason);
+                }
                 reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
             } else if (!v->live && now - v->seen_ms >= REG_FORGET_LEASES * lease) {
                 /* The store's max age drops such entries without a delete
@@ -544,9 +653,65 @@ reg_tick(void *arg, int64_t now0)
                 i--;
             }
         }
+        if (need_ping) {
+            int was_down = reg->store_down;
+            sw_err prv;
+            reg->ping_ms = now;
+            pthread_mutex_unlock(&reg->mu);
+            prv = reg->be->ping(reg->bs);
+            if (prv == SW_OK) {
+                /* It answers: before anything is expired on the silence of
+                 * our own watch (which may be what broke, e.g. after our
+                 * reconnect), read the store again: an entry its worker
+                 * refreshed comes back with a newer revision. */
+                (void)reg->be->list(reg->bs, reg_on_entry, reg);
+            }
+            pthread_mutex_lock(&reg->mu);
+            reg->store_down = prv != SW_OK;
+            if (prv != SW_OK)
+                reg->st.store_pings_failed++;
+            if (was_down && !reg->store_down) {
+                reg->store_down = 1;
+                reg_store_back(reg, now);
+            }
+            if (reg->store_down && !was_down) {
+                pthread_mutex_unlock(&reg->mu);
+                swi_log(&reg->log, SW_LOG_WARN,
+                        "registry: nothing was written to the store for half a lease and it does "
+                        "not answer (%s): lapsed entries are held until it does",
+                        sw_err_name(prv));
+                pthread_mutex_lock(&reg->mu);
+            }
+            continue;
+        }
+        if (reg->log_back) {
+            reg->log_back = 0;
+            pthread_mutex_unlock(&reg->mu);
+            swi_log(&reg->log, SW_LOG_INFO,
+                    "registry: the store answers again; held entries have a lease to be "
+                    "refreshed in");
+            pthread_mutex_lock(&reg->mu);
+            continue;
+        }
+        if (held != reg->held) {
+            unsigned n = reg->held = held;
+            if (n > 0) {
+                pthread_mutex_unlock(&reg->mu);
+                swi_log(&reg->log, SW_LOG_INFO,
+                        "registry: %u lapsed entr%s held while the store does not answer", n,
+                        n == 1 ? "y" : "ies");
+                pthread_mutex_lock(&reg->mu);
+                continue;
+            }
+        }
         if (expired[0] != '\0') {
             pthread_mutex_unlock(&reg->mu);
             swi_log(&reg->log, SW_LOG_INFO, "registry: lease of %s expired", expired);
+            if (late_reason[0] != '\0') {
+                /* A whole lease without a refresh, after our report was
+                 * refused: reported now, against the last revision seen. */
+                (void)reg_report_counted(reg, reg_report(reg, expired, 0, -1, late_reason));
+            }
             pthread_mutex_lock(&reg->mu);
             continue;
         }
@@ -601,9 +766,9 @@ sw_registry_opts_init(sw_registry_opts *o)
 static int
 backend_ok(const sw_registry_backend *be)
 {
-    return be != NULL && be->version == SW_REGISTRY_BACKEND_VERSION && be->name != NULL &&
-           be->open != NULL && be->close != NULL && be->put != NULL && be->del != NULL &&
-           be->list != NULL && be->watch != NULL && be->unwatch != NULL;
+    return be != NULL && be->version >= 1 && be->version <= SW_REGISTRY_BACKEND_VERSION &&
+           be->name != NULL && be->open != NULL && be->close != NULL && be->put != NULL &&
+           be->del != NULL && be->list != NULL && be->watch != NULL && be->unwatch != NULL;
 }
 
 sw_err
@@ -631,6 +796,7 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
     reg->be = be;
     snprintf(reg->bucket, sizeof(reg->bucket), "%s", bucket);
     reg->sealer = conn != NULL ? swt_conn_sealer(conn) : NULL;
+    reg->conn = conn;
     reg->log.fn = o->log;
     reg->log.arg = o->log_arg;
     reg->lease_ms = o->lease_ms ? (unsigned)o->lease_ms : 3000;
@@ -656,6 +822,9 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
     }
     if (rv != SW_OK)
         goto fail;
+    pthread_mutex_lock(&reg->mu);
+    reg->activity_ms = swi_now_ms(); /* it answered */
+    pthread_mutex_unlock(&reg->mu);
     /* Watch before listing, so nothing falls between the two; the
      * revision check drops whatever both report. */
     if ((rv = be->watch(reg->bs, reg_on_entry, reg, &reg->bw)) != SW_OK)
@@ -864,7 +1033,11 @@ reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int64_t
     if (silent_ms >= 0 && swi_now_ms() - v->seen_ms < silent_ms) {
         /* Refreshed while the reporter heard nothing: its keep-alive runs,
          * so the reporter's evidence is not death (its own connection, or
-         * the path to the worker, may be what failed). */
+         * the path to the worker, may be what failed). Should the entry
+         * go a whole lease without a refresh here, it is reported then. */
+        v->report_pending = 1;
+        snprintf(v->report_reason, sizeof(v->report_reason), "%s",
+                 reason ? reason : "reported dead");
         pthread_mutex_unlock(&reg->mu);
         return SW_EBUSY;
     }
@@ -892,6 +1065,8 @@ reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int64_t
     if (rv == SW_OK)
         swi_log(&reg->log, SW_LOG_INFO, "registry: reported %s dead (%s)", instance_id,
                 reason ? reason : "reported dead");
+    else if (rv == SW_EBUSY)
+        reg_report_later(reg, instance_id, reason); /* our view was behind the store */
     return rv;
 }
 

@@ -301,6 +301,37 @@ kv_unwatch(void *state, void *handle)
     free(kw);
 }
 
+/* The store answers when the bucket's stream answers a STREAM.INFO: that
+ * needs its leader, as every write does. Half a second at most. */
+static sw_err
+kv_ping(void *state)
+{
+    kv_state *st = state;
+    char subj[SW_MAX_TOKEN + 64];
+    natsMsg *reply = NULL;
+    natsStatus s;
+    sw_err rv = SW_OK;
+    snprintf(subj, sizeof(subj), "$JS.API.STREAM.INFO.KV_%s", kvStore_Bucket(st->kv));
+    s = natsConnection_Request(&reply, (natsConnection *)sw_conn_nats(st->conn), subj, NULL, 0,
+                               500);
+    if (s != NATS_OK)
+        return sw_err_from_nats(s);
+    if (natsMsg_IsNoResponders(reply))
+        rv = SW_NO_RESPONDERS;
+    else {
+        /* a JSON answer; one with "error" (e.g. 503, no leader) is no */
+        const char *d = natsMsg_GetData(reply);
+        int n = natsMsg_GetDataLength(reply);
+        for (int i = 0; d != NULL && i + 7 <= n; i++)
+            if (memcmp(d + i, "\"error\"", 7) == 0) {
+                rv = SW_EBUSY;
+                break;
+            }
+    }
+    natsMsg_Destroy(reply);
+    return rv;
+}
+
 static const sw_registry_backend kv_backend = {
     .name = "nats-kv",
     .version = SW_REGISTRY_BACKEND_VERSION,
@@ -312,6 +343,7 @@ static const sw_registry_backend kv_backend = {
     .list = kv_list,
     .watch = kv_watch_add,
     .unwatch = kv_unwatch,
+    .ping = kv_ping,
 };
 
 const sw_registry_backend *

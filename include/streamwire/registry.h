@@ -67,7 +67,8 @@ typedef void (*sw_registry_watch_fn)(void *arg, sw_registry_event ev, const sw_i
 
 /* --- backends (plugins) ------------------------------------------------- */
 
-#define SW_REGISTRY_BACKEND_VERSION 1
+/* 2 adds `ping`; a backend that says 1 (and has no such field) still opens. */
+#define SW_REGISTRY_BACKEND_VERSION 2
 
 /* A raw entry: key, value bytes, revision, and the backend's timestamp of that
  * revision (Unix ms; 0 if unknown; informational: liveness never uses it). */
@@ -105,7 +106,20 @@ typedef struct sw_registry_backend {
      * The KV backend creates a missing bucket with `replicas` copies. */
     sw_err (*open_opts)(void **state, sw_conn *conn, const char *bucket, uint32_t max_age_ms,
                         unsigned replicas);
+    /* Version 2, optional (NULL: unknown): SW_OK if the store answers now,
+     * within about half a second. The registry asks only when a lease lapses
+     * with nothing written to the store for half a lease (every live worker
+     * writes every third of one):
+     * then, while the store does not answer (a JetStream cluster electing a
+     * new leader for the bucket), lapsed entries are held rather than
+     * removed (at most SW_REGISTRY_HOLD_MAX_LEASES leases), since a store
+     * that cannot be written is not a fleet that died. */
+    sw_err (*ping)(void *state);
 } sw_registry_backend;
+
+/* Lapsed entries are held for at most this many leases (and 30 s at least)
+ * while the store does not answer. */
+#define SW_REGISTRY_HOLD_MAX_LEASES 10
 
 /* The built-in backends. */
 SW_API const sw_registry_backend *sw_registry_backend_nats_kv(void);
@@ -218,6 +232,9 @@ typedef struct sw_registry_stats {
     uint64_t entries_ignored;       /* values that did not decode, sat under another key, or did
                                        not open (sealing) */
     uint64_t live;                  /* gauge: live instances in this handle's view */
+    uint64_t store_pings_failed;    /* the store did not answer when every lease lapsed (the
+                                       lapsed entries were held, not removed) */
+    uint64_t store_down;            /* gauge: 1 while the last such ping failed */
 } sw_registry_stats;
 
 SW_API void sw_registry_stats_get(sw_registry *reg, sw_registry_stats *out);

@@ -26,6 +26,7 @@
 #endif
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -2356,6 +2357,53 @@ report_silent_refused_when_refreshed(void **state)
     assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(2000)) >= 0);
 }
 
+/* A refused report is not forgotten: it is written when the entry then goes
+ * a whole lease without a refresh in the reporter's view (a watch that
+ * lagged behind the store made a dead worker look refreshed, and the
+ * entry stayed in the store for every router started later: issue 14's
+ * "worker killed: it leaves the registry"). While the worker refreshes,
+ * nothing is written. */
+static void
+refused_report_written_when_lease_lapses(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 600, 0);
+    sw_registry *rreg = fx_reg(f, 1, 600, 0);
+    sw_registry *late;
+    sw_registry_stats st;
+    evlog *l = &f->log[0];
+    uint64_t rev0;
+
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    rev0 = wait_revision_above(rreg, fx_id(f, 0), 0, T(2000));
+    assert_true(wait_revision_above(rreg, fx_id(f, 0), rev0, T(3000)) > rev0);
+    assert_int_equal(sw_registry_report_silent(rreg, fx_id(f, 0), 5000, "said silent"), SW_EBUSY);
+    /* Alive: two leases, nothing written. */
+    swh_sleep_ms(1200);
+    sw_registry_stats_get(rreg, &st);
+    assert_int_equal(st.dead_reports_sent, 0);
+    assert_int_equal(st.dead_reports_refused, 1);
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), 0);
+    /* Refused again, then the worker stops: its lease lapses here and the
+     * report is written. */
+    assert_int_equal(sw_registry_report_silent(rreg, fx_id(f, 0), 5000, "said silent"), SW_EBUSY);
+    fx_reg_close(f, 0);
+    assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(600 + 2000)) >= 0);
+    for (int i = 0; i < 100; i++) {
+        sw_registry_stats_get(rreg, &st);
+        if (st.dead_reports_sent == 1)
+            break;
+        swh_sleep_ms(20);
+    }
+    assert_int_equal(st.dead_reports_sent, 1);
+    /* A router started now finds the tombstone, not a live entry. */
+    late = fx_reg(f, 2, 600, 0);
+    assert_false(listed(late, NULL, fx_id(f, 0), NULL));
+}
+
 typedef struct report_call {
     swr_pool *pool;
     const char *id;
@@ -2404,6 +2452,177 @@ pool_report_does_not_block(void **state)
     swr_pool_destroy(pool); /* waits for the write in flight */
 }
 
+/* Worker 0 registered through a writer handle with `wops` (NULL: plain)
+ * and watched by a reader handle with `rops`, both with lease 600 ms; waits
+ * until the reader sees it. *wreg, *rreg: the handles. */
+static void
+watched_worker(fx *f, const sw_registry_backend *wops, const sw_registry_backend *rops,
+               sw_registry **wreg, sw_registry **rreg, evlog *l)
+{
+    f->ops = wops;
+    *wreg = fx_reg(f, 0, 600, 0);
+    f->ops = rops;
+    *rreg = fx_reg(f, 1, 600, 0);
+    f->ops = NULL;
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(*wreg, &f->rg[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(*rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+}
+
+/* Five leases of a fault, after which the entry is still live. */
+static void
+five_leases_still_live(fx *f, sw_registry *rreg, evlog *l)
+{
+    swh_sleep_ms(3000);
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), 0);
+    assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
+}
+
+/* The store itself goes down (a JetStream cluster electing the bucket's
+ * leader: every keep-alive write fails). Lapsed entries are held while it
+ * does not answer, instead of every router dropping every instance at once
+ * (issue 14: new requests got no_instances for 13-15 s); once it answers,
+ * a worker that really stopped is removed by its lease as usual. The
+ * wrapper fails writes and pings while g_store_down. */
+static const sw_registry_backend *g_flaky_inner;
+static atomic_int g_store_down;
+
+static sw_err
+flaky_put(void *st, const char *key, const uint8_t *val, size_t len, uint64_t exp, uint64_t *rev)
+{
+    if (atomic_load(&g_store_down))
+        return SW_ETIMEDOUT;
+    return g_flaky_inner->put(st, key, val, len, exp, rev);
+}
+
+static sw_err
+flaky_ping(void *st)
+{
+    if (atomic_load(&g_store_down))
+        return SW_ETIMEDOUT;
+    return g_flaky_inner->version >= 2 && g_flaky_inner->ping ? g_flaky_inner->ping(st) : SW_OK;
+}
+
+static void
+store_outage_holds_leases(void **state)
+{
+    fx *f = *state;
+    static sw_registry_backend flaky;
+    sw_registry *wreg, *rreg;
+    sw_registry_stats st;
+    evlog *l = &f->log[0];
+    int64_t t_close;
+    int i;
+
+    g_flaky_inner = sw_registry_backend_find(f->be);
+    flaky = *g_flaky_inner;
+    flaky.name = "flaky";
+    flaky.put = flaky_put;
+    flaky.ping = flaky_ping;
+    atomic_store(&g_store_down, 0);
+    watched_worker(f, &flaky, &flaky, &wreg, &rreg, l);
+
+    /* Down for five leases: the entry is held, not removed. */
+    atomic_store(&g_store_down, 1);
+    five_leases_still_live(f, rreg, l);
+    sw_registry_stats_get(rreg, &st);
+    assert_true(st.store_pings_failed >= 1);
+    assert_int_equal(st.store_down, 1);
+
+    /* Back: the keep-alives go through again, the entry stays. */
+    atomic_store(&g_store_down, 0);
+    swh_sleep_ms(T(1200));
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), 0);
+    sw_registry_stats_get(rreg, &st);
+    assert_int_equal(st.store_down, 0);
+
+    /* A worker that really stops, with the store up: removed by its lease
+     * as usual (the store answers the ping). */
+    fx_reg_close(f, 0);
+    t_close = now_ms();
+    i = evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(600 + 2000));
+    assert_true(i >= 0);
+    print_message("    store up: removed %lld ms after the writer closed\n",
+                  (long long)(evlog_get(l, i).t - t_close));
+    assert_false(listed(rreg, NULL, fx_id(f, 0), NULL));
+}
+
+/* Our own watch goes blind (after a reconnect, a new KV watcher can take
+ * seconds to deliver) while the store and the workers are fine: before an
+ * entry is expired on that silence, the store is read again, and a worker
+ * that kept refreshing stays live (issue 14: no_instances for 4-12 s after
+ * the gateway's node came back). One that stopped is still removed. */
+static atomic_int g_watch_muted;
+typedef struct muted_watch {
+    sw_registry_entry_fn fn;
+    void *arg;
+    void *inner;
+} muted_watch;
+
+static void
+muted_fn(void *arg, const sw_registry_entry *e, int deleted)
+{
+    muted_watch *m = arg;
+    if (!atomic_load(&g_watch_muted))
+        m->fn(m->arg, e, deleted);
+}
+
+static sw_err
+muted_watch_add(void *st, sw_registry_entry_fn fn, void *arg, void **w)
+{
+    muted_watch *m = calloc(1, sizeof(*m));
+    sw_err rv;
+    if (m == NULL)
+        return SW_ENOMEM;
+    m->fn = fn;
+    m->arg = arg;
+    if ((rv = g_flaky_inner->watch(st, muted_fn, m, &m->inner)) != SW_OK) {
+        free(m);
+        return rv;
+    }
+    *w = m;
+    return SW_OK;
+}
+
+static void
+muted_unwatch(void *st, void *w)
+{
+    muted_watch *m = w;
+    g_flaky_inner->unwatch(st, m->inner);
+    free(m);
+}
+
+static void
+blind_watch_reads_the_store(void **state)
+{
+    fx *f = *state;
+    static sw_registry_backend muted;
+    sw_registry *wreg, *rreg;
+    evlog *l = &f->log[0];
+
+    g_flaky_inner = sw_registry_backend_find(f->be);
+    muted = *g_flaky_inner;
+    muted.name = "muted";
+    muted.watch = muted_watch_add;
+    muted.unwatch = muted_unwatch;
+    if (muted.version < 2 || muted.ping == NULL)
+        muted.ping = flaky_ping;
+    muted.version = SW_REGISTRY_BACKEND_VERSION;
+    atomic_store(&g_store_down, 0);
+    atomic_store(&g_watch_muted, 0);
+    watched_worker(f, NULL, &muted, &wreg, &rreg, l);
+
+    /* Blind for five leases; the worker keeps refreshing: still live. */
+    atomic_store(&g_watch_muted, 1);
+    five_leases_still_live(f, rreg, l);
+
+    /* Still blind, and the worker stops: removed by its lease. */
+    fx_reg_close(f, 0);
+    assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(600 + 2000)) >= 0);
+    atomic_store(&g_watch_muted, 0);
+}
+
 /* One entry per (test, backend): "name [backend]". */
 #define RT(f, be)                                      \
     {                                                  \
@@ -2419,7 +2638,9 @@ pool_report_does_not_block(void **state)
         RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be),                      \
         RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be),                       \
         RT(lease_ignores_clock_skew, be), RT(foreign_key_entry_ignored, be),                       \
-        RT(report_silent_refused_when_refreshed, be), RT(pool_report_does_not_block, be)
+        RT(report_silent_refused_when_refreshed, be), RT(pool_report_does_not_block, be),          \
+        RT(store_outage_holds_leases, be), RT(refused_report_written_when_lease_lapses, be),       \
+        RT(blind_watch_reads_the_store, be)
 
 int
 main(int argc, char **argv)

@@ -52,6 +52,18 @@
 /* Error terminals are counted by code below this (stream reasons are 100..199). */
 #define SWE_ERR_SLOTS 256
 
+/* Per-endpoint series (metrics): the first SWE_EP_MAX endpoints a router
+ * opens streams to get their own; streams to any later one count under
+ * SWE_EP_OTHER, so that the number of series stays bounded. */
+#define SWE_EP_MAX 32
+#define SWE_EP_OTHER "_other"
+typedef struct swe_ep {
+    char name[SW_MAX_ENDPOINT + 1]; /* written once, before eps_used counts it */
+    uint64_t opened;                /* atomic */
+    uint64_t terminals[6];          /* by sw_status (atomic) */
+    swi_hist ttfi, duration;
+} swe_ep;
+
 typedef struct swe_ack {
     char subj[SWT_SUBJECT_MAX];
     uint8_t id[SW_REQUEST_ID_BYTES];
@@ -95,8 +107,10 @@ struct sw_router {
     int timing_off; /* STREAMWIRE_METRICS=off: no per-item clock reads or histograms */
     uint64_t duplicates, resend_requests, heartbeats; /* of finished streams (atomic) */
     uint64_t migrations, migration_failures;          /* (atomic) */
-    swe_cancels cancels; /* cancelled streams whose worker has not answered (r->mu) */
-    int cancels_waiting; /* cancels.n, readable without r->mu (atomic) */
+    swe_cancels cancels;        /* cancelled streams whose worker has not answered (r->mu) */
+    swe_ep eps[SWE_EP_MAX + 1]; /* the last one is SWE_EP_OTHER */
+    unsigned eps_used;          /* eps[0..eps_used) named (claimed under r->mu; atomic) */
+    int cancels_waiting;        /* cancels.n, readable without r->mu (atomic) */
 };
 
 struct sw_stream {
@@ -134,6 +148,7 @@ struct sw_stream {
     char inst_second[SW_MAX_TOKEN + 1];
     const char *inst_pub;
     char endpoint[SW_MAX_ENDPOINT + 1];
+    swe_ep *ep;       /* its endpoint's series (set at open, under r->mu) */
     uint8_t *req_buf; /* the encoded request, kept until the first answer (re-routing) */
     size_t req_len;
     int opening; /* sw_router_open runs: item callbacks wait for the ticker */
@@ -157,6 +172,8 @@ void swe_router_unref(sw_router *r);
 sw_stream *swe_lookup(sw_router *r, const uint8_t *id);
 void swe_remove(sw_stream *s);
 void swe_count_terminal(sw_router *r, const sw_terminal *t);
+/* The series of endpoint `name` (r->mu held): its own, or SWE_EP_OTHER. */
+swe_ep *swe_ep_get(sw_router *r, const char *name);
 /* The open streams with a reference each: all (by NULL), or those with a
  * timer check due by *by. */
 void swe_snapshot(sw_router *r, swi_ptrvec *vec, const int64_t *by);

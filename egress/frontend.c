@@ -64,6 +64,20 @@ swe_remove(sw_stream *s)
         swe_stream_unref(s);
 }
 
+swe_ep *
+swe_ep_get(sw_router *r, const char *name)
+{
+    unsigned n = r->eps_used;
+    for (unsigned i = 0; i < n; i++)
+        if (strcmp(r->eps[i].name, name) == 0)
+            return &r->eps[i];
+    if (n == SWE_EP_MAX)
+        return &r->eps[SWE_EP_MAX];
+    snprintf(r->eps[n].name, sizeof(r->eps[n].name), "%s", name);
+    __atomic_store_n(&r->eps_used, n + 1, __ATOMIC_RELEASE);
+    return &r->eps[n];
+}
+
 void
 swe_count_terminal(sw_router *r, const sw_terminal *t)
 {
@@ -171,6 +185,11 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     swi_hist_init(&r->h_ttfi, swi_hist_latency_bounds, swi_hist_latency_nb);
     swi_hist_init(&r->h_inter, swi_hist_latency_bounds, swi_hist_latency_nb);
     swi_hist_init(&r->h_duration, swi_hist_latency_bounds, swi_hist_latency_nb);
+    for (unsigned i = 0; i <= SWE_EP_MAX; i++) {
+        swi_hist_init(&r->eps[i].ttfi, swi_hist_latency_bounds, swi_hist_latency_nb);
+        swi_hist_init(&r->eps[i].duration, swi_hist_latency_bounds, swi_hist_latency_nb);
+    }
+    snprintf(r->eps[SWE_EP_MAX].name, sizeof(r->eps[SWE_EP_MAX].name), "%s", SWE_EP_OTHER);
     if (swi_idmap_init_own(&r->streams, 256) != 0) {
         rv = SW_ENOMEM;
         goto fail;

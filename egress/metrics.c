@@ -10,6 +10,37 @@
 
 #define F(name) "streamwire_frontend_" name
 
+/* The per-endpoint series: the first SWE_EP_MAX endpoints by name, the
+ * rest under SWE_EP_OTHER (shown once it counts anything). */
+static void
+endpoint_render(swi_prom *p, sw_router *r)
+{
+    unsigned n = __atomic_load_n(&r->eps_used, __ATOMIC_ACQUIRE);
+    for (unsigned i = 0; i <= SWE_EP_MAX; i++) {
+        swe_ep *e = &r->eps[i];
+        swi_label l[3] = {{"router", sw_router_id(r)}, {"endpoint", e->name}, {"status", ""}};
+        uint64_t opened = __atomic_load_n(&e->opened, __ATOMIC_RELAXED);
+        if (i < SWE_EP_MAX ? i >= n : opened == 0)
+            continue;
+        swi_prom_value(p, F("endpoint_streams_opened_total"), "counter",
+                       "Streams opened, by endpoint (the first 32 a router uses; later ones "
+                       "counted as endpoint _other).",
+                       l, 2, (double)opened);
+        for (int s = SW_STATUS_COMPLETED; s <= SW_STATUS_ERROR; s++) {
+            l[2].v = sw_status_name(s);
+            swi_prom_value(p, F("endpoint_streams_total"), "counter",
+                           "Streams ended, by endpoint and terminal status.", l, 3,
+                           (double)__atomic_load_n(&e->terminals[s], __ATOMIC_RELAXED));
+        }
+        swi_prom_hist(p, F("endpoint_time_to_first_item_seconds"),
+                      "From sw_router_open to the first data item delivered, by endpoint.", l, 2,
+                      &e->ttfi);
+        swi_prom_hist(p, F("endpoint_stream_duration_seconds"),
+                      "From sw_router_open to the terminal delivered, by endpoint.", l, 2,
+                      &e->duration);
+    }
+}
+
 static void
 router_render(swi_prom *p, void *obj)
 {
@@ -86,6 +117,7 @@ router_render(swi_prom *p, void *obj)
                   l, 1, &r->h_inter);
     swi_prom_hist(p, F("stream_duration_seconds"), "From sw_router_open to the terminal delivered.",
                   l, 1, &r->h_duration);
+    endpoint_render(p, r);
 }
 
 sw_err

@@ -224,6 +224,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
         s->in_table = 1;
         r->st.open_streams++;
         r->st.streams_opened++;
+        s->ep = swe_ep_get(r, o->endpoint);
+        __atomic_fetch_add(&s->ep->opened, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&r->mu);
     if (closing || full) {

@@ -134,6 +134,8 @@ static void
 st_delivered_terminal(sw_stream *s)
 {
     swe_count_terminal(s->r, &s->rx.term);
+    if (s->ep != NULL && s->rx.term.status >= 1 && s->rx.term.status <= 5)
+        __atomic_fetch_add(&s->ep->terminals[s->rx.term.status], 1, __ATOMIC_RELAXED);
     swe_remove(s);
 }
 
@@ -154,11 +156,15 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
         if (!s->r->timing_off) {
             int64_t now = swi_now_ns();
             if (got == 1) {
+                if (s->t_last_ns == 0 && s->ep != NULL)
+                    swi_hist_observe_ns(&s->ep->ttfi, now - s->t_open_ns);
                 swi_hist_observe_ns(s->t_last_ns ? &s->r->h_inter : &s->r->h_ttfi,
                                     now - (s->t_last_ns ? s->t_last_ns : s->t_open_ns));
                 s->t_last_ns = now;
             } else {
                 swi_hist_observe_ns(&s->r->h_duration, now - s->t_open_ns);
+                if (s->ep != NULL)
+                    swi_hist_observe_ns(&s->ep->duration, now - s->t_open_ns);
             }
         }
     }

@@ -193,6 +193,21 @@ test_values(void **state)
     assert_true(sample(text, "streamwire_frontend_time_to_first_item_seconds_bucket" R
                              ",le=\"+Inf\"}") == 5);
     assert_true(sample(text, "streamwire_frontend_stream_duration_seconds_sum" R "}") > 0);
+    /* and by endpoint */
+#define E R ",endpoint=\"" EP "\""
+    assert_true(sample(text, "streamwire_frontend_endpoint_streams_opened_total" E "}") == 5);
+    assert_true(
+        sample(text, "streamwire_frontend_endpoint_streams_total" E ",status=\"completed\"}") == 3);
+    assert_true(
+        sample(text, "streamwire_frontend_endpoint_streams_total" E ",status=\"failed\"}") == 1);
+    assert_true(
+        sample(text, "streamwire_frontend_endpoint_streams_total" E ",status=\"cancelled\"}") == 1);
+    assert_true(
+        sample(text, "streamwire_frontend_endpoint_time_to_first_item_seconds_count" E "}") == 5);
+    assert_true(sample(text, "streamwire_frontend_endpoint_stream_duration_seconds_count" E "}") ==
+                5);
+    assert_null(strstr(text, "endpoint=\"_other\""));
+#undef E
 #undef R
 #define W "{instance_id=\"mw1\",endpoint=\"" EP "\""
     assert_true(sample(text, "streamwire_worker_requests_total" W "}") == 5);
@@ -217,6 +232,34 @@ test_values(void **state)
         fail_msg("promtool check metrics failed (is Debian's prometheus installed? scripts/deps)");
     }
     unlink(path);
+    free(text);
+
+    /* Bounded: 40 more endpoints (requests to nobody: no_responders); the
+     * first 31 get their own series (32 with EP), the other 9 share
+     * endpoint="_other". */
+    for (int i = 0; i < 40; i++) {
+        char ep[64];
+        sw_request_opts o;
+        snprintf(ep, sizeof(ep), "ovf.ep.e%d", i);
+        sw_request_opts_init(&o);
+        o.endpoint = ep;
+        o.instance_id = "nobody";
+        assert_int_equal(sw_router_open(&s, r, &o, "x", 1), SW_OK);
+        assert_int_equal(drain(s, -1, &items), SW_STATUS_ERROR);
+        sw_stream_close(s);
+    }
+    assert_int_equal(sw_metrics_render(m, &text, &len), SW_OK);
+    {
+        int series = 0;
+        for (const char *at = text;
+             (at = strstr(at, "streamwire_frontend_endpoint_streams_opened_total{")) != NULL; at++)
+            series++;
+        assert_int_equal(series, 33);
+    }
+    assert_true(sample(text, "streamwire_frontend_endpoint_streams_opened_total{router=\"mfe\","
+                             "endpoint=\"_other\"}") == 9);
+    assert_true(sample(text, "streamwire_frontend_endpoint_streams_total{router=\"mfe\","
+                             "endpoint=\"ovf.ep.e0\",status=\"error\"}") == 1);
     free(text);
 
     /* a removed source is gone; the rest still render */

@@ -292,6 +292,15 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     /* Big pending buffers during reconnect would hide a dead server. */
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(c->opts, 8 * 1024 * 1024);
+    /* A path cut without a reset (a partition, a container taken off its
+     * network) leaves TCP "up": with nats.c's default two-minute ping it
+     * took minutes to notice and reconnect (a worker could not register
+     * again meanwhile). A ping every SWT_PING_MS, stale after
+     * SWT_PINGS_OUT unanswered: noticed within about 6 s. */
+    if (s == NATS_OK)
+        s = natsOptions_SetPingInterval(c->opts, SWT_PING_MS);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxPingsOut(c->opts, SWT_PINGS_OUT);
     if (s != NATS_OK) {
         rv = sw_err_from_nats(s);
         goto fail;

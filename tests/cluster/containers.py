@@ -11,14 +11,23 @@ on --port. docker-compose talks to whatever DOCKER_HOST scripts/cluster set
                   traffic moves to the other; the worker is started again
   worker-pause    the serving worker is paused: instance_lost within the freeze
                   bound; unpaused, it registers again and serves
+  partition       the serving worker's container is disconnected from the
+                  compose network (the process stays alive): instance_lost
+                  within the freeze bound; reconnected, it registers again
+                  and serves
+  rolling-restart both worker containers restarted in turn (SIGTERM, drain)
+                  under 6 clients: every request completes or ends with a
+                  documented error, none hangs
   python          the Python worker's container (model "py") streams through
                   the gateway: 100 items in order, completed
 """
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,6 +40,15 @@ def compose(*args, timeout=120):
     return subprocess.run(["docker-compose", "-p", "streamwire", "-f",
                            os.path.join(ROOT, "docker-compose.yml")] + list(args),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def engine(*args):
+    """The container engine's own CLI (docker-compose has no network
+    disconnect): docker when a Docker engine answers, else podman (with the
+    CONTAINERS_CONF that scripts/cluster exported)."""
+    tool = "podman" if os.environ.get("DOCKER_HOST", "").startswith("unix://") and \
+        shutil.which("podman") else "docker"
+    return subprocess.run([tool] + list(args), capture_output=True, text=True, timeout=60)
 
 
 def inflight(svc):
@@ -132,6 +150,69 @@ def main():
     got, ok = wait_instances(lambda g: g == ["worker1", "worker2"], 60)
     check(ok, "unpaused, it registered again (%s)" % got)
     figures["worker_pause_ms"] = round(detect)
+    print("partition: a worker container cut off from the network", flush=True)
+    t = {}
+    net = "streamwire_default"
+
+    def cut_worker(n):
+        if n == 30 and not t:
+            t["svc"] = serving()
+            t["t"] = time.time()
+            t["rc"] = engine("network", "disconnect", net, "streamwire_%s_1" % t["svc"])
+    r = sse(a.port, on_delta=cut_worker)
+    detect = (time.time() - t.get("t", time.time())) * 1000
+    rc = t.get("rc")
+    check(rc is not None and rc.returncode == 0,
+          "disconnected %s (%s)" % (t.get("svc"), (rc.stderr.strip() if rc else "not run")[:200]))
+    check(r["terminal"] == "response.failed" and r["error"] == "instance_lost",
+          "instance_lost (%s %s) after %.0f ms" % (r["terminal"], r["error"], detect))
+    check(detect <= 2500, "within the freeze bound: %.0f ms" % detect)
+    svc = t.get("svc", "worker1")
+    rc = engine("network", "connect", "--alias", svc, net, "streamwire_%s_1" % svc)
+    check(rc.returncode == 0, "reconnected %s (%s)" % (svc, rc.stderr.strip()[:200]))
+    got, ok = wait_instances(lambda g: g == ["worker1", "worker2"], 60)
+    check(ok, "reconnected, it registered again (%s)" % got)
+    outcomes = [sse(a.port, max_tokens=5)["terminal"] for _ in range(4)]
+    check(all(o == "response.incomplete" for o in outcomes), "both serve again: %s" % outcomes)
+    figures["partition_ms"] = round(detect)
+
+    print("rolling restart of both worker containers under load", flush=True)
+    stop = threading.Event()
+    outcomes = []
+    lock = threading.Lock()
+
+    def client():
+        while not stop.is_set():
+            r = sse(a.port, max_tokens=40, timeout=30)
+            with lock:
+                outcomes.append((r["terminal"], r["error"]))
+
+    clients = [threading.Thread(target=client) for _ in range(6)]
+    for c in clients:
+        c.start()
+    time.sleep(1)
+    for svc in ("worker1", "worker2"):
+        compose("restart", "-t", "10", svc)
+        wait_instances(lambda g, s=svc: s in g, 60)
+        time.sleep(1)
+    stop.set()
+    for c in clients:
+        c.join(60)
+    documented = {"instance_lost", "no_responders", "no_instances", "overloaded", None}
+    bad = [o for o in outcomes
+           if not (o[0] == "response.incomplete" or
+                   (o[0] in ("response.failed", "error") and o[1] in documented))]
+    hung = [o for o in outcomes if o[0] is None or str(o[0]).startswith("exception")]
+    check(len(outcomes) > 20, "%d requests during the restarts" % len(outcomes))
+    check(not bad, "every request ended completed or with a documented error (%d others: %s)"
+          % (len(bad), bad[:3]))
+    check(not hung, "none hung (%d)" % len(hung))
+    errs = {}
+    for o in outcomes:
+        if o[0] != "response.incomplete":
+            errs[o[1]] = errs.get(o[1], 0) + 1
+    figures["rolling_restart"] = {"requests": len(outcomes), "errors": errs}
+
     print("python worker", flush=True)
     r = sse(a.port, model="py")
     check(r["terminal"] == "response.completed" and r["deltas"] == 100 and r["in_order"],

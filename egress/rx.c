@@ -33,21 +33,36 @@ act_zero(swe_rx_act *act)
     memset(act, 0, sizeof(*act));
 }
 
+/* Reassembly, credit and timers as a worker starts (the first one, and
+ * each one after a migration): its seqs from 1, the window granted. */
+static void
+rx_worker_start(swe_rx *rx, int64_t now)
+{
+    rx->expected = 1;
+    rx->final_seq = 0;
+    rx->w_status = 0;
+    rx->w_err = SW_OK;
+    rx->w_reason[0] = rx->w_msg[0] = '\0';
+    rx->window = rx->cfg.window;
+    rx->consumed = 0;
+    rx->credit_sent = rx->granted = rx->cfg.window;
+    memset(rx->grants, 0, sizeof(rx->grants));
+    rx->grants[0] = rx->cfg.window;
+    rx->ngrants = 1;
+    rx->gap_since_ms = 0;
+    rx->last_resend_ms = 0;
+    rx->last_rx_ms = now;
+}
+
 void
 swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now)
 {
     memset(rx, 0, sizeof(*rx));
     rx->cfg = *cfg;
-    rx->window = cfg->window;
-    rx->credit_sent = cfg->window;
-    rx->granted = cfg->window;
-    rx->grants[0] = cfg->window;
-    rx->ngrants = 1;
-    rx->expected = 1;
     /* The reorder window covers what the worker may have sent past a gap. */
     rx->hold_cap = (size_t)cfg->window + 2;
-    rx->last_rx_ms = now;
     rx->mig_left = cfg->migrations;
+    rx_worker_start(rx, now);
 }
 
 static void
@@ -432,12 +447,11 @@ int64_t
 swe_rx_next_due(const swe_rx *rx)
 {
     int64_t due = INT64_MAX, gap = rx->cfg.gap_ms;
-    if (rx->migrating) {
+    if (rx->term_state == SWE_TERM_NONE) {
         if (rx->cfg.deadline_ms >= 0)
             due = rx->cfg.deadline_ms;
-    } else if (rx->term_state == SWE_TERM_NONE) {
-        if (rx->cfg.deadline_ms >= 0)
-            due = rx->cfg.deadline_ms;
+        if (rx->migrating)
+            return due; /* only the deadline is judged */
         if (rx->last_rx_ms + rx->cfg.inactivity_ms < due)
             due = rx->last_rx_ms + rx->cfg.inactivity_ms;
         if (rx->gap_since_ms != 0) {
@@ -456,12 +470,11 @@ void
 swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
 {
     act_zero(act);
-    if (rx->migrating) {
-        if (rx->cfg.deadline_ms >= 0 && now >= rx->cfg.deadline_ms)
-            (void)rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now, act);
-    } else if (rx->term_state == SWE_TERM_NONE) {
+    if (rx->term_state == SWE_TERM_NONE) {
         if (rx->cfg.deadline_ms >= 0 && now >= rx->cfg.deadline_ms) {
             (void)rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now, act);
+        } else if (rx->migrating) {
+            /* only the deadline is judged */
         } else if (rx->gap_since_ms != 0 && quiet - rx->gap_since_ms >= rx->cfg.gap_ms) {
             (void)rx_fail(rx, SW_SEQUENCE_GAP, "a sequence gap was not repaired in time", 1, now,
                           act);
@@ -553,20 +566,7 @@ swe_rx_migrated(swe_rx *rx, int64_t now)
     rx->seq_base += rx->gen_items;
     rx->gen_items = 0;
     rx_clear_hold(rx);
-    rx->expected = 1;
-    rx->final_seq = 0;
-    rx->w_status = 0;
-    rx->w_err = SW_OK;
-    rx->w_reason[0] = rx->w_msg[0] = '\0';
-    rx->window = rx->cfg.window;
-    rx->consumed = 0;
-    rx->credit_sent = rx->granted = rx->cfg.window;
-    memset(rx->grants, 0, sizeof(rx->grants));
-    rx->grants[0] = rx->cfg.window;
-    rx->ngrants = 1;
-    rx->gap_since_ms = 0;
-    rx->last_resend_ms = 0;
-    rx->last_rx_ms = now;
+    rx_worker_start(rx, now);
 }
 
 int64_t

@@ -1035,10 +1035,8 @@ reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int64_t
          * so the reporter's evidence is not death (its own connection, or
          * the path to the worker, may be what failed). Should the entry
          * go a whole lease without a refresh here, it is reported then. */
-        v->report_pending = 1;
-        snprintf(v->report_reason, sizeof(v->report_reason), "%s",
-                 reason ? reason : "reported dead");
         pthread_mutex_unlock(&reg->mu);
+        reg_report_later(reg, instance_id, reason);
         return SW_EBUSY;
     }
     rev = revision ? revision : v->rev;

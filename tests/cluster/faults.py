@@ -165,6 +165,46 @@ def wait_http(host, port, path, secs):
     return False
 
 
+def rolling_restart(port, restart_workers, clients=6):
+    """`clients` clients stream through the gateway on `port` while
+    restart_workers() restarts every worker in turn. Every request must
+    complete or end with a documented error, and none may hang. Returns the
+    figures: requests, and errors by reason."""
+    stop = threading.Event()
+    outcomes = []
+    lock = threading.Lock()
+
+    def client():
+        while not stop.is_set():
+            r = sse(port, max_tokens=40, timeout=30)
+            with lock:
+                outcomes.append((r["terminal"], r["error"]))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for c in threads:
+        c.start()
+    time.sleep(1)
+    restart_workers()
+    stop.set()
+    for c in threads:
+        c.join(60)
+    documented = {"instance_lost", "no_responders", "no_instances", "overloaded", None}
+    bad = [o for o in outcomes
+           if not (o[0] == "response.incomplete" or
+                   (o[0] in ("response.failed", "error") and o[1] in documented))]
+    hung = [o for o in outcomes if o[0] is None or str(o[0]).startswith("exception")]
+    check(len(outcomes) > 20, "%d requests during the restarts" % len(outcomes))
+    check(not bad, "every request ended completed or with a documented error (%d others: %s)"
+          % (len(bad), bad[:3]))
+    check(not hung, "none hung (%d)" % len(hung))
+    errs = {}
+    for o in outcomes:
+        if o[0] != "response.incomplete":
+            errs[o[1]] = errs.get(o[1], 0) + 1
+    print("        %d requests, errors by reason: %s" % (len(outcomes), errs))
+    return {"requests": len(outcomes), "errors": errs}
+
+
 def sse(port, max_tokens=None, timeout=60, on_delta=None, model="demo"):
     """One streamed response through the gateway: the terminal, the deltas,
     the largest gap between events (ms), and whether the text is
@@ -418,48 +458,20 @@ def main():
 
     # 6: rolling restart under load
     print("6 rolling restart of every worker under load", flush=True)
-    stop = threading.Event()
-    outcomes = []
-    lock = threading.Lock()
 
-    def client():
-        while not stop.is_set():
-            r = sse(cl.gw, max_tokens=40, timeout=30)
-            with lock:
-                outcomes.append((r["terminal"], r["error"]))
+    def restart_workers():
+        for w, urls in (("w1", cl.urls(1, 2, 3)), ("w2", cl.urls(2, 3, 1))):
+            os.kill(cl.pid(w), signal.SIGTERM)
+            for _ in range(100):
+                try:
+                    os.kill(cl.pid(w), 0)
+                    time.sleep(0.1)
+                except ProcessLookupError:
+                    break
+            cl.start_worker(w, urls)
+            time.sleep(1)
 
-    clients = [threading.Thread(target=client) for _ in range(6)]
-    for c in clients:
-        c.start()
-    time.sleep(1)
-    for w, urls in (("w1", cl.urls(1, 2, 3)), ("w2", cl.urls(2, 3, 1))):
-        os.kill(cl.pid(w), signal.SIGTERM)
-        for _ in range(100):
-            try:
-                os.kill(cl.pid(w), 0)
-                time.sleep(0.1)
-            except ProcessLookupError:
-                break
-        cl.start_worker(w, urls)
-        time.sleep(1)
-    stop.set()
-    for c in clients:
-        c.join(60)
-    documented = {"instance_lost", "no_responders", "no_instances", "overloaded", None}
-    bad = [o for o in outcomes
-           if not (o[0] == "response.incomplete" or
-                   (o[0] in ("response.failed", "error") and o[1] in documented))]
-    hung = [o for o in outcomes if o[0] is None or str(o[0]).startswith("exception")]
-    check(len(outcomes) > 20, "%d requests during the restarts" % len(outcomes))
-    check(not bad, "every request ended completed or with a documented error (%d others: %s)"
-          % (len(bad), bad[:3]))
-    check(not hung, "none hung (%d)" % len(hung))
-    errs = {}
-    for o in outcomes:
-        if o[0] != "response.incomplete":
-            errs[o[1]] = errs.get(o[1], 0) + 1
-    RESULTS["rolling_restart"] = {"requests": len(outcomes), "errors": errs}
-    print("        %d requests, errors by reason: %s" % (len(outcomes), errs))
+    RESULTS["rolling_restart"] = rolling_restart(cl.gw, restart_workers)
 
     with open(os.path.join(a.state, "results.json"), "w") as f:
         json.dump(RESULTS, f, indent=1)

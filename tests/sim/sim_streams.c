@@ -509,6 +509,31 @@ fe_check_bounds(world *wd, fstream *f)
 
 static void fe_apply(world *wd, fstream *f, const swe_rx_act *a);
 
+/* The request of stream f, under its wire id, to its worker. It is not
+ * lost here (a lost request is the no-responders/inactivity path, covered
+ * by the integration tests). */
+static void
+fe_send_request(world *wd, fstream *f, uint64_t resume)
+{
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    uint8_t buf[256];
+    size_t len;
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = f->wid;
+    m.request_id.len = 16;
+    m.response_subject = (char *)"sw.rsp.simfe.x";
+    m.router_id = (char *)"simfe";
+    m.credit_window = f->rx.cfg.window;
+    m.heartbeat_ms = (uint32_t)wd->p->hb_ms;
+    m.resume_from_seq = resume;
+    m.migratable = f->rx.mig_left > 0;
+    if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
+        abort();
+    sim_send_reliable(wd->s, wd->fnode, wd->wnode[f->worker], K_REQ, buf, len,
+                      1 + (int64_t)sim_rng_below(sim_rand(wd->s), 3));
+    wd->messages++;
+}
+
 /* act->migrate, as egress/migrate.c does it: the old worker is cancelled
  * (unless it handed the stream back), another live worker the stream was
  * never on is picked, and the request goes out again under a new id with
@@ -519,9 +544,6 @@ fe_migrate(world *wd, fstream *f)
     sim *s = wd->s;
     int cand[NWORKERS], nc = 0, k;
     uint64_t resume;
-    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
-    uint8_t buf[256];
-    size_t len;
     if (!f->rx.migrating)
         return;
     if (!f->rx.mig_from_final) {
@@ -548,20 +570,7 @@ fe_migrate(world *wd, fstream *f)
     f->moves++;
     wd->migrations++;
     swe_rx_migrated(&f->rx, sim_now(s));
-    m.version = SW_PROTOCOL_VERSION;
-    m.request_id.data = f->wid;
-    m.request_id.len = 16;
-    m.response_subject = (char *)"sw.rsp.simfe.x";
-    m.router_id = (char *)"simfe";
-    m.credit_window = f->rx.cfg.window;
-    m.heartbeat_ms = (uint32_t)wd->p->hb_ms;
-    m.resume_from_seq = resume;
-    m.migratable = f->rx.mig_left > 0;
-    if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
-        abort();
-    sim_send_reliable(s, wd->fnode, wd->wnode[k], K_REQ, buf, len,
-                      1 + (int64_t)sim_rng_below(sim_rand(s), 3));
-    wd->messages++;
+    fe_send_request(wd, f, resume);
 }
 
 static void
@@ -774,10 +783,7 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
 {
     world *wd = arg;
     fstream *f = &wd->st[idx];
-    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
     swe_rx_cfg cfg;
-    uint8_t buf[256];
-    size_t len;
     (void)b;
     memset(&cfg, 0, sizeof(cfg));
     cfg.window = wd->p->window;
@@ -787,21 +793,7 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
     cfg.deadline_ms = -1;
     cfg.migrations = wd->p->migrations;
     swe_rx_init(&f->rx, &cfg, sim_now(s));
-    m.migratable = cfg.migrations > 0;
-    m.version = SW_PROTOCOL_VERSION;
-    m.request_id.data = f->id;
-    m.request_id.len = 16;
-    m.response_subject = (char *)"sw.rsp.simfe.x";
-    m.router_id = (char *)"simfe";
-    m.credit_window = cfg.window;
-    m.heartbeat_ms = (uint32_t)wd->p->hb_ms;
-    if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
-        abort();
-    /* The request itself is not lost here (a lost request is the
-     * no-responders/inactivity path, covered by the integration tests). */
-    sim_send_reliable(s, wd->fnode, wd->wnode[f->worker], K_REQ, buf, len,
-                      1 + (int64_t)sim_rng_below(sim_rand(s), 3));
-    wd->messages++;
+    fe_send_request(wd, f, 0);
     sim_at(s, TICK_MS, fe_tick, wd, idx, 0);
     sim_at(s, 1, fe_pop, wd, idx, 0);
 }

@@ -11,6 +11,7 @@ between Python and the C CLI.
 (ctest runs it as `python_binding`.)
 """
 import asyncio
+import ctypes
 import json
 import os
 import shutil
@@ -33,6 +34,16 @@ CLI = os.environ.get("STREAMWIRE_CLI", os.path.join(ROOT, "build", "streamwire")
 ABI = os.environ.get("STREAMWIRE_ABI")
 
 
+def die_with_parent():
+    """preexec_fn: the child is killed when this process dies, even by a
+    crash (a segfault in a foreign call left its nats-server running), as
+    the C harness does (support/natsd.c)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -48,7 +59,8 @@ class Nats:
         self.url = "nats://127.0.0.1:%d" % self.port
         self.proc = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p",
                                       str(self.port), "-sd", self.dir],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent)
         deadline = time.time() + 15
         while time.time() < deadline:
             try:

@@ -2,12 +2,10 @@
  * (sw_metrics_add_registry): dead reports sent, refused and received,
  * entries ignored, live instances in its view. Reads sw_registry_stats_get. */
 #include "common/metrics.h"
+#include "router/registry_int.h"
 #include <streamwire/metrics.h>
-#include <streamwire/registry.h>
 
 #define F(name) "streamwire_registry_" name
-
-const char *swr_registry_bucket(const sw_registry *reg);
 
 static void
 registry_render(swi_prom *p, void *obj)

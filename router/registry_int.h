@@ -1,0 +1,129 @@
+/* router/registry_int.h -- what the registry's files share: the handle,
+ * its view of the store, our own entries, the event queue, and the
+ * functions one file calls in another. Internal to router/; the public
+ * interface is <streamwire/registry.h>. Threads and locks: registry.c. */
+#ifndef SW_ROUTER_REGISTRY_INT_H
+#define SW_ROUTER_REGISTRY_INT_H
+
+#include "common/sched.h"
+#include "common/sw_common.h"
+#include "proto/sw_codec.h"
+#include "transport/envelope.h"
+#include "transport/sw_transport.h"
+#include <streamwire/registry.h>
+
+#define REG_MAX_VALUE (64 * 1024)
+#define REG_TICK_MS 50
+#define REG_FORGET_LEASES 20 /* a dead entry is forgotten after this many leases */
+#define REG_PING_MS 250      /* the store is asked at most this often while leases lapse */
+#define REG_KEY_MAX (SW_MAX_ENDPOINT + SW_MAX_TOKEN + 2)
+
+typedef struct reg_view {
+    char key[REG_KEY_MAX];
+    swp_instance *info;
+    uint64_t rev;
+    int64_t seen_ms;  /* monotonic time this revision counts from */
+    int64_t grace_ms; /* its lease does not lapse before this (the store came back) */
+    int live;
+    /* A dead report of ours was refused (the entry looked refreshed, or
+     * our view was behind the store): written when its lease lapses here. */
+    int report_pending;
+    char report_reason[96];
+} reg_view;
+
+typedef struct reg_own {
+    char key[REG_KEY_MAX];
+    char instance[SW_MAX_TOKEN + 1];
+    char endpoint[SW_MAX_ENDPOINT + 1];
+    char req_subj[SWP_MAX_SUBJECT + 1];
+    char ctl_subj[SWP_MAX_SUBJECT + 1];
+    int64_t started_unix_ms;
+    int draining;
+    uint64_t rev;
+    int64_t next_refresh_ms;
+} reg_own;
+
+typedef struct reg_event {
+    struct reg_event *next;
+    int target; /* watcher id, 0 = every watcher */
+    sw_registry_event ev;
+    swp_instance *info; /* owned copy */
+    uint64_t rev;
+    int64_t age_ms;
+} reg_event;
+
+typedef struct reg_watcher {
+    int id;
+    sw_registry_watch_fn fn;
+    void *arg;
+} reg_watcher;
+
+struct sw_registry {
+    const sw_registry_backend *be;
+    sw_registry_stats st; /* counters (mu) */
+    char bucket[SW_MAX_TOKEN + 1];
+    const swt_sealer *sealer; /* the connection's: values sealed under their key (or NULL) */
+    sw_conn *conn;            /* NULL for a backend that needs none */
+    void *bs;
+    void *bw;
+    swi_logger log;
+    unsigned lease_ms, refresh_ms;
+    char host[64];
+    /* Serialises every write of our own entries (register, keep-alive,
+     * draining, deregister), so a refresh in flight can neither resurrect a
+     * deregistered entry nor undo a draining flag. Order: wmu, then mu
+     * (see the file's header). */
+    pthread_mutex_t wmu;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    reg_view *view;
+    size_t nview, capview;
+    reg_own *own;
+    size_t nown, capown;
+    reg_watcher *w;
+    size_t nw, capw;
+    int next_id;
+    int dispatching;      /* watcher id whose callback runs now */
+    unsigned lost_events; /* events not queued for lack of memory, not yet logged */
+    reg_event *eh, *et;
+    swi_ticker ticker; /* runs swr_reg_tick */
+    int stopping;
+    /* The store's health, for leases (mu): the last time anything was seen
+     * written to it (a newer revision, or one of our writes), the last
+     * ping, and whether it failed. */
+    int64_t activity_ms, ping_ms;
+    int store_down;
+    unsigned held; /* lapsed entries held in the last look (logged once) */
+    int log_back;  /* the store answers again: to be logged */
+};
+
+/* registry.c */
+void swr_reg_count(sw_registry *reg, uint64_t *field);   /* takes mu */
+const char *swr_registry_bucket(const sw_registry *reg); /* for router/metrics.c */
+
+/* registry_view.c: the view of the store, fed by the backend's list and
+ * watch */
+swp_instance *swr_reg_info_copy(const swp_instance *in);
+void swr_reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_instance *info,
+                   uint64_t rev, int64_t age_ms);                             /* mu held */
+reg_view *swr_reg_view_find_key(sw_registry *reg, const char *key);           /* mu held */
+reg_view *swr_reg_view_find_instance(sw_registry *reg, const char *instance); /* mu held */
+void swr_reg_view_remove(sw_registry *reg, reg_view *v);                      /* mu held */
+reg_own *swr_reg_own_find(sw_registry *reg, const char *key);                 /* mu held */
+void swr_reg_store_back(sw_registry *reg, int64_t now);                       /* mu held */
+void swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted);    /* backend callback */
+
+/* registry_lease.c: keep-alives, lease expiry, the store's health and
+ * event delivery, on the registry's ticker */
+sw_err swr_reg_seal(const sw_registry *reg, const char *key, uint8_t **buf, size_t *len);
+sw_err swr_reg_own_encode(sw_registry *reg, const reg_own *o, uint8_t **buf, size_t *len);
+void swr_reg_refresh(sw_registry *reg, const char *key); /* takes wmu, then mu */
+void swr_reg_tick(void *arg, int64_t now);
+
+/* registry_report.c: dead reports (no lock held on entry) */
+sw_err swr_reg_report(sw_registry *reg, const char *instance_id, uint64_t revision,
+                      int64_t silent_ms, const char *reason);
+sw_err swr_reg_report_counted(sw_registry *reg, sw_err rv);
+void swr_reg_report_later(sw_registry *reg, const char *instance_id, const char *reason);
+
+#endif

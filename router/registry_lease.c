@@ -1,0 +1,339 @@
+/* router/registry_lease.c -- the registry's ticker (common/sched.h):
+ * keep-alive writes of our own entries, expiry of entries whose lease ran
+ * out (held while the store itself does not answer), refused dead reports
+ * written once their entry lapses, and watch events delivered in order
+ * with no lock held. Locks: registry.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "router/registry_int.h"
+
+/* ---------------------------------------------------------------- keep-alive */
+
+/* Seals a value for its key when the connection seals (*buf replaced). */
+sw_err
+swr_reg_seal(const sw_registry *reg, const char *key, uint8_t **buf, size_t *len)
+{
+    uint8_t *out;
+    size_t n = 0;
+    sw_err e;
+    if (reg->sealer == NULL)
+        return SW_OK;
+    if ((out = malloc(*len + SWT_ENV_OVERHEAD)) == NULL)
+        return SW_ENOMEM;
+    e = swt_env_seal_kv(reg->sealer, key, *buf, *len, out, *len + SWT_ENV_OVERHEAD, &n);
+    free(*buf);
+    *buf = NULL;
+    if (e != SW_OK) {
+        free(out);
+        return e;
+    }
+    *buf = out;
+    *len = n;
+    return SW_OK;
+}
+
+sw_err
+swr_reg_own_encode(sw_registry *reg, const reg_own *o, uint8_t **buf, size_t *len)
+{
+    swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
+    m.version = SW_PROTOCOL_VERSION;
+    m.instance_id = (char *)o->instance;
+    m.endpoint = (char *)o->endpoint;
+    m.request_subject = (char *)o->req_subj;
+    m.control_subject = (char *)o->ctl_subj;
+    m.started_unix_ms = (uint64_t)o->started_unix_ms;
+    m.host = reg->host;
+    m.pid = (uint32_t)getpid();
+    m.refreshed_unix_ms = (uint64_t)swi_unix_ms();
+    m.lease_ms = reg->lease_ms;
+    m.draining = o->draining != 0;
+    {
+        sw_err e = swp_encode_alloc(&m, REG_MAX_VALUE, buf, len);
+        return e == SW_OK ? swr_reg_seal(reg, o->key, buf, len) : e;
+    }
+}
+
+/* One keep-alive write for own entry `key` (reg->mu NOT held). */
+void
+swr_reg_refresh(sw_registry *reg, const char *key)
+{
+    reg_own copy, *o;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t rev = 0;
+    sw_err rv;
+    int overwritten = 0;
+
+    pthread_mutex_lock(&reg->wmu);
+    pthread_mutex_lock(&reg->mu);
+    o = swr_reg_own_find(reg, key);
+    if (o == NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        pthread_mutex_unlock(&reg->wmu);
+        return;
+    }
+    copy = *o;
+    pthread_mutex_unlock(&reg->mu);
+
+    if (swr_reg_own_encode(reg, &copy, &buf, &len) != SW_OK) {
+        pthread_mutex_unlock(&reg->wmu);
+        return;
+    }
+    rv = reg->be->put(reg->bs, copy.key, buf, len, copy.rev, &rev);
+    if (rv == SW_EBUSY || rv == SW_ENOTFOUND) {
+        overwritten = 1; /* logged below, after wmu */
+        rv = reg->be->put(reg->bs, copy.key, buf, len, 0, &rev);
+    }
+    free(buf);
+    pthread_mutex_lock(&reg->mu);
+    o = swr_reg_own_find(reg, key);
+    if (rv == SW_OK) {
+        reg->activity_ms = swi_now_ms();
+        swr_reg_store_back(reg, reg->activity_ms);
+    }
+    if (o != NULL) {
+        if (rv == SW_OK)
+            o->rev = rev;
+        o->next_refresh_ms = swi_now_ms() + (rv == SW_OK ? reg->refresh_ms : REG_TICK_MS * 4);
+    }
+    pthread_mutex_unlock(&reg->mu);
+    pthread_mutex_unlock(&reg->wmu);
+    if (overwritten)
+        swi_log(
+            &reg->log, SW_LOG_WARN,
+            "registry: entry of live instance %s was changed by someone else; registering again",
+            copy.instance);
+    if (rv != SW_OK)
+        swi_log(&reg->log, SW_LOG_ERROR, "registry: refresh of %s failed: %s", copy.instance,
+                sw_err_name(rv));
+}
+
+/* ---------------------------------------------------------------- thread */
+
+/* Nothing was seen written to the store for half a lease (every live
+ * worker writes every third of one), and the backend can be asked whether
+ * it answers (mu held). */
+static int
+reg_store_quiet(const sw_registry *reg, int64_t now, int64_t lease)
+{
+    return reg->be->version >= 2 && reg->be->ping != NULL && now - reg->activity_ms >= lease / 2;
+}
+
+/* How long a lapsed entry may be held while the store does not answer. */
+static int64_t
+reg_hold_max(int64_t lease)
+{
+    int64_t m = SW_REGISTRY_HOLD_MAX_LEASES * lease;
+    return m < 30000 ? 30000 : m;
+}
+
+/* One tick on the registry's ticker (every REG_TICK_MS, and at once when
+ * kicked): does everything that is due, one piece at a time, then returns. */
+void
+swr_reg_tick(void *arg, int64_t now0)
+{
+    sw_registry *reg = arg;
+    (void)now0;
+    pthread_mutex_lock(&reg->mu);
+    while (!reg->stopping) {
+        int64_t now = swi_now_ms();
+        char due[REG_KEY_MAX];
+        char expired[SW_MAX_TOKEN + 1];
+        unsigned held;
+        int need_ping;
+        int64_t up;
+        char late_reason[96];
+
+        /* Log lines noted under the lock, written without it. */
+        if (reg->lost_events > 0) {
+            unsigned lost = reg->lost_events;
+            reg->lost_events = 0;
+            pthread_mutex_unlock(&reg->mu);
+            swi_log(&reg->log, SW_LOG_ERROR,
+                    "registry: out of memory queueing events: %u watch event(s) lost", lost);
+            pthread_mutex_lock(&reg->mu);
+            continue;
+        }
+
+        /* Events, in order, one at a time, no lock held during callbacks. */
+        if (reg->eh != NULL) {
+            reg_event *e = reg->eh;
+            reg_watcher *snap;
+            size_t nsnap = reg->nw;
+            reg->eh = e->next;
+            if (reg->eh == NULL)
+                reg->et = NULL;
+            /* Call the watchers as they were when the event was taken; one
+             * removed meanwhile is skipped (sw_registry_unwatch). */
+            snap = malloc((nsnap ? nsnap : 1) * sizeof(*snap));
+            for (size_t i = 0; snap != NULL && i < nsnap; i++)
+                snap[i] = reg->w[i];
+            for (size_t i = 0; snap != NULL && i < nsnap; i++) {
+                reg_watcher w = snap[i];
+                sw_instance inst;
+                int present = 0;
+                if (e->target != 0 && e->target != w.id)
+                    continue;
+                for (size_t j = 0; j < reg->nw; j++)
+                    present |= reg->w[j].id == w.id;
+                if (!present)
+                    continue;
+                inst.instance_id = e->info->instance_id;
+                inst.endpoint = e->info->endpoint;
+                inst.request_subject = e->info->request_subject;
+                inst.control_subject = e->info->control_subject;
+                inst.host = e->info->host;
+                inst.pid = e->info->pid;
+                inst.started_unix_ms = (int64_t)e->info->started_unix_ms;
+                inst.lease_ms = e->info->lease_ms;
+                inst.revision = e->rev;
+                inst.age_ms = e->age_ms;
+                inst.draining = e->info->draining;
+                reg->dispatching = w.id;
+                pthread_mutex_unlock(&reg->mu);
+                w.fn(w.arg, e->ev, &inst);
+                pthread_mutex_lock(&reg->mu);
+                reg->dispatching = 0;
+                pthread_cond_broadcast(&reg->cv);
+            }
+            free(snap);
+            swp_free(e->info);
+            free(e);
+            continue;
+        }
+
+        /* Leases: an entry not refreshed within lease_ms is dead. One at a
+         * time, so that its log line is written without the lock. But
+         * when nothing at all was written to the store for half a lease, the
+         * store itself may be down (a JetStream cluster electing the
+         * bucket's leader: every keep-alive fails): it is asked (ping),
+         * and while it does not answer, lapsed entries are held. */
+        expired[0] = '\0';
+        late_reason[0] = '\0';
+        held = 0;
+        need_ping = 0;
+        /* Our own connection down: no refresh can reach us, and silence is
+         * no evidence; once it is back, silence counts from then (the watch
+         * is made again and catches up). */
+        up = reg->conn != NULL ? swt_conn_up_since_ms(reg->conn) : 0;
+        for (size_t i = 0; i < reg->nview && expired[0] == '\0' && !need_ping; i++) {
+            reg_view *v = &reg->view[i];
+            /* Each entry by the lease its worker announced. */
+            int64_t lease = v->info->lease_ms ? (int64_t)v->info->lease_ms : (int64_t)reg->lease_ms;
+            if (v->live && (now < v->grace_ms || up < 0 || now - up < lease))
+                continue;
+            if (v->live && now - v->seen_ms >= lease && reg_store_quiet(reg, now, lease) &&
+                now - v->seen_ms < reg_hold_max(lease)) {
+                if (now - reg->ping_ms >= REG_PING_MS) {
+                    need_ping = 1;
+                    break;
+                }
+                if (reg->store_down) {
+                    held++;
+                    continue;
+                }
+            }
+            if (v->live && now - v->seen_ms >= lease) {
+                v->live = 0;
+                snprintf(expired, sizeof(expired), "%s", v->info->instance_id);
+                if (v->report_pending) {
+                    v->report_pending = 0;
+                    snprintf(late_reason, sizeof(late_reason), "%s", v->report_reason);
+                }
+                swr_reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
+            } else if (!v->live && now - v->seen_ms >= REG_FORGET_LEASES * lease) {
+                /* The store's max age drops such entries without a delete
+                 * event: forget them too, or the view only grows. */
+                swr_reg_view_remove(reg, v);
+                i--;
+            }
+        }
+        if (need_ping) {
+            int was_down = reg->store_down;
+            sw_err prv;
+            reg->ping_ms = now;
+            pthread_mutex_unlock(&reg->mu);
+            prv = reg->be->ping(reg->bs);
+            if (prv == SW_OK) {
+                /* It answers: before anything is expired on the silence of
+                 * our own watch (which may be what broke, e.g. after our
+                 * reconnect), read the store again: an entry its worker
+                 * refreshed comes back with a newer revision. */
+                (void)reg->be->list(reg->bs, swr_reg_on_entry, reg);
+            }
+            pthread_mutex_lock(&reg->mu);
+            reg->store_down = prv != SW_OK;
+            if (prv != SW_OK)
+                reg->st.store_pings_failed++;
+            if (was_down && !reg->store_down) {
+                reg->store_down = 1;
+                swr_reg_store_back(reg, now);
+            }
+            if (reg->store_down && !was_down) {
+                pthread_mutex_unlock(&reg->mu);
+                swi_log(&reg->log, SW_LOG_WARN,
+                        "registry: nothing was written to the store for half a lease and it does "
+                        "not answer (%s): lapsed entries are held until it does",
+                        sw_err_name(prv));
+                pthread_mutex_lock(&reg->mu);
+            }
+            continue;
+        }
+        if (reg->log_back) {
+            reg->log_back = 0;
+            pthread_mutex_unlock(&reg->mu);
+            swi_log(&reg->log, SW_LOG_INFO,
+                    "registry: the store answers again; held entries have a lease to be "
+                    "refreshed in");
+            pthread_mutex_lock(&reg->mu);
+            continue;
+        }
+        if (held != reg->held) {
+            unsigned n = reg->held = held;
+            if (n > 0) {
+                pthread_mutex_unlock(&reg->mu);
+                swi_log(&reg->log, SW_LOG_INFO,
+                        "registry: %u lapsed entr%s held while the store does not answer", n,
+                        n == 1 ? "y" : "ies");
+                pthread_mutex_lock(&reg->mu);
+                continue;
+            }
+        }
+        if (expired[0] != '\0') {
+            pthread_mutex_unlock(&reg->mu);
+            swi_log(&reg->log, SW_LOG_INFO, "registry: lease of %s expired", expired);
+            if (late_reason[0] != '\0') {
+                /* A whole lease without a refresh, after our report was
+                 * refused: reported now, against the last revision seen. */
+                (void)swr_reg_report_counted(reg, swr_reg_report(reg, expired, 0, -1, late_reason));
+            }
+            pthread_mutex_lock(&reg->mu);
+            continue;
+        }
+
+        /* Keep-alives. */
+        due[0] = '\0';
+        {
+            /* The most overdue entry first, so a slow write never starves
+             * the others. */
+            int64_t oldest = now + 1;
+            for (size_t i = 0; i < reg->nown; i++) {
+                if (reg->own[i].next_refresh_ms <= now && reg->own[i].next_refresh_ms < oldest) {
+                    oldest = reg->own[i].next_refresh_ms;
+                    snprintf(due, sizeof(due), "%s", reg->own[i].key);
+                }
+            }
+        }
+        if (due[0] != '\0') {
+            pthread_mutex_unlock(&reg->mu);
+            swr_reg_refresh(reg, due);
+            pthread_mutex_lock(&reg->mu);
+            continue;
+        }
+        break; /* nothing due: the next tick or kick comes back */
+    }
+    pthread_mutex_unlock(&reg->mu);
+}

@@ -1,0 +1,252 @@
+/* router/registry_view.c -- the registry's view of the store: every entry
+ * the backend's list and watch report (swr_reg_on_entry, on a backend
+ * thread or on a writer's thread), judged by revision, opened when sealed,
+ * checked against its key; a removal of one of our own live entries is
+ * answered by registering again; watch events are queued here and
+ * delivered by the ticker (registry_lease.c). Locks: registry.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "router/registry_int.h"
+
+swp_instance *
+swr_reg_info_copy(const swp_instance *in)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    swp_instance *out = NULL;
+    if (swp_encode_alloc(in, REG_MAX_VALUE, &buf, &len) == SW_OK)
+        (void)swp_decode_instance(buf, len, REG_MAX_VALUE, &out);
+    free(buf);
+    return out;
+}
+
+/* Queues an event (reg->mu held). */
+void
+swr_reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_instance *info,
+              uint64_t rev, int64_t age_ms)
+{
+    reg_event *e;
+    if (reg->nw == 0 && target == 0)
+        return;
+    if ((e = calloc(1, sizeof(*e))) == NULL || (e->info = swr_reg_info_copy(info)) == NULL) {
+        free(e);
+        /* Logged by swr_reg_tick, without the lock. */
+        reg->lost_events++;
+        swi_ticker_kick(&reg->ticker);
+        return;
+    }
+    e->target = target;
+    e->ev = ev;
+    e->rev = rev;
+    e->age_ms = age_ms;
+    if (reg->et)
+        reg->et->next = e;
+    else
+        reg->eh = e;
+    reg->et = e;
+    swi_ticker_kick(&reg->ticker);
+}
+
+reg_view *
+swr_reg_view_find_key(sw_registry *reg, const char *key)
+{
+    for (size_t i = 0; i < reg->nview; i++)
+        if (strcmp(reg->view[i].key, key) == 0)
+            return &reg->view[i];
+    return NULL;
+}
+
+reg_view *
+swr_reg_view_find_instance(sw_registry *reg, const char *instance)
+{
+    for (size_t i = 0; i < reg->nview; i++)
+        if (strcmp(reg->view[i].info->instance_id, instance) == 0)
+            return &reg->view[i];
+    return NULL;
+}
+
+reg_own *
+swr_reg_own_find(sw_registry *reg, const char *key)
+{
+    for (size_t i = 0; i < reg->nown; i++)
+        if (strcmp(reg->own[i].key, key) == 0)
+            return &reg->own[i];
+    return NULL;
+}
+
+/* The view entry for key, added empty if absent; NULL on no memory. */
+static reg_view *
+view_get_or_add(sw_registry *reg, const char *key)
+{
+    reg_view *v = swr_reg_view_find_key(reg, key);
+    if (v != NULL)
+        return v;
+    if (reg->nview == reg->capview) {
+        size_t ncap = reg->capview ? reg->capview * 2 : 16;
+        reg_view *nv = realloc(reg->view, ncap * sizeof(*nv));
+        if (nv == NULL)
+            return NULL;
+        reg->view = nv;
+        reg->capview = ncap;
+    }
+    v = &reg->view[reg->nview++];
+    memset(v, 0, sizeof(*v));
+    snprintf(v->key, sizeof(v->key), "%s", key);
+    return v;
+}
+
+void
+swr_reg_view_remove(sw_registry *reg, reg_view *v)
+{
+    swp_free(v->info);
+    *v = reg->view[--reg->nview];
+}
+
+/* The store works (again) (mu held). If it was down, every live entry
+ * gets a lease from now to be refreshed in, as its worker's keep-alives go
+ * through again: none is dropped in the moment between the store coming
+ * back and the first keep-alive. (A grace, not a sighting: seen_ms, which
+ * dead reports are judged by, stays the last refresh really seen.) */
+void
+swr_reg_store_back(sw_registry *reg, int64_t now)
+{
+    if (!reg->store_down)
+        return;
+    reg->store_down = 0;
+    reg->log_back = 1; /* logged by the ticker, without the lock */
+    for (size_t i = 0; i < reg->nview; i++)
+        if (reg->view[i].live)
+            reg->view[i].grace_ms =
+                now + (reg->view[i].info->lease_ms ? reg->view[i].info->lease_ms : reg->lease_ms);
+}
+
+/* ---------------------------------------------------------------- backend events */
+
+void
+swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
+{
+    sw_registry *reg = arg;
+    swp_instance *info = NULL;
+    reg_view *v;
+    reg_own *own;
+    int64_t now = swi_now_ms();
+    char wronged[SW_MAX_TOKEN + 1]; /* own instance removed while alive: logged after unlock */
+
+    wronged[0] = '\0';
+    if (!deleted) {
+        const uint8_t *val = e->value;
+        size_t vlen = e->len;
+        uint8_t *opened = NULL;
+        sw_err rv;
+        if (reg->sealer != NULL || swt_env_is_sealed(e->value, e->len)) {
+            /* Sealed registry: an entry or tombstone that does not open under
+             * its own key (unsealed, another key, moved, forged) is ignored. */
+            size_t n = 0;
+            if (reg->sealer == NULL || (opened = malloc(e->len ? e->len : 1)) == NULL ||
+                swt_env_open_kv(reg->sealer, e->key, e->value, e->len, opened, e->len, &n) !=
+                    SW_OK) {
+                free(opened);
+                swi_log(&reg->log, SW_LOG_WARN,
+                        "registry: entry %s does not open with %s: ignored (auth_failed)", e->key,
+                        reg->sealer ? "the cluster key" : "no key (it is sealed)");
+                swr_reg_count(reg, &reg->st.entries_ignored);
+                return;
+            }
+            val = opened;
+            vlen = n;
+        }
+        rv = swp_decode_instance(val, vlen, REG_MAX_VALUE, &info);
+        free(opened);
+        if (rv != SW_OK) {
+            swi_log(&reg->log, SW_LOG_WARN, "registry: entry %s does not decode (%s): ignored",
+                    e->key, sw_err_name(rv));
+            swr_reg_count(reg, &reg->st.entries_ignored);
+            return;
+        }
+        {
+            /* An entry lives under <endpoint>.<instance> and nowhere else:
+             * one under another key (stale or forged) naming a live
+             * instance must not stand for it (issue 11 #11). */
+            char want[REG_KEY_MAX];
+            int n = snprintf(want, sizeof(want), "%s.%s", info->endpoint, info->instance_id);
+            if (n < 0 || (size_t)n >= sizeof(want) || strcmp(want, e->key) != 0) {
+                swi_log(&reg->log, SW_LOG_WARN,
+                        "registry: entry %s names %s.%s: not its own key, ignored", e->key,
+                        info->endpoint, info->instance_id);
+                swp_free(info);
+                swr_reg_count(reg, &reg->st.entries_ignored);
+                return;
+            }
+        }
+    }
+    pthread_mutex_lock(&reg->mu);
+    v = swr_reg_view_find_key(reg, e->key);
+    own = swr_reg_own_find(reg, e->key);
+    if (v != NULL && e->revision <= v->rev) {
+        /* An older revision than we know (list/watch overlap). */
+        pthread_mutex_unlock(&reg->mu);
+        swp_free(info);
+        return;
+    }
+    reg->activity_ms = now; /* the store was written: it works */
+    swr_reg_store_back(reg, now);
+    if (deleted || info->dead) {
+        if (!deleted)
+            reg->st.dead_reports_received++; /* mu held */
+        if (v != NULL && v->live)
+            swr_reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
+        if (deleted) {
+            if (v != NULL)
+                swr_reg_view_remove(reg, v);
+        } else if ((v = view_get_or_add(reg, e->key)) != NULL) {
+            swp_free(v->info);
+            v->info = info;
+            info = NULL;
+            v->rev = e->revision;
+            v->seen_ms = now;
+            v->live = 0;
+        }
+        if (own != NULL) {
+            /* We are alive: whoever removed us was wrong. */
+            snprintf(wronged, sizeof(wronged), "%s", own->instance);
+            own->rev = 0;
+            own->next_refresh_ms = now;
+            swi_ticker_kick(&reg->ticker);
+        }
+        pthread_mutex_unlock(&reg->mu);
+        swp_free(info);
+        if (wronged[0] != '\0')
+            swi_log(&reg->log, SW_LOG_WARN,
+                    "registry: instance %s was %s while alive; registering again", wronged,
+                    deleted ? "deleted" : "reported dead");
+        return;
+    }
+    if (v == NULL && (v = view_get_or_add(reg, e->key)) == NULL) {
+        pthread_mutex_unlock(&reg->mu);
+        swp_free(info);
+        return;
+    }
+    {
+        int was_live = v->live;
+        int drain_changed = v->info != NULL && v->info->draining != info->draining;
+        /* Judged only by when this process saw the revision, on its own
+         * monotonic clock: no other clock (the store's created_unix_ms, the
+         * worker's refreshed_unix_ms) is compared with ours, so a router
+         * whose clock disagrees still sees live workers. A first sight
+         * counts as seen now: an entry abandoned before this process
+         * started is live for at most one lease. */
+        swp_free(v->info);
+        v->info = info;
+        info = NULL;
+        v->rev = e->revision;
+        v->seen_ms = now;
+        v->live = 1;
+        if (!was_live)
+            swr_reg_queue(reg, 0, SW_REGISTRY_ADDED, v->info, v->rev, 0);
+        else if (drain_changed)
+            swr_reg_queue(reg, 0, SW_REGISTRY_UPDATED, v->info, v->rev, 0);
+    }
+    pthread_mutex_unlock(&reg->mu);
+}

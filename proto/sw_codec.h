@@ -52,10 +52,13 @@ typedef Streamwire__V1__StreamBeat swp_beat;
  * SWP_ALLOC_SLACK bytes of heap. It also refuses a non-repeated field that
  * occurs more than 4 times, more than SWP_MAX_UNKNOWN unknown fields in one message, and
  * more entries in a repeated field than its cap. The factor is what the
- * densest legitimate message needs: protobuf-c keeps a 32-byte scan record
- * per field and a struct per sub-message, so a HeartbeatBatch of 4,096
- * 22-byte beats costs 7.6x its size. */
-#define SWP_ALLOC_FACTOR 8
+ * densest legitimate message needs. Protobuf-c keeps a 32-byte scan record
+ * per field and a struct per sub-message; where that is more than 4x, the
+ * count is capped (the caps above) so that it fits in the slack. The one
+ * message dense by design, the HeartbeatBatch of up to 4,096 22-byte beats
+ * (7.6x through protobuf-c), is decoded by hand into one block of at most
+ * 3.3x (proto/beats.c). */
+#define SWP_ALLOC_FACTOR 4
 #define SWP_ALLOC_SLACK (64 * 1024)
 /* The estimate itself (SIZE_MAX if a cap refuses it), for tests. */
 size_t swp_alloc_estimate(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len);
@@ -72,13 +75,17 @@ sw_err swp_decode_item(const uint8_t *buf, size_t len, size_t max, swp_item **ou
 sw_err swp_decode_control(const uint8_t *buf, size_t len, size_t max, swp_control **out);
 sw_err swp_decode_probe_reply(const uint8_t *buf, size_t len, size_t max, swp_probe_reply **out);
 sw_err swp_decode_instance(const uint8_t *buf, size_t len, size_t max, swp_instance **out);
+/* By hand (proto/beats.c): the same rules and result as the others, in one
+ * block of at most 3.3x len + a constant; a batch with field 15 (sealed:
+ * not opened) is refused. swp_free frees it. */
 sw_err swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out);
 /* The probe_id a ProbeReply echoes; 0 if the bytes are not a valid
  * ProbeReply of at most SWP_MAX_PROBE_REPLY bytes. */
 #define SWP_MAX_PROBE_REPLY 4096
 uint64_t swp_probe_reply_id(const uint8_t *buf, size_t len);
 
-/* Frees any decoded message. NULL ok. */
+/* Frees any decoded message (a HeartbeatBatch from swp_decode_beats is
+ * one block; only swp_free knows that). NULL ok. */
 void swp_free(void *msg);
 
 /* Hot-path decoding without malloc: the message is unpacked into a caller's

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -2437,6 +2438,155 @@ test_beats(void **state)
     free(b);
 }
 
+/* Raw HeartbeatBatch bytes for the hand decoder's rules: a header
+ * (version 1, instance "w1"), then whatever the case appends. */
+static size_t
+hb_raw(uint8_t *out, const uint8_t *tail, size_t tlen)
+{
+    static const uint8_t head[] = {0x08, 0x01, 0x12, 0x02, 'w', '1'};
+    memcpy(out, head, sizeof(head));
+    memcpy(out + sizeof(head), tail, tlen);
+    return sizeof(head) + tlen;
+}
+
+/* One beat field (field 3) holding the given StreamBeat body. */
+static size_t
+hb_beat(uint8_t *out, const uint8_t *body, size_t blen)
+{
+    out[0] = 0x1a;
+    out[1] = (uint8_t)blen;
+    memcpy(out + 2, body, blen);
+    return blen + 2;
+}
+
+static sw_err
+hb_decode(const uint8_t *tail, size_t tlen, swp_beats **d)
+{
+    uint8_t buf[1024];
+    size_t n = hb_raw(buf, tail, tlen);
+    return swp_decode_beats(buf, n, sizeof(buf), d);
+}
+
+/* The hand-written HeartbeatBatch decoder (proto/beats.c) follows
+ * protobuf-c's rules: a later copy wins (at most 4), unknown fields are
+ * skipped (at most SWP_MAX_UNKNOWN per message), a known field with the
+ * wrong wire type, a group, field 0, an overlong tag or length prefix is
+ * refused; a string ends at its first NUL; and field 15 (an unopened seal)
+ * is refused. */
+static void
+test_beats_by_hand(void **state)
+{
+    uint8_t id_a[18] = {0x0a, 0x10}, id_b[18] = {0x0a, 0x10};
+    uint8_t body[128], tail[1024];
+    swp_beats *d = NULL;
+    size_t n, t;
+    (void)state;
+    memset(id_a + 2, 0xaa, 16);
+    memset(id_b + 2, 0xbb, 16);
+
+    /* Two copies of each beat field: the later wins. */
+    n = 0;
+    memcpy(body + n, id_a, 18), n += 18;
+    body[n++] = 0x10, body[n++] = 0x05; /* last_seq 5 */
+    memcpy(body + n, id_b, 18), n += 18;
+    body[n++] = 0x10, body[n++] = 0x07;                   /* last_seq 7 */
+    body[n++] = 0xf8, body[n++] = 0x07, body[n++] = 0x01; /* unknown field 127 */
+    t = hb_beat(tail, body, n);
+    assert_int_equal(hb_decode(tail, t, &d), SW_OK);
+    assert_int_equal(d->version, 1);
+    assert_string_equal(d->instance_id, "w1");
+    assert_int_equal(d->n_beats, 1);
+    assert_int_equal(d->beats[0]->last_seq, 7);
+    assert_int_equal(d->beats[0]->request_id.data[0], 0xbb);
+    assert_int_equal(d->beats[0]->base.n_unknown_fields, 0); /* skipped */
+    {
+        /* it re-encodes to a batch protobuf-c reads the same way */
+        uint8_t *e = NULL;
+        size_t elen = 0;
+        swp_beats *r;
+        assert_int_equal(swp_encode_alloc(d, 1 << 20, &e, &elen), SW_OK);
+        r = streamwire__v1__heartbeat_batch__unpack(NULL, elen, e);
+        assert_non_null(r);
+        assert_int_equal(r->n_beats, 1);
+        assert_int_equal(r->beats[0]->last_seq, 7);
+        assert_memory_equal(r->beats[0]->request_id.data, id_b + 2, 16);
+        assert_string_equal(r->instance_id, "w1");
+        streamwire__v1__heartbeat_batch__free_unpacked(r, NULL);
+        free(e);
+    }
+    swp_free(d);
+
+    /* A fifth copy of last_seq is refused; four are not. */
+    n = 0;
+    memcpy(body + n, id_a, 18), n += 18;
+    for (int k = 0; k < 4; k++)
+        body[n++] = 0x10, body[n++] = (uint8_t)(k + 1);
+    t = hb_beat(tail, body, n);
+    assert_int_equal(hb_decode(tail, t, &d), SW_OK);
+    assert_int_equal(d->beats[0]->last_seq, 4);
+    swp_free(d);
+    body[n++] = 0x10, body[n++] = 0x09;
+    t = hb_beat(tail, body, n);
+    assert_int_equal(hb_decode(tail, t, &d), SW_EPROTO);
+    assert_null(d);
+
+    /* Unknown fields: SWP_MAX_UNKNOWN at the top level pass, one more not. */
+    t = hb_beat(tail, id_a, 18);
+    for (int k = 0; k < SWP_MAX_UNKNOWN; k++)
+        tail[t++] = 0xa0, tail[t++] = 0x01, tail[t++] = 0x00; /* field 20, varint 0 */
+    assert_int_equal(hb_decode(tail, t, &d), SW_OK);
+    assert_int_equal(d->n_beats, 1);
+    swp_free(d);
+    tail[t++] = 0xa0, tail[t++] = 0x01, tail[t++] = 0x00;
+    assert_int_equal(hb_decode(tail, t, &d), SW_EPROTO);
+
+    /* Wrong wire types, a group, field 0, field 15. */
+    {
+        static const uint8_t bad[][3] = {
+            {0x1b, 0x00, 0x00}, /* field 3 as a group start */
+            {0x18, 0x01, 0x00}, /* field 3 as a varint */
+            {0x0a, 0x01, 0x01}, /* field 1 as bytes */
+            {0x10, 0x01, 0x00}, /* field 2 as a varint */
+            {0x80, 0x00, 0x00}, /* field 0 (overlong tag), varint 0 */
+            {0x7a, 0x00, 0x00}, /* field 15, sealed: not opened */
+        };
+        for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+            t = hb_beat(tail, id_a, 18);
+            memcpy(tail + t, bad[k], 3);
+            /* the third byte pads a 2-byte field with a varint field 1 */
+            t += (bad[k][0] == 0x18 || bad[k][0] == 0x10 || bad[k][0] == 0x7a) ? 2 : 3;
+            assert_int_equal(hb_decode(tail, t, &d), SW_EPROTO);
+            assert_null(d);
+        }
+    }
+    /* A tag of 6 bytes, a length prefix of 6 bytes: protobuf-c refuses both. */
+    {
+        static const uint8_t tag6[] = {0xa0, 0x80, 0x80, 0x80, 0x80, 0x00, 0x00};
+        static const uint8_t len6[] = {0x1a, 0x92, 0x80, 0x80, 0x80, 0x80, 0x00};
+        t = hb_beat(tail, id_a, 18);
+        memcpy(tail + t, tag6, sizeof(tag6));
+        assert_int_equal(hb_decode(tail, t + sizeof(tag6), &d), SW_EPROTO);
+        memcpy(tail, len6, sizeof(len6));
+        memcpy(tail + sizeof(len6), id_a, 18);
+        assert_int_equal(hb_decode(tail, sizeof(len6) + 18, &d), SW_EPROTO);
+        /* the same beat with a 5-byte length prefix is fine */
+        memcpy(tail, len6, 5);
+        tail[4] = 0x00;
+        memcpy(tail + 5, id_a, 18);
+        assert_int_equal(hb_decode(tail, 5 + 18, &d), SW_OK);
+        swp_free(d);
+    }
+    /* A later instance_id wins, and ends at its first NUL. */
+    {
+        static const uint8_t inst[] = {0x12, 0x05, 'w', '2', 0x00, 'x', 'y'};
+        t = hb_beat(tail, id_a, 18);
+        memcpy(tail + t, inst, sizeof(inst));
+        assert_int_equal(hb_decode(tail, t + sizeof(inst), &d), SW_OK);
+        assert_string_equal(d->instance_id, "w2");
+        swp_free(d);
+    }
+}
+
 /* More than SWP_MAX_BATCH batched items is refused before unpacking (a
  * hostile frontend-bound message cannot make the decoder allocate a struct
  * per two bytes); exactly SWP_MAX_BATCH decodes. */
@@ -3053,7 +3203,34 @@ test_alloc_bound_dense_legit(void **state)
     m.beats = ptr;
     m.n_beats = SWP_MAX_BEATS;
     b = encode_msg(&m, &len);
-    assert_int_equal(unpack_counted(&streamwire__v1__heartbeat_batch__descriptor, b, len), SW_OK);
+    {
+        /* Through protobuf-c it would cost 7.6x (refused under the bound);
+         * the hand decoder builds one block of at most 3.3x + a constant. */
+        swp_beats *d = NULL;
+        size_t want =
+            sizeof(swp_beats) +
+            SWP_MAX_BEATS * (sizeof(swp_beat *) + sizeof(swp_beat) + SW_REQUEST_ID_BYTES) +
+            strlen("inst-1") + 1;
+        assert_true(swp_alloc_estimate(&streamwire__v1__heartbeat_batch__descriptor, b, len) >
+                    SWP_ALLOC_FACTOR * len + SWP_ALLOC_SLACK);
+        assert_int_equal(unpack_counted(&streamwire__v1__heartbeat_batch__descriptor, b, len),
+                         SW_EPROTO);
+        assert_int_equal(swp_decode_beats(b, len, SIZE_MAX, &d), SW_OK);
+        assert_int_equal(d->n_beats, SWP_MAX_BEATS);
+        assert_true(malloc_usable_size(d) >= want);
+        assert_true(malloc_usable_size(d) + 16 <= SWP_ALLOC_FACTOR * len + SWP_ALLOC_SLACK);
+        assert_true(want * 10 <= len * 33 + 10 * 1024); /* 3.3x + 1 KiB */
+        for (size_t i = 0; i < SWP_MAX_BEATS; i++) {
+            /* every part inside the one block */
+            assert_true((uint8_t *)d->beats[i] > (uint8_t *)d &&
+                        (uint8_t *)d->beats[i] < (uint8_t *)d + want);
+            assert_true(d->beats[i]->request_id.data > (uint8_t *)d &&
+                        d->beats[i]->request_id.data < (uint8_t *)d + want);
+            assert_memory_equal(d->beats[i]->request_id.data, ids[i], SW_REQUEST_ID_BYTES);
+            assert_int_equal(d->beats[i]->last_seq, 1);
+        }
+        swp_free(d);
+    }
     free(b);
     for (size_t i = 0; i < SWP_MAX_FINAL_ACKS; i++)
         acks[i] = bin(ids[i], SW_REQUEST_ID_BYTES);
@@ -3110,6 +3287,7 @@ main(void)
         cmocka_unit_test(test_alloc_bound_repeats),
         cmocka_unit_test(test_alloc_bound_dense_legit),
         cmocka_unit_test(test_beats),
+        cmocka_unit_test(test_beats_by_hand),
         cmocka_unit_test(test_beats_subject),
         cmocka_unit_test(test_batch_rules_rejected),
         cmocka_unit_test(test_final_body_round_trip),

@@ -23,7 +23,10 @@
  * No user callback runs with wmu or mu held: watch callbacks are called by
  * swr_reg_tick after dropping mu (sw_registry_unwatch waits on `dispatching`),
  * and every log line is written after the locks are released (what happened
- * under a lock is noted there and logged afterwards). */
+ * under a lock is noted there and logged afterwards). The backend's callback
+ * may itself run under a lock (the memory backend calls it inside another
+ * handle's put/del, under that handle's wmu): its log lines are queued
+ * (swr_reg_note) and written by the ticker. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +181,11 @@ sw_registry_close(sw_registry *reg)
         reg->eh = e->next;
         swp_free(e->info);
         free(e);
+    }
+    while (reg->nh != NULL) {
+        reg_note *n = reg->nh;
+        reg->nh = n->next;
+        free(n);
     }
     for (size_t i = 0; i < reg->nview; i++)
         swp_free(reg->view[i].info);

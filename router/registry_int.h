@@ -52,6 +52,16 @@ typedef struct reg_event {
     int64_t age_ms;
 } reg_event;
 
+/* A log line from the backend's callback, written later by the ticker:
+ * the memory backend calls swr_reg_on_entry inside another handle's put or
+ * del, under that handle's wmu, where no user callback may run. */
+typedef struct reg_note {
+    struct reg_note *next;
+    sw_log_level level;
+    char msg[];
+} reg_note;
+#define REG_NOTES_MAX 256 /* queued at most; more are counted and dropped */
+
 typedef struct reg_watcher {
     int id;
     sw_registry_watch_fn fn;
@@ -86,7 +96,10 @@ struct sw_registry {
     int dispatching;      /* watcher id whose callback runs now */
     unsigned lost_events; /* events not queued for lack of memory, not yet logged */
     reg_event *eh, *et;
-    swi_ticker ticker; /* runs swr_reg_tick */
+    reg_note *nh, *nt;      /* log lines for the ticker to write (mu) */
+    unsigned nnotes;        /* queued */
+    unsigned notes_dropped; /* not queued (REG_NOTES_MAX, or no memory), not yet logged */
+    swi_ticker ticker;      /* runs swr_reg_tick */
     int stopping;
     /* The store's health, for leases (mu): the last time anything was seen
      * written to it (a newer revision, or one of our writes), the last
@@ -112,6 +125,8 @@ void swr_reg_view_remove(sw_registry *reg, reg_view *v);                      /*
 reg_own *swr_reg_own_find(sw_registry *reg, const char *key);                 /* mu held */
 void swr_reg_store_back(sw_registry *reg, int64_t now);                       /* mu held */
 void swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted);    /* backend callback */
+/* Queues a log line for the ticker (takes mu; not with mu held). */
+void swr_reg_note(sw_registry *reg, sw_log_level level, const char *fmt, ...) SWI_PRINTF(3, 4);
 
 /* registry_lease.c: keep-alives, lease expiry, the store's health and
  * event delivery, on the registry's ticker */

@@ -158,6 +158,29 @@ swr_reg_tick(void *arg, int64_t now0)
             continue;
         }
 
+        /* Log lines the backend's callback queued (swr_reg_note). */
+        if (reg->nh != NULL || reg->notes_dropped > 0) {
+            reg_note *n = reg->nh;
+            unsigned dropped = 0;
+            if (n != NULL) {
+                reg->nh = n->next;
+                if (reg->nh == NULL)
+                    reg->nt = NULL;
+                reg->nnotes--;
+            } else {
+                dropped = reg->notes_dropped;
+                reg->notes_dropped = 0;
+            }
+            pthread_mutex_unlock(&reg->mu);
+            if (n != NULL)
+                swi_log(&reg->log, n->level, "%s", n->msg);
+            else
+                swi_log(&reg->log, SW_LOG_WARN, "registry: %u log line(s) dropped", dropped);
+            free(n);
+            pthread_mutex_lock(&reg->mu);
+            continue;
+        }
+
         /* Events, in order, one at a time, no lock held during callbacks. */
         if (reg->eh != NULL) {
             reg_event *e = reg->eh;

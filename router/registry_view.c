@@ -4,6 +4,7 @@
  * checked against its key; a removal of one of our own live entries is
  * answered by registering again; watch events are queued here and
  * delivered by the ticker (registry_lease.c). Locks: registry.c. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +123,40 @@ swr_reg_store_back(sw_registry *reg, int64_t now)
                 now + (reg->view[i].info->lease_ms ? reg->view[i].info->lease_ms : reg->lease_ms);
 }
 
+void
+swr_reg_note(sw_registry *reg, sw_log_level level, const char *fmt, ...)
+{
+    char line[512];
+    reg_note *n = NULL;
+    va_list ap;
+    int len;
+    if (reg->log.fn == NULL)
+        return;
+    va_start(ap, fmt);
+    len = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (len < 0)
+        return;
+    if ((size_t)len >= sizeof(line))
+        len = (int)sizeof(line) - 1;
+    pthread_mutex_lock(&reg->mu);
+    if (reg->nnotes < REG_NOTES_MAX && (n = malloc(sizeof(*n) + (size_t)len + 1)) != NULL) {
+        n->next = NULL;
+        n->level = level;
+        memcpy(n->msg, line, (size_t)len + 1);
+        if (reg->nt != NULL)
+            reg->nt->next = n;
+        else
+            reg->nh = n;
+        reg->nt = n;
+        reg->nnotes++;
+    } else {
+        reg->notes_dropped++;
+    }
+    swi_ticker_kick(&reg->ticker);
+    pthread_mutex_unlock(&reg->mu);
+}
+
 /* ---------------------------------------------------------------- backend events */
 
 void
@@ -148,9 +183,9 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
                 swt_env_open_kv(reg->sealer, e->key, e->value, e->len, opened, e->len, &n) !=
                     SW_OK) {
                 free(opened);
-                swi_log(&reg->log, SW_LOG_WARN,
-                        "registry: entry %s does not open with %s: ignored (auth_failed)", e->key,
-                        reg->sealer ? "the cluster key" : "no key (it is sealed)");
+                swr_reg_note(reg, SW_LOG_WARN,
+                             "registry: entry %s does not open with %s: ignored (auth_failed)",
+                             e->key, reg->sealer ? "the cluster key" : "no key (it is sealed)");
                 swr_reg_count(reg, &reg->st.entries_ignored);
                 return;
             }
@@ -160,8 +195,8 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         rv = swp_decode_instance(val, vlen, REG_MAX_VALUE, &info);
         free(opened);
         if (rv != SW_OK) {
-            swi_log(&reg->log, SW_LOG_WARN, "registry: entry %s does not decode (%s): ignored",
-                    e->key, sw_err_name(rv));
+            swr_reg_note(reg, SW_LOG_WARN, "registry: entry %s does not decode (%s): ignored",
+                         e->key, sw_err_name(rv));
             swr_reg_count(reg, &reg->st.entries_ignored);
             return;
         }
@@ -172,9 +207,9 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
             char want[REG_KEY_MAX];
             int n = snprintf(want, sizeof(want), "%s.%s", info->endpoint, info->instance_id);
             if (n < 0 || (size_t)n >= sizeof(want) || strcmp(want, e->key) != 0) {
-                swi_log(&reg->log, SW_LOG_WARN,
-                        "registry: entry %s names %s.%s: not its own key, ignored", e->key,
-                        info->endpoint, info->instance_id);
+                swr_reg_note(reg, SW_LOG_WARN,
+                             "registry: entry %s names %s.%s: not its own key, ignored", e->key,
+                             info->endpoint, info->instance_id);
                 swp_free(info);
                 swr_reg_count(reg, &reg->st.entries_ignored);
                 return;
@@ -218,9 +253,9 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         pthread_mutex_unlock(&reg->mu);
         swp_free(info);
         if (wronged[0] != '\0')
-            swi_log(&reg->log, SW_LOG_WARN,
-                    "registry: instance %s was %s while alive; registering again", wronged,
-                    deleted ? "deleted" : "reported dead");
+            swr_reg_note(reg, SW_LOG_WARN,
+                         "registry: instance %s was %s while alive; registering again", wronged,
+                         deleted ? "deleted" : "reported dead");
         return;
     }
     if (v == NULL && (v = view_get_or_add(reg, e->key)) == NULL) {

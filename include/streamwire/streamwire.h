@@ -221,9 +221,9 @@ typedef struct sw_ingress_opts {
     unsigned max_window;         /* cap on a request's credit window; default 1024 */
     sw_duration
         frontend_probe_ms; /* how often the frontends of live streams are probed; default 250 */
-    sw_duration frontend_timeout_ms; /* a probe unanswered this long is a miss; two misses in a row,
-                                     or a no-responders answer, cancel that frontend's streams;
-                                     default 1000 */
+    sw_duration frontend_timeout_ms; /* a probe unanswered this long is a miss;
+                                     frontend_probe_misses in a row, or a no-responders answer,
+                                     cancel that frontend's streams; default 1000 */
     sw_duration coalesce_us;         /* coalescing (docs/PROTOCOL.md): a stream that published less
                                         than this many microseconds ago hands its items to the
                                         sender thread, which puts what queues meanwhile in one

@@ -2159,6 +2159,44 @@ registry_logs_without_locks(void **state)
     pthread_mutex_destroy(&rr.mu);
 }
 
+/* A log line one handle's backend callback writes while ANOTHER handle
+ * holds its lock: the memory backend calls a watcher inside the writer's
+ * put/del, under the writer's wmu. Two handles claim one instance (a
+ * misconfiguration); A deregisters it (A's wmu held across the delete), and
+ * B, whose own entry was deleted while alive, logs; B's log callback
+ * re-enters A. Written under A's wmu, that deadlocked (the watchdog fails
+ * the test); B's line is now queued and written by B's ticker. */
+static void
+log_under_another_handles_lock(void **state)
+{
+    fx *f = *state;
+    reentry ra, rb;
+    sw_registry *a, *b;
+    reentry_init(&ra);
+    reentry_init(&rb);
+    watchdog_start("log_under_another_handles_lock", T(30000));
+    a = fx_reg_reentry(f, 0, 3000, 1000, &ra);
+    b = fx_reg_reentry(f, 1, 3000, 1000, &rb);
+    __atomic_store_n(&rb.reg, a, __ATOMIC_RELEASE); /* B's log re-enters A */
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(a, &f->rg[0]), SW_OK);
+    assert_int_equal(sw_registry_register(b, &f->rg[0]), SW_OK); /* the same instance */
+    assert_true(wait_listed(a, fx_id(f, 0), 1, T(2000)));
+    assert_int_equal(sw_registry_deregister(a, fx_id(f, 0)), SW_OK);
+    assert_true(reentry_wait(&rb, &rb.wronged, 1, T(3000)));
+    /* and B registers it again */
+    assert_true(wait_listed(a, fx_id(f, 0), 1, T(3000)));
+    __atomic_store_n(&ra.reg, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&rb.reg, NULL, __ATOMIC_RELEASE);
+    fx_reg_close(f, 1);
+    fx_reg_close(f, 0);
+    watchdog_stop();
+    assert_int_equal(ra.bad, 0);
+    assert_int_equal(rb.bad, 0);
+    pthread_mutex_destroy(&ra.mu);
+    pthread_mutex_destroy(&rb.mu);
+}
+
 /* The pool's log line "is back; lifting its quarantine" (written under the
  * pool lock before) and its on_removed callback, with a log callback and an
  * on_removed that re-enter the pool. */
@@ -2649,18 +2687,17 @@ blind_watch_reads_the_store(void **state)
         RT(open_same_new_bucket_concurrently, be), RT(garbage_entries_ignored, be),                \
         RT(unwatch_stops_callbacks, be), RT(raw_backend_ops, be),                                  \
         RT(deregister_races_refresh, be), RT(set_draining_races_refresh, be),                      \
-        RT(registry_logs_without_locks, be), RT(pool_logs_without_lock, be),                       \
-        RT(lease_ignores_clock_skew, be), RT(foreign_key_entry_ignored, be),                       \
-        RT(report_silent_refused_when_refreshed, be), RT(pool_report_does_not_block, be),          \
-        RT(store_outage_holds_leases, be), RT(refused_report_written_when_lease_lapses, be),       \
-        RT(blind_watch_reads_the_store, be)
+        RT(registry_logs_without_locks, be), RT(log_under_another_handles_lock, be),               \
+        RT(pool_logs_without_lock, be), RT(lease_ignores_clock_skew, be),                          \
+        RT(foreign_key_entry_ignored, be), RT(report_silent_refused_when_refreshed, be),           \
+        RT(pool_report_does_not_block, be), RT(store_outage_holds_leases, be),                     \
+        RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be)
 
 int
 main(int argc, char **argv)
 {
     /* The memory backend in the unit build, JetStream KV in the
-     * integration build: the same cases each (the 16 of the conformance
-     * suite and the 2 lock-contract tests). */
+     * integration build: the same cases each (REG_TESTS). */
     const struct CMUnitTest tests[] = {
         REG_TESTS(SUITE_BACKEND),
     };

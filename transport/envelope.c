@@ -8,6 +8,7 @@
 
 #include "proto/sw_codec.h"
 #include "transport/envelope.h"
+#include "transport/sw_transport.h"
 
 #define ENV_RID 16
 
@@ -71,35 +72,35 @@ swt_sealer_key_id(const swt_sealer *s)
     return s ? s->key.id : 0;
 }
 
-static int
-prefix(const char *s, const char *p)
-{
-    return strncmp(s, p, strlen(p)) == 0;
-}
-
 void
 swt_env_classify(const char *subject, swt_env_class *out)
 {
-    size_t n = subject ? strlen(subject) : 0;
     out->to_worker = 0;
     out->msg_type = SWT_SEAL_MSG_ITEM; /* a response subject of the frontend's choosing */
-    if (subject == NULL)
-        return;
-    if (prefix(subject, "sw.req.")) {
+    switch (swt_subject_kind_of(subject)) {
+    case SWT_SUBJ_REQUEST:
         out->to_worker = 1;
         out->msg_type = SWT_SEAL_MSG_REQUEST;
-    } else if (prefix(subject, "sw.ctl.")) {
+        break;
+    case SWT_SUBJ_CONTROL:
         out->to_worker = 1;
         out->msg_type = SWT_SEAL_MSG_CONTROL;
-    } else if (prefix(subject, "sw.lv.")) { /* a frontend's answer to a worker's probe */
+        break;
+    case SWT_SUBJ_LIVE_REPLY:
         out->to_worker = 1;
         out->msg_type = SWT_SEAL_MSG_PROBE_REPLY;
-    } else if (prefix(subject, "sw.rsp.") && n > 10 && strcmp(subject + n - 3, ".hb") == 0) {
+        break;
+    case SWT_SUBJ_BEATS:
         out->msg_type = SWT_SEAL_MSG_HEARTBEAT_BATCH;
-    } else if (prefix(subject, "sw.prb.")) { /* a worker's answer to a frontend's probe */
+        break;
+    case SWT_SUBJ_PROBE_REPLY:
         out->msg_type = SWT_SEAL_MSG_PROBE_REPLY;
-    } else if (prefix(subject, "sw.rtr.")) { /* a worker's probe of a frontend */
+        break;
+    case SWT_SUBJ_ROUTER:
         out->msg_type = SWT_SEAL_MSG_PROBE;
+        break;
+    case SWT_SUBJ_OTHER:
+        break;
     }
 }
 

@@ -107,6 +107,34 @@ swt_is_beats_subject(const char *subject)
 }
 
 static int
+swt_prefix(const char *s, const char *p)
+{
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+swt_subject_kind
+swt_subject_kind_of(const char *subject)
+{
+    size_t n;
+    if (subject == NULL)
+        return SWT_SUBJ_OTHER;
+    n = strlen(subject);
+    if (swt_prefix(subject, "sw.req."))
+        return SWT_SUBJ_REQUEST;
+    if (swt_prefix(subject, "sw.ctl."))
+        return SWT_SUBJ_CONTROL;
+    if (swt_prefix(subject, "sw.lv."))
+        return SWT_SUBJ_LIVE_REPLY;
+    if (swt_prefix(subject, "sw.rsp.") && n > 10 && strcmp(subject + n - 3, ".hb") == 0)
+        return SWT_SUBJ_BEATS;
+    if (swt_prefix(subject, "sw.prb."))
+        return SWT_SUBJ_PROBE_REPLY;
+    if (swt_prefix(subject, "sw.rtr."))
+        return SWT_SUBJ_ROUTER;
+    return SWT_SUBJ_OTHER;
+}
+
+static int
 swt_unhex(char c)
 {
     if (c >= '0' && c <= '9')

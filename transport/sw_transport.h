@@ -41,6 +41,17 @@ int swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]
 sw_err swt_subject_beats(char *out, size_t cap, const char *router);
 /* 1 if subject is a response subject's heartbeat-batch form (last token "hb"). */
 int swt_is_beats_subject(const char *subject);
+/* What a subject carries, by its form (the sealed envelope binds it). */
+typedef enum swt_subject_kind {
+    SWT_SUBJ_OTHER,       /* not one of ours: e.g. a response subject of the frontend's choosing */
+    SWT_SUBJ_REQUEST,     /* sw.req.<endpoint>.<instance> */
+    SWT_SUBJ_CONTROL,     /* sw.ctl.<instance> */
+    SWT_SUBJ_LIVE_REPLY,  /* sw.lv.<instance>.<router>: a frontend answers a worker's probe */
+    SWT_SUBJ_BEATS,       /* sw.rsp.<router>.hb */
+    SWT_SUBJ_PROBE_REPLY, /* sw.prb.<router>.<instance>: a worker answers a frontend's probe */
+    SWT_SUBJ_ROUTER,      /* sw.rtr.<router>: a worker's probe of a frontend */
+} swt_subject_kind;
+swt_subject_kind swt_subject_kind_of(const char *subject);
 
 /* NATS user nkeys (transport/nkey.c). */
 #define SWT_NKEY_PUBLIC_LEN 56 /* "U..." */

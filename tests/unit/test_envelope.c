@@ -15,6 +15,7 @@
 
 #include "proto/sw_codec.h"
 #include "transport/envelope.h"
+#include "transport/sw_transport.h"
 
 static const uint8_t RID[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 
@@ -232,6 +233,20 @@ test_classify(void **state)
     assert_int_equal(c.msg_type, SWT_SEAL_MSG_PROBE_REPLY);
     swt_env_classify("sw.rtr.r", &c);
     assert_int_equal(c.msg_type, SWT_SEAL_MSG_PROBE);
+    /* the subject kinds it reads (transport/subjects.c) */
+    assert_int_equal(swt_subject_kind_of(NULL), SWT_SUBJ_OTHER);
+    assert_int_equal(swt_subject_kind_of("inbox.x"), SWT_SUBJ_OTHER);
+    assert_int_equal(swt_subject_kind_of("sw.rsp.hb"), SWT_SUBJ_OTHER); /* no router token */
+    assert_int_equal(swt_subject_kind_of("sw.rsp.r.hb"), SWT_SUBJ_BEATS);
+    assert_int_equal(swt_subject_kind_of("sw.rsp.r.hbx"), SWT_SUBJ_OTHER);
+    assert_int_equal(swt_subject_kind_of("sw.req.e.w"), SWT_SUBJ_REQUEST);
+    assert_int_equal(swt_subject_kind_of("sw.ctl.w"), SWT_SUBJ_CONTROL);
+    assert_int_equal(swt_subject_kind_of("sw.lv.w.r"), SWT_SUBJ_LIVE_REPLY);
+    assert_int_equal(swt_subject_kind_of("sw.prb.r.w"), SWT_SUBJ_PROBE_REPLY);
+    assert_int_equal(swt_subject_kind_of("sw.rtr.r"), SWT_SUBJ_ROUTER);
+    swt_env_classify(NULL, &c);
+    assert_false(c.to_worker);
+    assert_int_equal(c.msg_type, SWT_SEAL_MSG_ITEM);
 }
 
 int

@@ -1,0 +1,164 @@
+/* proto/encode.c -- encoding: protobuf-c's packing behind a size cap
+ * (swp_encode, swp_encode_alloc), and the hot path's hand encoding of
+ * StreamItemWrapper headers, data and final bodies and batch prefixes
+ * (byte for byte what protobuf-c writes; test_codec compares them). The
+ * decoders are in codec.c and beats.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sw_common.h"
+#include "proto/sw_codec.h"
+
+size_t
+swp_encoded_size(const void *msg)
+{
+    return protobuf_c_message_get_packed_size((const ProtobufCMessage *)msg);
+}
+
+sw_err
+swp_encode(const void *msg, uint8_t *buf, size_t cap, size_t *len)
+{
+    size_t n;
+    if (msg == NULL || len == NULL || (buf == NULL && cap != 0))
+        return SW_EINVAL;
+    n = swp_encoded_size(msg);
+    if (n > cap)
+        return SW_EMSGSIZE;
+    *len = protobuf_c_message_pack((const ProtobufCMessage *)msg, buf);
+    return SW_OK;
+}
+
+sw_err
+swp_encode_alloc(const void *msg, size_t max, uint8_t **out, size_t *len)
+{
+    size_t n;
+    uint8_t *b;
+    if (msg == NULL || out == NULL || len == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    n = swp_encoded_size(msg);
+    if (n > max)
+        return SW_EMSGSIZE;
+    b = malloc(n ? n : 1);
+    if (b == NULL)
+        return SW_ENOMEM;
+    *len = protobuf_c_message_pack((const ProtobufCMessage *)msg, b);
+    *out = b;
+    return SW_OK;
+}
+
+/* ---------------------------------------------------------------- hand encoding */
+
+/* Protobuf wire tags: (field << 3) | wire type (0 varint, 2 length). */
+enum {
+    TAG_VERSION = (1 << 3) | 0,
+    TAG_REQUEST_ID = (2 << 3) | 2,
+    TAG_SEQ = (3 << 3) | 0,
+    TAG_DATA = (4 << 3) | 2,
+    TAG_DROPPABLE = (6 << 3) | 0,
+    TAG_INSTANCE_ID = (9 << 3) | 2,
+    TAG_RESENT = (10 << 3) | 0,
+    TAG_CREDIT_WINDOW = (11 << 3) | 0,
+    TAG_BATCH = (12 << 3) | 2,
+    TAG_EVENT = (13 << 3) | 2,
+};
+
+size_t
+swp_varint_size(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+size_t
+swp_varint_write(uint8_t *out, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        out[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    out[n++] = (uint8_t)v;
+    return n;
+}
+
+size_t
+swp_hdr_write(const swp_hdr *h, uint8_t *out)
+{
+    size_t n = 0;
+    out[n++] = TAG_VERSION;
+    out[n++] = SW_PROTOCOL_VERSION;
+    out[n++] = TAG_REQUEST_ID;
+    out[n++] = SW_REQUEST_ID_BYTES;
+    memcpy(out + n, h->request_id, SW_REQUEST_ID_BYTES);
+    n += SW_REQUEST_ID_BYTES;
+    if (h->instance_id != NULL && h->instance_id[0] != '\0') {
+        size_t l = strnlen(h->instance_id, SW_MAX_TOKEN);
+        out[n++] = TAG_INSTANCE_ID;
+        n += swp_varint_write(out + n, l);
+        memcpy(out + n, h->instance_id, l);
+        n += l;
+    }
+    if (h->resent) {
+        out[n++] = TAG_RESENT;
+        out[n++] = 1;
+    }
+    if (h->credit_window != 0) {
+        out[n++] = TAG_CREDIT_WINDOW;
+        n += swp_varint_write(out + n, h->credit_window);
+    }
+    return n;
+}
+
+size_t
+swp_data_body_size(uint64_t seq, size_t len, int droppable, size_t event_len)
+{
+    return 1 + swp_varint_size(seq) + 1 + swp_varint_size(len) + len + (droppable ? 2 : 0) +
+           (event_len ? 2 + event_len : 0);
+}
+
+size_t
+swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, int droppable,
+                    const char *event, size_t event_len)
+{
+    size_t n = 0;
+    out[n++] = TAG_SEQ;
+    n += swp_varint_write(out + n, seq);
+    out[n++] = TAG_DATA;
+    n += swp_varint_write(out + n, len);
+    if (len != 0)
+        memcpy(out + n, data, len);
+    n += len;
+    if (droppable) {
+        out[n++] = TAG_DROPPABLE;
+        out[n++] = 1;
+    }
+    if (event_len != 0) { /* <= SW_MAX_EVENT: a one-byte length */
+        out[n++] = TAG_EVENT;
+        out[n++] = (uint8_t)event_len;
+        memcpy(out + n, event, event_len);
+        n += event_len;
+    }
+    return n;
+}
+
+sw_err
+swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out, size_t *len)
+{
+    swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+    b.seq = seq;
+    b.complete_final = 1;
+    b.terminal = (swp_terminal *)t;
+    return swp_encode_alloc(&b, max, out, len);
+}
+
+size_t
+swp_batch_prefix(uint8_t *out, size_t body_len)
+{
+    out[0] = TAG_BATCH;
+    return 1 + swp_varint_write(out + 1, body_len);
+}

@@ -1,0 +1,34 @@
+/* transport/conn_int.h -- the connection's fields, shared by conn.c (the
+ * connection) and sub.c (publish and subscriptions). Internal to
+ * transport/. */
+#ifndef SW_TRANSPORT_CONN_INT_H
+#define SW_TRANSPORT_CONN_INT_H
+
+#include <nats/nats.h>
+
+#include "transport/envelope.h"
+#include "transport/sw_transport.h"
+
+struct sw_conn {
+    natsConnection *nc;
+    natsOptions *opts;
+    swi_logger log;
+    int closing;         /* sw_conn_close started: the disconnect is expected */
+    int64_t max_payload; /* cached; refreshed on (re)connect (atomic access) */
+    /* nats.c calls the connection callbacks on its own thread, possibly after
+     * natsConnection_Close returned; the closed callback is the last one, so
+     * sw_conn_close waits for it before freeing. */
+    pthread_mutex_t cb_mu;
+    pthread_cond_t cb_cv;
+    int cb_closed;
+    sw_conn_state_fn on_state;
+    void *on_state_arg;
+    int state;              /* sw_conn_state (atomic access) */
+    int64_t up_since_ms;    /* monotonic time of the last (re)connect; -1 while down (atomic) */
+    uint64_t reconnects;    /* (atomic) */
+    char name[64];          /* the connection name (metrics label) */
+    swt_sealer *sealer;     /* sw_conn_opts.seal_key_file: seals and opens every message */
+    uint64_t auth_failures; /* messages refused: did not open, or unsealed (atomic) */
+};
+
+#endif

@@ -1,0 +1,261 @@
+/* transport/sub.c -- bounded publishing (sealed when the connection
+ * seals) and subscriptions: each message is opened (or refused) before the
+ * handler sees it, as an swt_msg view; closing waits for the handler's last
+ * return. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "transport/conn_int.h"
+#include "transport/envelope.h"
+
+sw_err
+swt_publish_plain(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len)
+{
+    natsStatus s;
+    int64_t max = __atomic_load_n(&c->max_payload, __ATOMIC_ACQUIRE);
+    if ((max > 0 && len > (size_t)max) || len > (size_t)INT32_MAX)
+        return SW_EMSGSIZE;
+    if (reply != NULL)
+        s = natsConnection_PublishRequest(c->nc, subj, reply, data, (int)len);
+    else
+        s = natsConnection_Publish(c->nc, subj, data, (int)len);
+    return sw_err_from_nats(s);
+}
+
+sw_err
+swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, size_t len)
+{
+    uint8_t stackbuf[2048], *buf = stackbuf;
+    size_t max = sw_conn_max_payload(c), cap = len + SWT_ENV_OVERHEAD, n = 0;
+    sw_err e;
+    if (max != 0 && len > max)
+        return SW_EMSGSIZE;
+    if (c->sealer == NULL)
+        return swt_publish_plain(c, subj, reply, data, len);
+    if (cap > sizeof(stackbuf) && (buf = malloc(cap)) == NULL)
+        return SW_ENOMEM;
+    e = swt_env_seal(c->sealer, subj, data, len, buf, cap, &n);
+    if (e == SW_OK)
+        e = swt_publish_plain(c, subj, reply, buf, n);
+    if (buf != stackbuf)
+        free(buf);
+    return e;
+}
+
+/* A subscription. nats.c may run the handler one last time after
+ * Unsubscribe returns, on its own thread; its completion callback comes
+ * after the handler's last return, so swt_sub_close waits for that before
+ * it frees anything (cb_mu/cb_cv below guard `completed`). */
+struct swt_sub {
+    sw_conn *c;
+    uint8_t *pt; /* opened plaintext (the callbacks of one subscription run one at a time) */
+    size_t pt_cap;
+    natsSubscription *ns;
+    swt_msg_fn fn;
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int completed;        /* nats.c's completion callback ran */
+    int free_on_complete; /* closed from inside its own handler: the completion frees it */
+    int in_cb;            /* the handler runs now, on cb_thread */
+    pthread_t cb_thread;
+};
+
+static void
+swt_sub_free(swt_sub *sub)
+{
+    natsSubscription_Destroy(sub->ns);
+    pthread_mutex_destroy(&sub->mu);
+    pthread_cond_destroy(&sub->cv);
+    if (sub->pt != NULL)
+        sodium_memzero(sub->pt, sub->pt_cap);
+    free(sub->pt);
+    free(sub);
+}
+
+static void
+swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
+{
+    swt_sub *sub = arg;
+    swt_msg m;
+    m.subject = natsMsg_GetSubject(msg);
+    m.reply = natsMsg_GetReply(msg);
+    m.data = (const uint8_t *)natsMsg_GetData(msg);
+    m.len = (size_t)natsMsg_GetDataLength(msg);
+    m.no_responders = natsMsg_IsNoResponders(msg) ? 1 : 0;
+    m.auth_failed = 0;
+    if (!m.no_responders) {
+        /* Sealed cluster: open before anyone looks; refuse what is not
+         * sealed. Unsealed: refuse what is (a sealed peer we cannot read). */
+        int sealed = swt_env_is_sealed(m.data, m.len);
+        if (sub->c->sealer != NULL && sealed) {
+            size_t n = 0;
+            if (sub->pt_cap < m.len) {
+                uint8_t *np = realloc(sub->pt, m.len);
+                if (np != NULL) {
+                    sub->pt = np;
+                    sub->pt_cap = m.len;
+                }
+            }
+            if (sub->pt_cap >= m.len && swt_env_open(sub->c->sealer, m.subject, m.data, m.len,
+                                                     sub->pt, sub->pt_cap, &n) == SW_OK) {
+                m.data = sub->pt;
+                m.len = n;
+            } else {
+                m.auth_failed = 1;
+            }
+        } else if (sub->c->sealer != NULL || sealed) {
+            m.auth_failed = 1;
+        }
+        if (m.auth_failed) {
+            m.data = NULL;
+            m.len = 0;
+            swt_conn_count_auth_failure(sub->c);
+        }
+    }
+    pthread_mutex_lock(&sub->mu);
+    sub->in_cb = 1;
+    sub->cb_thread = pthread_self();
+    pthread_mutex_unlock(&sub->mu);
+    sub->fn(&m, sub->arg);
+    pthread_mutex_lock(&sub->mu);
+    sub->in_cb = 0;
+    pthread_mutex_unlock(&sub->mu);
+    natsMsg_Destroy(msg);
+}
+
+static void
+swt_on_complete(void *arg)
+{
+    swt_sub *sub = arg;
+    int free_it;
+    pthread_mutex_lock(&sub->mu);
+    sub->completed = 1;
+    free_it = sub->free_on_complete;
+    pthread_cond_broadcast(&sub->cv);
+    pthread_mutex_unlock(&sub->mu);
+    if (free_it)
+        swt_sub_free(sub);
+}
+
+sw_err
+swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg)
+{
+    swt_sub *sub;
+    natsStatus s;
+    *out = NULL;
+    if ((sub = calloc(1, sizeof(*sub))) == NULL)
+        return SW_ENOMEM;
+    sub->c = c;
+    sub->fn = fn;
+    sub->arg = arg;
+    pthread_mutex_init(&sub->mu, NULL);
+    swi_cond_init(&sub->cv);
+    s = natsConnection_Subscribe(&sub->ns, c->nc, subj, swt_on_msg, sub);
+    if (s == NATS_OK &&
+        (s = natsSubscription_SetOnCompleteCB(sub->ns, swt_on_complete, sub)) != NATS_OK) {
+        natsSubscription_Unsubscribe(sub->ns); /* no completion will come */
+        natsSubscription_Destroy(sub->ns);
+        sub->ns = NULL;
+    }
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(sub->ns, -1, -1);
+    if (s != NATS_OK) {
+        if (sub->ns != NULL) {
+            swt_sub_close(c, &sub); /* waits for the completion */
+        } else {
+            pthread_mutex_destroy(&sub->mu);
+            pthread_cond_destroy(&sub->cv);
+            free(sub);
+        }
+        return sw_err_from_nats(s);
+    }
+    *out = sub;
+    return SW_OK;
+}
+
+int
+swt_sub_pending(swt_sub *s)
+{
+    int pending = 0;
+    if (s == NULL || natsSubscription_GetPending(s->ns, &pending, NULL) != NATS_OK)
+        return 0;
+    return pending;
+}
+
+uint64_t
+swt_sub_dropped(swt_sub *s)
+{
+    int64_t dropped = 0;
+    if (s == NULL || natsSubscription_GetDropped(s->ns, &dropped) != NATS_OK || dropped < 0)
+        return 0;
+    return (uint64_t)dropped;
+}
+
+int
+swt_connected(sw_conn *c)
+{
+    return c != NULL && c->nc != NULL && natsConnection_Status(c->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
+sw_err
+swt_flush(sw_conn *c, int64_t timeout_ms)
+{
+    if (!swt_connected(c))
+        return SW_ECONNECT;
+    return sw_err_from_nats(natsConnection_FlushTimeout(c->nc, timeout_ms));
+}
+
+int
+swt_denied(sw_conn *c, const char *subj)
+{
+    const char *txt = NULL;
+    /* The server answers a refused SUB with -ERR 'Permissions Violation for
+     * Subscription to "<subj>"' before the PONG of a later flush, and nats.c
+     * keeps it as the connection's last error. */
+    if (natsConnection_GetLastError(c->nc, &txt) != NATS_NOT_PERMITTED || txt == NULL)
+        return 0;
+    return strstr(txt, "Subscription") != NULL && strstr(txt, subj) != NULL;
+}
+
+void
+swt_sub_close(sw_conn *c, swt_sub **subp)
+{
+    swt_sub *sub = *subp;
+    int self;
+    int64_t until;
+    if (sub == NULL)
+        return;
+    *subp = NULL;
+    if (swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(sub->ns, 2000);
+    /* Unsubscribe in any case: a drain that timed out leaves it open. */
+    natsSubscription_Unsubscribe(sub->ns);
+    pthread_mutex_lock(&sub->mu);
+    self = sub->in_cb && pthread_equal(sub->cb_thread, pthread_self());
+    if (self && !sub->completed) {
+        /* Closed from its own handler: the completion comes after we
+         * return, and frees it then. */
+        sub->free_on_complete = 1;
+        pthread_mutex_unlock(&sub->mu);
+        return;
+    }
+    /* The completion comes after the handler's last return: however long a
+     * user callback takes, it has returned when this does. The bound only
+     * guards against a completion that never comes (then the object is
+     * left allocated rather than freed under a running handler). */
+    until = swi_now_ms() + 60000;
+    while (!sub->completed && swi_now_ms() < until)
+        swi_cond_wait_until(&sub->cv, &sub->mu, until);
+    if (!sub->completed) {
+        sub->free_on_complete = 1;
+        pthread_mutex_unlock(&sub->mu);
+        swi_log(&c->log, SW_LOG_ERROR, "nats: a subscription did not complete in 60 s; left open");
+        return;
+    }
+    pthread_mutex_unlock(&sub->mu);
+    swt_sub_free(sub);
+}

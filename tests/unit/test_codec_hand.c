@@ -1,0 +1,1114 @@
+/* tests/unit/test_codec_hand.c -- the hot path's hand encoding of
+ * StreamItemWrappers (proto/encode.c; split from test_codec.c): headers, data
+ * and final bodies and batch prefixes byte for byte against protobuf-c and
+ * within their bounds, and what both item decoders (swp_decode_item,
+ * swp_decode_item_arena) make of them: single items, batches, the batch
+ * count cap, every batch rule, the arena's fall back to malloc; and the
+ * HeartbeatBatch round trip and checks (swp_decode_beats). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "codec_fixture.h"
+
+/* ------------------------------------------------------------ hand-encoded wrappers */
+
+/* The worker writes StreamItemWrappers by hand (swp_hdr_write, swp_data_body_*,
+ * swp_final_body_alloc, swp_batch_prefix). These tests build messages with
+ * those functions and check what both item decoders make of them. */
+
+/* A 64-char instance id: the longest token. */
+#define ID64 "inst-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVW"
+
+static size_t
+vsize(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* A growing buffer for a hand-built message. */
+typedef struct wbuf {
+    uint8_t *b;
+    size_t len, cap;
+} wbuf;
+
+static uint8_t *
+wb_room(wbuf *w, size_t n)
+{
+    if (w->cap - w->len < n) {
+        size_t cap = w->cap ? w->cap : 256;
+        while (cap - w->len < n)
+            cap *= 2;
+        w->b = realloc(w->b, cap);
+        assert_non_null(w->b);
+        w->cap = cap;
+    }
+    return w->b + w->len;
+}
+
+static void
+wb_raw(wbuf *w, const void *p, size_t n)
+{
+    uint8_t *at = wb_room(w, n);
+    if (n)
+        memcpy(at, p, n);
+    w->len += n;
+}
+
+/* Appends swp_hdr_write's header; returns its length. */
+static size_t
+wb_hdr(wbuf *w, const char *instance_id, int resent, uint32_t credit_window)
+{
+    swp_hdr h;
+    size_t n;
+    h.request_id = RID;
+    h.instance_id = instance_id;
+    h.credit_window = credit_window;
+    h.resent = resent;
+    n = swp_hdr_write(&h, wb_room(w, SWP_HDR_MAX));
+    assert_true(n <= SWP_HDR_MAX);
+    w->len += n;
+    return n;
+}
+
+static void
+wb_prefix(wbuf *w, size_t body_len)
+{
+    size_t n = swp_batch_prefix(wb_room(w, SWP_PREFIX_MAX), body_len);
+    assert_int_equal(n, 1 + vsize(body_len));
+    w->len += n;
+}
+
+/* Appends a data body (after a batch prefix when batched). */
+static void
+wb_data(wbuf *w, int batched, uint64_t seq, const void *data, size_t len, int droppable)
+{
+    size_t size = swp_data_body_size(seq, len, droppable, 0), n;
+    if (batched)
+        wb_prefix(w, size);
+    n = swp_data_body_write(wb_room(w, size), seq, data, len, droppable, NULL, 0);
+    assert_int_equal(n, size);
+    w->len += n;
+}
+
+/* Appends a final's body from swp_final_body_alloc (t may be NULL). */
+static void
+wb_final(wbuf *w, int batched, uint64_t seq, const swp_terminal *t)
+{
+    uint8_t *body = NULL;
+    size_t n = 0;
+    assert_int_equal(swp_final_body_alloc(seq, t, MAXLEN, &body, &n), SW_OK);
+    assert_non_null(body);
+    if (batched)
+        wb_prefix(w, n);
+    wb_raw(w, body, n);
+    free(body);
+}
+
+/* Appends protobuf-c's packing of msg (after a batch prefix when batched). */
+static void
+wb_msg(wbuf *w, int batched, const void *msg)
+{
+    size_t n;
+    uint8_t *b = encode_msg(msg, &n);
+    if (batched)
+        wb_prefix(w, n);
+    wb_raw(w, b, n);
+    free(b);
+}
+
+static void
+make_terminal(swp_terminal *t, swp_error *e, Streamwire__V1__Status status, const char *reason,
+              uint32_t sw_code, const char *app_code, const char *message)
+{
+    *t = (swp_terminal)STREAMWIRE__V1__TERMINAL__INIT;
+    t->status = status;
+    t->finish_reason = (char *)reason;
+    if (e != NULL) {
+        *e = (swp_error)STREAMWIRE__V1__ERROR__INIT;
+        e->sw_code = sw_code;
+        e->app_code = (char *)app_code;
+        e->message = (char *)message;
+        t->error = e;
+    }
+}
+
+/* Both item decoders' results for one input: [0] swp_decode_item,
+ * [1] swp_decode_item_arena (arena on the heap, so ASan sees overruns). */
+typedef struct item_pair {
+    swp_item *m[2];
+    swp_arena *arena;
+} item_pair;
+
+static void
+item_pair_free(item_pair *p)
+{
+    swp_free(p->m[0]);
+    if (p->m[1] != NULL)
+        swp_free_arena(p->m[1], p->arena);
+    free(p->arena);
+    p->m[0] = p->m[1] = NULL;
+    p->arena = NULL;
+}
+
+/* Decodes an exact-size copy of b[len] with both decoders; both must return
+ * want. On SW_OK both messages must re-encode to the same bytes (the caller
+ * then checks the fields and calls item_pair_free); on an error nothing is
+ * returned and nothing is left to free. */
+static void
+item_pair_decode(item_pair *p, const uint8_t *b, size_t len, sw_err want, const char *what)
+{
+    uint8_t *copy = malloc(len ? len : 1);
+    sw_err r0, r1;
+    assert_non_null(copy);
+    if (len)
+        memcpy(copy, b, len);
+    p->arena = malloc(sizeof(*p->arena));
+    assert_non_null(p->arena);
+    p->m[0] = p->m[1] = (swp_item *)(uintptr_t)1;
+    r0 = swp_decode_item(copy, len, MAXLEN, &p->m[0]);
+    r1 = swp_decode_item_arena(copy, len, MAXLEN, p->arena, &p->m[1]);
+    /* decoded messages own their bytes: nothing may point into the input */
+    memset(copy, 0xa5, len);
+    free(copy);
+    if (r0 != want || r1 != want)
+        fail_msg("%s: swp_decode_item %s, swp_decode_item_arena %s, want %s", what, sw_err_name(r0),
+                 sw_err_name(r1), sw_err_name(want));
+    if (want != SW_OK) {
+        assert_null(p->m[0]);
+        assert_null(p->m[1]);
+        free(p->arena);
+        p->arena = NULL;
+        return;
+    }
+    assert_non_null(p->m[0]);
+    assert_non_null(p->m[1]);
+    {
+        size_t l0, l1;
+        uint8_t *e0 = encode_msg(p->m[0], &l0), *e1 = encode_msg(p->m[1], &l1);
+        assert_int_equal(l0, l1);
+        assert_memory_equal(e0, e1, l0);
+        free(e0);
+        free(e1);
+    }
+}
+
+static void
+expect_bytes_rv(const wbuf *w, sw_err want, const char *what)
+{
+    item_pair p;
+    item_pair_decode(&p, w->b, w->len, want, what);
+    if (want == SW_OK)
+        item_pair_free(&p);
+}
+
+static void
+fill_pattern(uint8_t *b, size_t n, unsigned mul, unsigned add)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(i * mul + add);
+}
+
+/* 1. header + one data body decodes to exactly the fields written. */
+static void
+test_hand_header_data_body(void **state)
+{
+    static uint8_t data[70000];
+    static const struct {
+        const char *instance_id; /* NULL or "": not sent */
+        int resent;
+        uint32_t credit_window;
+        uint64_t seq;
+        size_t len;
+        int droppable;
+    } cases[] = {
+        {NULL, 0, 0, 1, 6, 0},
+        {"inst-a", 0, 0, 3, 6, 1},
+        {"", 1, 0, 127, 1, 0},
+        {"inst-b", 1, 64, 128, 0, 0},                    /* empty data */
+        {NULL, 0, 0, 9, 0, 1},                           /* empty data, droppable */
+        {NULL, 0, 65536, UINT64_C(1) << 40, 200, 1},     /* 2-byte length */
+        {ID64, 1, SWP_MAX_WINDOW, UINT64_MAX, 70000, 1}, /* 3-byte length */
+        {"w", 0, 127, 16384, 128, 0},
+        {"inst-c", 0, 128, (UINT64_C(1) << 40) + 3, 16383, 0},
+    };
+    (void)state;
+    fill_pattern(data, sizeof(data), 31, 7);
+    assert_int_equal(strlen(ID64), SW_MAX_TOKEN);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        wbuf w = {NULL, 0, 0};
+        item_pair p;
+        size_t hlen, want_hlen;
+        int has_id = cases[i].instance_id != NULL && cases[i].instance_id[0] != '\0';
+        char what[64];
+        snprintf(what, sizeof(what), "hand data case %zu", i);
+
+        hlen = wb_hdr(&w, cases[i].instance_id, cases[i].resent, cases[i].credit_window);
+        want_hlen = 2 + 2 + SW_REQUEST_ID_BYTES;
+        if (has_id)
+            want_hlen += 1 + vsize(strlen(cases[i].instance_id)) + strlen(cases[i].instance_id);
+        if (cases[i].resent)
+            want_hlen += 2;
+        if (cases[i].credit_window)
+            want_hlen += 1 + vsize(cases[i].credit_window);
+        assert_int_equal(hlen, want_hlen);
+        wb_data(&w, 0, cases[i].seq, data, cases[i].len, cases[i].droppable);
+        assert_int_equal(w.len, hlen + 1 + vsize(cases[i].seq) + 1 + vsize(cases[i].len) +
+                                    cases[i].len + (cases[i].droppable ? 2 : 0));
+
+        item_pair_decode(&p, w.b, w.len, SW_OK, what);
+        for (int k = 0; k < 2; k++) {
+            const swp_item *d = p.m[k];
+            assert_int_equal(d->version, 1);
+            assert_bin(d->request_id, RID, sizeof(RID));
+            assert_string_equal(d->instance_id, has_id ? cases[i].instance_id : "");
+            assert_int_equal(!!d->resent, cases[i].resent);
+            assert_true(d->credit_window == cases[i].credit_window);
+            assert_true(d->seq == cases[i].seq);
+            assert_int_equal(d->body_case, STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA);
+            assert_bin(d->data, data, cases[i].len);
+            assert_int_equal(!!d->droppable, cases[i].droppable);
+            assert_false(d->complete_final);
+            assert_null(d->terminal);
+            assert_int_equal(d->n_batch, 0);
+            assert_null(d->sealed);
+            assert_int_equal(d->base.n_unknown_fields, 0);
+        }
+        item_pair_free(&p);
+        free(w.b);
+    }
+}
+
+/* 2. swp_data_body_write is byte for byte protobuf-c's BatchedItem packing,
+ * swp_data_body_size is what it writes, and it writes nothing past it. */
+static void
+test_data_body_matches_protobuf_c(void **state)
+{
+    static const uint64_t seqs[] = {
+        1, 127, 128, 16383, 16384, UINT64_C(1) << 40, (UINT64_C(1) << 63) - 1, UINT64_MAX};
+    static const size_t lens[] = {1, 6, 127, 128, 200, 16383, 16384, 70000};
+    static uint8_t data[70000];
+    size_t checked = 0;
+    (void)state;
+    fill_pattern(data, sizeof(data), 13, 1);
+    for (size_t s = 0; s < sizeof(seqs) / sizeof(seqs[0]); s++) {
+        for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+            for (int dr = 0; dr <= 3; dr++) {
+                /* dr bit 0: droppable; bit 1: typed (an event name, the longest one
+                 * when the data is long) */
+                static const char *evs[] = {"refusal", "x",
+                                            ("0123456789abcdefghijABCDEFGHIJ._:-0123456789abcdefg"
+                                             "hijABCDEFGH")};
+                const char *ev = (dr & 2) ? evs[(s + l) % 3] : NULL;
+                size_t elen = ev ? strlen(ev) : 0;
+                swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+                size_t plen, size = swp_data_body_size(seqs[s], lens[l], dr & 1, elen), n;
+                uint8_t *packed, *mine = malloc(size + 8);
+                assert_non_null(mine);
+                assert_true(elen <= SW_MAX_EVENT);
+                memset(mine, 0xee, size + 8);
+                b.seq = seqs[s];
+                b.data = bin(data, lens[l]);
+                b.droppable = dr & 1;
+                if (ev)
+                    b.event = (char *)ev;
+                packed = encode_msg(&b, &plen);
+                n = swp_data_body_write(mine, seqs[s], data, lens[l], dr & 1, ev, elen);
+                assert_int_equal(n, size);
+                assert_int_equal(n, plen);
+                assert_memory_equal(mine, packed, n);
+                for (size_t g = 0; g < 8; g++)
+                    assert_int_equal(mine[size + g], 0xee);
+                free(packed);
+                free(mine);
+                checked++;
+            }
+        }
+    }
+    assert_int_equal(checked, 8 * 8 * 4);
+
+    /* sizes spelled out: tag, varint seq, tag, varint length, data, droppable */
+    assert_int_equal(swp_data_body_size(1, 0, 0, 0), 4);
+    assert_int_equal(swp_data_body_size(1, 0, 1, 0), 6);
+    assert_int_equal(swp_data_body_size(UINT64_C(1) << 40, 200, 1, 0), 1 + 6 + 1 + 2 + 200 + 2);
+    assert_int_equal(swp_data_body_size(1, 70000, 0, 0), 1 + 1 + 1 + 3 + 70000);
+    assert_int_equal(swp_data_body_size(UINT64_MAX, 1, 0, 0), 1 + 10 + 1 + 1 + 1);
+
+    /* empty data: the field is still written (protobuf-c would omit it), so
+     * the wrapper's oneof says DATA */
+    {
+        static const uint8_t want[] = {0x18, 0x07, 0x22, 0x00};
+        uint8_t out[sizeof(want) + 1];
+        out[sizeof(want)] = 0xee;
+        assert_int_equal(swp_data_body_write(out, 7, NULL, 0, 0, NULL, 0), sizeof(want));
+        assert_memory_equal(out, want, sizeof(want));
+        assert_int_equal(out[sizeof(want)], 0xee);
+    }
+}
+
+/* 3. The header and prefix writers stay within SWP_HDR_MAX / SWP_PREFIX_MAX,
+ * and the header is protobuf-c's packing of the same fields. */
+static void
+test_hand_header_and_prefix_bounds(void **state)
+{
+    static const uint32_t windows[] = {0, 1, 127, 128, 16384, SWP_MAX_WINDOW, UINT32_MAX};
+    static const char *const ids[] = {NULL, "", "i", "inst-a", ID64};
+    static const uint64_t bodies[] = {0,
+                                      1,
+                                      127,
+                                      128,
+                                      16383,
+                                      16384,
+                                      UINT64_C(1) << 21,
+                                      UINT64_C(1) << 28,
+                                      UINT32_MAX,
+                                      UINT64_C(1) << 35,
+                                      UINT64_C(1) << 42,
+                                      UINT64_C(1) << 49,
+                                      UINT64_C(1) << 56,
+                                      UINT64_C(1) << 63};
+    (void)state;
+
+    /* the longest header: exactly SWP_HDR_MAX, into a buffer of exactly that */
+    {
+        uint8_t *out = malloc(SWP_HDR_MAX);
+        swp_hdr h = {RID, ID64, UINT32_MAX, 1};
+        assert_non_null(out);
+        assert_int_equal(swp_hdr_write(&h, out), SWP_HDR_MAX);
+        free(out);
+    }
+    /* a longer instance id does not push it past the bound */
+    {
+        char longid[3 * SW_MAX_TOKEN + 1];
+        uint8_t *out = malloc(SWP_HDR_MAX);
+        swp_hdr h = {RID, NULL, UINT32_MAX, 1};
+        assert_non_null(out);
+        h.instance_id = repeat(longid, 'x', sizeof(longid) - 1);
+        assert_true(swp_hdr_write(&h, out) <= SWP_HDR_MAX);
+        free(out);
+    }
+
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        for (size_t c = 0; c < sizeof(windows) / sizeof(windows[0]); c++) {
+            for (int resent = 0; resent <= 1; resent++) {
+                swp_hdr h = {RID, ids[i], windows[c], resent};
+                swp_item m;
+                uint8_t out[SWP_HDR_MAX + 8], *packed;
+                size_t n, plen;
+                memset(out, 0xee, sizeof(out));
+                n = swp_hdr_write(&h, out);
+                assert_true(n <= SWP_HDR_MAX);
+                for (size_t g = n; g < sizeof(out); g++)
+                    assert_int_equal(out[g], 0xee);
+                /* protobuf-c packs fields 1, 2, 9, 10, 11 in that order too */
+                fill_item_base(&m);
+                m.instance_id = (char *)(ids[i] ? ids[i] : "");
+                m.credit_window = windows[c];
+                m.resent = resent;
+                packed = encode_msg(&m, &plen);
+                assert_int_equal(n, plen);
+                assert_memory_equal(out, packed, n);
+                free(packed);
+            }
+        }
+    }
+
+    /* the prefix: tag of field 12 (length-delimited), then the length */
+    {
+        uint8_t *out = malloc(SWP_PREFIX_MAX);
+        assert_non_null(out);
+        assert_int_equal(swp_batch_prefix(out, SIZE_MAX), SWP_PREFIX_MAX);
+        assert_int_equal(out[0], (12 << 3) | 2);
+        for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+            size_t n;
+            uint64_t v = 0;
+            memset(out, 0xee, SWP_PREFIX_MAX);
+            n = swp_batch_prefix(out, (size_t)bodies[i]);
+            assert_true(n <= SWP_PREFIX_MAX);
+            assert_int_equal(n, 1 + vsize(bodies[i]));
+            assert_int_equal(out[0], 0x62);
+            for (size_t j = n; j-- > 1;)
+                v = (v << 7) | (out[j] & 0x7f);
+            assert_true(v == bodies[i]);
+            for (size_t j = 1; j + 1 < n; j++)
+                assert_true(out[j] & 0x80);
+            assert_false(out[n - 1] & 0x80);
+        }
+        free(out);
+    }
+}
+
+/* 4. A batch: wrapper seq 5, batched 6, 9 and a final at 10. */
+static void
+check_batch_5_6_9_10(const swp_item *d, const char *instance_id, int failed)
+{
+    assert_int_equal(d->version, 1);
+    assert_bin(d->request_id, RID, sizeof(RID));
+    assert_string_equal(d->instance_id, instance_id);
+    assert_true(d->seq == 5);
+    assert_int_equal(d->body_case, STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA);
+    assert_bin(d->data, "tok-5", 5);
+    assert_true(d->droppable);
+    assert_false(d->complete_final);
+    assert_null(d->terminal);
+    assert_int_equal(d->n_batch, 3);
+
+    assert_true(d->batch[0]->seq == 6);
+    assert_bin(d->batch[0]->data, "token six", 9);
+    assert_false(d->batch[0]->droppable);
+    assert_false(d->batch[0]->complete_final);
+    assert_null(d->batch[0]->terminal);
+
+    assert_true(d->batch[1]->seq == 9);
+    assert_bin(d->batch[1]->data, PAYLOAD, sizeof(PAYLOAD));
+    assert_true(d->batch[1]->droppable);
+    assert_false(d->batch[1]->complete_final);
+    assert_null(d->batch[1]->terminal);
+
+    assert_true(d->batch[2]->seq == 10);
+    assert_int_equal(d->batch[2]->data.len, 0);
+    assert_false(d->batch[2]->droppable);
+    assert_true(d->batch[2]->complete_final);
+    assert_non_null(d->batch[2]->terminal);
+    if (failed) {
+        const swp_terminal *t = d->batch[2]->terminal;
+        assert_int_equal(t->status, STREAMWIRE__V1__STATUS__STATUS_FAILED);
+        assert_string_equal(t->finish_reason, "");
+        assert_non_null(t->error);
+        assert_int_equal(t->error->sw_code, 0);
+        assert_string_equal(t->error->app_code, "engine_error");
+        assert_string_equal(t->error->message, "CUDA out of memory");
+    } else {
+        assert_int_equal(d->batch[2]->terminal->status, STREAMWIRE__V1__STATUS__STATUS_COMPLETED);
+        assert_string_equal(d->batch[2]->terminal->finish_reason, "stop");
+        assert_null(d->batch[2]->terminal->error);
+    }
+}
+
+static void
+build_batch_5_6_9_10(wbuf *w, const char *instance_id, int resent, uint32_t cw,
+                     const swp_terminal *t)
+{
+    wb_hdr(w, instance_id, resent, cw);
+    wb_data(w, 0, 5, "tok-5", 5, 1);
+    wb_data(w, 1, 6, "token six", 9, 0);
+    wb_data(w, 1, 9, PAYLOAD, sizeof(PAYLOAD), 1);
+    wb_final(w, 1, 10, t);
+}
+
+static void
+test_batch_decode(void **state)
+{
+    swp_terminal t;
+    swp_error e;
+    (void)state;
+    for (int failed = 1; failed >= 0; failed--) {
+        if (failed)
+            make_terminal(&t, &e, STREAMWIRE__V1__STATUS__STATUS_FAILED, "", 0, "engine_error",
+                          "CUDA out of memory");
+        else
+            make_terminal(&t, NULL, STREAMWIRE__V1__STATUS__STATUS_COMPLETED, "stop", 0, NULL,
+                          NULL);
+
+        /* with a full header */
+        {
+            wbuf w = {NULL, 0, 0};
+            item_pair p;
+            build_batch_5_6_9_10(&w, "inst-a", 1, 96, &t);
+            item_pair_decode(&p, w.b, w.len, SW_OK, "batch 5 6 9 final 10");
+            for (int k = 0; k < 2; k++) {
+                check_batch_5_6_9_10(p.m[k], "inst-a", failed);
+                assert_true(p.m[k]->resent);
+                assert_int_equal(p.m[k]->credit_window, 96);
+            }
+            item_pair_free(&p);
+            free(w.b);
+        }
+        /* with a bare header the bytes are protobuf-c's for the same wrapper */
+        {
+            wbuf w = {NULL, 0, 0};
+            item_pair p;
+            swp_item m;
+            swp_batched b6 = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+            swp_batched b9 = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+            swp_batched b10 = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+            swp_batched *bs[3] = {&b6, &b9, &b10};
+            uint8_t *packed;
+            size_t plen;
+            build_batch_5_6_9_10(&w, NULL, 0, 0, &t);
+            fill_item_base(&m);
+            m.instance_id = (char *)"";
+            m.seq = 5;
+            m.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+            m.data = bin("tok-5", 5);
+            m.droppable = 1;
+            b6.seq = 6;
+            b6.data = bin("token six", 9);
+            b9.seq = 9;
+            b9.data = bin(PAYLOAD, sizeof(PAYLOAD));
+            b9.droppable = 1;
+            b10.seq = 10;
+            b10.complete_final = 1;
+            b10.terminal = &t;
+            m.n_batch = 3;
+            m.batch = bs;
+            packed = encode_msg(&m, &plen);
+            assert_int_equal(w.len, plen);
+            assert_memory_equal(w.b, packed, plen);
+            free(packed);
+            item_pair_decode(&p, w.b, w.len, SW_OK, "batch 5 6 9 final 10, bare header");
+            for (int k = 0; k < 2; k++) {
+                check_batch_5_6_9_10(p.m[k], "", failed);
+                assert_false(p.m[k]->resent);
+                assert_int_equal(p.m[k]->credit_window, 0);
+            }
+            item_pair_free(&p);
+            free(w.b);
+        }
+    }
+
+    /* an empty data item inside a batch, and an empty wrapper data item */
+    {
+        wbuf w = {NULL, 0, 0};
+        item_pair p;
+        wb_hdr(&w, "inst-a", 0, 0);
+        wb_data(&w, 0, 1, NULL, 0, 0);
+        wb_data(&w, 1, 2, NULL, 0, 1);
+        wb_data(&w, 1, 3, "c", 1, 0);
+        item_pair_decode(&p, w.b, w.len, SW_OK, "batch with empty data items");
+        for (int k = 0; k < 2; k++) {
+            const swp_item *d = p.m[k];
+            assert_true(d->seq == 1);
+            assert_int_equal(d->body_case, STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA);
+            assert_int_equal(d->data.len, 0);
+            assert_int_equal(d->n_batch, 2);
+            assert_true(d->batch[0]->seq == 2);
+            assert_int_equal(d->batch[0]->data.len, 0);
+            assert_true(d->batch[0]->droppable);
+            assert_false(d->batch[0]->complete_final);
+            assert_true(d->batch[1]->seq == 3);
+            assert_bin(d->batch[1]->data, "c", 1);
+            assert_false(d->batch[1]->droppable);
+        }
+        item_pair_free(&p);
+        free(w.b);
+    }
+}
+
+/* HeartbeatBatch: round trip; version, instance token, id length and an
+ * empty batch are checked; more than SWP_MAX_BEATS beats is refused before
+ * unpacking. */
+static void
+test_beats(void **state)
+{
+    static uint8_t ids[SWP_MAX_BEATS + 1][SW_REQUEST_ID_BYTES];
+    static swp_beat one[SWP_MAX_BEATS + 1];
+    static swp_beat *ptr[SWP_MAX_BEATS + 1];
+    swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT, *d = NULL;
+    uint8_t *b;
+    size_t len;
+    (void)state;
+    for (size_t i = 0; i <= SWP_MAX_BEATS; i++) {
+        memset(ids[i], (int)(i & 0xff), SW_REQUEST_ID_BYTES);
+        ids[i][0] = (uint8_t)(i >> 8);
+        streamwire__v1__stream_beat__init(&one[i]);
+        one[i].request_id = bin(ids[i], SW_REQUEST_ID_BYTES);
+        one[i].last_seq = (uint64_t)i * 1000003u;
+        ptr[i] = &one[i];
+    }
+    m.version = 1;
+    m.instance_id = (char *)"inst-1";
+    m.beats = ptr;
+    m.n_beats = 3;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_OK);
+    assert_string_equal(d->instance_id, "inst-1");
+    assert_int_equal(d->n_beats, 3);
+    for (size_t i = 0; i < 3; i++) {
+        assert_memory_equal(d->beats[i]->request_id.data, ids[i], SW_REQUEST_ID_BYTES);
+        assert_int_equal(d->beats[i]->last_seq, (uint64_t)i * 1000003u);
+    }
+    swp_free(d);
+    free(b);
+    assert_int_equal(swp_decode_beats(b = encode_msg(&m, &len), len - 1, MAXLEN, &d), SW_EPROTO);
+    assert_null(d);
+    free(b);
+
+    m.n_beats = SWP_MAX_BEATS;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, 1 << 20, &d), SW_OK);
+    assert_int_equal(d->n_beats, SWP_MAX_BEATS);
+    swp_free(d);
+    free(b);
+    m.n_beats = SWP_MAX_BEATS + 1;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, 1 << 20, &d), SW_EPROTO);
+    assert_null(d);
+    free(b);
+
+    m.n_beats = 2;
+    m.version = 2;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_EVERSION);
+    free(b);
+    m.version = 1;
+    m.instance_id = (char *)"bad.instance";
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_EPROTO);
+    free(b);
+    m.instance_id = (char *)"inst-1";
+    m.n_beats = 0;
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_EPROTO);
+    free(b);
+    m.n_beats = 2;
+    one[1].request_id = bin(ids[1], 15);
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, MAXLEN, &d), SW_EPROTO);
+    assert_null(d);
+    free(b);
+    one[1].request_id = bin(ids[1], SW_REQUEST_ID_BYTES);
+    b = encode_msg(&m, &len);
+    assert_int_equal(swp_decode_beats(b, len, 4, &d), SW_EMSGSIZE);
+    free(b);
+}
+
+/* More than SWP_MAX_BATCH batched items is refused before unpacking (a
+ * hostile frontend-bound message cannot make the decoder allocate a struct
+ * per two bytes); exactly SWP_MAX_BATCH decodes. */
+static void
+test_batch_count_cap(void **state)
+{
+    static const uint8_t id[SW_REQUEST_ID_BYTES] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
+    swp_hdr h = {id, NULL, 0, 0};
+    size_t cap = SWP_HDR_MAX + (SWP_MAX_BATCH + 2) * (SWP_PREFIX_MAX + 16), n;
+    uint8_t *b = malloc(cap), body[32];
+    (void)state;
+    assert_non_null(b);
+    for (int extra = 0; extra <= 1; extra++) {
+        swp_item *d = NULL;
+        swp_arena a;
+        n = swp_hdr_write(&h, b);
+        n += swp_data_body_write(b + n, 1, "x", 1, 0, NULL, 0);
+        for (uint64_t q = 2; q <= 1 + (uint64_t)SWP_MAX_BATCH + (uint64_t)extra; q++) {
+            size_t bl = swp_data_body_write(body, q, "y", 1, 0, NULL, 0);
+            n += swp_batch_prefix(b + n, bl);
+            memcpy(b + n, body, bl);
+            n += bl;
+        }
+        assert_true(n <= cap);
+        if (extra) {
+            assert_int_equal(swp_decode_item(b, n, 1 << 20, &d), SW_EPROTO);
+            assert_null(d);
+            assert_int_equal(swp_decode_item_arena(b, n, 1 << 20, &a, &d), SW_EPROTO);
+            assert_null(d);
+        } else {
+            assert_int_equal(swp_decode_item(b, n, 1 << 20, &d), SW_OK);
+            assert_int_equal(d->n_batch, SWP_MAX_BATCH);
+            assert_int_equal(d->batch[SWP_MAX_BATCH - 1]->seq, 1 + SWP_MAX_BATCH);
+            swp_free(d);
+            assert_int_equal(swp_decode_item_arena(b, n, 1 << 20, &a, &d), SW_OK);
+            assert_int_equal(d->n_batch, SWP_MAX_BATCH);
+            swp_free_arena(d, &a);
+        }
+    }
+    /* 1 MB of empty batch entries: refused without unpacking. */
+    {
+        size_t big = 1 << 20;
+        uint8_t *e = malloc(big);
+        swp_item *d = NULL;
+        assert_non_null(e);
+        n = swp_hdr_write(&h, e);
+        n += swp_data_body_write(e + n, 1, "x", 1, 0, NULL, 0);
+        while (n + 2 <= big) {
+            e[n++] = 0x62;
+            e[n++] = 0x00;
+        }
+        assert_int_equal(swp_decode_item(e, n, big, &d), SW_EPROTO);
+        assert_null(d);
+        free(e);
+    }
+    free(b);
+}
+
+/* 4b. 200 items of 64 bytes: more than the arena holds, so the arena decoder
+ * falls back to malloc for the rest (and frees it: the ASan build checks). */
+static void
+test_batch_large_arena_fallback(void **state)
+{
+    enum { NITEMS = 200, ITEM = 64 };
+    wbuf w = {NULL, 0, 0};
+    uint8_t chunk[ITEM];
+    swp_arena *arena = malloc(sizeof(*arena));
+    swp_item *a = NULL, *r = NULL;
+    size_t outside = 0;
+    (void)state;
+    assert_non_null(arena);
+    wb_hdr(&w, "inst-a", 0, 0);
+    for (int i = 0; i < NITEMS; i++) {
+        fill_pattern(chunk, sizeof(chunk), 7, (unsigned)i * 3);
+        wb_data(&w, i > 0, 1000 + 2 * (uint64_t)i, chunk, sizeof(chunk), i % 3 == 0);
+    }
+    assert_true(w.len > SWP_ARENA_BYTES);
+
+    for (int round = 0; round < 2; round++) { /* the arena serves one message at a time */
+        assert_int_equal(swp_decode_item_arena(w.b, w.len, MAXLEN, arena, &a), SW_OK);
+        assert_non_null(a);
+        assert_true(arena->used <= SWP_ARENA_BYTES);
+        /* the wrapper itself is in the arena; the batch did not all fit */
+        assert_true((uint8_t *)a >= arena->buf && (uint8_t *)a < arena->buf + SWP_ARENA_BYTES);
+        outside = 0;
+        assert_true(a->seq == 1000);
+        fill_pattern(chunk, sizeof(chunk), 7, 0);
+        assert_bin(a->data, chunk, sizeof(chunk));
+        assert_true(a->droppable);
+        assert_int_equal(a->n_batch, NITEMS - 1);
+        for (int i = 1; i < NITEMS; i++) {
+            const swp_batched *b = a->batch[i - 1];
+            if ((const uint8_t *)b->data.data < arena->buf ||
+                (const uint8_t *)b->data.data >= arena->buf + SWP_ARENA_BYTES)
+                outside++;
+            fill_pattern(chunk, sizeof(chunk), 7, (unsigned)i * 3);
+            assert_true(b->seq == 1000 + 2 * (uint64_t)i);
+            assert_bin(b->data, chunk, sizeof(chunk));
+            assert_int_equal(!!b->droppable, i % 3 == 0);
+            assert_false(b->complete_final);
+            assert_null(b->terminal);
+        }
+        assert_true(outside > 0);
+        if (round == 0) {
+            size_t la, lr;
+            uint8_t *ea, *er;
+            assert_int_equal(swp_decode_item(w.b, w.len, MAXLEN, &r), SW_OK);
+            ea = encode_msg(a, &la);
+            er = encode_msg(r, &lr);
+            assert_int_equal(la, lr);
+            assert_memory_equal(ea, er, la);
+            free(ea);
+            free(er);
+            swp_free(r);
+        }
+        swp_free_arena(a, arena);
+    }
+
+    /* rejected after the arena overflowed: the malloc'd part is freed too */
+    {
+        wbuf bad = {NULL, 0, 0};
+        wb_raw(&bad, w.b, w.len);
+        wb_data(&bad, 1, 1000, "x", 1, 0); /* seq goes backwards at the very end */
+        a = (swp_item *)(uintptr_t)1;
+        assert_int_equal(swp_decode_item_arena(bad.b, bad.len, MAXLEN, arena, &a), SW_EPROTO);
+        assert_null(a);
+        r = (swp_item *)(uintptr_t)1;
+        assert_int_equal(swp_decode_item(bad.b, bad.len, MAXLEN, &r), SW_EPROTO);
+        assert_null(r);
+        free(bad.b);
+    }
+    free(arena);
+    free(w.b);
+}
+
+/* 5. Every batch rule, both decoders. Each letter of a shape is one item,
+ * the first the wrapper's body:
+ *   d data        e empty data   f final COMPLETED   g final FAILED (app code)
+ *   F final FAILED without error   A final FAILED, sw_code 0 and no app code
+ *   U final with status UNSPECIFIED   N final without a terminal
+ *   X final that carries data      t data item carrying a terminal
+ *   h heartbeat (wrapper only)     n no body at all (wrapper only) */
+static void
+wb_item(wbuf *w, int batched, char kind, uint64_t seq)
+{
+    swp_terminal t;
+    swp_error e;
+    switch (kind) {
+    case 'd':
+        wb_data(w, batched, seq, PAYLOAD, sizeof(PAYLOAD), 0);
+        break;
+    case 'e':
+        wb_data(w, batched, seq, NULL, 0, 1);
+        break;
+    case 'f':
+        make_terminal(&t, NULL, STREAMWIRE__V1__STATUS__STATUS_COMPLETED, "stop", 0, NULL, NULL);
+        wb_final(w, batched, seq, &t);
+        break;
+    case 'g':
+        make_terminal(&t, &e, STREAMWIRE__V1__STATUS__STATUS_FAILED, "", 0, "engine_error", "x");
+        wb_final(w, batched, seq, &t);
+        break;
+    case 'F':
+        make_terminal(&t, NULL, STREAMWIRE__V1__STATUS__STATUS_FAILED, "", 0, NULL, NULL);
+        wb_final(w, batched, seq, &t);
+        break;
+    case 'A':
+        make_terminal(&t, &e, STREAMWIRE__V1__STATUS__STATUS_FAILED, "", 0, "", "no code");
+        wb_final(w, batched, seq, &t);
+        break;
+    case 'U':
+        make_terminal(&t, NULL, STREAMWIRE__V1__STATUS__STATUS_UNSPECIFIED, "stop", 0, NULL, NULL);
+        wb_final(w, batched, seq, &t);
+        break;
+    case 'N':
+        wb_final(w, batched, seq, NULL);
+        break;
+    case 'X':
+    case 't': {
+        swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+        make_terminal(&t, NULL, STREAMWIRE__V1__STATUS__STATUS_COMPLETED, "stop", 0, NULL, NULL);
+        b.seq = seq;
+        b.data = bin(PAYLOAD, sizeof(PAYLOAD));
+        b.complete_final = kind == 'X';
+        b.terminal = &t;
+        wb_msg(w, batched, &b);
+        break;
+    }
+    case 'h':
+    case 'n': {
+        swp_item frag;
+        Streamwire__V1__Heartbeat hb = STREAMWIRE__V1__HEARTBEAT__INIT;
+        assert_false(batched);
+        streamwire__v1__stream_item_wrapper__init(&frag);
+        frag.seq = seq;
+        if (kind == 'h') {
+            hb.last_seq = 4;
+            frag.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+            frag.heartbeat = &hb;
+        }
+        wb_msg(w, 0, &frag);
+        break;
+    }
+    default:
+        fail_msg("bad item kind %c", kind);
+    }
+}
+
+static void
+test_batch_rules_rejected(void **state)
+{
+    static const struct {
+        const char *what;
+        const char *shape;
+        uint64_t seq[4];
+        sw_err want;
+    } cases[] = {
+        /* accepted: the same shapes done right */
+        {"data batch", "ddd", {5, 6, 9}, SW_OK},
+        {"batch ending in a final", "dddf", {5, 6, 9, 10}, SW_OK},
+        {"batch ending in a FAILED final", "dedg", {5, 6, 7, 8}, SW_OK},
+        {"wrapper empty data + final", "ef", {1, 2}, SW_OK},
+        {"final with data, no batch", "X", {5}, SW_OK},
+        {"final, no batch", "f", {5}, SW_OK},
+        {"heartbeat, no batch", "h", {0}, SW_OK},
+        {"batch at the top of the seq range", "dd", {UINT64_MAX - 1, UINT64_MAX}, SW_OK},
+        /* seq order */
+        {"seq equal to the previous one", "ddd", {5, 6, 6}, SW_EPROTO},
+        {"seq below the previous one", "ddd", {5, 7, 6}, SW_EPROTO},
+        {"seq equal to the wrapper's", "dd", {5, 5}, SW_EPROTO},
+        {"seq below the wrapper's", "dd", {5, 3}, SW_EPROTO},
+        {"seq 0 after the wrapper", "dd", {5, 0}, SW_EPROTO},
+        {"empty item seq equal to the previous one", "de", {5, 5}, SW_EPROTO},
+        {"final seq equal to the previous one", "ddf", {5, 6, 6}, SW_EPROTO},
+        {"final seq below the wrapper's", "df", {5, 4}, SW_EPROTO},
+        {"seq wraps after UINT64_MAX", "dd", {UINT64_MAX, 0}, SW_EPROTO},
+        {"wrapper data seq 0", "dd", {0, 1}, SW_EPROTO},
+        /* a final only last */
+        {"final in the middle", "dfd", {5, 6, 7}, SW_EPROTO},
+        {"FAILED final in the middle", "dge", {5, 6, 7}, SW_EPROTO},
+        {"two finals", "dff", {5, 6, 7}, SW_EPROTO},
+        /* what a batched final / data item may carry */
+        {"batched final with data", "dX", {5, 6}, SW_EPROTO},
+        {"batched final with data after data", "ddX", {5, 6, 7}, SW_EPROTO},
+        {"batched data item with a terminal", "dt", {5, 6}, SW_EPROTO},
+        {"batched data item with a terminal before a final", "dtf", {5, 6, 7}, SW_EPROTO},
+        /* the wrapper must be a data item */
+        {"wrapper is a final", "fd", {5, 6}, SW_EPROTO},
+        {"wrapper is a final, batch holds a final", "ff", {5, 6}, SW_EPROTO},
+        {"wrapper is a final with data", "Xd", {5, 6}, SW_EPROTO},
+        {"wrapper is a heartbeat", "hd", {0, 1}, SW_EPROTO},
+        {"wrapper is a heartbeat, batch holds a final", "hf", {0, 1}, SW_EPROTO},
+        {"wrapper has no body", "nd", {5, 6}, SW_EPROTO},
+        /* a batched final's terminal is validated like the wrapper's */
+        {"batched FAILED without error", "dF", {5, 6}, SW_EPROTO},
+        {"batched FAILED with neither sw_code nor app_code", "dA", {5, 6}, SW_EPROTO},
+        {"batched final with status UNSPECIFIED", "dU", {5, 6}, SW_EPROTO},
+        {"batched final without terminal", "dN", {5, 6}, SW_EPROTO},
+        {"invalid final after data items", "ddeF", {5, 6, 7, 8}, SW_EPROTO},
+    };
+    size_t rejected = 0;
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        wbuf w = {NULL, 0, 0};
+        size_t n = strlen(cases[i].shape);
+        assert_true(n >= 1 && n <= 4);
+        wb_hdr(&w, "inst-a", 0, 0);
+        for (size_t j = 0; j < n; j++)
+            wb_item(&w, j > 0, cases[i].shape[j], cases[i].seq[j]);
+        expect_bytes_rv(&w, cases[i].want, cases[i].what);
+        if (cases[i].want != SW_OK)
+            rejected++;
+        free(w.b);
+    }
+    assert_int_equal(rejected, 28);
+
+    /* the same rules through protobuf-c's encoding of a whole wrapper */
+    {
+        swp_item m;
+        swp_batched b1 = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+        swp_batched b2 = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+        swp_batched *bs[2] = {&b1, &b2};
+        swp_terminal t;
+        make_terminal(&t, NULL, STREAMWIRE__V1__STATUS__STATUS_COMPLETED, "stop", 0, NULL, NULL);
+        fill_item_data(&m);
+        m.seq = 10;
+        b1.seq = 11;
+        b1.data = bin("a", 1);
+        b2.seq = 12;
+        b2.complete_final = 1;
+        b2.terminal = &t;
+        m.n_batch = 2;
+        m.batch = bs;
+        expect_decode_rv(K_ITEM, &m, SW_OK, "encoded batch");
+        b2.seq = 11;
+        expect_decode_rv(K_ITEM, &m, SW_EPROTO, "encoded batch, repeated seq");
+        b2.seq = 12;
+        m.complete_final = 1;
+        m.terminal = &t;
+        expect_decode_rv(K_ITEM, &m, SW_EPROTO, "encoded batch, final wrapper");
+        m.complete_final = 0;
+        m.terminal = NULL;
+        b1.complete_final = 1;
+        b1.terminal = &t;
+        b1.data = bin(NULL, 0);
+        expect_decode_rv(K_ITEM, &m, SW_EPROTO, "encoded batch, final first");
+        /* typed batched items: data may be typed, the final may not */
+        b1.complete_final = 0;
+        b1.terminal = NULL;
+        b1.data = bin("a", 1);
+        b1.event = "metrics";
+        m.event = "refusal";
+        expect_decode_rv(K_ITEM, &m, SW_OK, "encoded batch, typed data items");
+        b1.event = "bad event";
+        expect_decode_rv(K_ITEM, &m, SW_EPROTO, "encoded batch, bad batched event");
+        b1.event = "metrics";
+        b2.event = "refusal";
+        expect_decode_rv(K_ITEM, &m, SW_EPROTO, "encoded batch, typed final");
+    }
+}
+
+/* 6. A final's body from swp_final_body_alloc after a header. */
+static void
+test_final_body_round_trip(void **state)
+{
+    static const struct {
+        Streamwire__V1__Status status;
+        const char *reason;
+        uint32_t sw_code;
+        const char *app_code;
+    } finals[] = {
+        {STREAMWIRE__V1__STATUS__STATUS_COMPLETED, "stop", 0, NULL},
+        {STREAMWIRE__V1__STATUS__STATUS_COMPLETED, "", 0, NULL},
+        {STREAMWIRE__V1__STATUS__STATUS_INCOMPLETE, "max_tokens", 0, NULL},
+        {STREAMWIRE__V1__STATUS__STATUS_CANCELLED, "cancelled", 0, NULL},
+        {STREAMWIRE__V1__STATUS__STATUS_FAILED, "", 0, "engine_error"},
+        {STREAMWIRE__V1__STATUS__STATUS_FAILED, "", SW_EOVERLOADED, ""},
+    };
+    static const uint64_t seqs[] = {1, 42, UINT64_C(1) << 40};
+    (void)state;
+    for (size_t i = 0; i < sizeof(finals) / sizeof(finals[0]); i++) {
+        for (size_t s = 0; s < sizeof(seqs) / sizeof(seqs[0]); s++) {
+            swp_terminal t;
+            swp_error e;
+            swp_batched ref = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+            wbuf w = {NULL, 0, 0};
+            item_pair p;
+            uint8_t *body = NULL, *packed;
+            size_t n = 0, plen;
+            int failed = finals[i].status == STREAMWIRE__V1__STATUS__STATUS_FAILED;
+            make_terminal(&t, failed ? &e : NULL, finals[i].status, finals[i].reason,
+                          finals[i].sw_code, finals[i].app_code, "it broke");
+
+            assert_int_equal(swp_final_body_alloc(seqs[s], &t, MAXLEN, &body, &n), SW_OK);
+            ref.seq = seqs[s];
+            ref.complete_final = 1;
+            ref.terminal = &t;
+            packed = encode_msg(&ref, &plen);
+            assert_int_equal(n, plen);
+            assert_memory_equal(body, packed, n);
+            free(packed);
+
+            wb_hdr(&w, "inst-a", s == 1, s == 2 ? 512 : 0);
+            wb_raw(&w, body, n);
+            item_pair_decode(&p, w.b, w.len, SW_OK, "header + final body");
+            for (int k = 0; k < 2; k++) {
+                const swp_item *d = p.m[k];
+                assert_int_equal(d->version, 1);
+                assert_bin(d->request_id, RID, sizeof(RID));
+                assert_string_equal(d->instance_id, "inst-a");
+                assert_int_equal(!!d->resent, s == 1);
+                assert_int_equal(d->credit_window, s == 2 ? 512 : 0);
+                assert_true(d->seq == seqs[s]);
+                assert_true(d->complete_final);
+                assert_int_equal(d->body_case, STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY__NOT_SET);
+                assert_false(d->droppable);
+                assert_int_equal(d->n_batch, 0);
+                assert_non_null(d->terminal);
+                assert_int_equal(d->terminal->status, finals[i].status);
+                assert_string_equal(d->terminal->finish_reason, finals[i].reason);
+                if (failed) {
+                    assert_non_null(d->terminal->error);
+                    assert_int_equal(d->terminal->error->sw_code, finals[i].sw_code);
+                    assert_string_equal(d->terminal->error->app_code, finals[i].app_code);
+                    assert_string_equal(d->terminal->error->message, "it broke");
+                } else {
+                    assert_null(d->terminal->error);
+                }
+            }
+            item_pair_free(&p);
+
+            /* max is inclusive; one byte less is SW_EMSGSIZE with nothing returned */
+            {
+                uint8_t *o = (uint8_t *)(uintptr_t)1;
+                size_t l = 0;
+                assert_int_equal(swp_final_body_alloc(seqs[s], &t, n, &o, &l), SW_OK);
+                assert_int_equal(l, n);
+                assert_memory_equal(o, body, n);
+                free(o);
+                o = (uint8_t *)(uintptr_t)1;
+                assert_int_equal(swp_final_body_alloc(seqs[s], &t, n - 1, &o, &l), SW_EMSGSIZE);
+                assert_null(o);
+                o = (uint8_t *)(uintptr_t)1;
+                assert_int_equal(swp_final_body_alloc(seqs[s], &t, 0, &o, &l), SW_EMSGSIZE);
+                assert_null(o);
+            }
+            free(body);
+            free(w.b);
+        }
+    }
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hand_header_data_body),
+        cmocka_unit_test(test_data_body_matches_protobuf_c),
+        cmocka_unit_test(test_hand_header_and_prefix_bounds),
+        cmocka_unit_test(test_batch_decode),
+        cmocka_unit_test(test_batch_large_arena_fallback),
+        cmocka_unit_test(test_batch_count_cap),
+        cmocka_unit_test(test_beats),
+        cmocka_unit_test(test_batch_rules_rejected),
+        cmocka_unit_test(test_final_body_round_trip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

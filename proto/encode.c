@@ -1,7 +1,7 @@
 /* proto/encode.c -- encoding: protobuf-c's packing behind a size cap
  * (swp_encode, swp_encode_alloc), and the hot path's hand encoding of
  * StreamItemWrapper headers, data and final bodies and batch prefixes
- * (byte for byte what protobuf-c writes; test_codec compares them). The
+ * (byte for byte what protobuf-c writes; test_codec_hand compares them). The
  * decoders are in codec.c and beats.c. */
 #include <stdlib.h>
 #include <string.h>

@@ -112,13 +112,14 @@ typedef struct cli_conn_flags {
     const char *creds, *nkey, *inbox_prefix;
     const char *tls_ca, *tls_cert, *tls_key;
     int tls, tls_insecure;
-    const char *key_file; /* --key-file: the cluster key; everything is sealed */
+    const char *key_file;      /* --key-file: the cluster key; everything is sealed */
+    const char *open_key_file; /* --open-key-file: a second key that only opens (rotation) */
 } cli_conn_flags;
 
 /* The rows of the connection flags, pointing into f (cmd/conn.c). A
  * subcommand passes them in its cli_cmd (conn_opts, nconn): cli_parse
  * accepts them and cli_usage lists them in their own section. */
-#define CLI_CONN_NOPTS 12
+#define CLI_CONN_NOPTS 13
 void cli_conn_rows(cli_conn_flags *f, cli_opt rows[CLI_CONN_NOPTS]);
 
 /* Copies the flags into o (after sw_conn_opts_init). */

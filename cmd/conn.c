@@ -1,6 +1,6 @@
 /* cmd/conn.c -- the NATS connection flags every subcommand shares
  * (--user, --password, --token, --creds, --nkey, --inbox-prefix, --tls*,
- * --key-file),
+ * --key-file, --open-key-file),
  * their application to sw_conn_opts, the arguments that pass them on to
  * child processes (demo), and the message for a failed connection, which
  * names the flag to look at. */
@@ -44,6 +44,10 @@ cli_conn_rows(cli_conn_flags *f, cli_opt rows[CLI_CONN_NOPTS])
          "cluster key (streamwire keygen): seal everything sent\nand refuse everything received "
          "unsealed (mode 0600)",
          &f->key_file, 0, 0, NULL, 0},
+        {"open-key-file", CLI_STRING, "FILE",
+         "a second cluster key that opens but never seals:\nfor a key rotation (with --key-file; "
+         "docs/PROTOCOL.md)",
+         &f->open_key_file, 0, 0, NULL, 0},
     };
     memcpy(rows, r, sizeof(r));
 }
@@ -65,6 +69,7 @@ cli_conn_apply(const cli_conn_flags *f, sw_conn_opts *o)
     o->tls_key_file = f->tls_key;
     o->tls_skip_verify = f->tls_insecure;
     o->seal_key_file = f->key_file;
+    o->seal_open_key_file = f->open_key_file;
 }
 
 int
@@ -89,15 +94,31 @@ cli_conn_check(const cli_cmd *cmd, const cli_conn_flags *f)
             fclose(fp);
         }
     }
+    if (f->open_key_file != NULL && f->key_file == NULL)
+        return cli_usage_error(cmd, "--open-key-file needs --key-file (the key that seals)");
     if (f->key_file != NULL) {
         /* checked here so that the reason reaches the user (sw_conn_open
          * only has an error code for it) */
-        swt_seal_key k;
+        swt_seal_key k, k2;
         char why[SWT_SEAL_WHY_MAX];
         sw_err e = swt_seal_key_load(f->key_file, &k, why, sizeof(why));
+        uint32_t id = k.id;
         swt_seal_key_wipe(&k);
         if (e != SW_OK)
             return cli_usage_error(cmd, "--key-file: %s", why);
+        if (f->open_key_file != NULL) {
+            uint32_t id2;
+            e = swt_seal_key_load(f->open_key_file, &k2, why, sizeof(why));
+            id2 = k2.id;
+            swt_seal_key_wipe(&k2);
+            if (e != SW_OK)
+                return cli_usage_error(cmd, "--open-key-file: %s", why);
+            if (id2 == id)
+                return cli_usage_error(cmd,
+                                       "--open-key-file: %s has the key id of --key-file %s "
+                                       "(the same key?): a receiver picks the key by its id",
+                                       f->open_key_file, f->key_file);
+        }
     }
     return CLI_EXIT_OK;
 }
@@ -123,6 +144,7 @@ cli_conn_argv(const cli_conn_flags *f, const char **argv, size_t cap)
     CLI_PASS("--tls-cert", f->tls_cert);
     CLI_PASS("--tls-key", f->tls_key);
     CLI_PASS("--key-file", f->key_file);
+    CLI_PASS("--open-key-file", f->open_key_file);
 #undef CLI_PASS
     if (f->tls && n < cap)
         argv[n++] = "--tls";

@@ -52,8 +52,9 @@ cli_keygen_main(int argc, char **argv)
         "keygen",
         "Write a new cluster key for sealing: 32 random bytes as one line of 64 hex\n"
         "digits, in a file of mode 0600. Every worker, frontend and gateway of a sealed\n"
-        "cluster gets the same file (the --key-file flags come with the wiring of\n"
-        "sealing). The key is never printed; its public key id is.",
+        "cluster gets the same file (--key-file FILE). To rotate, give every process\n"
+        "the new key with --open-key-file, then swap the two, then drop the old one\n"
+        "(docs/SECURITY.md). The key is never printed; its public key id is.",
         NULL,
         "Exit status: 0 written; 1 FILE exists (without --force) or cannot be written;\n"
         "2 usage error.",

@@ -253,9 +253,14 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     }
     if ((rv = swt_conn_security(c->opts, o)) != SW_OK)
         goto fail;
+    if (o->seal_open_key_file != NULL && o->seal_key_file == NULL) {
+        rv = SW_EINVAL; /* a key that only opens, and none that seals */
+        goto fail;
+    }
     if (o->seal_key_file != NULL) {
         char why[SWT_SEAL_WHY_MAX] = "";
-        if ((rv = swt_sealer_load(&c->sealer, o->seal_key_file, why, sizeof(why))) != SW_OK) {
+        if ((rv = swt_sealer_load(&c->sealer, o->seal_key_file, o->seal_open_key_file, why,
+                                  sizeof(why))) != SW_OK) {
             swi_log(&c->log, SW_LOG_ERROR, "cannot use the cluster key: %s", why);
             goto fail;
         }

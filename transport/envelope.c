@@ -1,6 +1,7 @@
 /* transport/envelope.c -- sealed envelopes of whole messages (see
  * envelope.h). Bounded hand-written protobuf walking: the outer message has
  * three fields and is parsed without protobuf-c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,26 +13,58 @@
 
 #define ENV_RID 16
 
-struct swt_sealer {
+/* One cluster key and the keys derived from it once per process. */
+typedef struct env_keyset {
     swt_seal_key key;
     swt_seal_subkey inst_f2w, inst_w2f, registry;
+} env_keyset;
+
+struct swt_sealer {
+    env_keyset cur;  /* seals and opens */
+    env_keyset open; /* opens only (rotation); valid when has_open */
+    int has_open;
 };
 
+static sw_err
+keyset_init(env_keyset *ks, const swt_seal_key *key)
+{
+    sw_err e;
+    ks->key = *key;
+    if ((e = swt_seal_derive(&ks->key, SWT_SEAL_INST_F2W, NULL, &ks->inst_f2w)) != SW_OK ||
+        (e = swt_seal_derive(&ks->key, SWT_SEAL_INST_W2F, NULL, &ks->inst_w2f)) != SW_OK ||
+        (e = swt_seal_derive(&ks->key, SWT_SEAL_REGISTRY, NULL, &ks->registry)) != SW_OK)
+        return e;
+    return SW_OK;
+}
+
+static void
+keyset_wipe(env_keyset *ks)
+{
+    swt_seal_key_wipe(&ks->key);
+    swt_seal_subkey_wipe(&ks->inst_f2w);
+    swt_seal_subkey_wipe(&ks->inst_w2f);
+    swt_seal_subkey_wipe(&ks->registry);
+}
+
 sw_err
-swt_sealer_from_key(swt_sealer **out, const swt_seal_key *key)
+swt_sealer_from_keys(swt_sealer **out, const swt_seal_key *key, const swt_seal_key *open_key)
 {
     swt_sealer *s;
     sw_err e;
     if (out == NULL || key == NULL)
         return SW_EINVAL;
     *out = NULL;
+    if (open_key != NULL && open_key->id == key->id)
+        return SW_EINVAL; /* a receiver could not tell them apart */
     if ((s = sodium_malloc(sizeof(*s))) == NULL)
         return SW_ENOMEM;
     memset(s, 0, sizeof(*s));
-    s->key = *key;
-    if ((e = swt_seal_derive(&s->key, SWT_SEAL_INST_F2W, NULL, &s->inst_f2w)) != SW_OK ||
-        (e = swt_seal_derive(&s->key, SWT_SEAL_INST_W2F, NULL, &s->inst_w2f)) != SW_OK ||
-        (e = swt_seal_derive(&s->key, SWT_SEAL_REGISTRY, NULL, &s->registry)) != SW_OK) {
+    e = keyset_init(&s->cur, key);
+    if (e == SW_OK && open_key != NULL) {
+        s->has_open = 1;
+        e = keyset_init(&s->open, open_key);
+    }
+    if (e != SW_OK) {
         swt_sealer_free(s);
         return e;
     }
@@ -40,17 +73,39 @@ swt_sealer_from_key(swt_sealer **out, const swt_seal_key *key)
 }
 
 sw_err
-swt_sealer_load(swt_sealer **out, const char *key_file, char *why, size_t why_len)
+swt_sealer_from_key(swt_sealer **out, const swt_seal_key *key)
 {
-    swt_seal_key k;
+    return swt_sealer_from_keys(out, key, NULL);
+}
+
+sw_err
+swt_sealer_load(swt_sealer **out, const char *key_file, const char *open_key_file, char *why,
+                size_t why_len)
+{
+    swt_seal_key k, k2;
     sw_err e;
     if (out == NULL)
         return SW_EINVAL;
     *out = NULL;
+    memset(&k2, 0, sizeof(k2));
     if ((e = swt_seal_key_load(key_file, &k, why, why_len)) != SW_OK)
         return e;
-    e = swt_sealer_from_key(out, &k);
+    if (open_key_file != NULL &&
+        (e = swt_seal_key_load(open_key_file, &k2, why, why_len)) != SW_OK) {
+        swt_seal_key_wipe(&k);
+        return e;
+    }
+    if (open_key_file != NULL && k2.id == k.id) {
+        if (why != NULL && why_len > 0)
+            snprintf(why, why_len, "%s and %s have the same key id (%s): make a new key", key_file,
+                     open_key_file,
+                     sodium_memcmp(k.k, k2.k, sizeof(k.k)) == 0 ? "the same key" : "a collision");
+        e = SW_EINVAL;
+    } else {
+        e = swt_sealer_from_keys(out, &k, open_key_file != NULL ? &k2 : NULL);
+    }
     swt_seal_key_wipe(&k);
+    swt_seal_key_wipe(&k2);
     return e;
 }
 
@@ -59,17 +114,15 @@ swt_sealer_free(swt_sealer *s)
 {
     if (s == NULL)
         return;
-    swt_seal_key_wipe(&s->key);
-    swt_seal_subkey_wipe(&s->inst_f2w);
-    swt_seal_subkey_wipe(&s->inst_w2f);
-    swt_seal_subkey_wipe(&s->registry);
+    keyset_wipe(&s->cur);
+    keyset_wipe(&s->open);
     sodium_free(s); /* zeroes the whole guarded page */
 }
 
 uint32_t
 swt_sealer_key_id(const swt_sealer *s)
 {
-    return s ? s->key.id : 0;
+    return s ? s->cur.key.id : 0;
 }
 
 void
@@ -205,7 +258,7 @@ typedef struct env_keys {
  * request id rid (or NULL). */
 static sw_err
 env_prepare(const swt_sealer *s, const char *subject, const swt_env_class *cl, const uint8_t *rid,
-            env_keys *k)
+            const env_keyset *ks, env_keys *k)
 {
     size_t sl = strlen(subject);
     memset(&k->ad, 0, sizeof(k->ad));
@@ -219,15 +272,15 @@ env_prepare(const swt_sealer *s, const char *subject, const swt_env_class *cl, c
         k->ad.context_len = sizeof(k->ctx);
     }
     if (cl->msg_type == SWT_SEAL_MSG_INSTANCE_INFO) { /* registry values (entries, tombstones) */
-        k->use = &s->registry;
+        k->use = &ks->registry;
         return SW_OK;
     }
     if (rid == NULL) {
-        k->use = cl->to_worker ? &s->inst_f2w : &s->inst_w2f;
+        k->use = cl->to_worker ? &ks->inst_f2w : &ks->inst_w2f;
         return SW_OK;
     }
     k->use = &k->stream;
-    return swt_seal_derive(&s->key, cl->to_worker ? SWT_SEAL_STREAM_F2W : SWT_SEAL_STREAM_W2F, rid,
+    return swt_seal_derive(&ks->key, cl->to_worker ? SWT_SEAL_STREAM_F2W : SWT_SEAL_STREAM_W2F, rid,
                            &k->stream);
 }
 
@@ -253,9 +306,9 @@ env_seal(const swt_sealer *s, const char *subject, const swt_env_class *clp, con
         if (found == 0)
             rid = NULL;
     }
-    if ((e = env_prepare(s, subject, &cl, rid, &k)) != SW_OK)
+    if ((e = env_prepare(s, subject, &cl, rid, &s->cur, &k)) != SW_OK)
         return e;
-    sealed_len = 1 + swp_varint_size(s->key.id) + 2 + SWT_SEAL_NONCE_BYTES + 1 +
+    sealed_len = 1 + swp_varint_size(s->cur.key.id) + 2 + SWT_SEAL_NONCE_BYTES + 1 +
                  swp_varint_size(ct_len) + ct_len;
     out[n++] = (1 << 3) | 0; /* version */
     out[n++] = 1;
@@ -268,7 +321,7 @@ env_seal(const swt_sealer *s, const char *subject, const swt_env_class *clp, con
     out[n++] = (15 << 3) | 2;
     n += swp_varint_write(out + n, sealed_len);
     out[n++] = (1 << 3) | 0;
-    n += swp_varint_write(out + n, s->key.id);
+    n += swp_varint_write(out + n, s->cur.key.id);
     out[n++] = (3 << 3) | 2;
     out[n++] = SWT_SEAL_NONCE_BYTES;
     {
@@ -297,6 +350,7 @@ env_open(const swt_sealer *s, const char *subject, const swt_env_class *clp, con
     size_t nonce_len = 0, ct_len = 0, off = 0;
     uint64_t key_id = 0;
     int version = 0, have_sealed = 0, inner;
+    const env_keyset *ks;
     pb_field f;
     sw_err e;
     if (pt_len != NULL)
@@ -334,7 +388,15 @@ env_open(const swt_sealer *s, const char *subject, const swt_env_class *clp, con
         return SW_AUTH_FAILED;
     if (rid != NULL && !has_rid_field(cl.msg_type))
         return SW_AUTH_FAILED;
-    if ((e = env_prepare(s, subject, &cl, rid, &k)) != SW_OK)
+    /* The key by its id: the sealing key, or during a rotation the one
+     * that only opens; any other id fails like any other forgery. */
+    if (key_id == s->cur.key.id)
+        ks = &s->cur;
+    else if (s->has_open && key_id == s->open.key.id)
+        ks = &s->open;
+    else
+        return SW_AUTH_FAILED;
+    if ((e = env_prepare(s, subject, &cl, rid, ks, &k)) != SW_OK)
         return SW_AUTH_FAILED;
     e = swt_open(k.use, (uint32_t)key_id, &k.ad, nonce, nonce_len, ct, ct_len, pt, pt_cap, pt_len);
     if (k.use == &k.stream)

@@ -30,13 +30,23 @@
  * (16). */
 #define SWT_ENV_OVERHEAD 78
 
-/* A connection's keys: the cluster key and the derived instance-wide keys. */
+/* A connection's keys: the cluster key (seals and opens) and the derived
+ * instance-wide keys; during a key rotation also a second key that only
+ * opens (docs/PROTOCOL.md "Rotation"). */
 typedef struct swt_sealer swt_sealer;
 
-/* Loads the key file (swt_seal_key_load's rules and errors; *why explains). */
-sw_err swt_sealer_load(swt_sealer **out, const char *key_file, char *why, size_t why_len);
+/* Loads the key file (swt_seal_key_load's rules and errors; *why explains)
+ * and, when open_key_file is not NULL, the second key, which opens but never
+ * seals. Two keys with one key id (the same key twice, or a 32-bit id
+ * collision) are SW_EINVAL: a receiver picks the key by its id. */
+sw_err swt_sealer_load(swt_sealer **out, const char *key_file, const char *open_key_file, char *why,
+                       size_t why_len);
 /* From a key (tests). */
 sw_err swt_sealer_from_key(swt_sealer **out, const swt_seal_key *key);
+/* From a sealing key and a second key that only opens (NULL: none).
+ * SW_EINVAL if their ids are equal. */
+sw_err swt_sealer_from_keys(swt_sealer **out, const swt_seal_key *key,
+                            const swt_seal_key *open_key);
 /* Wipes every key and frees. NULL ok. */
 void swt_sealer_free(swt_sealer *s);
 uint32_t swt_sealer_key_id(const swt_sealer *s);

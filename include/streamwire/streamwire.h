@@ -131,21 +131,27 @@ typedef struct sw_conn_opts {
     const char *tls_ca_file;   /* PEM CA(s) the server's certificate must chain to */
     const char *tls_cert_file; /* client certificate (PEM), with tls_key_file */
     const char *tls_key_file;
-    int tls_skip_verify;       /* do not verify the server's certificate: tests only */
-    const char *seal_key_file; /* a cluster key (streamwire keygen): every message this
-                                  connection publishes is sealed and every message it receives
-                                  must open (docs/PROTOCOL.md "Security: sealing"); NULL = off.
-                                  The file must be mode 0600 (or stricter), owned by this user
-                                  or root: sw_conn_open fails with not_permitted, not_found or
-                                  invalid_argument, and logs why. */
+    int tls_skip_verify;            /* do not verify the server's certificate: tests only */
+    const char *seal_key_file;      /* a cluster key (streamwire keygen): every message this
+                                       connection publishes is sealed and every message it receives
+                                       must open (docs/PROTOCOL.md "Security: sealing"); NULL = off.
+                                       The file must be mode 0600 (or stricter), owned by this user
+                                       or root: sw_conn_open fails with not_permitted, not_found or
+                                       invalid_argument, and logs why. */
+    const char *seal_open_key_file; /* a second cluster key that opens what it sealed but never
+                                       seals: for a key rotation (docs/PROTOCOL.md "Rotation").
+                                       Needs seal_key_file, the same file rules, and a key id
+                                       other than seal_key_file's (else invalid_argument). */
 } sw_conn_opts;
 
 SW_API void sw_conn_opts_init(sw_conn_opts *opts);
 
 /* Connects. On success *out owns a connection; destroy it with sw_conn_close.
  * Errors: SW_EINVAL (NULL out/opts, an empty URL list, both creds_file and
- * nkey_seed_file, a
- * key file without a certificate or the reverse), SW_ECONNECT (no server
+ * nkey_seed_file, a TLS key file without a certificate or the reverse, a
+ * seal_open_key_file without a seal_key_file or with the same key id, a
+ * cluster key file that does not parse), SW_EPERM / SW_ENOTFOUND (a cluster
+ * key file's mode or absence), SW_ECONNECT (no server
  * reachable), SW_EAUTH (the server refused the credentials, or a creds or
  * nkey file could not be read or parsed), SW_ETLS (TLS required by the
  * server but not set here, a certificate file that does not load, or a

@@ -32,7 +32,7 @@ class ConnOpts(Structure):
                 ("nkey_seed_file", c_char_p), ("inbox_prefix", c_char_p), ("tls", c_int),
                 ("tls_ca_file", c_char_p), ("tls_cert_file", c_char_p),
                 ("tls_key_file", c_char_p), ("tls_skip_verify", c_int),
-                ("seal_key_file", c_char_p)]
+                ("seal_key_file", c_char_p), ("seal_open_key_file", c_char_p)]
 
 
 class IngressOpts(Structure):

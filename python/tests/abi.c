@@ -22,6 +22,7 @@ main(void)
     F(sw_conn_opts, creds_file);
     F(sw_conn_opts, tls_skip_verify);
     F(sw_conn_opts, seal_key_file);
+    F(sw_conn_opts, seal_open_key_file);
     E();
     S(sw_ingress_opts);
     F(sw_ingress_opts, handler);

@@ -1064,6 +1064,10 @@ test_usage_errors(void **state)
                  "not an integer");
     expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--window", ""),
                  "not an integer");
+    /* A second cluster key without the first (key rotation, --open-key-file). */
+    expect_usage(
+        ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--open-key-file", "/nonexistent"),
+        "--open-key-file needs --key-file");
     /* An empty server URL is a usage error for every command. */
     expect_usage(ARGS("generate", "--server", "", "--endpoint", "a.b.c"), "--server");
     expect_usage(ARGS("worker", "--server", "", "--endpoint", "a.b.c"), "--server");

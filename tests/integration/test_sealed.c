@@ -54,17 +54,26 @@ write_key(char *path, size_t cap, const char *name)
     swt_seal_key_wipe(&k);
 }
 
+/* A connection sealing with `key` that also opens what `open_key` sealed
+ * (NULL: none). */
 static sw_conn *
-conn_open(const char *key)
+conn_open2(const char *key, const char *open_key)
 {
     sw_conn_opts o;
     sw_conn *c = NULL;
     sw_conn_opts_init(&o);
     o.url = g_nats.url;
     o.seal_key_file = key;
+    o.seal_open_key_file = open_key;
     assert_int_equal(sw_conn_open(&c, &o), SW_OK);
     assert_int_equal(sw_conn_sealed(c), key != NULL);
     return c;
+}
+
+static sw_conn *
+conn_open(const char *key)
+{
+    return conn_open2(key, NULL);
 }
 
 /* ------------------------------------------------------------ a worker */
@@ -251,6 +260,68 @@ mixed_cluster_fails_fast(void **state)
         sw_ingress_destroy(ing);
         sw_conn_close(fc);
         sw_conn_close(wc);
+    }
+}
+
+/* A rolling key rotation (docs/PROTOCOL.md "Rotation"), with a worker and
+ * a frontend at every pair of steps: 0 = the old key only, 1 = old seals and
+ * the new one opens too, 2 = new seals and the old one opens too, 3 = the
+ * new key only. Steps one apart always stream; 0 and 2, 1 and 3, 0 and 3
+ * end with auth_failed (a process skipped a step). Then the configuration
+ * errors: a second key without a first, the same key twice. */
+static void
+rolling_key_rotation(void **state)
+{
+    const char *cur[4] = {g_key1, g_key1, g_key2, g_key2};
+    const char *opn[4] = {NULL, g_key2, g_key1, NULL};
+    (void)state;
+    for (int w = 0; w < 4; w++) {
+        for (int f = 0; f < 4; f++) {
+            sw_conn *wc = conn_open2(cur[w], opn[w]), *fc = conn_open2(cur[f], opn[f]);
+            engine e = {20, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+            sw_ingress *ing = worker(wc, "rot1", &e);
+            sw_router *r = router(fc);
+            sw_terminal t;
+            char reason[64];
+            int ok = w - f <= 1 && f - w <= 1;
+            sw_stream *s = open_stream(r, "rot1", "n=300"); /* credit flows both ways */
+            int n = drain(s, &t, reason, sizeof(reason));
+            if (ok) {
+                if (t.status != SW_STATUS_COMPLETED || n != 300)
+                    fail_msg("worker at step %d, frontend at step %d: %d items, %s", w, f, n,
+                             reason);
+            } else {
+                assert_int_equal(n, 0);
+                assert_int_equal(t.error, SW_AUTH_FAILED);
+            }
+            sw_stream_close(s);
+            sw_router_destroy(r);
+            sw_ingress_destroy(ing);
+            sw_conn_close(fc);
+            sw_conn_close(wc);
+        }
+    }
+    {
+        sw_conn_opts o;
+        sw_conn *c = NULL;
+        sw_conn_opts_init(&o);
+        o.url = g_nats.url;
+        o.seal_open_key_file = g_key2; /* and no key that seals */
+        assert_int_equal(sw_conn_open(&c, &o), SW_EINVAL);
+        assert_null(c);
+        o.seal_key_file = g_key2; /* the same key twice */
+        assert_int_equal(sw_conn_open(&c, &o), SW_EINVAL);
+        assert_null(c);
+    }
+    {
+        /* The CLI says which flag is wrong (exit 2). */
+        const char *same[] = {"generate",   "--server", g_nats.url,        "--endpoint", EP,
+                              "--key-file", g_key1,     "--open-key-file", g_key1,       NULL};
+        const char *alone[] = {"generate", "--server",        g_nats.url, "--endpoint",
+                               EP,         "--open-key-file", g_key1,     NULL};
+        char out[4096];
+        assert_int_equal(swh_run(same, out, sizeof(out), (int)T(10000)), 2);
+        assert_int_equal(swh_run(alone, out, sizeof(out), (int)T(10000)), 2);
     }
 }
 
@@ -878,6 +949,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sealed_cluster_streams),
         cmocka_unit_test(mixed_cluster_fails_fast),
+        cmocka_unit_test(rolling_key_rotation),
         cmocka_unit_test(hostile_peer_against_sealed_cluster),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
         cmocka_unit_test(sealed_registry),

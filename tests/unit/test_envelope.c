@@ -249,6 +249,110 @@ test_classify(void **state)
     assert_int_equal(c.msg_type, SWT_SEAL_MSG_ITEM);
 }
 
+/* A sealer with a sealing key (fill a) and a second key that only opens
+ * (fill b). */
+static swt_sealer *
+sealer2(uint8_t a, uint8_t b)
+{
+    uint8_t raw[32];
+    swt_seal_key ka, kb;
+    swt_sealer *s = NULL;
+    memset(raw, a, sizeof(raw));
+    assert_int_equal(swt_seal_key_from_bytes(raw, &ka), SW_OK);
+    memset(raw, b, sizeof(raw));
+    assert_int_equal(swt_seal_key_from_bytes(raw, &kb), SW_OK);
+    assert_int_equal(swt_sealer_from_keys(&s, &ka, &kb), SW_OK);
+    swt_seal_key_wipe(&ka);
+    swt_seal_key_wipe(&kb);
+    return s;
+}
+
+/* seal with `from`, open with `to`: SW_OK or SW_AUTH_FAILED; on SW_OK the
+ * plaintext is the message. */
+static sw_err
+cross(swt_sealer *from, swt_sealer *to, const char *subject, const uint8_t *msg, size_t len)
+{
+    uint8_t env[4096], pt[4096];
+    size_t elen = 0, plen = 0;
+    sw_err e;
+    assert_int_equal(swt_env_seal(from, subject, msg, len, env, sizeof(env), &elen), SW_OK);
+    e = swt_env_open(to, subject, env, elen, pt, sizeof(pt), &plen);
+    if (e == SW_OK) {
+        assert_int_equal(plen, len);
+        assert_memory_equal(pt, msg, len);
+    }
+    return e;
+}
+
+/* Key rotation: a second key opens what it sealed (streams, instance-wide
+ * messages, registry values) but never seals; the sealing key is the only
+ * one used to seal; a key id both keys share is refused. The three steps
+ * of docs/PROTOCOL.md "Rotation", between processes at different steps. */
+static void
+test_rotation_two_keys(void **state)
+{
+    const char *subj[] = {"sw.rsp.r1.0102030405060708090a0b0c0d0e0f10",
+                          "sw.req.ns.c.g.w1",
+                          "sw.ctl.w1",
+                          "sw.rsp.r1.hb",
+                          "sw.prb.r1.w1",
+                          "sw.lv.w1.r1"};
+    swt_sealer *old_only = sealer(1), *new_only = sealer(2);
+    swt_sealer *step1 = sealer2(1, 2); /* old seals, new opens too */
+    swt_sealer *step2 = sealer2(2, 1); /* new seals, old opens too */
+    uint8_t m[1024], env[2048], pt[2048];
+    size_t n, elen, plen;
+    (void)state;
+    for (size_t i = 0; i < sizeof(subj) / sizeof(subj[0]); i++) {
+        n = i == 3 || i == 4 ? beats_bytes(m, sizeof(m)) : item_bytes(m, sizeof(m), 1, "tok");
+        /* step 1 and step 2 processes understand each other both ways */
+        assert_int_equal(cross(step1, step2, subj[i], m, n), SW_OK);
+        assert_int_equal(cross(step2, step1, subj[i], m, n), SW_OK);
+        /* a step-1 process still talks to one that has only the old key */
+        assert_int_equal(cross(step1, old_only, subj[i], m, n), SW_OK);
+        assert_int_equal(cross(old_only, step1, subj[i], m, n), SW_OK);
+        /* step 2 seals with the new key only: an old-only process cannot
+         * open it, and a new-only one can */
+        assert_int_equal(cross(step2, old_only, subj[i], m, n), SW_AUTH_FAILED);
+        assert_int_equal(cross(step2, new_only, subj[i], m, n), SW_OK);
+        assert_int_equal(cross(old_only, step2, subj[i], m, n), SW_OK);
+        /* and step 1 seals with the old key only */
+        assert_int_equal(cross(step1, new_only, subj[i], m, n), SW_AUTH_FAILED);
+    }
+    assert_int_equal(swt_sealer_key_id(step1), swt_sealer_key_id(old_only));
+    assert_int_equal(swt_sealer_key_id(step2), swt_sealer_key_id(new_only));
+    /* registry values too */
+    n = item_bytes(m, sizeof(m), 1, "entry");
+    assert_int_equal(swt_env_seal_kv(old_only, "ep.w1", m, n, env, sizeof(env), &elen), SW_OK);
+    assert_int_equal(swt_env_open_kv(step2, "ep.w1", env, elen, pt, sizeof(pt), &plen), SW_OK);
+    assert_int_equal(swt_env_open_kv(new_only, "ep.w1", env, elen, pt, sizeof(pt), &plen),
+                     SW_AUTH_FAILED);
+    swt_sealer_free(old_only);
+    swt_sealer_free(new_only);
+    swt_sealer_free(step1);
+    swt_sealer_free(step2);
+
+    /* Two keys with one id: refused (the same key, or an id collision). */
+    {
+        uint8_t raw[32];
+        swt_seal_key a, b;
+        swt_sealer *s = (swt_sealer *)(uintptr_t)1;
+        memset(raw, 5, sizeof(raw));
+        assert_int_equal(swt_seal_key_from_bytes(raw, &a), SW_OK);
+        assert_int_equal(swt_sealer_from_keys(&s, &a, &a), SW_EINVAL);
+        assert_null(s);
+        memset(raw, 6, sizeof(raw));
+        assert_int_equal(swt_seal_key_from_bytes(raw, &b), SW_OK);
+        b.id = a.id; /* a collision of the 32-bit ids */
+        assert_int_equal(swt_sealer_from_keys(&s, &a, &b), SW_EINVAL);
+        assert_null(s);
+        assert_int_equal(swt_sealer_from_keys(&s, &a, NULL), SW_OK);
+        swt_sealer_free(s);
+        swt_seal_key_wipe(&a);
+        swt_seal_key_wipe(&b);
+    }
+}
+
 int
 main(void)
 {
@@ -256,6 +360,7 @@ main(void)
         cmocka_unit_test(test_round_trips),         cmocka_unit_test(test_binding),
         cmocka_unit_test(test_tamper_and_truncate), cmocka_unit_test(test_instance_wide),
         cmocka_unit_test(test_is_sealed_bounded),   cmocka_unit_test(test_classify),
+        cmocka_unit_test(test_rotation_two_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -130,6 +130,31 @@ swi_peers_is_current(swi_peers *p, const char *id, uint64_t probe_id)
 }
 
 void
+swi_peers_beats_learn(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    uint64_t floor = counter ? counter - 1 : 0;
+    if (e == NULL || incarnation == 0)
+        return;
+    if (e->beat_inc != incarnation) { /* first answer, or the process restarted */
+        e->beat_inc = incarnation;
+        e->beat_last = floor;
+    } else if (floor > e->beat_last) {
+        e->beat_last = floor;
+    }
+}
+
+int
+swi_peers_beats_take(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    if (e == NULL || e->beat_inc == 0 || incarnation != e->beat_inc || counter <= e->beat_last)
+        return 0;
+    e->beat_last = counter;
+    return 1;
+}
+
+void
 swi_peers_fini(swi_peers *p)
 {
     free(p->v);

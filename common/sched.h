@@ -90,6 +90,8 @@ typedef struct swi_peer {
     uint64_t probe_id;   /* the id of the last probe sent: an answer must echo it */
     int nr_pending;      /* a probe met "no responders"; not yet confirmed */
     int64_t nr_first_ms; /* when that first bounced probe went out */
+    uint64_t beat_inc;   /* the incarnation a current probe answer named (0: none yet) */
+    uint64_t beat_last;  /* heartbeat batches need a counter above this */
 } swi_peer;
 
 typedef struct swi_peers {
@@ -165,6 +167,17 @@ uint64_t swi_peers_probe_id(swi_peers *p, const char *id);
 int swi_peers_is_current(swi_peers *p, const char *id, uint64_t probe_id);
 int swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
                      int64_t up_since_ms, int64_t *silent_ms);
+
+/* Heartbeat batches' replay defence. A current probe answer (one that
+ * swi_peers_is_current accepted) names the peer's incarnation and the
+ * counter of the last batch it sent: learn it. A batch is then taken only
+ * if it names that incarnation and a counter above every one taken (and
+ * above the answer's, less one); swi_peers_beats_take says 1 (and records
+ * the counter) or 0. A peer not in the table, or not answered yet, takes
+ * nothing: a batch recorded earlier, or sent by a process that has since
+ * restarted, never counts. */
+void swi_peers_beats_learn(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter);
+int swi_peers_beats_take(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter);
 
 /* ---------------------------------------------------------------- idq */
 

@@ -4,7 +4,8 @@
  * decoding; heartbeat batches come on sw.rsp.<router>.hb. Each decoded item
  * becomes a swe_rx_in for the stream's state machine. Also here: the
  * answer to a worker's liveness probe (sw.rtr.<router>). Runs on nats.c's
- * delivery threads; takes r->mu for counters only. */
+ * delivery threads; takes r->mu for counters and to check a heartbeat
+ * batch against the peer table. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,20 @@ on_beats(sw_router *r, const swt_msg *msg)
         count_bad(r, &r->st.bad_messages, 1);
         swi_log(&r->log, SW_LOG_WARN, "a heartbeat batch did not decode: %s", sw_err_name(rv));
         return;
+    }
+    {
+        /* Only from the incarnation a fresh probe answer named, with a
+         * counter above every one taken: a recorded batch replayed later
+         * (or one from a worker not answered yet) keeps no stream alive. */
+        int take;
+        pthread_mutex_lock(&r->mu);
+        take = swi_peers_beats_take(&r->peers, b->instance_id, b->incarnation, b->counter);
+        pthread_mutex_unlock(&r->mu);
+        if (!take) {
+            count_bad(r, &r->st.unknown_stream, b->n_beats);
+            swp_free(b);
+            return;
+        }
     }
     for (size_t i = 0; i < b->n_beats; i++) {
         swe_rx_in in;

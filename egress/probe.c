@@ -69,7 +69,8 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
     const char *id = swt_subject_last_token(msg->subject);
     int lost;
     int64_t silent = 0;
-    uint64_t pid;
+    uint64_t pid = 0;
+    swp_probe_reply *p = NULL;
     if (id == NULL)
         return;
     if (msg->auth_failed) { /* not the instance's answer: no sign of life */
@@ -80,12 +81,19 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
         return; /* unsealed, forgeable: a sealed cluster judges by probe timeouts alone */
     /* An answer counts only if it echoes the last probe's id: a recorded
      * answer replayed later is not one. */
-    pid = msg->no_responders ? 0 : swp_probe_reply_id(msg->data, msg->len);
+    if (!msg->no_responders &&
+        swp_decode_probe_reply(msg->data, msg->len, SWP_MAX_PROBE_REPLY, &p) == SW_OK)
+        pid = p->probe_id;
     pthread_mutex_lock(&r->mu);
+    if (p != NULL && swi_peers_is_current(&r->peers, id, pid))
+        /* A fresh answer names the worker's incarnation and its batches'
+         * counter: heartbeat batches recorded before it never count. */
+        swi_peers_beats_learn(&r->peers, id, p->incarnation, p->beats_counter);
     lost = (msg->no_responders || swi_peers_is_current(&r->peers, id, pid)) &&
            swi_peers_answer(&r->peers, id, msg->no_responders, swi_now_ms(),
                             swt_conn_up_since_ms(r->conn), &silent);
     pthread_mutex_unlock(&r->mu);
+    swp_free(p);
     if (lost)
         swe_instance_lost(r, id, "its subscription is gone (no responders)", silent);
 }

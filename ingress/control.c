@@ -81,6 +81,8 @@ ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r, uint64_t p
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = ing->instance_id;
     p.probe_id = probe_id;
+    p.incarnation = ing->incarnation;
+    p.beats_counter = __atomic_load_n(&ing->beats_counter, __ATOMIC_RELAXED);
     pthread_mutex_lock(&ing->mu);
     p.inflight = ing->inflight;
     p.draining = ing->draining != 0;

@@ -184,6 +184,8 @@ beats_flush(sw_ingress *ing, swn_beats *b)
             }
             m.version = SW_PROTOCOL_VERSION;
             m.instance_id = ing->instance_id;
+            m.incarnation = ing->incarnation;
+            m.counter = __atomic_add_fetch(&ing->beats_counter, 1, __ATOMIC_RELAXED);
             m.n_beats = k;
             m.beats = b->ptr;
             {

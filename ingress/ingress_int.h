@@ -133,6 +133,11 @@ struct sw_ingress {
     atomic_int refs;
     char endpoint[SW_MAX_ENDPOINT + 1];
     char instance_id[SW_MAX_TOKEN + 1];
+    /* Heartbeat batches' replay defence (docs/PROTOCOL.md "Replays"): this
+     * process's random incarnation, and the counter of the last batch sent
+     * (atomic); probe answers carry both. */
+    uint64_t incarnation;
+    uint64_t beats_counter;
     char req_subj[SWT_SUBJECT_MAX];
     char ctl_subj[SWT_SUBJECT_MAX];
     sw_handler_fn handler;

@@ -29,7 +29,14 @@
 #include "proto/sw_codec.h"
 
 /* HeartbeatBatch and StreamBeat field numbers. */
-enum { HB_VERSION = 1, HB_INSTANCE = 2, HB_BEATS = 3, HB_SEALED = 15 };
+enum {
+    HB_VERSION = 1,
+    HB_INSTANCE = 2,
+    HB_BEATS = 3,
+    HB_INCARNATION = 4,
+    HB_COUNTER = 5,
+    HB_SEALED = 15
+};
 enum { SB_REQUEST_ID = 1, SB_LAST_SEQ = 2 };
 
 typedef struct pb_rd {
@@ -142,8 +149,9 @@ sw_err
 swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out)
 {
     size_t i = 0, n = 0, slen, size;
-    unsigned unknown = 0, nver = 0, ninst = 0;
+    unsigned unknown = 0, nver = 0, ninst = 0, ninc = 0, ncnt = 0;
     uint32_t version = 0;
+    uint64_t incarnation = 0, counter = 0;
     const uint8_t *inst = NULL;
     size_t inst_len = 0;
     int bad_id = 0;
@@ -187,6 +195,16 @@ swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out)
             bad_id |= idlen != SW_REQUEST_ID_BYTES;
             break;
         }
+        case HB_INCARNATION:
+            if (f.wt != 0 || ++ninc > 4)
+                return SW_EPROTO;
+            incarnation = f.v;
+            break;
+        case HB_COUNTER:
+            if (f.wt != 0 || ++ncnt > 4)
+                return SW_EPROTO;
+            counter = f.v;
+            break;
         case HB_SEALED:
             return SW_EPROTO; /* opened by the transport before any decode */
         default:
@@ -215,6 +233,8 @@ swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out)
     beats = (swp_beat *)(void *)(ptrs + n);
     ids = (uint8_t *)(beats + n);
     m->version = version;
+    m->incarnation = incarnation;
+    m->counter = counter;
     m->n_beats = n;
     m->beats = ptrs;
     m->instance_id = (char *)(ids + n * SW_REQUEST_ID_BYTES);

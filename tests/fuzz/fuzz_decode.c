@@ -208,6 +208,7 @@ check_beats_reference(const uint8_t *buf, size_t len, sw_err got, const swp_beat
     FUZZ_CHECK(got == want);
     if (want == SW_OK) {
         FUZZ_CHECK(m->version == r->version);
+        FUZZ_CHECK(m->incarnation == r->incarnation && m->counter == r->counter);
         FUZZ_CHECK(strcmp(m->instance_id, r->instance_id) == 0);
         FUZZ_CHECK(m->n_beats == r->n_beats);
         for (size_t i = 0; i < r->n_beats; i++) {

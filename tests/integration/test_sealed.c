@@ -28,6 +28,7 @@
 #include <streamwire/registry.h>
 #include "harness.h"
 #include "proto/sw_codec.h"
+#include "transport/envelope.h"
 #include "transport/seal.h"
 #include "transport/sw_transport.h"
 
@@ -401,6 +402,80 @@ on_capture(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
     }
     pthread_mutex_unlock(&c->mu);
     natsMsg_Destroy(m);
+}
+
+/* Sealed heartbeat batches recorded on the bus and replayed: they open
+ * (same key, same subject), but each names a counter the router has taken
+ * already, so none counts (each beat is counted unknown_stream) and the
+ * stream sees only the worker's own heartbeats. Without the counters every
+ * replay kept the stream alive (docs/PROTOCOL.md "Replays"). */
+static void
+replayed_heartbeat_batches_refused(void **state)
+{
+    sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e = {2, 1500, PTHREAD_MUTEX_INITIALIZER, 0, 0}; /* idle 1.5 s between its 2 items */
+    sw_ingress *ing = worker(wc, "hb1", &e);
+    sw_router_opts ro;
+    sw_router *r = NULL;
+    natsConnection *nc = raw_conn();
+    natsSubscription *spy = NULL;
+    char hb[SWT_SUBJECT_MAX];
+    capture cap;
+    sw_stream *s;
+    sw_stream_stats ss;
+    sw_router_stats rs0, rs1;
+    sw_terminal t;
+    char reason[64];
+    int n;
+    (void)state;
+    sw_router_opts_init(&ro);
+    ro.heartbeat_ms = 50;
+    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
+    memset(&cap, 0, sizeof(cap));
+    pthread_mutex_init(&cap.mu, NULL);
+    assert_int_equal(swt_subject_beats(hb, sizeof(hb), sw_router_id(r)), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, hb, on_capture, &cap), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    s = open_stream(r, "hb1", "n=2");
+    /* Wait for a few batches the router took. */
+    for (int i = 0; i < 200; i++) {
+        sw_stream_stats_get(s, &ss);
+        pthread_mutex_lock(&cap.mu);
+        n = cap.n;
+        pthread_mutex_unlock(&cap.mu);
+        if (n >= 3 && ss.heartbeats >= 3)
+            break;
+        swh_sleep_ms(10);
+    }
+    assert_true(n >= 3);
+    assert_true(ss.heartbeats >= 3);
+    assert_true(swt_env_is_sealed(cap.msgs[0], cap.lens[0]));
+    sw_router_stats_get(r, &rs0);
+    for (int k = 0; k < 10; k++)
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(natsConnection_Publish(nc, hb, cap.msgs[i], (int)cap.lens[i]),
+                             NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    for (int i = 0; i < 200; i++) {
+        sw_router_stats_get(r, &rs1);
+        if (rs1.unknown_stream >= rs0.unknown_stream + 30)
+            break;
+        swh_sleep_ms(10);
+    }
+    if (rs1.unknown_stream < rs0.unknown_stream + 30)
+        fail_msg("30 replayed batches of one beat: unknown_stream went from %llu to %llu",
+                 (unsigned long long)rs0.unknown_stream, (unsigned long long)rs1.unknown_stream);
+    assert_int_equal(rs1.auth_failures, 0); /* they open: refused for their counter */
+    assert_int_equal(drain(s, &t, reason, sizeof(reason)), 2);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    sw_stream_close(s);
+    natsSubscription_Destroy(spy);
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&cap.mu);
 }
 
 static void
@@ -951,6 +1026,7 @@ main(void)
         cmocka_unit_test(mixed_cluster_fails_fast),
         cmocka_unit_test(rolling_key_rotation),
         cmocka_unit_test(hostile_peer_against_sealed_cluster),
+        cmocka_unit_test(replayed_heartbeat_batches_refused),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
         cmocka_unit_test(sealed_registry),
     };

@@ -461,6 +461,40 @@ test_peers_probe_ids(void **state)
     swi_peers_fini(&p);
 }
 
+/* Heartbeat batches' replay defence: nothing is taken before a current
+ * probe answer names the incarnation; then only that incarnation, with a
+ * counter above every one taken and above the answer's less one; a restart
+ * (a new incarnation in an answer) starts over. */
+static void
+test_peers_beats_replay(void **state)
+{
+    swi_peers p;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    assert_false(swi_peers_beats_take(&p, "a", 7, 1)); /* not in the table */
+    swi_peers_use(&p, "a", 0);
+    assert_false(swi_peers_beats_take(&p, "a", 7, 1)); /* no answer yet */
+    swi_peers_beats_learn(&p, "a", 7, 10);             /* its last batch was 10 */
+    assert_false(swi_peers_beats_take(&p, "a", 7, 3)); /* recorded before the answer */
+    assert_false(swi_peers_beats_take(&p, "a", 7, 9));
+    assert_true(swi_peers_beats_take(&p, "a", 7, 10));  /* sent just before it, late */
+    assert_false(swi_peers_beats_take(&p, "a", 7, 10)); /* the same batch again */
+    assert_true(swi_peers_beats_take(&p, "a", 7, 12));  /* gaps: batches to other routers */
+    assert_false(swi_peers_beats_take(&p, "a", 7, 11));
+    assert_false(swi_peers_beats_take(&p, "a", 8, 13)); /* another incarnation */
+    swi_peers_beats_learn(&p, "a", 7, 5);               /* an older answer lowers nothing */
+    assert_false(swi_peers_beats_take(&p, "a", 7, 12));
+    assert_true(swi_peers_beats_take(&p, "a", 7, 13));
+    swi_peers_beats_learn(&p, "a", 9, 1); /* it restarted: a new incarnation */
+    assert_false(swi_peers_beats_take(&p, "a", 7, 14));
+    assert_true(swi_peers_beats_take(&p, "a", 9, 1));
+    swi_peers_beats_learn(&p, "a", 0, 50); /* 0 names no incarnation: ignored */
+    assert_true(swi_peers_beats_take(&p, "a", 9, 2));
+    swi_peers_release(&p, "a"); /* gone from the table: nothing is taken */
+    assert_false(swi_peers_beats_take(&p, "a", 9, 3));
+    swi_peers_fini(&p);
+}
+
 /* The bounded, expiring id set (early cancels, served requests). */
 static void
 test_idq(void **state)
@@ -515,6 +549,7 @@ main(void)
         cmocka_unit_test(test_peers_no_responders_then_back),
         cmocka_unit_test(test_idq),
         cmocka_unit_test(test_peers_probe_ids),
+        cmocka_unit_test(test_peers_beats_replay),
         cmocka_unit_test(test_peers_suspect),
         cmocka_unit_test(test_peers_alive_by_activity),
         cmocka_unit_test(test_peers_own_connection_down),

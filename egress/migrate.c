@@ -258,6 +258,7 @@ swe_migrate(sw_stream *s)
     m.version = orig->version;
     m.request_id.data = new_id;
     m.request_id.len = sizeof(new_id);
+    m.issued_unix_ms = (uint64_t)swi_unix_ms(); /* a new request */
     m.response_subject = resp_subj;
     m.router_id = orig->router_id;
     m.payload.data = mg.new_payload != NULL ? mg.new_payload : orig->payload.data;

@@ -164,6 +164,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.version = SW_PROTOCOL_VERSION;
     m.request_id.data = s->id;
     m.request_id.len = sizeof(s->id);
+    m.issued_unix_ms = (uint64_t)swi_unix_ms();
     m.response_subject = resp_subj;
     m.router_id = r->id;
     m.payload.data = (uint8_t *)payload;

@@ -380,10 +380,11 @@ immediate_cancel_reaches_or_prevents(void **state)
 
 /* ------------------------------------------------ raw frontends */
 
-/* Publishes a request to `inst` as a hand-written frontend would. */
+/* Publishes a request to `inst` as a hand-written frontend would, issued
+ * at `issued` (Request.issued_unix_ms; 0: not set). */
 static void
-raw_request(natsConnection *nc, const char *inst, const uint8_t *id, const char *resp,
-            const char *router, uint32_t window, uint32_t hb_ms)
+raw_request_at(natsConnection *nc, const char *inst, const uint8_t *id, const char *resp,
+               const char *router, uint32_t window, uint32_t hb_ms, uint64_t issued)
 {
     swp_request m = STREAMWIRE__V1__REQUEST__INIT;
     char subj[SWT_SUBJECT_MAX];
@@ -397,10 +398,18 @@ raw_request(natsConnection *nc, const char *inst, const uint8_t *id, const char 
     m.credit_window = window;
     m.heartbeat_ms = hb_ms;
     m.endpoint = (char *)EP;
+    m.issued_unix_ms = issued;
     assert_int_equal(swt_subject_request(subj, sizeof(subj), EP, inst), SW_OK);
     assert_int_equal(swp_encode_alloc(&m, SIZE_MAX, &buf, &len), SW_OK);
     assert_int_equal(natsConnection_PublishRequest(nc, subj, resp, buf, (int)len), NATS_OK);
     free(buf);
+}
+
+static void
+raw_request(natsConnection *nc, const char *inst, const uint8_t *id, const char *resp,
+            const char *router, uint32_t window, uint32_t hb_ms)
+{
+    raw_request_at(nc, inst, id, resp, router, window, hb_ms, 0);
 }
 
 static void
@@ -571,6 +580,78 @@ foreign_response_subject_is_refused(void **state)
     assert_int_equal(after.bad_requests - before.bad_requests, 1);
     assert_int_equal(e.started, 0);
     natsSubscription_Destroy(victim);
+    sw_ingress_destroy(ing);
+    sw_conn_close(ac);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* A request issued more than 5 minutes ago (Request.issued_unix_ms, by
+ * the sender's clock) is a replay the worker's 10-minute memory of served
+ * ids may have forgotten: it is never run, it is counted as a replay, and
+ * its response subject gets one failed final (protocol_error, saying why).
+ * 4 minutes old, or from a clock ahead of ours, it runs. */
+static void
+stale_request_is_refused(void **state)
+{
+    sw_conn *wc = conn_open(), *ac = conn_open();
+    natsConnection *nc = sw_conn_nats(ac);
+    natsSubscription *sub = NULL;
+    engine e;
+    sw_ingress *ing;
+    sw_ingress_stats before, after;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+    const uint64_t now = (uint64_t)swi_unix_ms();
+    const uint64_t stale[2] = {now - 6 * 60 * 1000, UINT64_MAX};
+    const uint64_t fresh[2] = {now - 4 * 60 * 1000, now + 3600 * 1000};
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 2;
+    ing = ingress_new(wc, "w-old", &e, 1000);
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, "sw.rsp.oldr.>"), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    sw_ingress_stats_get(ing, &before);
+    for (int k = 0; k < 2; k++) {
+        natsMsg *m = NULL;
+        swp_item *it = NULL;
+        new_id(id, hex);
+        snprintf(resp, sizeof(resp), "sw.rsp.oldr.%s", hex);
+        raw_request_at(nc, "w-old", id, resp, "oldr", 16, 250, stale[k]);
+        assert_int_equal(natsSubscription_NextMsg(&m, sub, (int64_t)T(5000)), NATS_OK);
+        assert_int_equal(swp_decode_item((const uint8_t *)natsMsg_GetData(m),
+                                         (size_t)natsMsg_GetDataLength(m), 1 << 20, &it),
+                         SW_OK);
+        assert_true(it->complete_final);
+        assert_int_equal(it->terminal->status, STREAMWIRE__V1__STATUS__STATUS_FAILED);
+        assert_int_equal(it->terminal->error->sw_code, SW_EPROTO);
+        assert_non_null(strstr(it->terminal->error->message, "issued"));
+        swp_free(it);
+        natsMsg_Destroy(m);
+    }
+    sw_ingress_stats_get(ing, &after);
+    assert_int_equal(after.replays - before.replays, 2);
+    assert_int_equal(e.started, 0);
+    for (int k = 0; k < 2; k++) {
+        new_id(id, hex);
+        snprintf(resp, sizeof(resp), "sw.rsp.oldr.%s", hex);
+        raw_request_at(nc, "w-old", id, resp, "oldr", 16, 250, fresh[k]);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
+        int started;
+        pthread_mutex_lock(&e.mu);
+        started = e.started;
+        pthread_mutex_unlock(&e.mu);
+        if (started == 2)
+            break;
+        swh_sleep_ms(10);
+    }
+    assert_int_equal(e.started, 2);
+    sw_ingress_stats_get(ing, &after);
+    assert_int_equal(after.replays - before.replays, 2);
+    natsSubscription_Destroy(sub);
     sw_ingress_destroy(ing);
     sw_conn_close(ac);
     sw_conn_close(wc);
@@ -969,6 +1050,7 @@ main(void)
         cmocka_unit_test(unacked_finals_are_bounded),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(foreign_response_subject_is_refused),
+        cmocka_unit_test(stale_request_is_refused),
         cmocka_unit_test(huge_credit_does_not_break_send),
         cmocka_unit_test(negative_durations_are_invalid),
         cmocka_unit_test(no_callback_inside_open),

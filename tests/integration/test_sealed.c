@@ -678,6 +678,24 @@ hostile_peer_against_sealed_cluster(void **state)
         natsSubscription_Unsubscribe(spy);
         natsSubscription_Destroy(spy);
         assert_int_equal(rq.n, 1);
+        {
+            /* The frontend stamped it with its clock (Request.issued_unix_ms):
+             * a worker refuses it once more than 5 minutes old. */
+            swt_sealer *ks = NULL;
+            uint8_t pt[1024];
+            size_t plen = 0;
+            swp_request *q = NULL;
+            char why[SWT_SEAL_WHY_MAX];
+            int64_t now = swi_unix_ms();
+            assert_int_equal(swt_sealer_load(&ks, g_key1, NULL, why, sizeof(why)), SW_OK);
+            assert_int_equal(swt_env_open(ks, rsubj, rq.msgs[0], rq.lens[0], pt, sizeof(pt), &plen),
+                             SW_OK);
+            assert_int_equal(swp_decode_request(pt, plen, sizeof(pt), &q), SW_OK);
+            assert_true((int64_t)q->issued_unix_ms <= now &&
+                        (int64_t)q->issued_unix_ms > now - T(10000));
+            swp_free(q);
+            swt_sealer_free(ks);
+        }
         served0 = e.served;
         /* wait until the worker let go of the stream (its final acknowledged):
          * only the record of served ids can catch the replay then */

@@ -233,7 +233,7 @@ cli_worker_main(int argc, char **argv)
 {
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *chaos = NULL;
     long tokens = 16, interval = 0, crash = -1, hang = -1, fail = -1;
-    long max_inflight = 0, threads = 0, grace = 5000, send_timeout = 0, lease = 0;
+    long max_inflight = 0, threads = 0, grace = 5000, send_timeout = 0, lease = 0, max_age = 0;
     long max_reconnect = -1, replicas = 1, metrics_every = 0;
     int refuse = 0;
     const char *registry = "nats-kv", *bucket = NULL, *metrics_listen = NULL;
@@ -283,6 +283,10 @@ cli_worker_main(int argc, char **argv)
         {"send-timeout-ms", CLI_INT, "MS",
          "how long a send waits for credit (default: library's,\n30000)", &send_timeout, 0, 3600000,
          NULL, 0},
+        {"max-request-age-ms", CLI_INT, "MS",
+         "refuse a request issued longer ago than this by its\nsender's clock (a replay; needs "
+         "clocks that agree;\nat most 600000; default 0 = no limit)",
+         &max_age, 0, 600000, NULL, 0},
         {"drain-grace-ms", CLI_INT, "MS",
          "on SIGTERM/SIGINT, how long in-flight streams may\nfinish before they are cancelled "
          "(default 5000)",
@@ -404,6 +408,7 @@ cli_worker_main(int argc, char **argv)
     iopts.max_inflight = (unsigned)max_inflight;
     iopts.handler_threads = (unsigned)threads;
     iopts.send_timeout_ms = (unsigned)send_timeout;
+    iopts.max_request_age_ms = max_age;
     iopts.log = quiet ? NULL : cli_log_stderr;
     iopts.log_arg = (void *)"worker";
     err = sw_ingress_start(&ing, conn, &iopts);

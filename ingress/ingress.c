@@ -113,6 +113,8 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         return SW_EINVAL;
     if (o->instance_id != NULL && sw_validate_token(o->instance_id) != SW_OK)
         return SW_EINVAL;
+    if (o->max_request_age_ms < 0 || o->max_request_age_ms > SW_MAX_REQUEST_AGE_MS)
+        return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;
     if (o->coalesce_us < 0 && o->coalesce_us != SW_COALESCE_OFF)
@@ -131,6 +133,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     do /* never 0: 0 is "none" to a router */
         swi_random(&ing->incarnation, sizeof(ing->incarnation));
     while (ing->incarnation == 0);
+    ing->max_age_ms = o->max_request_age_ms;
     ing->handler = o->handler;
     ing->handler_arg = o->handler_arg;
     ing->max_inflight = o->max_inflight ? o->max_inflight : 64;

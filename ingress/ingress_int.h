@@ -138,6 +138,7 @@ struct sw_ingress {
      * (atomic); probe answers carry both. */
     uint64_t incarnation;
     uint64_t beats_counter;
+    int64_t max_age_ms; /* sw_ingress_opts.max_request_age_ms; 0 = no limit */
     char req_subj[SWT_SUBJECT_MAX];
     char ctl_subj[SWT_SUBJECT_MAX];
     sw_handler_fn handler;
@@ -217,10 +218,7 @@ void swn_fin_unlink(sw_ingress *ing, sw_responder *r);
  * not run again; sealing review finding A3). */
 #define SWN_SEEN_MAX 65536
 #define SWN_SEEN_TTL_MS (10 * 60 * 1000)
-/* A request issued longer ago than this (Request.issued_unix_ms, by the
- * sender's clock against ours) is refused: half the memory above, so a
- * replay is caught by one or the other while clocks agree within 5 min. */
-#define SWN_REQUEST_MAX_AGE_MS (5 * 60 * 1000)
+
 /* A CANCEL/KILL for a request not seen yet (ing->mu held). */
 void swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, int64_t now);
 /* 1 if a cancel for this request came first; forgets it (ing->mu held). */

@@ -134,21 +134,22 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
             goto done;
         }
     }
-    if (req->issued_unix_ms != 0) {
-        /* Issued longer ago than the record of served ids can vouch for: a
-         * replay it may have forgotten (or clocks far apart). Never run;
-         * answered with an error the sender's stream ends on. */
+    if (ing->max_age_ms > 0 && req->issued_unix_ms != 0) {
+        /* Issued longer ago than allowed (sw_ingress_opts.max_request_age_ms,
+         * at most the memory of served ids): a replay that memory may have
+         * forgotten, or clocks apart. Never run; answered with an error the
+         * sender's stream ends on. */
         int64_t issued = req->issued_unix_ms > INT64_MAX ? 0 : (int64_t)req->issued_unix_ms;
         int64_t age_ms = swi_unix_ms() - issued;
-        if (age_ms > SWN_REQUEST_MAX_AGE_MS) {
+        if (age_ms > ing->max_age_ms) {
             char why[160];
             pthread_mutex_lock(&ing->mu);
             ing->st.replays++;
             pthread_mutex_unlock(&ing->mu);
             snprintf(why, sizeof(why),
-                     "the request was issued %lld s ago by its sender's clock (at most %d s): a "
-                     "replay, or clocks apart",
-                     (long long)(age_ms / 1000), SWN_REQUEST_MAX_AGE_MS / 1000);
+                     "the request was issued %lld s ago by its sender's clock (at most %lld s): "
+                     "a replay, or clocks apart",
+                     (long long)(age_ms / 1000), (long long)(ing->max_age_ms / 1000));
             swi_log(&ing->log, SW_LOG_WARN, "request on %s refused: %s", ing->req_subj, why);
             ing_reject(ing, req->response_subject, req->request_id.data, SW_EPROTO, why);
             goto done;

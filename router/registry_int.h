@@ -41,6 +41,8 @@ typedef struct reg_own {
     int draining;
     uint64_t rev;
     int64_t next_refresh_ms;
+    uint64_t incarnation; /* random per registration, never 0 */
+    uint64_t generation;  /* +1 each time it registers again after a removal */
 } reg_own;
 
 typedef struct reg_event {

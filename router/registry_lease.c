@@ -50,6 +50,8 @@ swr_reg_own_encode(sw_registry *reg, const reg_own *o, uint8_t **buf, size_t *le
     m.refreshed_unix_ms = (uint64_t)swi_unix_ms();
     m.lease_ms = reg->lease_ms;
     m.draining = o->draining != 0;
+    m.incarnation = o->incarnation;
+    m.generation = o->generation;
     {
         sw_err e = swp_encode_alloc(&m, REG_MAX_VALUE, buf, len);
         return e == SW_OK ? swr_reg_seal(reg, o->key, buf, len) : e;
@@ -84,8 +86,18 @@ swr_reg_refresh(sw_registry *reg, const char *key)
     }
     rv = reg->be->put(reg->bs, copy.key, buf, len, copy.rev, &rev);
     if (rv == SW_EBUSY || rv == SW_ENOTFOUND) {
+        /* Someone else wrote our key: register again, as a new generation
+         * (a tombstone of the old one, put back later, is then stale). */
         overwritten = 1; /* logged below, after wmu */
-        rv = reg->be->put(reg->bs, copy.key, buf, len, 0, &rev);
+        pthread_mutex_lock(&reg->mu);
+        if ((o = swr_reg_own_find(reg, key)) != NULL)
+            copy.generation = ++o->generation;
+        pthread_mutex_unlock(&reg->mu);
+        free(buf);
+        buf = NULL;
+        rv = swr_reg_own_encode(reg, &copy, &buf, &len);
+        if (rv == SW_OK)
+            rv = reg->be->put(reg->bs, copy.key, buf, len, 0, &rev);
     }
     free(buf);
     pthread_mutex_lock(&reg->mu);

@@ -227,6 +227,30 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     }
     reg->activity_ms = now; /* the store was written: it works */
     swr_reg_store_back(reg, now);
+    if (!deleted && info->dead && info->incarnation != 0 && v != NULL && v->live &&
+        (v->info->incarnation != info->incarnation || v->info->generation != info->generation)) {
+        /* A tombstone of another registration than the live entry we hold:
+         * one recorded earlier and put back (review question 5). It kills
+         * nothing here; the worker, which sees it over its own key,
+         * registers again at once. */
+        int mine = own != NULL;
+        char inst[SW_MAX_TOKEN + 1];
+        snprintf(inst, sizeof(inst), "%s", v->info->instance_id);
+        reg->st.entries_ignored++; /* mu held */
+        if (own != NULL) {
+            own->generation++;
+            own->rev = 0; /* the store holds the tombstone: write over it */
+            own->next_refresh_ms = now;
+            swi_ticker_kick(&reg->ticker);
+        }
+        pthread_mutex_unlock(&reg->mu);
+        swp_free(info);
+        swr_reg_note(reg, SW_LOG_WARN,
+                     "registry: a tombstone of an earlier registration of %s was put back: "
+                     "ignored%s",
+                     inst, mine ? "; registering again" : "");
+        return;
+    }
     if (deleted || info->dead) {
         if (!deleted)
             reg->st.dead_reports_received++; /* mu held */
@@ -247,6 +271,7 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
             /* We are alive: whoever removed us was wrong. */
             snprintf(wronged, sizeof(wronged), "%s", own->instance);
             own->rev = 0;
+            own->generation++; /* a new registration: this tombstone is then stale */
             own->next_refresh_ms = now;
             swi_ticker_kick(&reg->ticker);
         }

@@ -244,10 +244,17 @@ typedef struct sw_ingress_opts {
                                        final (so a lost final can be resent); beyond this many the
                                        oldest is let go (counted in finals_dropped). Default
                                        SW_INGRESS_MAX_HELD_DEFAULT */
+    sw_duration max_request_age_ms; /* refuse a request issued longer ago than this by its
+                                       sender's clock (Request.issued_unix_ms): a replay older
+                                       than the worker's 10-minute memory of served requests.
+                                       Needs clocks that agree within this; 0 = no limit (the
+                                       default: a worker whose clock is off still serves).
+                                       At most SW_MAX_REQUEST_AGE_MS, else invalid_argument */
 } sw_ingress_opts;
 
 #define SW_COALESCE_OFF (-1)
 #define SW_INGRESS_MAX_HELD_DEFAULT 1024
+#define SW_MAX_REQUEST_AGE_MS (10 * 60 * 1000) /* the memory of served requests */
 
 SW_API void sw_ingress_opts_init(sw_ingress_opts *opts);
 

@@ -29,6 +29,7 @@ main(void)
     F(sw_ingress_opts, max_window);
     F(sw_ingress_opts, log);
     F(sw_ingress_opts, max_held_finals);
+    F(sw_ingress_opts, max_request_age_ms);
     E();
     S(sw_router_opts);
     F(sw_router_opts, registry);

@@ -586,11 +586,13 @@ foreign_response_subject_is_refused(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
-/* A request issued more than 5 minutes ago (Request.issued_unix_ms, by
- * the sender's clock) is a replay the worker's 10-minute memory of served
- * ids may have forgotten: it is never run, it is counted as a replay, and
- * its response subject gets one failed final (protocol_error, saying why).
- * 4 minutes old, or from a clock ahead of ours, it runs. */
+/* With max_request_age_ms (5 minutes here), a request issued longer ago
+ * (Request.issued_unix_ms, by the sender's clock) is a replay the worker's
+ * 10-minute memory of served ids may have forgotten: it is never run, it is
+ * counted as a replay, and its response subject gets one failed final
+ * (protocol_error, saying why). 4 minutes old, or from a clock ahead of
+ * ours, it runs. Without the option (the default) the old one runs too
+ * (clocks may be off), and the option's bounds are checked. */
 static void
 stale_request_is_refused(void **state)
 {
@@ -609,7 +611,20 @@ stale_request_is_refused(void **state)
     memset(&e, 0, sizeof(e));
     pthread_mutex_init(&e.mu, NULL);
     e.tokens = 2;
-    ing = ingress_new(wc, "w-old", &e, 1000);
+    {
+        sw_ingress_opts o;
+        sw_ingress_opts_init(&o);
+        o.endpoint = EP;
+        o.instance_id = "w-old";
+        o.handler = engine_handler;
+        o.handler_arg = &e;
+        o.max_request_age_ms = -1;
+        assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_EINVAL);
+        o.max_request_age_ms = SW_MAX_REQUEST_AGE_MS + 1;
+        assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_EINVAL);
+        o.max_request_age_ms = 5 * 60 * 1000;
+        assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_OK);
+    }
     assert_int_equal(natsConnection_SubscribeSync(&sub, nc, "sw.rsp.oldr.>"), NATS_OK);
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
     sw_ingress_stats_get(ing, &before);
@@ -651,6 +666,23 @@ stale_request_is_refused(void **state)
     assert_int_equal(e.started, 2);
     sw_ingress_stats_get(ing, &after);
     assert_int_equal(after.replays - before.replays, 2);
+    sw_ingress_destroy(ing);
+    /* The default: no limit. */
+    ing = ingress_new(wc, "w-old2", &e, 1000);
+    new_id(id, hex);
+    snprintf(resp, sizeof(resp), "sw.rsp.oldr.%s", hex);
+    raw_request_at(nc, "w-old2", id, resp, "oldr", 16, 250, stale[0]);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
+        int started;
+        pthread_mutex_lock(&e.mu);
+        started = e.started;
+        pthread_mutex_unlock(&e.mu);
+        if (started == 3)
+            break;
+        swh_sleep_ms(10);
+    }
+    assert_int_equal(e.started, 3);
     natsSubscription_Destroy(sub);
     sw_ingress_destroy(ing);
     sw_conn_close(ac);

@@ -2159,6 +2159,121 @@ registry_logs_without_locks(void **state)
     pthread_mutex_destroy(&rr.mu);
 }
 
+/* The raw value stored under one key (from the backend's list). */
+typedef struct raw_value {
+    const char *key;
+    uint8_t val[4096];
+    size_t len;
+    int found;
+} raw_value;
+
+static void
+raw_value_cb(void *arg, const sw_registry_entry *e, int deleted)
+{
+    raw_value *r = arg;
+    if (!deleted && strcmp(e->key, r->key) == 0 && e->len <= sizeof(r->val)) {
+        memcpy(r->val, e->value, e->len);
+        r->len = e->len;
+        r->found = 1;
+    }
+}
+
+/* A tombstone recorded and put back later (review question 5). An entry
+ * names its registration (a random incarnation and a generation); a
+ * tombstone copies them. Put once while it names the live registration, it
+ * removes the worker, which registers again as a new generation; put back
+ * after that, it names an earlier registration: no router drops the worker
+ * for it (entries_ignored), and the worker writes over it. */
+static void
+recorded_tombstone_put_back_is_ignored(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 1500, 150);
+    sw_registry *rreg = fx_reg(f, 1, 1500, 0);
+    evlog *l = &f->log[0];
+    const sw_registry_backend *be = sw_registry_backend_find(f->be);
+    char key[256];
+    raw_value cur;
+    swp_instance *info = NULL;
+    uint8_t *tomb = NULL;
+    size_t tlen = 0;
+    sw_registry_stats st0, st1;
+    int i_rm, i_add, n_rm;
+
+    fx_worker(f, 0, EP1);
+    snprintf(key, sizeof(key), "%s.%s", EP1, fx_id(f, 0));
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    f->raw_be[0] = be;
+    assert_int_equal(be->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+
+    /* The entry as an eavesdropper records it, made a tombstone. */
+    memset(&cur, 0, sizeof(cur));
+    cur.key = key;
+    assert_int_equal(be->list(f->raw_state[0], raw_value_cb, &cur), SW_OK);
+    assert_true(cur.found);
+    assert_int_equal(swp_decode_instance(cur.val, cur.len, sizeof(cur.val), &info), SW_OK);
+    assert_true(info->incarnation != 0);
+    assert_int_equal(info->generation, 1);
+    info->dead = 1;
+    info->dead_reason = (char *)"recorded";
+    assert_int_equal(swp_encode_alloc(info, SIZE_MAX, &tomb, &tlen), SW_OK);
+    info->dead_reason = NULL; /* not ours to free */
+    swp_free(info);
+
+    /* Written while it names the live registration: the worker is removed
+     * and registers again (generation 2). */
+    assert_int_equal(be->put(f->raw_state[0], key, tomb, tlen, 0, NULL), SW_OK);
+    i_rm = evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(2000));
+    assert_true(i_rm >= 0);
+    i_add = evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), i_rm + 1, T(3000));
+    assert_true(i_add > i_rm);
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
+    {
+        /* the store holds generation 2 */
+        swp_instance *now = NULL;
+        int gen2 = 0;
+        for (int i = 0; i < 200 && !gen2; i++) {
+            memset(&cur, 0, sizeof(cur));
+            cur.key = key;
+            assert_int_equal(be->list(f->raw_state[0], raw_value_cb, &cur), SW_OK);
+            if (cur.found &&
+                swp_decode_instance(cur.val, cur.len, sizeof(cur.val), &now) == SW_OK) {
+                gen2 = !now->dead && now->generation >= 2;
+                swp_free(now);
+                now = NULL;
+            }
+            if (!gen2)
+                swh_sleep_ms(10);
+        }
+        assert_true(gen2);
+    }
+
+    /* Put back: an earlier registration's tombstone. Nobody drops it. */
+    n_rm = evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0);
+    sw_registry_stats_get(rreg, &st0);
+    assert_int_equal(be->put(f->raw_state[0], key, tomb, tlen, 0, NULL), SW_OK);
+    swh_sleep_ms(T(800));
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), n_rm);
+    assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
+    assert_true(listed(wreg, NULL, fx_id(f, 0), NULL));
+    sw_registry_stats_get(rreg, &st1);
+    assert_true(st1.entries_ignored >= st0.entries_ignored + 1);
+    {
+        /* and the worker wrote over it */
+        memset(&cur, 0, sizeof(cur));
+        cur.key = key;
+        assert_int_equal(be->list(f->raw_state[0], raw_value_cb, &cur), SW_OK);
+        assert_true(cur.found);
+        assert_int_equal(swp_decode_instance(cur.val, cur.len, sizeof(cur.val), &info), SW_OK);
+        assert_false(info->dead);
+        assert_true(info->generation >= 3);
+        swp_free(info);
+    }
+    free(tomb);
+}
+
 /* A log line one handle's backend callback writes while ANOTHER handle
  * holds its lock: the memory backend calls a watcher inside the writer's
  * put/del, under the writer's wmu. Two handles claim one instance (a
@@ -2691,7 +2806,8 @@ blind_watch_reads_the_store(void **state)
         RT(pool_logs_without_lock, be), RT(lease_ignores_clock_skew, be),                          \
         RT(foreign_key_entry_ignored, be), RT(report_silent_refused_when_refreshed, be),           \
         RT(pool_report_does_not_block, be), RT(store_outage_holds_leases, be),                     \
-        RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be)
+        RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be),     \
+        RT(recorded_tombstone_put_back_is_ignored, be)
 
 int
 main(int argc, char **argv)

@@ -586,6 +586,22 @@ foreign_response_subject_is_refused(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* Waits (a few seconds) until n handlers have started; the count. */
+static int
+wait_started(engine *e, int n)
+{
+    int started = 0;
+    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
+        pthread_mutex_lock(&e->mu);
+        started = e->started;
+        pthread_mutex_unlock(&e->mu);
+        if (started >= n)
+            break;
+        swh_sleep_ms(10);
+    }
+    return started;
+}
+
 /* With max_request_age_ms (5 minutes here), a request issued longer ago
  * (Request.issued_unix_ms, by the sender's clock) is a replay the worker's
  * 10-minute memory of served ids may have forgotten: it is never run, it is
@@ -654,16 +670,7 @@ stale_request_is_refused(void **state)
         raw_request_at(nc, "w-old", id, resp, "oldr", 16, 250, fresh[k]);
     }
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
-        int started;
-        pthread_mutex_lock(&e.mu);
-        started = e.started;
-        pthread_mutex_unlock(&e.mu);
-        if (started == 2)
-            break;
-        swh_sleep_ms(10);
-    }
-    assert_int_equal(e.started, 2);
+    assert_int_equal(wait_started(&e, 2), 2);
     sw_ingress_stats_get(ing, &after);
     assert_int_equal(after.replays - before.replays, 2);
     sw_ingress_destroy(ing);
@@ -673,16 +680,7 @@ stale_request_is_refused(void **state)
     snprintf(resp, sizeof(resp), "sw.rsp.oldr.%s", hex);
     raw_request_at(nc, "w-old2", id, resp, "oldr", 16, 250, stale[0]);
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
-        int started;
-        pthread_mutex_lock(&e.mu);
-        started = e.started;
-        pthread_mutex_unlock(&e.mu);
-        if (started == 3)
-            break;
-        swh_sleep_ms(10);
-    }
-    assert_int_equal(e.started, 3);
+    assert_int_equal(wait_started(&e, 3), 3);
     natsSubscription_Destroy(sub);
     sw_ingress_destroy(ing);
     sw_conn_close(ac);

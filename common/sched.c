@@ -134,8 +134,13 @@ swi_peers_beats_learn(swi_peers *p, const char *id, uint64_t incarnation, uint64
 {
     swi_peer *e = swi_peers_find(p, id);
     uint64_t floor = counter ? counter - 1 : 0;
-    if (e == NULL || incarnation == 0)
+    if (e == NULL)
         return;
+    if (incarnation == 0) { /* a worker from before the counters */
+        e->beat_legacy = 1;
+        return;
+    }
+    e->beat_legacy = 0;
     if (e->beat_inc != incarnation) { /* first answer, or the process restarted */
         e->beat_inc = incarnation;
         e->beat_last = floor;
@@ -148,6 +153,8 @@ int
 swi_peers_beats_take(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter)
 {
     swi_peer *e = swi_peers_find(p, id);
+    if (e != NULL && e->beat_legacy && incarnation == 0)
+        return 1;
     if (e == NULL || e->beat_inc == 0 || incarnation != e->beat_inc || counter <= e->beat_last)
         return 0;
     e->beat_last = counter;

@@ -92,6 +92,8 @@ typedef struct swi_peer {
     int64_t nr_first_ms; /* when that first bounced probe went out */
     uint64_t beat_inc;   /* the incarnation a current probe answer named (0: none yet) */
     uint64_t beat_last;  /* heartbeat batches need a counter above this */
+    int beat_legacy;     /* its current answer named no incarnation: a worker from before
+                            the counters, whose batches (incarnation 0) are taken as they come */
 } swi_peer;
 
 typedef struct swi_peers {
@@ -177,6 +179,9 @@ int swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t no
  * nothing: a batch recorded earlier, or sent by a process that has since
  * restarted, never counts. */
 void swi_peers_beats_learn(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter);
+/* (An answer with incarnation 0 comes from a worker built before the
+ * counters: its batches, which carry none either, are then taken without
+ * the check, until an answer names an incarnation.) */
 int swi_peers_beats_take(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter);
 
 /* ---------------------------------------------------------------- idq */

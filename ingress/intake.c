@@ -143,9 +143,17 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         int64_t age_ms = swi_unix_ms() - issued;
         if (age_ms > ing->max_age_ms) {
             char why[160];
+            int known;
             pthread_mutex_lock(&ing->mu);
             ing->st.replays++;
+            /* A copy of a request that runs here, or ran recently: dropped
+             * in silence, as any duplicate (an error final on its subject
+             * could end the live stream). */
+            known = swi_idmap_get(&ing->streams, req->request_id.data) != NULL ||
+                    swi_idq_find(&ing->seen, req->request_id.data, swi_now_ms()) != NULL;
             pthread_mutex_unlock(&ing->mu);
+            if (known)
+                goto done;
             snprintf(why, sizeof(why),
                      "the request was issued %lld s ago by its sender's clock (at most %lld s): "
                      "a replay, or clocks apart",

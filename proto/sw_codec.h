@@ -57,7 +57,7 @@ typedef Streamwire__V1__StreamBeat swp_beat;
  * count is capped (the caps above) so that it fits in the slack. The one
  * message dense by design, the HeartbeatBatch of up to 4,096 22-byte beats
  * (7.6x through protobuf-c), is decoded by hand into one block of at most
- * 3.3x (proto/beats.c). */
+ * 3.6x (proto/beats.c). */
 #define SWP_ALLOC_FACTOR 4
 #define SWP_ALLOC_SLACK (64 * 1024)
 /* The estimate itself (SIZE_MAX if a cap refuses it), for tests. */
@@ -76,7 +76,7 @@ sw_err swp_decode_control(const uint8_t *buf, size_t len, size_t max, swp_contro
 sw_err swp_decode_probe_reply(const uint8_t *buf, size_t len, size_t max, swp_probe_reply **out);
 sw_err swp_decode_instance(const uint8_t *buf, size_t len, size_t max, swp_instance **out);
 /* By hand (proto/beats.c): the same rules and result as the others, in one
- * block of at most 3.3x len + a constant; a batch with field 15 (sealed:
+ * block of at most 3.6x len + a constant; a batch with field 15 (sealed:
  * not opened) is refused. swp_free frees it. */
 sw_err swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out);
 /* The probe_id a ProbeReply echoes; 0 if the bytes are not a valid

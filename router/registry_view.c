@@ -228,11 +228,15 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     reg->activity_ms = now; /* the store was written: it works */
     swr_reg_store_back(reg, now);
     if (!deleted && info->dead && info->incarnation != 0 && v != NULL && v->live &&
-        (v->info->incarnation != info->incarnation || v->info->generation != info->generation)) {
-        /* A tombstone of another registration than the live entry we hold:
-         * one recorded earlier and put back (review question 5). It kills
-         * nothing here; the worker, which sees it over its own key,
-         * registers again at once. */
+        (v->info->incarnation == info->incarnation
+             ? info->generation < v->info->generation
+             : info->started_unix_ms < v->info->started_unix_ms)) {
+        /* A tombstone of an EARLIER registration than the live entry we
+         * hold (an older generation of it, or an older registration's, by
+         * the worker's own start times): one recorded and put back (review
+         * question 5). It kills nothing here; the worker, which sees it over
+         * its own key, registers again at once. A tombstone of a later
+         * registration (one our view missed, say after a reconnect) counts. */
         int mine = own != NULL;
         char inst[SW_MAX_TOKEN + 1];
         snprintf(inst, sizeof(inst), "%s", v->info->instance_id);

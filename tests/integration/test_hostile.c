@@ -681,8 +681,56 @@ stale_request_is_refused(void **state)
     raw_request_at(nc, "w-old2", id, resp, "oldr", 16, 250, stale[0]);
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
     assert_int_equal(wait_started(&e, 3), 3);
-    natsSubscription_Destroy(sub);
     sw_ingress_destroy(ing);
+    /* A copy of a request that still runs, arriving after the age limit:
+     * dropped in silence (no error final on the live stream's subject). */
+    {
+        sw_ingress_opts o;
+        const uint64_t issued = (uint64_t)swi_unix_ms();
+        int items = 0, finals = 0;
+        sw_ingress_opts_init(&o);
+        o.endpoint = EP;
+        o.instance_id = "w-old3";
+        o.handler = engine_handler;
+        o.handler_arg = &e;
+        o.max_request_age_ms = 1000;
+        e.tokens = 8;
+        e.delay_ms = 250; /* a 2-second stream */
+        assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_OK);
+        sw_ingress_stats_get(ing, &before);
+        new_id(id, hex);
+        snprintf(resp, sizeof(resp), "sw.rsp.oldr.%s", hex);
+        raw_request_at(nc, "w-old3", id, resp, "oldr", 16, 250, issued);
+        assert_int_equal(wait_started(&e, 4), 4);
+        swh_sleep_ms(1300); /* older than the limit now, and still running */
+        raw_request_at(nc, "w-old3", id, resp, "oldr", 16, 250, issued);
+        /* (Nobody answers the worker's probes of "oldr", so the stream is
+         * cancelled as its frontend's loss after a while: no final is
+         * awaited, only the absence of an error final for the copy.) */
+        for (;;) {
+            natsMsg *m = NULL;
+            swp_item *it = NULL;
+            if (natsSubscription_NextMsg(&m, sub, (int64_t)T(1500)) != NATS_OK)
+                break;
+            if (swp_decode_item((const uint8_t *)natsMsg_GetData(m),
+                                (size_t)natsMsg_GetDataLength(m), 1 << 20, &it) == SW_OK) {
+                if (memcmp(it->request_id.data, id, SW_REQUEST_ID_BYTES) == 0) {
+                    items++;
+                    finals += it->complete_final && it->terminal != NULL &&
+                              it->terminal->status == STREAMWIRE__V1__STATUS__STATUS_FAILED;
+                }
+                swp_free(it);
+            }
+            natsMsg_Destroy(m);
+        }
+        assert_true(items >= 1);        /* the live stream's own items came */
+        assert_int_equal(finals, 0);    /* and no error final for the copy */
+        assert_int_equal(e.started, 4); /* never run twice */
+        sw_ingress_stats_get(ing, &after);
+        assert_int_equal(after.replays - before.replays, 1);
+        sw_ingress_destroy(ing);
+    }
+    natsSubscription_Destroy(sub);
     sw_conn_close(ac);
     sw_conn_close(wc);
     pthread_mutex_destroy(&e.mu);

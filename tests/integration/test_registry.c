@@ -2269,8 +2269,21 @@ recorded_tombstone_put_back_is_ignored(void **state)
         assert_int_equal(swp_decode_instance(cur.val, cur.len, sizeof(cur.val), &info), SW_OK);
         assert_false(info->dead);
         assert_true(info->generation >= 3);
+        /* A tombstone of a later generation than a view holds (one the view
+         * missed) counts: it removes the worker. */
+        info->dead = 1;
+        info->generation += 5;
+        free(tomb);
+        tomb = NULL;
+        assert_int_equal(swp_encode_alloc(info, SIZE_MAX, &tomb, &tlen), SW_OK);
         swp_free(info);
     }
+    n_rm = evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0);
+    assert_int_equal(be->put(f->raw_state[0], key, tomb, tlen, 0, NULL), SW_OK);
+    for (int i = 0;
+         i < 200 * swh_slow() && evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0) == n_rm; i++)
+        swh_sleep_ms(10);
+    assert_int_equal(evlog_count(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0), n_rm + 1);
     free(tomb);
 }
 

@@ -488,8 +488,11 @@ test_peers_beats_replay(void **state)
     swi_peers_beats_learn(&p, "a", 9, 1); /* it restarted: a new incarnation */
     assert_false(swi_peers_beats_take(&p, "a", 7, 14));
     assert_true(swi_peers_beats_take(&p, "a", 9, 1));
-    swi_peers_beats_learn(&p, "a", 0, 50); /* 0 names no incarnation: ignored */
+    swi_peers_beats_learn(&p, "a", 0, 50);            /* 0: a worker from before the counters */
+    assert_true(swi_peers_beats_take(&p, "a", 0, 0)); /* its batches carry none either */
     assert_true(swi_peers_beats_take(&p, "a", 9, 2));
+    swi_peers_beats_learn(&p, "a", 9, 3); /* an answer names one again */
+    assert_false(swi_peers_beats_take(&p, "a", 0, 0));
     swi_peers_release(&p, "a"); /* gone from the table: nothing is taken */
     assert_false(swi_peers_beats_take(&p, "a", 9, 3));
     swi_peers_fini(&p);

@@ -155,7 +155,13 @@ swi_peers_beats_take(swi_peers *p, const char *id, uint64_t incarnation, uint64_
     swi_peer *e = swi_peers_find(p, id);
     if (e != NULL && e->beat_legacy && incarnation == 0)
         return 1;
-    if (e == NULL || e->beat_inc == 0 || incarnation != e->beat_inc || counter <= e->beat_last)
+    if (e == NULL)
+        return 0;
+    if (incarnation != 0 && incarnation != e->beat_inc) {
+        e->probe_soon = 1; /* not learned yet: ask now (one probe out at a time) */
+        return 0;
+    }
+    if (e->beat_inc == 0 || counter <= e->beat_last)
         return 0;
     e->beat_last = counter;
     return 1;
@@ -262,9 +268,11 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
         }
         if (up_since_ms < 0)
             continue; /* no probe goes out while we are disconnected */
-        if (!e->outstanding && (e->suspect || now - e->sent_ms >= (int64_t)p->interval_ms) &&
+        if (!e->outstanding &&
+            (e->suspect || e->probe_soon || now - e->sent_ms >= (int64_t)p->interval_ms) &&
             nsend < max_send) {
             e->outstanding = 1;
+            e->probe_soon = 0;
             e->sent_ms = now;
             e->probe_id = ++p->probe_seq;
             memcpy(send[nsend], e->id, sizeof(e->id));

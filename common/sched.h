@@ -94,6 +94,8 @@ typedef struct swi_peer {
     uint64_t beat_last;  /* heartbeat batches need a counter above this */
     int beat_legacy;     /* its current answer named no incarnation: a worker from before
                             the counters, whose batches (incarnation 0) are taken as they come */
+    int probe_soon;      /* probe at the next round (a batch named an incarnation not learned
+                            yet); not a suspicion: misses count as usual */
 } swi_peer;
 
 typedef struct swi_peers {
@@ -181,7 +183,10 @@ int swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t no
 void swi_peers_beats_learn(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter);
 /* (An answer with incarnation 0 comes from a worker built before the
  * counters: its batches, which carry none either, are then taken without
- * the check, until an answer names an incarnation.) */
+ * the check, until an answer names an incarnation.) A batch refused because
+ * it names an incarnation not learned yet (a new peer, or one that
+ * restarted) has the peer probed at the next round, whatever the interval,
+ * so its batches count from the answer on. */
 int swi_peers_beats_take(swi_peers *p, const char *id, uint64_t incarnation, uint64_t counter);
 
 /* ---------------------------------------------------------------- idq */

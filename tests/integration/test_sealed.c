@@ -478,6 +478,40 @@ replayed_heartbeat_batches_refused(void **state)
     pthread_mutex_destroy(&cap.mu);
 }
 
+/* Heartbeat batches count only after a probe answer names the worker's
+ * incarnation; with probes hours apart, the first batch it has not learned
+ * asks for a probe at once: an idle stream (1.5 s between its items, an
+ * inactivity timeout of 0.7 s) still completes on heartbeats. */
+static void
+heartbeats_count_with_rare_probes(void **state)
+{
+    sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e = {2, 1500, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    sw_ingress *ing = worker(wc, "hb2", &e);
+    sw_router_opts ro;
+    sw_router *r = NULL;
+    sw_stream *s;
+    sw_stream_stats ss;
+    sw_terminal t;
+    char reason[64];
+    (void)state;
+    sw_router_opts_init(&ro);
+    ro.heartbeat_ms = 50;
+    ro.probe_interval_ms = 3600000;
+    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
+    s = open_stream(r, "hb2", "n=2");
+    assert_int_equal(drain(s, &t, reason, sizeof(reason)), 2);
+    if (t.status != SW_STATUS_COMPLETED)
+        fail_msg("an idle stream with rare probes ended %s", reason);
+    sw_stream_stats_get(s, &ss);
+    assert_true(ss.heartbeats >= 5);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+}
+
 static void
 hostile_peer_against_sealed_cluster(void **state)
 {
@@ -1045,6 +1079,7 @@ main(void)
         cmocka_unit_test(rolling_key_rotation),
         cmocka_unit_test(hostile_peer_against_sealed_cluster),
         cmocka_unit_test(replayed_heartbeat_batches_refused),
+        cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
         cmocka_unit_test(sealed_registry),
     };

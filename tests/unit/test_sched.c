@@ -469,13 +469,19 @@ static void
 test_peers_beats_replay(void **state)
 {
     swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
     (void)state;
     swi_peers_init(&p, 100, 300, 2);
     assert_false(swi_peers_beats_take(&p, "a", 7, 1)); /* not in the table */
     swi_peers_use(&p, "a", 0);
-    assert_false(swi_peers_beats_take(&p, "a", 7, 1)); /* no answer yet */
-    swi_peers_beats_learn(&p, "a", 7, 10);             /* its last batch was 10 */
-    assert_false(swi_peers_beats_take(&p, "a", 7, 3)); /* recorded before the answer */
+    assert_int_equal(round_at(&p, 10, UP, send, lost, &nlost), 0); /* first probe at 100 */
+    assert_false(swi_peers_beats_take(&p, "a", 7, 1));             /* no answer yet ... */
+    assert_int_equal(round_at(&p, 20, UP, send, lost, &nlost), 1); /* ... so: probe now */
+    assert_int_equal(round_at(&p, 30, UP, send, lost, &nlost), 0); /* once */
+    swi_peers_beats_learn(&p, "a", 7, 10);                         /* its last batch was 10 */
+    assert_false(swi_peers_beats_take(&p, "a", 7, 3));             /* recorded before the answer */
     assert_false(swi_peers_beats_take(&p, "a", 7, 9));
     assert_true(swi_peers_beats_take(&p, "a", 7, 10));  /* sent just before it, late */
     assert_false(swi_peers_beats_take(&p, "a", 7, 10)); /* the same batch again */

@@ -33,6 +33,9 @@ sw_err swi_init(void);
 
 /* Fills buf with random bytes (libsodium). swi_init() must have succeeded. */
 void swi_random(void *buf, size_t len);
+/* A random 64-bit id that is never 0 (0 stands for "none" on the wire):
+ * incarnations of workers and of registrations. */
+uint64_t swi_random_id64(void);
 /* Writes 2*len lowercase hex chars plus NUL into out (size >= 2*len+1). */
 void swi_hex(char *out, const uint8_t *in, size_t len);
 /* A random id of 16 lowercase hex characters into out[17]. */

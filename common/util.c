@@ -65,6 +65,16 @@ swi_random(void *buf, size_t len)
     randombytes_buf(buf, len);
 }
 
+uint64_t
+swi_random_id64(void)
+{
+    uint64_t v;
+    do
+        swi_random(&v, sizeof(v));
+    while (v == 0);
+    return v;
+}
+
 void
 swi_hex(char *out, const uint8_t *in, size_t len)
 {

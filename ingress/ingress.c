@@ -130,9 +130,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         snprintf(ing->instance_id, sizeof(ing->instance_id), "%s", o->instance_id);
     else
         swi_random_token(ing->instance_id);
-    do /* never 0: 0 is "none" to a router */
-        swi_random(&ing->incarnation, sizeof(ing->incarnation));
-    while (ing->incarnation == 0);
+    ing->incarnation = swi_random_id64();
     ing->max_age_ms = o->max_request_age_ms;
     ing->handler = o->handler;
     ing->handler_arg = o->handler_arg;

@@ -240,9 +240,7 @@ sw_registry_register(sw_registry *reg, const sw_registration *r)
     if (n < 0 || (size_t)n >= sizeof(o.key))
         return SW_EINVAL;
     o.started_unix_ms = swi_unix_ms();
-    do
-        swi_random(&o.incarnation, sizeof(o.incarnation));
-    while (o.incarnation == 0);
+    o.incarnation = swi_random_id64();
     o.generation = 1;
 
     pthread_mutex_lock(&reg->wmu);

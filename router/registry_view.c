@@ -159,6 +159,18 @@ swr_reg_note(sw_registry *reg, sw_log_level level, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- backend events */
 
+/* Our own live entry was written over in the store (a tombstone, a
+ * delete): write it again at once, unguarded, as a new generation, so that
+ * a tombstone of the old one is stale everywhere (mu held). */
+static void
+own_register_again(sw_registry *reg, reg_own *own, int64_t now)
+{
+    own->rev = 0;
+    own->generation++;
+    own->next_refresh_ms = now;
+    swi_ticker_kick(&reg->ticker);
+}
+
 void
 swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
 {
@@ -241,12 +253,8 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         char inst[SW_MAX_TOKEN + 1];
         snprintf(inst, sizeof(inst), "%s", v->info->instance_id);
         reg->st.entries_ignored++; /* mu held */
-        if (own != NULL) {
-            own->generation++;
-            own->rev = 0; /* the store holds the tombstone: write over it */
-            own->next_refresh_ms = now;
-            swi_ticker_kick(&reg->ticker);
-        }
+        if (own != NULL)
+            own_register_again(reg, own, now);
         pthread_mutex_unlock(&reg->mu);
         swp_free(info);
         swr_reg_note(reg, SW_LOG_WARN,
@@ -274,10 +282,7 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         if (own != NULL) {
             /* We are alive: whoever removed us was wrong. */
             snprintf(wronged, sizeof(wronged), "%s", own->instance);
-            own->rev = 0;
-            own->generation++; /* a new registration: this tombstone is then stale */
-            own->next_refresh_ms = now;
-            swi_ticker_kick(&reg->ticker);
+            own_register_again(reg, own, now);
         }
         pthread_mutex_unlock(&reg->mu);
         swp_free(info);

@@ -261,11 +261,12 @@ engine_handler(sw_responder *r, void *arg)
     pthread_mutex_unlock(&e->mu);
 }
 
-static sw_ingress *
-ingress_new(sw_conn *c, const char *inst, engine *e, unsigned send_timeout_ms)
+/* Starts a worker on engine e; its sw_ingress_start result. */
+static sw_err
+ingress_try(sw_conn *c, const char *inst, engine *e, unsigned send_timeout_ms,
+            sw_duration max_request_age_ms, sw_ingress **out)
 {
     sw_ingress_opts o;
-    sw_ingress *ing = NULL;
     sw_ingress_opts_init(&o);
     o.endpoint = EP;
     o.instance_id = inst;
@@ -273,7 +274,15 @@ ingress_new(sw_conn *c, const char *inst, engine *e, unsigned send_timeout_ms)
     o.handler_arg = e;
     o.send_timeout_ms = send_timeout_ms;
     o.max_inflight = 4096;
-    assert_int_equal(sw_ingress_start(&ing, c, &o), SW_OK);
+    o.max_request_age_ms = max_request_age_ms;
+    return sw_ingress_start(out, c, &o);
+}
+
+static sw_ingress *
+ingress_new(sw_conn *c, const char *inst, engine *e, unsigned send_timeout_ms)
+{
+    sw_ingress *ing = NULL;
+    assert_int_equal(ingress_try(c, inst, e, send_timeout_ms, 0, &ing), SW_OK);
     return ing;
 }
 
@@ -627,20 +636,10 @@ stale_request_is_refused(void **state)
     memset(&e, 0, sizeof(e));
     pthread_mutex_init(&e.mu, NULL);
     e.tokens = 2;
-    {
-        sw_ingress_opts o;
-        sw_ingress_opts_init(&o);
-        o.endpoint = EP;
-        o.instance_id = "w-old";
-        o.handler = engine_handler;
-        o.handler_arg = &e;
-        o.max_request_age_ms = -1;
-        assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_EINVAL);
-        o.max_request_age_ms = SW_MAX_REQUEST_AGE_MS + 1;
-        assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_EINVAL);
-        o.max_request_age_ms = 5 * 60 * 1000;
-        assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_OK);
-    }
+    assert_int_equal(ingress_try(wc, "w-old", &e, 1000, -1, &ing), SW_EINVAL);
+    assert_int_equal(ingress_try(wc, "w-old", &e, 1000, SW_MAX_REQUEST_AGE_MS + 1, &ing),
+                     SW_EINVAL);
+    assert_int_equal(ingress_try(wc, "w-old", &e, 1000, 5 * 60 * 1000, &ing), SW_OK);
     assert_int_equal(natsConnection_SubscribeSync(&sub, nc, "sw.rsp.oldr.>"), NATS_OK);
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
     sw_ingress_stats_get(ing, &before);
@@ -685,18 +684,11 @@ stale_request_is_refused(void **state)
     /* A copy of a request that still runs, arriving after the age limit:
      * dropped in silence (no error final on the live stream's subject). */
     {
-        sw_ingress_opts o;
         const uint64_t issued = (uint64_t)swi_unix_ms();
         int items = 0, finals = 0;
-        sw_ingress_opts_init(&o);
-        o.endpoint = EP;
-        o.instance_id = "w-old3";
-        o.handler = engine_handler;
-        o.handler_arg = &e;
-        o.max_request_age_ms = 1000;
         e.tokens = 8;
         e.delay_ms = 250; /* a 2-second stream */
-        assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_OK);
+        assert_int_equal(ingress_try(wc, "w-old3", &e, 1000, 1000, &ing), SW_OK);
         sw_ingress_stats_get(ing, &before);
         new_id(id, hex);
         snprintf(resp, sizeof(resp), "sw.rsp.oldr.%s", hex);

@@ -1554,6 +1554,8 @@ typedef struct key_chk {
     int present;
     int draining; /* decoded from the value; -1 if it did not decode */
     uint64_t rev;
+    uint8_t val[4096]; /* the value's bytes (len 0 if larger) */
+    size_t len;
 } key_chk;
 
 static void
@@ -1565,6 +1567,8 @@ key_chk_cb(void *arg, const sw_registry_entry *e, int deleted)
         return;
     c->present = 1;
     c->rev = e->revision;
+    c->len = e->len <= sizeof(c->val) ? e->len : 0;
+    memcpy(c->val, e->value, c->len);
     c->draining = swp_decode_instance(e->value, e->len, 65536, &m) == SW_OK ? m->draining : -1;
     swp_free(m);
 }
@@ -2159,25 +2163,6 @@ registry_logs_without_locks(void **state)
     pthread_mutex_destroy(&rr.mu);
 }
 
-/* The raw value stored under one key (from the backend's list). */
-typedef struct raw_value {
-    const char *key;
-    uint8_t val[4096];
-    size_t len;
-    int found;
-} raw_value;
-
-static void
-raw_value_cb(void *arg, const sw_registry_entry *e, int deleted)
-{
-    raw_value *r = arg;
-    if (!deleted && strcmp(e->key, r->key) == 0 && e->len <= sizeof(r->val)) {
-        memcpy(r->val, e->value, e->len);
-        r->len = e->len;
-        r->found = 1;
-    }
-}
-
 /* A tombstone recorded and put back later (review question 5). An entry
  * names its registration (a random incarnation and a generation); a
  * tombstone copies them. Put once while it names the live registration, it
@@ -2193,7 +2178,7 @@ recorded_tombstone_put_back_is_ignored(void **state)
     evlog *l = &f->log[0];
     const sw_registry_backend *be = sw_registry_backend_find(f->be);
     char key[256];
-    raw_value cur;
+    key_chk cur;
     swp_instance *info = NULL;
     uint8_t *tomb = NULL;
     size_t tlen = 0;
@@ -2209,10 +2194,8 @@ recorded_tombstone_put_back_is_ignored(void **state)
     assert_int_equal(be->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
 
     /* The entry as an eavesdropper records it, made a tombstone. */
-    memset(&cur, 0, sizeof(cur));
-    cur.key = key;
-    assert_int_equal(be->list(f->raw_state[0], raw_value_cb, &cur), SW_OK);
-    assert_true(cur.found);
+    cur = raw_get(f, key);
+    assert_true(cur.present);
     assert_int_equal(swp_decode_instance(cur.val, cur.len, sizeof(cur.val), &info), SW_OK);
     assert_true(info->incarnation != 0);
     assert_int_equal(info->generation, 1);
@@ -2235,10 +2218,8 @@ recorded_tombstone_put_back_is_ignored(void **state)
         swp_instance *now = NULL;
         int gen2 = 0;
         for (int i = 0; i < 200 && !gen2; i++) {
-            memset(&cur, 0, sizeof(cur));
-            cur.key = key;
-            assert_int_equal(be->list(f->raw_state[0], raw_value_cb, &cur), SW_OK);
-            if (cur.found &&
+            cur = raw_get(f, key);
+            if (cur.present &&
                 swp_decode_instance(cur.val, cur.len, sizeof(cur.val), &now) == SW_OK) {
                 gen2 = !now->dead && now->generation >= 2;
                 swp_free(now);
@@ -2262,10 +2243,8 @@ recorded_tombstone_put_back_is_ignored(void **state)
     assert_true(st1.entries_ignored >= st0.entries_ignored + 1);
     {
         /* and the worker wrote over it */
-        memset(&cur, 0, sizeof(cur));
-        cur.key = key;
-        assert_int_equal(be->list(f->raw_state[0], raw_value_cb, &cur), SW_OK);
-        assert_true(cur.found);
+        cur = raw_get(f, key);
+        assert_true(cur.present);
         assert_int_equal(swp_decode_instance(cur.val, cur.len, sizeof(cur.val), &info), SW_OK);
         assert_false(info->dead);
         assert_true(info->generation >= 3);

@@ -204,7 +204,7 @@ run_lib(sw_router *r, run_result *res)
 
 typedef struct hconn {
     int fd;
-    int64_t t0, first;
+    int64_t t0, first, tsent;
     size_t sent, have;
     unsigned n;
     int bad, done, headers;
@@ -302,9 +302,17 @@ run_http(run_result *res)
     t0 = now_us();
     for (unsigned i = 0; i < g_streams; i++) {
         struct epoll_event e;
-        cs[i].fd = tcp_nb_connect();
         cs[i].t0 = now_us();
-        e.events = EPOLLOUT | EPOLLIN;
+        cs[i].fd = tcp_nb_connect();
+        /* the request goes at once, as sw_router_open sends at once on the
+         * library path (on loopback the connection is usually up already);
+         * otherwise when the socket is writable */
+        if (cs[i].fd >= 0) {
+            ssize_t w = write(cs[i].fd, g_req, g_req_len);
+            if (w > 0)
+                cs[i].sent = (size_t)w;
+        }
+        e.events = cs[i].sent == g_req_len ? EPOLLIN : EPOLLOUT | EPOLLIN;
         e.data.u32 = i;
         if (cs[i].fd < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, cs[i].fd, &e) != 0) {
             cs[i].done = -1;
@@ -323,6 +331,7 @@ run_http(run_result *res)
                     c->sent += (size_t)w;
                     if (c->sent == g_req_len) {
                         struct epoll_event e;
+                        c->tsent = now_us();
                         e.events = EPOLLIN;
                         e.data.u32 = evs[k].data.u32;
                         epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &e);
@@ -364,6 +373,12 @@ run_http(run_result *res)
     }
     t1 = now_us();
     close(ep);
+    if (getenv("GWB_DUMP") && g_streams >= 1000) {
+        FILE *df = fopen(getenv("GWB_DUMP"), "w");
+        for (unsigned i = 0; i < g_streams; i++)
+            fprintf(df, "%lld %lld %lld\n", (long long)cs[i].t0, (long long)cs[i].tsent, (long long)cs[i].first);
+        fclose(df);
+    }
     for (unsigned i = 0; i < g_streams; i++) {
         if (cs[i].done != 1)
             res->failed++;
@@ -438,8 +453,11 @@ spawn_cli(const char *const argv[], const char *ready, char *line, size_t cap)
     /* keep reading its stdout (access log lines) away so it never blocks */
     if (fork() == 0) {
         char b[4096];
-        while (read(fd, b, sizeof(b)) > 0)
-            ;
+        ssize_t k;
+        FILE *lf = getenv("GWB_LOG") ? fopen(getenv("GWB_LOG"), "w") : NULL;
+        while ((k = read(fd, b, sizeof(b))) > 0)
+            if (lf) fwrite(b, 1, (size_t)k, lf);
+        if (lf) fclose(lf);
         _exit(0);
     }
     close(fd);
@@ -537,7 +555,7 @@ main(int argc, char **argv)
         char maxc[16];
         const char *gargv[] = {"streamwire",        "gateway",     "--server",     g_nats.url,
                                "--listen",          "127.0.0.1:0", "--model",      "demo=" EP,
-                               "--max-connections", maxc,          "--access-log", "off",
+                               "--max-connections", maxc,          "--access-log", getenv("GWB_LOG") ? "on" : "off",
                                "--narration",       "off",         "--quiet",      NULL};
         snprintf(maxc, sizeof(maxc), "%u", g_streams * 2 + 100);
         g_gw_pid = spawn_cli(gargv, "gateway ready listen=", line, sizeof(line));

@@ -1,5 +1,5 @@
-/* gateway/events.c -- Responses API objects and server-sent events, built
- * with jansson. Pure: the caller owns every buffer. */
+/* gateway/events.c -- Responses API objects and server-sent events,
+ * written straight into a buffer. Pure: the caller owns every buffer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,139 +114,25 @@ swg_resp_add(swg_resp *r, const void *data, size_t len, size_t *off, size_t *n)
     *n = r->text.len - *off;
 }
 
-static json_t *
-text_part(const char *text, size_t n)
-{
-    return json_pack("{s:s, s:s%, s:[]}", "type", "output_text", "text", text ? text : "", n,
-                     "annotations");
-}
+/* ---------------------------------------------------------------- JSON out
+ *
+ * Every object the gateway sends is written here straight into the output
+ * buffer, compact and in a fixed field order: jansson's pack and dump cost
+ * more than the rest of the gateway's work per stream (perf: a fifth of the
+ * event loop's time under 1,000 streams). Strings are escaped as jansson
+ * escapes them; a string that is not valid UTF-8 (a worker's message) has
+ * its bad bytes replaced by U+FFFD. jansson still reads request bodies and
+ * writes the rare small objects (errors, the model list, metrics items). */
 
-static json_t *
-refusal_part(const char *text, size_t n)
-{
-    return json_pack("{s:s, s:s%}", "type", "refusal", "refusal", text ? text : "", n);
-}
-
-/* The current part as it stands. */
-static json_t *
-cur_part(const swg_resp *r)
-{
-    return r->refusal ? refusal_part(r->text.p, r->text.len) : text_part(r->text.p, r->text.len);
-}
-
-static json_t *
-message_item(const swg_resp *r, const char *status, int with_content)
-{
-    json_t *content = json_array();
-    if (with_content) {
-        if (r->parts != NULL)
-            json_array_extend(content, r->parts);
-        json_array_append_new(content, cur_part(r));
-    }
-    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", r->msg_id, "type", "message", "status",
-                     status, "role", "assistant", "content", content);
-}
-
-void
-swg_resp_free(swg_resp *r)
-{
-    json_decref(r->parts);
-    r->parts = NULL;
-    swg_buf_free(&r->text);
-}
-
-json_t *
-swg_response_json(const swg_resp *r, const swg_end *end)
-{
-    const char *status = end ? end->status : "in_progress";
-    json_t *o = json_pack(
-        "{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", r->id, "object", "response", "created_at",
-        (json_int_t)r->created_at, "status", status, "model", r->model ? r->model : "", "metadata",
-        r->metadata ? json_incref(r->metadata) : json_object(), "output", json_array());
-    if (o == NULL)
-        return NULL;
-    if (end != NULL && r->started)
-        json_array_append_new(
-            json_object_get(o, "output"),
-            message_item(r, strcmp(status, "completed") == 0 ? "completed" : "incomplete", 1));
-    if (end != NULL)
-        json_object_set_new(o, "usage",
-                            json_pack("{s:i, s:i, s:i}", "input_tokens", (int)r->input_tokens,
-                                      "output_tokens", (int)r->items, "total_tokens",
-                                      (int)(r->input_tokens + r->items)));
-    else
-        json_object_set_new(o, "usage", json_null());
-    if (end != NULL && end->err_code != NULL)
-        json_object_set_new(o, "error",
-                            json_pack("{s:s, s:s}", "code", end->err_code, "message",
-                                      end->err_message ? end->err_message : end->err_code));
-    else
-        json_object_set_new(o, "error", json_null());
-    if (end != NULL && end->inc_reason != NULL)
-        json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", end->inc_reason));
-    else
-        json_object_set_new(o, "incomplete_details", json_null());
-    return o;
-}
-
-json_t *
-swg_error_json(const swg_error *e)
-{
-    return json_pack("{s:{s:s, s:s, s:s, s:s?}}", "error", "type", e->type, "code", e->code,
-                     "message", e->message, "param", e->param);
-}
-
-/* Sets type and sequence_number, appends the frame, frees ev. */
 static void
-sse(swg_buf *b, swg_resp *r, const char *type, json_t *ev)
+put(swg_buf *b, const char *lit)
 {
-    char *js;
-    if (b == NULL) { /* not streamed: nothing to write */
-        json_decref(ev);
-        return;
-    }
-    if (ev == NULL) {
-        b->oom = 1;
-        return;
-    }
-    json_object_set_new(ev, "type", json_string(type));
-    json_object_set_new(ev, "sequence_number", json_integer((json_int_t)r->seq++));
-    js = json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(ev);
-    if (js == NULL) {
-        b->oom = 1;
-        return;
-    }
-    swg_buf_add(b, "event: ", 7);
-    swg_buf_add(b, type, strlen(type));
-    swg_buf_add(b, "\ndata: ", 7);
-    swg_buf_add(b, js, strlen(js));
-    swg_buf_add(b, "\n\n", 2);
-    free(js);
+    swg_buf_add(b, lit, strlen(lit));
 }
 
-void
-swg_sse_created(swg_buf *b, swg_resp *r)
-{
-    sse(b, r, "response.created", json_pack("{s:o}", "response", swg_response_json(r, NULL)));
-    sse(b, r, "response.in_progress", json_pack("{s:o}", "response", swg_response_json(r, NULL)));
-}
-
-void
-swg_sse_started(swg_buf *b, swg_resp *r)
-{
-    r->started = 1;
-    sse(b, r, "response.output_item.added",
-        json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(r, "in_progress", 0)));
-    sse(b, r, "response.content_part.added",
-        json_pack("{s:s, s:i, s:i, s:o}", "item_id", r->msg_id, "output_index", 0, "content_index",
-                  (int)r->part, "part", r->refusal ? refusal_part("", 0) : text_part("", 0)));
-}
-
-/* Appends s[0..n) as a JSON string body (no quotes): s is valid UTF-8
- * (swg_resp_add made it so); ", \ and control characters are escaped. */
+/* s[0..n) as the body of a JSON string (no quotes), s valid UTF-8. */
 static void
-json_escape_into(swg_buf *b, const char *s, size_t n)
+put_escaped(swg_buf *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     size_t run = 0;
@@ -265,6 +151,12 @@ json_escape_into(swg_buf *b, const char *s, size_t n)
             break;
         case '\\':
             esc[1] = '\\';
+            break;
+        case '\b':
+            esc[1] = 'b';
+            break;
+        case '\f':
+            esc[1] = 'f';
             break;
         case '\n':
             esc[1] = 'n';
@@ -289,30 +181,267 @@ json_escape_into(swg_buf *b, const char *s, size_t n)
     swg_buf_add(b, s + run, n - run);
 }
 
-/* The per-token event, written by hand (the one event per item: jansson's
- * pack and dump cost more than the rest of the gateway's work per token).
- * Same fields and order as the other events. */
+/* "s" for any bytes: valid UTF-8 runs escaped, each bad byte as U+FFFD. */
+static void
+put_strn(swg_buf *b, const char *s, size_t n)
+{
+    static const char repl[] = "\xef\xbf\xbd";
+    const uint8_t *p = (const uint8_t *)s;
+    size_t i = 0, run = 0;
+    swg_buf_add(b, "\"", 1);
+    while (i < n) {
+        size_t k = utf8_len(p[i]);
+        if (k == 1 || (k > 1 && i + k <= n && utf8_ok(p + i, k))) {
+            i += k;
+            continue;
+        }
+        put_escaped(b, s + run, i - run);
+        swg_buf_add(b, repl, 3);
+        run = ++i;
+    }
+    put_escaped(b, s + run, n - run);
+    swg_buf_add(b, "\"", 1);
+}
+
+static void
+put_str(swg_buf *b, const char *s)
+{
+    put_strn(b, s ? s : "", s ? strlen(s) : 0);
+}
+
+/* ,"key": */
+static void
+put_key(swg_buf *b, const char *key)
+{
+    swg_buf_add(b, ",\"", 2);
+    put(b, key);
+    swg_buf_add(b, "\":", 2);
+}
+
+static void
+put_uint(swg_buf *b, unsigned long long v)
+{
+    char num[24];
+    int k = snprintf(num, sizeof(num), "%llu", v);
+    swg_buf_add(b, num, (size_t)k);
+}
+
+static void
+put_int(swg_buf *b, long long v)
+{
+    char num[24];
+    int k = snprintf(num, sizeof(num), "%lld", v);
+    swg_buf_add(b, num, (size_t)k);
+}
+
+/* A content part: output_text or refusal, with its text. */
+static void
+put_part(swg_buf *b, int refusal, const char *text, size_t n)
+{
+    if (refusal) {
+        put(b, "{\"type\":\"refusal\",\"refusal\":\"");
+        put_escaped(b, text, n);
+        put(b, "\"}");
+    } else {
+        put(b, "{\"type\":\"output_text\",\"text\":\"");
+        put_escaped(b, text, n);
+        put(b, "\",\"annotations\":[]}");
+    }
+}
+
+static void
+put_cur_part(swg_buf *b, const swg_resp *r)
+{
+    put_part(b, r->refusal, r->text.p ? r->text.p : "", r->text.len);
+}
+
+/* The message output item; its content is every part so far when with_content. */
+static void
+put_message(swg_buf *b, const swg_resp *r, const char *status, int with_content)
+{
+    put(b, "{\"id\":");
+    put_str(b, r->msg_id);
+    put(b, ",\"type\":\"message\",\"status\":");
+    put_str(b, status);
+    put(b, ",\"role\":\"assistant\",\"content\":[");
+    if (with_content) {
+        if (r->parts.len > 0) {
+            swg_buf_add(b, r->parts.p, r->parts.len);
+            swg_buf_add(b, ",", 1);
+        }
+        put_cur_part(b, r);
+    }
+    put(b, "]}");
+}
+
+void
+swg_resp_free(swg_resp *r)
+{
+    swg_buf_free(&r->parts);
+    swg_buf_free(&r->text);
+    free(r->meta_js);
+    r->meta_js = NULL;
+}
+
+void
+swg_response_write(swg_buf *b, swg_resp *r, const swg_end *end)
+{
+    const char *status = end ? end->status : "in_progress";
+    put(b, "{\"id\":");
+    put_str(b, r->id);
+    put(b, ",\"object\":\"response\",\"created_at\":");
+    put_int(b, (long long)r->created_at);
+    put_key(b, "status");
+    put_str(b, status);
+    put_key(b, "model");
+    put_str(b, r->model);
+    put_key(b, "metadata");
+    if (r->metadata != NULL && r->meta_js == NULL)
+        r->meta_js = json_dumps(r->metadata, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (r->metadata != NULL && r->meta_js == NULL)
+        b->oom = 1;
+    put(b, r->meta_js != NULL ? r->meta_js : "{}");
+    put(b, ",\"output\":[");
+    if (end != NULL && r->started)
+        put_message(b, r, strcmp(status, "completed") == 0 ? "completed" : "incomplete", 1);
+    put(b, "],\"usage\":");
+    if (end != NULL) {
+        put(b, "{\"input_tokens\":");
+        put_uint(b, r->input_tokens);
+        put(b, ",\"output_tokens\":");
+        put_uint(b, r->items);
+        put(b, ",\"total_tokens\":");
+        put_uint(b, (unsigned long long)r->input_tokens + r->items);
+        put(b, "}");
+    } else {
+        put(b, "null");
+    }
+    put(b, ",\"error\":");
+    if (end != NULL && end->err_code != NULL) {
+        put(b, "{\"code\":");
+        put_str(b, end->err_code);
+        put(b, ",\"message\":");
+        put_str(b, end->err_message ? end->err_message : end->err_code);
+        put(b, "}");
+    } else {
+        put(b, "null");
+    }
+    put(b, ",\"incomplete_details\":");
+    if (end != NULL && end->inc_reason != NULL) {
+        put(b, "{\"reason\":");
+        put_str(b, end->inc_reason);
+        put(b, "}");
+    } else {
+        put(b, "null");
+    }
+    put(b, "}");
+}
+
+json_t *
+swg_error_json(const swg_error *e)
+{
+    return json_pack("{s:{s:s, s:s, s:s, s:s?}}", "error", "type", e->type, "code", e->code,
+                     "message", e->message, "param", e->param);
+}
+
+/* An event's frame: ev_open, its fields (each ending with a comma), ev_close
+ * (type and sequence_number last). b NULL: not streamed, nothing written
+ * (the sequence number still counts). */
+static void
+ev_open(swg_buf *b, const char *type)
+{
+    put(b, "event: ");
+    put(b, type);
+    put(b, "\ndata: {");
+}
+
+static void
+ev_close(swg_buf *b, swg_resp *r, const char *type)
+{
+    put(b, "\"type\":\"");
+    put(b, type);
+    put(b, "\",\"sequence_number\":");
+    put_uint(b, (unsigned long long)r->seq++);
+    put(b, "}\n\n");
+}
+
+/* {"response":{...},"type":T,...} */
+static void
+ev_response(swg_buf *b, swg_resp *r, const char *type, const swg_end *end)
+{
+    if (b == NULL) {
+        r->seq++;
+        return;
+    }
+    ev_open(b, type);
+    put(b, "\"response\":");
+    swg_response_write(b, r, end);
+    put(b, ",");
+    ev_close(b, r, type);
+}
+
+void
+swg_sse_created(swg_buf *b, swg_resp *r)
+{
+    ev_response(b, r, "response.created", NULL);
+    ev_response(b, r, "response.in_progress", NULL);
+}
+
+/* "item_id":...,"output_index":0,"content_index":N, */
+static void
+put_part_ref(swg_buf *b, const swg_resp *r)
+{
+    put(b, "\"item_id\":");
+    put_str(b, r->msg_id);
+    put(b, ",\"output_index\":0,\"content_index\":");
+    put_uint(b, r->part);
+    put(b, ",");
+}
+
+static void
+part_added(swg_buf *b, swg_resp *r)
+{
+    if (b == NULL) {
+        r->seq++;
+        return;
+    }
+    ev_open(b, "response.content_part.added");
+    put_part_ref(b, r);
+    put(b, "\"part\":");
+    put_part(b, r->refusal, "", 0);
+    put(b, ",");
+    ev_close(b, r, "response.content_part.added");
+}
+
+void
+swg_sse_started(swg_buf *b, swg_resp *r)
+{
+    r->started = 1;
+    if (b == NULL) {
+        r->seq++;
+    } else {
+        ev_open(b, "response.output_item.added");
+        put(b, "\"output_index\":0,\"item\":");
+        put_message(b, r, "in_progress", 0);
+        put(b, ",");
+        ev_close(b, r, "response.output_item.added");
+    }
+    part_added(b, r);
+}
+
+/* The per-token event. */
 void
 swg_sse_delta(swg_buf *b, swg_resp *r, const char *text, size_t n)
 {
     const char *type = r->refusal ? "response.refusal.delta" : "response.output_text.delta";
-    char num[96];
-    int k;
     if (b == NULL)
         return;
-    swg_buf_add(b, "event: ", 7);
-    swg_buf_add(b, type, strlen(type));
-    swg_buf_add(b, "\ndata: {\"item_id\":\"", 19);
-    swg_buf_add(b, r->msg_id, strlen(r->msg_id));
-    k = snprintf(num, sizeof(num), "\",\"output_index\":0,\"content_index\":%u,\"delta\":\"",
-                 r->part);
-    swg_buf_add(b, num, (size_t)k);
-    json_escape_into(b, text, n);
-    swg_buf_add(b, "\",\"type\":\"", 10);
-    swg_buf_add(b, type, strlen(type));
-    k = snprintf(num, sizeof(num), "\",\"sequence_number\":%llu}\n\n",
-                 (unsigned long long)r->seq++);
-    swg_buf_add(b, num, (size_t)k);
+    ev_open(b, type);
+    put_part_ref(b, r);
+    put(b, "\"delta\":\"");
+    put_escaped(b, text, n);
+    put(b, "\",");
+    ev_close(b, r, type);
 }
 
 /* The done events of the current part. */
@@ -320,17 +449,23 @@ static void
 part_done(swg_buf *b, swg_resp *r)
 {
     const char *t = r->text.p ? r->text.p : "";
-    if (r->refusal)
-        sse(b, r, "response.refusal.done",
-            json_pack("{s:s, s:i, s:i, s:s%}", "item_id", r->msg_id, "output_index", 0,
-                      "content_index", (int)r->part, "refusal", t, r->text.len));
-    else
-        sse(b, r, "response.output_text.done",
-            json_pack("{s:s, s:i, s:i, s:s%}", "item_id", r->msg_id, "output_index", 0,
-                      "content_index", (int)r->part, "text", t, r->text.len));
-    sse(b, r, "response.content_part.done",
-        json_pack("{s:s, s:i, s:i, s:o}", "item_id", r->msg_id, "output_index", 0, "content_index",
-                  (int)r->part, "part", cur_part(r)));
+    const char *type = r->refusal ? "response.refusal.done" : "response.output_text.done";
+    if (b == NULL) {
+        r->seq += 2;
+        return;
+    }
+    ev_open(b, type);
+    put_part_ref(b, r);
+    put(b, r->refusal ? "\"refusal\":\"" : "\"text\":\"");
+    put_escaped(b, t, r->text.len);
+    put(b, "\",");
+    ev_close(b, r, type);
+    ev_open(b, "response.content_part.done");
+    put_part_ref(b, r);
+    put(b, "\"part\":");
+    put_cur_part(b, r);
+    put(b, ",");
+    ev_close(b, r, "response.content_part.done");
 }
 
 void
@@ -342,9 +477,10 @@ swg_sse_switch(swg_buf *b, swg_resp *r, int refusal)
         r->ncarry = 0;
     }
     part_done(b, r);
-    if (r->parts == NULL)
-        r->parts = json_array();
-    if (r->parts == NULL || json_array_append_new(r->parts, cur_part(r)) != 0) {
+    if (r->parts.len > 0)
+        swg_buf_add(&r->parts, ",", 1);
+    put_cur_part(&r->parts, r);
+    if (r->parts.oom) {
         if (b != NULL)
             b->oom = 1;
         r->text.oom = 1;
@@ -354,24 +490,53 @@ swg_sse_switch(swg_buf *b, swg_resp *r, int refusal)
         r->text.p[0] = '\0';
     r->part++;
     r->refusal = refusal;
-    sse(b, r, "response.content_part.added",
-        json_pack("{s:s, s:i, s:i, s:o}", "item_id", r->msg_id, "output_index", 0, "content_index",
-                  (int)r->part, "part", refusal ? refusal_part("", 0) : text_part("", 0)));
+    part_added(b, r);
 }
 
 void
 swg_sse_metrics(swg_buf *b, swg_resp *r, const void *data, size_t len)
 {
-    json_t *d = json_loadb(data, len, JSON_DECODE_ANY, NULL);
-    if (d == NULL)
-        d = json_stringn(data, len); /* NULL unless valid UTF-8 */
-    sse(b, r, "metrics", json_pack("{s:o}", "data", d != NULL ? d : json_null()));
+    json_t *d;
+    char *js;
+    if (b == NULL) {
+        r->seq++;
+        return;
+    }
+    if ((d = json_loadb(data, len, JSON_DECODE_ANY, NULL)) != NULL) {
+        js = json_dumps(d, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+        json_decref(d);
+        if (js == NULL) {
+            b->oom = 1;
+            return;
+        }
+    } else {
+        js = NULL; /* not JSON: its text as a string (bad UTF-8 replaced) */
+    }
+    ev_open(b, "metrics");
+    put(b, "\"data\":");
+    if (js != NULL)
+        put(b, js);
+    else
+        put_strn(b, data, len);
+    put(b, ",");
+    ev_close(b, r, "metrics");
+    free(js);
 }
 
 void
 swg_sse_narration(swg_buf *b, swg_resp *r, const char *phase, const char *message)
 {
-    sse(b, r, "narration", json_pack("{s:s, s:s}", "phase", phase, "message", message));
+    if (b == NULL) {
+        r->seq++;
+        return;
+    }
+    ev_open(b, "narration");
+    put(b, "\"phase\":");
+    put_str(b, phase);
+    put(b, ",\"message\":");
+    put_str(b, message);
+    put(b, ",");
+    ev_close(b, r, "narration");
 }
 
 void
@@ -387,8 +552,15 @@ swg_sse_done(swg_buf *b, swg_resp *r, const swg_end *end)
     if (r->started) {
         const char *st = strcmp(end->status, "completed") == 0 ? "completed" : "incomplete";
         part_done(b, r);
-        sse(b, r, "response.output_item.done",
-            json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(r, st, 1)));
+        if (b == NULL) {
+            r->seq++;
+            return;
+        }
+        ev_open(b, "response.output_item.done");
+        put(b, "\"output_index\":0,\"item\":");
+        put_message(b, r, st, 1);
+        put(b, ",");
+        ev_close(b, r, "response.output_item.done");
     }
 }
 
@@ -402,14 +574,23 @@ swg_sse_terminal(swg_buf *b, swg_resp *r, const swg_end *end)
         type = "response.failed";
     else
         type = "response.incomplete"; /* incomplete, and cancelled (reason "cancelled") */
-    sse(b, r, type, json_pack("{s:o}", "response", swg_response_json(r, end)));
+    ev_response(b, r, type, end);
 }
 
 void
 swg_sse_error(swg_buf *b, swg_resp *r, const char *code, const char *message)
 {
-    sse(b, r, "error",
-        json_pack("{s:s, s:s, s:n}", "code", code, "message", message ? message : code, "param"));
+    if (b == NULL) {
+        r->seq++;
+        return;
+    }
+    ev_open(b, "error");
+    put(b, "\"code\":");
+    put_str(b, code);
+    put(b, ",\"message\":");
+    put_str(b, message ? message : code);
+    put(b, ",\"param\":null,");
+    ev_close(b, r, "error");
 }
 
 void

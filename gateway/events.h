@@ -59,10 +59,11 @@ typedef struct swg_resp {
     unsigned items; /* output tokens: data items */
     unsigned input_tokens;
     json_t *metadata; /* borrowed; may be NULL */
+    char *meta_js;    /* metadata as JSON, written once; owned */
     int started;      /* the output item and content part were announced */
     int refusal;      /* the current content part is a refusal (else output_text) */
     unsigned part;    /* the current part's content_index */
-    json_t *parts;    /* the finished parts before it (an array), or NULL; owned */
+    swg_buf parts;    /* the finished parts before it, as JSON joined by commas */
 } swg_resp;
 
 /* How a response ended. */
@@ -73,8 +74,9 @@ typedef struct swg_end {
     const char *err_message; /* may be NULL */
 } swg_end;
 
-/* The response object (status, output, usage, error, incomplete_details). */
-json_t *swg_response_json(const swg_resp *r, const swg_end *end /* NULL: in progress */);
+/* Appends the response object (id, object, created_at, status, model,
+ * metadata, output, usage, error, incomplete_details) as compact JSON. */
+void swg_response_write(swg_buf *b, swg_resp *r, const swg_end *end /* NULL: in progress */);
 /* {"error":{...}} */
 json_t *swg_error_json(const swg_error *e);
 

@@ -31,12 +31,14 @@ typedef struct swg_gw {
     h2o_timeout_t ka_timeout;   /* keepalive_ms */
     h2o_timeout_t tick_timeout; /* 100 ms: drain checks */
     h2o_timeout_entry_t tick;
-    pthread_mutex_t mu; /* ready list, wake_pending */
-    swg_rq *ready;      /* requests with something to take (mu) */
-    int wake_pending;   /* a byte is in the wake pipe (mu) */
-    swg_rq *active;     /* every open POST /v1/responses (loop thread) */
-    swg_rq *taken;      /* taken from `ready`, not pumped yet (loop thread; a request
-                           freed meanwhile leaves it) */
+    pthread_mutex_t mu;                /* ready list, wake_pending */
+    swg_rq *ready;                     /* requests with something to take (mu) */
+    int wake_pending;                  /* a byte is in the wake pipe (mu) */
+    swg_rq *active;                    /* every open POST /v1/responses (loop thread) */
+    swg_rq *run_head[2], *run_tail[2]; /* the run queue (loop thread), see swg_rq_schedule */
+    h2o_timeout_t run_timeout;         /* 0 ms: the queue runs in the loop round's timeouts */
+    h2o_timeout_entry_t run_entry;
+    int run_hold; /* the queue ran this round: it is linked again by the next round only */
     unsigned nactive;
     unsigned nconns; /* open HTTP connections */
     int draining, quit;
@@ -52,16 +54,15 @@ struct swg_rq {
     swg_input in;
     swg_resp r;
     const char *endpoint;
-    swg_buf out;        /* in h2o's hands until proceed */
-    int writing;        /* an h2o_send awaits proceed */
-    int ended;          /* the terminal was taken */
-    int created;        /* response.created went out */
-    int queued;         /* on gw->ready (gw->mu) */
-    swg_rq *next_ready; /* gw->mu */
-    swg_rq *next_taken; /* on gw->taken (loop thread): next_ready may be rewritten by
-                           on_ready as soon as queued is cleared */
-    int in_taken;
-    swg_rq *prev, *next; /* gw->active */
+    swg_buf out;                 /* in h2o's hands until proceed */
+    int writing;                 /* an h2o_send awaits proceed */
+    int ended;                   /* the terminal was taken */
+    int created;                 /* response.created went out */
+    int queued;                  /* on gw->ready (gw->mu) */
+    swg_rq *next_ready;          /* gw->mu */
+    swg_rq *run_prev, *run_next; /* on the run queue (loop thread) */
+    int run_class;               /* which one: 0 or 1, -1 none */
+    swg_rq *prev, *next;         /* gw->active */
     h2o_timeout_entry_t ka;
     struct swg_tok *tok;            /* in the request's pool: tells us when h2o disposes it */
     char trace_id[40];              /* of the traceparent sent to the worker */
@@ -72,8 +73,20 @@ struct swg_rq {
 
 /* response.c */
 void swg_rq_start(swg_gw *gw, h2o_req_t *req); /* POST /v1/responses */
-void swg_rq_pump(swg_rq *q);                   /* loop thread: take what is ready */
+/* The loop's run queue. A request with something to do (items ready, or
+ * the client took the last bytes) is scheduled; swg_run_queue pumps from the
+ * queue, requests whose first item has not gone out first (time to first
+ * token), then the rest in order, at most SWG_RUN_BUDGET items per loop
+ * round: a burst of other streams' tokens never keeps the loop from
+ * accepting and reading new requests for long. */
+void swg_rq_schedule(swg_rq *q);
+void swg_run_queue(h2o_timeout_entry_t *entry); /* gw->run_entry's callback */
+void swg_run_next_round(swg_gw *gw);            /* between loop rounds */
+/* Loop thread: takes what is ready, at most max items, into one write;
+ * returns the items taken. */
+unsigned swg_rq_pump(swg_rq *q, unsigned max);
 int swg_rq_cancel(swg_gw *gw, const char *id); /* POST /v1/responses/{id}/cancel: 0 found */
+void swg_rq_free(swg_rq *q);                   /* closes its stream, leaves every list, frees it */
 void swg_rq_on_ready(sw_stream *s, void *arg); /* library thread */
 void swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body /* stolen */);
 void swg_send_error(h2o_req_t *req, const swg_error *e);

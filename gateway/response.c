@@ -3,8 +3,9 @@
  *
  * Flow: the stream is opened in blocking mode with on_ready. on_ready (a
  * library thread) puts the request on the gateway's ready list and wakes
- * the loop through a pipe; the loop takes what sw_stream_next(s, .., 0)
- * has, as events, and gives them to h2o in one h2o_send. While h2o has not
+ * the loop through a pipe; the loop schedules it on its run queue (see
+ * swg_rq_schedule), and its turn takes what sw_stream_next(s, .., 0) has,
+ * as events, and gives them to h2o in one h2o_send. While h2o has not
  * called proceed (the client has not taken the bytes), nothing more is
  * taken from the stream: credits stop the worker, so a slow client costs a
  * bounded amount of memory (the credit window's items, and at most
@@ -13,6 +14,7 @@
  * response.created waits for the first item, so a request that fails
  * before any response exists (no_instances, no_responders,
  * payload_too_large, overloaded) gets an `error` event instead. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,14 +28,13 @@
 /* A client with this many items waiting for it is behind: metrics are shed. */
 #define SWG_BEHIND_ITEMS 8
 
-void
-swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body)
+/* A whole JSON answer (js NULL: it could not be written; the response
+ * ends in an error). The bytes are copied into the request's pool. */
+static void
+send_body(h2o_req_t *req, int status, const char *reason, const char *js, size_t len)
 {
     static h2o_generator_t gen = {NULL, NULL};
-    char *js = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     h2o_iovec_t b;
-    if (body != NULL)
-        json_decref(body);
     req->res.status = status;
     req->res.reason = reason;
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
@@ -43,9 +44,18 @@ swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body)
         h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
         return;
     }
-    b = h2o_strdup(&req->pool, js, strlen(js));
-    free(js);
+    b = h2o_strdup(&req->pool, js, len);
     h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
+}
+
+void
+swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body)
+{
+    char *js = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    if (body != NULL)
+        json_decref(body);
+    send_body(req, status, reason, js, js ? strlen(js) : 0);
+    free(js);
 }
 
 static const char *
@@ -117,8 +127,94 @@ rq_log(swg_rq *q, const char *terminal, const char *reason)
 
 /* ---------------------------------------------------------------- lifetime */
 
+/* ---------------------------------------------------------------- run queue */
+
+#define SWG_RUN_BUDGET 1024 /* items pumped per loop round, at most (about) */
+
 static void
-rq_free(swg_rq *q)
+run_unlink(swg_rq *q)
+{
+    swg_gw *gw = q->gw;
+    int c = q->run_class;
+    if (c < 0)
+        return;
+    if (q->run_prev != NULL)
+        q->run_prev->run_next = q->run_next;
+    else
+        gw->run_head[c] = q->run_next;
+    if (q->run_next != NULL)
+        q->run_next->run_prev = q->run_prev;
+    else
+        gw->run_tail[c] = q->run_prev;
+    q->run_prev = q->run_next = NULL;
+    q->run_class = -1;
+}
+
+/* The queue runs from a 0 ms h2o timeout, inside the loop round: h2o runs
+ * the callbacks of the writes it starts (proceed) before it polls again.
+ * Writing from outside a round leaves libh2o 2.2's epoll state stale: a
+ * write that completes at once, whose callback then runs a round later
+ * without a new write, keeps the socket polled for writing with no writer,
+ * and h2o aborts (evloop.c.h write_pending's assertion) when it fires. */
+static void
+run_link(swg_gw *gw)
+{
+    if (!gw->run_hold && !h2o_timeout_is_linked(&gw->run_entry))
+        h2o_timeout_link(gw->ctx.loop, &gw->run_timeout, &gw->run_entry);
+}
+
+void
+swg_rq_schedule(swg_rq *q)
+{
+    swg_gw *gw = q->gw;
+    int c = q->t_first_ms == 0 ? 0 : 1; /* no item out yet: first */
+    if (q->run_class != c) {
+        run_unlink(q);
+        q->run_class = c;
+        q->run_prev = gw->run_tail[c];
+        q->run_next = NULL;
+        if (gw->run_tail[c] != NULL)
+            gw->run_tail[c]->run_next = q;
+        else
+            gw->run_head[c] = q;
+        gw->run_tail[c] = q;
+    }
+    run_link(gw);
+}
+
+void
+swg_run_queue(h2o_timeout_entry_t *entry)
+{
+    swg_gw *gw = (swg_gw *)((char *)entry - offsetof(swg_gw, run_entry));
+    unsigned budget = SWG_RUN_BUDGET;
+    /* Not linked again this round (h2o would run a 0 ms entry linked from
+     * its own round again at once, without polling): requests scheduled
+     * from now on wait for swg_run_next_round. */
+    gw->run_hold = 1;
+    while (budget > 0) {
+        swg_rq *q = gw->run_head[0] != NULL ? gw->run_head[0] : gw->run_head[1];
+        unsigned n;
+        int first;
+        if (q == NULL)
+            return;
+        first = q->run_class == 0;
+        run_unlink(q);
+        /* a first item goes out alone: the rest of its stream waits its turn */
+        n = swg_rq_pump(q, first ? 1 : UINT_MAX) + 1; /* may free q */
+        budget = n >= budget ? 0 : budget - n;
+    }
+}
+
+void
+swg_run_next_round(swg_gw *gw)
+{
+    gw->run_hold = 0;
+    if (gw->run_head[0] != NULL || gw->run_head[1] != NULL)
+        run_link(gw);
+}
+
+void
+swg_rq_free(swg_rq *q)
 {
     swg_gw *gw = q->gw;
     if (q->tok != NULL)
@@ -133,12 +229,7 @@ rq_free(swg_rq *q)
             break;
         }
     pthread_mutex_unlock(&gw->mu);
-    if (q->in_taken)
-        for (swg_rq **pp = &gw->taken; *pp != NULL; pp = &(*pp)->next_taken)
-            if (*pp == q) {
-                *pp = q->next_taken;
-                break;
-            }
+    run_unlink(q);
     if (h2o_timeout_is_linked(&q->ka))
         h2o_timeout_unlink(&q->ka);
     if (q->prev != NULL)
@@ -302,17 +393,24 @@ rq_answer(swg_rq *q, const swg_end *end, int pre, int http)
         swg_send_error(req, &e);
         return;
     }
-    swg_send_json(req, http, reason_of(http), swg_response_json(&q->r, end));
+    {
+        swg_buf b = {NULL, 0, 0, 0};
+        swg_response_write(&b, &q->r, end);
+        send_body(req, http, reason_of(http), b.oom ? NULL : b.p, b.len);
+        swg_buf_free(&b);
+    }
 }
 
-void
-swg_rq_pump(swg_rq *q)
+unsigned
+swg_rq_pump(swg_rq *q, unsigned max)
 {
     const sw_item *it;
     int final = 0;
+    unsigned taken = 0;
     if (q->writing || q->ended || q->s == NULL)
-        return;
-    while (q->out.len < SWG_ROUND_BYTES && sw_stream_next(q->s, &it, 0) == SW_OK) {
+        return 0;
+    while (q->out.len < SWG_ROUND_BYTES && taken < max && sw_stream_next(q->s, &it, 0) == SW_OK) {
+        taken++;
         swg_buf *b = q->in.stream ? &q->out : NULL;
         if (it->kind == SW_ITEM_DATA) {
             size_t off, n;
@@ -355,8 +453,8 @@ swg_rq_pump(swg_rq *q)
             if (!q->in.stream) {
                 if (q->req != NULL)
                     rq_answer(q, &end, pre, http);
-                rq_free(q);
-                return;
+                swg_rq_free(q);
+                return taken;
             }
             if (pre) {
                 swg_sse_error(&q->out, &q->r, end.err_code, end.err_message);
@@ -393,13 +491,18 @@ swg_rq_pump(swg_rq *q)
                 q->req = NULL;
                 h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
             }
-            rq_free(q);
-            return;
+            swg_rq_free(q);
+            return taken;
         }
         rq_flush(q, final);
-        if (final)
-            rq_free(q);
+        if (final) {
+            swg_rq_free(q);
+            return taken;
+        }
     }
+    if (taken >= max && !q->writing)
+        swg_rq_schedule(q); /* stopped at max with nothing to write: more to take */
+    return taken;
 }
 
 /* ---------------------------------------------------------------- h2o callbacks */
@@ -411,7 +514,7 @@ rq_proceed(h2o_generator_t *gen, h2o_req_t *req)
     (void)req;
     q->writing = 0;
     q->out.len = 0;
-    swg_rq_pump(q);
+    swg_rq_schedule(q);
 }
 
 /* The client left (or h2o ends the request): the stream is cancelled
@@ -428,13 +531,13 @@ rq_gone(swg_rq *q)
         q->ended = 1;
     }
     if (q->ended) {
-        rq_free(q);
+        swg_rq_free(q);
         return;
     }
     /* cancel-on-disconnect off: keep taking items until the terminal */
     q->in.stream = 0;
     q->writing = 0;
-    swg_rq_pump(q);
+    swg_rq_schedule(q);
 }
 
 static void
@@ -528,6 +631,7 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
     }
     q->gw = gw;
     q->req = req;
+    q->run_class = -1;
     q->tok = h2o_mem_alloc_shared(&req->pool, sizeof(*q->tok), rq_on_dispose);
     q->tok->q = q;
     q->endpoint = m->endpoint;
@@ -582,7 +686,7 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
         snprintf(e.message, sizeof(e.message), "%s", sw_strerror(rv));
         q->req = NULL;
         swg_send_error(req, &e);
-        rq_free(q);
+        swg_rq_free(q);
         return;
     }
     snprintf(q->r.id, sizeof(q->r.id), "resp_%s", sw_stream_request_id(q->s));
@@ -609,7 +713,7 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
     /* non-stream: the answer goes at the end; a client that leaves before
      * is noticed when h2o disposes the request (stop is not called without
      * a started response), so the stream runs to its end. */
-    swg_rq_pump(q);
+    swg_rq_pump(q, UINT_MAX);
 }
 
 int

@@ -102,7 +102,7 @@ items_path(const uint8_t *p, size_t n)
     swg_buf b;
     swg_end end;
     json_t *o;
-    char *s;
+    char msg[65];
     size_t i = 0;
     memset(&r, 0, sizeof(r));
     memset(&b, 0, sizeof(b));
@@ -135,8 +135,12 @@ items_path(const uint8_t *p, size_t n)
     memset(&end, 0, sizeof(end));
     end.status = n % 2 ? "completed" : "failed";
     end.err_code = n % 2 ? NULL : "instance_lost";
+    /* a worker's message: any bytes (bad UTF-8 is replaced, not refused) */
+    memcpy(msg, p, n < 64 ? n : 64);
+    msg[n < 64 ? n : 64] = '\0';
+    end.err_message = msg;
     swg_sse_done(&b, &r, &end);
-    swg_sse_narration(&b, &r, "end", "done");
+    swg_sse_narration(&b, &r, "end", msg);
     swg_sse_terminal(&b, &r, &end);
     CHECK(!b.oom);
     check_frames(&b);
@@ -146,12 +150,17 @@ items_path(const uint8_t *p, size_t n)
         CHECK(t != NULL);
         json_decref(t);
     }
-    o = swg_response_json(&r, &end);
-    CHECK(o != NULL);
-    s = json_dumps(o, JSON_COMPACT);
-    CHECK(s != NULL);
-    free(s);
-    json_decref(o);
+    {
+        /* the non-streamed answer: one JSON object */
+        swg_buf a = {NULL, 0, 0, 0};
+        swg_response_write(&a, &r, &end);
+        CHECK(!a.oom);
+        o = json_loadb(a.p, a.len, JSON_ALLOW_NUL, NULL);
+        CHECK(o != NULL && json_is_object(o));
+        CHECK(strcmp(json_string_value(json_object_get(o, "status")), end.status) == 0);
+        json_decref(o);
+        swg_buf_free(&a);
+    }
     swg_buf_free(&b);
     swg_resp_free(&r);
     n_ok++;

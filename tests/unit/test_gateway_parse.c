@@ -205,6 +205,17 @@ test_utf8_across_items(void **state)
     swg_buf_free(&r.text);
 }
 
+/* A response resp_1 / msg_1 of model m, and an empty buffer. */
+static void
+resp_init(swg_resp *r, swg_buf *b)
+{
+    memset(r, 0, sizeof(*r));
+    memset(b, 0, sizeof(*b));
+    snprintf(r->id, sizeof(r->id), "resp_1");
+    snprintf(r->msg_id, sizeof(r->msg_id), "msg_1");
+    r->model = "m";
+}
+
 static void
 test_events_json(void **state)
 {
@@ -213,11 +224,7 @@ test_events_json(void **state)
     swg_end end = {"incomplete", "max_output_tokens", NULL, NULL};
     size_t off, n;
     (void)state;
-    memset(&r, 0, sizeof(r));
-    memset(&b, 0, sizeof(b));
-    snprintf(r.id, sizeof(r.id), "resp_1");
-    snprintf(r.msg_id, sizeof(r.msg_id), "msg_1");
-    r.model = "m";
+    resp_init(&r, &b);
     swg_sse_created(&b, &r);
     swg_sse_started(&b, &r);
     swg_resp_add(&r, "tok\"\n", 5, &off, &n);
@@ -234,6 +241,134 @@ test_events_json(void **state)
     swg_buf_free(&r.text);
 }
 
+/* Every event of a response, byte for byte: the field order, compact form
+ * and escapes clients parse (they were jansson's; the writer is now by
+ * hand). A worker's message with a byte that is not UTF-8 keeps the error
+ * object, with U+FFFD in place of the byte (jansson refused the string and
+ * the response lost its "error"). */
+static void
+test_events_exact(void **state)
+{
+    static const char want_events[] =
+        "event: response.created\n"
+        "data: "
+        "{\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"created_at\":7,\"status\":\"in_"
+        "progress\",\"model\":\"m\",\"metadata\":{\"k\":\"v\",\"a\":1},\"output\":[],\"usage\":"
+        "null,\"error\":null,\"incomplete_details\":null},\"type\":\"response.created\",\"sequence_"
+        "number\":0}\n"
+        "\n"
+        "event: response.in_progress\n"
+        "data: "
+        "{\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"created_at\":7,\"status\":\"in_"
+        "progress\",\"model\":\"m\",\"metadata\":{\"k\":\"v\",\"a\":1},\"output\":[],\"usage\":"
+        "null,\"error\":null,\"incomplete_details\":null},\"type\":\"response.in_progress\","
+        "\"sequence_number\":1}\n"
+        "\n"
+        "event: response.output_item.added\n"
+        "data: "
+        "{\"output_index\":0,\"item\":{\"id\":\"msg_1\",\"type\":\"message\",\"status\":\"in_"
+        "progress\",\"role\":\"assistant\",\"content\":[]},\"type\":\"response.output_item.added\","
+        "\"sequence_number\":2}\n"
+        "\n"
+        "event: response.content_part.added\n"
+        "data: "
+        "{\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_"
+        "text\",\"text\":\"\",\"annotations\":[]},\"type\":\"response.content_part.added\","
+        "\"sequence_number\":3}\n"
+        "\n"
+        "event: response.output_text.delta\n"
+        "data: "
+        "{\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":"
+        "\"a\\b\\u0001\\\"\",\"type\":\"response.output_text.delta\",\"sequence_number\":4}\n"
+        "\n"
+        "event: response.output_text.done\n"
+        "data: "
+        "{\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"text\":"
+        "\"a\\b\\u0001\\\"\",\"type\":\"response.output_text.done\",\"sequence_number\":5}\n"
+        "\n"
+        "event: response.content_part.done\n"
+        "data: "
+        "{\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_"
+        "text\",\"text\":\"a\\b\\u0001\\\"\",\"annotations\":[]},\"type\":\"response.content_part."
+        "done\",\"sequence_number\":6}\n"
+        "\n"
+        "event: response.content_part.added\n"
+        "data: "
+        "{\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":1,\"part\":{\"type\":"
+        "\"refusal\",\"refusal\":\"\"},\"type\":\"response.content_part.added\",\"sequence_"
+        "number\":7}\n"
+        "\n"
+        "event: response.refusal.delta\n"
+        "data: "
+        "{\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":1,\"delta\":\"no\",\"type\":"
+        "\"response.refusal.delta\",\"sequence_number\":8}\n"
+        "\n"
+        "event: response.refusal.done\n"
+        "data: "
+        "{\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":1,\"refusal\":\"no\",\"type\":"
+        "\"response.refusal.done\",\"sequence_number\":9}\n"
+        "\n"
+        "event: response.content_part.done\n"
+        "data: "
+        "{\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":1,\"part\":{\"type\":"
+        "\"refusal\",\"refusal\":\"no\"},\"type\":\"response.content_part.done\",\"sequence_"
+        "number\":10}\n"
+        "\n"
+        "event: response.output_item.done\n"
+        "data: "
+        "{\"output_index\":0,\"item\":{\"id\":\"msg_1\",\"type\":\"message\",\"status\":"
+        "\"incomplete\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":"
+        "\"a\\b\\u0001\\\"\",\"annotations\":[]},{\"type\":\"refusal\",\"refusal\":\"no\"}]},"
+        "\"type\":\"response.output_item.done\",\"sequence_number\":11}\n"
+        "\n"
+        "event: response.failed\n"
+        "data: "
+        "{\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"created_at\":7,\"status\":"
+        "\"failed\",\"model\":\"m\",\"metadata\":{\"k\":\"v\",\"a\":1},\"output\":[{\"id\":\"msg_"
+        "1\",\"type\":\"message\",\"status\":\"incomplete\",\"role\":\"assistant\",\"content\":[{"
+        "\"type\":\"output_text\",\"text\":\"a\\b\\u0001\\\"\",\"annotations\":[]},{\"type\":"
+        "\"refusal\",\"refusal\":\"no\"}]}],\"usage\":{\"input_tokens\":2,\"output_tokens\":2,"
+        "\"total_tokens\":4},\"error\":{\"code\":\"app_error\",\"message\":\"bad \xef\xbf\xbd"
+        " byte\\n\"},\"incomplete_details\":null},\"type\":\"response.failed\",\"sequence_number\":"
+        "12}\n"
+        "\n";
+    static const char want_body[] =
+        "{\"id\":\"resp_1\",\"object\":\"response\",\"created_at\":7,\"status\":\"failed\","
+        "\"model\":\"m\",\"metadata\":{\"k\":\"v\",\"a\":1},\"output\":[{\"id\":\"msg_1\",\"type\":"
+        "\"message\",\"status\":\"incomplete\",\"role\":\"assistant\",\"content\":[{\"type\":"
+        "\"output_text\",\"text\":\"a\\b\\u0001\\\"\",\"annotations\":[]},{\"type\":\"refusal\","
+        "\"refusal\":\"no\"}]}],\"usage\":{\"input_tokens\":2,\"output_tokens\":2,\"total_tokens\":"
+        "4},\"error\":{\"code\":\"app_error\",\"message\":\"bad \xef\xbf\xbd"
+        " byte\\n\"},\"incomplete_details\":null}";
+    swg_resp r;
+    swg_buf b;
+    swg_end end = {"failed", NULL, "app_error", "bad \xff byte\n"};
+    size_t off, n;
+    (void)state;
+    resp_init(&r, &b);
+    r.created_at = 7;
+    r.input_tokens = 2;
+    r.metadata = json_loads("{\"k\":\"v\",\"a\":1}", 0, NULL);
+    assert_non_null(r.metadata);
+    swg_sse_created(&b, &r);
+    swg_sse_started(&b, &r);
+    swg_resp_add(&r, "a\b\x01\"", 4, &off, &n);
+    swg_sse_delta(&b, &r, r.text.p + off, n);
+    swg_sse_switch(&b, &r, 1);
+    swg_resp_add(&r, "no", 2, &off, &n);
+    swg_sse_delta(&b, &r, r.text.p + off, n);
+    swg_sse_end(&b, &r, &end);
+    assert_false(b.oom);
+    assert_string_equal(b.p, want_events);
+    b.len = 0;
+    swg_response_write(&b, &r, &end);
+    assert_false(b.oom);
+    assert_string_equal(b.p, want_body);
+    swg_buf_free(&b);
+    json_decref(r.metadata);
+    swg_resp_free(&r);
+}
+
 int
 main(void)
 {
@@ -241,6 +376,7 @@ main(void)
         cmocka_unit_test(test_good_bodies),       cmocka_unit_test(test_bad_bodies),
         cmocka_unit_test(test_deep_nesting),      cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_utf8_across_items), cmocka_unit_test(test_events_json),
+        cmocka_unit_test(test_events_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -143,7 +143,9 @@ st_delivered_terminal(sw_stream *s)
 static int
 st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
 {
-    int got = swe_rx_pop(&s->rx, swi_now_ms(), out, act);
+    /* one clock read per item: the pop's milliseconds and the timings' ns */
+    int64_t now_ns = swi_now_ns();
+    int got = swe_rx_pop(&s->rx, now_ns / 1000000, out, act);
     if (got != 0) {
         if (got == 1) {
             out->instance_id = swe_gen_instance(s, s->rx.cur->gen);
@@ -154,7 +156,7 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
         if (got == 1)
             __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);
         if (!s->r->timing_off) {
-            int64_t now = swi_now_ns();
+            int64_t now = now_ns;
             if (got == 1) {
                 if (s->t_last_ns == 0 && s->ep != NULL)
                     swi_hist_observe_ns(&s->ep->ttfi, now - s->t_open_ns);
@@ -234,7 +236,7 @@ swe_dispatch(sw_stream *s)
 sw_err
 sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
 {
-    int64_t until;
+    int64_t until = INT64_MIN; /* read the clock only if nothing is there */
     swe_rx_act credit;
     int got = 0;
 
@@ -243,7 +245,6 @@ sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
     *item = NULL;
     if (s->on_item != NULL)
         return SW_EBUSY;
-    until = timeout_ms < 0 ? -1 : swi_now_ms() + timeout_ms;
     pthread_mutex_lock(&s->mu);
     for (;;) {
         int64_t wake = until;
@@ -253,6 +254,12 @@ sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
         }
         if ((got = st_pop(s, &s->cur, &credit)) != 0)
             break;
+        if (timeout_ms == 0) { /* a poll */
+            pthread_mutex_unlock(&s->mu);
+            return SW_ETIMEDOUT;
+        }
+        if (until == INT64_MIN)
+            until = wake = timeout_ms < 0 ? -1 : swi_now_ms() + timeout_ms;
         if (s->rx.term_state == SWE_TERM_QUEUED && (wake < 0 || s->rx.term_ready_ms < wake))
             wake = s->rx.term_ready_ms;
         if (until >= 0 && swi_now_ms() >= until) {

@@ -221,17 +221,24 @@ put_key(swg_buf *b, const char *key)
 static void
 put_uint(swg_buf *b, unsigned long long v)
 {
-    char num[24];
-    int k = snprintf(num, sizeof(num), "%llu", v);
-    swg_buf_add(b, num, (size_t)k);
+    char num[20]; /* 18446744073709551615 */
+    size_t i = sizeof(num);
+    do {
+        num[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    swg_buf_add(b, num + i, sizeof(num) - i);
 }
 
 static void
 put_int(swg_buf *b, long long v)
 {
-    char num[24];
-    int k = snprintf(num, sizeof(num), "%lld", v);
-    swg_buf_add(b, num, (size_t)k);
+    if (v < 0) {
+        swg_buf_add(b, "-", 1);
+        put_uint(b, 0ULL - (unsigned long long)v);
+    } else {
+        put_uint(b, (unsigned long long)v);
+    }
 }
 
 /* A content part: output_text or refusal, with its text. */
@@ -279,6 +286,7 @@ swg_resp_free(swg_resp *r)
 {
     swg_buf_free(&r->parts);
     swg_buf_free(&r->text);
+    swg_buf_free(&r->delta_pre);
     free(r->meta_js);
     r->meta_js = NULL;
 }
@@ -429,16 +437,27 @@ swg_sse_started(swg_buf *b, swg_resp *r)
     part_added(b, r);
 }
 
-/* The per-token event. */
+/* The per-token event. Its frame up to the text is the same for every
+ * token of a part: written once per part (r->delta_pre), then copied. */
 void
 swg_sse_delta(swg_buf *b, swg_resp *r, const char *text, size_t n)
 {
     const char *type = r->refusal ? "response.refusal.delta" : "response.output_text.delta";
     if (b == NULL)
         return;
-    ev_open(b, type);
-    put_part_ref(b, r);
-    put(b, "\"delta\":\"");
+    if (r->delta_pre.len == 0 || r->delta_part != r->part || r->delta_refusal != r->refusal) {
+        r->delta_pre.len = 0;
+        r->delta_part = r->part;
+        r->delta_refusal = r->refusal;
+        ev_open(&r->delta_pre, type);
+        put_part_ref(&r->delta_pre, r);
+        put(&r->delta_pre, "\"delta\":\"");
+        if (r->delta_pre.oom) {
+            b->oom = 1;
+            return;
+        }
+    }
+    swg_buf_add(b, r->delta_pre.p, r->delta_pre.len);
     put_escaped(b, text, n);
     put(b, "\",");
     ev_close(b, r, type);

@@ -58,12 +58,15 @@ typedef struct swg_resp {
     size_t ncarry;
     unsigned items; /* output tokens: data items */
     unsigned input_tokens;
-    json_t *metadata; /* borrowed; may be NULL */
-    char *meta_js;    /* metadata as JSON, written once; owned */
-    int started;      /* the output item and content part were announced */
-    int refusal;      /* the current content part is a refusal (else output_text) */
-    unsigned part;    /* the current part's content_index */
-    swg_buf parts;    /* the finished parts before it, as JSON joined by commas */
+    json_t *metadata;  /* borrowed; may be NULL */
+    char *meta_js;     /* metadata as JSON, written once; owned */
+    int started;       /* the output item and content part were announced */
+    int refusal;       /* the current content part is a refusal (else output_text) */
+    unsigned part;     /* the current part's content_index */
+    swg_buf parts;     /* the finished parts before it, as JSON joined by commas */
+    swg_buf delta_pre; /* a delta event's frame up to its text, for this part */
+    unsigned delta_part;
+    int delta_refusal;
 } swg_resp;
 
 /* How a response ended. */

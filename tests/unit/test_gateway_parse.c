@@ -238,7 +238,7 @@ test_events_json(void **state)
     assert_non_null(strstr(b.p, "\"sequence_number\":8}"));
     assert_null(strstr(b.p, "\"sequence_number\":9"));
     swg_buf_free(&b);
-    swg_buf_free(&r.text);
+    swg_resp_free(&r);
 }
 
 /* Every event of a response, byte for byte: the field order, compact form

@@ -24,7 +24,7 @@
  * public API and the CLI are used.
  *
  *   streamwire-gateway-bench --cli PATH [--streams N] [--tokens N] [--reps N]
- *                            [--json FILE] [--quick]
+ *                            [--loops N] [--json FILE] [--quick]
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -51,6 +51,7 @@
 #include "natsd.h"
 
 static unsigned g_streams = 1000, g_tokens = 100, g_reps = 3;
+static const char *g_loops = "0"; /* the gateway's --loops */
 static const char *g_cli, *g_json;
 static char g_gw[64];
 static pid_t g_gw_pid;
@@ -458,11 +459,12 @@ static void
 usage(FILE *f)
 {
     fprintf(f, "Usage: streamwire-gateway-bench --cli PATH [--streams N] [--tokens N] [--reps N]\n"
-               "                                [--json FILE] [--quick]\n"
+               "                                [--loops N] [--json FILE] [--quick]\n"
                "  --cli PATH     the streamwire CLI (worker and gateway are run from it)\n"
                "  --streams N    concurrent streams per run (default 1000)\n"
                "  --tokens N     tokens per stream (default 100)\n"
                "  --reps N       alternating runs of each path (default 3; medians shown)\n"
+               "  --loops N      the gateway's --loops (default 0: one per online CPU)\n"
                "  --json FILE    also write the figures as JSON\n"
                "  --quick        100 streams, 1 rep (a smoke run)\n"
                "Starts its own nats-server, worker and gateway; needs h2load (nghttp2-client).\n");
@@ -500,6 +502,8 @@ main(int argc, char **argv)
             g_tokens = (unsigned)atoi(v), i++;
         } else if (v != NULL && !strcmp(a, "--reps")) {
             g_reps = (unsigned)atoi(v), i++;
+        } else if (v != NULL && !strcmp(a, "--loops")) {
+            g_loops = v, i++;
         } else if (v != NULL && !strcmp(a, "--json")) {
             g_json = v, i++;
         } else {
@@ -546,7 +550,8 @@ main(int argc, char **argv)
         const char *gargv[] = {"streamwire",        "gateway",     "--server",     g_nats.url,
                                "--listen",          "127.0.0.1:0", "--model",      "demo=" EP,
                                "--max-connections", maxc,          "--access-log", "off",
-                               "--narration",       "off",         "--quiet",      NULL};
+                               "--narration",       "off",         "--loops",      g_loops,
+                               "--quiet",           NULL};
         snprintf(maxc, sizeof(maxc), "%u", g_streams * 2 + 100);
         g_gw_pid = spawn_cli(gargv, "gateway ready listen=", line, sizeof(line));
         if (g_gw_pid > 0)

@@ -63,7 +63,7 @@ cli_gateway_main(int argc, char **argv)
     const char *policy = "round_robin", *cod = "on", *router_id = NULL, *access_log = "on";
     const char *narration = "on";
     long keepalive = 15000, max_body = 1 << 20, max_conns = 10000, grace = 10000, replicas = 1;
-    long migration_limit = 0;
+    long migration_limit = 0, loops = 0;
     int quiet = 0, rc, wake[2];
     swg_model models[GW_MAX_MODELS];
     size_t nmodels = 0;
@@ -111,6 +111,10 @@ cli_gateway_main(int argc, char **argv)
          "times; the client sees one\ncontinuous response (default 0 = off; "
          "docs/MIGRATION.md)",
          &migration_limit, 0, SW_MAX_MIGRATIONS, NULL, 0},
+        {"loops", CLI_INT, "N",
+         "event-loop threads sharing the listening socket (a free\nloop accepts first); "
+         "0 = one per online CPU, at most 16\n(default 0)",
+         &loops, 0, 64, NULL, 0},
         {"quiet", CLI_FLAG, NULL, "no log lines on stderr", &quiet, 0, 0, NULL, 0},
     };
     cli_conn_flags conn_flags = {0};
@@ -230,6 +234,7 @@ cli_gateway_main(int argc, char **argv)
     go.quiet = quiet;
     go.access_log = strcmp(access_log, "on") == 0;
     go.stop_fd = wake[0];
+    go.loops = (unsigned)loops;
     go.on_ready = gw_ready;
     rc = swg_run(&go) == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 out:

@@ -3,7 +3,7 @@
  * egress only through the public API (blocking mode with on_ready
  * notifications), into the CLI; the library does not link it.
  *
- * Files: http.c (the h2o server, routes, the loop, drain), response.c (one
+ * Files: http.c (the h2o server, routes, the loops, drain), response.c (one
  * HTTP request's stream: notifications, events, backpressure, cancel),
  * events.c (the JSON of events and response objects, pure), request.c (the
  * request body: parse and validate, pure). Internal prefix swg_. */
@@ -39,6 +39,7 @@ typedef struct swg_opts {
     int quiet;
     int access_log; /* one JSON line per finished request on stdout */
     int stop_fd;    /* readable: stop (the CLI's signal pipe) */
+    unsigned loops; /* event-loop threads; 0 = one per online CPU (at most 16) */
     void (*on_ready)(const char *listen, void *arg); /* listening; may be NULL */
     void *on_ready_arg;
 } swg_opts;

@@ -1,10 +1,19 @@
 /* gateway/gw_int.h -- what http.c and response.c share.
  *
- * Threads: everything here belongs to the loop thread (one h2o evloop),
- * except gw->mu, the ready list and wake_pending, which on_ready touches on
- * library threads. A request is freed on the loop thread only, after
- * sw_stream_close (so no on_ready can follow) and after leaving the ready
- * list under gw->mu. */
+ * Threads: the gateway runs `loops` event-loop threads (swg_opts.loops),
+ * each an h2o evloop with its own descriptor of the one listening socket (a
+ * free loop accepts first). A connection and the requests on it live on
+ * one loop. Everything in a swg_loop belongs to its
+ * thread, except lp->mu, the ready list and wake_pending, which on_ready
+ * touches on library threads. The swg_gw is shared: read-only after start,
+ * except its atomics and the list of open requests under gw->mu (which the
+ * cancel endpoint searches, from any loop).
+ *
+ * A request is freed on its loop's thread only: it leaves gw's list under
+ * gw->mu, then sw_stream_close (so no on_ready can follow), then it leaves
+ * the ready list under lp->mu. Lock order: gw->mu, then a stream's lock,
+ * then lp->mu (a cancel under gw->mu may call on_ready); never the other
+ * way. */
 #ifndef SW_GATEWAY_INT_H
 #define SW_GATEWAY_INT_H
 
@@ -16,17 +25,38 @@
 #include "gateway/gateway.h"
 
 typedef struct swg_rq swg_rq;
+typedef struct swg_loop swg_loop;
 typedef struct swg_tok {
     swg_rq *q; /* NULL once q is gone */
 } swg_tok;
 
+/* The gateway: shared by its loops. */
 typedef struct swg_gw {
     const swg_opts *o;
     h2o_globalconf_t config;
+    swg_loop *loops;
+    unsigned nloops;
+    pthread_mutex_t mu;     /* all; init, go */
+    pthread_cond_t init_cv; /* a loop thread made its h2o state; go was set */
+    int go;                 /* every loop is ready: 1 run, -1 tear down (mu) */
+    swg_rq *all;            /* every open POST /v1/responses, on any loop (mu) */
+    unsigned nconns;        /* open HTTP connections, all loops (atomic) */
+    int stopping;           /* stop was asked (atomic): each loop drains */
+    uint64_t metrics_shed;  /* metrics items not sent: the client was behind (atomic) */
+} swg_gw;
+
+/* One event loop and its thread. */
+struct swg_loop {
+    swg_gw *gw;
+    const swg_opts *o; /* gw->o */
+    unsigned index;
+    pthread_t thread; /* loops after the first */
+    int init_fd;      /* its descriptor of the listening socket, until loop_init */
+    int init;         /* loop_init: 1 done, -1 failed, 0 not yet (gw->mu) */
     h2o_context_t ctx;
     h2o_accept_ctx_t accept_ctx;
-    h2o_socket_t *listener; /* NULL once closed (draining) */
-    h2o_socket_t *wake_sock, *stop_sock;
+    h2o_socket_t *listener;              /* NULL once closed (draining) */
+    h2o_socket_t *wake_sock, *stop_sock; /* stop_sock: the first loop only */
     int wake_fd[2];
     h2o_timeout_t ka_timeout;   /* keepalive_ms */
     h2o_timeout_t tick_timeout; /* 100 ms: drain checks */
@@ -34,21 +64,19 @@ typedef struct swg_gw {
     pthread_mutex_t mu;                /* ready list, wake_pending */
     swg_rq *ready;                     /* requests with something to take (mu) */
     int wake_pending;                  /* a byte is in the wake pipe (mu) */
-    swg_rq *active;                    /* every open POST /v1/responses (loop thread) */
-    swg_rq *run_head[2], *run_tail[2]; /* the run queue (loop thread), see swg_rq_schedule */
+    swg_rq *active;                    /* every open POST /v1/responses of this loop */
+    swg_rq *run_head[2], *run_tail[2]; /* the run queue, see swg_rq_schedule */
     h2o_timeout_t run_timeout;         /* 0 ms: the queue runs in the loop round's timeouts */
     h2o_timeout_entry_t run_entry;
     int run_hold; /* the queue ran this round: it is linked again by the next round only */
     unsigned nactive;
-    unsigned nconns; /* open HTTP connections */
     int draining, quit;
     int64_t drain_deadline, cancel_deadline;
-    uint64_t metrics_shed; /* metrics items not sent: the client was behind (atomic) */
-} swg_gw;
+};
 
 struct swg_rq {
     h2o_generator_t gen; /* first: h2o calls back with a pointer to it */
-    swg_gw *gw;
+    swg_loop *lp;
     h2o_req_t *req; /* NULL once the response is final or the client left */
     sw_stream *s;
     swg_input in;
@@ -58,11 +86,13 @@ struct swg_rq {
     int writing;                 /* an h2o_send awaits proceed */
     int ended;                   /* the terminal was taken */
     int created;                 /* response.created went out */
-    int queued;                  /* on gw->ready (gw->mu) */
-    swg_rq *next_ready;          /* gw->mu */
+    int queued;                  /* on lp->ready (lp->mu) */
+    swg_rq *next_ready;          /* lp->mu */
     swg_rq *run_prev, *run_next; /* on the run queue (loop thread) */
     int run_class;               /* which one: 0 or 1, -1 none */
-    swg_rq *prev, *next;         /* gw->active */
+    swg_rq *prev, *next;         /* lp->active */
+    swg_rq *all_prev, *all_next; /* gw->all (gw->mu) */
+    int in_all;
     h2o_timeout_entry_t ka;
     struct swg_tok *tok;            /* in the request's pool: tells us when h2o disposes it */
     char trace_id[40];              /* of the traceparent sent to the worker */
@@ -72,7 +102,7 @@ struct swg_rq {
 };
 
 /* response.c */
-void swg_rq_start(swg_gw *gw, h2o_req_t *req); /* POST /v1/responses */
+void swg_rq_start(swg_loop *lp, h2o_req_t *req); /* POST /v1/responses */
 /* The loop's run queue. A request with something to do (items ready, or
  * the client took the last bytes) is scheduled; swg_run_queue pumps from the
  * queue, requests whose first item has not gone out first (time to first
@@ -80,13 +110,14 @@ void swg_rq_start(swg_gw *gw, h2o_req_t *req); /* POST /v1/responses */
  * round: a burst of other streams' tokens never keeps the loop from
  * accepting and reading new requests for long. */
 void swg_rq_schedule(swg_rq *q);
-void swg_run_queue(h2o_timeout_entry_t *entry); /* gw->run_entry's callback */
-void swg_run_next_round(swg_gw *gw);            /* between loop rounds */
+void swg_run_queue(h2o_timeout_entry_t *entry); /* lp->run_entry's callback */
+void swg_run_next_round(swg_loop *lp);          /* between loop rounds */
 /* Loop thread: takes what is ready, at most max items, into one write;
  * returns the items taken. */
 unsigned swg_rq_pump(swg_rq *q, unsigned max);
 int swg_rq_cancel(swg_gw *gw, const char *id); /* POST /v1/responses/{id}/cancel: 0 found */
 void swg_rq_free(swg_rq *q);                   /* closes its stream, leaves every list, frees it */
+void swg_wake(swg_loop *lp);                   /* any thread: the loop runs on_wake soon */
 void swg_rq_on_ready(sw_stream *s, void *arg); /* library thread */
 void swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body /* stolen */);
 void swg_send_error(h2o_req_t *req, const swg_error *e);

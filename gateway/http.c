@@ -1,6 +1,7 @@
 /* gateway/http.c -- the HTTP server: libh2o's evloop (HTTP/1.1, and HTTP/2
- * with prior knowledge, h2c), one loop thread; the routes; the wake-up pipe
- * from library threads; the drain on stop.
+ * with prior knowledge, h2c), one or more loop threads sharing the listening
+ * socket; the routes; the wake-up pipe from library threads; the drain on
+ * stop (the first loop sees the stop pipe and wakes the others).
  *
  * Routes: POST /v1/responses, POST /v1/responses/{id}/cancel,
  * GET /v1/models, GET /healthz, GET /readyz, GET /metrics, GET / (the
@@ -61,14 +62,14 @@ send_err(h2o_req_t *req, int http, const char *type, const char *code, const cha
 
 /* 1 if every model has a live instance in the registry. */
 static int
-models_ready(swg_gw *gw)
+models_ready(swg_loop *lp)
 {
-    if (gw->o->registry == NULL)
+    if (lp->o->registry == NULL)
         return 1;
-    for (size_t i = 0; i < gw->o->nmodels; i++) {
+    for (size_t i = 0; i < lp->o->nmodels; i++) {
         sw_instance *v = NULL;
         size_t n = 0, live = 0;
-        if (sw_registry_list(gw->o->registry, gw->o->models[i].endpoint, &v, &n) != SW_OK)
+        if (sw_registry_list(lp->o->registry, lp->o->models[i].endpoint, &v, &n) != SW_OK)
             return 0;
         for (size_t k = 0; k < n; k++)
             live += !v[k].draining;
@@ -82,7 +83,8 @@ models_ready(swg_gw *gw)
 static int
 on_req(h2o_handler_t *self, h2o_req_t *req)
 {
-    swg_gw *gw = *(swg_gw **)(self + 1);
+    /* the loop whose context serves this connection */
+    swg_loop *lp = (swg_loop *)((char *)req->conn->ctx - offsetof(swg_loop, ctx));
     h2o_iovec_t p = req->path_normalized;
     int get = is(req->method, "GET") || is(req->method, "HEAD"), post = is(req->method, "POST");
     static const char pre[] = "/v1/responses/";
@@ -90,10 +92,10 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
     if (is(p, "/v1/responses")) {
         if (!post)
             send_err(req, 405, "invalid_request_error", "method_not_allowed", "use POST");
-        else if (gw->draining)
+        else if (lp->draining)
             send_err(req, 503, "server_error", "shutting_down", "the gateway is shutting down");
         else
-            swg_rq_start(gw, req);
+            swg_rq_start(lp, req);
         return 0;
     }
     if (p.len > sizeof(pre) - 1 && memcmp(p.base, pre, sizeof(pre) - 1) == 0 &&
@@ -110,7 +112,7 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
         }
         memcpy(id, p.base + sizeof(pre) - 1, n);
         id[n] = '\0';
-        if (swg_rq_cancel(gw, id) != 0)
+        if (swg_rq_cancel(lp->gw, id) != 0)
             send_err(req, 404, "not_found_error", "response_not_found",
                      "no such response in progress");
         else
@@ -125,37 +127,38 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
     }
     if (is(p, "/v1/models")) {
         json_t *data = json_array();
-        for (size_t i = 0; i < gw->o->nmodels; i++)
+        for (size_t i = 0; i < lp->o->nmodels; i++)
             json_array_append_new(data,
-                                  json_pack("{s:s, s:s, s:s, s:s}", "id", gw->o->models[i].name,
+                                  json_pack("{s:s, s:s, s:s, s:s}", "id", lp->o->models[i].name,
                                             "object", "model", "owned_by", "streamwire", "endpoint",
-                                            gw->o->models[i].endpoint));
+                                            lp->o->models[i].endpoint));
         swg_send_json(req, 200, "OK", json_pack("{s:s, s:o}", "object", "list", "data", data));
     } else if (is(p, "/healthz")) {
         send_text(req, 200, "OK", "text/plain", "ok\n", 3);
     } else if (is(p, "/readyz")) {
-        int conn = sw_conn_status(gw->o->conn) == SW_CONN_CONNECTED;
-        int ready = conn && !gw->draining && models_ready(gw);
+        int conn = sw_conn_status(lp->o->conn) == SW_CONN_CONNECTED;
+        int ready = conn && !lp->draining && models_ready(lp);
         const char *why = !conn          ? "not ready: NATS is not connected\n"
-                          : gw->draining ? "not ready: shutting down\n"
+                          : lp->draining ? "not ready: shutting down\n"
                           : !ready       ? "not ready: a model has no live instance\n"
                                          : "ready\n";
         send_text(req, ready ? 200 : 503, ready ? "OK" : "Service Unavailable", "text/plain", why,
                   strlen(why));
-    } else if (is(p, "/metrics") && gw->o->metrics != NULL) {
+    } else if (is(p, "/metrics") && lp->o->metrics != NULL) {
         char *out = NULL;
         size_t len = 0;
         char *all = NULL;
         int n = -1;
-        if (sw_metrics_render(gw->o->metrics, &out, &len) == SW_OK)
-            n = asprintf(&all,
-                         "%.*s# HELP streamwire_gateway_sse_dropped_total SSE events this gateway "
-                         "shed because the client was behind (metrics items are shed first; "
-                         "tokens never).\n"
-                         "# TYPE streamwire_gateway_sse_dropped_total counter\n"
-                         "streamwire_gateway_sse_dropped_total{event=\"metrics\"} %llu\n",
-                         (int)len, out,
-                         (unsigned long long)__atomic_load_n(&gw->metrics_shed, __ATOMIC_RELAXED));
+        if (sw_metrics_render(lp->o->metrics, &out, &len) == SW_OK)
+            n = asprintf(
+                &all,
+                "%.*s# HELP streamwire_gateway_sse_dropped_total SSE events this gateway "
+                "shed because the client was behind (metrics items are shed first; "
+                "tokens never).\n"
+                "# TYPE streamwire_gateway_sse_dropped_total counter\n"
+                "streamwire_gateway_sse_dropped_total{event=\"metrics\"} %llu\n",
+                (int)len, out,
+                (unsigned long long)__atomic_load_n(&lp->gw->metrics_shed, __ATOMIC_RELAXED));
         if (n < 0)
             send_text(req, 500, "Internal Server Error", "text/plain", "out of memory\n", 14);
         else
@@ -179,13 +182,13 @@ static void
 on_conn_close(void *data)
 {
     swg_gw *gw = data;
-    gw->nconns--;
+    __atomic_fetch_sub(&gw->nconns, 1, __ATOMIC_RELAXED);
 }
 
 static void
 on_accept(h2o_socket_t *listener, const char *err)
 {
-    swg_gw *gw = listener->data;
+    swg_loop *lp = listener->data;
     h2o_socket_t *sock;
     if (err != NULL)
         return;
@@ -194,33 +197,49 @@ on_accept(h2o_socket_t *listener, const char *err)
      * tokens (the time to first token of a burst of 1,000 grew by ~100 ms). */
     for (int i = 0; i < SWG_ACCEPT_BATCH && (sock = h2o_evloop_socket_accept(listener)) != NULL;
          i++) {
-        if (gw->o->max_connections > 0 && gw->nconns >= gw->o->max_connections) {
-            h2o_socket_close(sock); /* over the limit: refused at once */
+        unsigned n = __atomic_add_fetch(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
+        if (lp->o->max_connections > 0 && n > lp->o->max_connections) {
+            __atomic_fetch_sub(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
+            h2o_socket_close(sock); /* over the limit (all loops): refused at once */
             continue;
         }
-        gw->nconns++;
         sock->on_close.cb = on_conn_close;
-        sock->on_close.data = gw;
-        h2o_accept(&gw->accept_ctx, sock);
+        sock->on_close.data = lp->gw;
+        h2o_accept(&lp->accept_ctx, sock);
     }
 }
 
-/* Library threads wrote to the wake pipe: pump every ready request. */
+/* Stop accepting; open streams get the grace period (on_tick). */
+static void
+drain_start(swg_loop *lp)
+{
+    lp->draining = 1;
+    lp->drain_deadline = now_ms() + lp->o->grace_ms;
+    lp->cancel_deadline = 0;
+    if (lp->listener != NULL) {
+        h2o_socket_read_stop(lp->listener);
+        h2o_socket_close(lp->listener);
+        lp->listener = NULL;
+    }
+}
+
+/* Library threads (or the first loop, on stop) wrote to the wake pipe:
+ * schedule every ready request. */
 static void
 on_wake(h2o_socket_t *sock, const char *err)
 {
-    swg_gw *gw = sock->data;
+    swg_loop *lp = sock->data;
     swg_rq *list;
     char buf[256];
     (void)err;
-    while (read(gw->wake_fd[0], buf, sizeof(buf)) > 0) {
+    while (read(lp->wake_fd[0], buf, sizeof(buf)) > 0) {
     }
-    pthread_mutex_lock(&gw->mu);
-    list = gw->ready;
-    gw->ready = NULL;
-    gw->wake_pending = 0;
+    pthread_mutex_lock(&lp->mu);
+    list = lp->ready;
+    lp->ready = NULL;
+    lp->wake_pending = 0;
     /* on_ready pushes in front: reverse, and schedule in arrival order. Under
-     * gw->mu: once queued is clear, on_ready may rewrite next_ready. */
+     * lp->mu: once queued is clear, on_ready may rewrite next_ready. */
     {
         swg_rq *rev = NULL;
         while (list != NULL) {
@@ -234,56 +253,61 @@ on_wake(h2o_socket_t *sock, const char *err)
             swg_rq_schedule(q); /* pumped by swg_run_queue after this round's events */
         }
     }
-    pthread_mutex_unlock(&gw->mu);
+    pthread_mutex_unlock(&lp->mu);
     /* h2o's own buffer of the socket holds nothing for us */
     h2o_buffer_consume(&sock->input, sock->input->size);
+    if (!lp->draining && __atomic_load_n(&lp->gw->stopping, __ATOMIC_ACQUIRE))
+        drain_start(lp);
 }
 
+/* The first loop's stop pipe: every loop drains. */
 static void
 on_stop(h2o_socket_t *sock, const char *err)
 {
-    swg_gw *gw = sock->data;
+    swg_loop *lp = sock->data;
+    swg_gw *gw = lp->gw;
+    unsigned open = 0;
     (void)err;
     h2o_buffer_consume(&sock->input, sock->input->size);
-    if (gw->draining)
+    if (__atomic_exchange_n(&gw->stopping, 1, __ATOMIC_ACQ_REL))
         return;
-    gw->draining = 1;
-    gw->drain_deadline = now_ms() + gw->o->grace_ms;
-    gw->cancel_deadline = 0;
-    if (gw->listener != NULL) {
-        h2o_socket_read_stop(gw->listener);
-        h2o_socket_close(gw->listener);
-        gw->listener = NULL;
-    }
-    if (!gw->o->quiet)
-        fprintf(stderr, "[gateway] info: stopping: %u stream(s) open, grace %lld ms\n", gw->nactive,
-                (long long)gw->o->grace_ms);
+    pthread_mutex_lock(&gw->mu);
+    for (swg_rq *q = gw->all; q != NULL; q = q->all_next)
+        open++;
+    pthread_mutex_unlock(&gw->mu);
+    if (!lp->o->quiet)
+        fprintf(stderr, "[gateway] info: stopping: %u stream(s) open, grace %lld ms\n", open,
+                (long long)lp->o->grace_ms);
+    drain_start(lp);
+    for (unsigned i = 1; i < gw->nloops; i++)
+        swg_wake(&gw->loops[i]); /* they see gw->stopping in on_wake */
 }
 
 /* Every 100 ms: the drain's progress. */
 static void
 on_tick(h2o_timeout_entry_t *entry)
 {
-    swg_gw *gw = (swg_gw *)((char *)entry - offsetof(swg_gw, tick));
-    if (gw->draining) {
+    swg_loop *lp = (swg_loop *)((char *)entry - offsetof(swg_loop, tick));
+    if (lp->draining) {
         int64_t now = now_ms();
-        if (gw->nactive == 0)
-            gw->quit = 1;
-        else if (gw->cancel_deadline == 0 && now >= gw->drain_deadline) {
+        if (lp->nactive == 0)
+            lp->quit = 1;
+        else if (lp->cancel_deadline == 0 && now >= lp->drain_deadline) {
             /* grace over: cancel what is left; their terminals still go out */
-            gw->cancel_deadline = now + 2000;
-            for (swg_rq *q = gw->active; q != NULL; q = q->next)
+            lp->cancel_deadline = now + 2000;
+            for (swg_rq *q = lp->active; q != NULL; q = q->next)
                 if (q->s != NULL)
                     (void)sw_stream_cancel(q->s);
-        } else if (gw->cancel_deadline != 0 && now >= gw->cancel_deadline) {
-            gw->quit = 1;
+        } else if (lp->cancel_deadline != 0 && now >= lp->cancel_deadline) {
+            lp->quit = 1;
         }
     }
-    h2o_timeout_link(gw->ctx.loop, &gw->tick_timeout, &gw->tick);
+    h2o_timeout_link(lp->ctx.loop, &lp->tick_timeout, &lp->tick);
 }
 
+/* Resolves addr, binds and listens (port 0 picks one); the fd, or -1. */
 static int
-listen_on(swg_gw *gw, const char *addr, char *actual, size_t cap)
+listen_on(const char *addr, char *actual, size_t cap)
 {
     char host[128];
     const char *colon = strrchr(addr, ':');
@@ -319,10 +343,120 @@ listen_on(swg_gw *gw, const char *addr, char *actual, size_t cap)
     snprintf(actual, cap, "%s:%d", host,
              ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
                                             : ((struct sockaddr_in *)&sa)->sin_port));
-    gw->listener = h2o_evloop_socket_create(gw->ctx.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
-    gw->listener->data = gw;
-    h2o_socket_read_start(gw->listener, on_accept);
+    return fd;
+}
+
+/* One loop's context, timers, wake pipe and listener (fd). */
+static int
+loop_init(swg_loop *lp, int fd)
+{
+    swg_gw *gw = lp->gw;
+    const swg_opts *o = gw->o;
+    lp->o = o;
+    if (pipe2(lp->wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
+        lp->wake_fd[0] = lp->wake_fd[1] = -1;
+        close(fd);
+        return -1;
+    }
+    h2o_context_init(&lp->ctx, h2o_evloop_create(), &gw->config);
+    lp->accept_ctx.ctx = &lp->ctx;
+    lp->accept_ctx.hosts = gw->config.hosts;
+    h2o_timeout_init(lp->ctx.loop, &lp->ka_timeout,
+                     (uint64_t)(o->keepalive_ms > 0 ? o->keepalive_ms : 1000));
+    h2o_timeout_init(lp->ctx.loop, &lp->tick_timeout, 100);
+    h2o_timeout_init(lp->ctx.loop, &lp->run_timeout, 0);
+    lp->run_entry.cb = swg_run_queue;
+    lp->tick.cb = on_tick;
+    h2o_timeout_link(lp->ctx.loop, &lp->tick_timeout, &lp->tick);
+    lp->wake_sock = h2o_evloop_socket_create(lp->ctx.loop, lp->wake_fd[0], 0);
+    lp->wake_sock->data = lp;
+    h2o_socket_read_start(lp->wake_sock, on_wake);
+    if (lp->index == 0) {
+        lp->stop_sock = h2o_evloop_socket_create(lp->ctx.loop, dup(o->stop_fd), 0);
+        lp->stop_sock->data = lp;
+        h2o_socket_read_start(lp->stop_sock, on_stop);
+    }
+    lp->listener = h2o_evloop_socket_create(lp->ctx.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
+    lp->listener->data = lp;
+    h2o_socket_read_start(lp->listener, on_accept);
     return 0;
+}
+
+/* Runs one loop until its drain ends, then tears it down (on its thread). */
+static void
+loop_run(swg_loop *lp)
+{
+    while (!lp->quit) {
+        h2o_evloop_run(lp->ctx.loop, 100);
+        swg_run_next_round(lp);
+    }
+    /* what is still open has had its grace and its cancel: drop it */
+    while (lp->active != NULL) {
+        swg_rq *q = lp->active;
+        if (q->s != NULL)
+            (void)sw_stream_cancel(q->s);
+        q->ended = 1;
+        swg_rq_pump(q, UINT_MAX);
+        if (lp->active == q) /* still there: free it the hard way */
+            swg_rq_free(q);
+    }
+    if (h2o_timeout_is_linked(&lp->run_entry))
+        h2o_timeout_unlink(&lp->run_entry);
+    if (lp->listener != NULL)
+        h2o_socket_close(lp->listener);
+    h2o_socket_close(lp->wake_sock);
+    if (lp->stop_sock != NULL)
+        h2o_socket_close(lp->stop_sock);
+    if (h2o_timeout_is_linked(&lp->tick))
+        h2o_timeout_unlink(&lp->tick);
+    /* let closing sockets finish, then tear h2o down */
+    for (int i = 0; i < 10; i++)
+        h2o_evloop_run(lp->ctx.loop, 0);
+    h2o_timeout_dispose(lp->ctx.loop, &lp->ka_timeout);
+    h2o_timeout_dispose(lp->ctx.loop, &lp->tick_timeout);
+    h2o_timeout_dispose(lp->ctx.loop, &lp->run_timeout);
+    {
+        h2o_evloop_t *loop = lp->ctx.loop;
+        /* h2o 2.2's dispose leaves the context's message queue (88 bytes)
+         * behind, and destroying it afterwards crashes: tests/lsan.supp
+         * names that one allocation. */
+        h2o_context_dispose(&lp->ctx);
+        h2o_evloop_destroy(loop);
+    }
+    close(lp->wake_fd[1]);
+}
+
+/* A loop thread. Its h2o state is made on the thread that runs it: h2o 2.2
+ * recycles socket buffers through per-thread allocators, and a socket made
+ * on one thread and read on another corrupts them. */
+static void *
+loop_main(void *arg)
+{
+    swg_loop *lp = arg;
+    swg_gw *gw = lp->gw;
+    int ok = loop_init(lp, lp->init_fd) == 0;
+    pthread_mutex_lock(&gw->mu);
+    lp->init = ok ? 1 : -1;
+    pthread_cond_broadcast(&gw->init_cv);
+    while (ok && gw->go == 0)
+        pthread_cond_wait(&gw->init_cv, &gw->mu);
+    if (ok && gw->go < 0)
+        lp->quit = 1; /* another loop failed: tear down without running */
+    pthread_mutex_unlock(&gw->mu);
+    if (ok)
+        loop_run(lp);
+    return NULL;
+}
+
+/* How many loops: the option, else one per online CPU (at most 16). */
+static unsigned
+loops_wanted(const swg_opts *o)
+{
+    long n;
+    if (o->loops > 0)
+        return o->loops;
+    n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 16 ? 16 : (unsigned)n;
 }
 
 int
@@ -333,85 +467,81 @@ swg_run(const swg_opts *o)
     h2o_pathconf_t *path;
     h2o_handler_t *h;
     char actual[160];
-    int rc = 0;
+    unsigned threads = 0, nloops;
+    int rc = 0, lfd;
     if (gw == NULL)
         return -1;
     gw->o = o;
-    pthread_mutex_init(&gw->mu, NULL);
-    if (pipe2(gw->wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
+    gw->nloops = loops_wanted(o);
+    if ((gw->loops = calloc(gw->nloops, sizeof(*gw->loops))) == NULL) {
         free(gw);
         return -1;
     }
+    nloops = gw->nloops;
+    pthread_mutex_init(&gw->mu, NULL);
+    pthread_cond_init(&gw->init_cv, NULL);
     h2o_config_init(&gw->config);
     gw->config.max_request_entity_size = o->max_body;
     host = h2o_config_register_host(&gw->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     path = h2o_config_register_path(host, "/", 0);
-    h = h2o_create_handler(path, sizeof(*h) + sizeof(swg_gw *));
+    h = h2o_create_handler(path, sizeof(*h));
     h->on_req = on_req;
-    *(swg_gw **)(h + 1) = gw;
-    h2o_context_init(&gw->ctx, h2o_evloop_create(), &gw->config);
-    gw->accept_ctx.ctx = &gw->ctx;
-    gw->accept_ctx.hosts = gw->config.hosts;
-    h2o_timeout_init(gw->ctx.loop, &gw->ka_timeout,
-                     (uint64_t)(o->keepalive_ms > 0 ? o->keepalive_ms : 1000));
-    h2o_timeout_init(gw->ctx.loop, &gw->tick_timeout, 100);
-    h2o_timeout_init(gw->ctx.loop, &gw->run_timeout, 0);
-    gw->run_entry.cb = swg_run_queue;
-    gw->tick.cb = on_tick;
-    h2o_timeout_link(gw->ctx.loop, &gw->tick_timeout, &gw->tick);
-    gw->wake_sock = h2o_evloop_socket_create(gw->ctx.loop, gw->wake_fd[0], 0);
-    gw->wake_sock->data = gw;
-    h2o_socket_read_start(gw->wake_sock, on_wake);
-    gw->stop_sock = h2o_evloop_socket_create(gw->ctx.loop, dup(o->stop_fd), 0);
-    gw->stop_sock->data = gw;
-    h2o_socket_read_start(gw->stop_sock, on_stop);
-    if (listen_on(gw, o->listen, actual, sizeof(actual)) != 0) {
+    for (unsigned i = 0; i < gw->nloops; i++) {
+        gw->loops[i].gw = gw;
+        gw->loops[i].index = i;
+        pthread_mutex_init(&gw->loops[i].mu, NULL);
+    }
+    /* The loops share one listening socket, each through its own
+     * descriptor: a loop accepts when it is free to (an idle loop takes a
+     * new connection first). Not SO_REUSEPORT: a second gateway on the
+     * same port must fail, not take half the connections. */
+    if ((lfd = listen_on(o->listen, actual, sizeof(actual))) < 0) {
         rc = -1;
-        gw->quit = 1;
-    } else if (o->on_ready != NULL) {
-        o->on_ready(actual, o->on_ready_arg);
+        goto out;
     }
-    while (!gw->quit) {
-        h2o_evloop_run(gw->ctx.loop, 100);
-        swg_run_next_round(gw);
+    for (unsigned i = 1; i < gw->nloops; i++) {
+        swg_loop *lp = &gw->loops[i];
+        if ((lp->init_fd = fcntl(lfd, F_DUPFD_CLOEXEC, 0)) < 0)
+            break;
+        if (pthread_create(&lp->thread, NULL, loop_main, lp) != 0) {
+            close(lp->init_fd);
+            break;
+        }
+        threads++; /* fewer loops than asked if a thread cannot start */
     }
-    /* what is still open has had its grace and its cancel: drop it */
-    while (gw->active != NULL) {
-        swg_rq *q = gw->active;
-        if (q->s != NULL)
-            (void)sw_stream_cancel(q->s);
-        q->ended = 1;
-        swg_rq_pump(q, UINT_MAX);
-        if (gw->active == q) /* still there: free it the hard way */
-            swg_rq_free(q);
+    rc = loop_init(&gw->loops[0], lfd);
+    pthread_mutex_lock(&gw->mu);
+    for (unsigned i = 1; i <= threads; i++) {
+        while (gw->loops[i].init == 0)
+            pthread_cond_wait(&gw->init_cv, &gw->mu);
+        if (gw->loops[i].init < 0)
+            rc = -1;
     }
-    if (h2o_timeout_is_linked(&gw->run_entry))
-        h2o_timeout_unlink(&gw->run_entry);
-    if (gw->listener != NULL)
-        h2o_socket_close(gw->listener);
-    h2o_socket_close(gw->wake_sock);
-    h2o_socket_close(gw->stop_sock);
-    if (h2o_timeout_is_linked(&gw->tick))
-        h2o_timeout_unlink(&gw->tick);
-    /* let closing sockets finish, then tear h2o down */
-    for (int i = 0; i < 10; i++)
-        h2o_evloop_run(gw->ctx.loop, 0);
-    h2o_timeout_dispose(gw->ctx.loop, &gw->ka_timeout);
-    h2o_timeout_dispose(gw->ctx.loop, &gw->tick_timeout);
-    h2o_timeout_dispose(gw->ctx.loop, &gw->run_timeout);
-    {
-        h2o_evloop_t *loop = gw->ctx.loop;
-        /* h2o 2.2's dispose leaves the context's message queue (88 bytes)
-         * behind, and destroying it afterwards crashes: tests/lsan.supp
-         * names that one allocation. */
-        h2o_context_dispose(&gw->ctx);
-        h2o_evloop_destroy(loop);
+    gw->nloops = 1 + threads;
+    gw->go = rc == 0 ? 1 : -1;
+    pthread_cond_broadcast(&gw->init_cv);
+    pthread_mutex_unlock(&gw->mu);
+    if (rc == 0) {
+        if (!o->quiet && gw->nloops > 1)
+            fprintf(stderr, "[gateway] info: %u event loops\n", gw->nloops);
+        if (o->on_ready != NULL)
+            o->on_ready(actual, o->on_ready_arg);
+        loop_run(&gw->loops[0]);
+    } else if (gw->loops[0].wake_sock != NULL) {
+        gw->loops[0].quit = 1; /* initialized: torn down without running */
+        loop_run(&gw->loops[0]);
     }
+    for (unsigned i = 1; i <= threads; i++)
+        pthread_join(gw->loops[i].thread, NULL);
+out:
     h2o_config_dispose(&gw->config);
     if (!o->quiet)
         fprintf(stderr, "[gateway] info: stopped\n");
-    close(gw->wake_fd[1]);
     pthread_mutex_destroy(&gw->mu);
+    pthread_cond_destroy(&gw->init_cv);
+    for (unsigned i = 0; i < nloops; i++)
+        pthread_mutex_destroy(&gw->loops[i].mu);
+    free(gw->loops);
     free(gw);
     return rc;
 }

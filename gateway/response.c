@@ -106,7 +106,7 @@ rq_log(swg_rq *q, const char *terminal, const char *reason)
     json_t *j;
     char *s;
     int64_t now = mono_ms();
-    if (q->logged || !q->gw->o->access_log)
+    if (q->logged || !q->lp->o->access_log)
         return;
     q->logged = 1;
     j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s?, s:i, s:I, s:I}", "trace_id", q->trace_id,
@@ -134,18 +134,18 @@ rq_log(swg_rq *q, const char *terminal, const char *reason)
 static void
 run_unlink(swg_rq *q)
 {
-    swg_gw *gw = q->gw;
+    swg_loop *lp = q->lp;
     int c = q->run_class;
     if (c < 0)
         return;
     if (q->run_prev != NULL)
         q->run_prev->run_next = q->run_next;
     else
-        gw->run_head[c] = q->run_next;
+        lp->run_head[c] = q->run_next;
     if (q->run_next != NULL)
         q->run_next->run_prev = q->run_prev;
     else
-        gw->run_tail[c] = q->run_prev;
+        lp->run_tail[c] = q->run_prev;
     q->run_prev = q->run_next = NULL;
     q->run_class = -1;
 }
@@ -157,42 +157,42 @@ run_unlink(swg_rq *q)
  * without a new write, keeps the socket polled for writing with no writer,
  * and h2o aborts (evloop.c.h write_pending's assertion) when it fires. */
 static void
-run_link(swg_gw *gw)
+run_link(swg_loop *lp)
 {
-    if (!gw->run_hold && !h2o_timeout_is_linked(&gw->run_entry))
-        h2o_timeout_link(gw->ctx.loop, &gw->run_timeout, &gw->run_entry);
+    if (!lp->run_hold && !h2o_timeout_is_linked(&lp->run_entry))
+        h2o_timeout_link(lp->ctx.loop, &lp->run_timeout, &lp->run_entry);
 }
 
 void
 swg_rq_schedule(swg_rq *q)
 {
-    swg_gw *gw = q->gw;
+    swg_loop *lp = q->lp;
     int c = q->t_first_ms == 0 ? 0 : 1; /* no item out yet: first */
     if (q->run_class != c) {
         run_unlink(q);
         q->run_class = c;
-        q->run_prev = gw->run_tail[c];
+        q->run_prev = lp->run_tail[c];
         q->run_next = NULL;
-        if (gw->run_tail[c] != NULL)
-            gw->run_tail[c]->run_next = q;
+        if (lp->run_tail[c] != NULL)
+            lp->run_tail[c]->run_next = q;
         else
-            gw->run_head[c] = q;
-        gw->run_tail[c] = q;
+            lp->run_head[c] = q;
+        lp->run_tail[c] = q;
     }
-    run_link(gw);
+    run_link(lp);
 }
 
 void
 swg_run_queue(h2o_timeout_entry_t *entry)
 {
-    swg_gw *gw = (swg_gw *)((char *)entry - offsetof(swg_gw, run_entry));
+    swg_loop *lp = (swg_loop *)((char *)entry - offsetof(swg_loop, run_entry));
     unsigned budget = SWG_RUN_BUDGET;
     /* Not linked again this round (h2o would run a 0 ms entry linked from
      * its own round again at once, without polling): requests scheduled
      * from now on wait for swg_run_next_round. */
-    gw->run_hold = 1;
+    lp->run_hold = 1;
     while (budget > 0) {
-        swg_rq *q = gw->run_head[0] != NULL ? gw->run_head[0] : gw->run_head[1];
+        swg_rq *q = lp->run_head[0] != NULL ? lp->run_head[0] : lp->run_head[1];
         unsigned n;
         int first;
         if (q == NULL)
@@ -206,65 +206,97 @@ swg_run_queue(h2o_timeout_entry_t *entry)
 }
 
 void
-swg_run_next_round(swg_gw *gw)
+swg_run_next_round(swg_loop *lp)
 {
-    gw->run_hold = 0;
-    if (gw->run_head[0] != NULL || gw->run_head[1] != NULL)
-        run_link(gw);
+    lp->run_hold = 0;
+    if (lp->run_head[0] != NULL || lp->run_head[1] != NULL)
+        run_link(lp);
 }
 
 void
 swg_rq_free(swg_rq *q)
 {
-    swg_gw *gw = q->gw;
+    swg_loop *lp = q->lp;
+    swg_gw *gw = lp->gw;
     if (q->tok != NULL)
         q->tok->q = NULL;
-    /* No on_ready after this; then off the ready list for good. */
+    /* Out of the cancel endpoint's reach first (its sw_stream_cancel runs
+     * under gw->mu), then no on_ready after the close; then off the ready
+     * list for good. */
+    pthread_mutex_lock(&gw->mu);
+    if (q->in_all) {
+        if (q->all_prev != NULL)
+            q->all_prev->all_next = q->all_next;
+        else
+            gw->all = q->all_next;
+        if (q->all_next != NULL)
+            q->all_next->all_prev = q->all_prev;
+        q->in_all = 0;
+    }
+    pthread_mutex_unlock(&gw->mu);
     sw_stream_close(q->s);
     q->s = NULL;
-    pthread_mutex_lock(&gw->mu);
-    for (swg_rq **pp = &gw->ready; *pp != NULL; pp = &(*pp)->next_ready)
+    pthread_mutex_lock(&lp->mu);
+    for (swg_rq **pp = &lp->ready; *pp != NULL; pp = &(*pp)->next_ready)
         if (*pp == q) {
             *pp = q->next_ready;
             break;
         }
-    pthread_mutex_unlock(&gw->mu);
+    pthread_mutex_unlock(&lp->mu);
     run_unlink(q);
     if (h2o_timeout_is_linked(&q->ka))
         h2o_timeout_unlink(&q->ka);
     if (q->prev != NULL)
         q->prev->next = q->next;
     else
-        gw->active = q->next;
+        lp->active = q->next;
     if (q->next != NULL)
         q->next->prev = q->prev;
-    gw->nactive--;
+    lp->nactive--;
     swg_buf_free(&q->out);
     swg_resp_free(&q->r);
     swg_input_free(&q->in);
     free(q);
 }
 
+/* Under lp->mu: 1 if the caller must write the wake-up byte. */
+static int
+wake_locked(swg_loop *lp)
+{
+    if (lp->wake_pending)
+        return 0;
+    lp->wake_pending = 1;
+    return 1;
+}
+
+void
+swg_wake(swg_loop *lp)
+{
+    int wake;
+    pthread_mutex_lock(&lp->mu);
+    wake = wake_locked(lp);
+    pthread_mutex_unlock(&lp->mu);
+    if (wake)
+        (void)!write(lp->wake_fd[1], "w", 1);
+}
+
 void
 swg_rq_on_ready(sw_stream *s, void *arg)
 {
     swg_rq *q = arg;
-    swg_gw *gw = q->gw;
-    int wake = 0;
+    swg_loop *lp = q->lp;
+    int wake;
     (void)s;
-    pthread_mutex_lock(&gw->mu);
+    pthread_mutex_lock(&lp->mu);
     if (!q->queued) {
         q->queued = 1;
-        q->next_ready = gw->ready;
-        gw->ready = q;
+        q->next_ready = lp->ready;
+        lp->ready = q;
     }
-    if (!gw->wake_pending) {
-        gw->wake_pending = 1;
-        wake = 1;
-    }
-    pthread_mutex_unlock(&gw->mu);
+    wake = wake_locked(lp);
+    pthread_mutex_unlock(&lp->mu);
     if (wake)
-        (void)!write(gw->wake_fd[1], "w", 1);
+        (void)!write(lp->wake_fd[1], "w", 1);
 }
 
 /* ---------------------------------------------------------------- events */
@@ -333,7 +365,7 @@ rq_created(swg_rq *q)
         q->created = 1;
         if (q->in.stream) {
             swg_sse_created(&q->out, &q->r);
-            if (q->gw->o->narration) {
+            if (q->lp->o->narration) {
                 char msg[160];
                 snprintf(msg, sizeof(msg), "routed to instance %s",
                          q->s != NULL ? sw_stream_instance_id(q->s) : "");
@@ -346,11 +378,11 @@ rq_created(swg_rq *q)
 static void
 rq_ka_relink(swg_rq *q)
 {
-    if (q->gw->o->keepalive_ms <= 0 || !q->in.stream)
+    if (q->lp->o->keepalive_ms <= 0 || !q->in.stream)
         return;
     if (h2o_timeout_is_linked(&q->ka))
         h2o_timeout_unlink(&q->ka);
-    h2o_timeout_link(q->gw->ctx.loop, &q->gw->ka_timeout, &q->ka);
+    h2o_timeout_link(q->lp->ctx.loop, &q->lp->ka_timeout, &q->ka);
 }
 
 /* Hands q->out to h2o: the last bytes of the response (final), or more. */
@@ -428,7 +460,7 @@ swg_rq_pump(swg_rq *q, unsigned max)
                 if (st.pending < SWG_BEHIND_ITEMS && q->out.len < SWG_ROUND_BYTES / 2)
                     swg_sse_metrics(b, &q->r, it->data, it->len);
                 else
-                    __atomic_fetch_add(&q->gw->metrics_shed, 1, __ATOMIC_RELAXED);
+                    __atomic_fetch_add(&q->lp->gw->metrics_shed, 1, __ATOMIC_RELAXED);
                 continue;
             }
             refusal = strcmp(it->event, "refusal") == 0;
@@ -461,7 +493,7 @@ swg_rq_pump(swg_rq *q, unsigned max)
             } else {
                 rq_created(q);
                 swg_sse_done(&q->out, &q->r, &end);
-                if (q->gw->o->narration) {
+                if (q->lp->o->narration) {
                     char msg[160];
                     if (strcmp(end.status, "cancelled") == 0)
                         swg_sse_narration(&q->out, &q->r, "cancel",
@@ -525,8 +557,8 @@ rq_gone(swg_rq *q)
 {
     q->req = NULL;
     if (!q->ended)
-        rq_log(q, "client_gone", q->gw->o->cancel_on_disconnect ? "cancelled" : NULL);
-    if (!q->ended && q->gw->o->cancel_on_disconnect) {
+        rq_log(q, "client_gone", q->lp->o->cancel_on_disconnect ? "cancelled" : NULL);
+    if (!q->ended && q->lp->o->cancel_on_disconnect) {
         (void)sw_stream_cancel(q->s);
         q->ended = 1;
     }
@@ -594,9 +626,9 @@ header(h2o_req_t *req, const char *name)
 }
 
 void
-swg_rq_start(swg_gw *gw, h2o_req_t *req)
+swg_rq_start(swg_loop *lp, h2o_req_t *req)
 {
-    const swg_opts *o = gw->o;
+    const swg_opts *o = lp->o;
     swg_rq *q = calloc(1, sizeof(*q));
     swg_error e;
     const swg_model *m;
@@ -629,7 +661,7 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
         free(q);
         return;
     }
-    q->gw = gw;
+    q->lp = lp;
     q->req = req;
     q->run_class = -1;
     q->tok = h2o_mem_alloc_shared(&req->pool, sizeof(*q->tok), rq_on_dispose);
@@ -672,11 +704,11 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
     ro.nheaders = nh;
     ro.on_ready = swg_rq_on_ready;
     ro.on_ready_arg = q;
-    q->next = gw->active;
-    if (gw->active != NULL)
-        gw->active->prev = q;
-    gw->active = q;
-    gw->nactive++;
+    q->next = lp->active;
+    if (lp->active != NULL)
+        lp->active->prev = q;
+    lp->active = q;
+    lp->nactive++;
     rv = sw_router_open(&q->s, o->router, &ro, q->in.text, q->in.text_len);
     if (rv != SW_OK) {
         memset(&e, 0, sizeof(e));
@@ -692,6 +724,13 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
     snprintf(q->r.id, sizeof(q->r.id), "resp_%s", sw_stream_request_id(q->s));
     snprintf(q->r.msg_id, sizeof(q->r.msg_id), "msg_%s", sw_stream_request_id(q->s));
     snprintf(q->request_id, sizeof(q->request_id), "%s", rid ? rid : q->r.id);
+    pthread_mutex_lock(&lp->gw->mu); /* the cancel endpoint finds it from any loop */
+    q->all_next = lp->gw->all;
+    if (lp->gw->all != NULL)
+        lp->gw->all->all_prev = q;
+    lp->gw->all = q;
+    q->in_all = 1;
+    pthread_mutex_unlock(&lp->gw->mu);
     if (q->in.stream) {
         req->res.status = 200;
         req->res.reason = "OK";
@@ -719,10 +758,15 @@ swg_rq_start(swg_gw *gw, h2o_req_t *req)
 int
 swg_rq_cancel(swg_gw *gw, const char *id)
 {
-    for (swg_rq *q = gw->active; q != NULL; q = q->next)
-        if (q->s != NULL && strcmp(q->r.id, id) == 0) {
-            (void)sw_stream_cancel(q->s); /* its terminal comes through on_ready */
-            return 0;
+    int rc = -1;
+    pthread_mutex_lock(&gw->mu);
+    for (swg_rq *q = gw->all; q != NULL; q = q->all_next)
+        if (strcmp(q->r.id, id) == 0) {
+            /* its terminal comes through on_ready, on q's own loop */
+            (void)sw_stream_cancel(q->s);
+            rc = 0;
+            break;
         }
-    return -1;
+    pthread_mutex_unlock(&gw->mu);
+    return rc;
 }

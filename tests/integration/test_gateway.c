@@ -141,6 +141,8 @@ group_setup(void **state)
                               "65536",
                               "--max-connections",
                               "12000",
+                              "--loops", /* every test crosses loops: connections, cancels, stop */
+                              "4",
                               "--quiet",
                               NULL};
         g_gw_pid = swh_spawn(argv, &g_gw_fd);
@@ -779,6 +781,61 @@ test_cancel_endpoint(void **state)
     assert_int_equal(curl(NULL, cmd, "{}", out2, sizeof(out2)), 404);
 }
 
+/* Four streams at once (the long worker's four handler threads), each
+ * cancelled through a connection of its own: with four loops, a cancel
+ * mostly arrives on a loop other than its stream's (the cancel endpoint
+ * searches every loop's requests). Each ends response.incomplete /
+ * cancelled. */
+static void
+test_cancel_across_loops(void **state)
+{
+    enum { N = 4 };
+    FILE *p[N];
+    char id[N][64], line[8192], cmd[512], out[4096], path[200];
+    int cancelled = 0;
+    (void)state;
+    for (int i = 0; i < N; i++) {
+        snprintf(cmd, sizeof(cmd),
+                 "curl -s -N -m 60 -X POST --data-binary "
+                 "'{\"model\":\"long\",\"input\":\"x\",\"stream\":true}' 'http://%s/v1/responses'",
+                 g_gw);
+        p[i] = popen(cmd, "r");
+        assert_non_null(p[i]);
+    }
+    for (int i = 0; i < N; i++) { /* each stream's id, from its first events */
+        id[i][0] = '\0';
+        while (id[i][0] == '\0' && fgets(line, sizeof(line), p[i]) != NULL) {
+            char *at = strstr(line, "\"id\":\"resp_");
+            if (strncmp(line, "data: ", 6) == 0 && at != NULL)
+                snprintf(id[i], sizeof(id[i]), "%.37s", at + 6);
+        }
+        assert_true(id[i][0] != '\0');
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(path, sizeof(path), "/v1/responses/%.64s/cancel", id[i]);
+        assert_int_equal(curl(NULL, path, "{}", out, sizeof(out)), 200);
+        assert_non_null(strstr(out, "\"status\":\"cancelled\""));
+    }
+    for (int i = 0; i < N; i++) {
+        int ended = 0;
+        while (fgets(line, sizeof(line), p[i]) != NULL) {
+            if (strncmp(line, "event: response.", 16) == 0 &&
+                (strstr(line, "completed") != NULL || strstr(line, "failed") != NULL))
+                fail_msg("stream %d ended other than cancelled: %s", i, line);
+            if (strncmp(line, "data: ", 6) == 0 &&
+                strstr(line, "\"type\":\"response.incomplete\"") != NULL) {
+                assert_non_null(strstr(line, "\"status\":\"cancelled\""));
+                assert_non_null(strstr(line, "\"reason\":\"cancelled\""));
+                assert_non_null(strstr(line, id[i]));
+                ended = 1;
+            }
+        }
+        pclose(p[i]);
+        cancelled += ended;
+    }
+    assert_int_equal(cancelled, N);
+}
+
 /* Worker's cancels_total from its /metrics. */
 static double
 worker_cancels(void)
@@ -1154,6 +1211,7 @@ main(void)
         cmocka_unit_test(test_metrics_events),
         cmocka_unit_test(test_slow_client_sheds_metrics),
         cmocka_unit_test(test_cancel_endpoint),
+        cmocka_unit_test(test_cancel_across_loops),
         cmocka_unit_test(test_disconnect_cancels_http1),
         cmocka_unit_test(test_disconnect_cancels_http2),
         cmocka_unit_test(test_instance_lost),

@@ -100,6 +100,14 @@ swg_resp_add(swg_resp *r, const void *data, size_t len, size_t *off, size_t *n)
             swg_buf_add(&r->text, repl, 3);
             i++;
         } else if (i + k > len) { /* split across items: keep for the next */
+            size_t j = i + 1;
+            while (j < len && (p[j] & 0xc0) == 0x80)
+                j++;
+            if (j < len) { /* a byte that cannot continue it comes first */
+                swg_buf_add(&r->text, repl, 3);
+                i++;
+                continue;
+            }
             memcpy(r->carry, p + i, len - i);
             r->ncarry = len - i;
             i = len;
@@ -121,8 +129,9 @@ swg_resp_add(swg_resp *r, const void *data, size_t len, size_t *off, size_t *n)
  * more than the rest of the gateway's work per stream (perf: a fifth of the
  * event loop's time under 1,000 streams). Strings are escaped as jansson
  * escapes them; a string that is not valid UTF-8 (a worker's message) has
- * its bad bytes replaced by U+FFFD. jansson still reads request bodies and
- * writes the rare small objects (errors, the model list, metrics items). */
+ * its bad bytes replaced by U+FFFD (a message cut at a byte limit may end
+ * inside a character). jansson still reads request bodies and writes the
+ * model list and a metrics item's JSON. */
 
 static void
 put(swg_buf *b, const char *lit)
@@ -345,11 +354,21 @@ swg_response_write(swg_buf *b, swg_resp *r, const swg_end *end)
     put(b, "}");
 }
 
-json_t *
-swg_error_json(const swg_error *e)
+void
+swg_error_write(swg_buf *b, const swg_error *e)
 {
-    return json_pack("{s:{s:s, s:s, s:s, s:s?}}", "error", "type", e->type, "code", e->code,
-                     "message", e->message, "param", e->param);
+    put(b, "{\"error\":{\"type\":");
+    put_str(b, e->type);
+    put(b, ",\"code\":");
+    put_str(b, e->code);
+    put(b, ",\"message\":");
+    put_str(b, e->message);
+    put(b, ",\"param\":");
+    if (e->param != NULL)
+        put_str(b, e->param);
+    else
+        put(b, "null");
+    put(b, "}}");
 }
 
 /* An event's frame: ev_open, its fields (each ending with a comma), ev_close
@@ -487,14 +506,24 @@ part_done(swg_buf *b, swg_resp *r)
     ev_close(b, r, "response.content_part.done");
 }
 
+/* A character cut off by the end of its part: U+FFFD, in the text and as
+ * a delta, so the deltas always add up to the part's text. */
+static void
+carry_flush(swg_buf *b, swg_resp *r)
+{
+    static const char repl[] = "\xef\xbf\xbd";
+    size_t off = r->text.len;
+    if (r->ncarry == 0)
+        return;
+    r->ncarry = 0;
+    swg_buf_add(&r->text, repl, 3);
+    swg_sse_delta(b, r, r->text.p + off, 3);
+}
+
 void
 swg_sse_switch(swg_buf *b, swg_resp *r, int refusal)
 {
-    static const char repl[] = "\xef\xbf\xbd";
-    if (r->ncarry > 0) { /* a character cut off by the switch */
-        swg_buf_add(&r->text, repl, 3);
-        r->ncarry = 0;
-    }
+    carry_flush(b, r);
     part_done(b, r);
     if (r->parts.len > 0)
         swg_buf_add(&r->parts, ",", 1);
@@ -570,6 +599,7 @@ swg_sse_done(swg_buf *b, swg_resp *r, const swg_end *end)
 {
     if (r->started) {
         const char *st = strcmp(end->status, "completed") == 0 ? "completed" : "incomplete";
+        carry_flush(b, r);
         part_done(b, r);
         if (b == NULL) {
             r->seq++;

@@ -80,8 +80,9 @@ typedef struct swg_end {
 /* Appends the response object (id, object, created_at, status, model,
  * metadata, output, usage, error, incomplete_details) as compact JSON. */
 void swg_response_write(swg_buf *b, swg_resp *r, const swg_end *end /* NULL: in progress */);
-/* {"error":{...}} */
-json_t *swg_error_json(const swg_error *e);
+/* Appends {"error":{"type","code","message","param"}}; any bytes in the
+ * strings (bad UTF-8 becomes U+FFFD). */
+void swg_error_write(swg_buf *b, const swg_error *e);
 
 /* Appends a data item's bytes to the output text (an incomplete UTF-8
  * character waits for the next item; invalid bytes become U+FFFD), and

@@ -65,6 +65,7 @@ struct swg_loop {
     swg_rq *ready;                     /* requests with something to take (mu) */
     int wake_pending;                  /* a byte is in the wake pipe (mu) */
     swg_rq *active;                    /* every open POST /v1/responses of this loop */
+    struct swg_conn *conns;            /* every open connection of this loop */
     swg_rq *run_head[2], *run_tail[2]; /* the run queue, see swg_rq_schedule */
     h2o_timeout_t run_timeout;         /* 0 ms: the queue runs in the loop round's timeouts */
     h2o_timeout_entry_t run_entry;

@@ -178,11 +178,26 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
 
 #define SWG_ACCEPT_BATCH 256 /* connections accepted per readiness of the listener */
 
+/* One open connection, on its loop's list (for the shutdown). */
+typedef struct swg_conn {
+    h2o_socket_t *sock;
+    swg_loop *lp;
+    struct swg_conn *prev, *next;
+} swg_conn;
+
 static void
 on_conn_close(void *data)
 {
-    swg_gw *gw = data;
-    __atomic_fetch_sub(&gw->nconns, 1, __ATOMIC_RELAXED);
+    swg_conn *c = data;
+    swg_loop *lp = c->lp;
+    __atomic_fetch_sub(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        lp->conns = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    free(c);
 }
 
 static void
@@ -198,13 +213,21 @@ on_accept(h2o_socket_t *listener, const char *err)
     for (int i = 0; i < SWG_ACCEPT_BATCH && (sock = h2o_evloop_socket_accept(listener)) != NULL;
          i++) {
         unsigned n = __atomic_add_fetch(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
-        if (lp->o->max_connections > 0 && n > lp->o->max_connections) {
+        swg_conn *c = NULL;
+        if ((lp->o->max_connections > 0 && n > lp->o->max_connections) ||
+            (c = calloc(1, sizeof(*c))) == NULL) {
             __atomic_fetch_sub(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
             h2o_socket_close(sock); /* over the limit (all loops): refused at once */
             continue;
         }
+        c->sock = sock;
+        c->lp = lp;
+        c->next = lp->conns;
+        if (lp->conns != NULL)
+            lp->conns->prev = c;
+        lp->conns = c;
         sock->on_close.cb = on_conn_close;
-        sock->on_close.data = lp->gw;
+        sock->on_close.data = c;
         h2o_accept(&lp->accept_ctx, sock);
     }
 }
@@ -352,9 +375,18 @@ loop_init(swg_loop *lp, int fd)
 {
     swg_gw *gw = lp->gw;
     const swg_opts *o = gw->o;
+    int rfd;
     lp->o = o;
     if (pipe2(lp->wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
-        lp->wake_fd[0] = lp->wake_fd[1] = -1;
+        close(fd);
+        return -1;
+    }
+    /* h2o gets its own descriptor of the read end: the pipe itself stays
+     * open until every loop is joined (another loop may still wake this
+     * one while it tears down) */
+    if ((rfd = fcntl(lp->wake_fd[0], F_DUPFD_CLOEXEC, 0)) < 0) {
+        close(lp->wake_fd[0]);
+        close(lp->wake_fd[1]);
         close(fd);
         return -1;
     }
@@ -368,7 +400,7 @@ loop_init(swg_loop *lp, int fd)
     lp->run_entry.cb = swg_run_queue;
     lp->tick.cb = on_tick;
     h2o_timeout_link(lp->ctx.loop, &lp->tick_timeout, &lp->tick);
-    lp->wake_sock = h2o_evloop_socket_create(lp->ctx.loop, lp->wake_fd[0], 0);
+    lp->wake_sock = h2o_evloop_socket_create(lp->ctx.loop, rfd, 0);
     lp->wake_sock->data = lp;
     h2o_socket_read_start(lp->wake_sock, on_wake);
     if (lp->index == 0) {
@@ -390,6 +422,21 @@ loop_run(swg_loop *lp)
         h2o_evloop_run(lp->ctx.loop, 100);
         swg_run_next_round(lp);
     }
+    /* Every connection still open (an idle keep-alive one, a client that
+     * stopped reading) is shut down under h2o, which then closes it its own
+     * way within a few rounds: its requests stop (rq_stop frees them) and
+     * its timeouts are unlinked. h2o 2.2 has no call to close them, and
+     * disposing a context with connections left asserts. */
+    if (lp->listener != NULL) {
+        h2o_socket_close(lp->listener);
+        lp->listener = NULL;
+    }
+    for (swg_conn *c = lp->conns; c != NULL; c = c->next)
+        (void)shutdown(h2o_socket_get_fd(c->sock), SHUT_RDWR);
+    for (int i = 0; i < 200 && (lp->conns != NULL || lp->active != NULL); i++) {
+        h2o_evloop_run(lp->ctx.loop, 10);
+        swg_run_next_round(lp);
+    }
     /* what is still open has had its grace and its cancel: drop it */
     while (lp->active != NULL) {
         swg_rq *q = lp->active;
@@ -402,8 +449,6 @@ loop_run(swg_loop *lp)
     }
     if (h2o_timeout_is_linked(&lp->run_entry))
         h2o_timeout_unlink(&lp->run_entry);
-    if (lp->listener != NULL)
-        h2o_socket_close(lp->listener);
     h2o_socket_close(lp->wake_sock);
     if (lp->stop_sock != NULL)
         h2o_socket_close(lp->stop_sock);
@@ -423,7 +468,6 @@ loop_run(swg_loop *lp)
         h2o_context_dispose(&lp->ctx);
         h2o_evloop_destroy(loop);
     }
-    close(lp->wake_fd[1]);
 }
 
 /* A loop thread. Its h2o state is made on the thread that runs it: h2o 2.2
@@ -539,8 +583,13 @@ out:
         fprintf(stderr, "[gateway] info: stopped\n");
     pthread_mutex_destroy(&gw->mu);
     pthread_cond_destroy(&gw->init_cv);
-    for (unsigned i = 0; i < nloops; i++)
+    for (unsigned i = 0; i < nloops; i++) {
         pthread_mutex_destroy(&gw->loops[i].mu);
+        if (gw->loops[i].wake_sock != NULL) { /* loop_init made the pipe */
+            close(gw->loops[i].wake_fd[0]);
+            close(gw->loops[i].wake_fd[1]);
+        }
+    }
     free(gw->loops);
     free(gw);
     return rc;

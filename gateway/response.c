@@ -84,7 +84,10 @@ reason_of(int status)
 void
 swg_send_error(h2o_req_t *req, const swg_error *e)
 {
-    swg_send_json(req, e->http, reason_of(e->http), swg_error_json(e));
+    swg_buf b = {NULL, 0, 0, 0};
+    swg_error_write(&b, e);
+    send_body(req, e->http, reason_of(e->http), b.oom ? NULL : b.p, b.len);
+    swg_buf_free(&b);
 }
 
 /* ---------------------------------------------------------------- access log */
@@ -385,6 +388,22 @@ rq_ka_relink(swg_rq *q)
     h2o_timeout_link(q->lp->ctx.loop, &q->lp->ka_timeout, &q->ka);
 }
 
+/* Takes the HTTP request from q for its last h2o_send, which q's caller
+ * follows with swg_rq_free. The pool's token lets go of q first: a send
+ * with nothing to write completes (and disposes the request) inside
+ * h2o_send, and the dispose must not free q a second time. */
+static h2o_req_t *
+rq_take_req(swg_rq *q)
+{
+    h2o_req_t *req = q->req;
+    q->req = NULL;
+    if (q->tok != NULL) {
+        q->tok->q = NULL;
+        q->tok = NULL;
+    }
+    return req;
+}
+
 /* Hands q->out to h2o: the last bytes of the response (final), or more. */
 static void
 rq_flush(swg_rq *q, int final)
@@ -397,7 +416,7 @@ rq_flush(swg_rq *q, int final)
         /* h2o may write after we are gone: the bytes live in the request's pool. */
         b = h2o_strdup(&req->pool, q->out.p ? q->out.p : "", q->out.len);
         q->out.len = 0;
-        q->req = NULL;
+        (void)rq_take_req(q);
         h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
         return;
     }
@@ -413,8 +432,7 @@ rq_flush(swg_rq *q, int final)
 static void
 rq_answer(swg_rq *q, const swg_end *end, int pre, int http)
 {
-    h2o_req_t *req = q->req;
-    q->req = NULL;
+    h2o_req_t *req = rq_take_req(q);
     if (pre) {
         swg_error e;
         memset(&e, 0, sizeof(e));
@@ -519,8 +537,7 @@ swg_rq_pump(swg_rq *q, unsigned max)
             /* cannot say more: end the HTTP response */
             q->ended = 1;
             if (q->req != NULL) {
-                h2o_req_t *req = q->req;
-                q->req = NULL;
+                h2o_req_t *req = rq_take_req(q);
                 h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
             }
             swg_rq_free(q);
@@ -566,9 +583,11 @@ rq_gone(swg_rq *q)
         swg_rq_free(q);
         return;
     }
-    /* cancel-on-disconnect off: keep taking items until the terminal */
+    /* cancel-on-disconnect off: keep taking items until the terminal (the
+     * round h2o held is dropped: a full one would stop the pump for good) */
     q->in.stream = 0;
     q->writing = 0;
+    q->out.len = 0;
     swg_rq_schedule(q);
 }
 
@@ -716,7 +735,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         e.type = rv == SW_EBUSY ? "rate_limit_error" : "server_error";
         e.code = rv == SW_EBUSY ? "overloaded" : sw_err_name(rv);
         snprintf(e.message, sizeof(e.message), "%s", sw_strerror(rv));
-        q->req = NULL;
+        (void)rq_take_req(q);
         swg_send_error(req, &e);
         swg_rq_free(q);
         return;

@@ -677,6 +677,18 @@ test_pre_response_errors(void **state)
     assert_string_equal(str_at(j, "error", "param"), "model");
     assert_string_equal(str_at(j, "error", "type"), "not_found_error");
     json_decref(j);
+    /* a model name whose message is cut inside a character (at 100 bytes):
+     * still a whole JSON error (jansson refused it and the body was cut) */
+    {
+        char body[256];
+        snprintf(body, sizeof(body), "{\"model\":\"%099d\xc3\xa9\",\"input\":\"x\"}", 0);
+        assert_int_equal(curl(NULL, "/v1/responses", body, g_out, sizeof(g_out)), 404);
+        j = json_loads(g_out, 0, NULL);
+        assert_non_null(j);
+        assert_string_equal(str_at(j, "error", "code"), "model_not_found");
+        assert_non_null(strstr(str_at(j, "error", "message"), "\xef\xbf\xbd"));
+        json_decref(j);
+    }
     assert_int_equal(curl(NULL, "/v1/responses", "{not json", g_out, sizeof(g_out)), 400);
     j = json_loads(g_out, 0, NULL);
     assert_string_equal(str_at(j, "error", "code"), "invalid_json");
@@ -1175,7 +1187,7 @@ test_sigterm_drains(void **state)
     char cmd[512];
     FILE *p;
     char line[8192];
-    int st = -1, done = 0;
+    int st = -1, done = 0, idle;
     (void)state;
     snprintf(cmd, sizeof(cmd),
              "curl -s -N -m 30 -X POST --data-binary "
@@ -1184,6 +1196,23 @@ test_sigterm_drains(void **state)
              g_gw);
     p = popen(cmd, "r");
     while (fgets(line, sizeof(line), p) != NULL && strstr(line, "output_text.delta") == NULL) {
+    }
+    /* an idle keep-alive connection (a health checker's) stays open across
+     * the stop: the gateway closes it and still exits 0 (h2o aborted when
+     * its context was disposed with the connection's timeout linked) */
+    idle = tcp_connect(g_gw);
+    assert_true(idle >= 0);
+    {
+        static const char hz[] = "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
+        char buf[1024] = "";
+        size_t have = 0;
+        assert_int_equal(write(idle, hz, sizeof(hz) - 1), (ssize_t)(sizeof(hz) - 1));
+        while (strstr(buf, "\r\n\r\n") == NULL || strstr(strstr(buf, "\r\n\r\n"), "ok\n") == NULL) {
+            ssize_t n = read_some(idle, buf + have, sizeof(buf) - have, 5000);
+            assert_true(n > 0);
+            have += (size_t)n;
+            buf[have] = '\0';
+        }
     }
     swh_kill(g_gw_pid, SIGTERM);
     while (fgets(line, sizeof(line), p) != NULL)
@@ -1194,6 +1223,7 @@ test_sigterm_drains(void **state)
     assert_int_equal(swh_wait_exit(g_gw_pid, 20000 * swh_slow(), &st), 0);
     assert_int_equal(st, 0);
     g_gw_pid = 0;
+    close(idle);
 }
 
 int

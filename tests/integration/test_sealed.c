@@ -709,6 +709,17 @@ hostile_peer_against_sealed_cluster(void **state)
             assert_int_equal(drain(s, &t, reason, sizeof(reason)), 3);
         }
         sw_stream_close(s);
+        /* the spy's copy comes on its own connection's thread: wait for it
+         * (unsubscribing first dropped it now and then under ASan) */
+        for (int i = 0; i < 500; i++) {
+            int n;
+            pthread_mutex_lock(&rq.mu);
+            n = rq.n;
+            pthread_mutex_unlock(&rq.mu);
+            if (n >= 1)
+                break;
+            swh_sleep_ms(10);
+        }
         natsSubscription_Unsubscribe(spy);
         natsSubscription_Destroy(spy);
         assert_int_equal(rq.n, 1);

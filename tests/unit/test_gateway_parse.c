@@ -369,6 +369,75 @@ test_events_exact(void **state)
     swg_resp_free(&r);
 }
 
+/* A lead byte at an item's end followed by a byte that cannot continue it:
+ * U+FFFD for the lead, and the byte after it kept (it was carried and lost).
+ * A character still cut off at the end of the response: U+FFFD, in the
+ * text and as one more delta, so the deltas add up to the done text. */
+static void
+test_utf8_cut_at_the_end(void **state)
+{
+    swg_resp r;
+    swg_buf b;
+    swg_end end = {"completed", NULL, NULL, NULL};
+    size_t off, n;
+    const char *last;
+    (void)state;
+    resp_init(&r, &b);
+    swg_resp_add(&r,
+                 "x\xe2"
+                 "A",
+                 3, &off, &n);
+    assert_int_equal(r.text.len, 5);
+    assert_memory_equal(r.text.p,
+                        "x\xef\xbf\xbd"
+                        "A",
+                        5);
+    assert_int_equal(r.ncarry, 0);
+    swg_sse_started(&b, &r);
+    swg_resp_add(&r, "\xe2\x82", 2, &off, &n); /* the start of a euro sign, and the end */
+    assert_int_equal(n, 0);
+    assert_int_equal(r.ncarry, 2);
+    swg_sse_done(&b, &r, &end);
+    assert_false(b.oom);
+    last = strstr(b.p, "event: response.output_text.delta\n");
+    assert_non_null(last);
+    assert_non_null(strstr(last, "\"delta\":\"\xef\xbf\xbd\""));
+    assert_non_null(strstr(b.p, "\"text\":\"x\xef\xbf\xbd"
+                                "A\xef\xbf\xbd\""));
+    assert_int_equal(r.ncarry, 0);
+    swg_buf_free(&b);
+    swg_resp_free(&r);
+}
+
+/* The error object, written by hand: jansson's shape, and any bytes in a
+ * message (one cut inside a character at a byte limit) give valid JSON
+ * with U+FFFD, where jansson refused the whole object. */
+static void
+test_error_object(void **state)
+{
+    swg_error e = {404, "not_found_error", "model_not_found", "model", ""};
+    swg_buf b = {NULL, 0, 0, 0};
+    json_t *j;
+    (void)state;
+    snprintf(e.message, sizeof(e.message), "the model 'm' does not exist");
+    swg_error_write(&b, &e);
+    assert_string_equal(b.p,
+                        "{\"error\":{\"type\":\"not_found_error\",\"code\":\"model_not_found\","
+                        "\"message\":\"the model 'm' does not exist\",\"param\":\"model\"}}");
+    b.len = 0;
+    e.param = NULL;
+    snprintf(e.message, sizeof(e.message), "cut \xc3"); /* half of an e-acute */
+    swg_error_write(&b, &e);
+    assert_false(b.oom);
+    j = json_loadb(b.p, b.len, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                        "cut \xef\xbf\xbd");
+    assert_true(json_is_null(json_object_get(json_object_get(j, "error"), "param")));
+    json_decref(j);
+    swg_buf_free(&b);
+}
+
 int
 main(void)
 {
@@ -376,7 +445,8 @@ main(void)
         cmocka_unit_test(test_good_bodies),       cmocka_unit_test(test_bad_bodies),
         cmocka_unit_test(test_deep_nesting),      cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_utf8_across_items), cmocka_unit_test(test_events_json),
-        cmocka_unit_test(test_events_exact),
+        cmocka_unit_test(test_events_exact),      cmocka_unit_test(test_utf8_cut_at_the_end),
+        cmocka_unit_test(test_error_object),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

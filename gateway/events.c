@@ -218,15 +218,6 @@ put_str(swg_buf *b, const char *s)
     put_strn(b, s ? s : "", s ? strlen(s) : 0);
 }
 
-/* ,"key": */
-static void
-put_key(swg_buf *b, const char *key)
-{
-    swg_buf_add(b, ",\"", 2);
-    put(b, key);
-    swg_buf_add(b, "\":", 2);
-}
-
 static void
 put_uint(swg_buf *b, unsigned long long v)
 {
@@ -308,11 +299,11 @@ swg_response_write(swg_buf *b, swg_resp *r, const swg_end *end)
     put_str(b, r->id);
     put(b, ",\"object\":\"response\",\"created_at\":");
     put_int(b, (long long)r->created_at);
-    put_key(b, "status");
+    put(b, ",\"status\":");
     put_str(b, status);
-    put_key(b, "model");
+    put(b, ",\"model\":");
     put_str(b, r->model);
-    put_key(b, "metadata");
+    put(b, ",\"metadata\":");
     if (r->metadata != NULL && r->meta_js == NULL)
         r->meta_js = json_dumps(r->metadata, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (r->metadata != NULL && r->meta_js == NULL)

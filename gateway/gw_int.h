@@ -39,7 +39,7 @@ typedef struct swg_gw {
     pthread_mutex_t mu;     /* all; init, go */
     pthread_cond_t init_cv; /* a loop thread made its h2o state; go was set */
     int go;                 /* every loop is ready: 1 run, -1 tear down (mu) */
-    swg_rq *all;            /* every open POST /v1/responses, on any loop (mu) */
+    h2o_linklist_t all;     /* every open POST /v1/responses, on any loop (mu) */
     unsigned nconns;        /* open HTTP connections, all loops (atomic) */
     int stopping;           /* stop was asked (atomic): each loop drains */
     uint64_t metrics_shed;  /* metrics items not sent: the client was behind (atomic) */
@@ -61,16 +61,15 @@ struct swg_loop {
     h2o_timeout_t ka_timeout;   /* keepalive_ms */
     h2o_timeout_t tick_timeout; /* 100 ms: drain checks */
     h2o_timeout_entry_t tick;
-    pthread_mutex_t mu;                /* ready list, wake_pending */
-    swg_rq *ready;                     /* requests with something to take (mu) */
-    int wake_pending;                  /* a byte is in the wake pipe (mu) */
-    swg_rq *active;                    /* every open POST /v1/responses of this loop */
-    struct swg_conn *conns;            /* every open connection of this loop */
-    swg_rq *run_head[2], *run_tail[2]; /* the run queue, see swg_rq_schedule */
-    h2o_timeout_t run_timeout;         /* 0 ms: the queue runs in the loop round's timeouts */
+    pthread_mutex_t mu;        /* ready list, wake_pending */
+    swg_rq *ready;             /* requests with something to take (mu) */
+    int wake_pending;          /* a byte is in the wake pipe (mu) */
+    h2o_linklist_t active;     /* every open POST /v1/responses of this loop (swg_rq) */
+    h2o_linklist_t conns;      /* every open connection of this loop (swg_conn, http.c) */
+    h2o_linklist_t run[2];     /* the run queue, see swg_rq_schedule */
+    h2o_timeout_t run_timeout; /* 0 ms: the queue runs in the loop round's timeouts */
     h2o_timeout_entry_t run_entry;
     int run_hold; /* the queue ran this round: it is linked again by the next round only */
-    unsigned nactive;
     int draining, quit;
     int64_t drain_deadline, cancel_deadline;
 };
@@ -83,17 +82,16 @@ struct swg_rq {
     swg_input in;
     swg_resp r;
     const char *endpoint;
-    swg_buf out;                 /* in h2o's hands until proceed */
-    int writing;                 /* an h2o_send awaits proceed */
-    int ended;                   /* the terminal was taken */
-    int created;                 /* response.created went out */
-    int queued;                  /* on lp->ready (lp->mu) */
-    swg_rq *next_ready;          /* lp->mu */
-    swg_rq *run_prev, *run_next; /* on the run queue (loop thread) */
-    int run_class;               /* which one: 0 or 1, -1 none */
-    swg_rq *prev, *next;         /* lp->active */
-    swg_rq *all_prev, *all_next; /* gw->all (gw->mu) */
-    int in_all;
+    swg_buf out;                /* in h2o's hands until proceed */
+    int writing;                /* an h2o_send awaits proceed */
+    int ended;                  /* the terminal was taken */
+    int created;                /* response.created went out */
+    int queued;                 /* on lp->ready (lp->mu) */
+    swg_rq *next_ready;         /* lp->mu */
+    h2o_linklist_t run_link;    /* on lp->run[run_class] (loop thread) */
+    int run_class;              /* which queue, while run_link is linked */
+    h2o_linklist_t active_link; /* on lp->active */
+    h2o_linklist_t all_link;    /* on gw->all (gw->mu) */
     h2o_timeout_entry_t ka;
     struct swg_tok *tok;            /* in the request's pool: tells us when h2o disposes it */
     char trace_id[40];              /* of the traceparent sent to the worker */
@@ -113,13 +111,10 @@ void swg_rq_start(swg_loop *lp, h2o_req_t *req); /* POST /v1/responses */
 void swg_rq_schedule(swg_rq *q);
 void swg_run_queue(h2o_timeout_entry_t *entry); /* lp->run_entry's callback */
 void swg_run_next_round(swg_loop *lp);          /* between loop rounds */
-/* Loop thread: takes what is ready, at most max items, into one write;
- * returns the items taken. */
-unsigned swg_rq_pump(swg_rq *q, unsigned max);
-int swg_rq_cancel(swg_gw *gw, const char *id); /* POST /v1/responses/{id}/cancel: 0 found */
-void swg_rq_free(swg_rq *q);                   /* closes its stream, leaves every list, frees it */
-void swg_wake(swg_loop *lp);                   /* any thread: the loop runs on_wake soon */
-void swg_rq_on_ready(sw_stream *s, void *arg); /* library thread */
+int swg_rq_cancel(swg_gw *gw, const char *id);  /* POST /v1/responses/{id}/cancel: 0 found */
+void swg_rq_free(swg_rq *q);                    /* closes its stream, leaves every list, frees it */
+void swg_wake(swg_loop *lp);                    /* any thread: the loop runs on_wake soon */
+void swg_rq_on_ready(sw_stream *s, void *arg);  /* library thread */
 void swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body /* stolen */);
 void swg_send_error(h2o_req_t *req, const swg_error *e);
 

@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,7 +181,7 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
 typedef struct swg_conn {
     h2o_socket_t *sock;
     swg_loop *lp;
-    struct swg_conn *prev, *next;
+    h2o_linklist_t link; /* on lp->conns */
 } swg_conn;
 
 static void
@@ -191,12 +190,7 @@ on_conn_close(void *data)
     swg_conn *c = data;
     swg_loop *lp = c->lp;
     __atomic_fetch_sub(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
-    if (c->prev != NULL)
-        c->prev->next = c->next;
-    else
-        lp->conns = c->next;
-    if (c->next != NULL)
-        c->next->prev = c->prev;
+    h2o_linklist_unlink(&c->link);
     free(c);
 }
 
@@ -222,10 +216,7 @@ on_accept(h2o_socket_t *listener, const char *err)
         }
         c->sock = sock;
         c->lp = lp;
-        c->next = lp->conns;
-        if (lp->conns != NULL)
-            lp->conns->prev = c;
-        lp->conns = c;
+        h2o_linklist_insert(&lp->conns, &c->link);
         sock->on_close.cb = on_conn_close;
         sock->on_close.data = c;
         h2o_accept(&lp->accept_ctx, sock);
@@ -295,7 +286,7 @@ on_stop(h2o_socket_t *sock, const char *err)
     if (__atomic_exchange_n(&gw->stopping, 1, __ATOMIC_ACQ_REL))
         return;
     pthread_mutex_lock(&gw->mu);
-    for (swg_rq *q = gw->all; q != NULL; q = q->all_next)
+    for (h2o_linklist_t *l = gw->all.next; l != &gw->all; l = l->next)
         open++;
     pthread_mutex_unlock(&gw->mu);
     if (!lp->o->quiet)
@@ -313,14 +304,16 @@ on_tick(h2o_timeout_entry_t *entry)
     swg_loop *lp = (swg_loop *)((char *)entry - offsetof(swg_loop, tick));
     if (lp->draining) {
         int64_t now = now_ms();
-        if (lp->nactive == 0)
+        if (h2o_linklist_is_empty(&lp->active))
             lp->quit = 1;
         else if (lp->cancel_deadline == 0 && now >= lp->drain_deadline) {
             /* grace over: cancel what is left; their terminals still go out */
             lp->cancel_deadline = now + 2000;
-            for (swg_rq *q = lp->active; q != NULL; q = q->next)
+            for (h2o_linklist_t *l = lp->active.next; l != &lp->active; l = l->next) {
+                swg_rq *q = H2O_STRUCT_FROM_MEMBER(swg_rq, active_link, l);
                 if (q->s != NULL)
                     (void)sw_stream_cancel(q->s);
+            }
         } else if (lp->cancel_deadline != 0 && now >= lp->cancel_deadline) {
             lp->quit = 1;
         }
@@ -431,21 +424,21 @@ loop_run(swg_loop *lp)
         h2o_socket_close(lp->listener);
         lp->listener = NULL;
     }
-    for (swg_conn *c = lp->conns; c != NULL; c = c->next)
-        (void)shutdown(h2o_socket_get_fd(c->sock), SHUT_RDWR);
-    for (int i = 0; i < 200 && (lp->conns != NULL || lp->active != NULL); i++) {
+    for (h2o_linklist_t *l = lp->conns.next; l != &lp->conns; l = l->next)
+        (void)shutdown(h2o_socket_get_fd(H2O_STRUCT_FROM_MEMBER(swg_conn, link, l)->sock),
+                       SHUT_RDWR);
+    for (int i = 0;
+         i < 200 && !(h2o_linklist_is_empty(&lp->conns) && h2o_linklist_is_empty(&lp->active));
+         i++) {
         h2o_evloop_run(lp->ctx.loop, 10);
         swg_run_next_round(lp);
     }
     /* what is still open has had its grace and its cancel: drop it */
-    while (lp->active != NULL) {
-        swg_rq *q = lp->active;
+    while (!h2o_linklist_is_empty(&lp->active)) {
+        swg_rq *q = H2O_STRUCT_FROM_MEMBER(swg_rq, active_link, lp->active.next);
         if (q->s != NULL)
             (void)sw_stream_cancel(q->s);
-        q->ended = 1;
-        swg_rq_pump(q, UINT_MAX);
-        if (lp->active == q) /* still there: free it the hard way */
-            swg_rq_free(q);
+        swg_rq_free(q);
     }
     if (h2o_timeout_is_linked(&lp->run_entry))
         h2o_timeout_unlink(&lp->run_entry);
@@ -530,10 +523,16 @@ swg_run(const swg_opts *o)
     path = h2o_config_register_path(host, "/", 0);
     h = h2o_create_handler(path, sizeof(*h));
     h->on_req = on_req;
+    h2o_linklist_init_anchor(&gw->all);
     for (unsigned i = 0; i < gw->nloops; i++) {
-        gw->loops[i].gw = gw;
-        gw->loops[i].index = i;
-        pthread_mutex_init(&gw->loops[i].mu, NULL);
+        swg_loop *lp = &gw->loops[i];
+        lp->gw = gw;
+        lp->index = i;
+        pthread_mutex_init(&lp->mu, NULL);
+        h2o_linklist_init_anchor(&lp->active);
+        h2o_linklist_init_anchor(&lp->conns);
+        h2o_linklist_init_anchor(&lp->run[0]);
+        h2o_linklist_init_anchor(&lp->run[1]);
     }
     /* The loops share one listening socket, each through its own
      * descriptor: a loop accepts when it is free to (an idle loop takes a

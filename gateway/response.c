@@ -81,13 +81,20 @@ reason_of(int status)
     }
 }
 
+/* A JSON answer written into b (freed here). */
+static void
+send_buf(h2o_req_t *req, int status, swg_buf *b)
+{
+    send_body(req, status, reason_of(status), b->oom ? NULL : b->p, b->len);
+    swg_buf_free(b);
+}
+
 void
 swg_send_error(h2o_req_t *req, const swg_error *e)
 {
     swg_buf b = {NULL, 0, 0, 0};
     swg_error_write(&b, e);
-    send_body(req, e->http, reason_of(e->http), b.oom ? NULL : b.p, b.len);
-    swg_buf_free(&b);
+    send_buf(req, e->http, &b);
 }
 
 /* ---------------------------------------------------------------- access log */
@@ -128,29 +135,21 @@ rq_log(swg_rq *q, const char *terminal, const char *reason)
     json_decref(j);
 }
 
-/* ---------------------------------------------------------------- lifetime */
-
 /* ---------------------------------------------------------------- run queue */
 
 #define SWG_RUN_BUDGET 1024 /* items pumped per loop round, at most (about) */
 
+#define RQ_OF(link, member) H2O_STRUCT_FROM_MEMBER(swg_rq, member, link)
+
+/* Takes what is ready, at most max items, into one write; returns the
+ * items taken. May free q (its terminal). */
+static unsigned rq_pump(swg_rq *q, unsigned max);
+
 static void
 run_unlink(swg_rq *q)
 {
-    swg_loop *lp = q->lp;
-    int c = q->run_class;
-    if (c < 0)
-        return;
-    if (q->run_prev != NULL)
-        q->run_prev->run_next = q->run_next;
-    else
-        lp->run_head[c] = q->run_next;
-    if (q->run_next != NULL)
-        q->run_next->run_prev = q->run_prev;
-    else
-        lp->run_tail[c] = q->run_prev;
-    q->run_prev = q->run_next = NULL;
-    q->run_class = -1;
+    if (h2o_linklist_is_linked(&q->run_link))
+        h2o_linklist_unlink(&q->run_link);
 }
 
 /* The queue runs from a 0 ms h2o timeout, inside the loop round: h2o runs
@@ -171,16 +170,10 @@ swg_rq_schedule(swg_rq *q)
 {
     swg_loop *lp = q->lp;
     int c = q->t_first_ms == 0 ? 0 : 1; /* no item out yet: first */
-    if (q->run_class != c) {
+    if (!h2o_linklist_is_linked(&q->run_link) || q->run_class != c) {
         run_unlink(q);
         q->run_class = c;
-        q->run_prev = lp->run_tail[c];
-        q->run_next = NULL;
-        if (lp->run_tail[c] != NULL)
-            lp->run_tail[c]->run_next = q;
-        else
-            lp->run_head[c] = q;
-        lp->run_tail[c] = q;
+        h2o_linklist_insert(&lp->run[c], &q->run_link); /* at the tail */
     }
     run_link(lp);
 }
@@ -195,15 +188,15 @@ swg_run_queue(h2o_timeout_entry_t *entry)
      * from now on wait for swg_run_next_round. */
     lp->run_hold = 1;
     while (budget > 0) {
-        swg_rq *q = lp->run_head[0] != NULL ? lp->run_head[0] : lp->run_head[1];
+        int first = !h2o_linklist_is_empty(&lp->run[0]);
+        swg_rq *q;
         unsigned n;
-        int first;
-        if (q == NULL)
+        if (!first && h2o_linklist_is_empty(&lp->run[1]))
             return;
-        first = q->run_class == 0;
+        q = RQ_OF(lp->run[first ? 0 : 1].next, run_link);
         run_unlink(q);
         /* a first item goes out alone: the rest of its stream waits its turn */
-        n = swg_rq_pump(q, first ? 1 : UINT_MAX) + 1; /* may free q */
+        n = rq_pump(q, first ? 1 : UINT_MAX) + 1; /* may free q */
         budget = n >= budget ? 0 : budget - n;
     }
 }
@@ -212,9 +205,11 @@ void
 swg_run_next_round(swg_loop *lp)
 {
     lp->run_hold = 0;
-    if (lp->run_head[0] != NULL || lp->run_head[1] != NULL)
+    if (!h2o_linklist_is_empty(&lp->run[0]) || !h2o_linklist_is_empty(&lp->run[1]))
         run_link(lp);
 }
+
+/* ---------------------------------------------------------------- lifetime */
 
 void
 swg_rq_free(swg_rq *q)
@@ -227,15 +222,8 @@ swg_rq_free(swg_rq *q)
      * under gw->mu), then no on_ready after the close; then off the ready
      * list for good. */
     pthread_mutex_lock(&gw->mu);
-    if (q->in_all) {
-        if (q->all_prev != NULL)
-            q->all_prev->all_next = q->all_next;
-        else
-            gw->all = q->all_next;
-        if (q->all_next != NULL)
-            q->all_next->all_prev = q->all_prev;
-        q->in_all = 0;
-    }
+    if (h2o_linklist_is_linked(&q->all_link))
+        h2o_linklist_unlink(&q->all_link);
     pthread_mutex_unlock(&gw->mu);
     sw_stream_close(q->s);
     q->s = NULL;
@@ -249,13 +237,8 @@ swg_rq_free(swg_rq *q)
     run_unlink(q);
     if (h2o_timeout_is_linked(&q->ka))
         h2o_timeout_unlink(&q->ka);
-    if (q->prev != NULL)
-        q->prev->next = q->next;
-    else
-        lp->active = q->next;
-    if (q->next != NULL)
-        q->next->prev = q->prev;
-    lp->nactive--;
+    if (h2o_linklist_is_linked(&q->active_link))
+        h2o_linklist_unlink(&q->active_link);
     swg_buf_free(&q->out);
     swg_resp_free(&q->r);
     swg_input_free(&q->in);
@@ -446,13 +429,12 @@ rq_answer(swg_rq *q, const swg_end *end, int pre, int http)
     {
         swg_buf b = {NULL, 0, 0, 0};
         swg_response_write(&b, &q->r, end);
-        send_body(req, http, reason_of(http), b.oom ? NULL : b.p, b.len);
-        swg_buf_free(&b);
+        send_buf(req, http, &b);
     }
 }
 
-unsigned
-swg_rq_pump(swg_rq *q, unsigned max)
+static unsigned
+rq_pump(swg_rq *q, unsigned max)
 {
     const sw_item *it;
     int final = 0;
@@ -682,7 +664,6 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     }
     q->lp = lp;
     q->req = req;
-    q->run_class = -1;
     q->tok = h2o_mem_alloc_shared(&req->pool, sizeof(*q->tok), rq_on_dispose);
     q->tok->q = q;
     q->endpoint = m->endpoint;
@@ -723,11 +704,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     ro.nheaders = nh;
     ro.on_ready = swg_rq_on_ready;
     ro.on_ready_arg = q;
-    q->next = lp->active;
-    if (lp->active != NULL)
-        lp->active->prev = q;
-    lp->active = q;
-    lp->nactive++;
+    h2o_linklist_insert(&lp->active, &q->active_link);
     rv = sw_router_open(&q->s, o->router, &ro, q->in.text, q->in.text_len);
     if (rv != SW_OK) {
         memset(&e, 0, sizeof(e));
@@ -744,11 +721,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     snprintf(q->r.msg_id, sizeof(q->r.msg_id), "msg_%s", sw_stream_request_id(q->s));
     snprintf(q->request_id, sizeof(q->request_id), "%s", rid ? rid : q->r.id);
     pthread_mutex_lock(&lp->gw->mu); /* the cancel endpoint finds it from any loop */
-    q->all_next = lp->gw->all;
-    if (lp->gw->all != NULL)
-        lp->gw->all->all_prev = q;
-    lp->gw->all = q;
-    q->in_all = 1;
+    h2o_linklist_insert(&lp->gw->all, &q->all_link);
     pthread_mutex_unlock(&lp->gw->mu);
     if (q->in.stream) {
         req->res.status = 200;
@@ -771,7 +744,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     /* non-stream: the answer goes at the end; a client that leaves before
      * is noticed when h2o disposes the request (stop is not called without
      * a started response), so the stream runs to its end. */
-    swg_rq_pump(q, UINT_MAX);
+    rq_pump(q, UINT_MAX);
 }
 
 int
@@ -779,13 +752,15 @@ swg_rq_cancel(swg_gw *gw, const char *id)
 {
     int rc = -1;
     pthread_mutex_lock(&gw->mu);
-    for (swg_rq *q = gw->all; q != NULL; q = q->all_next)
+    for (h2o_linklist_t *l = gw->all.next; l != &gw->all; l = l->next) {
+        swg_rq *q = RQ_OF(l, all_link);
         if (strcmp(q->r.id, id) == 0) {
             /* its terminal comes through on_ready, on q's own loop */
             (void)sw_stream_cancel(q->s);
             rc = 0;
             break;
         }
+    }
     pthread_mutex_unlock(&gw->mu);
     return rc;
 }

@@ -385,10 +385,10 @@ main(int argc, char **argv)
         die("sw_router_create: %s", sw_err_name(e));
     /* max_inflight raised (default 64) so concurrency 1024 is not answered
      * "overloaded"; everything else default. */
-    g_ing_main =
-        start_ingress(EP_MAIN, INST_MAIN, 2 * max_conc, cfg.window > 1024 ? cfg.window : 0);
+    g_ing_main = start_ingress(EP_MAIN, INST_MAIN, 2 * max_conc,
+                               cfg.window > SW_INGRESS_MAX_WINDOW_DEFAULT ? cfg.window : 0);
     /* The credit-cost run asks for a 1<<20 window: the ingress caps windows
-     * at max_window (default 1024), so raise it there. */
+     * at max_window (default 16384), so raise it there. */
     g_ing_big = start_ingress(EP_BIG, INST_BIG, 0, BIG_WINDOW);
 
     /* warm-up: fault in code and buffers on both paths */

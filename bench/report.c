@@ -81,8 +81,9 @@ print_table(void)
     printf("load average (/proc/loadavg): start %s, end %s\n", g_load_start, g_load_end);
     printf("raw: measured with send-asap on and off (buffered) in every scenario; each row's raw\n"
            "figure is the better mode for that metric (named in the note). streamwire: send asap\n"
-           "%s; credit window %u\n",
-           cfg.send_asap ? "on (its default)" : "off", cfg.window ? cfg.window : g_default_window);
+           "%s; first credit window %u, tuned up to %u items / %zu bytes (the defaults)\n",
+           cfg.send_asap ? "on (its default)" : "off", cfg.window ? cfg.window : g_default_window,
+           SW_CREDIT_WINDOW_MAX_DEFAULT, SW_CREDIT_BYTES_DEFAULT);
     printf("raw: hand-written nats.c; short streams and time to first item SUBSCRIBE a fresh\n"
            "inbox per request (what a hand-written client does); streamwire uses its one\n"
            "mux subscription. sw/raw: > 1 is better for rates, < 1 for latency and memory.\n\n");

@@ -403,7 +403,8 @@ scen_long(void)
             add_row("1 long stream", param, "CPU us/item", rc, mc[V_SW_BLOCK], 1, 2, "");
             add_row("1 long stream", param, "ctx switches/item", rx, mx[V_SW_BLOCK], 1, 2, "");
             snprintf(param, sizeof(param), "%zu B, window %u%s", size,
-                     cfg.window ? cfg.window : g_default_window, cfg.window ? "" : " (default)");
+                     cfg.window ? cfg.window : g_default_window,
+                     cfg.window ? ", tuned" : " tuned (default)");
             add_row("1 credit cost", param, "items/s", ri, m[V_SW], 0, 0,
                     "same run as the callback row");
             snprintf(param, sizeof(param), "%zu B, window %u", size, BIG_WINDOW);

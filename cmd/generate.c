@@ -81,7 +81,8 @@ cli_generate_main(int argc, char **argv)
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *prompt = "hello";
     long migration_limit = 0;
     long max_tokens = 0, cancel_after = -1, read_delay = 0, timeout = 0, linger = 20;
-    long heartbeat = 0, window = 0, inactivity = 0, gap_timeout = 0, payload_bytes = -1;
+    long heartbeat = 0, window = 0, window_max = 0, inactivity = 0, gap_timeout = 0,
+         payload_bytes = -1;
     const char *policy = "round_robin", *bucket = NULL, *router_id = NULL;
     int json = 0, verbose = 0;
     long fanout = 0;
@@ -148,8 +149,14 @@ cli_generate_main(int argc, char **argv)
         {"gap-timeout-ms", CLI_INT, "MS",
          "how long a sequence gap may stay open before\nsequence_gap (default 500)", &gap_timeout,
          0, 3600000, NULL, 0},
-        {"window", CLI_INT, "N", "credit window: items in flight (default 256)", &window, 0,
-         1000000, NULL, 0},
+        {"window", CLI_INT, "N",
+         "first credit window: items in flight (default 256);\nit grows for a fast stream up to "
+         "--window-max",
+         &window, 0, 1000000, NULL, 0},
+        {"window-max", CLI_INT, "N",
+         "the most the window grows to (default 16384, and at\nmost 1 MiB of items); = --window "
+         "for a fixed window",
+         &window_max, 0, 1000000, NULL, 0},
         {"migration-limit", CLI_INT, "N",
          "move the stream to another instance up to N times\nwhen its worker is lost or drains "
          "(default 0;\nneeds the registry: no --instance-id)",
@@ -268,6 +275,7 @@ cli_generate_main(int argc, char **argv)
     ropts.inactivity_ms = (unsigned)inactivity;
     ropts.gap_timeout_ms = (unsigned)gap_timeout;
     ropts.credit_window = (unsigned)window;
+    ropts.credit_window_max = (unsigned)window_max;
     ropts.log = verbose ? cli_log_stderr : NULL;
     ropts.log_arg = (void *)"generate";
     err = sw_router_create(&router, conn, &ropts);

@@ -76,6 +76,8 @@ struct sw_router {
     char id[SW_MAX_TOKEN + 1];
     char wildcard[SWT_SUBJECT_MAX];
     unsigned window, hb_ms, inactivity_ms, gap_ms, linger_ms, max_streams;
+    unsigned window_max; /* sw_router_opts.credit_window_max */
+    size_t credit_bytes;
     int migration_limit; /* the default for requests */
     swt_sub *mux;
     swt_sub *live; /* sw.rtr.<id>: answers workers' liveness probes */

@@ -115,6 +115,8 @@ sw_router_opts_init(sw_router_opts *o)
         return;
     memset(o, 0, sizeof(*o));
     o->credit_window = 256;
+    o->credit_window_max = SW_CREDIT_WINDOW_MAX_DEFAULT;
+    o->credit_bytes = SW_CREDIT_BYTES_DEFAULT;
     o->heartbeat_ms = 250;
     o->gap_timeout_ms = 500;
     o->max_streams = 65536;
@@ -143,12 +145,13 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     *out = NULL;
     if (o->router_id != NULL && sw_validate_token(o->router_id) != SW_OK)
         return SW_EINVAL;
-    if (o->credit_window > SWP_MAX_WINDOW || o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS ||
-        o->heartbeat_ms < 0 || o->inactivity_ms < 0 || o->gap_timeout_ms < 0 ||
-        o->final_linger_ms < 0 || o->probe_interval_ms < 0 || o->probe_timeout_ms < 0 ||
-        o->quarantine_ms < 0 || o->inactivity_ms > INT32_MAX || o->gap_timeout_ms > INT32_MAX ||
-        o->final_linger_ms > INT32_MAX || o->probe_interval_ms > INT32_MAX ||
-        o->probe_timeout_ms > INT32_MAX || o->quarantine_ms > INT32_MAX || o->migration_limit < 0 ||
+    if (o->credit_window > SWP_MAX_WINDOW || o->credit_window_max > SWP_MAX_WINDOW ||
+        o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS || o->heartbeat_ms < 0 || o->inactivity_ms < 0 ||
+        o->gap_timeout_ms < 0 || o->final_linger_ms < 0 || o->probe_interval_ms < 0 ||
+        o->probe_timeout_ms < 0 || o->quarantine_ms < 0 || o->inactivity_ms > INT32_MAX ||
+        o->gap_timeout_ms > INT32_MAX || o->final_linger_ms > INT32_MAX ||
+        o->probe_interval_ms > INT32_MAX || o->probe_timeout_ms > INT32_MAX ||
+        o->quarantine_ms > INT32_MAX || o->migration_limit < 0 ||
         o->migration_limit > SW_MAX_MIGRATIONS)
         return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
@@ -164,6 +167,8 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     else
         swi_random_token(r->id);
     r->window = o->credit_window ? o->credit_window : 256;
+    r->window_max = o->credit_window_max ? o->credit_window_max : SW_CREDIT_WINDOW_MAX_DEFAULT;
+    r->credit_bytes = o->credit_bytes ? o->credit_bytes : SW_CREDIT_BYTES_DEFAULT;
     r->hb_ms = o->heartbeat_ms ? o->heartbeat_ms : 250;
     r->inactivity_ms = o->inactivity_ms ? o->inactivity_ms : 4 * r->hb_ms + 500;
     r->gap_ms = o->gap_timeout_ms ? o->gap_timeout_ms : 500;

@@ -55,13 +55,14 @@ final_to_in(const swp_terminal *t, swe_rx_in *in)
 }
 
 static void
-feed(sw_stream *s, uint32_t credit_window, uint64_t seq, int final, const swp_terminal *t,
+feed(sw_stream *s, const swp_item *w, uint64_t seq, int final, const swp_terminal *t,
      ProtobufCBinaryData data, int droppable, const char *event)
 {
     swe_rx_in in;
     memset(&in, 0, sizeof(in));
     in.seq = seq;
-    in.credit_window = credit_window;
+    in.credit_window = w->credit_window; /* the header's, for every item of the message */
+    in.credit_window_max = w->credit_window_max;
     if (final) {
         in.kind = SWE_IN_FINAL;
         final_to_in(t, &in);
@@ -193,14 +194,12 @@ swe_on_msg(const swt_msg *msg, void *arg)
         in.last_seq = w->heartbeat->last_seq;
         swe_stream_on_item(s, &in);
     } else {
-        feed(s, w->credit_window, w->seq, w->complete_final, w->terminal, w->data, w->droppable,
-             w->event);
+        feed(s, w, w->seq, w->complete_final, w->terminal, w->data, w->droppable, w->event);
         /* A batch: the items the worker had queued behind the first, in
          * order, each handled as if it had come in a message of its own. */
         for (size_t i = 0; i < w->n_batch; i++) {
             const swp_batched *b = w->batch[i];
-            feed(s, w->credit_window, b->seq, b->complete_final, b->terminal, b->data, b->droppable,
-                 b->event);
+            feed(s, w, b->seq, b->complete_final, b->terminal, b->data, b->droppable, b->event);
         }
     }
     swp_free_arena(w, &arena);

@@ -146,6 +146,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     s->opening = 1;
     now = swi_now_ms();
     cfg.window = o->credit_window ? o->credit_window : r->window;
+    cfg.window_max = r->window_max > cfg.window ? r->window_max : cfg.window;
+    cfg.window_bytes = r->credit_bytes;
     cfg.inactivity_ms = r->inactivity_ms;
     if (o->heartbeat_ms != 0 && o->heartbeat_ms != r->hb_ms)
         cfg.inactivity_ms = 4 * (int64_t)o->heartbeat_ms + 500;
@@ -170,6 +172,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.payload.data = (uint8_t *)payload;
     m.payload.len = len;
     m.credit_window = cfg.window;
+    m.credit_window_max = cfg.window_max > cfg.window ? cfg.window_max : 0;
     m.heartbeat_ms = o->heartbeat_ms ? (uint32_t)o->heartbeat_ms : r->hb_ms;
     m.deadline_ms = (uint32_t)o->deadline_ms;
     m.endpoint = (char *)o->endpoint;

@@ -43,7 +43,9 @@ rx_worker_start(swe_rx *rx, int64_t now)
     rx->w_status = 0;
     rx->w_err = SW_OK;
     rx->w_reason[0] = rx->w_msg[0] = '\0';
-    rx->window = rx->cfg.window;
+    rx->window = rx->window0 = rx->cfg.window;
+    rx->wmax = 0; /* until this worker answers */
+    rx->last_grant_ms = now;
     rx->consumed = 0;
     rx->credit_sent = rx->granted = rx->cfg.window;
     memset(rx->grants, 0, sizeof(rx->grants));
@@ -364,9 +366,14 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         /* The worker grants less than we asked (its max_window): adopt its
          * window, or we would wait for credit it never needs. */
         rx->window = in->credit_window;
+        if (rx->window0 > rx->window)
+            rx->window0 = rx->window;
         if (rx->credit_sent > rx->consumed + rx->window)
             rx->credit_sent = rx->window > rx->consumed ? rx->window : rx->consumed;
     }
+    if (in->credit_window_max != 0 && rx->wmax == 0)
+        rx->wmax =
+            in->credit_window_max < rx->cfg.window_max ? in->credit_window_max : rx->cfg.window_max;
     if (in->seq < rx->expected) {
         rx->st.duplicates++;
         return;
@@ -390,6 +397,8 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             goto fail;
         }
     }
+    if (in->kind == SWE_IN_DATA && in->len + SW_ITEM_COST > rx->max_cost)
+        rx->max_cost = in->len + SW_ITEM_COST;
     if (in->seq == rx->expected) {
         swe_q *q = q_make(in);
         if (q == NULL) {
@@ -495,6 +504,56 @@ swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
     }
 }
 
+/* Makes the reorder window cover a credit window of w (the worker may
+ * send that far past a gap). Held items span less than the old capacity,
+ * so they land in distinct slots of the new one. 0 ok, -1 no memory. */
+static int
+rx_hold_fit(swe_rx *rx, uint64_t w)
+{
+    size_t cap = (size_t)w + 2;
+    swe_q **nh;
+    if (cap <= rx->hold_cap)
+        return 0;
+    if (rx->hold == NULL) {
+        rx->hold_cap = cap;
+        return 0;
+    }
+    if ((nh = calloc(cap, sizeof(*nh))) == NULL)
+        return -1;
+    for (size_t i = 0; i < rx->hold_cap; i++)
+        if (rx->hold[i] != NULL)
+            nh[rx->hold[i]->seq % cap] = rx->hold[i];
+    free(rx->hold);
+    rx->hold = nh;
+    rx->hold_cap = cap;
+    return 0;
+}
+
+/* Window tuning, at a grant (rx.h): grow while the consumer keeps up with
+ * a fast worker, shrink to the byte bound when larger items came. */
+static void
+rx_tune(swe_rx *rx, int64_t now)
+{
+    uint64_t cap = rx->wmax;
+    int64_t since = now - rx->last_grant_ms;
+    rx->last_grant_ms = now;
+    if (cap == 0)
+        return; /* a fixed window: the worker did not answer */
+    if (rx->cfg.window_bytes != 0 && rx->max_cost != 0 && rx->cfg.window_bytes / rx->max_cost < cap)
+        cap = rx->cfg.window_bytes / rx->max_cost;
+    if (cap < rx->window0)
+        cap = rx->window0;
+    if (rx->window > cap) {
+        rx->window = (uint32_t)cap;
+    } else if (rx->window < cap && since < SW_WINDOW_GROW_MS && rx->qlen <= rx->window / 4) {
+        uint64_t w = (uint64_t)rx->window * 2;
+        if (w > cap)
+            w = cap;
+        if (rx_hold_fit(rx, w) == 0)
+            rx->window = (uint32_t)w;
+    }
+}
+
 int
 swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
 {
@@ -519,7 +578,8 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
         if (q->gen != rx->gen)
             return 1; /* the worker it came from is gone: no credit for it */
         rx->consumed++;
-        if (!rx->migrating && rx->consumed + rx->window / 2 >= rx->credit_sent) {
+        if (!rx->migrating && rx->consumed + rx->window / 2 >= rx->credit_sent &&
+            (rx_tune(rx, now), rx->consumed + rx->window > rx->credit_sent)) {
             rx->credit_sent = rx->consumed + rx->window;
             rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
             if (rx->credit_sent > rx->granted)

@@ -21,6 +21,13 @@
  *   - credit is granted as the consumer takes items; a grant can be lost
  *     (NATS is at most once), so a heartbeat showing the worker stopped
  *     exactly at an earlier limit, with nothing missing, repeats the grant;
+ *   - the window grows: when the worker accepted a larger one (it answers
+ *     with credit_window_max in seq 1's header), a grant that comes within
+ *     SW_WINDOW_GROW_MS of the previous one, with at most a quarter of the
+ *     window queued, doubles it, up to cfg.window_max, the worker's answer,
+ *     and cfg.window_bytes of items of the largest cost seen (length +
+ *     SW_ITEM_COST); a grant shrinks it to that byte bound (never below the
+ *     first window) when larger items came;
  *   - a data item beyond the credit granted so far ends the stream with
  *     flow_violation (the worker ignores flow control: nothing of it is
  *     queued); finals and heartbeats need no credit;
@@ -73,6 +80,8 @@ enum { SWE_TERM_NONE = 0, SWE_TERM_QUEUED = 1, SWE_TERM_DELIVERED = 2 };
 
 typedef struct swe_rx_cfg {
     uint32_t window;       /* credit window asked of the worker (> 0) */
+    uint32_t window_max;   /* the window may grow to this (>= window; = window: fixed) */
+    size_t window_bytes;   /* ... and to no more bytes than this (0: no byte bound) */
     int64_t inactivity_ms; /* silence that ends the stream */
     int64_t gap_ms;        /* how long a gap may stay open */
     int64_t linger_ms;     /* hold a wire terminal this long */
@@ -105,9 +114,10 @@ typedef struct swe_rx_in {
     const uint8_t *data; /* data: borrowed for the call */
     size_t len;
     int droppable;
-    const char *event;      /* data: NULL, "" or a valid name (<= SW_MAX_EVENT) */
-    uint32_t credit_window; /* the worker's window, 0 = not sent */
-    uint64_t last_seq;      /* heartbeat: the last seq published */
+    const char *event;          /* data: NULL, "" or a valid name (<= SW_MAX_EVENT) */
+    uint32_t credit_window;     /* the worker's window, 0 = not sent */
+    uint32_t credit_window_max; /* the largest window the worker accepts, 0 = not sent */
+    uint64_t last_seq;          /* heartbeat: the last seq published */
     /* final: the terminal it carries */
     sw_status status;
     sw_err err;
@@ -117,7 +127,11 @@ typedef struct swe_rx_in {
 
 typedef struct swe_rx {
     swe_rx_cfg cfg;
-    uint32_t window; /* may shrink to the worker's */
+    uint32_t window;  /* may shrink to the worker's, and grows (tuning) */
+    uint32_t window0; /* the first window (the worker may have lowered it): the floor */
+    uint32_t wmax;    /* the most the window may grow to: 0 until the worker answers */
+    size_t max_cost;  /* the largest item seen, + SW_ITEM_COST */
+    int64_t last_grant_ms;
     /* reassembly */
     uint64_t expected; /* next seq to hand to the queue */
     swe_q **hold;      /* out-of-order items, seq % hold_cap (allocated on the first) */

@@ -358,5 +358,6 @@ sw_stream_stats_get(sw_stream *s, sw_stream_stats *out)
     pthread_mutex_lock(&s->mu);
     *out = s->rx.st;
     out->pending = s->rx.qlen;
+    out->window = s->rx.window;
     pthread_mutex_unlock(&s->mu);
 }

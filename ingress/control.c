@@ -121,11 +121,11 @@ resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
     if (final && r->final_seq != 0)
         ack = r->final_seq;
     ack = swn_ring_ack(&r->rg, ack); /* clamped to what went out */
-    /* Credit never runs more than a window past what the frontend has
-     * acknowledged: the ring holds that much (a huge limit used to make
-     * send fail with SW_ENOMEM, issue 11 #12). */
-    if (r->window != 0 && limit > r->rg.acked + r->window)
-        limit = r->rg.acked + r->window;
+    /* Credit never runs more than the largest window past what the
+     * frontend has acknowledged: the ring holds that much (a huge limit
+     * used to make send fail with SW_ENOMEM, issue 11 #12). */
+    if (r->window != 0 && limit > r->rg.acked + r->wmax)
+        limit = r->rg.acked + r->wmax;
     if (r->window != 0 && limit > r->credit_limit) {
         r->credit_limit = limit;
         pthread_cond_broadcast(&r->cv);

@@ -53,6 +53,7 @@ swn_resp_hdr(const sw_responder *r, uint64_t first, uint64_t last, int resent, s
     h->instance_id =
         first <= 1 || (r->final_seq != 0 && last >= r->final_seq) ? r->ing->instance_id : NULL;
     h->credit_window = r->capped ? r->window : 0;
+    h->credit_window_max = r->grow && first <= 1 ? r->wmax : 0;
     h->resent = resent;
 }
 

@@ -84,7 +84,7 @@ sw_ingress_opts_init(sw_ingress_opts *o)
     o->max_inflight = 64;
     o->handler_threads = 4;
     o->send_timeout_ms = 30000;
-    o->max_window = 1024;
+    o->max_window = SW_INGRESS_MAX_WINDOW_DEFAULT;
     o->frontend_probe_ms = 250;
     o->frontend_timeout_ms = 1000;
 }
@@ -138,7 +138,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     ing->max_held = o->max_held_finals ? o->max_held_finals : SW_INGRESS_MAX_HELD_DEFAULT;
     ing->nthreads = o->handler_threads ? o->handler_threads : 4;
     ing->send_timeout_ms = o->send_timeout_ms ? o->send_timeout_ms : 30000;
-    ing->max_window = o->max_window ? o->max_window : 1024;
+    ing->max_window = o->max_window ? o->max_window : SW_INGRESS_MAX_WINDOW_DEFAULT;
     ing->hot_us = o->coalesce_us == SW_COALESCE_OFF ? 0
                   : o->coalesce_us                  ? o->coalesce_us
                                                     : SWN_HOT_US;

@@ -87,8 +87,14 @@ struct sw_responder {
     int migratable;       /* Request.migratable: a drain hands the stream back */
 
     uint64_t credit_limit; /* may send seq <= credit_limit (UINT64_MAX: no flow control) */
-    uint32_t window;
-    int capped; /* window lowered to the ingress's max_window */
+    uint32_t window;       /* the frontend's first window (Request.credit_window, capped) */
+    int capped;            /* window lowered to the ingress's max_window */
+    /* The most credit may run past what was acknowledged: the window, or
+     * when the request let the frontend grow its window
+     * (Request.credit_window_max), that maximum capped to max_window; the
+     * ring keeps that many. grow: say wmax in the header of seq 1. */
+    uint32_t wmax;
+    int grow;
     /* next_seq, pub_seq, acked and the kept bodies (ingress/ring.h). Items
      * acked+1 .. pub_seq went out; pub_seq+1 .. next_seq-1 wait in the ring
      * to be published, in order, by the one thread that has set `sending`

@@ -194,6 +194,14 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         r->window = ing->max_window;
         r->capped = 1;
     }
+    r->wmax = r->window;
+    if (r->window != 0 && req->credit_window_max > r->window) {
+        /* The frontend may grow its window up to credit_window_max (tuned
+         * to how fast its consumer takes items): accept up to our cap. */
+        r->wmax =
+            req->credit_window_max < ing->max_window ? req->credit_window_max : ing->max_window;
+        r->grow = r->wmax > r->window;
+    }
     r->credit_limit = r->window ? r->window : UINT64_MAX;
     r->hb_ms = req->heartbeat_ms;
     if (r->hb_ms != 0 && r->hb_ms < SWN_MIN_HEARTBEAT_MS)
@@ -211,7 +219,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         memcpy(r->payload, req->payload.data, req->payload.len);
         r->plen = req->payload.len;
     }
-    if (intake_headers(r, req) != 0 || swn_ring_init(&r->rg, r->window) != 0)
+    if (intake_headers(r, req) != 0 || swn_ring_init(&r->rg, r->wmax) != 0)
         goto nomem;
 
     pthread_mutex_lock(&ing->mu);

@@ -59,6 +59,7 @@ enum {
     TAG_INSTANCE_ID = (9 << 3) | 2,
     TAG_RESENT = (10 << 3) | 0,
     TAG_CREDIT_WINDOW = (11 << 3) | 0,
+    TAG_CREDIT_WINDOW_MAX = (14 << 3) | 0,
     TAG_BATCH = (12 << 3) | 2,
     TAG_EVENT = (13 << 3) | 2,
 };
@@ -110,6 +111,10 @@ swp_hdr_write(const swp_hdr *h, uint8_t *out)
     if (h->credit_window != 0) {
         out[n++] = TAG_CREDIT_WINDOW;
         n += swp_varint_write(out + n, h->credit_window);
+    }
+    if (h->credit_window_max != 0) {
+        out[n++] = TAG_CREDIT_WINDOW_MAX;
+        n += swp_varint_write(out + n, h->credit_window_max);
     }
     return n;
 }

@@ -224,7 +224,11 @@ typedef struct sw_ingress_opts {
     unsigned handler_threads;    /* default 4 */
     size_t max_request_bytes;    /* default: the server's max payload */
     sw_duration send_timeout_ms; /* how long send() waits for credit; default 30000 */
-    unsigned max_window;         /* cap on a request's credit window; default 1024 */
+    unsigned max_window;         /* cap on a request's credit window, the first and the one a
+                                    frontend may grow it to (sw_router_opts.credit_window_max);
+                                    a stream keeps up to this many sent items until the
+                                    frontend acknowledges them. Default
+                                    SW_INGRESS_MAX_WINDOW_DEFAULT */
     sw_duration
         frontend_probe_ms; /* how often the frontends of live streams are probed; default 250 */
     sw_duration frontend_timeout_ms; /* a probe unanswered this long is a miss;
@@ -253,6 +257,7 @@ typedef struct sw_ingress_opts {
 } sw_ingress_opts;
 
 #define SW_COALESCE_OFF (-1)
+#define SW_INGRESS_MAX_WINDOW_DEFAULT 16384
 #define SW_INGRESS_MAX_HELD_DEFAULT 1024
 #define SW_MAX_REQUEST_AGE_MS (10 * 60 * 1000) /* the memory of served requests */
 
@@ -503,9 +508,9 @@ typedef sw_err (*sw_migrate_fn)(sw_migration *m, void *arg);
 
 typedef struct sw_router_opts {
     const char *router_id;         /* default: 16 random hex characters */
-    unsigned credit_window;        /* items in flight per stream; default 256. Bounds the frontend's
-                                      memory per stream (window x item size). A worker may grant
-                                      less (its max_window); the router then adopts that. */
+    unsigned credit_window;        /* a stream's first credit window, in items; default 256. A
+                                      worker may grant less (its max_window); the router then
+                                      adopts that. */
     sw_duration heartbeat_ms;      /* asked of workers; default 250 */
     sw_duration inactivity_ms;     /* silence (incl. heartbeats) that ends a stream with
                                       stream_incomplete; default 4 * heartbeat_ms + 500 */
@@ -527,7 +532,27 @@ typedef struct sw_router_opts {
     void *log_arg;
     int migration_limit; /* default for sw_request_opts.migration_limit; 0 (the default) = no
                             migration; at most SW_MAX_MIGRATIONS */
+    /* Window tuning (docs/PROTOCOL.md, "Flow control"). A stream whose
+     * consumer takes half a window within SW_WINDOW_GROW_MS, with little
+     * queued, doubles its window at the next grant, up to credit_window_max
+     * items (and the worker's max_window), and no further than credit_bytes
+     * of items of the largest size seen so far (each counted as its length
+     * + SW_ITEM_COST); it shrinks back (never below credit_window) when
+     * larger items arrive. A slow consumer keeps the first window. So a
+     * stream's queue holds at most about max(credit_window x item size,
+     * credit_bytes), as long as its items do not grow beyond the sizes
+     * seen when the credit was granted; credit already granted cannot be
+     * taken back, so a stream whose items grow suddenly can briefly queue
+     * its granted items at their new size. */
+    unsigned credit_window_max; /* 0 = SW_CREDIT_WINDOW_MAX_DEFAULT (16384); set it to
+                                   credit_window for a fixed window; at most 1<<20 */
+    size_t credit_bytes;        /* 0 = SW_CREDIT_BYTES_DEFAULT (1 MiB) */
 } sw_router_opts;
+
+#define SW_CREDIT_WINDOW_MAX_DEFAULT 16384
+#define SW_CREDIT_BYTES_DEFAULT ((size_t)1 << 20)
+#define SW_WINDOW_GROW_MS 20
+#define SW_ITEM_COST 64
 
 SW_API void sw_router_opts_init(sw_router_opts *opts);
 
@@ -658,6 +683,8 @@ typedef struct sw_stream_stats {
     uint64_t pending;      /* items queued for the consumer now (a consumer that is behind
                               may shed what it can spare, as the gateway does with metrics) */
     uint64_t migrations;   /* times the stream moved to another instance */
+    uint64_t window;       /* the credit window now, in items (it grows for a fast stream:
+                              sw_router_opts.credit_window_max) */
 } sw_stream_stats;
 
 SW_API void sw_stream_stats_get(sw_stream *s, sw_stream_stats *out);

@@ -52,7 +52,8 @@ class RouterOpts(Structure):
                 ("registry", c_void_p), ("policy", c_int), ("probe_interval_ms", sw_duration),
                 ("probe_timeout_ms", sw_duration), ("probe_misses", c_uint),
                 ("quarantine_ms", sw_duration), ("log", c_void_p), ("log_arg", c_void_p),
-                ("migration_limit", c_int)]
+                ("migration_limit", c_int), ("credit_window_max", c_uint),
+                ("credit_bytes", c_size_t)]
 
 
 class Header(Structure):

@@ -228,6 +228,7 @@ b_hdr(void)
     h.instance_id = "inst-a";
     h.credit_window = 0;
     h.resent = 0;
+    h.credit_window_max = 0;
     blen = swp_hdr_write(&h, bbuf);
 }
 

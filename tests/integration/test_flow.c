@@ -156,6 +156,73 @@ slow_consumer_flow_control(void **state)
     got_free(g);
 }
 
+/* Window tuning with the defaults: a consumer that keeps up with a fast
+ * worker grows its window past the first 256; when it stops reading, the
+ * worker stops within the window (what it sent and was not taken stays
+ * within it), and nothing is lost or reordered when it reads on. Then the
+ * same with a worker whose max_window caps the growth at 512. */
+static void
+window_common(env *e, int capped)
+{
+    const size_t N = 60000, FIRST = 20000;
+    {
+        sw_ingress_opts io;
+        got *g = new_got(e);
+        sw_stream_stats ss;
+        sw_ingress_stats st;
+        sw_stream *s;
+        uint64_t sent = 0;
+        sw_ingress_opts_init(&io);
+        if (capped)
+            io.max_window = 512;
+        e->w.mode = M_STREAM;
+        e->w.n = (int)N;
+        env_start(e, &io, NULL);
+        s = env_open(e);
+        assert_false(collect(s, g, FIRST, T(30000)));
+        assert_int_equal(g->n, FIRST);
+        sw_stream_stats_get(s, &ss);
+        if (ss.window <= 256 || ss.window > (capped ? 512u : SW_CREDIT_WINDOW_MAX_DEFAULT))
+            fail_msg("window %llu after %zu items (capped %d)", (unsigned long long)ss.window,
+                     FIRST, capped);
+        /* stop reading: the worker stops at the credit it has */
+        for (int i = 0; i < 50; i++) {
+            uint64_t now_sent;
+            sleep_ms(20);
+            ingress_stats(e, &st);
+            now_sent = st.items_sent;
+            if (i > 5 && now_sent == sent)
+                break;
+            sent = now_sent;
+        }
+        sw_stream_stats_get(s, &ss);
+        if (sent - FIRST > ss.window || ss.pending > ss.window)
+            fail_msg("stalled consumer: %llu sent past what it took, %llu queued, window %llu",
+                     (unsigned long long)(sent - FIRST), (unsigned long long)ss.pending,
+                     (unsigned long long)ss.window);
+        assert_true(sent < N);
+        assert_true(collect(s, g, 0, T(60000)));
+        assert_tokens(g, N);
+        assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+        assert_done(g);
+        sw_stream_stats_get(s, &ss);
+        assert_int_equal(ss.items, N);
+        assert_int_equal(ss.duplicates + ss.resend_requests, 0);
+    }
+}
+
+static void
+window_grows_and_still_bounds(void **state)
+{
+    window_common(*state, 0);
+}
+
+static void
+window_growth_capped_by_the_worker(void **state)
+{
+    window_common(*state, 1);
+}
+
 static void
 try_send_and_droppable(void **state)
 {
@@ -529,6 +596,8 @@ main(int argc, char **argv)
         T_(cancel_wakes_blocked_send),
         T_(slow_consumer_flow_control),
         T_(try_send_and_droppable),
+        T_(window_grows_and_still_bounds),
+        T_(window_growth_capped_by_the_worker),
         T_(scale_1000_streams),
         T_(router_backlog_no_spurious_incomplete),
         T_(instance_not_lost_while_streaming),

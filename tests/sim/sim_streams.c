@@ -13,8 +13,11 @@
  * (lossy with a 2^20 credit window), migrate (lossy + killed, frozen and
  * draining workers, every stream allowed 2 migrations: the frontend moves
  * a stream to another worker under a new request id, as egress/migrate.c
- * does, and the new worker resumes at resume_from_seq), all (each in turn;
- * the default).
+ * does, and the new worker resumes at resume_from_seq), grow (chaos +
+ * migrations with a tuned window: a first window of 4 that may grow to 64,
+ * workers that accept 32 at most, a byte bound of 2,048 on every other
+ * stream), all (each in
+ * turn; the default).
  *
  * Checked after every step (an invariant broken aborts with the seed):
  *   I1 exactly one terminal per stream, and nothing after it;
@@ -40,7 +43,13 @@
  *   I10 the terminal counts the moves the frontend made, never more than the
  *      limit, and while a stream moves at most twice the window is queued
  *      (I5's bound doubles then). The migrate profile must see streams that
- *      moved and completed, or it tested nothing.
+ *      moved and completed, or it tested nothing;
+ *   I11 window tuning: no grant runs past its own acknowledgement by more
+ *      than the window the worker accepted (the real worker would clamp
+ *      it); the window never exceeds what the worker accepted nor, after a
+ *      grant, the byte bound (unless at its first size); I5's bound is the
+ *      largest window the stream used. The grow profile must see windows
+ *      that grew, or it tested nothing.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,16 +75,20 @@ typedef struct profile {
     int64_t hb_ms;
     unsigned migrations; /* allowed per stream */
     double p_drain;      /* a worker drains: it hands its streams back */
+    uint32_t window_max; /* window tuning: 0 = a fixed window */
+    uint32_t worker_max; /* the workers' max_window */
+    size_t window_bytes;
 } profile;
 
 static const profile profiles[] = {
-    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0},
-    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0},
-    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0},
-    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0},
+    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0},
+    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0},
+    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0, 0, 0, 0},
+    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0, 0, 0, 0},
     /* rare heartbeats: gaps are repaired by the timer's resends */
-    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0},
-    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2},
+    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0, 0, 0, 0},
+    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2, 0, 0, 0},
+    {"grow", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0, 4, 50, 2, 0.1, 64, 32, 2048},
 };
 
 /* ---------------------------------------------------------------- state */
@@ -86,6 +99,8 @@ typedef struct wstream {
     uint64_t base;     /* items the consumer had when this worker started (resume_from_seq - 1) */
     uint64_t next_seq; /* next seq to assign */
     uint64_t credit_limit; /* may send seq <= this */
+    uint32_t wmax;         /* the largest window it accepts */
+    int grow;              /* it answers credit_window_max with seq 1 */
     uint64_t acked;
     int n; /* data items the handler produces */
     int produced;
@@ -115,6 +130,7 @@ typedef struct fstream {
     uint8_t wid[16];     /* the request id on the wire now (id until the first move) */
     unsigned used_mask;  /* workers the stream was on */
     unsigned moves;      /* migrations made */
+    uint32_t max_window; /* the largest window the frontend used */
     wstream w[NWORKERS]; /* the worker side, one per worker the stream was on */
 } fstream;
 
@@ -134,6 +150,7 @@ typedef struct world {
     int failed;
     int draining[NWORKERS];
     uint64_t migrations, mig_failed, moved_completed;
+    uint64_t grown; /* streams whose window grew */
 } world;
 
 /* What a bus node points to: its world and its node index. */
@@ -248,6 +265,8 @@ w_item(world *wd, fstream *f, int k, uint64_t seq, int final, int status)
         m.data.data = (uint8_t *)pl;
         m.data.len = strlen(pl);
     }
+    if (seq == 1 && f->w[k].grow)
+        m.credit_window_max = f->w[k].wmax; /* as the real worker, with seq 1 */
     w_publish(wd, f, k, &m, seq);
 }
 
@@ -354,6 +373,12 @@ worker_on_request(world *wd, int node, const uint8_t *data, size_t len)
              (unsigned long long)req->resume_from_seq, f->n);
     w->next_seq = 1;
     w->credit_limit = req->credit_window;
+    w->wmax = req->credit_window;
+    if (req->credit_window_max > req->credit_window && wd->p->worker_max > req->credit_window) {
+        w->wmax =
+            req->credit_window_max < wd->p->worker_max ? req->credit_window_max : wd->p->worker_max;
+        w->grow = 1;
+    }
     w->n = f->n - (int)w->base;
     w->ring_cap = (size_t)w->n + 3;
     w->ring = calloc(w->ring_cap, sizeof(*w->ring));
@@ -403,6 +428,9 @@ worker_on_control(world *wd, int node, const uint8_t *data, size_t len)
     w = &f->w[k];
     switch (c->kind) {
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
+        if (w->wmax != 0 && c->credit_limit > c->ack_seq + w->wmax)
+            FAIL(wd, "I11: a grant to %llu with ack %llu: past the window %u the worker accepted",
+                 (unsigned long long)c->credit_limit, (unsigned long long)c->ack_seq, w->wmax);
         if (c->credit_limit > w->credit_limit)
             w->credit_limit = c->credit_limit;
         if (c->ack_seq > w->acked && c->ack_seq < w->next_seq)
@@ -500,9 +528,16 @@ fe_check_bounds(world *wd, fstream *f)
 {
     /* I5, and I10: twice the window while items of a worker left behind
      * are still queued */
-    size_t bound = (size_t)f->rx.cfg.window * (f->rx.gen > 0 ? 2 : 1);
+    size_t bound;
+    uint32_t accepted = f->rx.wmax > f->rx.window0 ? f->rx.wmax : f->rx.window0;
+    if (f->rx.window > f->max_window)
+        f->max_window = f->rx.window;
+    bound = (size_t)f->max_window * (f->rx.gen > 0 ? 2 : 1);
     if (f->rx.qlen > bound)
-        FAIL(wd, "I5: %zu items queued, window %u", f->rx.qlen, f->rx.cfg.window);
+        FAIL(wd, "I5: %zu items queued, window %u", f->rx.qlen, f->max_window);
+    /* I11: within what the worker accepted */
+    if (f->rx.window > accepted)
+        FAIL(wd, "I11: window %u, the worker accepted %u", f->rx.window, accepted);
     if (f->rx.held > f->rx.hold_cap)
         FAIL(wd, "I5: %zu items held, reorder window %zu", f->rx.held, f->rx.hold_cap);
 }
@@ -524,6 +559,7 @@ fe_send_request(world *wd, fstream *f, uint64_t resume)
     m.response_subject = (char *)"sw.rsp.simfe.x";
     m.router_id = (char *)"simfe";
     m.credit_window = f->rx.cfg.window;
+    m.credit_window_max = f->rx.cfg.window_max > f->rx.cfg.window ? f->rx.cfg.window_max : 0;
     m.heartbeat_ms = (uint32_t)wd->p->hb_ms;
     m.resume_from_seq = resume;
     m.migratable = f->rx.mig_left > 0;
@@ -579,9 +615,15 @@ fe_apply(world *wd, fstream *f, const swe_rx_act *a)
     if (a->resend)
         fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND, 0, 0, a->resend_from,
                     a->resend_to);
-    if (a->credit)
+    if (a->credit) {
         fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, a->credit_limit,
                     a->credit_ack, 0, 0);
+        /* I11: after a grant, within the byte bound (or at the first size) */
+        if (f->rx.window > f->rx.window0 && f->rx.cfg.window_bytes != 0 &&
+            f->rx.window > f->rx.cfg.window_bytes / f->rx.max_cost)
+            FAIL(wd, "I11: window %u after a grant, byte bound %zu / %zu", f->rx.window,
+                 f->rx.cfg.window_bytes, f->rx.max_cost);
+    }
     if (a->ack_final)
         fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS, 0, 0, 0, 0);
     if (a->kill)
@@ -734,6 +776,7 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
             }
         } else {
             in.kind = SWE_IN_DATA;
+            in.credit_window_max = w->credit_window_max;
             in.data = w->data.data;
             in.len = w->data.len;
             if (f->w[f->worker].final_seq != 0 && w->seq > f->w[f->worker].final_seq &&
@@ -787,6 +830,8 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
     (void)b;
     memset(&cfg, 0, sizeof(cfg));
     cfg.window = wd->p->window;
+    cfg.window_max = wd->p->window_max > cfg.window ? wd->p->window_max : cfg.window;
+    cfg.window_bytes = idx & 1 ? wd->p->window_bytes : 0; /* else the workers' cap binds */
     cfg.inactivity_ms = 4 * wd->p->hb_ms + 500;
     cfg.gap_ms = 500;
     cfg.linger_ms = 0;
@@ -800,7 +845,7 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
 
 static int
 run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t *msgs,
-         uint64_t *moved)
+         uint64_t *moved, uint64_t *grown)
 {
     world *wd = calloc(1, sizeof(*wd));
     node_box boxes[NWORKERS + 1];
@@ -905,6 +950,8 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                  f->term.migrations, f->moves, p->migrations);
         if (f->moves > 0 && f->term.status == SW_STATUS_COMPLETED)
             wd->moved_completed++;
+        if (f->max_window > p->window)
+            wd->grown++;
         /* I3: healthy worker, lossless bus: complete with every item. */
         if (!f->faulty && p->f.drop == 0 &&
             (f->term.status != SW_STATUS_COMPLETED || f->last != (uint64_t)f->n))
@@ -918,6 +965,7 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                (unsigned long long)wd->cancel_resends, (unsigned long long)wd->migrations,
                (unsigned long long)wd->mig_failed, (unsigned long long)wd->moved_completed);
     *moved = wd->moved_completed;
+    *grown = wd->grown;
     if (verbose)
         printf("  seed 0x%llx %-9s streams %d messages %llu: completed %llu cancelled %llu "
                "gap %llu incomplete %llu after_final %llu flow %llu decode %llu\n",
@@ -963,22 +1011,29 @@ main(int argc, char **argv)
         else if (!strcmp(argv[i], "--verbose"))
             verbose = 1;
         else {
-            fprintf(stderr,
-                    "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
-                    "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|all] [--verbose]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
+                "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|grow|all] [--verbose]\n",
+                argv[0]);
             return 2;
         }
     }
     for (size_t k = 0; k < sizeof(profiles) / sizeof(profiles[0]); k++) {
-        uint64_t pm = 0, moved = 0;
+        uint64_t pm = 0, moved = 0, grown = 0;
         if (strcmp(pname, "all") != 0 && strcmp(pname, profiles[k].name) != 0)
             continue;
         for (uint64_t n = 0; n < nseeds; n++) {
-            uint64_t m = 0, mv = 0;
-            run_seed(&profiles[k], seed + n, budget, verbose, &m, &mv);
+            uint64_t m = 0, mv = 0, gr = 0;
+            run_seed(&profiles[k], seed + n, budget, verbose, &m, &mv, &gr);
             pm += m;
             moved += mv;
+            grown += gr;
+        }
+        if (profiles[k].window_max > profiles[k].window && grown == 0) {
+            fprintf(stderr, "sim_streams: profile %s: no window grew: tuning was not exercised\n",
+                    profiles[k].name);
+            return 1;
         }
         if (profiles[k].migrations > 0 && moved == 0) {
             fprintf(stderr,

@@ -593,6 +593,317 @@ test_window_shrinks(void **state)
     swe_rx_fini(&rx);
 }
 
+/* ---------------------------------------------------------------- window tuning */
+
+/* A stream that may grow from W to max (bytes: 0 = no byte bound). */
+static void
+start_tuned(swe_rx *rx, uint32_t max, size_t bytes)
+{
+    swe_rx_cfg c = cfg_default();
+    c.window_max = max;
+    c.window_bytes = bytes;
+    swe_rx_init(rx, &c, 1000);
+}
+
+/* Data item seq of len bytes ("item-<seq>" padded with '.'), carrying the
+ * worker's answer wmax (0: none) as its message header would. */
+static swe_rx_act
+data_tuned(swe_rx *rx, uint64_t seq, size_t len, uint32_t wmax, int64_t now)
+{
+    static char buf[4096];
+    swe_rx_in in;
+    swe_rx_act act;
+    int n = snprintf(buf, sizeof(buf), "item-%llu", (unsigned long long)seq);
+    assert_true(len >= (size_t)n && len <= sizeof(buf));
+    memset(buf + n, '.', len - (size_t)n);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_DATA;
+    in.seq = seq;
+    in.data = (const uint8_t *)buf;
+    in.len = len;
+    in.credit_window_max = wmax;
+    swe_rx_on_item(rx, &in, now, &act);
+    return act;
+}
+
+/* A fast worker and a consumer that keeps up: everything the credit allows
+ * arrives at `now`, and is popped at `now`, `rounds` times. Returns the
+ * number of grants; each grant is checked: limit = consumed + window, and
+ * never more than the worker's answer past the acknowledgement. */
+static int
+run_fast(swe_rx *rx, uint64_t *next, int rounds, size_t len, uint32_t answer, int64_t *now,
+         int64_t step)
+{
+    int grants = 0;
+    for (int r = 0; r < rounds; r++) {
+        sw_item it;
+        swe_rx_act a;
+        *now += step;
+        while (*next <= rx->granted) {
+            a = data_tuned(rx, *next, len, *next == 1 ? answer : 0, *now);
+            assert_false(a.ended);
+            (*next)++;
+        }
+        while (swe_rx_pop(rx, *now, &it, &a) == 1) {
+            if (a.credit) {
+                grants++;
+                assert_int_equal(a.credit_limit, rx->consumed + rx->window);
+                if (answer != 0)
+                    assert_true(a.credit_limit - a.credit_ack <= answer);
+            }
+        }
+    }
+    return grants;
+}
+
+/* Without the worker's answer (an older worker, or one that caps at the
+ * first window) the window never grows, however fast the consumer. */
+static void
+test_tune_needs_the_answer(void **state)
+{
+    swe_rx rx;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    start_tuned(&rx, 64, 0);
+    assert_true(run_fast(&rx, &next, 20, 16, 0, &now, 0) > 0);
+    assert_int_equal(rx.window, W);
+    assert_int_equal(rx.wmax, 0);
+    assert_true(rx.granted <= rx.consumed + W);
+    swe_rx_fini(&rx);
+}
+
+/* A fast stream doubles its window at each grant up to the maximum, and
+ * every item arrives once, in order. */
+static void
+test_tune_grows_when_fast(void **state)
+{
+    swe_rx rx;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    uint32_t seen[8];
+    int nseen = 0;
+    (void)state;
+    start_tuned(&rx, 64, 0);
+    seen[nseen++] = rx.window;
+    for (int r = 0; r < 40; r++) {
+        run_fast(&rx, &next, 1, 16, 1u << 20, &now, 1);
+        if (nseen == 0 || seen[nseen - 1] != rx.window) {
+            assert_true(nseen < 8);
+            seen[nseen++] = rx.window;
+        }
+    }
+    /* 8, 16, 32, 64 and no further */
+    assert_int_equal(nseen, 4);
+    for (int i = 0; i < nseen; i++)
+        assert_int_equal(seen[i], W << i);
+    assert_int_equal(rx.wmax, 64); /* the answer, clamped to our maximum */
+    assert_int_equal(rx.st.items, next - 1);
+    assert_int_equal(rx.st.duplicates + rx.st.reordered, 0);
+    swe_rx_fini(&rx);
+}
+
+/* One item at a time, `gap` ms apart (a worker that produces slowly, a
+ * consumer that keeps up), n items. */
+static void
+run_trickle(swe_rx *rx, uint64_t *next, int n, uint32_t answer, int64_t *now, int64_t gap)
+{
+    for (int i = 0; i < n; i++) {
+        sw_item it;
+        swe_rx_act a;
+        *now += gap;
+        assert_true(*next <= rx->granted);
+        data_tuned(rx, *next, 16, *next == 1 ? answer : 0, *now);
+        (*next)++;
+        assert_int_equal(swe_rx_pop(rx, *now, &it, &a), 1);
+    }
+}
+
+/* Half a window taking SW_WINDOW_GROW_MS or more: the worker is the slow
+ * side (tokens from an engine), a bigger window would only hold memory. */
+static void
+test_tune_not_when_slow(void **state)
+{
+    swe_rx rx;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    start_tuned(&rx, 64, 0);
+    /* W/2 = 4 items between grants, 5 ms apart: 20 ms */
+    run_trickle(&rx, &next, 200, 64, &now, SW_WINDOW_GROW_MS / (W / 2));
+    assert_int_equal(rx.window, W);
+    /* one ms quicker per item, and it grows, once: half of 16 takes 32 ms
+     * at this rate (the window follows the rate: about 2 x rate x 20 ms) */
+    run_trickle(&rx, &next, 200, 64, &now, SW_WINDOW_GROW_MS / (W / 2) - 1);
+    assert_int_equal(rx.window, 2 * W);
+    /* ten times the rate: two doublings more */
+    run_trickle(&rx, &next, 400, 64, &now, 0);
+    assert_int_equal(rx.window, 64);
+    swe_rx_fini(&rx);
+}
+
+/* A consumer with a deep queue (it reads in bursts, or is slow) does not
+ * grow the window: more than a quarter of it is still queued at the grant. */
+static void
+test_tune_not_with_a_deep_queue(void **state)
+{
+    swe_rx rx;
+    sw_item it;
+    swe_rx_act a;
+    uint64_t next = 1;
+    (void)state;
+    start_tuned(&rx, 64, 0);
+    for (int r = 0; r < 20; r++) {
+        while (next <= rx.granted)
+            data_tuned(&rx, next, 16, next == 1 ? 64 : 0, 1000), next++;
+        /* take only what makes the grant: half a window, the rest stays */
+        do
+            assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
+        while (!a.credit);
+        assert_true(rx.qlen > rx.window / 4);
+    }
+    assert_int_equal(rx.window, W);
+    assert_true(rx.qlen <= W);
+    swe_rx_fini(&rx);
+}
+
+/* The worker's answer caps the growth; so does our own maximum. */
+static void
+test_tune_capped_by_the_worker(void **state)
+{
+    swe_rx rx;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    start_tuned(&rx, 64, 0);
+    run_fast(&rx, &next, 40, 16, 24, &now, 1);
+    assert_int_equal(rx.wmax, 24);
+    assert_int_equal(rx.window, 24);
+    swe_rx_fini(&rx);
+    /* a maximum below the first window: a fixed window */
+    start_tuned(&rx, 4, 0);
+    next = 1;
+    run_fast(&rx, &next, 40, 16, 1u << 20, &now, 1);
+    assert_int_equal(rx.window, W);
+    swe_rx_fini(&rx);
+}
+
+/* The byte bound: items of 36 bytes count 100 each, 2,000 bytes -> 20. */
+static void
+test_tune_capped_by_bytes(void **state)
+{
+    swe_rx rx;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    assert_int_equal(SW_ITEM_COST, 64);
+    start_tuned(&rx, 64, 2000);
+    run_fast(&rx, &next, 40, 36, 64, &now, 1);
+    assert_int_equal(rx.max_cost, 100);
+    assert_int_equal(rx.window, 20);
+    assert_true(rx.qlen * 100 <= 2000);
+    swe_rx_fini(&rx);
+}
+
+/* Larger items shrink the window at the next grant to the byte bound, and
+ * never below the first window. */
+static void
+test_tune_shrinks_on_larger_items(void **state)
+{
+    swe_rx rx;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    start_tuned(&rx, 64, 6400);
+    run_fast(&rx, &next, 40, 36, 64, &now, 1); /* 6400 / 100 = 64 */
+    assert_int_equal(rx.window, 64);
+    run_fast(&rx, &next, 4, 336, 64, &now, 1); /* 6400 / 400 = 16 */
+    assert_int_equal(rx.window, 16);
+    assert_int_equal(rx.max_cost, 400);
+    run_fast(&rx, &next, 4, 3000, 64, &now, 1); /* 6400 / 3064 = 2, but never below 8 */
+    assert_int_equal(rx.window, W);
+    /* a shrunk window grants nothing the old grant already covers */
+    assert_true(rx.credit_sent <= rx.granted);
+    swe_rx_fini(&rx);
+}
+
+/* The reorder window follows the credit window: an item held across a
+ * growth stays held, and a gap as wide as the new window is repaired. */
+static void
+test_tune_reorder_window_grows(void **state)
+{
+    swe_rx rx;
+    sw_item it;
+    swe_rx_act a;
+    uint64_t next = 1, seqs[128];
+    int64_t now = 1000;
+    size_t n;
+    (void)state;
+    start_tuned(&rx, 64, 0);
+    run_fast(&rx, &next, 1, 16, 64, &now, 1); /* 1..8 */
+    assert_int_equal(rx.window, 16);
+    /* 9 is lost; 10 and 11 are held (the reorder array is made) */
+    data_tuned(&rx, 10, 16, 0, now);
+    data_tuned(&rx, 11, 16, 0, now);
+    assert_int_equal(rx.held, 2);
+    assert_int_equal(rx.hold_cap, 16 + 2); /* made at the window of the time */
+    /* the window grows while they are held: the array grows with it */
+    rx.window = 32;
+    rx.last_grant_ms = now;
+    rx.credit_sent = rx.consumed + 16; /* make the next pop a grant */
+    data_tuned(&rx, 9, 16, 0, now);
+    assert_int_equal(rx.held, 0);
+    n = 0;
+    while (swe_rx_pop(&rx, now, &it, &a) == 1)
+        seqs[n++] = it.seq;
+    assert_int_equal(n, 3);
+    assert_seqs(seqs, n, 9);
+    assert_int_equal(rx.window, 64);
+    assert_int_equal(rx.hold_cap, 64 + 2);
+    /* a gap of nearly the whole new window is held and repaired */
+    for (uint64_t q = 13; q <= rx.granted; q++)
+        data_tuned(&rx, q, 16, 0, now);
+    assert_int_equal(rx.held, rx.granted - 12);
+    a = data_tuned(&rx, 12, 16, 0, now);
+    assert_false(a.ended);
+    assert_int_equal(rx.held, 0);
+    n = 0;
+    while (swe_rx_pop(&rx, now, &it, &a) == 1)
+        if (n < 128)
+            seqs[n++] = it.seq;
+    assert_true(n > 50);
+    assert_seqs(seqs, n, 12);
+    swe_rx_fini(&rx);
+}
+
+/* A migration starts the new worker at the first window, and it grows
+ * only once the new worker answers. */
+static void
+test_tune_migration_restarts(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    c.window_max = 64;
+    c.migrations = 1;
+    swe_rx_init(&rx, &c, now);
+    run_fast(&rx, &next, 40, 16, 64, &now, 1);
+    assert_int_equal(rx.window, 64);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, now, &a), 0);
+    assert_true(a.migrate);
+    swe_rx_migrated(&rx, now);
+    assert_int_equal(rx.window, W);
+    assert_int_equal(rx.wmax, 0);
+    assert_int_equal(rx.granted, W);
+    next = 1;
+    run_fast(&rx, &next, 10, 16, 0, &now, 1); /* this worker does not answer */
+    assert_int_equal(rx.window, W);
+    swe_rx_fini(&rx);
+}
+
 /* ---------------------------------------------------------------- resend */
 
 static void
@@ -1243,6 +1554,15 @@ main(void)
         cmocka_unit_test(test_flow_violation_held),
         cmocka_unit_test(test_final_needs_no_credit),
         cmocka_unit_test(test_window_shrinks),
+        cmocka_unit_test(test_tune_needs_the_answer),
+        cmocka_unit_test(test_tune_grows_when_fast),
+        cmocka_unit_test(test_tune_not_when_slow),
+        cmocka_unit_test(test_tune_not_with_a_deep_queue),
+        cmocka_unit_test(test_tune_capped_by_the_worker),
+        cmocka_unit_test(test_tune_capped_by_bytes),
+        cmocka_unit_test(test_tune_shrinks_on_larger_items),
+        cmocka_unit_test(test_tune_reorder_window_grows),
+        cmocka_unit_test(test_tune_migration_restarts),
         cmocka_unit_test(test_lost_credit_repeated),
         cmocka_unit_test(test_heartbeat_shows_loss),
         cmocka_unit_test(test_resend_range_clamped),

@@ -186,6 +186,9 @@ void swe_stream_ref(sw_stream *s);
 void swe_stream_unref(sw_stream *s);
 /* Feeds one decoded item to the stream and carries out what it asks. */
 void swe_stream_on_item(sw_stream *s, const swe_rx_in *in);
+/* n items of one message, in order, under one lock where nothing must be
+ * sent between them. */
+void swe_stream_on_items(sw_stream *s, const swe_rx_in *in, size_t n);
 /* Ends a stream with a synthesized error; kill: tell the worker to stop. */
 void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
 /* The timer's look at one stream. */

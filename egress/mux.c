@@ -54,26 +54,47 @@ final_to_in(const swp_terminal *t, swe_rx_in *in)
     }
 }
 
+/* One item of message w into *in (its bytes borrowed from w). */
 static void
-feed(sw_stream *s, const swp_item *w, uint64_t seq, int final, const swp_terminal *t,
-     ProtobufCBinaryData data, int droppable, const char *event)
+item_to_in(const swp_item *w, uint64_t seq, int final, const swp_terminal *t,
+           ProtobufCBinaryData data, int droppable, const char *event, swe_rx_in *in)
 {
-    swe_rx_in in;
-    memset(&in, 0, sizeof(in));
-    in.seq = seq;
-    in.credit_window = w->credit_window; /* the header's, for every item of the message */
-    in.credit_window_max = w->credit_window_max;
+    memset(in, 0, sizeof(*in));
+    in->seq = seq;
+    in->credit_window = w->credit_window; /* the header's, for every item of the message */
+    in->credit_window_max = w->credit_window_max;
     if (final) {
-        in.kind = SWE_IN_FINAL;
-        final_to_in(t, &in);
+        in->kind = SWE_IN_FINAL;
+        final_to_in(t, in);
     } else {
-        in.kind = SWE_IN_DATA;
-        in.data = data.data;
-        in.len = data.len;
-        in.droppable = droppable;
-        in.event = event; /* the decoder checked it: "" or a valid name */
+        in->kind = SWE_IN_DATA;
+        in->data = data.data;
+        in->len = data.len;
+        in->droppable = droppable;
+        in->event = event; /* the decoder checked it: "" or a valid name */
     }
-    swe_stream_on_item(s, &in);
+}
+
+/* Every item of message w, in order, each as if it had come in a message
+ * of its own, fed under one lock of the stream per FEED_CHUNK items. */
+#define FEED_CHUNK 64
+static void
+feed_message(sw_stream *s, const swp_item *w)
+{
+    swe_rx_in in[FEED_CHUNK];
+    size_t n = 0;
+    item_to_in(w, w->seq, w->complete_final, w->terminal, w->data, w->droppable, w->event,
+               &in[n++]);
+    for (size_t i = 0; i < w->n_batch; i++) {
+        const swp_batched *b = w->batch[i];
+        if (n == FEED_CHUNK) {
+            swe_stream_on_items(s, in, n);
+            n = 0;
+        }
+        item_to_in(w, b->seq, b->complete_final, b->terminal, b->data, b->droppable, b->event,
+                   &in[n++]);
+    }
+    swe_stream_on_items(s, in, n);
 }
 
 /* A worker's heartbeats for many of our streams: each beat is handled as
@@ -194,13 +215,8 @@ swe_on_msg(const swt_msg *msg, void *arg)
         in.last_seq = w->heartbeat->last_seq;
         swe_stream_on_item(s, &in);
     } else {
-        feed(s, w, w->seq, w->complete_final, w->terminal, w->data, w->droppable, w->event);
-        /* A batch: the items the worker had queued behind the first, in
-         * order, each handled as if it had come in a message of its own. */
-        for (size_t i = 0; i < w->n_batch; i++) {
-            const swp_batched *b = w->batch[i];
-            feed(s, w, b->seq, b->complete_final, b->terminal, b->data, b->droppable, b->event);
-        }
+        /* With a batch: the items the worker had queued behind the first. */
+        feed_message(s, w);
     }
     swp_free_arena(w, &arena);
     swe_stream_unref(s);

@@ -146,7 +146,10 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     s->opening = 1;
     now = swi_now_ms();
     cfg.window = o->credit_window ? o->credit_window : r->window;
-    cfg.window_max = r->window_max > cfg.window ? r->window_max : cfg.window;
+    /* A window the request chose itself stays fixed (to bound a stream's
+     * memory or latency); the router's default window is tuned. */
+    cfg.window_max =
+        o->credit_window == 0 && r->window_max > cfg.window ? r->window_max : cfg.window;
     cfg.window_bytes = r->credit_bytes;
     cfg.inactivity_ms = r->inactivity_ms;
     if (o->heartbeat_ms != 0 && o->heartbeat_ms != r->hb_ms)

@@ -52,7 +52,8 @@
  *     from 1 again; its items continue the consumer's sequence after the
  *     last one received (seq_base). Credit restarts at the window for the
  *     new worker; items still queued from the old one do not grant it, so
- *     for one migration at most twice the window is queued. */
+ *     for one migration at most the old worker's (grown) window plus the
+ *     first window is queued. */
 #ifndef SW_EGRESS_RX_H
 #define SW_EGRESS_RX_H
 

@@ -532,18 +532,23 @@ typedef struct sw_router_opts {
     void *log_arg;
     int migration_limit; /* default for sw_request_opts.migration_limit; 0 (the default) = no
                             migration; at most SW_MAX_MIGRATIONS */
-    /* Window tuning (docs/PROTOCOL.md, "Flow control"). A stream whose
-     * consumer takes half a window within SW_WINDOW_GROW_MS, with little
-     * queued, doubles its window at the next grant, up to credit_window_max
+    /* Window tuning (docs/PROTOCOL.md, "Flow control"). A stream on the
+     * router's default window whose consumer took half a window within
+     * SW_WINDOW_GROW_MS of the previous grant, with at most a quarter of it
+     * queued, doubles its window at that grant, up to credit_window_max
      * items (and the worker's max_window), and no further than credit_bytes
      * of items of the largest size seen so far (each counted as its length
-     * + SW_ITEM_COST); it shrinks back (never below credit_window) when
-     * larger items arrive. A slow consumer keeps the first window. So a
-     * stream's queue holds at most about max(credit_window x item size,
-     * credit_bytes), as long as its items do not grow beyond the sizes
-     * seen when the credit was granted; credit already granted cannot be
-     * taken back, so a stream whose items grow suddenly can briefly queue
-     * its granted items at their new size. */
+     * + SW_ITEM_COST); a grant shrinks it back (never below credit_window)
+     * when larger items came. A slow consumer keeps the first window.
+     * Memory: a stream's queue holds about max(credit_window x item size,
+     * credit_bytes) while its items keep their size. The window is counted
+     * in items and credit granted cannot be taken back, so the worst case
+     * is the window in items times the largest item: a stream that grew to
+     * 16,384 items of 16 B and then sends 64 KiB items to a consumer that
+     * stopped can queue up to 16,384 x 64 KiB (a hostile worker can do it on
+     * purpose; with the fixed window of 256 it was 256 x the item). Set
+     * credit_window_max = credit_window where items may grow and memory
+     * matters more than throughput. */
     unsigned credit_window_max; /* 0 = SW_CREDIT_WINDOW_MAX_DEFAULT (16384); set it to
                                    credit_window for a fixed window; at most 1<<20 */
     size_t credit_bytes;        /* 0 = SW_CREDIT_BYTES_DEFAULT (1 MiB) */
@@ -591,7 +596,8 @@ typedef struct sw_request_opts {
                                  only item is the terminal error no_instances) */
     sw_duration deadline_ms;  /* 0 = none */
     uint32_t max_tokens;      /* hint passed to the engine; 0 = unset */
-    unsigned credit_window;   /* 0 = router default */
+    unsigned credit_window;   /* 0 = router default (tuned: sw_router_opts.credit_window_max);
+                                 set = a fixed window of this many items */
     sw_duration heartbeat_ms; /* 0 = router default */
     sw_item_fn on_item;       /* NULL = blocking mode (sw_stream_next) */
     void *on_item_arg;

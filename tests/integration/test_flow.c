@@ -208,6 +208,18 @@ window_common(env *e, int capped)
         sw_stream_stats_get(s, &ss);
         assert_int_equal(ss.items, N);
         assert_int_equal(ss.duplicates + ss.resend_requests, 0);
+        if (!capped) {
+            /* A window the request sets itself stays fixed, however fast. */
+            sw_request_opts o;
+            got *g2 = new_got(e);
+            ropts(e, &o);
+            o.credit_window = 64;
+            s = env_open_with(e, &o, "p", 1);
+            assert_true(collect(s, g2, 0, T(60000)));
+            assert_tokens(g2, N);
+            sw_stream_stats_get(s, &ss);
+            assert_int_equal(ss.window, 64);
+        }
     }
 }
 

@@ -578,15 +578,18 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
         if (q->gen != rx->gen)
             return 1; /* the worker it came from is gone: no credit for it */
         rx->consumed++;
-        if (!rx->migrating && rx->consumed + rx->window / 2 >= rx->credit_sent &&
-            (rx_tune(rx, now), rx->consumed + rx->window > rx->credit_sent)) {
-            rx->credit_sent = rx->consumed + rx->window;
-            rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
-            if (rx->credit_sent > rx->granted)
-                rx->granted = rx->credit_sent;
-            act->credit = 1;
-            act->credit_limit = rx->credit_sent;
-            act->credit_ack = rx->expected - 1;
+        if (!rx->migrating && rx->consumed + rx->window / 2 >= rx->credit_sent) {
+            rx_tune(rx, now);
+            /* (a window the tuning shrank may have nothing new to grant) */
+            if (rx->consumed + rx->window > rx->credit_sent) {
+                rx->credit_sent = rx->consumed + rx->window;
+                rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
+                if (rx->credit_sent > rx->granted)
+                    rx->granted = rx->credit_sent;
+                act->credit = 1;
+                act->credit_limit = rx->credit_sent;
+                act->credit_ack = rx->expected - 1;
+            }
         }
         return 1;
     }

@@ -107,6 +107,16 @@ typedef struct swe_rx_act {
     int migrate;     /* the stream must move to another instance (rx.migrating) */
 } swe_rx_act;
 
+/* 1 if act asks for nothing but (maybe) a wake-up, so that a caller may
+ * feed further items before carrying it out. A new field of swe_rx_act that
+ * asks for something belongs here too. */
+static inline int
+swe_rx_act_quiet(const swe_rx_act *a)
+{
+    return !(a->resend || a->credit || a->ack_final || a->ended || a->kill || a->after_final ||
+             a->migrate);
+}
+
 /* A decoded item. */
 enum { SWE_IN_DATA = 1, SWE_IN_FINAL = 2, SWE_IN_HEARTBEAT = 3 };
 typedef struct swe_rx_in {

@@ -85,30 +85,28 @@ swe_stream_on_items(sw_stream *s, const swe_rx_in *in, size_t n)
     swe_rx_act act;
     int64_t now = swi_now_ms();
     int wake = 0;
+    if (n == 0)
+        return;
     pthread_mutex_lock(&s->mu);
     if (s->req_buf != NULL) { /* the instance answered: no re-routing any more */
         free(s->req_buf);
         s->req_buf = NULL;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0;;) {
         swe_rx_on_item(&s->rx, &in[i], now, &act);
-        if (i + 1 == n)
-            break;
-        if (act.resend || act.credit || act.ack_final || act.ended || act.kill || act.after_final ||
-            act.migrate) {
-            /* Something to send or end: carry it out now, in order. */
-            act.wake |= wake;
-            wake = 0;
-            __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED);
-            st_unlock_apply(s, &act);
-            pthread_mutex_lock(&s->mu);
-        } else {
-            wake |= act.wake; /* the consumer is woken once, after the last */
-        }
+        wake |= act.wake;
+        if (++i < n && swe_rx_act_quiet(&act))
+            continue; /* the consumer is woken once, after the last */
+        /* The last item, or something to send or end: carried out now, in
+         * order. */
+        act.wake = wake;
+        wake = 0;
+        __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
+        st_unlock_apply(s, &act);
+        if (i == n)
+            return;
+        pthread_mutex_lock(&s->mu);
     }
-    act.wake |= wake;
-    __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
-    st_unlock_apply(s, &act);
 }
 
 void

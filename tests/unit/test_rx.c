@@ -35,20 +35,34 @@ start(swe_rx *rx)
     swe_rx_init(rx, &c, 1000);
 }
 
+/* Data item seq: "item-<seq>", padded with '.' to len bytes (0: not
+ * padded), carrying the worker's answer to a window offer, wmax (0: none),
+ * as its message header would. */
 static swe_rx_act
-data(swe_rx *rx, uint64_t seq, int64_t now)
+data_tuned(swe_rx *rx, uint64_t seq, size_t len, uint32_t wmax, int64_t now)
 {
+    static char buf[4096];
     swe_rx_in in;
     swe_rx_act act;
-    char buf[32];
+    int n = snprintf(buf, sizeof(buf), "item-%llu", (unsigned long long)seq);
+    if (len == 0)
+        len = (size_t)n;
+    assert_true(len >= (size_t)n && len <= sizeof(buf));
+    memset(buf + n, '.', len - (size_t)n);
     memset(&in, 0, sizeof(in));
-    snprintf(buf, sizeof(buf), "item-%llu", (unsigned long long)seq);
     in.kind = SWE_IN_DATA;
     in.seq = seq;
     in.data = (const uint8_t *)buf;
-    in.len = strlen(buf);
+    in.len = len;
+    in.credit_window_max = wmax;
     swe_rx_on_item(rx, &in, now, &act);
     return act;
+}
+
+static swe_rx_act
+data(swe_rx *rx, uint64_t seq, int64_t now)
+{
+    return data_tuned(rx, seq, 0, 0, now);
 }
 
 static swe_rx_act
@@ -603,27 +617,6 @@ start_tuned(swe_rx *rx, uint32_t max, size_t bytes)
     c.window_max = max;
     c.window_bytes = bytes;
     swe_rx_init(rx, &c, 1000);
-}
-
-/* Data item seq of len bytes ("item-<seq>" padded with '.'), carrying the
- * worker's answer wmax (0: none) as its message header would. */
-static swe_rx_act
-data_tuned(swe_rx *rx, uint64_t seq, size_t len, uint32_t wmax, int64_t now)
-{
-    static char buf[4096];
-    swe_rx_in in;
-    swe_rx_act act;
-    int n = snprintf(buf, sizeof(buf), "item-%llu", (unsigned long long)seq);
-    assert_true(len >= (size_t)n && len <= sizeof(buf));
-    memset(buf + n, '.', len - (size_t)n);
-    memset(&in, 0, sizeof(in));
-    in.kind = SWE_IN_DATA;
-    in.seq = seq;
-    in.data = (const uint8_t *)buf;
-    in.len = len;
-    in.credit_window_max = wmax;
-    swe_rx_on_item(rx, &in, now, &act);
-    return act;
 }
 
 /* A fast worker and a consumer that keeps up: everything the credit allows

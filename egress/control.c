@@ -20,37 +20,69 @@ ctl_target(sw_stream *s, char subj[SWT_SUBJECT_MAX], uint8_t id[SW_REQUEST_ID_BY
     pthread_mutex_unlock(&s->mu);
 }
 
-void
-swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
+/* Publishes one control; m has its kind and fields set. */
+static void
+ctl_publish(sw_router *r, const char *subj, const uint8_t id[SW_REQUEST_ID_BYTES], swp_control *m)
+{
+    uint8_t buf[160];
+    size_t len;
+    if (__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE) || subj[0] == '\0')
+        return; /* closed, or never sent anywhere (no instance) */
+    m->version = SW_PROTOCOL_VERSION;
+    m->request_id.data = (uint8_t *)id;
+    m->request_id.len = SW_REQUEST_ID_BYTES;
+    m->router_id = r->id;
+    if (swp_encode(m, buf, sizeof(buf), &len) == SW_OK)
+        (void)swt_publish(r->conn, subj, NULL, buf, len);
+}
+
+/* m to the stream's current worker. */
+static void
+ctl_send(sw_stream *s, swp_control *m)
 {
     char subj[SWT_SUBJECT_MAX];
     uint8_t id[SW_REQUEST_ID_BYTES];
     if (__atomic_load_n(&s->r->closed, __ATOMIC_ACQUIRE))
         return;
     ctl_target(s, subj, id);
-    swe_send_control_to(s->r, subj, id, kind, limit, ack, from, to);
+    ctl_publish(s->r, subj, id, m);
+}
+
+/* A control of kind with these fields (the rest unset). */
+static swp_control
+ctl_make(int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
+{
+    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+    m.kind = (Streamwire__V1__ControlKind)kind;
+    m.credit_limit = limit;
+    m.ack_seq = ack;
+    m.resend_from = from;
+    m.resend_to = to;
+    return m;
+}
+
+void
+swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
+{
+    swp_control m = ctl_make(kind, limit, ack, from, to);
+    ctl_send(s, &m);
+}
+
+void
+swe_send_credit(sw_stream *s, const swe_rx_act *act)
+{
+    swp_control m = ctl_make(STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, act->credit_limit,
+                             act->credit_ack, 0, 0);
+    m.byte_limit = act->credit_bytes;
+    ctl_send(s, &m);
 }
 
 void
 swe_send_control_to(sw_router *r, const char *subj, const uint8_t id[SW_REQUEST_ID_BYTES], int kind,
                     uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
 {
-    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
-    uint8_t buf[128];
-    size_t len;
-    if (__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE) || subj[0] == '\0')
-        return; /* closed, or never sent anywhere (no instance) */
-    m.version = SW_PROTOCOL_VERSION;
-    m.request_id.data = (uint8_t *)id;
-    m.request_id.len = SW_REQUEST_ID_BYTES;
-    m.kind = (Streamwire__V1__ControlKind)kind;
-    m.credit_limit = limit;
-    m.ack_seq = ack;
-    m.resend_from = from;
-    m.resend_to = to;
-    m.router_id = r->id;
-    if (swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
-        (void)swt_publish(r->conn, subj, NULL, buf, len);
+    swp_control m = ctl_make(kind, limit, ack, from, to);
+    ctl_publish(r, subj, id, &m);
 }
 
 /* Sends the queued acknowledgements of finals: one ACK_FINALS per worker. */

@@ -200,6 +200,8 @@ void swe_apply(sw_stream *s, const swe_rx_act *act);
 /* control.c */
 void swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from,
                       uint64_t to);
+/* A CREDIT with act's limits (act->credit). */
+void swe_send_credit(sw_stream *s, const swe_rx_act *act);
 /* To a given control subject and request id (a stream's earlier worker). */
 void swe_send_control_to(sw_router *r, const char *subj, const uint8_t id[SW_REQUEST_ID_BYTES],
                          int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to);

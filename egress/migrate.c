@@ -265,6 +265,7 @@ swe_migrate(sw_stream *s)
     m.payload.len = mg.new_payload != NULL ? mg.new_len : orig->payload.len;
     m.credit_window = orig->credit_window;
     m.credit_window_max = orig->credit_window_max;
+    m.credit_bytes = orig->credit_bytes;
     m.heartbeat_ms = orig->heartbeat_ms;
     if (deadline >= 0) {
         int64_t left = deadline - now;

@@ -63,6 +63,7 @@ item_to_in(const swp_item *w, uint64_t seq, int final, const swp_terminal *t,
     in->seq = seq;
     in->credit_window = w->credit_window; /* the header's, for every item of the message */
     in->credit_window_max = w->credit_window_max;
+    in->credit_bytes = w->credit_bytes;
     if (final) {
         in->kind = SWE_IN_FINAL;
         final_to_in(t, in);
@@ -95,6 +96,16 @@ feed_message(sw_stream *s, const swp_item *w)
                    &in[n++]);
     }
     swe_stream_on_items(s, in, n);
+}
+
+/* A heartbeat, from a batch or a wrapper of its own. */
+static void
+beat_in(swe_rx_in *in, uint64_t last_seq, int stalled)
+{
+    memset(in, 0, sizeof(*in));
+    in->kind = SWE_IN_HEARTBEAT;
+    in->last_seq = last_seq;
+    in->stalled = stalled;
 }
 
 /* A worker's heartbeats for many of our streams: each beat is handled as
@@ -136,9 +147,7 @@ on_beats(sw_router *r, const swt_msg *msg)
             swe_stream_unref(s);
             continue;
         }
-        memset(&in, 0, sizeof(in));
-        in.kind = SWE_IN_HEARTBEAT;
-        in.last_seq = b->beats[i]->last_seq;
+        beat_in(&in, b->beats[i]->last_seq, 0); /* (a stalled stream's comes on its own) */
         swe_stream_on_item(s, &in);
         swe_stream_unref(s);
     }
@@ -210,9 +219,7 @@ swe_on_msg(const swt_msg *msg, void *arg)
         swe_stream_fail(s, SW_DECODE_ERROR, m, 1);
     } else if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT) {
         swe_rx_in in;
-        memset(&in, 0, sizeof(in));
-        in.kind = SWE_IN_HEARTBEAT;
-        in.last_seq = w->heartbeat->last_seq;
+        beat_in(&in, w->heartbeat->last_seq, w->heartbeat->stalled);
         swe_stream_on_item(s, &in);
     } else {
         /* With a batch: the items the worker had queued behind the first. */

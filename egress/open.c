@@ -176,6 +176,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.payload.len = len;
     m.credit_window = cfg.window;
     m.credit_window_max = cfg.window_max > cfg.window ? cfg.window_max : 0;
+    m.credit_bytes = cfg.window_bytes;
     m.heartbeat_ms = o->heartbeat_ms ? (uint32_t)o->heartbeat_ms : r->hb_ms;
     m.deadline_ms = (uint32_t)o->deadline_ms;
     m.endpoint = (char *)o->endpoint;

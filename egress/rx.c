@@ -50,6 +50,9 @@ rx_worker_start(swe_rx *rx, int64_t now)
     rx->credit_sent = rx->granted = rx->cfg.window;
     memset(rx->grants, 0, sizeof(rx->grants));
     rx->grants[0] = rx->cfg.window;
+    rx->bytes_on = 0; /* until this worker answers */
+    rx->in_bytes = rx->consumed_bytes = 0;
+    rx->byte_sent = rx->cfg.window_bytes;
     rx->ngrants = 1;
     rx->gap_since_ms = 0;
     rx->last_resend_ms = 0;
@@ -312,6 +315,40 @@ rx_was_granted(const swe_rx *rx, uint64_t limit)
     return 0;
 }
 
+/* 1 if a heartbeat (nothing missing up to its last_seq) shows a worker
+ * without a grant we made: it says it is stalled while our latest limits
+ * let it send more, or it stopped exactly at an earlier item limit
+ * although we granted more since. */
+static int
+rx_grant_lost(const swe_rx *rx, const swe_rx_in *in)
+{
+    if (in->last_seq + 1 != rx->expected)
+        return 0;
+    if (in->stalled && in->last_seq < rx->credit_sent &&
+        (!rx->bytes_on || rx->in_bytes < rx->byte_sent))
+        return 1;
+    return in->last_seq < rx->credit_sent && rx_was_granted(rx, in->last_seq);
+}
+
+/* The CREDIT to send: the current limits. */
+static void
+rx_credit_act(const swe_rx *rx, swe_rx_act *act)
+{
+    act->credit = 1;
+    act->credit_limit = rx->credit_sent;
+    act->credit_ack = rx->expected - 1;
+    act->credit_bytes = rx->bytes_on ? rx->byte_sent : 0;
+}
+
+/* 1 if a data item of len, not a duplicate, takes the data bytes received
+ * from this worker past the highest byte limit granted plus the largest
+ * item seen (max_cost includes this one): the worker ignores byte credit. */
+static int
+rx_bytes_over(const swe_rx *rx, size_t len)
+{
+    return rx->bytes_on && rx->in_bytes + len > rx->byte_sent + (rx->max_cost - SW_ITEM_COST);
+}
+
 void
 swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
 {
@@ -346,14 +383,10 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             if (rx->gap_since_ms == 0)
                 rx->gap_since_ms = now;
             rx_ask_resend(rx, rx->expected, in->last_seq, now, act);
-        } else if (in->last_seq + 1 == rx->expected && in->last_seq < rx->credit_sent &&
-                   rx_was_granted(rx, in->last_seq)) {
-            /* Nothing missing, and the worker stopped exactly where an
-             * earlier grant ended although we granted more since: a later
-             * grant was lost. */
-            act->credit = 1;
-            act->credit_limit = rx->credit_sent;
-            act->credit_ack = rx->expected - 1;
+        } else if (rx_grant_lost(rx, in)) {
+            /* Nothing missing, and the worker stopped where an earlier
+             * grant ended although we granted more since. */
+            rx_credit_act(rx, act);
         }
         return;
     }
@@ -374,6 +407,8 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
     if (in->credit_window_max != 0 && rx->wmax == 0)
         rx->wmax =
             in->credit_window_max < rx->cfg.window_max ? in->credit_window_max : rx->cfg.window_max;
+    if (in->credit_bytes != 0 && rx->cfg.window_bytes != 0)
+        rx->bytes_on = 1;
     if (in->seq < rx->expected) {
         rx->st.duplicates++;
         return;
@@ -400,11 +435,14 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
     if (in->kind == SWE_IN_DATA && in->len + SW_ITEM_COST > rx->max_cost)
         rx->max_cost = in->len + SW_ITEM_COST;
     if (in->seq == rx->expected) {
-        swe_q *q = q_make(in);
-        if (q == NULL) {
+        swe_q *q;
+        if (in->kind == SWE_IN_DATA && rx_bytes_over(rx, in->len))
+            goto bytes_over;
+        if ((q = q_make(in)) == NULL) {
             fail = SW_ENOMEM;
             goto fail;
         }
+        rx->in_bytes += q->len;
         rx_accept(rx, q, now, act);
         while (rx->term_state == SWE_TERM_NONE && rx->held > 0) {
             swe_q **slot = &rx->hold[rx->expected % rx->hold_cap];
@@ -437,10 +475,13 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             rx->st.duplicates++;
             return;
         }
+        if (in->kind == SWE_IN_DATA && rx_bytes_over(rx, in->len))
+            goto bytes_over;
         if ((*slot = q_make(in)) == NULL) {
             fail = SW_ENOMEM;
             goto fail;
         }
+        rx->in_bytes += (*slot)->len;
         rx->held++;
         if (rx->gap_since_ms == 0) {
             rx->gap_since_ms = now;
@@ -448,6 +489,9 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         }
     }
     return;
+bytes_over:
+    fail = SW_FLOW_VIOLATION;
+    fail_msg = "the worker sent more data bytes than the byte credit it was granted";
 fail:
     (void)rx_fail(rx, fail, fail_msg, 1, now, act);
 }
@@ -537,8 +581,8 @@ rx_tune(swe_rx *rx, int64_t now)
     uint64_t cap = rx->wmax;
     int64_t since = now - rx->last_grant_ms;
     rx->last_grant_ms = now;
-    if (cap == 0)
-        return; /* a fixed window: the worker did not answer */
+    if (cap == 0 || (rx->cfg.window_bytes != 0 && !rx->bytes_on))
+        return; /* a fixed window: the worker did not answer (both) */
     if (rx->cfg.window_bytes != 0 && rx->max_cost != 0 && rx->cfg.window_bytes / rx->max_cost < cap)
         cap = rx->cfg.window_bytes / rx->max_cost;
     if (cap < rx->window0)
@@ -578,17 +622,22 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
         if (q->gen != rx->gen)
             return 1; /* the worker it came from is gone: no credit for it */
         rx->consumed++;
-        if (!rx->migrating && rx->consumed + rx->window / 2 >= rx->credit_sent) {
+        rx->consumed_bytes += q->len;
+        if (!rx->migrating &&
+            (rx->consumed + rx->window / 2 >= rx->credit_sent ||
+             (rx->bytes_on && rx->consumed_bytes + rx->cfg.window_bytes / 2 >= rx->byte_sent))) {
             rx_tune(rx, now);
             /* (a window the tuning shrank may have nothing new to grant) */
-            if (rx->consumed + rx->window > rx->credit_sent) {
-                rx->credit_sent = rx->consumed + rx->window;
+            if (rx->consumed + rx->window > rx->credit_sent ||
+                (rx->bytes_on && rx->consumed_bytes + rx->cfg.window_bytes > rx->byte_sent)) {
+                if (rx->consumed + rx->window > rx->credit_sent)
+                    rx->credit_sent = rx->consumed + rx->window;
+                if (rx->bytes_on && rx->consumed_bytes + rx->cfg.window_bytes > rx->byte_sent)
+                    rx->byte_sent = rx->consumed_bytes + rx->cfg.window_bytes;
                 rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
                 if (rx->credit_sent > rx->granted)
                     rx->granted = rx->credit_sent;
-                act->credit = 1;
-                act->credit_limit = rx->credit_sent;
-                act->credit_ack = rx->expected - 1;
+                rx_credit_act(rx, act);
             }
         }
         return 1;

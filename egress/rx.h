@@ -19,8 +19,10 @@
  *     counted and dropped; out-of-order items wait in a reorder window of
  *     hold_cap slots, and a gap asks for a resend of the missing range);
  *   - credit is granted as the consumer takes items; a grant can be lost
- *     (NATS is at most once), so a heartbeat showing the worker stopped
- *     exactly at an earlier limit, with nothing missing, repeats the grant;
+ *     (NATS is at most once), so a heartbeat with nothing missing that
+ *     says the worker is stalled (it waits for credit) while the latest
+ *     grant allows it more, or that shows it stopped exactly at an earlier
+ *     item limit (a worker that does not say `stalled`), repeats the grant;
  *   - the window grows: when the worker accepted a larger one (it answers
  *     with credit_window_max in seq 1's header), a grant that comes within
  *     SW_WINDOW_GROW_MS of the previous one, with at most a quarter of the
@@ -28,9 +30,17 @@
  *     and cfg.window_bytes of items of the largest cost seen (length +
  *     SW_ITEM_COST); a grant shrinks it to that byte bound (never below the
  *     first window) when larger items came;
+ *   - byte credit: when the worker answers credit_bytes (it keeps to byte
+ *     limits), every grant also says a byte limit, consumed bytes +
+ *     cfg.window_bytes, and a grant is due when half of either window was
+ *     consumed; the window grows only then (cfg.window_bytes != 0);
  *   - a data item beyond the credit granted so far ends the stream with
  *     flow_violation (the worker ignores flow control: nothing of it is
- *     queued); finals and heartbeats need no credit;
+ *     queued), and so does one that takes the data bytes received past the
+ *     highest byte limit granted plus the largest item seen (the worker
+ *     may start an item below the limit and finish it past it); so what is
+ *     queued and held never exceeds cfg.window_bytes + one item of data;
+ *     finals and heartbeats need no credit;
  *   - the worker's final decides the terminal once every item before it has
  *     arrived; an item (or a held item) past the final ends the stream with
  *     item_after_final instead, even after the final if the terminal has not
@@ -82,7 +92,8 @@ enum { SWE_TERM_NONE = 0, SWE_TERM_QUEUED = 1, SWE_TERM_DELIVERED = 2 };
 typedef struct swe_rx_cfg {
     uint32_t window;       /* credit window asked of the worker (> 0) */
     uint32_t window_max;   /* the window may grow to this (>= window; = window: fixed) */
-    size_t window_bytes;   /* ... and to no more bytes than this (0: no byte bound) */
+    size_t window_bytes;   /* byte credit asked of the worker (Request.credit_bytes), and the
+                              window grows to no more bytes than this (0: neither) */
     int64_t inactivity_ms; /* silence that ends the stream */
     int64_t gap_ms;        /* how long a gap may stay open */
     int64_t linger_ms;     /* hold a wire terminal this long */
@@ -95,8 +106,8 @@ typedef struct swe_rx_cfg {
 typedef struct swe_rx_act {
     int resend; /* send RESEND from..to */
     uint64_t resend_from, resend_to;
-    int credit; /* send CREDIT limit, ack */
-    uint64_t credit_limit, credit_ack;
+    int credit; /* send CREDIT limit, ack, byte limit (0: none) */
+    uint64_t credit_limit, credit_ack, credit_bytes;
     int ack_final;   /* acknowledge the worker's final (ACK_FINALS) */
     int ended;       /* this call decided a terminal that ends the stream at once (not the
                         worker's final, which stays until delivered): remove the stream from
@@ -128,7 +139,9 @@ typedef struct swe_rx_in {
     const char *event;          /* data: NULL, "" or a valid name (<= SW_MAX_EVENT) */
     uint32_t credit_window;     /* the worker's window, 0 = not sent */
     uint32_t credit_window_max; /* the largest window the worker accepts, 0 = not sent */
+    uint64_t credit_bytes;      /* the worker keeps to byte credit, 0 = not sent */
     uint64_t last_seq;          /* heartbeat: the last seq published */
+    int stalled;                /* heartbeat: the worker waits for credit */
     /* final: the terminal it carries */
     sw_status status;
     sw_err err;
@@ -159,6 +172,13 @@ typedef struct swe_rx {
     uint64_t granted;     /* the highest limit ever granted: the worker may send up to it */
     uint64_t grants[4];   /* the last limits granted (the worker stops at one of them) */
     unsigned ngrants;
+    /* byte credit, once the worker answered (bytes_on): the data bytes
+     * received (distinct seqs) and consumed from the current worker, the
+     * byte limit granted (consumed + window_bytes; it only grows) */
+    int bytes_on;
+    uint64_t in_bytes;
+    uint64_t consumed_bytes;
+    uint64_t byte_sent;
     /* consumer queue and terminal */
     swe_q *qh, *qt;
     size_t qlen;

@@ -44,8 +44,7 @@ swe_apply(sw_stream *s, const swe_rx_act *act)
         swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND, 0, 0, act->resend_from,
                          act->resend_to);
     if (act->credit)
-        swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, act->credit_limit,
-                         act->credit_ack, 0, 0);
+        swe_send_credit(s, act);
     if (act->ack_final)
         swe_queue_final_ack(s);
     if (act->ended) {
@@ -240,8 +239,7 @@ swe_dispatch(sw_stream *s)
         s->cb_thread = pthread_self();
         pthread_mutex_unlock(&s->mu);
         if (credit.credit)
-            swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, credit.credit_limit,
-                             credit.credit_ack, 0, 0);
+            swe_send_credit(s, &credit);
         if (got == 2)
             st_delivered_terminal(s);
         s->on_item(s, &item, s->on_item_arg);
@@ -294,8 +292,7 @@ sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
     *item = &s->cur;
     pthread_mutex_unlock(&s->mu);
     if (credit.credit)
-        swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, credit.credit_limit,
-                         credit.credit_ack, 0, 0);
+        swe_send_credit(s, &credit);
     if (got == 2)
         st_delivered_terminal(s);
     return SW_OK;

@@ -110,11 +110,11 @@ ing_find(sw_ingress *ing, const uint8_t *id)
     return r;
 }
 
-/* A CREDIT (limit, ack), or with `final` the frontend's word that the final
- * arrived: releases what was acknowledged, and retires a stream whose final
- * was. */
+/* A CREDIT (limit, ack, byte limit), or with `final` the frontend's word
+ * that the final arrived: releases what was acknowledged, and retires a
+ * stream whose final was. */
 static void
-resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
+resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, uint64_t bytes, int final)
 {
     int retire;
     pthread_mutex_lock(&r->mu);
@@ -126,6 +126,11 @@ resp_credit(sw_responder *r, uint64_t limit, uint64_t ack, int final)
      * used to make send fail with SW_ENOMEM, issue 11 #12). */
     if (r->window != 0 && limit > r->rg.acked + r->wmax)
         limit = r->rg.acked + r->wmax;
+    if (r->credit_bytes != 0 && bytes > r->byte_limit) {
+        /* (no clamp needed: the ring's slots are bounded by the window) */
+        r->byte_limit = bytes;
+        pthread_cond_broadcast(&r->cv);
+    }
     if (r->window != 0 && limit > r->credit_limit) {
         r->credit_limit = limit;
         pthread_cond_broadcast(&r->cv);
@@ -195,14 +200,14 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
         if (r != NULL)
-            resp_credit(r, c->credit_limit, c->ack_seq, 0);
+            resp_credit(r, c->credit_limit, c->ack_seq, c->byte_limit, 0);
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS:
         for (size_t i = 0; i < c->n_final_acks; i++) {
             sw_responder *a = ing_find(ing, c->final_acks[i].data);
             if (a != NULL) {
                 if (strcmp(c->router_id, a->router_id) == 0)
-                    resp_credit(a, 0, 0, 1);
+                    resp_credit(a, 0, 0, 0, 1);
                 swn_resp_unref(a);
             }
         }

@@ -54,6 +54,7 @@ swn_resp_hdr(const sw_responder *r, uint64_t first, uint64_t last, int resent, s
         first <= 1 || (r->final_seq != 0 && last >= r->final_seq) ? r->ing->instance_id : NULL;
     h->credit_window = r->capped ? r->window : 0;
     h->credit_window_max = r->grow && first <= 1 ? r->wmax : 0;
+    h->credit_bytes = first <= 1 ? r->credit_bytes : 0;
     h->resent = resent;
 }
 

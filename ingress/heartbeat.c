@@ -216,8 +216,9 @@ beats_free(swn_beats *b)
  * held). The beat counts only what went out (pub_seq), so the frontend asks
  * for anything missing up to there. A stream answered on a streamwire
  * router's own subject (sw.rsp.<router>.<id>) gets it in the tick's batch
- * for that router; any other response subject gets a heartbeat wrapper of
- * its own on it. */
+ * for that router; any other response subject, and a stream waiting for
+ * credit (it says `stalled`, which a batch's beats do not carry), gets a
+ * heartbeat wrapper of its own on it. */
 static void
 resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
 {
@@ -225,7 +226,7 @@ resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
     if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
         r->rg.pub_seq + 1 < r->rg.next_seq)
         return;
-    if (r->beats_batched) {
+    if (r->beats_batched && !r->starved) {
         if (swt_subject_beats(subj, sizeof(subj), r->router_id) == SW_OK &&
             beats_add(beats, subj, r->id, r->rg.pub_seq) == 0)
             r->last_pub_ms = now;
@@ -242,6 +243,7 @@ resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
         w.instance_id = r->ing->instance_id;
         w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
         h.last_seq = r->rg.pub_seq;
+        h.stalled = r->starved;
         w.heartbeat = &h;
         if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK) {
             swn_sent d = {0, 0, 0, 1};

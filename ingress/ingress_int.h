@@ -95,6 +95,14 @@ struct sw_responder {
      * ring keeps that many. grow: say wmax in the header of seq 1. */
     uint32_t wmax;
     int grow;
+    /* Byte credit (Request.credit_bytes, with a window): a data item may
+     * start while sent_bytes, the data bytes of seq 1 .. next_seq-1, are
+     * below byte_limit (UINT64_MAX: no byte credit); credit_bytes != 0 is
+     * said in the header of seq 1 (the frontend then counts bytes too). */
+    uint64_t byte_limit;
+    uint64_t sent_bytes;
+    uint64_t credit_bytes;
+    int starved; /* the last send found no credit (heartbeats say `stalled`) */
     /* next_seq, pub_seq, acked and the kept bodies (ingress/ring.h). Items
      * acked+1 .. pub_seq went out; pub_seq+1 .. next_seq-1 wait in the ring
      * to be published, in order, by the one thread that has set `sending`

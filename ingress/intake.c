@@ -203,6 +203,8 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         r->grow = r->wmax > r->window;
     }
     r->credit_limit = r->window ? r->window : UINT64_MAX;
+    r->credit_bytes = r->window != 0 ? req->credit_bytes : 0;
+    r->byte_limit = r->credit_bytes != 0 ? r->credit_bytes : UINT64_MAX;
     r->hb_ms = req->heartbeat_ms;
     if (r->hb_ms != 0 && r->hb_ms < SWN_MIN_HEARTBEAT_MS)
         r->hb_ms = SWN_MIN_HEARTBEAT_MS;

@@ -134,8 +134,9 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
             rv = SW_ECLOSED;
             goto out;
         }
-        if (r->rg.next_seq <= r->credit_limit)
+        if (r->rg.next_seq <= r->credit_limit && r->sent_bytes < r->byte_limit)
             break;
+        r->starved = 1;
         if (mode == 2) {
             pthread_mutex_lock(&ing->mu);
             ing->st.items_shed++;
@@ -179,6 +180,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
         free(buf);
         if (rv == SW_OK) {
             r->rg.next_seq++;
+            r->starved = 0;
             r->rg.pub_seq = seq;
         }
         goto out;
@@ -188,6 +190,8 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
         goto out;
     }
     r->rg.next_seq++;
+    r->sent_bytes += len;
+    r->starved = 0;
     swn_resp_kick(r); /* may drop mu while publishing */
 out:
     pthread_mutex_unlock(&r->mu);

@@ -60,6 +60,7 @@ enum {
     TAG_RESENT = (10 << 3) | 0,
     TAG_CREDIT_WINDOW = (11 << 3) | 0,
     TAG_CREDIT_WINDOW_MAX = (14 << 3) | 0,
+    TAG_CREDIT_BYTES = (16 << 3) | 0,
     TAG_BATCH = (12 << 3) | 2,
     TAG_EVENT = (13 << 3) | 2,
 };
@@ -115,6 +116,10 @@ swp_hdr_write(const swp_hdr *h, uint8_t *out)
     if (h->credit_window_max != 0) {
         out[n++] = TAG_CREDIT_WINDOW_MAX;
         n += swp_varint_write(out + n, h->credit_window_max);
+    }
+    if (h->credit_bytes != 0) { /* field 16: a two-byte tag */
+        n += swp_varint_write(out + n, TAG_CREDIT_BYTES);
+        n += swp_varint_write(out + n, h->credit_bytes);
     }
     return n;
 }

@@ -113,7 +113,8 @@ size_t swp_encoded_size(const void *msg);
 /* ---- Hand-written pieces of a StreamItemWrapper (the worker's hot path).
  *
  * A wrapper on the wire is a header (version, request_id, and optionally
- * instance_id, credit_window, credit_window_max, resent) followed by the first item's body
+ * instance_id, credit_window, credit_window_max, credit_bytes, resent)
+ * followed by the first item's body
  * (seq, data or the final's complete_final + terminal, droppable) and, for a
  * batch, one `batch` entry (swp_batch_prefix + body) per further item.
  * Protobuf fields may come in any order, so header ++ body is a valid
@@ -125,10 +126,11 @@ typedef struct swp_hdr {
     uint32_t credit_window;    /* 0 = not sent */
     int resent;
     uint32_t credit_window_max; /* 0 = not sent */
+    uint64_t credit_bytes;      /* 0 = not sent */
 } swp_hdr;
 
 /* Upper bound of swp_hdr_write for any header. */
-#define SWP_HDR_MAX (2 + 2 + SW_REQUEST_ID_BYTES + 2 + SW_MAX_TOKEN + 6 + 6 + 2)
+#define SWP_HDR_MAX (2 + 2 + SW_REQUEST_ID_BYTES + 2 + SW_MAX_TOKEN + 6 + 6 + 12 + 2)
 /* Upper bound of swp_batch_prefix. */
 #define SWP_PREFIX_MAX 11
 

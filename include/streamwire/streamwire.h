@@ -540,15 +540,15 @@ typedef struct sw_router_opts {
      * of items of the largest size seen so far (each counted as its length
      * + SW_ITEM_COST); a grant shrinks it back (never below credit_window)
      * when larger items came. A slow consumer keeps the first window.
-     * Memory: a stream's queue holds about max(credit_window x item size,
-     * credit_bytes) while its items keep their size. The window is counted
-     * in items and credit granted cannot be taken back, so the worst case
-     * is the window in items times the largest item: a stream that grew to
-     * 16,384 items of 16 B and then sends 64 KiB items to a consumer that
-     * stopped can queue up to 16,384 x 64 KiB (a hostile worker can do it on
-     * purpose; with the fixed window of 256 it was 256 x the item). Set
-     * credit_window_max = credit_window where items may grow and memory
-     * matters more than throughput. */
+     * Byte credit: every stream with a window also asks the worker to keep
+     * the data bytes it sends past what the consumer took below
+     * credit_bytes (it may finish past the limit the one item it started
+     * below it); a worker that answers is held to it (flow_violation), and
+     * only then does the window grow. Memory: a stream queues and holds at
+     * most credit_bytes + one item of data (plus about SW_ITEM_COST per
+     * item, within the window), whatever the worker sends; from a worker
+     * that does not keep to byte credit (an older one), the first window x
+     * the largest item. */
     unsigned credit_window_max; /* 0 = SW_CREDIT_WINDOW_MAX_DEFAULT (16384); set it to
                                    credit_window for a fixed window; at most 1<<20 */
     size_t credit_bytes;        /* 0 = SW_CREDIT_BYTES_DEFAULT (1 MiB) */

@@ -229,6 +229,7 @@ b_hdr(void)
     h.credit_window = 0;
     h.resent = 0;
     h.credit_window_max = 0;
+    h.credit_bytes = 0;
     blen = swp_hdr_write(&h, bbuf);
 }
 

@@ -161,6 +161,29 @@ w_send_tokens(wctx *w, sw_responder *r, int from, int to, int delay_ms)
     return 1;
 }
 
+/* Sends "token-i" padded with '.' to len bytes for i in [from, to).
+ * Returns 1 if all went out, 0 if a send failed (recorded with w_stop). */
+static int
+w_send_padded(wctx *w, sw_responder *r, int from, int to, size_t len)
+{
+    char *buf = malloc(len);
+    int ok = 1;
+    assert_non_null(buf);
+    for (int i = from; i < to && ok; i++) {
+        sw_err rv;
+        int n = snprintf(buf, len, "token-%d", i);
+        memset(buf + n, '.', len - (size_t)n);
+        if ((rv = sw_responder_send(r, buf, len)) != SW_OK) {
+            w_stop(w, r, rv);
+            ok = 0;
+        } else {
+            wctx_add(w, &w->sent, 1);
+        }
+    }
+    free(buf);
+    return ok;
+}
+
 void *
 w_retained_main(void *arg)
 {
@@ -348,6 +371,10 @@ test_handler(sw_responder *r, void *arg)
         pthread_mutex_lock(&w->mu);
         w->kept = r;
         pthread_mutex_unlock(&w->mu);
+        break;
+    case M_BIG:
+        if (w_send_tokens(w, r, 0, w->k, 0) && w_send_padded(w, r, w->k, w->n, w->big_len))
+            w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
         break;
     case M_PAUSE:
         if (w_send_tokens(w, r, 0, w->k, 0)) {

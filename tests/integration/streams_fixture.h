@@ -78,7 +78,8 @@ enum {
     M_KEEP,           /* retain and return; the test owns the responder */
     M_PAUSE,          /* k tokens, sleep delay_ms, the rest, finish */
     M_API,            /* responder API misuse and edge cases (results in rv[]) */
-    M_LOSE_FINAL      /* n tokens, swx_responder_lose_next, finish COMPLETED */
+    M_LOSE_FINAL,     /* n tokens, swx_responder_lose_next, finish COMPLETED */
+    M_BIG             /* k tokens, then tokens k..n-1 padded with '.' to big_len bytes, finish */
 };
 
 #define FAIL_MSG "the engine fell over: CUDA error 700"
@@ -103,7 +104,8 @@ typedef struct wctx {
     int finished;      /* finish/fail calls that returned SW_OK */
     sw_err finish_rv;  /* the last finish/fail/after-final result */
     sw_err rv[16];     /* M_TRY / M_API results */
-    size_t big_len;    /* M_API: a data item this long exceeds the max payload */
+    size_t big_len;    /* M_API: a data item this long exceeds the max payload; M_BIG: the
+                          padded items' length */
     int nrv;
     int try_done;
     int thr_done;

@@ -156,6 +156,25 @@ slow_consumer_flow_control(void **state)
     got_free(g);
 }
 
+/* Waits (up to a second) until the worker's items_sent stops moving, and
+ * returns it: what a worker sends while nobody reads. */
+static uint64_t
+wait_worker_stops(env *e)
+{
+    sw_ingress_stats st;
+    uint64_t sent = 0;
+    for (int i = 0; i < 50; i++) {
+        uint64_t now_sent;
+        sleep_ms(20);
+        ingress_stats(e, &st);
+        now_sent = st.items_sent;
+        if (i > 5 && now_sent == sent)
+            break;
+        sent = now_sent;
+    }
+    return sent;
+}
+
 /* Window tuning with the defaults: a consumer that keeps up with a fast
  * worker grows its window past the first 256; when it stops reading, the
  * worker stops within the window (what it sent and was not taken stays
@@ -169,7 +188,6 @@ window_common(env *e, int capped)
         sw_ingress_opts io;
         got *g = new_got(e);
         sw_stream_stats ss;
-        sw_ingress_stats st;
         sw_stream *s;
         uint64_t sent = 0;
         sw_ingress_opts_init(&io);
@@ -186,15 +204,7 @@ window_common(env *e, int capped)
             fail_msg("window %llu after %zu items (capped %d)", (unsigned long long)ss.window,
                      FIRST, capped);
         /* stop reading: the worker stops at the credit it has */
-        for (int i = 0; i < 50; i++) {
-            uint64_t now_sent;
-            sleep_ms(20);
-            ingress_stats(e, &st);
-            now_sent = st.items_sent;
-            if (i > 5 && now_sent == sent)
-                break;
-            sent = now_sent;
-        }
+        sent = wait_worker_stops(e);
         sw_stream_stats_get(s, &ss);
         if (sent - FIRST > ss.window || ss.pending > ss.window)
             fail_msg("stalled consumer: %llu sent past what it took, %llu queued, window %llu",
@@ -233,6 +243,63 @@ static void
 window_growth_capped_by_the_worker(void **state)
 {
     window_common(*state, 1);
+}
+
+/* Byte credit makes the memory bound hard (issue 17): a stream with a
+ * window of 2,048 items (as large as a grown one; fixed here, so that the
+ * case does not depend on timing) that gets 16 KiB items after small ones,
+ * while its consumer has stopped, queues no more than credit_bytes (256 KiB
+ * here) + one item: 17 items, not the window's worth. Without byte credit
+ * the worker sent all 200 (3.2 MiB). Then everything arrives, in order,
+ * intact. */
+static void
+byte_credit_bounds_large_items(void **state)
+{
+    env *e = *state;
+    const size_t K = 1000, BIG = 200, LEN = 16384, BUDGET = 256 * 1024;
+    sw_router_opts ro;
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_stream_stats ss;
+    sw_stream *s;
+    uint64_t sent = 0;
+    sw_router_opts_init(&ro);
+    ro.credit_bytes = BUDGET;
+    e->w.mode = M_BIG;
+    e->w.k = (int)K;
+    e->w.n = (int)(K + BIG);
+    e->w.big_len = LEN;
+    env_start(e, NULL, &ro);
+    ropts(e, &o);
+    o.credit_window = 2048;
+    s = env_open_with(e, &o, "p", 1);
+    assert_false(collect(s, g, K, T(30000)));
+    assert_int_equal(g->n, K);
+    /* stop reading: the worker stops at its byte credit */
+    sent = wait_worker_stops(e);
+    sw_stream_stats_get(s, &ss);
+    if (sent - K > BUDGET / LEN + 1 || ss.pending > BUDGET / LEN + 1)
+        fail_msg("stalled consumer, window %llu: %llu items of %zu B sent past what it took, "
+                 "%llu queued; byte credit %zu",
+                 (unsigned long long)ss.window, (unsigned long long)(sent - K), LEN,
+                 (unsigned long long)ss.pending, BUDGET);
+    assert_true(sent - K >= BUDGET / LEN); /* it did use the credit */
+    assert_true(collect(s, g, 0, T(60000)));
+    assert_int_equal(g->n, K + BIG);
+    for (size_t i = 0; i < K + BIG; i++) {
+        char want[32];
+        int n = snprintf(want, sizeof(want), "token-%zu", i);
+        assert_int_equal(g->seq[i], i + 1);
+        if (i < K) {
+            assert_string_equal(g->data[i], want);
+        } else {
+            assert_int_equal(strlen(g->data[i]), LEN);
+            assert_memory_equal(g->data[i], want, (size_t)n);
+            assert_int_equal(strspn(g->data[i] + n, "."), LEN - (size_t)n);
+        }
+    }
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
 }
 
 static void
@@ -610,6 +677,7 @@ main(int argc, char **argv)
         T_(try_send_and_droppable),
         T_(window_grows_and_still_bounds),
         T_(window_growth_capped_by_the_worker),
+        T_(byte_credit_bounds_large_items),
         T_(scale_1000_streams),
         T_(router_backlog_no_spurious_incomplete),
         T_(instance_not_lost_while_streaming),

@@ -16,8 +16,9 @@
  * does, and the new worker resumes at resume_from_seq), grow (chaos +
  * migrations with a tuned window: a first window of 4 that may grow to 64,
  * workers that accept 32 at most, a byte bound of 2,048 on every other
- * stream), all (each in
- * turn; the default).
+ * stream), bytes (chaos + one migration + workers that ignore credit, on a
+ * fixed window of 64 items with 1 KiB of byte credit: bytes bind), all
+ * (each in turn; the default). Items are 24 to 151 bytes.
  *
  * Checked after every step (an invariant broken aborts with the seed):
  *   I1 exactly one terminal per stream, and nothing after it;
@@ -49,7 +50,10 @@
  *      it); the window never exceeds what the worker accepted nor, after a
  *      grant, the byte bound (unless at its first size); I5's bound is the
  *      largest window the stream used. The grow profile must see windows
- *      that grew, or it tested nothing.
+ *      that grew, or it tested nothing;
+ *   I12 byte credit: the data bytes queued and held from the current
+ *      worker never exceed the byte credit plus the largest item seen. The
+ *      bytes profile must see a worker wait for byte credit.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,9 +93,13 @@ static const profile profiles[] = {
     {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0, 0, 0, 0},
     {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2, 0, 0, 0},
     {"grow", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0, 4, 50, 2, 0.1, 64, 32, 2048},
+    /* a fixed window of 64 items and 1 KiB of byte credit: bytes bind */
+    {"bytes", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0.1, 64, 50, 1, 0.05, 0, 0, 1024},
 };
 
 /* ---------------------------------------------------------------- state */
+
+#define PAYLOAD_MAX 160
 
 typedef struct wstream {
     int used;
@@ -101,6 +109,10 @@ typedef struct wstream {
     uint64_t credit_limit; /* may send seq <= this */
     uint32_t wmax;         /* the largest window it accepts */
     int grow;              /* it answers credit_window_max with seq 1 */
+    uint64_t credit_bytes; /* byte credit (Request.credit_bytes; answered with seq 1), 0 = none */
+    uint64_t byte_limit;   /* may start an item while sent_bytes < byte_limit */
+    uint64_t sent_bytes;
+    int stalled; /* it waits for credit (said in heartbeats) */
     uint64_t acked;
     int n; /* data items the handler produces */
     int produced;
@@ -131,6 +143,7 @@ typedef struct fstream {
     unsigned used_mask;  /* workers the stream was on */
     unsigned moves;      /* migrations made */
     uint32_t max_window; /* the largest window the frontend used */
+    size_t max_bytes;    /* the most data bytes queued and held (byte credit) */
     wstream w[NWORKERS]; /* the worker side, one per worker the stream was on */
 } fstream;
 
@@ -150,7 +163,8 @@ typedef struct world {
     int failed;
     int draining[NWORKERS];
     uint64_t migrations, mig_failed, moved_completed;
-    uint64_t grown; /* streams whose window grew */
+    uint64_t grown;       /* streams whose window grew */
+    uint64_t byte_stalls; /* a worker waited for byte credit (item credit left) */
 } world;
 
 /* What a bus node points to: its world and its node index. */
@@ -201,7 +215,15 @@ worker_index(world *wd, int node)
 static void
 payload_of(const uint8_t *id, uint64_t seq, char *out, size_t cap)
 {
-    snprintf(out, cap, "%02x%02x-%llu", id[0], id[1], (unsigned long long)seq);
+    /* 24 to 151 bytes: byte credit sees items of many sizes */
+    size_t want = 24 + (size_t)((seq * 37 + id[1]) % 128);
+    int n = snprintf(out, cap, "%02x%02x-%llu", id[0], id[1], (unsigned long long)seq);
+    if (want > cap - 1)
+        want = cap - 1;
+    if (n >= 0 && (size_t)n < want) {
+        memset(out + n, (int)('a' + seq % 26), want - (size_t)n);
+        out[want] = '\0';
+    }
 }
 
 /* ---------------------------------------------------------------- worker */
@@ -240,7 +262,7 @@ w_item(world *wd, fstream *f, int k, uint64_t seq, int final, int status)
     swp_item m = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
     swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
     swp_error e = STREAMWIRE__V1__ERROR__INIT;
-    char pl[32];
+    char pl[PAYLOAD_MAX];
     m.version = SW_PROTOCOL_VERSION;
     m.request_id.data = f->w[k].wid;
     m.request_id.len = 16;
@@ -267,6 +289,9 @@ w_item(world *wd, fstream *f, int k, uint64_t seq, int final, int status)
     }
     if (seq == 1 && f->w[k].grow)
         m.credit_window_max = f->w[k].wmax; /* as the real worker, with seq 1 */
+    if (seq == 1)
+        m.credit_bytes = f->w[k].credit_bytes;
+    f->w[k].sent_bytes += m.data.len;
     w_publish(wd, f, k, &m, seq);
 }
 
@@ -285,10 +310,16 @@ ev_produce(sim *s, void *arg, uint64_t idx, uint64_t b)
         return;
     }
     if (w->produced < w->n) {
-        if (w->next_seq > w->credit_limit && !w->hostile_credit) {
+        if ((w->next_seq > w->credit_limit ||
+             (w->credit_bytes != 0 && w->sent_bytes >= w->byte_limit)) &&
+            !w->hostile_credit) {
+            if (w->next_seq <= w->credit_limit)
+                wd->byte_stalls++;
+            w->stalled = 1;
             sim_at(s, 2, ev_produce, wd, idx, b); /* blocked on credit */
             return;
         }
+        w->stalled = 0;
         if (w->hostile_garbage && sim_rng_chance(sim_rand(s), 0.05)) {
             static const uint8_t junk[] = {0xff, 0x01, 0x02, 0x7f};
             sim_send(s, wd->wnode[k], wd->fnode, K_ITEM, junk, sizeof(junk), 0, 0);
@@ -322,6 +353,7 @@ ev_heartbeat(sim *s, void *arg, uint64_t idx, uint64_t b)
         m.request_id.len = 16;
         m.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
         h.last_seq = w->next_seq - 1;
+        h.stalled = w->stalled;
         m.heartbeat = &h;
         w_publish(wd, f, k, &m, 0);
     }
@@ -379,6 +411,8 @@ worker_on_request(world *wd, int node, const uint8_t *data, size_t len)
             req->credit_window_max < wd->p->worker_max ? req->credit_window_max : wd->p->worker_max;
         w->grow = 1;
     }
+    w->credit_bytes = req->credit_window != 0 ? req->credit_bytes : 0;
+    w->byte_limit = w->credit_bytes;
     w->n = f->n - (int)w->base;
     w->ring_cap = (size_t)w->n + 3;
     w->ring = calloc(w->ring_cap, sizeof(*w->ring));
@@ -433,6 +467,8 @@ worker_on_control(world *wd, int node, const uint8_t *data, size_t len)
                  (unsigned long long)c->credit_limit, (unsigned long long)c->ack_seq, w->wmax);
         if (c->credit_limit > w->credit_limit)
             w->credit_limit = c->credit_limit;
+        if (w->credit_bytes != 0 && c->byte_limit > w->byte_limit)
+            w->byte_limit = c->byte_limit;
         if (c->ack_seq > w->acked && c->ack_seq < w->next_seq)
             w->acked = c->ack_seq;
         break;
@@ -478,7 +514,7 @@ static void fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b);
 /* A control to worker k about request id. */
 static void
 fe_send_ctl_to(world *wd, int k, const uint8_t *id, int kind, uint64_t limit, uint64_t ack,
-               uint64_t from, uint64_t to)
+               uint64_t from, uint64_t to, uint64_t bytes)
 {
     swp_control m = STREAMWIRE__V1__CONTROL__INIT;
     ProtobufCBinaryData one;
@@ -500,6 +536,7 @@ fe_send_ctl_to(world *wd, int k, const uint8_t *id, int kind, uint64_t limit, ui
     m.ack_seq = ack;
     m.resend_from = from;
     m.resend_to = to;
+    m.byte_limit = bytes;
     if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
         abort();
     sim_send(wd->s, wd->fnode, wd->wnode[k], K_CTL, buf, len, 0, 0);
@@ -510,7 +547,7 @@ static void
 fe_send_ctl(world *wd, fstream *f, int kind, uint64_t limit, uint64_t ack, uint64_t from,
             uint64_t to)
 {
-    fe_send_ctl_to(wd, f->worker, f->wid, kind, limit, ack, from, to);
+    fe_send_ctl_to(wd, f->worker, f->wid, kind, limit, ack, from, to, 0);
 }
 
 /* A cancel sent again until the worker answers (the cancels table keeps
@@ -540,6 +577,22 @@ fe_check_bounds(world *wd, fstream *f)
         FAIL(wd, "I11: window %u, the worker accepted %u", f->rx.window, accepted);
     if (f->rx.held > f->rx.hold_cap)
         FAIL(wd, "I5: %zu items held, reorder window %zu", f->rx.held, f->rx.hold_cap);
+    /* I12: byte credit bounds the data bytes queued and held from the
+     * current worker: the budget plus one item (its largest) */
+    if (f->rx.bytes_on) {
+        size_t bytes = 0, largest = f->rx.max_cost - SW_ITEM_COST;
+        for (const swe_q *q = f->rx.qh; q != NULL; q = q->next)
+            if (q->gen == f->rx.gen)
+                bytes += q->len;
+        for (size_t i = 0; f->rx.hold != NULL && i < f->rx.hold_cap; i++)
+            if (f->rx.hold[i] != NULL)
+                bytes += f->rx.hold[i]->len;
+        if (bytes > f->rx.cfg.window_bytes + largest)
+            FAIL(wd, "I12: %zu data bytes queued and held, byte credit %zu + one item %zu", bytes,
+                 f->rx.cfg.window_bytes, largest);
+        if (bytes > f->max_bytes)
+            f->max_bytes = bytes;
+    }
 }
 
 static void fe_apply(world *wd, fstream *f, const swe_rx_act *a);
@@ -560,6 +613,7 @@ fe_send_request(world *wd, fstream *f, uint64_t resume)
     m.router_id = (char *)"simfe";
     m.credit_window = f->rx.cfg.window;
     m.credit_window_max = f->rx.cfg.window_max > f->rx.cfg.window ? f->rx.cfg.window_max : 0;
+    m.credit_bytes = f->rx.cfg.window_bytes;
     m.heartbeat_ms = (uint32_t)wd->p->hb_ms;
     m.resume_from_seq = resume;
     m.migratable = f->rx.mig_left > 0;
@@ -616,13 +670,8 @@ fe_apply(world *wd, fstream *f, const swe_rx_act *a)
         fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND, 0, 0, a->resend_from,
                     a->resend_to);
     if (a->credit) {
-        fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, a->credit_limit,
-                    a->credit_ack, 0, 0);
-        /* I11: after a grant, within the byte bound (or at the first size) */
-        if (f->rx.window > f->rx.window0 && f->rx.cfg.window_bytes != 0 &&
-            f->rx.window > f->rx.cfg.window_bytes / f->rx.max_cost)
-            FAIL(wd, "I11: window %u after a grant, byte bound %zu / %zu", f->rx.window,
-                 f->rx.cfg.window_bytes, f->rx.max_cost);
+        fe_send_ctl_to(wd, f->worker, f->wid, STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT,
+                       a->credit_limit, a->credit_ack, 0, 0, a->credit_bytes);
     }
     if (a->ack_final)
         fe_send_ctl(wd, f, STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS, 0, 0, 0, 0);
@@ -648,6 +697,12 @@ fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b)
     while ((got = swe_rx_pop(&f->rx, sim_now(s), &it, &a)) != 0) {
         if (f->terminal)
             FAIL(wd, "I1: an item after the terminal");
+        /* I11: after a grant the consumer made, within the byte bound (or
+         * at the first size); a repeated grant does not tune */
+        if (a.credit && f->rx.window > f->rx.window0 && f->rx.cfg.window_bytes != 0 &&
+            f->rx.window > f->rx.cfg.window_bytes / f->rx.max_cost)
+            FAIL(wd, "I11: window %u after a grant, byte bound %zu / %zu", f->rx.window,
+                 f->rx.cfg.window_bytes, f->rx.max_cost);
         if (got == 2) {
             f->terminal = 1;
             f->term = it.terminal;
@@ -660,7 +715,7 @@ fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b)
             break;
         }
         {
-            char want[32];
+            char want[PAYLOAD_MAX];
             payload_of(f->id, it.seq, want, sizeof(want));
             if (it.seq != f->last + 1)
                 FAIL(wd, "I2: item %llu after %llu", (unsigned long long)it.seq,
@@ -721,7 +776,7 @@ fe_cancels_tick(sim *s, void *arg, uint64_t a, uint64_t b)
             fe_send_ctl_to(wd, atoi(due[i].subj), due[i].id,
                            due[i].kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
                                        : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
-                           0, 0, 0, 0);
+                           0, 0, 0, 0, 0);
             wd->cancel_resends++;
         }
     sim_at(s, TICK_MS, fe_cancels_tick, wd, 0, 0);
@@ -762,6 +817,7 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
         if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT) {
             in.kind = SWE_IN_HEARTBEAT;
             in.last_seq = w->heartbeat->last_seq;
+            in.stalled = w->heartbeat->stalled;
         } else if (w->complete_final) {
             in.kind = SWE_IN_FINAL;
             in.status = w->terminal->status == STREAMWIRE__V1__STATUS__STATUS_COMPLETED
@@ -777,6 +833,7 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
         } else {
             in.kind = SWE_IN_DATA;
             in.credit_window_max = w->credit_window_max;
+            in.credit_bytes = w->credit_bytes;
             in.data = w->data.data;
             in.len = w->data.len;
             if (f->w[f->worker].final_seq != 0 && w->seq > f->w[f->worker].final_seq &&
@@ -837,7 +894,8 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
     memset(&cfg, 0, sizeof(cfg));
     cfg.window = wd->p->window;
     cfg.window_max = wd->p->window_max > cfg.window ? wd->p->window_max : cfg.window;
-    cfg.window_bytes = idx & 1 ? wd->p->window_bytes : 0; /* else the workers' cap binds */
+    /* grow: half the streams without a byte bound (the workers' cap binds) */
+    cfg.window_bytes = idx & 1 || wd->p->window_max == 0 ? wd->p->window_bytes : 0;
     cfg.inactivity_ms = 4 * wd->p->hb_ms + 500;
     cfg.gap_ms = 500;
     cfg.linger_ms = 0;
@@ -851,7 +909,7 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
 
 static int
 run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t *msgs,
-         uint64_t *moved, uint64_t *grown)
+         uint64_t *moved, uint64_t *grown, uint64_t *byte_stalls)
 {
     world *wd = calloc(1, sizeof(*wd));
     node_box boxes[NWORKERS + 1];
@@ -938,9 +996,24 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
     sim_run(wd->s, t + 20000);
     for (int i = 0; i < wd->nstreams; i++) {
         fstream *f = &wd->st[i];
-        if (!f->terminal)
+        if (!f->terminal) {
+            const wstream *w = &f->w[f->worker];
+            fprintf(stderr,
+                    "  rx: expected %llu granted %llu credit_sent %llu consumed %llu window %u "
+                    "bytes_on %d in %llu consumed %llu byte_sent %llu qlen %zu held %zu "
+                    "migrating %d; worker %d: next %llu limit %llu bytes %llu/%llu stalled %d "
+                    "produced %d/%d final %llu killed %d\n",
+                    (unsigned long long)f->rx.expected, (unsigned long long)f->rx.granted,
+                    (unsigned long long)f->rx.credit_sent, (unsigned long long)f->rx.consumed,
+                    f->rx.window, f->rx.bytes_on, (unsigned long long)f->rx.in_bytes,
+                    (unsigned long long)f->rx.consumed_bytes, (unsigned long long)f->rx.byte_sent,
+                    f->rx.qlen, f->rx.held, f->rx.migrating, f->worker,
+                    (unsigned long long)w->next_seq, (unsigned long long)w->credit_limit,
+                    (unsigned long long)w->sent_bytes, (unsigned long long)w->byte_limit,
+                    w->stalled, w->produced, w->n, (unsigned long long)w->final_seq, w->killed);
             FAIL(wd, "I4: stream %d never ended (%llu items delivered)", i,
                  (unsigned long long)f->last);
+        }
         if (f->after_final_rx && f->term.status == SW_STATUS_COMPLETED)
             FAIL(wd, "I7: stream %d completed although an item past its final arrived", i);
         /* I8: every cancel reaches its handler or prevents it: unless its
@@ -978,6 +1051,7 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                (unsigned long long)wd->mig_failed, (unsigned long long)wd->moved_completed);
     *moved = wd->moved_completed;
     *grown = wd->grown;
+    *byte_stalls = wd->byte_stalls;
     if (verbose)
         printf("  seed 0x%llx %-9s streams %d messages %llu: completed %llu cancelled %llu "
                "gap %llu incomplete %llu after_final %llu flow %llu decode %llu\n",
@@ -1023,27 +1097,35 @@ main(int argc, char **argv)
         else if (!strcmp(argv[i], "--verbose"))
             verbose = 1;
         else {
-            fprintf(
-                stderr,
-                "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
-                "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|grow|all] [--verbose]\n",
-                argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
+                    "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|grow|bytes|all] "
+                    "[--verbose]\n",
+                    argv[0]);
             return 2;
         }
     }
     for (size_t k = 0; k < sizeof(profiles) / sizeof(profiles[0]); k++) {
-        uint64_t pm = 0, moved = 0, grown = 0;
+        uint64_t pm = 0, moved = 0, grown = 0, bstalls = 0;
         if (strcmp(pname, "all") != 0 && strcmp(pname, profiles[k].name) != 0)
             continue;
         for (uint64_t n = 0; n < nseeds; n++) {
-            uint64_t m = 0, mv = 0, gr = 0;
-            run_seed(&profiles[k], seed + n, budget, verbose, &m, &mv, &gr);
+            uint64_t m = 0, mv = 0, gr = 0, bs = 0;
+            run_seed(&profiles[k], seed + n, budget, verbose, &m, &mv, &gr, &bs);
             pm += m;
+            bstalls += bs;
             moved += mv;
             grown += gr;
         }
         if (profiles[k].window_max > profiles[k].window && grown == 0) {
             fprintf(stderr, "sim_streams: profile %s: no window grew: tuning was not exercised\n",
+                    profiles[k].name);
+            return 1;
+        }
+        if (profiles[k].window_max == 0 && profiles[k].window_bytes != 0 && bstalls == 0) {
+            fprintf(stderr,
+                    "sim_streams: profile %s: no worker waited for byte credit: it was not "
+                    "exercised\n",
                     profiles[k].name);
             return 1;
         }

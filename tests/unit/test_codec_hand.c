@@ -77,6 +77,7 @@ wb_hdr(wbuf *w, const char *instance_id, int resent, uint32_t credit_window)
     h.credit_window = credit_window;
     h.resent = resent;
     h.credit_window_max = 0;
+    h.credit_bytes = 0;
     n = swp_hdr_write(&h, wb_room(w, SWP_HDR_MAX));
     assert_true(n <= SWP_HDR_MAX);
     w->len += n;
@@ -384,7 +385,7 @@ test_hand_header_and_prefix_bounds(void **state)
     /* the longest header: exactly SWP_HDR_MAX, into a buffer of exactly that */
     {
         uint8_t *out = malloc(SWP_HDR_MAX);
-        swp_hdr h = {RID, ID64, UINT32_MAX, 1, UINT32_MAX};
+        swp_hdr h = {RID, ID64, UINT32_MAX, 1, UINT32_MAX, UINT64_MAX};
         assert_non_null(out);
         assert_int_equal(swp_hdr_write(&h, out), SWP_HDR_MAX);
         free(out);
@@ -393,7 +394,7 @@ test_hand_header_and_prefix_bounds(void **state)
     {
         char longid[3 * SW_MAX_TOKEN + 1];
         uint8_t *out = malloc(SWP_HDR_MAX);
-        swp_hdr h = {RID, NULL, UINT32_MAX, 1, UINT32_MAX};
+        swp_hdr h = {RID, NULL, UINT32_MAX, 1, UINT32_MAX, UINT64_MAX};
         assert_non_null(out);
         h.instance_id = repeat(longid, 'x', sizeof(longid) - 1);
         assert_true(swp_hdr_write(&h, out) <= SWP_HDR_MAX);
@@ -403,10 +404,15 @@ test_hand_header_and_prefix_bounds(void **state)
     for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
         for (size_t c = 0; c < sizeof(windows) / sizeof(windows[0]); c++) {
             for (int resent = 0; resent <= 3; resent++) {
-                /* resent 2 and 3: credit_window_max too (a window's answer) */
-                swp_hdr h = {RID, ids[i], windows[c], resent & 1,
-                             resent >= 2 ? windows[sizeof(windows) / sizeof(windows[0]) - 1 - c]
-                                         : 0};
+                /* resent 2 and 3: credit_window_max and credit_bytes too (a
+                 * window's answer) */
+                swp_hdr h = {
+                    RID,
+                    ids[i],
+                    windows[c],
+                    resent & 1,
+                    resent >= 2 ? windows[sizeof(windows) / sizeof(windows[0]) - 1 - c] : 0,
+                    resent >= 2 ? bodies[(i * 7 + c) % (sizeof(bodies) / sizeof(bodies[0]))] : 0};
                 swp_item m;
                 uint8_t out[SWP_HDR_MAX + 8], *packed;
                 size_t n, plen;
@@ -415,12 +421,13 @@ test_hand_header_and_prefix_bounds(void **state)
                 assert_true(n <= SWP_HDR_MAX);
                 for (size_t g = n; g < sizeof(out); g++)
                     assert_int_equal(out[g], 0xee);
-                /* protobuf-c packs fields 1, 2, 9, 10, 11, 14 in that order too */
+                /* protobuf-c packs fields 1, 2, 9, 10, 11, 14, 16 in that order too */
                 fill_item_base(&m);
                 m.instance_id = (char *)(ids[i] ? ids[i] : "");
                 m.credit_window = windows[c];
                 m.resent = resent & 1;
                 m.credit_window_max = h.credit_window_max;
+                m.credit_bytes = h.credit_bytes;
                 packed = encode_msg(&m, &plen);
                 assert_int_equal(n, plen);
                 assert_memory_equal(out, packed, n);
@@ -696,7 +703,7 @@ static void
 test_batch_count_cap(void **state)
 {
     static const uint8_t id[SW_REQUEST_ID_BYTES] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
-    swp_hdr h = {id, NULL, 0, 0, 0};
+    swp_hdr h = {id, NULL, 0, 0, 0, 0};
     size_t cap = SWP_HDR_MAX + (SWP_MAX_BATCH + 2) * (SWP_PREFIX_MAX + 16), n;
     uint8_t *b = malloc(cap), body[32];
     (void)state;

@@ -37,9 +37,13 @@ start(swe_rx *rx)
 
 /* Data item seq: "item-<seq>", padded with '.' to len bytes (0: not
  * padded), carrying the worker's answer to a window offer, wmax (0: none),
- * as its message header would. */
+ * as its message header would; a worker that answers the window offer
+ * keeps to byte credit too (it answers credit_bytes), unless
+ * g_no_byte_answer. */
+static int g_no_byte_answer;
+
 static swe_rx_act
-data_tuned(swe_rx *rx, uint64_t seq, size_t len, uint32_t wmax, int64_t now)
+data_full(swe_rx *rx, uint64_t seq, size_t len, uint32_t wmax, uint64_t bytes, int64_t now)
 {
     static char buf[4096];
     swe_rx_in in;
@@ -55,8 +59,16 @@ data_tuned(swe_rx *rx, uint64_t seq, size_t len, uint32_t wmax, int64_t now)
     in.data = (const uint8_t *)buf;
     in.len = len;
     in.credit_window_max = wmax;
+    in.credit_bytes = bytes;
     swe_rx_on_item(rx, &in, now, &act);
     return act;
+}
+
+static swe_rx_act
+data_tuned(swe_rx *rx, uint64_t seq, size_t len, uint32_t wmax, int64_t now)
+{
+    return data_full(rx, seq, len, wmax, wmax != 0 && !g_no_byte_answer ? rx->cfg.window_bytes : 0,
+                     now);
 }
 
 static swe_rx_act
@@ -80,16 +92,24 @@ final_at(swe_rx *rx, uint64_t seq, sw_status st, const char *reason, int64_t now
     return act;
 }
 
+/* A heartbeat; stalled: the worker says it waits for credit. */
 static swe_rx_act
-beat(swe_rx *rx, uint64_t last, int64_t now)
+beat_st(swe_rx *rx, uint64_t last, int stalled, int64_t now)
 {
     swe_rx_in in;
     swe_rx_act act;
     memset(&in, 0, sizeof(in));
     in.kind = SWE_IN_HEARTBEAT;
     in.last_seq = last;
+    in.stalled = stalled;
     swe_rx_on_item(rx, &in, now, &act);
     return act;
+}
+
+static swe_rx_act
+beat(swe_rx *rx, uint64_t last, int64_t now)
+{
+    return beat_st(rx, last, 0, now);
 }
 
 /* Pops everything ready: the data seqs into seqs (count returned), checks
@@ -620,9 +640,13 @@ start_tuned(swe_rx *rx, uint32_t max, size_t bytes)
 }
 
 /* A fast worker and a consumer that keeps up: everything the credit allows
- * arrives at `now`, and is popped at `now`, `rounds` times. Returns the
- * number of grants; each grant is checked: limit = consumed + window, and
- * never more than the worker's answer past the acknowledgement. */
+ * arrives at `now` (the worker keeps to the byte credit once it answered
+ * it: it starts an item while the bytes it sent are below the byte
+ * limit), and is popped at `now`, `rounds` times. Returns the number of
+ * grants; each grant is checked: the limits are the current ones, a
+ * limit grows to consumed + window, never more than the worker's answer
+ * past the acknowledgement, and the byte limit is consumed bytes +
+ * window_bytes. */
 static int
 run_fast(swe_rx *rx, uint64_t *next, int rounds, size_t len, uint32_t answer, int64_t *now,
          int64_t step)
@@ -632,17 +656,24 @@ run_fast(swe_rx *rx, uint64_t *next, int rounds, size_t len, uint32_t answer, in
         sw_item it;
         swe_rx_act a;
         *now += step;
-        while (*next <= rx->granted) {
+        while (*next <= rx->granted && (!rx->bytes_on || rx->in_bytes < rx->byte_sent)) {
             a = data_tuned(rx, *next, len, *next == 1 ? answer : 0, *now);
             assert_false(a.ended);
             (*next)++;
         }
-        while (swe_rx_pop(rx, *now, &it, &a) == 1) {
+        for (uint64_t before = rx->credit_sent; swe_rx_pop(rx, *now, &it, &a) == 1;
+             before = rx->credit_sent) {
             if (a.credit) {
                 grants++;
-                assert_int_equal(a.credit_limit, rx->consumed + rx->window);
+                assert_int_equal(a.credit_limit, rx->credit_sent);
+                if (a.credit_limit != before) /* (a byte grant may leave it) */
+                    assert_int_equal(a.credit_limit, rx->consumed + rx->window);
                 if (answer != 0)
                     assert_true(a.credit_limit - a.credit_ack <= answer);
+                if (rx->bytes_on)
+                    assert_int_equal(a.credit_bytes, rx->consumed_bytes + rx->cfg.window_bytes);
+                else
+                    assert_int_equal(a.credit_bytes, 0);
             }
         }
     }
@@ -1522,6 +1553,251 @@ test_migrate_history(void **state)
     }
 }
 
+/* ---------------------------------------------------------------- byte credit */
+
+/* A stream with a fixed window of 64 items and byte credit of `bytes`. */
+static void
+start_bytes(swe_rx *rx, size_t bytes)
+{
+    swe_rx_cfg c = cfg_default();
+    c.window = 64;
+    c.window_bytes = bytes;
+    swe_rx_init(rx, &c, 1000);
+}
+
+/* Data item seq of len bytes ("item-<seq>" padded); seq 1 carries the
+ * worker's answer to byte credit when `answer`. */
+static swe_rx_act
+data_b(swe_rx *rx, uint64_t seq, size_t len, int answer, int64_t now)
+{
+    return data_full(rx, seq, len, 0, answer && seq == 1 ? rx->cfg.window_bytes : 0, now);
+}
+
+/* The worker may finish past the byte limit the item it started below it,
+ * no more: 1,000 bytes of credit, items of 100: the eleventh (1,100 bytes)
+ * is the most a worker can have sent, the twelfth ends the stream with
+ * flow_violation and a KILL, and nothing of it is queued. */
+static void
+test_bytes_past_the_limit(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    start_bytes(&rx, 1000);
+    for (uint64_t s = 1; s <= 11; s++) {
+        a = data_b(&rx, s, 100, 1, 1000);
+        assert_false(a.ended);
+    }
+    assert_true(rx.bytes_on);
+    assert_int_equal(rx.in_bytes, 1100);
+    assert_int_equal(rx.qlen, 11);
+    a = data_b(&rx, 12, 100, 1, 1000);
+    assert_true(a.ended);
+    assert_true(a.kill);
+    assert_int_equal(rx.qlen, 11);
+    for (int i = 0; i < 11; i++)
+        assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
+    assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 2);
+    assert_int_equal(it.terminal.error, SW_FLOW_VIOLATION);
+    swe_rx_fini(&rx);
+
+    /* the largest item seen sets the slack: after one of 300 bytes, items
+     * may reach 1,000 + 300 */
+    start_bytes(&rx, 1000);
+    a = data_b(&rx, 1, 300, 1, 1000);
+    for (uint64_t s = 2; s <= 11; s++) {
+        a = data_b(&rx, s, 100, 1, 1000);
+        assert_false(a.ended);
+    }
+    assert_int_equal(rx.in_bytes, 1300);
+    a = data_b(&rx, 12, 10, 1, 1000);
+    assert_true(a.ended);
+    swe_rx_fini(&rx);
+}
+
+/* A gap: held items count as received, so do their bytes; the same
+ * items sent again (a resend covers held ones) are duplicates and count
+ * nothing, even at the limit. */
+static void
+test_bytes_held_and_duplicates(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start_bytes(&rx, 1000);
+    data_b(&rx, 1, 100, 1, 1000);
+    for (uint64_t s = 3; s <= 11; s++)
+        assert_false(data_b(&rx, s, 100, 1, 1000).ended); /* 2 is missing */
+    assert_int_equal(rx.held, 9);
+    assert_int_equal(rx.in_bytes, 1000);
+    for (int rep = 0; rep < 3; rep++)
+        for (uint64_t s = 3; s <= 11; s++)
+            assert_false(data_b(&rx, s, 100, 1, 1001).ended);
+    assert_int_equal(rx.in_bytes, 1000);
+    a = data_b(&rx, 2, 100, 1, 1002); /* the repair: 1,100, the most allowed */
+    assert_false(a.ended);
+    assert_int_equal(rx.qlen, 11);
+    assert_int_equal(rx.st.duplicates, 27);
+    swe_rx_fini(&rx);
+}
+
+/* Grants follow bytes too: items of 300 against 1,000 bytes, a window of
+ * 64 items. The worker stops after four (it started the fourth at 900);
+ * consuming two (600, past half of 1,000) grants 1,600 bytes; every
+ * grant says consumed bytes + 1,000. */
+static void
+test_bytes_grants(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    start_bytes(&rx, 1000);
+    for (uint64_t s = 1; s <= 4; s++)
+        data_b(&rx, s, 300, 1, 1000);
+    assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
+    assert_false(a.credit); /* 300 + 500 < 1,000; 1 + 32 < 64 */
+    assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_bytes, 1600);
+    assert_int_equal(a.credit_limit, 66); /* the item limit moves along: 2 + 64 */
+    assert_int_equal(a.credit_ack, 4);
+    assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
+    assert_false(a.credit); /* 900 + 500 < 1,600 */
+    assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_bytes, 2200);
+    assert_int_equal(rx.byte_sent, 2200);
+    swe_rx_fini(&rx);
+}
+
+/* Without the worker's answer (a worker that does not keep to byte
+ * credit) nothing is counted against it and grants say no byte limit; and
+ * a window offer alone does not grow the window when byte credit was
+ * asked: the memory bound would be soft. */
+static void
+test_bytes_need_the_answer(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    sw_item it;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    start_bytes(&rx, 1000);
+    for (uint64_t s = 1; s <= 40; s++)
+        assert_false(data_b(&rx, s, 100, 0, 1000).ended);
+    assert_false(rx.bytes_on);
+    do
+        assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
+    while (!a.credit);
+    assert_int_equal(a.credit_bytes, 0);
+    assert_int_equal(rx.consumed, 32); /* the item window's half */
+    swe_rx_fini(&rx);
+
+    start_tuned(&rx, 64, 1u << 20);
+    g_no_byte_answer = 1;
+    run_fast(&rx, &next, 40, 16, 64, &now, 1);
+    g_no_byte_answer = 0;
+    assert_int_equal(rx.wmax, 64);
+    assert_int_equal(rx.window, W);
+    swe_rx_fini(&rx);
+    /* with the answer, the same run grows */
+    start_tuned(&rx, 64, 1u << 20);
+    next = 1;
+    run_fast(&rx, &next, 40, 16, 64, &now, 1);
+    assert_int_equal(rx.window, 64);
+    swe_rx_fini(&rx);
+}
+
+/* A lost grant: a heartbeat that says the worker is stalled, with nothing
+ * missing, repeats the current limits when they let it send more; not
+ * when the consumer is the slow side (nothing granted beyond), and not
+ * when the worker does not say it is stalled. */
+static void
+test_bytes_stalled_repeats_the_grant(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    start_bytes(&rx, 1000);
+    for (uint64_t s = 1; s <= 4; s++)
+        data_b(&rx, s, 300, 1, 1000);
+    /* the consumer has not taken anything: the worker waits on it */
+    a = beat_st(&rx, 4, 1, 1100);
+    assert_false(a.credit);
+    assert_false(a.resend);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(swe_rx_pop(&rx, 1100, &it, &a), 1);
+    assert_int_equal(rx.byte_sent, 2200);
+    /* the grants were lost: the worker still waits */
+    a = beat_st(&rx, 4, 1, 1200);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_bytes, 2200);
+    assert_int_equal(a.credit_limit, rx.credit_sent);
+    assert_int_equal(a.credit_ack, 4);
+    /* again at the next heartbeat, while it waits */
+    a = beat_st(&rx, 4, 1, 1300);
+    assert_true(a.credit);
+    /* a worker that has nothing to send says nothing of the kind */
+    a = beat_st(&rx, 4, 0, 1400);
+    assert_false(a.credit);
+    /* something missing: a resend, not a grant */
+    a = beat_st(&rx, 6, 1, 1500);
+    assert_false(a.credit);
+    assert_true(a.resend);
+    swe_rx_fini(&rx);
+
+    /* item credit: stalled at 64 items, with 64 + 32 granted */
+    start_bytes(&rx, 1u << 20);
+    for (uint64_t s = 1; s <= 64; s++)
+        data_b(&rx, s, 10, 1, 1000);
+    for (int i = 0; i < 32; i++)
+        assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_limit, 96);
+    a = beat_st(&rx, 64, 1, 1100);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_limit, 96);
+    swe_rx_fini(&rx);
+}
+
+/* A migration: the new worker's bytes start from nothing, and items
+ * still queued from the old one neither count nor grant. */
+static void
+test_bytes_migration_restarts(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    c.window = 64;
+    c.window_bytes = 1000;
+    c.migrations = 1;
+    swe_rx_init(&rx, &c, 1000);
+    for (uint64_t s = 1; s <= 10; s++)
+        data_b(&rx, s, 100, 1, 1000);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1000, &a), 0);
+    assert_true(a.migrate);
+    swe_rx_migrated(&rx, 1001);
+    assert_false(rx.bytes_on);
+    assert_int_equal(rx.in_bytes, 0);
+    assert_int_equal(rx.byte_sent, 1000);
+    for (uint64_t s = 1; s <= 11; s++)
+        assert_false(data_b(&rx, s, 100, 1, 1002).ended);
+    assert_int_equal(rx.in_bytes, 1100);
+    for (int i = 0; i < 10; i++) { /* the old worker's: no grant */
+        assert_int_equal(swe_rx_pop(&rx, 1003, &it, &a), 1);
+        assert_false(a.credit);
+    }
+    assert_int_equal(rx.consumed_bytes, 0);
+    assert_true(data_b(&rx, 12, 100, 1, 1004).ended); /* still 1,000 + one item */
+    swe_rx_fini(&rx);
+}
+
 int
 main(void)
 {
@@ -1556,6 +1832,12 @@ main(void)
         cmocka_unit_test(test_tune_shrinks_on_larger_items),
         cmocka_unit_test(test_tune_reorder_window_grows),
         cmocka_unit_test(test_tune_migration_restarts),
+        cmocka_unit_test(test_bytes_past_the_limit),
+        cmocka_unit_test(test_bytes_held_and_duplicates),
+        cmocka_unit_test(test_bytes_grants),
+        cmocka_unit_test(test_bytes_need_the_answer),
+        cmocka_unit_test(test_bytes_stalled_repeats_the_grant),
+        cmocka_unit_test(test_bytes_migration_restarts),
         cmocka_unit_test(test_lost_credit_repeated),
         cmocka_unit_test(test_heartbeat_shows_loss),
         cmocka_unit_test(test_resend_range_clamped),

@@ -598,6 +598,33 @@ rx_tune(swe_rx *rx, int64_t now)
     }
 }
 
+/* After the consumer took an item: a grant when half of either window
+ * (items, or bytes with byte credit) was consumed since the last one. The
+ * new limits are consumed + window and consumed bytes + window_bytes,
+ * each only if it moves (a window the tuning shrank may have nothing new
+ * to grant). */
+static void
+rx_grant(swe_rx *rx, int64_t now, swe_rx_act *act)
+{
+    uint64_t limit, blimit;
+    if (rx->consumed + rx->window / 2 < rx->credit_sent &&
+        (!rx->bytes_on || rx->consumed_bytes + rx->cfg.window_bytes / 2 < rx->byte_sent))
+        return;
+    rx_tune(rx, now);
+    limit = rx->consumed + rx->window;
+    blimit = rx->bytes_on ? rx->consumed_bytes + rx->cfg.window_bytes : 0;
+    if (limit <= rx->credit_sent && blimit <= rx->byte_sent)
+        return;
+    if (limit > rx->credit_sent)
+        rx->credit_sent = limit;
+    if (blimit > rx->byte_sent)
+        rx->byte_sent = blimit;
+    rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
+    if (rx->credit_sent > rx->granted)
+        rx->granted = rx->credit_sent;
+    rx_credit_act(rx, act);
+}
+
 int
 swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
 {
@@ -623,23 +650,8 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
             return 1; /* the worker it came from is gone: no credit for it */
         rx->consumed++;
         rx->consumed_bytes += q->len;
-        if (!rx->migrating &&
-            (rx->consumed + rx->window / 2 >= rx->credit_sent ||
-             (rx->bytes_on && rx->consumed_bytes + rx->cfg.window_bytes / 2 >= rx->byte_sent))) {
-            rx_tune(rx, now);
-            /* (a window the tuning shrank may have nothing new to grant) */
-            if (rx->consumed + rx->window > rx->credit_sent ||
-                (rx->bytes_on && rx->consumed_bytes + rx->cfg.window_bytes > rx->byte_sent)) {
-                if (rx->consumed + rx->window > rx->credit_sent)
-                    rx->credit_sent = rx->consumed + rx->window;
-                if (rx->bytes_on && rx->consumed_bytes + rx->cfg.window_bytes > rx->byte_sent)
-                    rx->byte_sent = rx->consumed_bytes + rx->cfg.window_bytes;
-                rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
-                if (rx->credit_sent > rx->granted)
-                    rx->granted = rx->credit_sent;
-                rx_credit_act(rx, act);
-            }
-        }
+        if (!rx->migrating)
+            rx_grant(rx, now, act);
         return 1;
     }
     if (rx->term_state == SWE_TERM_QUEUED && now >= rx->term_ready_ms) {

@@ -176,17 +176,16 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
         if (got == 1)
             __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);
         if (!s->r->timing_off) {
-            int64_t now = now_ns;
             if (got == 1) {
                 if (s->t_last_ns == 0 && s->ep != NULL)
-                    swi_hist_observe_ns(&s->ep->ttfi, now - s->t_open_ns);
+                    swi_hist_observe_ns(&s->ep->ttfi, now_ns - s->t_open_ns);
                 swi_hist_observe_ns(s->t_last_ns ? &s->r->h_inter : &s->r->h_ttfi,
-                                    now - (s->t_last_ns ? s->t_last_ns : s->t_open_ns));
-                s->t_last_ns = now;
+                                    now_ns - (s->t_last_ns ? s->t_last_ns : s->t_open_ns));
+                s->t_last_ns = now_ns;
             } else {
-                swi_hist_observe_ns(&s->r->h_duration, now - s->t_open_ns);
+                swi_hist_observe_ns(&s->r->h_duration, now_ns - s->t_open_ns);
                 if (s->ep != NULL)
-                    swi_hist_observe_ns(&s->ep->duration, now - s->t_open_ns);
+                    swi_hist_observe_ns(&s->ep->duration, now_ns - s->t_open_ns);
             }
         }
     }

@@ -364,7 +364,7 @@ swg_error_write(swg_buf *b, const swg_error *e)
 
 /* An event's frame: ev_open, its fields (each ending with a comma), ev_close
  * (type and sequence_number last). b NULL: not streamed, nothing written
- * (the sequence number still counts). */
+ * (and no sequence number used: none is ever shown). */
 static void
 ev_open(swg_buf *b, const char *type)
 {
@@ -387,10 +387,8 @@ ev_close(swg_buf *b, swg_resp *r, const char *type)
 static void
 ev_response(swg_buf *b, swg_resp *r, const char *type, const swg_end *end)
 {
-    if (b == NULL) {
-        r->seq++;
+    if (b == NULL)
         return;
-    }
     ev_open(b, type);
     put(b, "\"response\":");
     swg_response_write(b, r, end);
@@ -419,10 +417,8 @@ put_part_ref(swg_buf *b, const swg_resp *r)
 static void
 part_added(swg_buf *b, swg_resp *r)
 {
-    if (b == NULL) {
-        r->seq++;
+    if (b == NULL)
         return;
-    }
     ev_open(b, "response.content_part.added");
     put_part_ref(b, r);
     put(b, "\"part\":");
@@ -435,9 +431,7 @@ void
 swg_sse_started(swg_buf *b, swg_resp *r)
 {
     r->started = 1;
-    if (b == NULL) {
-        r->seq++;
-    } else {
+    if (b != NULL) {
         ev_open(b, "response.output_item.added");
         put(b, "\"output_index\":0,\"item\":");
         put_message(b, r, "in_progress", 0);
@@ -479,10 +473,8 @@ part_done(swg_buf *b, swg_resp *r)
 {
     const char *t = r->text.p ? r->text.p : "";
     const char *type = r->refusal ? "response.refusal.done" : "response.output_text.done";
-    if (b == NULL) {
-        r->seq += 2;
+    if (b == NULL)
         return;
-    }
     ev_open(b, type);
     put_part_ref(b, r);
     put(b, r->refusal ? "\"refusal\":\"" : "\"text\":\"");
@@ -537,10 +529,8 @@ swg_sse_metrics(swg_buf *b, swg_resp *r, const void *data, size_t len)
 {
     json_t *d;
     char *js;
-    if (b == NULL) {
-        r->seq++;
+    if (b == NULL)
         return;
-    }
     if ((d = json_loadb(data, len, JSON_DECODE_ANY, NULL)) != NULL) {
         js = json_dumps(d, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
         json_decref(d);
@@ -565,10 +555,8 @@ swg_sse_metrics(swg_buf *b, swg_resp *r, const void *data, size_t len)
 void
 swg_sse_narration(swg_buf *b, swg_resp *r, const char *phase, const char *message)
 {
-    if (b == NULL) {
-        r->seq++;
+    if (b == NULL)
         return;
-    }
     ev_open(b, "narration");
     put(b, "\"phase\":");
     put_str(b, phase);
@@ -592,10 +580,8 @@ swg_sse_done(swg_buf *b, swg_resp *r, const swg_end *end)
         const char *st = strcmp(end->status, "completed") == 0 ? "completed" : "incomplete";
         carry_flush(b, r);
         part_done(b, r);
-        if (b == NULL) {
-            r->seq++;
+        if (b == NULL)
             return;
-        }
         ev_open(b, "response.output_item.done");
         put(b, "\"output_index\":0,\"item\":");
         put_message(b, r, st, 1);
@@ -620,10 +606,8 @@ swg_sse_terminal(swg_buf *b, swg_resp *r, const swg_end *end)
 void
 swg_sse_error(swg_buf *b, swg_resp *r, const char *code, const char *message)
 {
-    if (b == NULL) {
-        r->seq++;
+    if (b == NULL)
         return;
-    }
     ev_open(b, "error");
     put(b, "\"code\":");
     put_str(b, code);

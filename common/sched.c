@@ -75,29 +75,177 @@ swi_ticker_stop(swi_ticker *t)
 
 /* ---------------------------------------------------------------- due times */
 
-typedef struct swi_due_take {
-    size_t off;
-    const int64_t *by;
-    void (*ref)(void *val);
-} swi_due_take;
-
 static int
-swi_take_due(void *val, void *arg)
+swi_take_all(void *val, void *arg)
 {
-    const swi_due_take *d = arg;
-    if (d->by != NULL &&
-        !swi_due_by((const int64_t *)(const void *)((const char *)val + d->off), *d->by))
-        return 0;
-    d->ref(val);
+    void (*ref)(void *val) = *(void (**)(void *))arg;
+    ref(val);
     return 1;
 }
 
 void
-swi_idmap_snapshot_due(const swi_idmap *m, swi_ptrvec *vec, size_t due_off, const int64_t *by,
-                       void (*ref)(void *val))
+swi_idmap_snapshot_all(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(void *val))
 {
-    swi_due_take d = {due_off, by, ref};
-    swi_idmap_snapshot(m, vec, swi_take_due, &d);
+    swi_idmap_snapshot(m, vec, swi_take_all, &ref);
+}
+
+/* ---------------------------------------------------------------- due tables */
+
+void
+swi_duetab_init(swi_duetab *t)
+{
+    memset(t, 0, sizeof(*t));
+    pthread_mutex_init(&t->mu, NULL);
+}
+
+void
+swi_duetab_fini(swi_duetab *t)
+{
+    for (size_t i = 0; i < t->nchunks; i++)
+        free(t->chunks[i]);
+    free(t->chunks);
+    free(t->free);
+    pthread_mutex_destroy(&t->mu);
+    memset(t, 0, sizeof(*t));
+}
+
+/* The cell of index i and its chunk. */
+#define DUE_CHUNK(t, i) ((t)->chunks[(i) / SWI_DUETAB_CHUNK])
+#define DUE_SLOT(i) ((i) % SWI_DUETAB_CHUNK)
+
+/* Adds one chunk, its cells to the free list (highest first, so the lowest
+ * is given out first). t->mu held. 0, or -1 no memory. */
+static int
+duetab_grow(swi_duetab *t)
+{
+    swi_duechunk *c;
+    size_t base = t->nchunks * SWI_DUETAB_CHUNK;
+    if (base + SWI_DUETAB_CHUNK > UINT32_MAX)
+        return -1;
+    if (t->nchunks == t->chunks_cap) {
+        size_t nc = t->chunks_cap ? 2 * t->chunks_cap : 4;
+        swi_duechunk **nv = realloc(t->chunks, nc * sizeof(*nv));
+        if (nv == NULL)
+            return -1;
+        t->chunks = nv;
+        t->chunks_cap = nc;
+    }
+    if (base + SWI_DUETAB_CHUNK > t->free_cap) { /* room for every cell, so release never fails */
+        size_t nc = t->free_cap ? 2 * t->free_cap : SWI_DUETAB_CHUNK;
+        uint32_t *nf;
+        while (nc < base + SWI_DUETAB_CHUNK)
+            nc *= 2;
+        if ((nf = realloc(t->free, nc * sizeof(*nf))) == NULL)
+            return -1;
+        t->free = nf;
+        t->free_cap = nc;
+    }
+    if ((c = malloc(sizeof(*c))) == NULL)
+        return -1;
+    for (size_t i = 0; i < SWI_DUETAB_CHUNK; i++) {
+        c->due[i] = INT64_MAX;
+        c->val[i] = NULL;
+        t->free[t->nfree++] = (uint32_t)(base + SWI_DUETAB_CHUNK - 1 - i);
+    }
+    t->chunks[t->nchunks++] = c;
+    return 0;
+}
+
+int64_t *
+swi_duetab_add(swi_duetab *t, void *val, int64_t due)
+{
+    int64_t *cell = NULL;
+    pthread_mutex_lock(&t->mu);
+    if (t->nfree > 0 || duetab_grow(t) == 0) {
+        uint32_t i = t->free[--t->nfree];
+        swi_duechunk *c = DUE_CHUNK(t, i);
+        c->val[DUE_SLOT(i)] = val;
+        cell = &c->due[DUE_SLOT(i)];
+        swi_due_set(cell, due);
+        if (val != NULL)
+            t->attached++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return cell;
+}
+
+/* The index of a cell this table gave out (t->mu held), or -1. */
+static long
+duetab_index(const swi_duetab *t, const int64_t *cell)
+{
+    for (size_t k = 0; k < t->nchunks; k++) {
+        const int64_t *d = t->chunks[k]->due;
+        if (cell >= d && cell < d + SWI_DUETAB_CHUNK)
+            return (long)(k * SWI_DUETAB_CHUNK + (size_t)(cell - d));
+    }
+    return -1;
+}
+
+/* Sets the object of a cell (NULL: detached), and with release also gives
+ * the cell back. One function for the three changes, under t->mu. */
+static void
+duetab_set(swi_duetab *t, int64_t *cell, void *val, int release)
+{
+    long i;
+    if (cell == NULL)
+        return;
+    pthread_mutex_lock(&t->mu);
+    if ((i = duetab_index(t, cell)) >= 0) {
+        void **slot = &DUE_CHUNK(t, i)->val[DUE_SLOT(i)];
+        t->attached += (val != NULL) - (*slot != NULL);
+        *slot = val;
+        if (release) {
+            swi_due_set(cell, INT64_MAX);
+            t->free[t->nfree++] = (uint32_t)i; /* room: free_cap covers every cell */
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+void
+swi_duetab_attach(swi_duetab *t, int64_t *cell, void *val)
+{
+    if (val != NULL)
+        duetab_set(t, cell, val, 0);
+}
+
+void
+swi_duetab_detach(swi_duetab *t, int64_t *cell)
+{
+    duetab_set(t, cell, NULL, 0);
+}
+
+void
+swi_duetab_release(swi_duetab *t, int64_t *cell)
+{
+    duetab_set(t, cell, NULL, 1);
+}
+
+void
+swi_duetab_snapshot(swi_duetab *t, swi_ptrvec *vec, int64_t by, void (*ref)(void *val))
+{
+    vec->n = 0;
+    pthread_mutex_lock(&t->mu);
+    if (vec->cap < t->attached) {
+        size_t ncap = t->attached * 2;
+        void **nv = realloc(vec->v, ncap * sizeof(*nv));
+        if (nv != NULL) {
+            vec->v = nv;
+            vec->cap = ncap;
+        }
+    }
+    for (size_t k = 0; k < t->nchunks; k++) {
+        swi_duechunk *c = t->chunks[k];
+        for (size_t j = 0; j < SWI_DUETAB_CHUNK && vec->n < vec->cap; j++) {
+            if (!swi_due_by(&c->due[j], by) || c->val[j] == NULL)
+                continue;
+            __builtin_prefetch(c->val[j], 1); /* the objects are cold: overlap the misses */
+            vec->v[vec->n++] = c->val[j];
+        }
+    }
+    for (size_t i = 0; i < vec->n; i++)
+        ref(vec->v[i]);
+    pthread_mutex_unlock(&t->mu);
 }
 
 /* ---------------------------------------------------------------- peers */

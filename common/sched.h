@@ -7,9 +7,10 @@
  *   - swi_ticker: a thread that calls fn(arg, now) every period_ms, or at
  *     once when kicked, until stopped. fn runs with no ticker lock held.
  *   - due times: each object that the tick scans keeps the monotonic time
- *     its next check falls due in an int64_t read and written atomically
- *     (swi_due_*), so a scan skips, without locking them, the objects with
- *     nothing due; swi_idmap_snapshot_due takes references on the rest.
+ *     its next check falls due in a cell of a due table (swi_duetab), read
+ *     and written atomically (swi_due_*), so a scan reads the cells side by
+ *     side, without locking or touching the objects with nothing due, and
+ *     takes references on the rest.
  *
  * swi_peers is a pure state machine (no locks, no clock reads, no I/O): the
  * caller locks it, passes the time in, and sends the probes and acts on the
@@ -68,12 +69,55 @@ swi_due_by(const int64_t *due, int64_t t)
     return __atomic_load_n(due, __ATOMIC_RELAXED) <= t;
 }
 
-/* Fills vec with the map's values that have something due by *by (all of
- * them when by is NULL), calling ref(val) on each one taken. The due time
- * sits at byte offset due_off in each value. The caller holds the map's
- * lock, and later drops the references. */
-void swi_idmap_snapshot_due(const swi_idmap *m, swi_ptrvec *vec, size_t due_off, const int64_t *by,
-                            void (*ref)(void *val));
+/* Fills vec with all of the map's values, calling ref(val) on each one
+ * taken. The caller holds the map's lock, and later drops the references. */
+void swi_idmap_snapshot_all(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(void *val));
+
+/* A due table: the due times of many objects side by side, so that a scan
+ * reads 8 contiguous bytes per object instead of one cache line of each
+ * (10,000 idle streams scanned every 25 ms cost a few % of a core when the
+ * scan walked the objects themselves).
+ *
+ * Each object gets a cell (swi_duetab_add) whose address never changes: the
+ * object keeps it and writes its due time there with swi_due_set /
+ * swi_due_soon from any thread, without a lock. swi_duetab_detach makes a
+ * scan skip the object from then on (it left its owner's table) while the
+ * object may still write to the cell; swi_duetab_release returns the cell
+ * when the object is freed and can no longer write to it. A cell is never
+ * given to another object before its release, so a late write cannot land
+ * in another object's due time.
+ *
+ * Locks: the table's own mutex, a leaf (held for add, detach, release and
+ * a scan, never while calling out except ref, which must only count). */
+#define SWI_DUETAB_CHUNK 256
+typedef struct swi_duechunk {
+    int64_t due[SWI_DUETAB_CHUNK]; /* atomic; INT64_MAX while free */
+    void *val[SWI_DUETAB_CHUNK];   /* the object; NULL while free or detached */
+} swi_duechunk;
+typedef struct swi_duetab {
+    pthread_mutex_t mu;
+    swi_duechunk **chunks;
+    size_t nchunks, chunks_cap;
+    uint32_t *free; /* released cells, reused last-in first-out */
+    size_t nfree, free_cap;
+    size_t attached; /* cells with an object a scan may take */
+} swi_duetab;
+
+void swi_duetab_init(swi_duetab *t);
+/* Frees the table. Every cell must have been released. */
+void swi_duetab_fini(swi_duetab *t);
+/* A cell with the due time `due`, for val (NULL: detached until
+ * swi_duetab_attach). NULL: no memory. */
+int64_t *swi_duetab_add(swi_duetab *t, void *val, int64_t due);
+/* Scans take val from now on. */
+void swi_duetab_attach(swi_duetab *t, int64_t *cell, void *val);
+/* Scans skip the cell's object from now on (the cell stays the object's). */
+void swi_duetab_detach(swi_duetab *t, int64_t *cell);
+/* The object is gone: the cell may be given out again. NULL is a no-op. */
+void swi_duetab_release(swi_duetab *t, int64_t *cell);
+/* Fills vec with the attached objects with something due by `by`, calling
+ * ref(val) on each one taken (as many as vec can hold if memory is short). */
+void swi_duetab_snapshot(swi_duetab *t, swi_ptrvec *vec, int64_t by, void (*ref)(void *val));
 
 /* ---------------------------------------------------------------- peers */
 

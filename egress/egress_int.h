@@ -86,6 +86,7 @@ struct sw_router {
     swi_peers peers; /* instances with open streams (r->mu) */
     pthread_mutex_t mu;
     swi_idmap streams;
+    swi_duetab due; /* each stream's next check time (the scan reads only this) */
     swi_ticker ticker;
     int64_t next_scan;          /* ticker thread only */
     swi_ptrvec scan_vec;        /* ticker thread only: reused by every scan */
@@ -130,14 +131,15 @@ struct sw_stream {
     void (*on_ready)(sw_stream *s, void *arg); /* blocking mode: something to take (s->mu;
                                                   NULL after sw_stream_close) */
     void *on_ready_arg;
-    int in_ready;         /* on_ready calls running now (s->mu) */
-    int has_ready;        /* opened with on_ready (set once, before the stream is shared) */
-    swe_rx rx;            /* s->mu */
-    sw_item cur;          /* the item last handed to a blocking consumer */
-    int64_t last_rx_ms;   /* mirror of rx.last_rx_ms for probe rounds (atomic) */
-    int64_t t_open_ns;    /* sw_router_open's start, for the histograms */
-    int64_t t_last_ns;    /* last data item delivered (s->mu); 0 = none yet */
-    int64_t next_tick_ms; /* the scan looks at s only from then on (atomic; 0 = next scan) */
+    int in_ready;       /* on_ready calls running now (s->mu) */
+    int has_ready;      /* opened with on_ready (set once, before the stream is shared) */
+    swe_rx rx;          /* s->mu */
+    sw_item cur;        /* the item last handed to a blocking consumer */
+    int64_t last_rx_ms; /* mirror of rx.last_rx_ms for probe rounds (atomic) */
+    int64_t t_open_ns;  /* sw_router_open's start, for the histograms */
+    int64_t t_last_ns;  /* last data item delivered (s->mu); 0 = none yet */
+    int64_t *next_tick; /* its cell in r->due: the scan looks at s only from then on (atomic;
+                           0 = next scan); set before the stream is shared, kept until freed */
 
     int in_table;
     int pooled;   /* counted in the pool and the peer table */
@@ -172,6 +174,9 @@ struct sw_stream {
 /* frontend.c */
 void swe_router_unref(sw_router *r);
 sw_stream *swe_lookup(sw_router *r, const uint8_t *id);
+/* swe_lookup of n ids under one hold of r->mu: out[i] is the stream with a
+ * reference, or NULL. */
+void swe_lookup_n(sw_router *r, const uint8_t *const *ids, size_t n, sw_stream **out);
 void swe_remove(sw_stream *s);
 void swe_count_terminal(sw_router *r, const sw_terminal *t);
 /* The series of endpoint `name` (r->mu held): its own, or SWE_EP_OTHER. */
@@ -189,6 +194,8 @@ void swe_stream_on_item(sw_stream *s, const swe_rx_in *in);
 /* n items of one message, in order, under one lock where nothing must be
  * sent between them. */
 void swe_stream_on_items(sw_stream *s, const swe_rx_in *in, size_t n);
+/* As swe_stream_on_items, received at `now` (one clock read for a batch). */
+void swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now);
 /* Ends a stream with a synthesized error; kill: tell the worker to stop. */
 void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
 /* The timer's look at one stream. */

@@ -13,6 +13,7 @@ swe_router_unref(sw_router *r)
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
     swi_idmap_fini(&r->streams);
+    swi_duetab_fini(&r->due);
     swr_pool_destroy(r->pool);
     swi_peers_fini(&r->peers);
     free(r->scan_vec.v);
@@ -36,6 +37,19 @@ swe_lookup(sw_router *r, const uint8_t *id)
 }
 
 void
+swe_lookup_n(sw_router *r, const uint8_t *const *ids, size_t n, sw_stream **out)
+{
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < n; i++)
+        if ((out[i] = swi_idmap_get(&r->streams, ids[i])) != NULL)
+            __builtin_prefetch(&out[i]->refs, 1); /* idle streams are cold: overlap the misses */
+    for (size_t i = 0; i < n; i++)
+        if (out[i] != NULL)
+            swe_stream_ref(out[i]);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void
 swe_remove(sw_stream *s)
 {
     sw_router *r = s->r;
@@ -44,6 +58,7 @@ swe_remove(sw_stream *s)
     if (s->in_table) {
         s->in_table = 0;
         swi_idmap_del(&r->streams, s->id);
+        swi_duetab_detach(&r->due, s->next_tick);
         r->st.open_streams--;
         drop = 1;
         if (s->pooled) {
@@ -101,8 +116,12 @@ take_ref(void *v)
 void
 swe_snapshot(sw_router *r, swi_ptrvec *vec, const int64_t *by)
 {
+    if (by != NULL) {
+        swi_duetab_snapshot(&r->due, vec, *by, take_ref);
+        return;
+    }
     pthread_mutex_lock(&r->mu);
-    swi_idmap_snapshot_due(&r->streams, vec, offsetof(sw_stream, next_tick_ms), by, take_ref);
+    swi_idmap_snapshot_all(&r->streams, vec, take_ref);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -195,6 +214,7 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         swi_hist_init(&r->eps[i].duration, swi_hist_latency_bounds, swi_hist_latency_nb);
     }
     snprintf(r->eps[SWE_EP_MAX].name, sizeof(r->eps[SWE_EP_MAX].name), "%s", SWE_EP_OTHER);
+    swi_duetab_init(&r->due);
     if (swi_idmap_init_own(&r->streams, 256) != 0) {
         rv = SW_ENOMEM;
         goto fail;

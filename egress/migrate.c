@@ -45,7 +45,7 @@ mig_give_up(sw_stream *s, sw_err err, const char *msg)
     int set;
     pthread_mutex_lock(&s->mu);
     set = swe_rx_migration_failed(&s->rx, err, msg, swi_now_ms(), &act);
-    __atomic_store_n(&s->next_tick_ms, swe_rx_next_due(&s->rx), __ATOMIC_RELAXED);
+    swi_due_set(s->next_tick, swe_rx_next_due(&s->rx));
     pthread_mutex_unlock(&s->mu);
     if (!set)
         return;

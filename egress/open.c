@@ -8,6 +8,20 @@
 
 #include "egress/egress_int.h"
 
+/* The heartbeat interval a stream with nothing new may have (Request.
+ * idle_heartbeat_ms): two of them, 500 ms short of the silence that ends
+ * the stream, so one lost beat costs nothing (the default silence, 4 x
+ * heartbeat_ms + 500, gives 2 x heartbeat_ms: half the beats of an idle
+ * stream). 0 (every heartbeat_ms) when the silence allows no more. */
+static uint32_t
+swe_idle_heartbeat(uint32_t hb_ms, int64_t inactivity_ms)
+{
+    int64_t idle = (inactivity_ms - 500) / 2;
+    if (hb_ms == 0 || idle <= (int64_t)hb_ms)
+        return 0;
+    return idle < (int64_t)SWP_MAX_HEARTBEAT_MS ? (uint32_t)idle : SWP_MAX_HEARTBEAT_MS;
+}
+
 /* A request routed by the registry found nobody on the instance's request
  * subject (it drains, or died since the last probe): quarantine that
  * instance here and send the same request, once, to another. Returns 1 if
@@ -163,7 +177,11 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     s->mig_arg = o->migrate_arg;
     swe_rx_init(&s->rx, &cfg, now);
     s->last_rx_ms = now;
-    s->next_tick_ms = swe_rx_next_due(&s->rx);
+    /* Its due-time cell, detached until the stream is in the table. */
+    if ((s->next_tick = swi_duetab_add(&r->due, NULL, swe_rx_next_due(&s->rx))) == NULL) {
+        swe_stream_unref(s);
+        return SW_ENOMEM;
+    }
     (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
 
     m.version = SW_PROTOCOL_VERSION;
@@ -178,6 +196,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.credit_window_max = cfg.window_max > cfg.window ? cfg.window_max : 0;
     m.credit_bytes = cfg.window_bytes;
     m.heartbeat_ms = o->heartbeat_ms ? (uint32_t)o->heartbeat_ms : r->hb_ms;
+    m.idle_heartbeat_ms = swe_idle_heartbeat(m.heartbeat_ms, cfg.inactivity_ms);
     m.deadline_ms = (uint32_t)o->deadline_ms;
     m.endpoint = (char *)o->endpoint;
     m.max_tokens = o->max_tokens;
@@ -230,6 +249,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     } else if (!closing && !full) {
         swe_stream_ref(s); /* the table's */
         s->in_table = 1;
+        swi_duetab_attach(&r->due, s->next_tick, s);
         r->st.open_streams++;
         r->st.streams_opened++;
         s->ep = swe_ep_get(r, o->endpoint);

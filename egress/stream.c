@@ -21,6 +21,7 @@ swe_stream_unref(sw_stream *s)
         return;
     swe_rx_fini(&s->rx);
     swe_migrate_fini(s);
+    swi_duetab_release(&s->r->due, s->next_tick);
     free(s->req_buf);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -32,7 +33,7 @@ swe_stream_unref(sw_stream *s)
 static void
 st_plan_tick(sw_stream *s)
 {
-    __atomic_store_n(&s->next_tick_ms, swe_rx_next_due(&s->rx), __ATOMIC_RELAXED);
+    swi_due_set(s->next_tick, swe_rx_next_due(&s->rx));
 }
 
 void
@@ -81,8 +82,13 @@ swe_stream_on_item(sw_stream *s, const swe_rx_in *in)
 void
 swe_stream_on_items(sw_stream *s, const swe_rx_in *in, size_t n)
 {
+    swe_stream_on_items_at(s, in, n, swi_now_ms());
+}
+
+void
+swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now)
+{
     swe_rx_act act;
-    int64_t now = swi_now_ms();
     int wake = 0;
     if (n == 0)
         return;

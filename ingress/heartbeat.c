@@ -28,9 +28,12 @@ resp_take_ref(void *v)
 void
 swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by)
 {
+    if (due_by != NULL) {
+        swi_duetab_snapshot(&ing->due, vec, *due_by, resp_take_ref);
+        return;
+    }
     pthread_mutex_lock(&ing->mu);
-    swi_idmap_snapshot_due(&ing->streams, vec, offsetof(sw_responder, next_tick_ms), due_by,
-                           resp_take_ref);
+    swi_idmap_snapshot_all(&ing->streams, vec, resp_take_ref);
     pthread_mutex_unlock(&ing->mu);
 }
 
@@ -39,7 +42,7 @@ swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by)
 void
 swn_resp_tick_soon(sw_responder *r)
 {
-    __atomic_store_n(&r->next_tick_ms, 0, __ATOMIC_RELAXED);
+    swi_due_soon(r->next_tick);
 }
 
 /* How long a finished stream whose final was not acknowledged is kept. */
@@ -57,6 +60,19 @@ resp_final_unacked(const sw_responder *r)
     return !r->closed && !r->fe_cancelled && r->final_seq != 0 && r->rg.acked < r->final_seq;
 }
 
+/* How long r may be quiet before its next heartbeat (r->mu held): the
+ * frontend's idle interval while the last heartbeat already reported
+ * everything sent and the stream neither waits for credit (a stalled
+ * stream's beat may repeat a lost grant) nor has finished (its final may
+ * need asking for); hb_ms otherwise. */
+static int64_t
+resp_beat_every(const sw_responder *r)
+{
+    if (!r->terminated && !r->starved && r->rg.pub_seq == r->beat_seq)
+        return (int64_t)r->idle_hb_ms;
+    return (int64_t)r->hb_ms;
+}
+
 /* When the timer next has to look at r (r->mu held): its deadline, its next
  * heartbeat, the end of a final's linger; now if items wait to go out. Only
  * ever later than the truth if a state change forgets swn_resp_tick_soon. */
@@ -71,14 +87,14 @@ resp_plan_tick(sw_responder *r)
             due = 0;
         if (r->deadline_ms >= 0 && r->deadline_ms < due)
             due = r->deadline_ms;
-        if (r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
-            due = r->last_pub_ms + (int64_t)r->hb_ms;
+        if (r->hb_ms != 0 && r->last_pub_ms + resp_beat_every(r) < due)
+            due = r->last_pub_ms + resp_beat_every(r);
     } else {
         due = r->done_ms + resp_linger_ms(r);
         if (resp_final_unacked(r) && r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
             due = r->last_pub_ms + (int64_t)r->hb_ms;
     }
-    __atomic_store_n(&r->next_tick_ms, due, __ATOMIC_RELAXED);
+    swi_due_set(r->next_tick, due);
 }
 
 /* The heartbeats one timer tick sends, by frontend: one HeartbeatBatch per
@@ -87,7 +103,8 @@ resp_plan_tick(sw_responder *r)
  * leaves nothing behind), the encode scratch is reused. */
 #define SWN_BEATS_PER_MSG 1024
 typedef struct swn_beatgrp {
-    char subj[SWT_SUBJECT_MAX]; /* sw.rsp.<router>.hb */
+    char router[SW_MAX_TOKEN + 1]; /* the router's id */
+    char subj[SWT_SUBJECT_MAX];    /* sw.rsp.<router>.hb */
     uint8_t (*ids)[SW_REQUEST_ID_BYTES];
     uint64_t *last;
     size_t n, cap;
@@ -99,17 +116,22 @@ typedef struct swn_beats {
     swp_beat **ptr; /* SWN_BEATS_PER_MSG */
 } swn_beats;
 
-/* Queues one beat. 0 ok, -1 no memory (the beat is not queued). */
+/* Queues one beat for router (its batch subject is formatted once per
+ * tick, when its group is made). 0 ok, -1 no memory or a router id that
+ * makes no subject (the beat is not queued). */
 static int
-beats_add(swn_beats *b, const char *subj, const uint8_t *id, uint64_t last_seq)
+beats_add(swn_beats *b, const char *router, const uint8_t *id, uint64_t last_seq)
 {
     swn_beatgrp *g = NULL;
-    for (size_t i = 0; i < b->n; i++)
-        if (strcmp(b->g[i].subj, subj) == 0) {
+    if (b->n > 0 && strcmp(b->g[b->n - 1].router, router) == 0)
+        g = &b->g[b->n - 1]; /* most beats of a tick go to one router */
+    for (size_t i = 0; g == NULL && i < b->n; i++)
+        if (strcmp(b->g[i].router, router) == 0)
             g = &b->g[i];
-            break;
-        }
     if (g == NULL) {
+        char subj[SWT_SUBJECT_MAX];
+        if (swt_subject_beats(subj, sizeof(subj), router) != SW_OK)
+            return -1;
         if (b->n == b->cap) {
             size_t nc = b->cap ? 2 * b->cap : 4;
             swn_beatgrp *ng = realloc(b->g, nc * sizeof(*ng));
@@ -120,7 +142,8 @@ beats_add(swn_beats *b, const char *subj, const uint8_t *id, uint64_t last_seq)
         }
         g = &b->g[b->n++];
         memset(g, 0, sizeof(*g));
-        snprintf(g->subj, sizeof(g->subj), "%s", subj);
+        memcpy(g->subj, subj, sizeof(g->subj));
+        snprintf(g->router, sizeof(g->router), "%s", router);
     }
     if (g->n == g->cap) {
         size_t nc = g->cap ? 2 * g->cap : 64;
@@ -212,8 +235,8 @@ beats_free(swn_beats *b)
     free(b->ptr);
 }
 
-/* Heartbeats r if it has been quiet for hb_ms and nothing is queued (r->mu
- * held). The beat counts only what went out (pub_seq), so the frontend asks
+/* Heartbeats r if it has been quiet for resp_beat_every and nothing is
+ * queued (r->mu held). The beat counts only what went out (pub_seq), so the frontend asks
  * for anything missing up to there. A stream answered on a streamwire
  * router's own subject (sw.rsp.<router>.<id>) gets it in the tick's batch
  * for that router; any other response subject, and a stream waiting for
@@ -222,14 +245,14 @@ beats_free(swn_beats *b)
 static void
 resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
 {
-    char subj[SWT_SUBJECT_MAX];
-    if (r->hb_ms == 0 || now - r->last_pub_ms < (int64_t)r->hb_ms || r->sending ||
+    if (r->hb_ms == 0 || now - r->last_pub_ms < resp_beat_every(r) || r->sending ||
         r->rg.pub_seq + 1 < r->rg.next_seq)
         return;
     if (r->beats_batched && !r->starved) {
-        if (swt_subject_beats(subj, sizeof(subj), r->router_id) == SW_OK &&
-            beats_add(beats, subj, r->id, r->rg.pub_seq) == 0)
+        if (beats_add(beats, r->router_id, r->id, r->rg.pub_seq) == 0) {
             r->last_pub_ms = now;
+            r->beat_seq = r->rg.pub_seq;
+        }
         return;
     }
     {
@@ -247,7 +270,8 @@ resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
         w.heartbeat = &h;
         if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK) {
             swn_sent d = {0, 0, 0, 1};
-            (void)swn_resp_publish(r, buf, len, &d);
+            if (swn_resp_publish(r, buf, len, &d) == SW_OK)
+                r->beat_seq = h.last_seq;
         }
     }
 }

@@ -23,6 +23,7 @@ ing_unref(sw_ingress *ing)
     if (atomic_fetch_sub(&ing->refs, 1) != 1)
         return;
     swi_idmap_fini(&ing->streams);
+    swi_duetab_fini(&ing->due);
     swn_early_fini(ing);
     swi_peers_fini(&ing->peers);
     free(ing->live_vec.v);
@@ -71,6 +72,7 @@ swn_resp_unref(sw_responder *r)
     pthread_mutex_unlock(&r->ing->mu);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
+    swi_duetab_release(&r->ing->due, r->next_tick);
     ing_unref(r->ing);
     free(r);
 }
@@ -158,6 +160,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     pthread_mutex_init(&ing->smu, NULL);
     pthread_cond_init(&ing->scv, NULL);
     swi_cond_init(&ing->cv);
+    swi_duetab_init(&ing->due);
     if (swi_idmap_init(&ing->streams, 64) != 0 ||
         swi_idq_init(&ing->early, SWN_EARLY_MAX, SWN_EARLY_TTL_MS) != 0 ||
         swi_idq_init(&ing->seen, SWN_SEEN_MAX, SWN_SEEN_TTL_MS) != 0 ||

@@ -53,6 +53,7 @@
 /* Bounds on what a peer chooses (issue 11 #4), documented in PROTOCOL.md:
  * a request's heartbeat interval and deadline are clamped to these. */
 #define SWN_MIN_HEARTBEAT_MS 10
+#define SWN_LIVE_RECOUNT_MS 2000 /* frontends with no stream here stop being probed within this */
 #define SWN_MAX_HEARTBEAT_MS 10000
 #define SWN_MAX_DEADLINE_MS (24 * 3600 * 1000)
 /* Coalescing: a stream whose last publish ended less than SWN_HOT_US ago
@@ -115,11 +116,14 @@ struct sw_responder {
 #endif
     int fe_cancelled;  /* the frontend cancelled or killed it (or is gone): it wants nothing more */
     int beats_batched; /* resp_subj is sw.rsp.<router_id>.<id>: heartbeats go in batches */
-    int64_t next_tick_ms; /* the timer looks at r only from then on (atomic; 0 = next tick) */
-    sw_err pub_err;       /* a failed publish of queued items, told to the next send or finish */
-    int64_t last_end_us;  /* when the last publish of items returned */
+    int64_t *next_tick;  /* its cell in ing->due: the timer looks at r only from then on (atomic;
+                            0 = next tick); made with r, kept until r is freed */
+    sw_err pub_err;      /* a failed publish of queued items, told to the next send or finish */
+    int64_t last_end_us; /* when the last publish of items returned */
 
     uint32_t hb_ms;
+    uint32_t idle_hb_ms; /* heartbeats with nothing new: this far apart (>= hb_ms) */
+    uint64_t beat_seq;   /* the last seq the last heartbeat reported */
     int64_t last_pub_ms;
     int64_t deadline_ms; /* absolute monotonic, -1 = none */
     int64_t done_ms;     /* when the terminal went out */
@@ -176,6 +180,7 @@ struct sw_ingress {
     swi_ptrvec timer_vec;    /* the timer's snapshot buffer */
     struct swn_beats *beats; /* the timer's heartbeat batches */
     swi_idmap streams;
+    swi_duetab due; /* each stream's next timer check (the tick's scan reads only this) */
     /* Cancels that came before their request (a CANCEL and its request
      * travel on different subscriptions): the request is then not started.
      * At most SWN_EARLY_MAX (about 1.6 MB), oldest forgotten first, each for
@@ -195,10 +200,11 @@ struct sw_ingress {
     int sender_idle; /* waiting on scv */
     int sender_stop;
     pthread_mutex_t live_mu;
-    swi_peers peers;        /* frontends being probed (common/sched.h), under live_mu */
-    swi_ticker live_ticker; /* probing rounds (liveness.c) */
-    swi_ptrvec live_vec;    /* the ticker's snapshot buffer */
-    swt_sub *live_sub;      /* sw.lv.<instance>.*: probe answers */
+    swi_peers peers;         /* frontends being probed (common/sched.h), under live_mu */
+    swi_ticker live_ticker;  /* probing rounds (liveness.c) */
+    swi_ptrvec live_vec;     /* the ticker's snapshot buffer */
+    int64_t live_recount_ms; /* when the streams per frontend were last counted (live ticker) */
+    swt_sub *live_sub;       /* sw.lv.<instance>.*: probe answers */
     unsigned probe_ms, probe_timeout_ms;
     int stopping;
     int draining;
@@ -304,5 +310,8 @@ void swn_ing_timer_fini(sw_ingress *ing);
 /* ingress/liveness.c */
 void swn_ing_on_live_reply(const swt_msg *msg, void *arg);
 void swn_ing_live_tick(void *arg, int64_t now);
+/* A stream of router_id was registered: its frontend is probed from the
+ * next round (no lock held). */
+void swn_ing_live_note(sw_ingress *ing, const char *router_id);
 
 #endif

@@ -175,6 +175,12 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     if ((r = calloc(1, sizeof(*r))) == NULL)
         goto nomem;
     r->ing = ing;
+    /* Its due-time cell (due at the first tick), detached until registered. */
+    if ((r->next_tick = swi_duetab_add(&ing->due, NULL, 0)) == NULL) {
+        free(r);
+        r = NULL;
+        goto nomem;
+    }
     atomic_init(&r->refs, 2); /* table + user hold */
     r->holds = 1;
     pthread_mutex_init(&r->mu, NULL);
@@ -210,6 +216,10 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         r->hb_ms = SWN_MIN_HEARTBEAT_MS;
     if (r->hb_ms > SWN_MAX_HEARTBEAT_MS)
         r->hb_ms = SWN_MAX_HEARTBEAT_MS; /* also bounds how long a final waits for its ack */
+    r->idle_hb_ms = r->hb_ms;
+    if (r->hb_ms != 0 && req->idle_heartbeat_ms > r->hb_ms)
+        r->idle_hb_ms = req->idle_heartbeat_ms < SWN_MAX_HEARTBEAT_MS ? req->idle_heartbeat_ms
+                                                                      : SWN_MAX_HEARTBEAT_MS;
     r->last_pub_ms = swi_now_ms();
     r->deadline_ms = req->deadline_ms ? r->last_pub_ms + (req->deadline_ms < SWN_MAX_DEADLINE_MS
                                                               ? (int64_t)req->deadline_ms
@@ -252,6 +262,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
             ing->all->all_prev = r;
         ing->all = r;
         r->registered = 1;
+        swi_duetab_attach(&ing->due, r->next_tick, r);
         r->counted = 1;
         ing->inflight++;
         ing->st.inflight = ing->inflight;
@@ -265,6 +276,8 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         pthread_cond_signal(&ing->cv);
     }
     pthread_mutex_unlock(&ing->mu);
+    if (!overloaded && !dup)
+        swn_ing_live_note(ing, req->router_id); /* (r may be gone already) */
     if (overloaded || dup) {
         if (overloaded) {
             swi_log(&ing->log, SW_LOG_WARN, "request %s rejected: overloaded (%u in flight)",
@@ -286,6 +299,7 @@ free_r:
         free(r->hdr);
         pthread_mutex_destroy(&r->mu);
         pthread_cond_destroy(&r->cv);
+        swi_duetab_release(&ing->due, r->next_tick);
         free(r);
     }
 done:

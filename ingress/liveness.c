@@ -93,6 +93,15 @@ swn_ing_on_live_reply(const swt_msg *msg, void *arg)
 
 #define SWN_PROBES_MAX 256 /* probes per round; the rest next round */
 
+void
+swn_ing_live_note(sw_ingress *ing, const char *router_id)
+{
+    pthread_mutex_lock(&ing->live_mu);
+    if (swi_peers_find(&ing->peers, router_id) == NULL)
+        (void)swi_peers_use(&ing->peers, router_id, swi_now_ms() - (int64_t)ing->peers.interval_ms);
+    pthread_mutex_unlock(&ing->live_mu);
+}
+
 /* One probing round (the liveness ticker, every frontend_probe_ms). */
 void
 swn_ing_live_tick(void *arg, int64_t now)
@@ -102,26 +111,37 @@ swn_ing_live_tick(void *arg, int64_t now)
     uint64_t ids[SWN_PROBES_MAX];
     swi_peer_lost lost[SWN_PROBES_MAX];
     size_t nsend, nlost;
-    /* Every registered stream names its frontend (router_id never
-     * changes); finished ones lingering for an ack count too. The peer
-     * table's use counts are rebuilt from them each round. */
-    swn_ing_snapshot(ing, &ing->live_vec, NULL);
-    pthread_mutex_lock(&ing->live_mu);
-    for (size_t i = 0; i < ing->peers.n; i++)
-        ing->peers.v[i].users = 0;
-    for (size_t i = 0; i < ing->live_vec.n; i++) {
-        const char *rid = SWN_RESP_AT(ing->live_vec, i)->router_id;
-        swi_peer *e = swi_peers_find(&ing->peers, rid);
-        if (e != NULL)
-            e->users++;
-        else
-            (void)swi_peers_use(&ing->peers, rid, now - (int64_t)ing->peers.interval_ms);
+    int recount = now - ing->live_recount_ms >= SWN_LIVE_RECOUNT_MS;
+    /* A frontend is probed from the registration of its first stream here
+     * (swn_ing_live_note). Every SWN_LIVE_RECOUNT_MS the frontends are
+     * counted again from the registered streams (router_id never changes;
+     * finished ones lingering for an ack count too), and one with none
+     * left leaves the table: counting touches every stream, which at
+     * 10,000 idle streams per probe round cost as much as their
+     * heartbeats. */
+    ing->live_vec.n = 0;
+    if (recount) {
+        ing->live_recount_ms = now;
+        swn_ing_snapshot(ing, &ing->live_vec, NULL);
     }
-    for (size_t i = 0; i < ing->peers.n;) {
-        if (ing->peers.v[i].users == 0)
-            ing->peers.v[i] = ing->peers.v[--ing->peers.n];
-        else
-            i++;
+    pthread_mutex_lock(&ing->live_mu);
+    if (recount) {
+        for (size_t i = 0; i < ing->peers.n; i++)
+            ing->peers.v[i].users = 0;
+        for (size_t i = 0; i < ing->live_vec.n; i++) {
+            const char *rid = SWN_RESP_AT(ing->live_vec, i)->router_id;
+            swi_peer *e = swi_peers_find(&ing->peers, rid);
+            if (e != NULL)
+                e->users++;
+            else
+                (void)swi_peers_use(&ing->peers, rid, now - (int64_t)ing->peers.interval_ms);
+        }
+        for (size_t i = 0; i < ing->peers.n;) {
+            if (ing->peers.v[i].users == 0)
+                ing->peers.v[i] = ing->peers.v[--ing->peers.n];
+            else
+                i++;
+        }
     }
     nsend = swi_peers_round(&ing->peers, now, swt_conn_up_since_ms(ing->conn), NULL, NULL, send,
                             SWN_PROBES_MAX, lost, SWN_PROBES_MAX, &nlost);

@@ -43,6 +43,7 @@ swn_resp_uncount(sw_responder *r)
                 swn_fin_unlink(ing, evict);
                 evict->registered = 0;
                 swi_idmap_del(&ing->streams, evict->id);
+                swi_duetab_detach(&ing->due, evict->next_tick);
                 ing->st.finals_dropped++;
             }
         }
@@ -188,6 +189,7 @@ swn_unregister_stream(sw_responder *r)
     if (r->registered) {
         r->registered = 0;
         swi_idmap_del(&ing->streams, r->id);
+        swi_duetab_detach(&ing->due, r->next_tick);
         drop = 1;
     }
     swn_fin_unlink(ing, r);

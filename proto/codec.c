@@ -319,7 +319,7 @@ swp_check_request(swp_request *m)
     if (m->endpoint[0] != '\0' && sw_validate_endpoint(m->endpoint) != SW_OK)
         return SW_EPROTO;
     if (m->credit_window > SWP_MAX_WINDOW || m->credit_window_max > SWP_MAX_WINDOW ||
-        m->heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
+        m->heartbeat_ms > SWP_MAX_HEARTBEAT_MS || m->idle_heartbeat_ms > SWP_MAX_HEARTBEAT_MS)
         return SW_EPROTO;
     if (m->n_headers > SWP_MAX_HEADERS)
         return SW_EPROTO;

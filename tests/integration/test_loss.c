@@ -34,6 +34,56 @@ heartbeats_keep_slow_stream_alive(void **state)
     got_free(g);
 }
 
+/* An idle stream (nothing new since its last heartbeat) is beaten every
+ * Request.idle_heartbeat_ms: with the default silence limit (4 x 250 + 500
+ * ms) that is every 500 ms, half the beats of every 250 ms, and the stream
+ * lives through a 2.2 s pause. A frontend whose silence limit allows no
+ * spacing (1,000 ms: (1000 - 500) / 2 is not above 250) asks for none and
+ * gets a beat every 250 ms. Counted at the frontend. */
+static void
+idle_heartbeats_run(env *e, int tight)
+{
+    sw_router_opts ro;
+    got *g = new_got(e);
+    sw_stream_stats ss;
+    sw_stream *s;
+    sw_router_opts_init(&ro);
+    if (tight)
+        ro.inactivity_ms = 1000;
+    e->w.mode = M_PAUSE;
+    e->w.k = 0;
+    e->w.n = 1;
+    e->w.delay_ms = 2200;
+    env_start(e, NULL, &ro);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(15000)));
+    assert_tokens(g, 1);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    sw_stream_stats_get(s, &ss);
+    /* 2.2 s: about 4 beats at 500 ms, 8 at 250 ms (a loaded machine may
+     * beat late, never early) */
+    if (!tight && (ss.heartbeats < 2 || ss.heartbeats > 6))
+        fail_msg("idle stream: %llu heartbeats in 2.2 s (want 2-6: every 500 ms)",
+                 (unsigned long long)ss.heartbeats);
+    if (tight && (ss.heartbeats < 6 || ss.heartbeats > 10))
+        fail_msg("tight silence limit: %llu heartbeats in 2.2 s (want 6-10: every 250 ms)",
+                 (unsigned long long)ss.heartbeats);
+    got_free(g);
+}
+
+static void
+idle_heartbeats_spaced(void **state)
+{
+    idle_heartbeats_run(*state, 0);
+}
+
+static void
+idle_heartbeats_tight_limit(void **state)
+{
+    idle_heartbeats_run(*state, 1);
+}
+
 /* Heartbeats travel batched per frontend (HeartbeatBatch on
  * sw.rsp.<router>.hb). Many idle streams at once are all kept alive by
  * them, with far fewer messages than beats; a batch that does not decode
@@ -279,6 +329,8 @@ main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         T_(heartbeats_keep_slow_stream_alive),
+        T_(idle_heartbeats_spaced),
+        T_(idle_heartbeats_tight_limit),
         T_(heartbeat_batches),
         T_(loss_repair),
         T_(window_capped_by_ingress),

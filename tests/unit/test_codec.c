@@ -917,6 +917,11 @@ test_request_validation(void **state)
     expect_decode_rv(K_REQUEST, &r, SW_OK, "heartbeat at max");
     r.heartbeat_ms = SWP_MAX_HEARTBEAT_MS + 1;
     expect_decode_rv(K_REQUEST, &r, SW_EPROTO, "heartbeat over max");
+    fill_request_full(&r);
+    r.idle_heartbeat_ms = SWP_MAX_HEARTBEAT_MS;
+    expect_decode_rv(K_REQUEST, &r, SW_OK, "idle heartbeat at max");
+    r.idle_heartbeat_ms = SWP_MAX_HEARTBEAT_MS + 1;
+    expect_decode_rv(K_REQUEST, &r, SW_EPROTO, "idle heartbeat over max");
 }
 
 static void

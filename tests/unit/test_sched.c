@@ -95,7 +95,7 @@ test_ticker_never_started(void **state)
 typedef struct due_obj {
     uint8_t id[SW_REQUEST_ID_BYTES];
     int refs;
-    int64_t due;
+    int64_t *due;
 } due_obj;
 
 static void
@@ -104,41 +104,108 @@ due_ref(void *v)
     ((due_obj *)v)->refs++;
 }
 
-/* The snapshot takes (and references) exactly the objects due by the time,
- * or all of them without one. */
-static void
-test_snapshot_due(void **state)
+static int
+vec_has(const swi_ptrvec *vec, const void *p)
 {
-    swi_idmap m;
+    for (size_t i = 0; i < vec->n; i++)
+        if (vec->v[i] == p)
+            return 1;
+    return 0;
+}
+
+/* The scan takes (and references) exactly the attached objects due by the
+ * time; a detached object is never taken, whatever it writes to its cell. */
+static void
+test_duetab_snapshot(void **state)
+{
+    swi_duetab t;
     swi_ptrvec vec = {NULL, 0, 0};
     due_obj o[4];
-    int64_t by = 100;
     (void)state;
-    assert_int_equal(swi_idmap_init(&m, 8), 0);
+    swi_duetab_init(&t);
     for (int i = 0; i < 4; i++) {
         memset(&o[i], 0, sizeof(o[i]));
-        o[i].id[0] = (uint8_t)(i + 1);
-        assert_int_equal(swi_idmap_put(&m, o[i].id, &o[i]), 0);
+        assert_non_null(o[i].due = swi_duetab_add(&t, &o[i], INT64_MAX));
     }
-    swi_due_set(&o[0].due, 50);
-    swi_due_set(&o[1].due, 100);
-    swi_due_set(&o[2].due, 101);
-    swi_due_set(&o[3].due, INT64_MAX);
-    swi_idmap_snapshot_due(&m, &vec, offsetof(due_obj, due), &by, due_ref);
+    swi_due_set(o[0].due, 50);
+    swi_due_set(o[1].due, 100);
+    swi_due_set(o[2].due, 101);
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
     assert_int_equal(vec.n, 2);
+    assert_true(vec_has(&vec, &o[0]) && vec_has(&vec, &o[1]));
     assert_int_equal(o[0].refs + o[1].refs, 2);
     assert_int_equal(o[2].refs + o[3].refs, 0);
-    swi_due_soon(&o[3].due);
-    vec.n = 0;
-    swi_idmap_snapshot_due(&m, &vec, offsetof(due_obj, due), &by, due_ref);
+    swi_due_soon(o[3].due);
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
     assert_int_equal(vec.n, 3);
     assert_int_equal(o[3].refs, 1);
-    vec.n = 0;
-    swi_idmap_snapshot_due(&m, &vec, offsetof(due_obj, due), NULL, due_ref);
-    assert_int_equal(vec.n, 4);
-    assert_int_equal(o[2].refs, 1);
+    /* detached: its late writes are never taken */
+    swi_duetab_detach(&t, o[0].due);
+    swi_due_soon(o[0].due);
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 2);
+    assert_false(vec_has(&vec, &o[0]));
+    assert_int_equal(o[0].refs, 2); /* the two scans before */
+    /* attached only when told */
+    {
+        due_obj late;
+        memset(&late, 0, sizeof(late));
+        assert_non_null(late.due = swi_duetab_add(&t, NULL, 0));
+        swi_duetab_snapshot(&t, &vec, 100, due_ref);
+        assert_false(vec_has(&vec, &late));
+        swi_duetab_attach(&t, late.due, &late);
+        swi_duetab_snapshot(&t, &vec, 100, due_ref);
+        assert_true(vec_has(&vec, &late));
+        assert_int_equal(late.refs, 1);
+        swi_duetab_release(&t, late.due);
+    }
+    for (int i = 0; i < 4; i++)
+        swi_duetab_release(&t, o[i].due);
+    swi_duetab_snapshot(&t, &vec, INT64_MAX, due_ref);
+    assert_int_equal(vec.n, 0);
     free(vec.v);
-    swi_idmap_fini(&m);
+    swi_duetab_fini(&t);
+}
+
+/* Cells never move while the table grows, keep their values, are unique,
+ * and a released cell is given out again (so the table stays as large as
+ * the most objects it held at once). */
+#define DUE_MANY 2000
+static void
+test_duetab_cells_stable(void **state)
+{
+    swi_duetab t;
+    swi_ptrvec vec = {NULL, 0, 0};
+    static due_obj o[DUE_MANY];
+    int64_t *again;
+    (void)state;
+    swi_duetab_init(&t);
+    for (int i = 0; i < DUE_MANY; i++) {
+        memset(&o[i], 0, sizeof(o[i]));
+        assert_non_null(o[i].due = swi_duetab_add(&t, &o[i], 1000 + i));
+    }
+    for (int i = 0; i < DUE_MANY; i++) {
+        assert_int_equal(*o[i].due, 1000 + i);
+        if (i > 0)
+            assert_ptr_not_equal(o[i].due, o[i - 1].due);
+    }
+    swi_duetab_snapshot(&t, &vec, 1000 + DUE_MANY / 2 - 1, due_ref);
+    assert_int_equal(vec.n, DUE_MANY / 2);
+    for (size_t i = 0; i < vec.n; i++)
+        assert_true(*((due_obj *)vec.v[i])->due < 1000 + DUE_MANY / 2);
+    /* a released cell comes back, with the new due time */
+    swi_duetab_release(&t, o[7].due);
+    assert_int_equal(*o[7].due, INT64_MAX);
+    again = swi_duetab_add(&t, &o[7], 5);
+    assert_ptr_equal(again, o[7].due);
+    assert_int_equal(t.nchunks, (DUE_MANY + SWI_DUETAB_CHUNK - 1) / SWI_DUETAB_CHUNK);
+    /* releasing every cell needs no memory */
+    for (int i = 0; i < DUE_MANY; i++)
+        swi_duetab_release(&t, o[i].due);
+    assert_int_equal(t.nfree, t.nchunks * SWI_DUETAB_CHUNK);
+    assert_int_equal(t.attached, 0);
+    free(vec.v);
+    swi_duetab_fini(&t);
 }
 
 /* ---------------------------------------------------------------- peers */
@@ -549,7 +616,8 @@ main(void)
         cmocka_unit_test(test_ticker_kick_and_stop),
         cmocka_unit_test(test_ticker_period),
         cmocka_unit_test(test_ticker_never_started),
-        cmocka_unit_test(test_snapshot_due),
+        cmocka_unit_test(test_duetab_snapshot),
+        cmocka_unit_test(test_duetab_cells_stable),
         cmocka_unit_test(test_peers_use_release),
         cmocka_unit_test(test_peers_probe_schedule),
         cmocka_unit_test(test_peers_lost_after_misses),

@@ -210,6 +210,8 @@ scen_idle(void)
     add_row("5 idle streams", param, "server CPU %", r[0].cpu_server, r[1].cpu_server, 1, 1,
             "while idle");
     g_goal_idle_bps = r[1].bytes_per_stream;
+    g_goal_idle_cpu_front = r[1].cpu_front;
+    g_goal_idle_cpu_worker = r[1].cpu_worker;
     g_goal_idle_window = cfg.window ? cfg.window : g_default_window;
 }
 

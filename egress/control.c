@@ -9,13 +9,15 @@
 
 _Static_assert(SWT_SUBJECT_MAX <= SWE_CANCEL_SUBJ_MAX, "a cancel keeps a control subject");
 
-/* The stream's control subject and request id (both change when it
- * re-routes or migrates). */
+/* The stream's control subject ("" before an instance was picked) and
+ * request id: both change together, under s->mu, when it re-routes or
+ * migrates. */
 static void
 ctl_target(sw_stream *s, char subj[SWT_SUBJECT_MAX], uint8_t id[SW_REQUEST_ID_BYTES])
 {
     pthread_mutex_lock(&s->mu);
-    memcpy(subj, s->ctl_subj, SWT_SUBJECT_MAX);
+    if (swt_subject_control(subj, SWT_SUBJECT_MAX, swe_instance(s)) != SW_OK)
+        subj[0] = '\0';
     memcpy(id, s->id, SW_REQUEST_ID_BYTES);
     pthread_mutex_unlock(&s->mu);
 }

@@ -116,6 +116,18 @@ struct sw_router {
     int cancels_waiting;        /* cancels.n, readable without r->mu (atomic) */
 };
 
+/* What a stream that may migrate keeps (allocated at open, with the
+ * request as first encoded, which a migration sends again). */
+typedef struct swe_mig {
+    sw_migrate_fn fn;
+    void *arg;
+    char (*insts)[SW_MAX_TOKEN + 1]; /* the instance of each worker generation (s->mu;
+                                        allocated at the first migration, never moved) */
+    char *inst_list;                 /* "a,b" for the terminal (s->mu) */
+    size_t req_len;
+    uint8_t req[]; /* (set once at open, before the stream is shared) */
+} swe_mig;
+
 struct sw_stream {
     sw_router *r;
     atomic_int refs;
@@ -123,52 +135,47 @@ struct sw_stream {
     pthread_cond_t cv;
     uint8_t id[SW_REQUEST_ID_BYTES];
     char idhex[SW_REQUEST_ID_HEX];
-    char logtag[SWI_LOGTAG_MAX]; /* idhex, and the trace id when the request has one */
-    char instance[SW_MAX_TOKEN + 1];
-    char ctl_subj[SWT_SUBJECT_MAX];
+    char trace[SWI_TRACE_ID_LEN + 1]; /* the request's trace id, "" if none (swe_logtag) */
+    /* Flags, one byte each (never bit-fields: they change under different
+     * locks), packed where the strings leave room. */
+    uint8_t has_ready; /* opened with on_ready (set once, before the stream is shared) */
+    uint8_t in_table;  /* (r->mu) */
+    uint8_t pooled;    /* counted in the pool and the peer table (r->mu) */
+    uint8_t routed;    /* the instance was picked by the pool (no instance_id given) */
+    uint8_t rerouted;  /* already sent elsewhere once after no_responders (s->mu) */
+    uint8_t opening;   /* sw_router_open runs: item callbacks wait for the ticker (s->mu) */
     sw_item_fn on_item;
     void *on_item_arg;
     void (*on_ready)(sw_stream *s, void *arg); /* blocking mode: something to take (s->mu;
                                                   NULL after sw_stream_close) */
     void *on_ready_arg;
     int in_ready;       /* on_ready calls running now (s->mu) */
-    int has_ready;      /* opened with on_ready (set once, before the stream is shared) */
+    int waiters;        /* blocking consumers in sw_stream_next's wait (atomic; changed under mu) */
     swe_rx rx;          /* s->mu */
-    sw_item cur;        /* the item last handed to a blocking consumer */
+    sw_item *cur;       /* the item last handed to a blocking consumer (allocated by the
+                           first sw_stream_next: an idle stream needs none) */
     int64_t last_rx_ms; /* mirror of rx.last_rx_ms for probe rounds (atomic) */
     int64_t t_open_ns;  /* sw_router_open's start, for the histograms */
     int64_t t_last_ns;  /* last data item delivered (s->mu); 0 = none yet */
     int64_t *next_tick; /* its cell in r->due: the scan looks at s only from then on (atomic;
                            0 = next scan); set before the stream is shared, kept until freed */
 
-    int in_table;
-    int pooled;   /* counted in the pool and the peer table */
-    int routed;   /* the instance was picked by the pool (no instance_id given) */
-    int rerouted; /* already sent elsewhere once after no_responders */
     /* What sw_stream_instance_id and items show: each buffer is written once
      * (a re-route happens at most once) and then published through inst_pub,
      * so a reader never sees a string being rewritten. */
     char inst_first[SW_MAX_TOKEN + 1];
-    char inst_second[SW_MAX_TOKEN + 1];
+    uint8_t dispatching; /* (s->mu) */
+    uint8_t in_cb;       /* an item callback runs now, on cb_thread (s->mu) */
+    char *inst_second;   /* allocated by the re-route (NULL before) */
     const char *inst_pub;
-    char endpoint[SW_MAX_ENDPOINT + 1];
+    char *endpoint;   /* ns.component.endpoint (allocated at open) */
     swe_ep *ep;       /* its endpoint's series (set at open, under r->mu) */
     uint8_t *req_buf; /* the encoded request, kept until the first answer (re-routing) */
     size_t req_len;
-    int opening; /* sw_router_open runs: item callbacks wait for the ticker */
-    int dispatching;
-    int in_cb;   /* an item callback runs now, on cb_thread */
-    int waiters; /* blocking consumers in sw_stream_next's wait (atomic; changed under mu) */
     pthread_t cb_thread;
-    /* Migration (migrate.c). s->id, ctl_subj and instance change under
-     * r->mu and s->mu; idhex and logtag stay the first request's. */
-    sw_migrate_fn mig_fn;
-    void *mig_arg;
-    uint8_t *mig_req; /* the request as first encoded (set once at open, before sharing) */
-    size_t mig_req_len;
-    char (*mig_insts)[SW_MAX_TOKEN + 1]; /* the instance of each worker generation (s->mu;
-                                            allocated at the first migration, never moved) */
-    char *inst_list;                     /* "a,b" for the terminal (s->mu) */
+    /* Migration (migrate.c). s->id and the instance change under
+     * r->mu and s->mu; idhex and trace stay the first request's. */
+    swe_mig *mig; /* a stream that may migrate (NULL: it may not) */
 };
 
 /* frontend.c */
@@ -185,6 +192,26 @@ swe_ep *swe_ep_get(sw_router *r, const char *name);
  * timer check due by *by. */
 void swe_snapshot(sw_router *r, swi_ptrvec *vec, const int64_t *by);
 #define SWE_AT(vec, i) ((sw_stream *)(vec).v[i])
+
+/* How a log line names the stream: its request id, and its trace id when
+ * the request has one ("" without a logger: nothing will be written). */
+static inline const char *
+swe_logtag(const sw_stream *s, char buf[SWI_LOGTAG_MAX])
+{
+    buf[0] = '\0';
+    if (s->r->log.fn != NULL)
+        swi_logtag(buf, s->idhex, s->trace);
+    return buf;
+}
+
+/* The instance the stream is on now ("" before one was picked): a string
+ * written once and then published (inst_pub), so it may be read without a
+ * lock and stays valid for the stream's life. */
+static inline const char *
+swe_instance(sw_stream *s)
+{
+    return __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
+}
 
 /* stream.c */
 void swe_stream_ref(sw_stream *s);

@@ -63,7 +63,7 @@ swe_remove(sw_stream *s)
         drop = 1;
         if (s->pooled) {
             s->pooled = 0;
-            swi_peers_release(&r->peers, s->instance);
+            swi_peers_release(&r->peers, swe_instance(s));
         }
     }
     pthread_mutex_unlock(&r->mu);

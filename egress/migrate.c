@@ -13,7 +13,7 @@
  *
  * Runs on the thread that noticed the loss (nats.c's delivery thread, or
  * the ticker), with no lock held around the callback or I/O. Locks: r->mu,
- * then s->mu for the re-keying (s->id, ctl_subj and instance are written
+ * then s->mu for the re-keying (s->id and the instance are written
  * under both). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,23 +24,26 @@
 const char *
 swe_gen_instance(sw_stream *s, unsigned gen)
 {
-    if (s->mig_insts != NULL)
-        return s->mig_insts[gen];
+    if (s->mig != NULL && s->mig->insts != NULL)
+        return s->mig->insts[gen];
     return __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
 }
 
 void
 swe_migrate_fini(sw_stream *s)
 {
-    free(s->mig_req);
-    free(s->mig_insts);
-    free(s->inst_list);
+    if (s->mig == NULL)
+        return;
+    free(s->mig->insts);
+    free(s->mig->inst_list);
+    free(s->mig);
 }
 
 /* Ends a stream whose migration did not happen (no lock held). */
 static void
 mig_give_up(sw_stream *s, sw_err err, const char *msg)
 {
+    char tag[SWI_LOGTAG_MAX];
     swe_rx_act act;
     int set;
     pthread_mutex_lock(&s->mu);
@@ -50,7 +53,7 @@ mig_give_up(sw_stream *s, sw_err err, const char *msg)
     if (!set)
         return;
     __atomic_fetch_add(&s->r->migration_failures, 1, __ATOMIC_RELAXED);
-    swi_log(&s->r->log, SW_LOG_INFO, "stream %s: not migrated: %s", s->logtag, msg);
+    swi_log(&s->r->log, SW_LOG_INFO, "stream %s: not migrated: %s", swe_logtag(s, tag), msg);
     swe_apply(s, &act);
 }
 
@@ -86,32 +89,30 @@ mig_commit(sw_stream *s, const uint8_t *new_id, const char *next, int64_t now)
     unsigned gen = s->rx.gen, cap = s->rx.cfg.migrations + 1;
     size_t need = 0;
     char *list;
-    if (s->mig_insts == NULL) {
-        if ((s->mig_insts = calloc(cap, sizeof(*s->mig_insts))) == NULL)
+    if (s->mig->insts == NULL) {
+        if ((s->mig->insts = calloc(cap, sizeof(*s->mig->insts))) == NULL)
             return -1;
-        snprintf(s->mig_insts[0], sizeof(s->mig_insts[0]), "%s", s->inst_pub);
+        snprintf(s->mig->insts[0], sizeof(s->mig->insts[0]), "%s", s->inst_pub);
     }
     if (gen + 1 >= cap)
         return -1; /* cannot happen: rx counts the migrations left */
     for (unsigned i = 0; i <= gen + 1; i++)
-        need += strlen(i <= gen ? s->mig_insts[i] : next) + 1;
+        need += strlen(i <= gen ? s->mig->insts[i] : next) + 1;
     if ((list = malloc(need)) == NULL)
         return -1;
     list[0] = '\0';
     for (unsigned i = 0; i <= gen + 1; i++) {
         if (i > 0)
             strcat(list, ",");
-        strcat(list, i <= gen ? s->mig_insts[i] : next);
+        strcat(list, i <= gen ? s->mig->insts[i] : next);
     }
-    free(s->inst_list);
-    s->inst_list = list;
-    snprintf(s->mig_insts[gen + 1], sizeof(s->mig_insts[0]), "%s", next);
-    __atomic_store_n(&s->inst_pub, s->mig_insts[gen + 1], __ATOMIC_RELEASE);
+    free(s->mig->inst_list);
+    s->mig->inst_list = list;
+    snprintf(s->mig->insts[gen + 1], sizeof(s->mig->insts[0]), "%s", next);
+    __atomic_store_n(&s->inst_pub, s->mig->insts[gen + 1], __ATOMIC_RELEASE);
     free(s->req_buf); /* no re-route of the first request any more */
     s->req_buf = NULL;
     memcpy(s->id, new_id, SW_REQUEST_ID_BYTES);
-    snprintf(s->instance, sizeof(s->instance), "%s", next);
-    (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), next);
     swe_rx_migrated(&s->rx, now);
     return 0;
 }
@@ -119,6 +120,7 @@ mig_commit(sw_stream *s, const uint8_t *new_id, const char *next, int64_t now)
 void
 swe_migrate(sw_stream *s)
 {
+    char tag[SWI_LOGTAG_MAX];
     sw_router *r = s->r;
     char old_inst[SW_MAX_TOKEN + 1], next[SW_MAX_TOKEN + 1];
     char old_subj[SWT_SUBJECT_MAX], req_subj[SWT_SUBJECT_MAX], resp_subj[SWT_SUBJECT_MAX];
@@ -144,11 +146,18 @@ swe_migrate(sw_stream *s)
         return;
     }
     why = s->rx.mig_why;
+    if (s->mig == NULL) { /* cannot happen: rx migrates only a stream opened to */
+        pthread_mutex_unlock(&s->mu);
+        mig_give_up(s, why, "the request was not kept");
+        swe_stream_unref(s);
+        return;
+    }
     from_final = s->rx.mig_from_final;
     attempt = s->rx.gen + 1;
     limit = s->rx.cfg.migrations;
-    memcpy(old_inst, s->instance, sizeof(old_inst));
-    memcpy(old_subj, s->ctl_subj, sizeof(old_subj));
+    snprintf(old_inst, sizeof(old_inst), "%s", swe_instance(s));
+    if (swt_subject_control(old_subj, sizeof(old_subj), old_inst) != SW_OK)
+        old_subj[0] = '\0';
     memcpy(old_id, s->id, sizeof(old_id));
     pthread_mutex_unlock(&s->mu);
 
@@ -172,7 +181,7 @@ swe_migrate(sw_stream *s)
     (void)swr_pool_quarantine(r->pool, old_inst); /* local: not picked again at once */
 
     /* The request for the next instance. */
-    if (swp_decode_request(s->mig_req, s->mig_req_len, 8 * s->mig_req_len + 65536, &orig) !=
+    if (swp_decode_request(s->mig->req, s->mig->req_len, 8 * s->mig->req_len + 65536, &orig) !=
         SW_OK) {
         mig_give_up(s, why, "the request could not be rebuilt");
         goto out;
@@ -186,17 +195,17 @@ swe_migrate(sw_stream *s)
     mg.new_max_tokens = orig->max_tokens;
     pthread_mutex_lock(&s->mu);
     mg.resume_from_seq = s->rx.seq_base + s->rx.gen_items + 1;
-    if (s->mig_fn != NULL) {
+    if (s->mig->fn != NULL) {
         items = mig_items(s, &mg.nitems);
         mg.items = items;
     }
     pthread_mutex_unlock(&s->mu);
-    if (s->mig_fn != NULL) {
+    if (s->mig->fn != NULL) {
         if (items == NULL && mg.nitems != 0) {
             mig_give_up(s, why, "out of memory for the items received so far");
             goto out;
         }
-        rv = s->mig_fn(&mg, s->mig_arg);
+        rv = s->mig->fn(&mg, s->mig->arg);
         free(items);
         items = NULL;
         if (rv != SW_OK) {
@@ -249,8 +258,8 @@ swe_migrate(sw_stream *s)
         goto out;
     }
     __atomic_fetch_add(&r->migrations, 1, __ATOMIC_RELAXED);
-    swi_log(&r->log, SW_LOG_INFO, "stream %s: %s on %s; migrated to %s as %s (%u of %u)", s->logtag,
-            sw_err_name(why), old_inst, next, new_hex, attempt, limit);
+    swi_log(&r->log, SW_LOG_INFO, "stream %s: %s on %s; migrated to %s as %s (%u of %u)",
+            swe_logtag(s, tag), sw_err_name(why), old_inst, next, new_hex, attempt, limit);
 
     /* Out it goes: the first request's fields, with what changed. */
     (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, new_hex);

@@ -25,28 +25,31 @@ swe_idle_heartbeat(uint32_t hb_ms, int64_t inactivity_ms)
 /* A request routed by the registry found nobody on the instance's request
  * subject (it drains, or died since the last probe): quarantine that
  * instance here and send the same request, once, to another. Returns 1 if
- * the request went out again. The instance switch holds r->mu, then s->mu:
- * readers of s->instance hold either. */
+ * the request went out again. The instance switch holds r->mu, then s->mu
+ * (readers of the instance take swe_instance). */
 int
 swe_reroute(sw_stream *s)
 {
+    char tag[SWI_LOGTAG_MAX];
     sw_router *r = s->r;
     char old[SW_MAX_TOKEN + 1], next[SW_MAX_TOKEN + 1];
     char req_subj[SWT_SUBJECT_MAX], resp_subj[SWT_SUBJECT_MAX];
     uint8_t *buf = NULL;
     size_t len = 0;
+    char *second = NULL;
     int moved = 0;
 
     pthread_mutex_lock(&s->mu);
     if (!s->routed || s->rerouted || s->req_buf == NULL || s->rx.term_state != SWE_TERM_NONE ||
-        (buf = malloc(s->req_len)) == NULL) {
+        (buf = malloc(s->req_len)) == NULL || (second = malloc(SW_MAX_TOKEN + 1)) == NULL) {
         pthread_mutex_unlock(&s->mu);
+        free(buf);
         return 0;
     }
     s->rerouted = 1;
     memcpy(buf, s->req_buf, s->req_len);
     len = s->req_len;
-    memcpy(old, s->instance, sizeof(old));
+    snprintf(old, sizeof(old), "%s", swe_instance(s));
     pthread_mutex_unlock(&s->mu);
 
     (void)swr_pool_quarantine(r->pool, old); /* local only: it may be alive and draining */
@@ -56,22 +59,23 @@ swe_reroute(sw_stream *s)
         swi_peers_use(&r->peers, next, swi_now_ms()) == 0) {
         swi_peers_release(&r->peers, old);
         pthread_mutex_lock(&s->mu);
-        memcpy(s->instance, next, sizeof(next));
-        memcpy(s->inst_second, next, sizeof(next));
+        memcpy(second, next, sizeof(next));
+        s->inst_second = second;
+        second = NULL;
         __atomic_store_n(&s->inst_pub, s->inst_second, __ATOMIC_RELEASE);
-        (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), next);
         pthread_mutex_unlock(&s->mu);
         moved = 1;
     }
     pthread_mutex_unlock(&r->mu);
+    free(second);
     if (!moved) {
         free(buf);
         return 0;
     }
     (void)swt_subject_request(req_subj, sizeof(req_subj), s->endpoint, next);
     (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, s->idhex);
-    swi_log(&r->log, SW_LOG_INFO, "stream %s: no responder on %s; re-routed to %s", s->logtag, old,
-            next);
+    swi_log(&r->log, SW_LOG_INFO, "stream %s: no responder on %s; re-routed to %s",
+            swe_logtag(s, tag), old, next);
     moved = swt_publish(r->conn, req_subj, resp_subj, buf, len) == SW_OK;
     free(buf);
     return moved;
@@ -116,6 +120,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     size_t blen = 0;
     sw_err rv;
     int full = 0, closing = 0, no_instances = 0, pending;
+    char picked[SW_MAX_TOKEN + 1];
     int64_t now;
     unsigned migrations;
 
@@ -143,14 +148,17 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     swi_random(s->id, sizeof(s->id));
     swi_hex(s->idhex, s->id, sizeof(s->id));
     for (size_t i = 0; i < o->nheaders; i++)
-        if (strcmp(o->headers[i].key, "traceparent") == 0)
-            (void)swi_trace_id(o->headers[i].value, trace);
-    swi_logtag(s->logtag, s->idhex, trace);
+        if (strcmp(o->headers[i].key, "traceparent") == 0 &&
+            swi_trace_id(o->headers[i].value, trace))
+            memcpy(s->trace, trace, sizeof(s->trace));
     /* A named instance is taken as is; otherwise the pool picks one below,
      * under r->mu, together with counting the stream on it. */
     if (o->instance_id != NULL)
-        snprintf(s->instance, sizeof(s->instance), "%s", o->instance_id);
-    snprintf(s->endpoint, sizeof(s->endpoint), "%s", o->endpoint);
+        snprintf(s->inst_first, sizeof(s->inst_first), "%s", o->instance_id);
+    if ((s->endpoint = strdup(o->endpoint)) == NULL) {
+        swe_stream_unref(s);
+        return SW_ENOMEM;
+    }
     s->inst_pub = s->inst_first;
     s->on_item = o->on_item;
     s->on_item_arg = o->on_item_arg;
@@ -173,8 +181,6 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     cfg.deadline_ms = o->deadline_ms ? now + o->deadline_ms : -1;
     cfg.migrations = migrations;
     cfg.keep_history = migrations > 0 && o->migrate != NULL;
-    s->mig_fn = o->migrate;
-    s->mig_arg = o->migrate_arg;
     swe_rx_init(&s->rx, &cfg, now);
     s->last_rx_ms = now;
     /* Its due-time cell, detached until the stream is in the table. */
@@ -213,13 +219,15 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
     if (rv == SW_OK && migrations > 0) {
         /* Kept for the life of the stream: a migration sends it again. */
-        if ((s->mig_req = malloc(blen)) == NULL) {
+        if ((s->mig = calloc(1, sizeof(*s->mig) + blen)) == NULL) {
             free(buf);
             swe_stream_unref(s);
             return SW_ENOMEM;
         }
-        memcpy(s->mig_req, buf, blen);
-        s->mig_req_len = blen;
+        s->mig->fn = o->migrate;
+        s->mig->arg = o->migrate_arg;
+        memcpy(s->mig->req, buf, blen);
+        s->mig->req_len = blen;
     }
 
     pthread_mutex_lock(&r->mu);
@@ -232,17 +240,15 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     else {
         if (o->instance_id != NULL)
             s->pooled = 1;
-        else if (swr_pool_pick(r->pool, o->endpoint, swe_instance_load, r, s->instance) == SW_OK)
-            s->pooled = s->routed = 1;
-        else
-            no_instances = 1;
-        if (s->pooled) {
+        else if (swr_pool_pick(r->pool, o->endpoint, swe_instance_load, r, picked) == SW_OK) {
             /* Set before anyone can find the stream (through r->mu). */
-            memcpy(s->inst_first, s->instance, sizeof(s->inst_first));
-            (void)swt_subject_control(s->ctl_subj, sizeof(s->ctl_subj), s->instance);
+            memcpy(s->inst_first, picked, sizeof(s->inst_first));
+            s->pooled = s->routed = 1;
+        } else {
+            no_instances = 1;
         }
     }
-    if (!closing && !full && s->pooled && swi_peers_use(&r->peers, s->instance, now) != 0) {
+    if (!closing && !full && s->pooled && swi_peers_use(&r->peers, s->inst_first, now) != 0) {
         swi_idmap_del(&r->streams, s->id);
         s->pooled = 0;
         full = 2;

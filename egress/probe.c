@@ -39,7 +39,7 @@ swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_
         sw_stream *s = SWE_AT(vec, i);
         int match;
         pthread_mutex_lock(&s->mu);
-        match = strcmp(s->instance, inst) == 0;
+        match = strcmp(swe_instance(s), inst) == 0;
         pthread_mutex_unlock(&s->mu);
         if (match) {
             /* The worker may be alive and cut off: ask it to stop. */
@@ -109,7 +109,7 @@ activity_cb(void *val, void *arg)
 {
     sw_stream *s = val;
     swe_activity *a = arg;
-    if (!a->active && strcmp(s->instance, a->id) == 0 &&
+    if (!a->active && strcmp(swe_instance(s), a->id) == 0 &&
         __atomic_load_n(&s->last_rx_ms, __ATOMIC_RELAXED) >= a->since)
         a->active = 1;
 }

@@ -42,7 +42,8 @@ rx_worker_start(swe_rx *rx, int64_t now)
     rx->final_seq = 0;
     rx->w_status = 0;
     rx->w_err = SW_OK;
-    rx->w_reason[0] = rx->w_msg[0] = '\0';
+    if (rx->txt != NULL)
+        rx->txt->w_reason[0] = rx->txt->w_msg[0] = '\0';
     rx->window = rx->window0 = rx->cfg.window;
     rx->wmax = 0; /* until this worker answers */
     rx->last_grant_ms = now;
@@ -92,6 +93,17 @@ swe_rx_fini(swe_rx *rx)
     free(rx->cur);
     rx->cur = NULL;
     rx_drop_history(rx);
+    free(rx->txt);
+    rx->txt = NULL;
+}
+
+/* The texts, allocated at the first need; NULL without memory. */
+static swe_rx_text *
+rx_text(swe_rx *rx)
+{
+    if (rx->txt == NULL && (rx->txt = calloc(1, sizeof(*rx->txt))) == NULL)
+        return NULL;
+    return rx->txt;
 }
 
 /* Decides the terminal. The first decision wins; the one exception is a
@@ -111,12 +123,17 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
     rx->term_ready_ms = from_wire ? now + rx->cfg.linger_ms : 0;
     rx->term.status = status;
     rx->term.error = err;
-    snprintf(rx->term_reason, sizeof(rx->term_reason), "%s",
-             reason ? reason : (status == SW_STATUS_ERROR ? sw_err_name(err) : ""));
-    snprintf(rx->term_msg, sizeof(rx->term_msg), "%s",
-             msg ? msg : (status == SW_STATUS_ERROR ? sw_strerror(err) : ""));
-    rx->term.reason = rx->term_reason;
-    rx->term.message = rx->term_msg;
+    if (rx_text(rx) != NULL) {
+        snprintf(rx->txt->term_reason, sizeof(rx->txt->term_reason), "%s",
+                 reason ? reason : (status == SW_STATUS_ERROR ? sw_err_name(err) : ""));
+        snprintf(rx->txt->term_msg, sizeof(rx->txt->term_msg), "%s",
+                 msg ? msg : (status == SW_STATUS_ERROR ? sw_strerror(err) : ""));
+        rx->term.reason = rx->txt->term_reason;
+        rx->term.message = rx->txt->term_msg;
+    } else { /* no memory: the error's own name and text (static) */
+        rx->term.reason = status == SW_STATUS_ERROR ? sw_err_name(err) : "";
+        rx->term.message = status == SW_STATUS_ERROR ? sw_strerror(err) : "";
+    }
     rx->term_seq = seq;
     rx->gap_since_ms = 0;
     rx_clear_hold(rx);
@@ -254,7 +271,8 @@ rx_accept(swe_rx *rx, swe_q *q, int64_t now, swe_rx_act *act)
     if (q->final) {
         /* The stream stays in its router's table until the terminal is
          * delivered (a late item after it must still find it). */
-        (void)rx_set_terminal(rx, rx->w_status, rx->w_err, rx->w_reason, rx->w_msg, q->seq, 1, now);
+        (void)rx_set_terminal(rx, rx->w_status, rx->w_err, rx->txt ? rx->txt->w_reason : "",
+                              rx->txt ? rx->txt->w_msg : "", q->seq, 1, now);
         act->ack_final = 1;
         act->wake = 1;
         free(q);
@@ -297,8 +315,10 @@ rx_note_final(swe_rx *rx, const swe_rx_in *in)
     rx->final_seq = in->seq;
     rx->w_status = in->status;
     rx->w_err = in->err;
-    snprintf(rx->w_reason, sizeof(rx->w_reason), "%s", in->reason ? in->reason : "");
-    snprintf(rx->w_msg, sizeof(rx->w_msg), "%s", in->message ? in->message : "");
+    if (rx_text(rx) != NULL) {
+        snprintf(rx->txt->w_reason, sizeof(rx->txt->w_reason), "%s", in->reason ? in->reason : "");
+        snprintf(rx->txt->w_msg, sizeof(rx->txt->w_msg), "%s", in->message ? in->message : "");
+    }
     if (rx->held > 0)
         for (size_t i = 0; i < rx->hold_cap; i++)
             if (rx->hold[i] != NULL && rx->hold[i]->seq > in->seq)

@@ -89,6 +89,16 @@ typedef struct swe_q {
 
 enum { SWE_TERM_NONE = 0, SWE_TERM_QUEUED = 1, SWE_TERM_DELIVERED = 2 };
 
+/* The texts of a worker's final and of the terminal: allocated when the
+ * first of them is needed, so that an open stream does not carry 700
+ * bytes it uses once, at its end. */
+typedef struct swe_rx_text {
+    char w_reason[SWE_REASON_MAX];
+    char w_msg[SWE_MSG_MAX];
+    char term_reason[SWE_REASON_MAX];
+    char term_msg[SWE_MSG_MAX];
+} swe_rx_text;
+
 typedef struct swe_rx_cfg {
     uint32_t window;       /* credit window asked of the worker (> 0) */
     uint32_t window_max;   /* the window may grow to this (>= window; = window: fixed) */
@@ -154,6 +164,7 @@ typedef struct swe_rx {
     uint32_t window;  /* may shrink to the worker's, and grows (tuning) */
     uint32_t window0; /* the first window (the worker may have lowered it): the floor */
     uint32_t wmax;    /* the most the window may grow to: 0 until the worker answers */
+    sw_err mig_why;   /* migration: SW_INSTANCE_LOST or SW_STREAM_INCOMPLETE */
     size_t max_cost;  /* the largest item seen, + SW_ITEM_COST */
     int64_t last_grant_ms;
     /* reassembly */
@@ -164,8 +175,8 @@ typedef struct swe_rx {
     uint64_t final_seq; /* the received final's seq, 0 = none yet */
     sw_status w_status;
     sw_err w_err;
-    char w_reason[SWE_REASON_MAX];
-    char w_msg[SWE_MSG_MAX];
+    swe_rx_text *txt; /* the final's and the terminal's texts (NULL until needed; without
+                         memory for them a terminal has the error's own name and text) */
     /* credit */
     uint64_t consumed;
     uint64_t credit_sent; /* the credit limit the frontend works towards */
@@ -188,8 +199,6 @@ typedef struct swe_rx {
     int64_t term_ready_ms;
     sw_terminal term;
     uint64_t term_seq;
-    char term_reason[SWE_REASON_MAX];
-    char term_msg[SWE_MSG_MAX];
     /* timers */
     int64_t last_rx_ms;
     int64_t gap_since_ms;
@@ -199,7 +208,6 @@ typedef struct swe_rx {
     unsigned mig_left;  /* migrations still allowed */
     int migrating;      /* between act->migrate and swe_rx_migrated or the terminal */
     int mig_from_final; /* the worker handed the stream back with its final (no stop needed) */
-    sw_err mig_why;     /* SW_INSTANCE_LOST or SW_STREAM_INCOMPLETE */
     uint64_t seq_base;  /* consumer seq = seq_base + the current worker's seq */
     uint64_t gen_items; /* data items accepted from the current worker */
     swe_q **hist;       /* cfg.keep_history: copies of the data items received, in order */

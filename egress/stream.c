@@ -23,6 +23,9 @@ swe_stream_unref(sw_stream *s)
     swe_migrate_fini(s);
     swi_duetab_release(&s->r->due, s->next_tick);
     free(s->req_buf);
+    free(s->endpoint);
+    free(s->inst_second);
+    free(s->cur);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     swe_router_unref(s->r);
@@ -64,12 +67,13 @@ swe_apply(sw_stream *s, const swe_rx_act *act)
 static void
 st_unlock_apply(sw_stream *s, const swe_rx_act *act)
 {
+    char tag[SWI_LOGTAG_MAX];
     sw_err err;
     st_plan_tick(s);
     err = s->rx.term.error;
     pthread_mutex_unlock(&s->mu);
     if (act->ended)
-        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->logtag, sw_err_name(err));
+        swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", swe_logtag(s, tag), sw_err_name(err));
     swe_apply(s, act);
 }
 
@@ -117,6 +121,7 @@ swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now)
 void
 swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill)
 {
+    char tag[SWI_LOGTAG_MAX];
     swe_rx_act act;
     int set;
     memset(&act, 0, sizeof(act));
@@ -130,7 +135,7 @@ swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill)
     }
     if (!set)
         return;
-    swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", s->logtag, sw_err_name(err));
+    swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", swe_logtag(s, tag), sw_err_name(err));
     swe_apply(s, &act);
 }
 
@@ -177,7 +182,8 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
             out->instance_id = swe_gen_instance(s, s->rx.cur->gen);
         } else {
             out->instance_id = __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
-            out->terminal.instances = s->inst_list != NULL ? s->inst_list : out->instance_id;
+            out->terminal.instances =
+                s->mig != NULL && s->mig->inst_list != NULL ? s->mig->inst_list : out->instance_id;
         }
         if (got == 1)
             __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);
@@ -270,13 +276,17 @@ sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
     if (s->on_item != NULL)
         return SW_EBUSY;
     pthread_mutex_lock(&s->mu);
+    if (s->cur == NULL && (s->cur = calloc(1, sizeof(*s->cur))) == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return SW_ENOMEM; /* the stream is unchanged: a later call may succeed */
+    }
     for (;;) {
         int64_t wake = until;
         if (swe_rx_done(&s->rx) && s->rx.qh == NULL) {
             pthread_mutex_unlock(&s->mu);
             return SW_EEOF;
         }
-        if ((got = st_pop(s, &s->cur, &credit)) != 0)
+        if ((got = st_pop(s, s->cur, &credit)) != 0)
             break;
         if (timeout_ms == 0) { /* a poll */
             pthread_mutex_unlock(&s->mu);
@@ -294,7 +304,7 @@ sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
         swi_cond_wait_until(&s->cv, &s->mu, wake);
         __atomic_sub_fetch(&s->waiters, 1, __ATOMIC_RELEASE);
     }
-    *item = &s->cur;
+    *item = s->cur;
     pthread_mutex_unlock(&s->mu);
     if (credit.credit)
         swe_send_credit(s, &credit);

@@ -648,8 +648,10 @@ SW_API SW_NODISCARD sw_err sw_router_open(sw_stream **out, sw_router *r,
 /* Blocking mode: waits up to timeout_ms (-1 = forever, 0 = poll) for the next
  * item. *item stays valid until the next call on this stream or close.
  * Returns SW_OK with an item, SW_ETIMEDOUT if none arrived in time,
- * SW_EEOF after the terminal was delivered, SW_EBUSY in callback mode.
- * Call from one thread at a time. */
+ * SW_EEOF after the terminal was delivered, SW_EBUSY in callback mode,
+ * SW_ENOMEM if the first call found no memory for the item it hands out
+ * (nothing was taken: a later call may succeed). Call from one thread at a
+ * time. */
 SW_API sw_err sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms);
 
 /* Cancels: no data item is delivered after this call returns; the next item

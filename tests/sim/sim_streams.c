@@ -901,6 +901,9 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
     cfg.linger_ms = 0;
     cfg.deadline_ms = -1;
     cfg.migrations = wd->p->migrations;
+    /* A cancel (or a hostile peer's garbage) may have reached this stream's
+     * zeroed rx before it opened: let go of what that allocated. */
+    swe_rx_fini(&f->rx);
     swe_rx_init(&f->rx, &cfg, sim_now(s));
     fe_send_request(wd, f, 0);
     sim_at(s, TICK_MS, fe_tick, wd, idx, 0);

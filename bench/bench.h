@@ -337,7 +337,8 @@ extern double g_goal_long64;
 extern double g_goal_short64;
 extern double g_goal_p99_raw, g_goal_p99_sw;
 extern double g_goal_idle_bps;
-extern double g_goal_idle_cpu_front, g_goal_idle_cpu_worker; /* % of one core */
+extern double g_goal_idle_cpu_front, g_goal_idle_cpu_worker;   /* % of one core */
+extern double g_goal_idle_cpu_front0, g_goal_idle_cpu_worker0; /* the same, no stream open */
 extern unsigned g_goal_idle_window;
 extern double g_credit_cost[MAX_LIST];
 void print_table(void);

@@ -184,11 +184,16 @@ scen_idle(void)
 {
     unsigned n = cfg.idle_n;
     child c;
-    idle_res r[2];
+    idle_res r[2], base;
     char param[48];
     memset(r, 0, sizeof(r));
     progress("5 idle streams: %u open streams, raw then sw (worker in a child process)", n);
     child_spawn(&c, n);
+    /* What both processes cost with no stream open (their connections,
+     * tickers and the bench's other idle objects): the streams' own cost is
+     * what a row adds to this. */
+    memset(&base, 0, sizeof(base));
+    idle_cpu(&c, &base);
     idle_raw(&c, n, &r[0]);
     idle_sw(&c, n, &r[1]);
     child_quit(&c);
@@ -209,9 +214,15 @@ scen_idle(void)
             "while idle; sw: heartbeats + 25 ms scans");
     add_row("5 idle streams", param, "server CPU %", r[0].cpu_server, r[1].cpu_server, 1, 1,
             "while idle");
+    add_row("5 idle streams", "no stream open", "frontend CPU %", base.cpu_front, base.cpu_front, 1,
+            1, "the same processes before any stream opened (both columns)");
+    add_row("5 idle streams", "no stream open", "worker CPU %", base.cpu_worker, base.cpu_worker, 1,
+            1, "the same processes before any stream opened (both columns)");
     g_goal_idle_bps = r[1].bytes_per_stream;
     g_goal_idle_cpu_front = r[1].cpu_front;
     g_goal_idle_cpu_worker = r[1].cpu_worker;
+    g_goal_idle_cpu_front0 = base.cpu_front;
+    g_goal_idle_cpu_worker0 = base.cpu_worker;
     g_goal_idle_window = cfg.window ? cfg.window : g_default_window;
 }
 

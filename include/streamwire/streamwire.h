@@ -511,7 +511,10 @@ typedef struct sw_router_opts {
     unsigned credit_window;        /* a stream's first credit window, in items; default 256. A
                                       worker may grant less (its max_window); the router then
                                       adopts that. */
-    sw_duration heartbeat_ms;      /* asked of workers; default 250 */
+    sw_duration heartbeat_ms;      /* asked of workers; default 250. A stream with nothing
+                                      new since its last heartbeat is beaten every
+                                      (inactivity_ms - 500) / 2 ms when that is longer
+                                      (Request.idle_heartbeat_ms: one lost beat is harmless) */
     sw_duration inactivity_ms;     /* silence (incl. heartbeats) that ends a stream with
                                       stream_incomplete; default 4 * heartbeat_ms + 500 */
     sw_duration gap_timeout_ms;    /* how long a sequence gap may stay open; default 500 */

@@ -276,6 +276,7 @@ swe_migrate(sw_stream *s)
     m.credit_window_max = orig->credit_window_max;
     m.credit_bytes = orig->credit_bytes;
     m.heartbeat_ms = orig->heartbeat_ms;
+    m.idle_heartbeat_ms = orig->idle_heartbeat_ms;
     if (deadline >= 0) {
         int64_t left = deadline - now;
         m.deadline_ms = left < 1 ? 1 : (uint32_t)left;

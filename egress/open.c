@@ -255,11 +255,11 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     } else if (!closing && !full) {
         swe_stream_ref(s); /* the table's */
         s->in_table = 1;
-        swi_duetab_attach(&r->due, s->next_tick, s);
         r->st.open_streams++;
         r->st.streams_opened++;
         s->ep = swe_ep_get(r, o->endpoint);
         __atomic_fetch_add(&s->ep->opened, 1, __ATOMIC_RELAXED);
+        swi_duetab_attach(&r->due, s->next_tick, s); /* last: the scan may look from now on */
     }
     pthread_mutex_unlock(&r->mu);
     if (closing || full) {

@@ -64,13 +64,29 @@ resp_final_unacked(const sw_responder *r)
  * frontend's idle interval while the last heartbeat already reported
  * everything sent and the stream neither waits for credit (a stalled
  * stream's beat may repeat a lost grant) nor has finished (its final may
- * need asking for); hb_ms otherwise. */
+ * need asking for); hb_ms otherwise, and until the first heartbeat (beat_seq
+ * starts at UINT64_MAX: the frontend counts silence from before the request
+ * reached us). swn_resp_beat_sooner brings a planned beat forward when the
+ * interval shrinks. */
 static int64_t
 resp_beat_every(const sw_responder *r)
 {
     if (!r->terminated && !r->starved && r->rg.pub_seq == r->beat_seq)
         return (int64_t)r->idle_hb_ms;
     return (int64_t)r->hb_ms;
+}
+
+void
+swn_resp_beat_sooner(sw_responder *r)
+{
+    int64_t at, cur;
+    if (r->hb_ms == 0 || r->idle_hb_ms == r->hb_ms)
+        return; /* the spacing never changes */
+    at = r->last_pub_ms + resp_beat_every(r);
+    cur = __atomic_load_n(r->next_tick, __ATOMIC_RELAXED);
+    while (cur > at && !__atomic_compare_exchange_n(r->next_tick, &cur, at, 0, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED)) {
+    }
 }
 
 /* When the timer next has to look at r (r->mu held): its deadline, its next

@@ -204,6 +204,7 @@ struct sw_ingress {
     swi_ticker live_ticker;  /* probing rounds (liveness.c) */
     swi_ptrvec live_vec;     /* the ticker's snapshot buffer */
     int64_t live_recount_ms; /* when the streams per frontend were last counted (live ticker) */
+    uint64_t live_notes;     /* swn_ing_live_note calls (atomic; written under live_mu) */
     swt_sub *live_sub;       /* sw.lv.<instance>.*: probe answers */
     unsigned probe_ms, probe_timeout_ms;
     int stopping;
@@ -304,6 +305,10 @@ void swn_ing_on_control(const swt_msg *msg, void *arg);
 /* ingress/heartbeat.c */
 void swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by);
 void swn_resp_tick_soon(sw_responder *r);
+/* A heartbeat may be due sooner than planned (new items went out after an
+ * idle spell, or the stream now waits for credit): brings r's due time
+ * forward to it (r->mu held; never later). */
+void swn_resp_beat_sooner(sw_responder *r);
 void swn_ing_timer_tick(void *arg, int64_t now);
 void swn_ing_timer_fini(sw_ingress *ing);
 

@@ -217,6 +217,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     if (r->hb_ms > SWN_MAX_HEARTBEAT_MS)
         r->hb_ms = SWN_MAX_HEARTBEAT_MS; /* also bounds how long a final waits for its ack */
     r->idle_hb_ms = r->hb_ms;
+    r->beat_seq = UINT64_MAX; /* no beat yet: the first one comes after hb_ms */
     if (r->hb_ms != 0 && req->idle_heartbeat_ms > r->hb_ms)
         r->idle_hb_ms = req->idle_heartbeat_ms < SWN_MAX_HEARTBEAT_MS ? req->idle_heartbeat_ms
                                                                       : SWN_MAX_HEARTBEAT_MS;
@@ -262,7 +263,6 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
             ing->all->all_prev = r;
         ing->all = r;
         r->registered = 1;
-        swi_duetab_attach(&ing->due, r->next_tick, r);
         r->counted = 1;
         ing->inflight++;
         ing->st.inflight = ing->inflight;
@@ -274,6 +274,9 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
             ing->q_head = r;
         ing->q_tail = r;
         pthread_cond_signal(&ing->cv);
+        /* Last: the timer may look at r from now on (it takes no ing->mu),
+         * and must find it registered and counted. */
+        swi_duetab_attach(&ing->due, r->next_tick, r);
     }
     pthread_mutex_unlock(&ing->mu);
     if (!overloaded && !dup)

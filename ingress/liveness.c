@@ -97,6 +97,7 @@ void
 swn_ing_live_note(sw_ingress *ing, const char *router_id)
 {
     pthread_mutex_lock(&ing->live_mu);
+    __atomic_add_fetch(&ing->live_notes, 1, __ATOMIC_RELEASE);
     if (swi_peers_find(&ing->peers, router_id) == NULL)
         (void)swi_peers_use(&ing->peers, router_id, swi_now_ms() - (int64_t)ing->peers.interval_ms);
     pthread_mutex_unlock(&ing->live_mu);
@@ -112,13 +113,15 @@ swn_ing_live_tick(void *arg, int64_t now)
     swi_peer_lost lost[SWN_PROBES_MAX];
     size_t nsend, nlost;
     int recount = now - ing->live_recount_ms >= SWN_LIVE_RECOUNT_MS;
+    uint64_t notes0 = __atomic_load_n(&ing->live_notes, __ATOMIC_ACQUIRE);
     /* A frontend is probed from the registration of its first stream here
      * (swn_ing_live_note). Every SWN_LIVE_RECOUNT_MS the frontends are
      * counted again from the registered streams (router_id never changes;
      * finished ones lingering for an ack count too), and one with none
      * left leaves the table: counting touches every stream, which at
      * 10,000 idle streams per probe round cost as much as their
-     * heartbeats. */
+     * heartbeats. A frontend noted while the count ran (its stream may
+     * have registered after the snapshot) is not removed this time. */
     ing->live_vec.n = 0;
     if (recount) {
         ing->live_recount_ms = now;
@@ -136,7 +139,7 @@ swn_ing_live_tick(void *arg, int64_t now)
             else
                 (void)swi_peers_use(&ing->peers, rid, now - (int64_t)ing->peers.interval_ms);
         }
-        for (size_t i = 0; i < ing->peers.n;) {
+        for (size_t i = 0; i < ing->peers.n && ing->live_notes == notes0;) {
             if (ing->peers.v[i].users == 0)
                 ing->peers.v[i] = ing->peers.v[--ing->peers.n];
             else

@@ -136,7 +136,10 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
         }
         if (r->rg.next_seq <= r->credit_limit && r->sent_bytes < r->byte_limit)
             break;
-        r->starved = 1;
+        if (!r->starved) {
+            r->starved = 1;
+            swn_resp_beat_sooner(r); /* a stalled stream beats every hb_ms */
+        }
         if (mode == 2) {
             pthread_mutex_lock(&ing->mu);
             ing->st.items_shed++;
@@ -182,6 +185,7 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
             r->rg.next_seq++;
             r->starved = 0;
             r->rg.pub_seq = seq;
+            swn_resp_beat_sooner(r);
         }
         goto out;
     }

@@ -149,6 +149,7 @@ resp_drain(sw_responder *r)
                 r->pub_err = rv;
         }
         r->rg.pub_seq = last;
+        swn_resp_beat_sooner(r); /* the next beat reports them after hb_ms, not idle_hb_ms */
         r->last_end_us = swi_now_us();
         if (r->final_seq != 0 && r->rg.pub_seq >= r->final_seq)
             swn_resp_uncount(r);

@@ -376,6 +376,15 @@ test_handler(sw_responder *r, void *arg)
         if (w_send_tokens(w, r, 0, w->k, 0) && w_send_padded(w, r, w->k, w->n, w->big_len))
             w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
         break;
+    case M_LOSE_LATE:
+        sleep_ms(w->delay_ms);
+        swx_responder_lose_next(r);
+        if (w_send_tokens(w, r, 0, 1, 0)) {
+            sleep_ms(w->delay_ms);
+            if (w_send_tokens(w, r, 1, w->n, 0))
+                w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
+        }
+        break;
     case M_PAUSE:
         if (w_send_tokens(w, r, 0, w->k, 0)) {
             sleep_ms(w->delay_ms);

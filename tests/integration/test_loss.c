@@ -84,6 +84,47 @@ idle_heartbeats_tight_limit(void **state)
     idle_heartbeats_run(*state, 1);
 }
 
+/* Spaced idle beats never delay a repair: after a long idle spell (beats
+ * every (10,000 - 500) / 2 = 4,750 ms) the worker sends token 0, which the
+ * bus loses; the next beat comes heartbeat_ms (100) after it, not at the
+ * idle spacing, so the frontend asks for it again and has it long before
+ * the final (1.5 s later) would have shown the gap. */
+static void
+idle_heartbeat_then_loss_repaired_soon(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    got *g = new_got(e);
+    const sw_item *it = NULL;
+    sw_stream_stats ss;
+    sw_stream *s;
+    int64_t t0;
+    sw_err rv;
+    sw_router_opts_init(&ro);
+    ro.heartbeat_ms = 100;
+    ro.inactivity_ms = 10000;
+    e->w.mode = M_LOSE_LATE;
+    e->w.n = 2;
+    e->w.delay_ms = 1500;
+    env_start(e, NULL, &ro);
+    t0 = swh_now_ms();
+    s = env_open(e);
+    rv = sw_stream_next(s, &it, 2700); /* lost at ~1.5 s, the final at ~3 s */
+    if (rv != SW_OK)
+        fail_msg("no item within 2.7 s (%s): the loss waited for the idle spacing",
+                 sw_err_name(rv));
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    assert_int_equal(it->seq, 1);
+    assert_true(swh_now_ms() - t0 >= 1400);
+    got_add(g, it);
+    assert_true(collect(s, g, 0, T(15000)));
+    assert_tokens(g, 2);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    sw_stream_stats_get(s, &ss);
+    assert_true(ss.resend_requests >= 1);
+    got_free(g);
+}
+
 /* Heartbeats travel batched per frontend (HeartbeatBatch on
  * sw.rsp.<router>.hb). Many idle streams at once are all kept alive by
  * them, with far fewer messages than beats; a batch that does not decode
@@ -331,6 +372,7 @@ main(int argc, char **argv)
         T_(heartbeats_keep_slow_stream_alive),
         T_(idle_heartbeats_spaced),
         T_(idle_heartbeats_tight_limit),
+        T_(idle_heartbeat_then_loss_repaired_soon),
         T_(heartbeat_batches),
         T_(loss_repair),
         T_(window_capped_by_ingress),

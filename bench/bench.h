@@ -149,6 +149,8 @@ typedef struct bench_cfg {
     unsigned slow_streams, slow_items, slow_delay_ms, slow_threads;
     int frozen_fe;    /* cancel: keep another frontend SIGSTOPped during the SIGKILL trials */
     unsigned live_fe; /* cancel: this many other live frontends (routers) stream meanwhile */
+    const char *cli;  /* cli: the streamwire binary (NULL: next to this binary's dir) */
+    unsigned long cli_items; /* cli: items of the one stream */
 } bench_cfg;
 
 extern bench_cfg cfg;
@@ -271,6 +273,15 @@ void start_server(const char *bin);
 long server_rss_kb(void);
 /* Server CPU time in microseconds (utime + stime), -1 if unknown. */
 int64_t server_cpu_us(void);
+/* CPU time of a process in microseconds (utime + stime, /proc), -1 if unknown. */
+int64_t pid_cpu_us(pid_t pid);
+/* Starts the program at path (not this binary) with argv: its stdout to
+ * out_fd, or (out_fd < 0) to a pipe whose read end goes to *pipe_rd; its
+ * stderr to /dev/null unless --verbose. Killed if the bench exits first. */
+pid_t spawn_prog(const char *path, char *const argv[], int out_fd, int *pipe_rd);
+/* Waits up to wait_ms for it to exit (-1: for ever), then kills it; its
+ * wait status (-1 unknown) and, if ru is not NULL, its CPU usage. */
+int reap_prog(pid_t pid, int wait_ms, struct rusage *ru);
 int child_line(child *c, char *out, size_t cap, int timeout_ms);
 int child_cmd(child *c, const char *cmd, char *out, size_t cap);
 void child_stat(child *c, cstat *st);
@@ -335,6 +346,7 @@ row *add_row(const char *scen, const char *param, const char *metric, double raw
              int lower_better, int prec, const char *note);
 extern double g_goal_long64;
 extern double g_goal_short64;
+extern double g_goal_cli; /* the CLI end to end, sw / raw at its best */
 extern double g_goal_p99_raw, g_goal_p99_sw;
 extern double g_goal_idle_bps;
 extern double g_goal_idle_cpu_front, g_goal_idle_cpu_worker;   /* % of one core */
@@ -440,6 +452,7 @@ extern double g_goal_slow_pending;
 extern unsigned g_goal_slow_window, g_goal_slow_n;
 extern int g_goal_slow_lossless;
 void scen_slow(void);
+void scen_cli(void);
 
 /* ---------------------------------------------------------- main.c */
 

@@ -47,6 +47,9 @@ static const scenario scenarios[] = {
     {"cancel", scen_cancel, 0,
      "issue 5: sw_stream_cancel -> the handler's cancel callback; SIGKILL of\n"
      "           a frontend (child process) -> the worker cancels its stream\n"},
+    {"cli", scen_cli, 0,
+     "issue 17: the CLI end to end, `streamwire worker --tokens N` -> `streamwire\n"
+     "           generate` (two processes), against raw nats.c of 8 B items: items/s\n"},
     {"slow", scen_slow, 1,
      "issue 5: many concurrent streams to slow consumers: peak frontend RSS\n"
      "           against the credit-window bound, peak pending, loss, nats.c drops\n"},
@@ -87,6 +90,9 @@ usage(FILE *f)
            "  --ttfi-streams N    streams for time to first item (default 2000)\n"
            "  --idle-streams N    idle open streams (default 10000)\n"
            "  --idle-cpu-secs S   idle CPU sampling window (default 2)\n"
+           "  --cli PATH          cli: the streamwire CLI binary (default: streamwire in the\n"
+           "                      directory above this binary's, e.g. build/streamwire)\n"
+           "  --cli-items N       cli: items of the one stream (default 1000000; quick 100000)\n"
            "  --trials N          loss: trials of each kind (SIGKILL, SIGSTOP); cancel:\n"
            "                      frontend SIGKILL trials (default 20; quick 2)\n"
            "  --cancel-trials N   cancel -> handler trials (default 200; quick 20)\n"
@@ -225,6 +231,10 @@ parse_args(int argc, char **argv)
         } else if (!strcmp(a, "--idle-streams")) {
             cfg.idle_n = (unsigned)atoi(need_arg(argc, argv, &i));
             set_idle = 1;
+        } else if (!strcmp(a, "--cli")) {
+            cfg.cli = need_arg(argc, argv, &i);
+        } else if (!strcmp(a, "--cli-items")) {
+            cfg.cli_items = strtoul(need_arg(argc, argv, &i), NULL, 10);
         } else if (!strcmp(a, "--idle-cpu-secs")) {
             cfg.idle_cpu_secs = atof(need_arg(argc, argv, &i));
             set_cpu = 1;
@@ -282,6 +292,8 @@ parse_args(int argc, char **argv)
         cfg.idle_n = cfg.quick ? 1000 : 10000;
     if (!set_cpu)
         cfg.idle_cpu_secs = cfg.quick ? 0.3 : 2.0;
+    if (cfg.cli_items == 0)
+        cfg.cli_items = cfg.quick ? 100000 : 1000000;
     if (!set_trials)
         cfg.trials = cfg.quick ? 2 : 20;
     if (!set_ctrials)

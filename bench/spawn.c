@@ -141,13 +141,19 @@ server_rss_kb(void)
 int64_t
 server_cpu_us(void)
 {
+    return pid_cpu_us(g_nats.pid);
+}
+
+int64_t
+pid_cpu_us(pid_t pid)
+{
     char path[64], buf[1024];
     FILE *f;
     char *p;
     unsigned long ut = 0, st = 0;
-    if (g_nats.pid <= 0)
+    if (pid <= 0)
         return -1;
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)g_nats.pid);
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     if ((f = fopen(path, "r")) == NULL)
         return -1;
     p = fgets(buf, sizeof(buf), f);
@@ -206,6 +212,53 @@ child_stat(child *c, cstat *st)
     if (child_cmd(c, "stat", line, sizeof(line)) != 0 ||
         sscanf(line, "stat %ld %lu %lu %lld", &st->rss_kb, &st->raw, &st->sw, &st->cpu_us) != 4)
         die("idle worker: bad reply to stat");
+}
+
+pid_t
+spawn_prog(const char *path, char *const argv[], int out_fd, int *pipe_rd)
+{
+    posix_spawn_file_actions_t fa;
+    int p[2] = {-1, -1};
+    pid_t pid;
+    if (out_fd < 0 && pipe2(p, O_CLOEXEC) != 0)
+        die("pipe: %s", strerror(errno));
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out_fd >= 0 ? out_fd : p[1], 1);
+    if (!cfg.verbose)
+        posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    if (posix_spawn(&pid, path, &fa, NULL, argv, environ) != 0)
+        die("posix_spawn %s: %s", path, strerror(errno));
+    posix_spawn_file_actions_destroy(&fa);
+    kid_add(pid);
+    if (out_fd < 0) {
+        close(p[1]);
+        *pipe_rd = p[0];
+    }
+    return pid;
+}
+
+int
+reap_prog(pid_t pid, int wait_ms, struct rusage *ru)
+{
+    int status = -1;
+    struct rusage dummy;
+    if (ru == NULL)
+        ru = &dummy;
+    memset(ru, 0, sizeof(*ru));
+    for (int i = 0; wait_ms >= 0 && i < wait_ms / 10; i++) {
+        if (wait4(pid, &status, WNOHANG, ru) == pid)
+            goto done;
+        sleep_ms(10);
+    }
+    if (wait_ms >= 0) {
+        kill(pid, SIGKILL);
+        kill(pid, SIGCONT);
+    }
+    if (wait4(pid, &status, 0, ru) != pid)
+        status = -1;
+done:
+    kid_del(pid);
+    return status;
 }
 
 /* Starts this binary in a hidden mode (argv[1] onwards) with its stdin and

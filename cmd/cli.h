@@ -163,6 +163,11 @@ typedef struct cli_stream_req {
     int migration_limit; /* sw_request_opts.migration_limit */
     void (*on_data)(const sw_item *item, void *arg); /* may be NULL */
     void *on_data_arg;
+    /* Called (may be NULL) when the stream has nothing to take right now,
+     * before waiting for more: where buffered output is flushed, so that a
+     * fast stream is written in large blocks and a slow one still shows each
+     * item as it comes. */
+    void (*on_idle)(void *arg);
 } cli_stream_req;
 
 typedef struct cli_stream_result {

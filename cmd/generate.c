@@ -8,7 +8,16 @@
 
 typedef struct gen_out {
     int json;
+    int flush_each; /* a slow consumer (--read-delay-ms): every item shows at once */
 } gen_out;
+
+/* The stream has nothing more right now: what was printed goes out. */
+static void
+gen_on_idle(void *arg)
+{
+    (void)arg;
+    fflush(stdout);
+}
 
 static void
 gen_on_data(const sw_item *item, void *arg)
@@ -30,7 +39,8 @@ gen_on_data(const sw_item *item, void *arg)
         cli_print_readable(stdout, item->data, item->len);
         printf("%s\n", item->droppable ? "  (droppable)" : "");
     }
-    fflush(stdout);
+    if (g->flush_each)
+        fflush(stdout);
 }
 
 static void
@@ -232,9 +242,18 @@ cli_generate_main(int argc, char **argv)
         req.payload = prompt;
         req.len = strlen(prompt);
     }
+    /* Items are written in blocks, flushed whenever the stream has nothing
+     * more to take (gen_on_idle): a fast stream costs a write per block, not
+     * per item (a line-buffered stdout made a system call per item), and a
+     * slow one still shows each item as it arrives. (--fanout prints its
+     * frames line by line, as before.) */
+    if (fanout == 0)
+        setvbuf(stdout, NULL, _IOFBF, 1 << 16);
     g.json = json;
+    g.flush_each = read_delay > 0;
     req.on_data = gen_on_data;
     req.on_data_arg = &g;
+    req.on_idle = gen_on_idle;
 
     cli_catch_signals(-1);
     sw_conn_opts_init(&copts);

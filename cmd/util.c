@@ -108,11 +108,17 @@ cli_print_readable(FILE *f, const void *data, size_t len)
     const unsigned char *p = data;
     size_t i;
 
-    for (i = 0; i < len; i++) {
-        if (p[i] >= 0x20 && p[i] <= 0x7e)
-            fputc(p[i], f);
-        else
+    for (i = 0; i < len;) {
+        size_t run = 0;
+        while (i + run < len && p[i + run] >= 0x20 && p[i + run] <= 0x7e)
+            run++;
+        if (run > 0) { /* printable bytes: one write, not one call per byte */
+            fwrite(p + i, 1, run, f);
+            i += run;
+        } else {
             fprintf(f, "\\x%02x", (unsigned)p[i]);
+            i++;
+        }
     }
 }
 
@@ -174,7 +180,12 @@ cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *
                      (long long)req->give_up_ms);
             break;
         }
-        err = sw_stream_next(s, &item, 100);
+        err = sw_stream_next(s, &item, 0);
+        if (err == SW_ETIMEDOUT) { /* nothing there now: flush, then wait */
+            if (req->on_idle != NULL)
+                req->on_idle(req->on_data_arg);
+            err = sw_stream_next(s, &item, 100);
+        }
         if (err == SW_ETIMEDOUT)
             continue;
         if (err != SW_OK || item == NULL) {

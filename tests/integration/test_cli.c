@@ -677,6 +677,40 @@ test_cancelled(void **state)
               "cancelled", "cancelled", ID_SLOW, 3, 0);
 }
 
+/* generate writes its output in blocks (a fast stream costs a write per
+ * block, not per item) but flushes whenever the stream has nothing more to
+ * take: a slow stream's items show as they come. Token 0 must be readable
+ * from generate's stdout long before the stream ends (tokens 1 s apart). */
+static void
+test_generate_shows_items_live(void **state)
+{
+    const char *argv[MAX_ARGS];
+    char line[256];
+    int fd = -1, st;
+    long long t0;
+    pid_t pid;
+    (void)state;
+    worker_start("cli.live.gen", "wlive", ARGS("--tokens", "3", "--token-interval-ms", "1000"));
+    args_join(argv,
+              ARGS("generate", "--server", g_nats.url, "--endpoint", "cli.live.gen",
+                   "--instance-id", "wlive", "--json"),
+              NULL);
+    t0 = swh_now_ms();
+    pid = swh_spawn(argv, &fd);
+    assert_true(pid > 0);
+    kid_add(pid, fd, 0);
+    if (swh_wait_line(fd, "{\"seq\":1,", line, sizeof(line), T(1500)) != 0)
+        fail_msg("token 0 did not show within 1.5 s: generate holds its output back");
+    if (swh_now_ms() - t0 > 1800)
+        fail_msg("token 0 showed after %lld ms (the stream ends after 2 s)",
+                 (long long)(swh_now_ms() - t0));
+    assert_non_null(strstr(line, "token-0"));
+    assert_int_equal(swh_wait_line(fd, "{\"terminal\":\"completed\"", line, sizeof(line), T(10000)),
+                     0);
+    st = kid_wait(pid, T(10000));
+    assert_true(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static void
 test_stream_incomplete_hang(void **state)
 {
@@ -1692,6 +1726,7 @@ main(int argc, char **argv)
         T_(test_incomplete_max_tokens),
         T_(test_failed_engine_error),
         T_(test_cancelled),
+        T_(test_generate_shows_items_live),
         T_(test_stream_incomplete_hang),
         T_(test_stream_incomplete_no_final),
         T_(test_item_after_final),

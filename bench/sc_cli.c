@@ -48,33 +48,23 @@ find_cli(char *out, size_t cap)
 static pid_t
 cli_worker_start(const char *cli, unsigned long n)
 {
-    char tokens[32], line[512];
-    size_t len = 0;
+    char tokens[32], line[256];
+    child w; /* its stdout, read line by line as a hidden-mode child's */
     int rd = -1;
     pid_t pid;
-    int64_t until = now_ns() + 20000000000LL;
     char *argv[] = {
         (char *)"streamwire", (char *)"worker", (char *)"--server",      (char *)g_url,
         (char *)"--endpoint", (char *)EP_CLI,   (char *)"--instance-id", (char *)INST_CLI,
         (char *)"--tokens",   tokens,           (char *)"--quiet",       NULL};
     snprintf(tokens, sizeof(tokens), "%lu", n);
     pid = spawn_prog(cli, argv, -1, &rd);
-    while (now_ns() < until) {
-        struct pollfd pf = {rd, POLLIN, 0};
-        ssize_t k;
-        if (poll(&pf, 1, 100) <= 0)
-            continue;
-        if ((k = read(rd, line + len, sizeof(line) - 1 - len)) <= 0)
-            break;
-        len += (size_t)k;
-        line[len] = '\0';
-        if (strstr(line, "worker ready") != NULL) {
+    memset(&w, 0, sizeof(w));
+    w.from = rd;
+    while (child_line(&w, line, sizeof(line), 20000) == 0)
+        if (strncmp(line, "worker ready", 12) == 0) {
             close(rd);
             return pid;
         }
-        if (len == sizeof(line) - 1)
-            len = 0;
-    }
     close(rd);
     (void)reap_prog(pid, 0, NULL);
     die("cli: `streamwire worker` did not get ready (%s)", cli);

@@ -294,14 +294,7 @@ child_reap(child *c, int wait_ms)
         return;
     close(c->to);
     close(c->from);
-    for (int i = 0; i < wait_ms / 10 && waitpid(c->pid, NULL, WNOHANG) == 0; i++)
-        sleep_ms(10);
-    if (waitpid(c->pid, NULL, WNOHANG) == 0) {
-        kill(c->pid, SIGKILL);
-        kill(c->pid, SIGCONT);
-        waitpid(c->pid, NULL, 0);
-    }
-    kid_del(c->pid);
+    (void)reap_prog(c->pid, wait_ms, NULL);
     c->pid = -1;
 }
 

@@ -224,16 +224,8 @@ swi_duetab_release(swi_duetab *t, int64_t *cell)
 void
 swi_duetab_snapshot(swi_duetab *t, swi_ptrvec *vec, int64_t by, void (*ref)(void *val))
 {
-    vec->n = 0;
     pthread_mutex_lock(&t->mu);
-    if (vec->cap < t->attached) {
-        size_t ncap = t->attached * 2;
-        void **nv = realloc(vec->v, ncap * sizeof(*nv));
-        if (nv != NULL) {
-            vec->v = nv;
-            vec->cap = ncap;
-        }
-    }
+    swi_ptrvec_reserve(vec, t->attached);
     for (size_t k = 0; k < t->nchunks; k++) {
         swi_duechunk *c = t->chunks[k];
         for (size_t j = 0; j < SWI_DUETAB_CHUNK && vec->n < vec->cap; j++) {

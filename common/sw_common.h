@@ -106,6 +106,10 @@ typedef struct swi_ptrvec {
     void **v;
     size_t n, cap;
 } swi_ptrvec;
+/* Empties vec and makes room for n values (twice that, so that a snapshot
+ * that grows a little does not reallocate). If memory is short the
+ * capacity stays as it was: a snapshot then takes as many as fit. */
+void swi_ptrvec_reserve(swi_ptrvec *vec, size_t n);
 /* Fills vec with the map's live values for which take(val, arg) returns 1
  * (take references the value it takes; the caller holds the map's lock and
  * later drops each reference). If memory is short, takes as many as fit. */

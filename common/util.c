@@ -303,18 +303,24 @@ swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg)
 }
 
 void
-swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, int (*take)(void *val, void *arg),
-                   void *arg)
+swi_ptrvec_reserve(swi_ptrvec *vec, size_t n)
 {
     vec->n = 0;
-    if (vec->cap < m->live) {
-        size_t ncap = m->live * 2;
+    if (vec->cap < n) {
+        size_t ncap = n * 2;
         void **nv = realloc(vec->v, ncap * sizeof(*nv));
         if (nv != NULL) {
             vec->v = nv;
             vec->cap = ncap;
         }
     }
+}
+
+void
+swi_idmap_snapshot(const swi_idmap *m, swi_ptrvec *vec, int (*take)(void *val, void *arg),
+                   void *arg)
+{
+    swi_ptrvec_reserve(vec, m->live);
     for (size_t i = 0; i < m->cap && vec->n < vec->cap; i++) {
         void *v = m->slots[i].val;
         if (v != NULL && v != SWI_IDMAP_TOMB && take(v, arg))

@@ -9,15 +9,20 @@
 
 _Static_assert(SWT_SUBJECT_MAX <= SWE_CANCEL_SUBJ_MAX, "a cancel keeps a control subject");
 
-/* The stream's control subject ("" before an instance was picked) and
- * request id: both change together, under s->mu, when it re-routes or
- * migrates. */
+void
+swe_control_subject(char subj[SWT_SUBJECT_MAX], const char *instance)
+{
+    if (swt_subject_control(subj, SWT_SUBJECT_MAX, instance) != SW_OK)
+        subj[0] = '\0';
+}
+
+/* The stream's control subject and request id: both change together,
+ * under s->mu, when it re-routes or migrates. */
 static void
 ctl_target(sw_stream *s, char subj[SWT_SUBJECT_MAX], uint8_t id[SW_REQUEST_ID_BYTES])
 {
     pthread_mutex_lock(&s->mu);
-    if (swt_subject_control(subj, SWT_SUBJECT_MAX, swe_instance(s)) != SW_OK)
-        subj[0] = '\0';
+    swe_control_subject(subj, swe_instance(s));
     memcpy(id, s->id, SW_REQUEST_ID_BYTES);
     pthread_mutex_unlock(&s->mu);
 }

@@ -208,7 +208,7 @@ swe_logtag(const sw_stream *s, char buf[SWI_LOGTAG_MAX])
  * written once and then published (inst_pub), so it may be read without a
  * lock and stays valid for the stream's life. */
 static inline const char *
-swe_instance(sw_stream *s)
+swe_instance(const sw_stream *s)
 {
     return __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
 }
@@ -232,6 +232,9 @@ void swe_dispatch(sw_stream *s);
 void swe_apply(sw_stream *s, const swe_rx_act *act);
 
 /* control.c */
+/* sw.ctl.<instance>, or "" when there is no instance yet (ctl_publish then
+ * sends nothing). */
+void swe_control_subject(char subj[SWT_SUBJECT_MAX], const char *instance);
 void swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from,
                       uint64_t to);
 /* A CREDIT with act's limits (act->credit). */

@@ -26,7 +26,7 @@ swe_gen_instance(sw_stream *s, unsigned gen)
 {
     if (s->mig != NULL && s->mig->insts != NULL)
         return s->mig->insts[gen];
-    return __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
+    return swe_instance(s);
 }
 
 void
@@ -92,7 +92,7 @@ mig_commit(sw_stream *s, const uint8_t *new_id, const char *next, int64_t now)
     if (s->mig->insts == NULL) {
         if ((s->mig->insts = calloc(cap, sizeof(*s->mig->insts))) == NULL)
             return -1;
-        snprintf(s->mig->insts[0], sizeof(s->mig->insts[0]), "%s", s->inst_pub);
+        snprintf(s->mig->insts[0], sizeof(s->mig->insts[0]), "%s", swe_instance(s));
     }
     if (gen + 1 >= cap)
         return -1; /* cannot happen: rx counts the migrations left */
@@ -156,8 +156,7 @@ swe_migrate(sw_stream *s)
     attempt = s->rx.gen + 1;
     limit = s->rx.cfg.migrations;
     snprintf(old_inst, sizeof(old_inst), "%s", swe_instance(s));
-    if (swt_subject_control(old_subj, sizeof(old_subj), old_inst) != SW_OK)
-        old_subj[0] = '\0';
+    swe_control_subject(old_subj, old_inst);
     memcpy(old_id, s->id, sizeof(old_id));
     pthread_mutex_unlock(&s->mu);
 

@@ -154,7 +154,7 @@ on_beats(sw_router *r, const swt_msg *msg)
                 unknown++;
                 continue;
             }
-            if (strcmp(__atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE), b->instance_id) != 0) {
+            if (strcmp(swe_instance(s), b->instance_id) != 0) {
                 unknown++; /* not the instance this stream is on (stale or forged) */
                 swe_stream_unref(s);
                 continue;

@@ -37,11 +37,7 @@ swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_
     swe_snapshot(r, &vec, NULL);
     for (size_t i = 0; i < vec.n; i++) {
         sw_stream *s = SWE_AT(vec, i);
-        int match;
-        pthread_mutex_lock(&s->mu);
-        match = strcmp(swe_instance(s), inst) == 0;
-        pthread_mutex_unlock(&s->mu);
-        if (match) {
+        if (strcmp(swe_instance(s), inst) == 0) { /* (published: no lock needed) */
             /* The worker may be alive and cut off: ask it to stop. */
             swe_stream_fail(s, SW_INSTANCE_LOST, msg, 1);
             n++;

@@ -123,16 +123,16 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
     rx->term_ready_ms = from_wire ? now + rx->cfg.linger_ms : 0;
     rx->term.status = status;
     rx->term.error = err;
+    /* The error's own name and text (static) stand in for what is not
+     * given, and for everything when there is no memory for the texts. */
+    rx->term.reason = status == SW_STATUS_ERROR ? sw_err_name(err) : "";
+    rx->term.message = status == SW_STATUS_ERROR ? sw_strerror(err) : "";
     if (rx_text(rx) != NULL) {
         snprintf(rx->txt->term_reason, sizeof(rx->txt->term_reason), "%s",
-                 reason ? reason : (status == SW_STATUS_ERROR ? sw_err_name(err) : ""));
-        snprintf(rx->txt->term_msg, sizeof(rx->txt->term_msg), "%s",
-                 msg ? msg : (status == SW_STATUS_ERROR ? sw_strerror(err) : ""));
+                 reason ? reason : rx->term.reason);
+        snprintf(rx->txt->term_msg, sizeof(rx->txt->term_msg), "%s", msg ? msg : rx->term.message);
         rx->term.reason = rx->txt->term_reason;
         rx->term.message = rx->txt->term_msg;
-    } else { /* no memory: the error's own name and text (static) */
-        rx->term.reason = status == SW_STATUS_ERROR ? sw_err_name(err) : "";
-        rx->term.message = status == SW_STATUS_ERROR ? sw_strerror(err) : "";
     }
     rx->term_seq = seq;
     rx->gap_since_ms = 0;

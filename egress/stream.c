@@ -181,7 +181,7 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
         if (got == 1) {
             out->instance_id = swe_gen_instance(s, s->rx.cur->gen);
         } else {
-            out->instance_id = __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
+            out->instance_id = swe_instance(s);
             out->terminal.instances =
                 s->mig != NULL && s->mig->inst_list != NULL ? s->mig->inst_list : out->instance_id;
         }
@@ -380,7 +380,7 @@ sw_stream_request_id(const sw_stream *s)
 const char *
 sw_stream_instance_id(const sw_stream *s)
 {
-    return s ? __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE) : "";
+    return s ? swe_instance(s) : "";
 }
 
 void

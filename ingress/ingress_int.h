@@ -50,10 +50,10 @@
 #define SWN_MAX_CONTROL_BYTES 8192 /* an ACK_FINALS of 256 ids is 4.7 KB */
 #define SWN_TICK_MS 25             /* heartbeat and deadline precision */
 #define SWN_LINGER_MIN_MS 2000
+#define SWN_LIVE_RECOUNT_MS 2000 /* frontends with no stream here stop being probed within this */
 /* Bounds on what a peer chooses (issue 11 #4), documented in PROTOCOL.md:
  * a request's heartbeat interval and deadline are clamped to these. */
 #define SWN_MIN_HEARTBEAT_MS 10
-#define SWN_LIVE_RECOUNT_MS 2000 /* frontends with no stream here stop being probed within this */
 #define SWN_MAX_HEARTBEAT_MS 10000
 #define SWN_MAX_DEADLINE_MS (24 * 3600 * 1000)
 /* Coalescing: a stream whose last publish ended less than SWN_HOT_US ago

@@ -131,14 +131,9 @@ swn_ing_live_tick(void *arg, int64_t now)
     if (recount) {
         for (size_t i = 0; i < ing->peers.n; i++)
             ing->peers.v[i].users = 0;
-        for (size_t i = 0; i < ing->live_vec.n; i++) {
-            const char *rid = SWN_RESP_AT(ing->live_vec, i)->router_id;
-            swi_peer *e = swi_peers_find(&ing->peers, rid);
-            if (e != NULL)
-                e->users++;
-            else
-                (void)swi_peers_use(&ing->peers, rid, now - (int64_t)ing->peers.interval_ms);
-        }
+        for (size_t i = 0; i < ing->live_vec.n; i++) /* one more user, or a new peer */
+            (void)swi_peers_use(&ing->peers, SWN_RESP_AT(ing->live_vec, i)->router_id,
+                                now - (int64_t)ing->peers.interval_ms);
         for (size_t i = 0; i < ing->peers.n && ing->live_notes == notes0;) {
             if (ing->peers.v[i].users == 0)
                 ing->peers.v[i] = ing->peers.v[--ing->peers.n];

@@ -503,6 +503,7 @@ class TestAsync(Base):
                 await asyncio.sleep(0.001)
                 yield "a%d" % i
             yield sw.Incomplete("max_tokens")
+        w = None
         try:
             w = self.worker("py.a.gen", h, loop=loop)
 
@@ -516,6 +517,13 @@ class TestAsync(Base):
             self.assertEqual(got, ["a%d" % i for i in range(30)])
             self.assertEqual((term.status, term.reason), ("incomplete", "max_tokens"))
         finally:
+            # The worker first, while the loop runs: the handler's coroutine
+            # resumes on the loop after its terminal went out, and closing
+            # waits for the handler. Stopping the loop first could strand
+            # it (the consumer may see the terminal before the coroutine
+            # resumes): w.close() then waited for ever (a CI run hung here).
+            if w is not None:
+                w.close()
             loop.call_soon_threadsafe(loop.stop)
             th.join(5)
 

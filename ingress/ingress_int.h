@@ -62,7 +62,7 @@
  * SWN_BATCH_BYTES bytes). A stream that was quiet publishes inline. */
 #define SWN_HOT_US 200 /* default of sw_ingress_opts.coalesce_us */
 #define SWN_BATCH_ITEMS 128
-#define SWN_BATCH_BYTES (64 * 1024)
+#define SWN_BATCH_BYTES (32 * 1024)
 #define SWN_MSG_STACK 4096
 
 struct sw_responder {

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "common/sw_common.h"
+#include "proto/pb_read.h"
 #include "proto/sw_codec.h"
 
 /* HeartbeatBatch and StreamBeat field numbers. */
@@ -40,82 +41,6 @@ enum {
 };
 enum { SB_REQUEST_ID = 1, SB_LAST_SEQ = 2 };
 
-typedef struct pb_rd {
-    uint32_t num; /* field number */
-    int wt;       /* wire type */
-    uint64_t v;   /* a varint's value */
-    const uint8_t *b;
-    size_t blen; /* a length-delimited field's bytes */
-} pb_rd;
-
-/* A tag, as protobuf-c reads one: at most 5 bytes, 32 bits of field
- * number. 0, or -1 if it does not parse. */
-static int
-rd_tag(const uint8_t *p, size_t len, size_t *i, uint32_t *num, int *wt)
-{
-    uint32_t v;
-    unsigned shift = 4;
-    size_t at = *i, max = len - at < 5 ? len - at : 5;
-    if (max == 0)
-        return -1;
-    *wt = p[at] & 7;
-    v = (p[at] & 0x7f) >> 3;
-    if ((p[at] & 0x80) == 0) {
-        *num = v;
-        *i = at + 1;
-        return 0;
-    }
-    for (size_t k = 1; k < max; k++) {
-        v |= (uint32_t)(p[at + k] & 0x7f) << shift;
-        if ((p[at + k] & 0x80) == 0) {
-            *num = v;
-            *i = at + k + 1;
-            return 0;
-        }
-        shift += 7;
-    }
-    return -1;
-}
-
-/* One field: 0, or -1 if it does not parse (or is a group). */
-static int
-rd_next(const uint8_t *p, size_t len, size_t *i, pb_rd *f)
-{
-    if (rd_tag(p, len, i, &f->num, &f->wt) != 0)
-        return -1;
-    switch (f->wt) {
-    case 0:
-        return swp_read_varint(p, len, i, &f->v);
-    case 1:
-        if (len - *i < 8)
-            return -1;
-        *i += 8;
-        return 0;
-    case 5:
-        if (len - *i < 4)
-            return -1;
-        *i += 4;
-        return 0;
-    case 2: {
-        /* A length prefix: at most 5 bytes. */
-        size_t n = 0, at = *i, max = len - at < 5 ? len - at : 5, k;
-        for (k = 0; k < max; k++) {
-            n |= (size_t)(p[at + k] & 0x7f) << (7 * k);
-            if ((p[at + k] & 0x80) == 0)
-                break;
-        }
-        if (k == max || n > (size_t)0x7fffffff || n > len - (at + k + 1))
-            return -1;
-        f->b = p + at + k + 1;
-        f->blen = n;
-        *i = at + k + 1 + n;
-        return 0;
-    }
-    default:
-        return -1;
-    }
-}
-
 /* One StreamBeat: its id (the last copy) and last_seq. 0, or -1 if it does
  * not parse or passes a cap. */
 static int
@@ -128,7 +53,7 @@ rd_beat(const uint8_t *p, size_t len, const uint8_t **id, size_t *idlen, uint64_
     *seq = 0;
     while (i < len) {
         pb_rd f;
-        if (rd_next(p, len, &i, &f) != 0 || f.num == 0)
+        if (pb_rd_next(p, len, &i, &f) != 0 || f.num == 0)
             return -1;
         if (f.num == SB_REQUEST_ID) {
             if (f.wt != 2 || ++nid > 4)
@@ -173,7 +98,7 @@ swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out)
     /* Pass 1: check the structure and the caps, count the beats. */
     while (i < len) {
         pb_rd f;
-        if (rd_next(buf, len, &i, &f) != 0 || f.num == 0)
+        if (pb_rd_next(buf, len, &i, &f) != 0 || f.num == 0)
             return SW_EPROTO;
         switch (f.num) {
         case HB_VERSION:
@@ -248,7 +173,7 @@ swp_decode_beats(const uint8_t *buf, size_t len, size_t max, swp_beats **out)
         const uint8_t *id;
         size_t idlen;
         uint64_t seq;
-        (void)rd_next(buf, len, &i, &f); /* pass 1 read it all */
+        (void)pb_rd_next(buf, len, &i, &f); /* pass 1 read it all */
         if (f.num != HB_BEATS)
             continue;
         (void)rd_beat(f.b, f.blen, &id, &idlen, &seq);

@@ -3,6 +3,8 @@
 #include <string.h>
 
 #include "common/sw_common.h"
+#include "proto/codec_int.h"
+#include "proto/pb_read.h"
 #include "proto/sw_codec.h"
 
 int
@@ -65,15 +67,7 @@ swp_has_field0(const ProtobufCMessage *m)
 int
 swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
 {
-    unsigned sh = 0;
-    *v = 0;
-    do {
-        if (*i >= len || sh > 63)
-            return -1;
-        *v |= (uint64_t)(p[*i] & 0x7f) << sh;
-        sh += 7;
-    } while (p[(*i)++] & 0x80);
-    return 0;
+    return pb_rd_varint(p, len, i, v);
 }
 
 /* ---- The allocation bound, checked on the raw bytes before unpacking.
@@ -246,7 +240,7 @@ swp_walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, int 
 }
 
 /* SW_OK, or SW_EPROTO if unpacking buf could allocate beyond the bound. */
-static sw_err
+sw_err
 swp_precheck(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len)
 {
     swp_walk_st w = {0, 0};
@@ -403,7 +397,7 @@ swp_check_batch(const swp_item *m)
     return SW_OK;
 }
 
-static sw_err
+sw_err
 swp_check_item(swp_item *m)
 {
     if (m->version != SW_PROTOCOL_VERSION)
@@ -514,14 +508,13 @@ swp_arena_free(void *data, void *p)
 }
 
 sw_err
-swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, swp_item **out)
+swp_decode_item_pbc(const uint8_t *buf, size_t len, size_t max, swp_arena *a, swp_item **out)
 {
     ProtobufCMessage *m;
     sw_err rv;
-    if (out == NULL || a == NULL)
-        return SW_EINVAL;
-    *out = NULL;
     a->used = 0;
+    a->block = NULL;
+    a->hand = 0;
     a->alloc.alloc = swp_arena_alloc;
     a->alloc.free = swp_arena_free;
     a->alloc.allocator_data = a;
@@ -539,7 +532,11 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
 void
 swp_free_arena(void *msg, swp_arena *a)
 {
-    if (msg != NULL)
+    if (msg == NULL)
+        return;
+    if (a->hand) /* proto/items.c: the arena, or one block */
+        free(a->block);
+    else
         protobuf_c_message_free_unpacked((ProtobufCMessage *)msg, &a->alloc);
 }
 

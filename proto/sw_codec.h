@@ -88,14 +88,20 @@ uint64_t swp_probe_reply_id(const uint8_t *buf, size_t len);
  * one block; only swp_free knows that). NULL ok. */
 void swp_free(void *msg);
 
-/* Hot-path decoding without malloc: the message is unpacked into a caller's
- * arena (typically on the stack), falling back to malloc for what does not
- * fit. Same bounds and validation as swp_decode_item. The message lives
- * until swp_free_arena; the arena must outlive it and serves one message. */
+/* Hot-path decoding of a StreamItemWrapper (the frontend's every message),
+ * into a caller's arena (typically on the stack) and at most one malloc'd
+ * block for what does not fit. Same result as swp_decode_item (error for
+ * error, value for value), with one difference: the `bytes` fields of a
+ * message in the form our encoders write (proto/items.c) point into buf
+ * instead of copies, so the message is valid only while both buf and the
+ * arena are. Other messages go through protobuf-c. Free with
+ * swp_free_arena; the arena serves one message at a time. */
 #define SWP_ARENA_BYTES 8192
 typedef struct swp_arena {
     ProtobufCAllocator alloc;
     size_t used;
+    void *block; /* decoded by hand: the block beyond the arena, or NULL */
+    int hand;    /* decoded by hand (else protobuf-c, with alloc) */
     _Alignas(16) uint8_t buf[SWP_ARENA_BYTES];
 } swp_arena;
 sw_err swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *arena,

@@ -147,10 +147,14 @@ make_terminal(swp_terminal *t, swp_error *e, Streamwire__V1__Status status, cons
 }
 
 /* Both item decoders' results for one input: [0] swp_decode_item,
- * [1] swp_decode_item_arena (arena on the heap, so ASan sees overruns). */
+ * [1] swp_decode_item_arena (arena on the heap, so ASan sees overruns).
+ * The arena decoder's bytes fields point into the input (input, an
+ * exact-size copy, kept until item_pair_free); swp_decode_item's own
+ * their bytes. */
 typedef struct item_pair {
     swp_item *m[2];
     swp_arena *arena;
+    uint8_t *input;
 } item_pair;
 
 static void
@@ -160,8 +164,10 @@ item_pair_free(item_pair *p)
     if (p->m[1] != NULL)
         swp_free_arena(p->m[1], p->arena);
     free(p->arena);
+    free(p->input);
     p->m[0] = p->m[1] = NULL;
     p->arena = NULL;
+    p->input = NULL;
 }
 
 /* Decodes an exact-size copy of b[len] with both decoders; both must return
@@ -179,11 +185,29 @@ item_pair_decode(item_pair *p, const uint8_t *b, size_t len, sw_err want, const 
     p->arena = malloc(sizeof(*p->arena));
     assert_non_null(p->arena);
     p->m[0] = p->m[1] = (swp_item *)(uintptr_t)1;
+    p->input = copy;
     r0 = swp_decode_item(copy, len, MAXLEN, &p->m[0]);
+    if (r0 == SW_OK) {
+        /* swp_decode_item's message owns its bytes: nothing points into the
+         * input (checked with a poisoned copy, decoded again) */
+        uint8_t *again = malloc(len ? len : 1);
+        swp_item *m = NULL;
+        size_t l0, l1;
+        uint8_t *e0, *e1;
+        assert_non_null(again);
+        memcpy(again, copy, len);
+        assert_int_equal(swp_decode_item(again, len, MAXLEN, &m), SW_OK);
+        memset(again, 0xa5, len);
+        free(again);
+        e0 = encode_msg(p->m[0], &l0);
+        e1 = encode_msg(m, &l1);
+        assert_int_equal(l0, l1);
+        assert_memory_equal(e0, e1, l0);
+        free(e0);
+        free(e1);
+        swp_free(m);
+    }
     r1 = swp_decode_item_arena(copy, len, MAXLEN, p->arena, &p->m[1]);
-    /* decoded messages own their bytes: nothing may point into the input */
-    memset(copy, 0xa5, len);
-    free(copy);
     if (r0 != want || r1 != want)
         fail_msg("%s: swp_decode_item %s, swp_decode_item_arena %s, want %s", what, sw_err_name(r0),
                  sw_err_name(r1), sw_err_name(want));
@@ -191,7 +215,9 @@ item_pair_decode(item_pair *p, const uint8_t *b, size_t len, sw_err want, const 
         assert_null(p->m[0]);
         assert_null(p->m[1]);
         free(p->arena);
+        free(p->input);
         p->arena = NULL;
+        p->input = NULL;
         return;
     }
     assert_non_null(p->m[0]);
@@ -755,7 +781,8 @@ test_batch_count_cap(void **state)
 }
 
 /* 4b. 200 items of 64 bytes: more than the arena holds, so the arena decoder
- * falls back to malloc for the rest (and frees it: the ASan build checks). */
+ * puts the message in one malloc'd block (freed by swp_free_arena: the ASan
+ * build checks); the data fields still point into the input. */
 static void
 test_batch_large_arena_fallback(void **state)
 {
@@ -777,20 +804,21 @@ test_batch_large_arena_fallback(void **state)
     for (int round = 0; round < 2; round++) { /* the arena serves one message at a time */
         assert_int_equal(swp_decode_item_arena(w.b, w.len, MAXLEN, arena, &a), SW_OK);
         assert_non_null(a);
-        assert_true(arena->used <= SWP_ARENA_BYTES);
-        /* the wrapper itself is in the arena; the batch did not all fit */
-        assert_true((uint8_t *)a >= arena->buf && (uint8_t *)a < arena->buf + SWP_ARENA_BYTES);
+        /* 200 entries do not fit in the arena: the whole message is in one
+         * block of its own, and every data field points into the input */
+        assert_true(arena->hand);
+        assert_true((uint8_t *)a < arena->buf || (uint8_t *)a >= arena->buf + SWP_ARENA_BYTES);
         outside = 0;
         assert_true(a->seq == 1000);
         fill_pattern(chunk, sizeof(chunk), 7, 0);
         assert_bin(a->data, chunk, sizeof(chunk));
+        assert_true(a->data.data > w.b && a->data.data < w.b + w.len);
         assert_true(a->droppable);
         assert_int_equal(a->n_batch, NITEMS - 1);
         for (int i = 1; i < NITEMS; i++) {
             const swp_batched *b = a->batch[i - 1];
-            if ((const uint8_t *)b->data.data < arena->buf ||
-                (const uint8_t *)b->data.data >= arena->buf + SWP_ARENA_BYTES)
-                outside++;
+            if (b->data.data > w.b && b->data.data + b->data.len <= w.b + w.len)
+                outside++; /* borrowed from the input */
             fill_pattern(chunk, sizeof(chunk), 7, (unsigned)i * 3);
             assert_true(b->seq == 1000 + 2 * (uint64_t)i);
             assert_bin(b->data, chunk, sizeof(chunk));
@@ -798,7 +826,7 @@ test_batch_large_arena_fallback(void **state)
             assert_false(b->complete_final);
             assert_null(b->terminal);
         }
-        assert_true(outside > 0);
+        assert_int_equal(outside, NITEMS - 1);
         if (round == 0) {
             size_t la, lr;
             uint8_t *ea, *er;
@@ -1108,6 +1136,78 @@ test_final_body_round_trip(void **state)
     }
 }
 
+/* 4c. The arena decoder by hand: a message in our encoders' form is built
+ * in the arena with its data pointing into the input (no copy); one with
+ * anything else (here an unknown field) goes through protobuf-c, which
+ * copies. Both give what swp_decode_item gives. */
+static void
+test_item_in_place_or_protobuf_c(void **state)
+{
+    uint8_t chunk[100];
+    (void)state;
+    fill_pattern(chunk, sizeof(chunk), 3, 1);
+    for (int unknown = 0; unknown < 2; unknown++) {
+        wbuf w = {NULL, 0, 0};
+        item_pair p;
+        wb_hdr(&w, "inst-a", 0, 0);
+        wb_data(&w, 0, 5, chunk, sizeof(chunk), 0);
+        wb_data(&w, 1, 6, chunk, 10, 1);
+        if (unknown)
+            wb_raw(&w, "\xa0\x01\x05", 3); /* field 20, a varint */
+        item_pair_decode(&p, w.b, w.len, SW_OK, unknown ? "unknown field" : "canonical");
+        assert_int_equal(p.arena->hand, !unknown);
+        assert_int_equal(p.m[1]->n_batch, 1);
+        assert_bin(p.m[1]->data, chunk, sizeof(chunk));
+        assert_bin(p.m[1]->batch[0]->data, chunk, 10);
+        if (!unknown) {
+            assert_true((uint8_t *)p.m[1] >= p.arena->buf &&
+                        (uint8_t *)p.m[1] < p.arena->buf + SWP_ARENA_BYTES);
+            assert_true(p.m[1]->data.data > p.input && p.m[1]->data.data < p.input + w.len);
+            assert_true(p.m[1]->batch[0]->data.data > p.m[1]->data.data);
+            assert_true(p.m[1]->batch[0]->data.data < p.input + w.len);
+            assert_null(p.arena->block);
+        } else {
+            assert_true(p.m[1]->data.data < p.input || p.m[1]->data.data >= p.input + w.len);
+            assert_int_equal(p.m[1]->base.n_unknown_fields, 1);
+        }
+        item_pair_free(&p);
+        free(w.b);
+    }
+}
+
+/* 4d. The allocation bound holds for what the decoder by hand accepts
+ * without asking codec.c's walk (proto/items.c): the densest valid message
+ * in our form, 256 batched items of nothing but a seq and a failed final
+ * at the end, costs protobuf-c (estimated) under len + 56 KiB, within
+ * SWP_ALLOC_FACTOR x len + SWP_ALLOC_SLACK. */
+static void
+test_item_densest_valid_within_bound(void **state)
+{
+    wbuf w = {NULL, 0, 0};
+    swp_terminal t;
+    swp_error e;
+    item_pair p;
+    size_t est;
+    (void)state;
+    make_terminal(&t, &e, STREAMWIRE__V1__STATUS__STATUS_FAILED, "error", 0, "app_failed", "x");
+    wb_hdr(&w, "inst-a", 0, 0);
+    wb_data(&w, 0, 1, "", 0, 0);
+    for (uint64_t q = 2; q <= SWP_MAX_BATCH; q++)
+        wb_data(&w, 1, q, "", 0, 0);
+    wb_final(&w, 1, SWP_MAX_BATCH + 1, &t);
+    item_pair_decode(&p, w.b, w.len, SW_OK, "densest");
+    assert_int_equal(p.m[1]->n_batch, SWP_MAX_BATCH);
+    assert_true(p.arena->hand);
+    est = swp_alloc_estimate(&streamwire__v1__stream_item_wrapper__descriptor, w.b, w.len);
+    assert_true(est <= SWP_ALLOC_FACTOR * w.len + SWP_ALLOC_SLACK);
+    assert_true(est < w.len + 56 * 1024);
+    item_pair_free(&p);
+    /* one more entry is past the cap: refused by both */
+    wb_data(&w, 1, SWP_MAX_BATCH + 2, "", 0, 0);
+    item_pair_decode(&p, w.b, w.len, SW_EPROTO, "past the cap");
+    free(w.b);
+}
+
 int
 main(void)
 {
@@ -1117,6 +1217,8 @@ main(void)
         cmocka_unit_test(test_hand_header_and_prefix_bounds),
         cmocka_unit_test(test_batch_decode),
         cmocka_unit_test(test_batch_large_arena_fallback),
+        cmocka_unit_test(test_item_in_place_or_protobuf_c),
+        cmocka_unit_test(test_item_densest_valid_within_bound),
         cmocka_unit_test(test_batch_count_cap),
         cmocka_unit_test(test_beats),
         cmocka_unit_test(test_batch_rules_rejected),

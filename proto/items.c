@@ -1,0 +1,383 @@
+/* proto/items.c -- the StreamItemWrapper decoder of the frontend's hot
+ * path, by hand (issue 17, "decode in place").
+ *
+ * protobuf-c copies every `bytes` field: a batch of 1 KiB items cost a
+ * malloc and a memcpy per item, plus the allocation-bound walk over the
+ * bytes before it (codec.c). This decoder reads a message in the form our
+ * encoders write, the canonical form:
+ *
+ *   - every field known, with its declared wire type, and not field 15
+ *     (`sealed`: the transport opens seals before anything decodes);
+ *   - every non-repeated field at most once, and not both members of the
+ *     `body` oneof; `batch` at most SWP_MAX_BATCH entries;
+ *   - the same for every sub-message (Heartbeat, Terminal, Error,
+ *     BatchedItem),
+ *
+ * and builds the same swp_item protobuf-c would, in the caller's arena or
+ * one malloc'd block, with the `bytes` fields (request_id, data) pointing
+ * into the input. Strings are copied (protobuf-c's are NUL-terminated).
+ * Anything else -- unknown fields, repeated copies, wrong wire types, bytes
+ * that do not parse -- goes to the protobuf-c path (swp_decode_item_pbc),
+ * which decides it as swp_decode_item does. So the result is
+ * swp_decode_item's, error for error and value for value: the fuzz body
+ * (tests/fuzz/fuzz_decode.c, check_item_arena) compares the two on every
+ * input.
+ *
+ * The allocation bound: a canonical message that passes swp_check_item
+ * has at most one terminal and at most SWP_MAX_BATCH entries, so what
+ * protobuf-c would allocate for it (the estimate in codec.c: per entry a
+ * struct, a pointer, a scan record and malloc's overhead, the strings and
+ * bytes once) stays under len + 56 KiB, within SWP_ALLOC_FACTOR x len +
+ * SWP_ALLOC_SLACK (test_codec_hand checks the largest such message). When
+ * the checks fail, the walk decides between its SW_EPROTO and the check's
+ * answer, in swp_decode_item's order. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/codec_int.h"
+#include "proto/pb_read.h"
+#include "proto/sw_codec.h"
+
+/* What a field is, by message kind and field number. */
+enum { F_NONE, F_VARINT, F_BYTES, F_STRING, F_MSG, F_REPEATED };
+enum { K_ITEM, K_BATCHED, K_TERMINAL, K_ERROR, K_HEARTBEAT, K_COUNT };
+
+typedef struct it_field {
+    uint8_t type;
+    uint8_t sub; /* F_MSG, F_REPEATED: the kind */
+} it_field;
+
+#define IT_MAX_FIELD 16
+static const it_field it_fields[K_COUNT][IT_MAX_FIELD + 1] =
+    {
+        [K_ITEM] =
+            {
+                [1] = {F_VARINT, 0},            /* version */
+                [2] = {F_BYTES, 0},             /* request_id */
+                [3] = {F_VARINT, 0},            /* seq */
+                [4] = {F_BYTES, 0},             /* data (oneof body) */
+                [5] = {F_MSG, K_HEARTBEAT},     /* heartbeat (oneof body) */
+                [6] = {F_VARINT, 0},            /* droppable */
+                [7] = {F_VARINT, 0},            /* complete_final */
+                [8] = {F_MSG, K_TERMINAL},      /* terminal */
+                [9] = {F_STRING, 0},            /* instance_id */
+                [10] = {F_VARINT, 0},           /* resent */
+                [11] = {F_VARINT, 0},           /* credit_window */
+                [12] = {F_REPEATED, K_BATCHED}, /* batch */
+                [13] = {F_STRING, 0},           /* event */
+                [14] = {F_VARINT, 0},           /* credit_window_max */
+                [16] = {F_VARINT, 0},           /* credit_bytes (15, sealed: never canonical) */
+            },
+        [K_BATCHED] =
+            {
+                [3] = {F_VARINT, 0},       /* seq */
+                [4] = {F_BYTES, 0},        /* data */
+                [6] = {F_VARINT, 0},       /* droppable */
+                [7] = {F_VARINT, 0},       /* complete_final */
+                [8] = {F_MSG, K_TERMINAL}, /* terminal */
+                [13] = {F_STRING, 0},      /* event */
+            },
+        [K_TERMINAL] =
+            {
+                [1] = {F_VARINT, 0},    /* status */
+                [2] = {F_STRING, 0},    /* finish_reason */
+                [3] = {F_MSG, K_ERROR}, /* error */
+            },
+        [K_ERROR] =
+            {
+                [1] = {F_VARINT, 0}, /* sw_code */
+                [2] = {F_STRING, 0}, /* app_code */
+                [3] = {F_STRING, 0}, /* message */
+            },
+        [K_HEARTBEAT] =
+            {
+                [1] = {F_VARINT, 0}, /* last_seq */
+                [2] = {F_VARINT, 0}, /* inflight */
+                [3] = {F_VARINT, 0}, /* stalled */
+            },
+};
+
+static const size_t it_sizeof[K_COUNT] = {
+    [K_ITEM] = sizeof(swp_item),           [K_BATCHED] = sizeof(swp_batched),
+    [K_TERMINAL] = sizeof(swp_terminal),   [K_ERROR] = sizeof(swp_error),
+    [K_HEARTBEAT] = sizeof(swp_heartbeat),
+};
+
+static size_t
+it_round(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
+/* Pass 1: 0 if p[len] is canonical for kind (adding to *need the bytes the
+ * decoded message takes), -1 if not. */
+static int
+it_scan(int kind, const uint8_t *p, size_t len, size_t *need)
+{
+    size_t i = 0, nbatch = 0;
+    uint32_t seen = 0;
+    *need += it_round(it_sizeof[kind]);
+    while (i < len) {
+        pb_rd f;
+        const it_field *d;
+        if (pb_rd_next(p, len, &i, &f) != 0 || f.num == 0 || f.num > IT_MAX_FIELD)
+            return -1;
+        d = &it_fields[kind][f.num];
+        if (d->type == F_NONE)
+            return -1; /* unknown (or sealed) */
+        if (d->type == F_REPEATED) {
+            if (f.wt != 2 || ++nbatch > SWP_MAX_BATCH)
+                return -1;
+            *need += sizeof(void *);
+            if (it_scan(d->sub, f.b, f.blen, need) != 0)
+                return -1;
+            continue;
+        }
+        if (seen & (1u << f.num))
+            return -1; /* a second copy: protobuf-c's last-wins and merges */
+        seen |= 1u << f.num;
+        if ((d->type == F_VARINT) != (f.wt == 0) || (d->type != F_VARINT && f.wt != 2))
+            return -1;
+        if (d->type == F_STRING)
+            *need += it_round(f.blen + 1);
+        else if (d->type == F_MSG && it_scan(d->sub, f.b, f.blen, need) != 0)
+            return -1;
+    }
+    if (kind == K_ITEM && (seen & (1u << 4)) && (seen & (1u << 5)))
+        return -1; /* both members of the oneof */
+    if (nbatch > 0)
+        *need = it_round(*need);
+    return 0;
+}
+
+typedef struct it_mem {
+    uint8_t *at;
+} it_mem;
+
+static void *
+it_take(it_mem *m, size_t n)
+{
+    void *p = m->at;
+    m->at += it_round(n);
+    return p;
+}
+
+static char *
+it_string(it_mem *m, const pb_rd *f)
+{
+    char *s = it_take(m, f->blen + 1);
+    memcpy(s, f->b, f->blen);
+    s[f->blen] = '\0';
+    return s;
+}
+
+static ProtobufCBinaryData
+it_bytes(const pb_rd *f)
+{
+    ProtobufCBinaryData b;
+    b.data = f->blen ? (uint8_t *)(uintptr_t)f->b : NULL;
+    b.len = f->blen;
+    return b;
+}
+
+static void *it_fill(int kind, const uint8_t *p, size_t len, it_mem *m);
+
+/* Pass 2: builds the message of kind from bytes pass 1 accepted. */
+static void *
+it_fill(int kind, const uint8_t *p, size_t len, it_mem *m)
+{
+    void *msg = it_take(m, it_sizeof[kind]);
+    swp_item *w = msg;
+    swp_batched *b = msg;
+    swp_terminal *t = msg;
+    swp_error *e = msg;
+    swp_heartbeat *h = msg;
+    size_t i = 0;
+    switch (kind) {
+    case K_ITEM:
+        streamwire__v1__stream_item_wrapper__init(w);
+        break;
+    case K_BATCHED:
+        streamwire__v1__batched_item__init(b);
+        break;
+    case K_TERMINAL:
+        streamwire__v1__terminal__init(t);
+        break;
+    case K_ERROR:
+        streamwire__v1__error__init(e);
+        break;
+    default:
+        streamwire__v1__heartbeat__init(h);
+        break;
+    }
+    if (kind == K_ITEM) {
+        /* The batch pointers first: count the entries. */
+        size_t n = 0;
+        while (i < len) {
+            pb_rd f;
+            (void)pb_rd_next(p, len, &i, &f);
+            n += f.num == 12;
+        }
+        if (n > 0)
+            w->batch = it_take(m, n * sizeof(*w->batch));
+        i = 0;
+    }
+    while (i < len) {
+        pb_rd f;
+        (void)pb_rd_next(p, len, &i, &f); /* pass 1 read it all */
+        switch (kind) {
+        case K_ITEM:
+            switch (f.num) {
+            case 1:
+                w->version = (uint32_t)f.v;
+                break;
+            case 2:
+                w->request_id = it_bytes(&f);
+                break;
+            case 3:
+                w->seq = f.v;
+                break;
+            case 4:
+                w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+                w->data = it_bytes(&f);
+                break;
+            case 5:
+                w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+                w->heartbeat = it_fill(K_HEARTBEAT, f.b, f.blen, m);
+                break;
+            case 6:
+                w->droppable = pb_rd_bool(&f);
+                break;
+            case 7:
+                w->complete_final = pb_rd_bool(&f);
+                break;
+            case 8:
+                w->terminal = it_fill(K_TERMINAL, f.b, f.blen, m);
+                break;
+            case 9:
+                w->instance_id = it_string(m, &f);
+                break;
+            case 10:
+                w->resent = pb_rd_bool(&f);
+                break;
+            case 11:
+                w->credit_window = (uint32_t)f.v;
+                break;
+            case 12:
+                w->batch[w->n_batch++] = it_fill(K_BATCHED, f.b, f.blen, m);
+                break;
+            case 13:
+                w->event = it_string(m, &f);
+                break;
+            case 14:
+                w->credit_window_max = (uint32_t)f.v;
+                break;
+            default:
+                w->credit_bytes = f.v;
+                break; /* 16 */
+            }
+            break;
+        case K_BATCHED:
+            switch (f.num) {
+            case 3:
+                b->seq = f.v;
+                break;
+            case 4:
+                b->data = it_bytes(&f);
+                break;
+            case 6:
+                b->droppable = pb_rd_bool(&f);
+                break;
+            case 7:
+                b->complete_final = pb_rd_bool(&f);
+                break;
+            case 8:
+                b->terminal = it_fill(K_TERMINAL, f.b, f.blen, m);
+                break;
+            default:
+                b->event = it_string(m, &f);
+                break; /* 13 */
+            }
+            break;
+        case K_TERMINAL:
+            switch (f.num) {
+            case 1:
+                t->status = (Streamwire__V1__Status)(int32_t)(uint32_t)f.v;
+                break;
+            case 2:
+                t->finish_reason = it_string(m, &f);
+                break;
+            default:
+                t->error = it_fill(K_ERROR, f.b, f.blen, m);
+                break; /* 3 */
+            }
+            break;
+        case K_ERROR:
+            switch (f.num) {
+            case 1:
+                e->sw_code = (uint32_t)f.v;
+                break;
+            case 2:
+                e->app_code = it_string(m, &f);
+                break;
+            default:
+                e->message = it_string(m, &f);
+                break; /* 3 */
+            }
+            break;
+        default:
+            switch (f.num) {
+            case 1:
+                h->last_seq = f.v;
+                break;
+            case 2:
+                h->inflight = (uint32_t)f.v;
+                break;
+            default:
+                h->stalled = pb_rd_bool(&f);
+                break; /* 3 */
+            }
+            break;
+        }
+    }
+    return msg;
+}
+
+sw_err
+swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, swp_item **out)
+{
+    size_t need = 0;
+    it_mem m;
+    swp_item *w;
+    sw_err rv;
+    if (out == NULL || a == NULL)
+        return SW_EINVAL;
+    *out = NULL;
+    if (buf == NULL && len != 0)
+        return SW_EINVAL;
+    if (len > max)
+        return SW_EMSGSIZE;
+    if (it_scan(K_ITEM, buf, len, &need) != 0)
+        return swp_decode_item_pbc(buf, len, max, a, out);
+    a->used = 0;
+    a->hand = 1;
+    a->block = NULL;
+    if (need <= SWP_ARENA_BYTES) {
+        m.at = a->buf;
+    } else {
+        if ((a->block = malloc(need)) == NULL)
+            return SW_ENOMEM;
+        m.at = a->block;
+    }
+    w = it_fill(K_ITEM, buf, len, &m);
+    if ((rv = swp_check_item(w)) != SW_OK) {
+        /* swp_decode_item's order: the allocation bound first. */
+        if (swp_precheck(&streamwire__v1__stream_item_wrapper__descriptor, buf, len) != SW_OK)
+            rv = SW_EPROTO;
+        free(a->block);
+        a->block = NULL;
+        return rv;
+    }
+    *out = w;
+    return SW_OK;
+}

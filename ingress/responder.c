@@ -103,7 +103,7 @@ static sw_err
 resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *event)
 {
     sw_ingress *ing;
-    int64_t wait_until;
+    int64_t wait_until = INT64_MIN; /* the clock is read only if the send waits */
     uint8_t *buf = NULL;
     size_t blen = 0;
     uint64_t seq;
@@ -120,7 +120,6 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
     }
     ing = r->ing;
     pthread_mutex_lock(&r->mu);
-    wait_until = swi_now_ms() + ing->send_timeout_ms;
     for (;;) {
         if (r->closed) { /* the ingress is gone: that outranks a cancel */
             rv = SW_ECLOSED;
@@ -157,6 +156,8 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
             ing->st.credit_stalls++;
             pthread_mutex_unlock(&ing->mu);
         }
+        if (wait_until == INT64_MIN)
+            wait_until = swi_now_ms() + ing->send_timeout_ms;
         if (swi_cond_wait_until(&r->cv, &r->mu, wait_until) != 0 && swi_now_ms() >= wait_until) {
             rv = SW_ETIMEDOUT;
             goto out;

@@ -23,13 +23,13 @@
  * (tests/fuzz/fuzz_decode.c, check_item_arena) compares the two on every
  * input.
  *
- * The allocation bound: a canonical message that passes swp_check_item
- * has at most one terminal and at most SWP_MAX_BATCH entries, so what
- * protobuf-c would allocate for it (the estimate in codec.c: per entry a
- * struct, a pointer, a scan record and malloc's overhead, the strings and
- * bytes once) stays under len + 56 KiB, within SWP_ALLOC_FACTOR x len +
- * SWP_ALLOC_SLACK (test_codec_hand checks the largest such message). When
- * the checks fail, the walk decides between its SW_EPROTO and the check's
+ * The allocation bound: a canonical message has at most SWP_MAX_BATCH
+ * entries, each field at most once, and the entries' scan records are
+ * capped with them, so what protobuf-c would allocate for it beyond its own
+ * bytes (the estimate in codec.c) is bounded by a constant: under 56 KiB,
+ * within SWP_ALLOC_FACTOR x len + SWP_ALLOC_SLACK (test_codec_hand builds
+ * the densest valid such message: 49 KB for 2.2 KB). When the checks fail,
+ * the walk decides between its SW_EPROTO and the check's
  * answer, in swp_decode_item's order. */
 #include <stdlib.h>
 #include <string.h>
@@ -366,7 +366,7 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
         m.at = a->buf;
     } else {
         if ((a->block = malloc(need)) == NULL)
-            return SW_ENOMEM;
+            return SW_ENOMEM; /* (protobuf-c's path would say SW_EPROTO) */
         m.at = a->block;
     }
     w = it_fill(K_ITEM, buf, len, &m);

@@ -1177,27 +1177,49 @@ test_item_in_place_or_protobuf_c(void **state)
 
 /* 4d. The allocation bound holds for what the decoder by hand accepts
  * without asking codec.c's walk (proto/items.c): the densest valid message
- * in our form, 256 batched items of nothing but a seq and a failed final
- * at the end, costs protobuf-c (estimated) under len + 56 KiB, within
+ * in our form (found by an independent review) is a non-final wrapper with
+ * a terminal and an Error (not checked on a data item), 255 batched entries
+ * of an explicit seq, empty data and empty event, and a failed final with
+ * an Error: protobuf-c (estimated) would take under len + 56 KiB, within
  * SWP_ALLOC_FACTOR x len + SWP_ALLOC_SLACK. */
 static void
 test_item_densest_valid_within_bound(void **state)
 {
+    static const uint8_t term[] = {0x42, 0x06, 0x08, 0x03, 0x1a, 0x02, 0x08, 0x01};
     wbuf w = {NULL, 0, 0};
-    swp_terminal t;
-    swp_error e;
     item_pair p;
     size_t est;
     (void)state;
-    make_terminal(&t, &e, STREAMWIRE__V1__STATUS__STATUS_FAILED, "error", 0, "app_failed", "x");
     wb_hdr(&w, "inst-a", 0, 0);
-    wb_data(&w, 0, 1, "", 0, 0);
-    for (uint64_t q = 2; q <= SWP_MAX_BATCH; q++)
-        wb_data(&w, 1, q, "", 0, 0);
-    wb_final(&w, 1, SWP_MAX_BATCH + 1, &t);
+    wb_raw(&w, "\x18\x01\x22\x00\x6a\x00", 6); /* seq 1, empty data, empty event */
+    wb_raw(&w, term, sizeof(term));
+    for (uint64_t q = 2; q <= SWP_MAX_BATCH; q++) {
+        uint8_t e[16];
+        size_t n = 0;
+        e[n++] = 0x18;
+        n += swp_varint_write(e + n, q);
+        memcpy(e + n, "\x22\x00\x6a\x00", 4);
+        n += 4;
+        wb_prefix(&w, n);
+        wb_raw(&w, e, n);
+    }
+    {
+        uint8_t e[32];
+        size_t n = 0;
+        e[n++] = 0x18;
+        n += swp_varint_write(e + n, SWP_MAX_BATCH + 1);
+        e[n++] = 0x38; /* complete_final */
+        e[n++] = 0x01;
+        memcpy(e + n, term, sizeof(term));
+        n += sizeof(term);
+        wb_prefix(&w, n);
+        wb_raw(&w, e, n);
+    }
     item_pair_decode(&p, w.b, w.len, SW_OK, "densest");
     assert_int_equal(p.m[1]->n_batch, SWP_MAX_BATCH);
     assert_true(p.arena->hand);
+    assert_non_null(p.m[1]->terminal);
+    assert_true(p.m[1]->batch[SWP_MAX_BATCH - 1]->complete_final);
     est = swp_alloc_estimate(&streamwire__v1__stream_item_wrapper__descriptor, w.b, w.len);
     assert_true(est <= SWP_ALLOC_FACTOR * w.len + SWP_ALLOC_SLACK);
     assert_true(est < w.len + 56 * 1024);

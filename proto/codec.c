@@ -4,7 +4,6 @@
 
 #include "common/sw_common.h"
 #include "proto/codec_int.h"
-#include "proto/pb_read.h"
 #include "proto/sw_codec.h"
 
 int
@@ -62,12 +61,6 @@ swp_has_field0(const ProtobufCMessage *m)
         }
     }
     return 0;
-}
-
-int
-swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
-{
-    return pb_rd_varint(p, len, i, v);
 }
 
 /* ---- The allocation bound, checked on the raw bytes before unpacking.

@@ -109,14 +109,20 @@ it_round(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
-/* Pass 1: 0 if p[len] is canonical for kind (adding to *need the bytes the
- * decoded message takes), -1 if not. */
+/* What pass 1 found: the bytes the decoded message takes, and the
+ * wrapper's batch entries (only the wrapper has a repeated field). */
+typedef struct it_need {
+    size_t bytes;
+    size_t nbatch;
+} it_need;
+
+/* Pass 1: 0 if p[len] is canonical for kind (adding to *need), -1 if not. */
 static int
-it_scan(int kind, const uint8_t *p, size_t len, size_t *need)
+it_scan(int kind, const uint8_t *p, size_t len, it_need *need)
 {
-    size_t i = 0, nbatch = 0;
+    size_t i = 0;
     uint32_t seen = 0;
-    *need += it_round(it_sizeof[kind]);
+    need->bytes += it_round(it_sizeof[kind]);
     while (i < len) {
         pb_rd f;
         const it_field *d;
@@ -126,9 +132,8 @@ it_scan(int kind, const uint8_t *p, size_t len, size_t *need)
         if (d->type == F_NONE)
             return -1; /* unknown (or sealed) */
         if (d->type == F_REPEATED) {
-            if (f.wt != 2 || ++nbatch > SWP_MAX_BATCH)
+            if (f.wt != 2 || ++need->nbatch > SWP_MAX_BATCH)
                 return -1;
-            *need += sizeof(void *);
             if (it_scan(d->sub, f.b, f.blen, need) != 0)
                 return -1;
             continue;
@@ -139,14 +144,12 @@ it_scan(int kind, const uint8_t *p, size_t len, size_t *need)
         if ((d->type == F_VARINT) != (f.wt == 0) || (d->type != F_VARINT && f.wt != 2))
             return -1;
         if (d->type == F_STRING)
-            *need += it_round(f.blen + 1);
+            need->bytes += it_round(f.blen + 1);
         else if (d->type == F_MSG && it_scan(d->sub, f.b, f.blen, need) != 0)
             return -1;
     }
     if (kind == K_ITEM && (seen & (1u << 4)) && (seen & (1u << 5)))
         return -1; /* both members of the oneof */
-    if (nbatch > 0)
-        *need = it_round(*need);
     return 0;
 }
 
@@ -180,173 +183,163 @@ it_bytes(const pb_rd *f)
     return b;
 }
 
-static void *it_fill(int kind, const uint8_t *p, size_t len, it_mem *m);
-
-/* Pass 2: builds the message of kind from bytes pass 1 accepted. */
-static void *
-it_fill(int kind, const uint8_t *p, size_t len, it_mem *m)
+/* Pass 2: builds each kind of message from bytes pass 1 accepted (every
+ * pb_rd_next below succeeds: pass 1 read the same bytes). */
+static swp_error *
+it_error(const uint8_t *p, size_t len, it_mem *m)
 {
-    void *msg = it_take(m, it_sizeof[kind]);
-    swp_item *w = msg;
-    swp_batched *b = msg;
-    swp_terminal *t = msg;
-    swp_error *e = msg;
-    swp_heartbeat *h = msg;
-    size_t i = 0;
-    switch (kind) {
-    case K_ITEM:
-        streamwire__v1__stream_item_wrapper__init(w);
-        break;
-    case K_BATCHED:
-        streamwire__v1__batched_item__init(b);
-        break;
-    case K_TERMINAL:
-        streamwire__v1__terminal__init(t);
-        break;
-    case K_ERROR:
-        streamwire__v1__error__init(e);
-        break;
-    default:
-        streamwire__v1__heartbeat__init(h);
-        break;
-    }
-    if (kind == K_ITEM) {
-        /* The batch pointers first: count the entries. */
-        size_t n = 0;
-        while (i < len) {
-            pb_rd f;
-            (void)pb_rd_next(p, len, &i, &f);
-            n += f.num == 12;
-        }
-        if (n > 0)
-            w->batch = it_take(m, n * sizeof(*w->batch));
-        i = 0;
-    }
-    while (i < len) {
+    swp_error *e = it_take(m, sizeof(*e));
+    streamwire__v1__error__init(e);
+    for (size_t i = 0; i < len;) {
         pb_rd f;
-        (void)pb_rd_next(p, len, &i, &f); /* pass 1 read it all */
-        switch (kind) {
-        case K_ITEM:
-            switch (f.num) {
-            case 1:
-                w->version = (uint32_t)f.v;
-                break;
-            case 2:
-                w->request_id = it_bytes(&f);
-                break;
-            case 3:
-                w->seq = f.v;
-                break;
-            case 4:
-                w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
-                w->data = it_bytes(&f);
-                break;
-            case 5:
-                w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
-                w->heartbeat = it_fill(K_HEARTBEAT, f.b, f.blen, m);
-                break;
-            case 6:
-                w->droppable = pb_rd_bool(&f);
-                break;
-            case 7:
-                w->complete_final = pb_rd_bool(&f);
-                break;
-            case 8:
-                w->terminal = it_fill(K_TERMINAL, f.b, f.blen, m);
-                break;
-            case 9:
-                w->instance_id = it_string(m, &f);
-                break;
-            case 10:
-                w->resent = pb_rd_bool(&f);
-                break;
-            case 11:
-                w->credit_window = (uint32_t)f.v;
-                break;
-            case 12:
-                w->batch[w->n_batch++] = it_fill(K_BATCHED, f.b, f.blen, m);
-                break;
-            case 13:
-                w->event = it_string(m, &f);
-                break;
-            case 14:
-                w->credit_window_max = (uint32_t)f.v;
-                break;
-            default:
-                w->credit_bytes = f.v;
-                break; /* 16 */
-            }
+        (void)pb_rd_next(p, len, &i, &f);
+        if (f.num == 1)
+            e->sw_code = (uint32_t)f.v;
+        else if (f.num == 2)
+            e->app_code = it_string(m, &f);
+        else
+            e->message = it_string(m, &f); /* 3 */
+    }
+    return e;
+}
+
+static swp_terminal *
+it_terminal(const uint8_t *p, size_t len, it_mem *m)
+{
+    swp_terminal *t = it_take(m, sizeof(*t));
+    streamwire__v1__terminal__init(t);
+    for (size_t i = 0; i < len;) {
+        pb_rd f;
+        (void)pb_rd_next(p, len, &i, &f);
+        if (f.num == 1)
+            t->status = (Streamwire__V1__Status)(int32_t)(uint32_t)f.v;
+        else if (f.num == 2)
+            t->finish_reason = it_string(m, &f);
+        else
+            t->error = it_error(f.b, f.blen, m); /* 3 */
+    }
+    return t;
+}
+
+static swp_heartbeat *
+it_heartbeat(const uint8_t *p, size_t len, it_mem *m)
+{
+    swp_heartbeat *h = it_take(m, sizeof(*h));
+    streamwire__v1__heartbeat__init(h);
+    for (size_t i = 0; i < len;) {
+        pb_rd f;
+        (void)pb_rd_next(p, len, &i, &f);
+        if (f.num == 1)
+            h->last_seq = f.v;
+        else if (f.num == 2)
+            h->inflight = (uint32_t)f.v;
+        else
+            h->stalled = pb_rd_bool(&f); /* 3 */
+    }
+    return h;
+}
+
+static swp_batched *
+it_batched(const uint8_t *p, size_t len, it_mem *m)
+{
+    swp_batched *b = it_take(m, sizeof(*b));
+    streamwire__v1__batched_item__init(b);
+    for (size_t i = 0; i < len;) {
+        pb_rd f;
+        (void)pb_rd_next(p, len, &i, &f);
+        switch (f.num) {
+        case 3:
+            b->seq = f.v;
             break;
-        case K_BATCHED:
-            switch (f.num) {
-            case 3:
-                b->seq = f.v;
-                break;
-            case 4:
-                b->data = it_bytes(&f);
-                break;
-            case 6:
-                b->droppable = pb_rd_bool(&f);
-                break;
-            case 7:
-                b->complete_final = pb_rd_bool(&f);
-                break;
-            case 8:
-                b->terminal = it_fill(K_TERMINAL, f.b, f.blen, m);
-                break;
-            default:
-                b->event = it_string(m, &f);
-                break; /* 13 */
-            }
+        case 4:
+            b->data = it_bytes(&f);
             break;
-        case K_TERMINAL:
-            switch (f.num) {
-            case 1:
-                t->status = (Streamwire__V1__Status)(int32_t)(uint32_t)f.v;
-                break;
-            case 2:
-                t->finish_reason = it_string(m, &f);
-                break;
-            default:
-                t->error = it_fill(K_ERROR, f.b, f.blen, m);
-                break; /* 3 */
-            }
+        case 6:
+            b->droppable = pb_rd_bool(&f);
             break;
-        case K_ERROR:
-            switch (f.num) {
-            case 1:
-                e->sw_code = (uint32_t)f.v;
-                break;
-            case 2:
-                e->app_code = it_string(m, &f);
-                break;
-            default:
-                e->message = it_string(m, &f);
-                break; /* 3 */
-            }
+        case 7:
+            b->complete_final = pb_rd_bool(&f);
+            break;
+        case 8:
+            b->terminal = it_terminal(f.b, f.blen, m);
             break;
         default:
-            switch (f.num) {
-            case 1:
-                h->last_seq = f.v;
-                break;
-            case 2:
-                h->inflight = (uint32_t)f.v;
-                break;
-            default:
-                h->stalled = pb_rd_bool(&f);
-                break; /* 3 */
-            }
+            b->event = it_string(m, &f); /* 13 */
             break;
         }
     }
-    return msg;
+    return b;
+}
+
+/* The wrapper, with room for the nbatch entries pass 1 counted. */
+static swp_item *
+it_item(const uint8_t *p, size_t len, size_t nbatch, it_mem *m)
+{
+    swp_item *w = it_take(m, sizeof(*w));
+    streamwire__v1__stream_item_wrapper__init(w);
+    if (nbatch > 0)
+        w->batch = it_take(m, nbatch * sizeof(*w->batch));
+    for (size_t i = 0; i < len;) {
+        pb_rd f;
+        (void)pb_rd_next(p, len, &i, &f);
+        switch (f.num) {
+        case 1:
+            w->version = (uint32_t)f.v;
+            break;
+        case 2:
+            w->request_id = it_bytes(&f);
+            break;
+        case 3:
+            w->seq = f.v;
+            break;
+        case 4:
+            w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+            w->data = it_bytes(&f);
+            break;
+        case 5:
+            w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+            w->heartbeat = it_heartbeat(f.b, f.blen, m);
+            break;
+        case 6:
+            w->droppable = pb_rd_bool(&f);
+            break;
+        case 7:
+            w->complete_final = pb_rd_bool(&f);
+            break;
+        case 8:
+            w->terminal = it_terminal(f.b, f.blen, m);
+            break;
+        case 9:
+            w->instance_id = it_string(m, &f);
+            break;
+        case 10:
+            w->resent = pb_rd_bool(&f);
+            break;
+        case 11:
+            w->credit_window = (uint32_t)f.v;
+            break;
+        case 12:
+            w->batch[w->n_batch++] = it_batched(f.b, f.blen, m);
+            break;
+        case 13:
+            w->event = it_string(m, &f);
+            break;
+        case 14:
+            w->credit_window_max = (uint32_t)f.v;
+            break;
+        default:
+            w->credit_bytes = f.v; /* 16 */
+            break;
+        }
+    }
+    return w;
 }
 
 sw_err
 swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, swp_item **out)
 {
-    size_t need = 0;
+    it_need need = {0, 0};
+    size_t bytes;
     it_mem m;
     swp_item *w;
     sw_err rv;
@@ -359,17 +352,18 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
         return SW_EMSGSIZE;
     if (it_scan(K_ITEM, buf, len, &need) != 0)
         return swp_decode_item_pbc(buf, len, max, a, out);
+    bytes = need.bytes + it_round(need.nbatch * sizeof(void *));
     a->used = 0;
     a->hand = 1;
     a->block = NULL;
-    if (need <= SWP_ARENA_BYTES) {
+    if (bytes <= SWP_ARENA_BYTES) {
         m.at = a->buf;
     } else {
-        if ((a->block = malloc(need)) == NULL)
+        if ((a->block = malloc(bytes)) == NULL)
             return SW_ENOMEM; /* (protobuf-c's path would say SW_EPROTO) */
         m.at = a->block;
     }
-    w = it_fill(K_ITEM, buf, len, &m);
+    w = it_item(buf, len, need.nbatch, &m);
     if ((rv = swp_check_item(w)) != SW_OK) {
         /* swp_decode_item's order: the allocation bound first. */
         if (swp_precheck(&streamwire__v1__stream_item_wrapper__descriptor, buf, len) != SW_OK)

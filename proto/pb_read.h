@@ -1,6 +1,7 @@
 /* proto/pb_read.h -- reading protobuf wire bytes the way protobuf-c 1.4
  * reads them, for the decoders written by hand (proto/beats.c,
- * proto/items.c). Internal to proto/.
+ * proto/items.c) and every walk over wire bytes (swp_read_varint in
+ * sw_codec.h: the codec's allocation walk, the transport's envelope).
  *
  * protobuf-c's rules, followed here: a tag is at most 5 bytes (32 bits of
  * field number), a length prefix at most 5 bytes and at most INT_MAX, a
@@ -54,6 +55,11 @@ pb_rd_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
 {
     uint64_t r = 0;
     size_t at = *i;
+    if (at < len && p[at] < 0x80) { /* one byte: nearly every tag and length */
+        *v = p[at];
+        *i = at + 1;
+        return 0;
+    }
     for (unsigned k = 0; k < 10 && at < len; k++, at++) {
         r |= (uint64_t)(p[at] & 0x7f) << (7 * k);
         if ((p[at] & 0x80) == 0) {

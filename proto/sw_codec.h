@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/pb_read.h"
 #include "proto/streamwire.pb-c.h"
 #include <streamwire/streamwire.h>
 
@@ -161,7 +162,11 @@ sw_err swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uin
  * 64 bits). */
 size_t swp_varint_size(uint64_t v);
 size_t swp_varint_write(uint8_t *out, uint64_t v);
-int swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v);
+static inline int
+swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
+{
+    return pb_rd_varint(p, len, i, v);
+}
 /* Writes the tag and length that put a body of body_len bytes into `batch`. */
 size_t swp_batch_prefix(uint8_t *out, size_t body_len);
 

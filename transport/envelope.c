@@ -181,13 +181,7 @@ static int
 rd_field(const uint8_t *p, size_t len, size_t *off, pb_field *f)
 {
     uint64_t tag;
-    /* One-byte tags and lengths (nearly all) without the varint loop: this
-     * walks every message received (swt_env_is_sealed). */
-    if (*off < len && p[*off] < 0x80)
-        tag = p[(*off)++];
-    else if (swp_read_varint(p, len, off, &tag) != 0)
-        return -1;
-    if ((tag >> 3) == 0 || (tag >> 3) > 0x1fffffff)
+    if (swp_read_varint(p, len, off, &tag) != 0 || (tag >> 3) == 0 || (tag >> 3) > 0x1fffffff)
         return -1;
     f->num = (uint32_t)(tag >> 3);
     f->wt = (int)(tag & 7);
@@ -205,11 +199,7 @@ rd_field(const uint8_t *p, size_t len, size_t *off, pb_field *f)
         *off += 4;
         return 0;
     case 2:
-        if (*off < len && p[*off] < 0x80)
-            f->v = p[(*off)++];
-        else if (swp_read_varint(p, len, off, &f->v) != 0)
-            return -1;
-        if (f->v > len - *off)
+        if (swp_read_varint(p, len, off, &f->v) != 0 || f->v > len - *off)
             return -1;
         f->b = p + *off;
         f->blen = (size_t)f->v;

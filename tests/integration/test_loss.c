@@ -6,32 +6,39 @@
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
 
+/* A worker that sends k tokens, pauses delay_ms, then sends the rest of n
+ * and completes: the stream must end completed with all n tokens in order.
+ * Returns the heartbeats the frontend counted. */
+static uint64_t
+paused_stream_heartbeats(env *e, sw_router_opts *ro, int k, int n, int delay_ms)
+{
+    got *g = new_got(e);
+    sw_stream_stats ss;
+    sw_stream *s;
+    e->w.mode = M_PAUSE;
+    e->w.k = k;
+    e->w.n = n;
+    e->w.delay_ms = delay_ms;
+    env_start(e, NULL, ro);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(15000)));
+    assert_tokens(g, n);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    sw_stream_stats_get(s, &ss);
+    got_free(g);
+    return ss.heartbeats;
+}
+
 /* Heartbeats keep a stream alive through a pause longer than the
  * inactivity timeout (4*50+500 = 700 ms). */
 static void
 heartbeats_keep_slow_stream_alive(void **state)
 {
-    env *e = *state;
     sw_router_opts ro;
-    got *g = new_got(e);
-    sw_stream_stats ss;
-    sw_stream *s;
-
     sw_router_opts_init(&ro);
     ro.heartbeat_ms = 50;
-    e->w.mode = M_PAUSE;
-    e->w.k = 2;
-    e->w.n = 4;
-    e->w.delay_ms = 1500;
-    env_start(e, NULL, &ro);
-    s = env_open(e);
-    assert_true(collect(s, g, 0, T(15000)));
-    assert_tokens(g, 4);
-    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
-    assert_done(g);
-    sw_stream_stats_get(s, &ss);
-    assert_true(ss.heartbeats >= 3);
-    got_free(g);
+    assert_true(paused_stream_heartbeats(*state, &ro, 2, 4, 1500) >= 3);
 }
 
 /* An idle stream (nothing new since its last heartbeat) is beaten every
@@ -44,32 +51,19 @@ static void
 idle_heartbeats_run(env *e, int tight)
 {
     sw_router_opts ro;
-    got *g = new_got(e);
-    sw_stream_stats ss;
-    sw_stream *s;
+    uint64_t beats;
     sw_router_opts_init(&ro);
     if (tight)
         ro.inactivity_ms = 1000;
-    e->w.mode = M_PAUSE;
-    e->w.k = 0;
-    e->w.n = 1;
-    e->w.delay_ms = 2200;
-    env_start(e, NULL, &ro);
-    s = env_open(e);
-    assert_true(collect(s, g, 0, T(15000)));
-    assert_tokens(g, 1);
-    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
-    assert_done(g);
-    sw_stream_stats_get(s, &ss);
+    beats = paused_stream_heartbeats(e, &ro, 0, 1, 2200);
     /* 2.2 s: about 4 beats at 500 ms, 8 at 250 ms (a loaded machine may
      * beat late, never early) */
-    if (!tight && (ss.heartbeats < 2 || ss.heartbeats > 6))
+    if (!tight && (beats < 2 || beats > 6))
         fail_msg("idle stream: %llu heartbeats in 2.2 s (want 2-6: every 500 ms)",
-                 (unsigned long long)ss.heartbeats);
-    if (tight && (ss.heartbeats < 6 || ss.heartbeats > 10))
+                 (unsigned long long)beats);
+    if (tight && (beats < 6 || beats > 10))
         fail_msg("tight silence limit: %llu heartbeats in 2.2 s (want 6-10: every 250 ms)",
-                 (unsigned long long)ss.heartbeats);
-    got_free(g);
+                 (unsigned long long)beats);
 }
 
 static void

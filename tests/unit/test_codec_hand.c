@@ -170,6 +170,18 @@ item_pair_free(item_pair *p)
     p->input = NULL;
 }
 
+/* a and b (decoded messages) encode to the same bytes. */
+static void
+assert_same_encoding(const void *a, const void *b)
+{
+    size_t la, lb;
+    uint8_t *ea = encode_msg(a, &la), *eb = encode_msg(b, &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(ea, eb, la);
+    free(ea);
+    free(eb);
+}
+
 /* Decodes an exact-size copy of b[len] with both decoders; both must return
  * want. On SW_OK both messages must re-encode to the same bytes (the caller
  * then checks the fields and calls item_pair_free); on an error nothing is
@@ -192,19 +204,12 @@ item_pair_decode(item_pair *p, const uint8_t *b, size_t len, sw_err want, const 
          * input (checked with a poisoned copy, decoded again) */
         uint8_t *again = malloc(len ? len : 1);
         swp_item *m = NULL;
-        size_t l0, l1;
-        uint8_t *e0, *e1;
         assert_non_null(again);
         memcpy(again, copy, len);
         assert_int_equal(swp_decode_item(again, len, MAXLEN, &m), SW_OK);
         memset(again, 0xa5, len);
         free(again);
-        e0 = encode_msg(p->m[0], &l0);
-        e1 = encode_msg(m, &l1);
-        assert_int_equal(l0, l1);
-        assert_memory_equal(e0, e1, l0);
-        free(e0);
-        free(e1);
+        assert_same_encoding(p->m[0], m);
         swp_free(m);
     }
     r1 = swp_decode_item_arena(copy, len, MAXLEN, p->arena, &p->m[1]);
@@ -222,14 +227,7 @@ item_pair_decode(item_pair *p, const uint8_t *b, size_t len, sw_err want, const 
     }
     assert_non_null(p->m[0]);
     assert_non_null(p->m[1]);
-    {
-        size_t l0, l1;
-        uint8_t *e0 = encode_msg(p->m[0], &l0), *e1 = encode_msg(p->m[1], &l1);
-        assert_int_equal(l0, l1);
-        assert_memory_equal(e0, e1, l0);
-        free(e0);
-        free(e1);
-    }
+    assert_same_encoding(p->m[0], p->m[1]);
 }
 
 static void
@@ -828,15 +826,8 @@ test_batch_large_arena_fallback(void **state)
         }
         assert_int_equal(outside, NITEMS - 1);
         if (round == 0) {
-            size_t la, lr;
-            uint8_t *ea, *er;
             assert_int_equal(swp_decode_item(w.b, w.len, MAXLEN, &r), SW_OK);
-            ea = encode_msg(a, &la);
-            er = encode_msg(r, &lr);
-            assert_int_equal(la, lr);
-            assert_memory_equal(ea, er, la);
-            free(ea);
-            free(er);
+            assert_same_encoding(a, r);
             swp_free(r);
         }
         swp_free_arena(a, arena);

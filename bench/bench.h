@@ -309,6 +309,8 @@ extern const char *const g_raw_mode_name[RAW_MODES];
 natsConnection *raw_connect(const char *url, const char *name, int asap);
 /* A connection that seals with the cluster key in key_file (NULL: plain). */
 sw_conn *sw_connect_key(const char *url, const char *name, const char *key_file);
+/* As sw_connect_key, with send-asap on (asap 1) or off, whatever --no-send-asap says. */
+sw_conn *sw_connect_mode(const char *url, const char *name, const char *key_file, int asap);
 sw_conn *sw_connect(const char *url, const char *name);
 extern natsConnection *g_raw_fronts[RAW_MODES], *g_raw_works[RAW_MODES];
 extern natsSubscription *g_raw_resp_subs[RAW_MODES];
@@ -321,6 +323,9 @@ const char *raw_req_subj(void);
 double raw_best(double asap, double buffered, int lower_better, int *which);
 /* Appends "; raw best: <mode> (send-asap X, buffered Y)" to note. */
 void raw_best_note(char *note, size_t cap, double asap, double buffered, int which, int prec);
+/* Appends "<who> best: <mode> (send-asap A, buffered B)" to note. */
+void best_note(char *note, size_t cap, const char *who, double asap, double buffered, int which,
+               int prec);
 /* The hand-written responder: publishes n items to the request's reply
  * subject, on nats.c's delivery thread of its one subscription. */
 void raw_responder_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg);
@@ -337,6 +342,18 @@ double run_short(int sw, unsigned conc, unsigned long *errors, char *err, size_t
                  double *cpu, double *csw);
 sw_ingress *start_ingress(const char *ep, const char *inst, unsigned max_inflight,
                           unsigned max_window);
+/* Another streamwire world beside the main one (the sealed scenario's, the
+ * short streams' other publish mode): two connections (sealed with
+ * key_file when not NULL; send-asap on or off), a router, and an ingress
+ * on EP_MAIN as instance inst sized for the largest --concurrency. */
+typedef struct bench_world {
+    sw_conn *front, *work;
+    sw_router *router;
+    sw_ingress *ing;
+} bench_world;
+void bench_world_open(bench_world *w, const char *tag, const char *key_file, int asap,
+                      const char *inst);
+void bench_world_close(bench_world *w);
 
 /* ---------------------------------------------------------- report.c */
 
@@ -390,6 +407,7 @@ void scen_sealed(void);
 /* What scenarios made for themselves, freed before the shared connections. */
 void scen_long_fini(void);
 void scen_sealed_fini(void);
+void scen_short_fini(void);
 
 /* ---------------------------------------------------------- sc_idle.c */
 

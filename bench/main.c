@@ -454,6 +454,7 @@ main(int argc, char **argv)
 
     scen_long_fini();
     scen_sealed_fini();
+    scen_short_fini();
     sw_ingress_destroy(g_ing_big);
     sw_ingress_destroy(g_ing_main);
     sw_router_destroy(g_router);

@@ -10,9 +10,7 @@
 
 #define INST_SEALED "benchsealed"
 
-static sw_conn *s_front, *s_work;
-static sw_router *s_router;
-static sw_ingress *s_ing;
+static bench_world s_w;
 static char s_key[64] = "";
 
 /* A cluster key file (what `streamwire keygen` writes: 64 hex digits,
@@ -38,37 +36,17 @@ write_key(void)
 static void
 sealed_world(void)
 {
-    sw_router_opts ro;
-    sw_conn *keep = g_sw_work;
-    sw_err e;
-    unsigned max_conc = 64;
-    if (s_router != NULL)
+    if (s_w.router != NULL)
         return;
     write_key();
-    s_front = sw_connect_key(g_url, "bench-sealed-frontend", s_key);
-    s_work = sw_connect_key(g_url, "bench-sealed-worker", s_key);
+    bench_world_open(&s_w, "sealed", s_key, cfg.send_asap, INST_SEALED);
     unlink(s_key); /* read at connect; nothing keeps it on disk */
-    g_sw_work = s_work;
-    for (int i = 0; i < cfg.nconc; i++)
-        if (cfg.conc[i] > max_conc)
-            max_conc = cfg.conc[i];
-    s_ing = start_ingress(EP_MAIN, INST_SEALED, 2 * max_conc, cfg.window > 1024 ? cfg.window : 0);
-    g_sw_work = keep;
-    sw_router_opts_init(&ro);
-    if ((e = sw_router_create(&s_router, s_front, &ro)) != SW_OK)
-        die("sw_router_create (sealed): %s", sw_err_name(e));
 }
 
 void
 scen_sealed_fini(void)
 {
-    sw_router_destroy(s_router);
-    sw_ingress_destroy(s_ing);
-    sw_conn_close(s_front);
-    sw_conn_close(s_work);
-    s_router = NULL;
-    s_ing = NULL;
-    s_front = s_work = NULL;
+    bench_world_close(&s_w);
 }
 
 /* Runs fn with the sealed world in place of the unsealed one. */
@@ -76,7 +54,7 @@ scen_sealed_fini(void)
     do {                                \
         sw_router *keep_r = g_router;   \
         const char *keep_i = g_sw_inst; \
-        g_router = s_router;            \
+        g_router = s_w.router;          \
         g_sw_inst = INST_SEALED;        \
         code;                           \
         g_router = keep_r;              \

@@ -36,6 +36,12 @@ raw_connect(const char *url, const char *name, int asap)
 sw_conn *
 sw_connect_key(const char *url, const char *name, const char *key_file)
 {
+    return sw_connect_mode(url, name, key_file, cfg.send_asap);
+}
+
+sw_conn *
+sw_connect_mode(const char *url, const char *name, const char *key_file, int asap)
+{
     sw_conn_opts co;
     sw_conn *c = NULL;
     sw_err e;
@@ -43,7 +49,7 @@ sw_connect_key(const char *url, const char *name, const char *key_file)
     co.url = url;
     co.name = name;
     co.connect_timeout_ms = 5000;
-    co.no_send_asap = !cfg.send_asap;
+    co.no_send_asap = !asap;
     co.seal_key_file = key_file;
     if ((e = sw_conn_open(&c, &co)) != SW_OK)
         die("sw_conn_open %s%s: %s", url, key_file ? " (sealed)" : "", sw_err_name(e));
@@ -97,12 +103,19 @@ raw_best(double asap, double buffered, int lower_better, int *which)
 }
 
 void
-raw_best_note(char *note, size_t cap, double asap, double buffered, int which, int prec)
+best_note(char *note, size_t cap, const char *who, double asap, double buffered, int which,
+          int prec)
 {
     size_t n = strlen(note);
     if (n < cap)
-        snprintf(note + n, cap - n, "%sraw best: %s (send-asap %.*f, buffered %.*f)", n ? "; " : "",
-                 g_raw_mode_name[which], prec, asap, prec, buffered);
+        snprintf(note + n, cap - n, "%s%s best: %s (send-asap %.*f, buffered %.*f)", n ? "; " : "",
+                 who, g_raw_mode_name[which], prec, asap, prec, buffered);
+}
+
+void
+raw_best_note(char *note, size_t cap, double asap, double buffered, int which, int prec)
+{
+    best_note(note, cap, "raw", asap, buffered, which, prec);
 }
 
 /* The hand-written responder: publishes n items to the request's reply
@@ -177,6 +190,40 @@ sw_bench_handler(sw_responder *r, void *arg)
         (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
     else if (e != SW_ECANCELLED && e != SW_ECLOSED)
         (void)sw_responder_fail(r, "bench_send_failed", sw_err_name(e));
+}
+
+void
+bench_world_open(bench_world *w, const char *tag, const char *key_file, int asap, const char *inst)
+{
+    char fname[64], wname[64];
+    sw_router_opts ro;
+    sw_conn *keep = g_sw_work;
+    unsigned max_conc = 64;
+    sw_err e;
+    snprintf(fname, sizeof(fname), "bench-%s-frontend", tag);
+    snprintf(wname, sizeof(wname), "bench-%s-worker", tag);
+    w->front = sw_connect_mode(g_url, fname, key_file, asap);
+    w->work = sw_connect_mode(g_url, wname, key_file, asap);
+    for (int i = 0; i < cfg.nconc; i++)
+        if (cfg.conc[i] > max_conc)
+            max_conc = cfg.conc[i];
+    g_sw_work = w->work; /* start_ingress's connection */
+    w->ing = start_ingress(EP_MAIN, inst, 2 * max_conc,
+                           cfg.window > SW_INGRESS_MAX_WINDOW_DEFAULT ? cfg.window : 0);
+    g_sw_work = keep;
+    sw_router_opts_init(&ro);
+    if ((e = sw_router_create(&w->router, w->front, &ro)) != SW_OK)
+        die("sw_router_create (%s): %s", tag, sw_err_name(e));
+}
+
+void
+bench_world_close(bench_world *w)
+{
+    sw_router_destroy(w->router);
+    sw_ingress_destroy(w->ing);
+    sw_conn_close(w->front);
+    sw_conn_close(w->work);
+    memset(w, 0, sizeof(*w));
 }
 
 sw_ingress *

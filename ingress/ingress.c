@@ -32,6 +32,7 @@ ing_unref(sw_ingress *ing)
     pthread_cond_destroy(&ing->scv);
     pthread_mutex_destroy(&ing->mu);
     pthread_cond_destroy(&ing->cv);
+    pthread_cond_destroy(&ing->dcv);
     free(ing->threads);
     free(ing);
 }
@@ -160,6 +161,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     pthread_mutex_init(&ing->smu, NULL);
     pthread_cond_init(&ing->scv, NULL);
     swi_cond_init(&ing->cv);
+    swi_cond_init(&ing->dcv);
     swi_duetab_init(&ing->due);
     if (swi_idmap_init(&ing->streams, 64) != 0 ||
         swi_idq_init(&ing->early, SWN_EARLY_MAX, SWN_EARLY_TTL_MS) != 0 ||
@@ -270,7 +272,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     until = swi_now_ms() + (grace_ms > 0 ? grace_ms : 0);
     pthread_mutex_lock(&ing->mu);
     while (ing->inflight > 0 && swi_now_ms() < until)
-        swi_cond_wait_until(&ing->cv, &ing->mu, until);
+        swi_cond_wait_until(&ing->dcv, &ing->mu, until);
     if (ing->inflight > 0)
         rv = SW_ETIMEDOUT;
     pthread_mutex_unlock(&ing->mu);

@@ -175,7 +175,8 @@ struct sw_ingress {
     swt_sub *ctl_sub;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv;       /* work queue, drain progress */
+    pthread_cond_t cv;       /* work queue (the idle handler threads wait on it) */
+    pthread_cond_t dcv;      /* drain progress: inflight fell (signalled only while draining) */
     swi_ticker timer;        /* heartbeats, deadlines, retiring (heartbeat.c) */
     swi_ptrvec timer_vec;    /* the timer's snapshot buffer */
     struct swn_beats *beats; /* the timer's heartbeat batches */
@@ -273,6 +274,7 @@ sw_err swn_resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, 
 sw_err swn_resp_take_pub_err(sw_responder *r);
 void swn_resp_run_drain(sw_responder *r);
 void swn_resp_kick(sw_responder *r);
+void swn_resp_kick_last(sw_responder *r);
 void swn_resp_flush_now(sw_responder *r);
 void *swn_ing_sender_main(void *arg);
 

@@ -273,14 +273,17 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         else
             ing->q_head = r;
         ing->q_tail = r;
-        pthread_cond_signal(&ing->cv);
         /* Last: the timer may look at r from now on (it takes no ing->mu),
          * and must find it registered and counted. */
         swi_duetab_attach(&ing->due, r->next_tick, r);
     }
     pthread_mutex_unlock(&ing->mu);
-    if (!overloaded && !dup)
+    if (!overloaded && !dup) {
+        /* After the unlock: a handler thread woken under ing->mu would only
+         * block on it again. */
+        pthread_cond_signal(&ing->cv);
         swn_ing_live_note(ing, req->router_id); /* (r may be gone already) */
+    }
     if (overloaded || dup) {
         if (overloaded) {
             swi_log(&ing->log, SW_LOG_WARN, "request %s rejected: overloaded (%u in flight)",

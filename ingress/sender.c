@@ -217,6 +217,18 @@ swn_resp_kick(sw_responder *r)
     swn_resp_run_drain(r);
 }
 
+/* As swn_resp_kick, for the last thing a stream queues (its final): with
+ * nothing more to come there is nothing to coalesce with, so this thread
+ * publishes now instead of waking the sender thread and waiting for it
+ * (unless another thread is publishing r's items: it takes these too). */
+void
+swn_resp_kick_last(sw_responder *r)
+{
+    if (r->sending || r->rg.pub_seq + 1 >= r->rg.next_seq)
+        return;
+    swn_resp_run_drain(r);
+}
+
 /* Publishes every queued item of r before returning (r->mu held; waits
  * for another thread that is publishing them). For the chaos hooks, whose
  * bytes must follow what was sent before them. */

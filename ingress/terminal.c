@@ -25,7 +25,11 @@ swn_resp_uncount(sw_responder *r)
         pthread_mutex_lock(&ing->mu);
         ing->inflight--;
         ing->st.inflight = ing->inflight;
-        pthread_cond_broadcast(&ing->cv);
+        /* Only sw_ingress_drain waits for this (set under ing->mu before it
+         * waits); the idle handler threads wait on ing->cv and must not be
+         * woken by every stream's end. */
+        if (ing->draining)
+            pthread_cond_broadcast(&ing->dcv);
         if (r->registered && !r->in_fin) {
             /* Finished, and held for its ack: at most max_held of those; the
              * oldest goes first (issue 11 #4: peers that never ack held
@@ -130,7 +134,7 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
     }
     swn_resp_mark_terminated(r);
     if (kept)
-        swn_resp_kick(r); /* last: it may drop mu while publishing */
+        swn_resp_kick_last(r); /* last: it may drop mu while publishing */
     pthread_mutex_lock(&ing->mu);
     ing->st.finished[counted_as]++;
     pthread_mutex_unlock(&ing->mu);

@@ -49,6 +49,9 @@ swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, s
  * Unsubscribe returns, on its own thread; its completion callback comes
  * after the handler's last return, so swt_sub_close waits for that before
  * it frees anything (cb_mu/cb_cv below guard `completed`). */
+#define SWT_DEFER_MSGS 32
+#define SWT_DEFER_BYTES (256u * 1024u)
+
 struct swt_sub {
     sw_conn *c;
     uint8_t *pt; /* opened plaintext (the callbacks of one subscription run one at a time) */
@@ -62,11 +65,30 @@ struct swt_sub {
     int free_on_complete; /* closed from inside its own handler: the completion frees it */
     int in_cb;            /* the handler runs now, on cb_thread */
     pthread_t cb_thread;
+    /* Handled messages not destroyed yet (delivery thread only): nats.c
+     * hands every destroyed message to its garbage-collector thread and
+     * wakes that thread when it sleeps, so destroying them a burst at a
+     * time costs one wake-up per burst instead of one per message. Kept
+     * only while more messages are pending, and at most SWT_DEFER_MSGS /
+     * SWT_DEFER_BYTES. */
+    natsMsg *defer[SWT_DEFER_MSGS];
+    unsigned ndefer;
+    size_t defer_bytes;
 };
+
+static void
+swt_sub_destroy_deferred(swt_sub *sub)
+{
+    for (unsigned i = 0; i < sub->ndefer; i++)
+        natsMsg_Destroy(sub->defer[i]);
+    sub->ndefer = 0;
+    sub->defer_bytes = 0;
+}
 
 static void
 swt_sub_free(swt_sub *sub)
 {
+    swt_sub_destroy_deferred(sub);
     natsSubscription_Destroy(sub->ns);
     pthread_mutex_destroy(&sub->mu);
     pthread_cond_destroy(&sub->cv);
@@ -124,7 +146,11 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     pthread_mutex_lock(&sub->mu);
     sub->in_cb = 0;
     pthread_mutex_unlock(&sub->mu);
-    natsMsg_Destroy(msg);
+    sub->defer[sub->ndefer++] = msg;
+    sub->defer_bytes += m.len;
+    if (sub->ndefer == SWT_DEFER_MSGS || sub->defer_bytes >= SWT_DEFER_BYTES ||
+        swt_sub_pending(sub) == 0)
+        swt_sub_destroy_deferred(sub);
 }
 
 static void
@@ -132,6 +158,7 @@ swt_on_complete(void *arg)
 {
     swt_sub *sub = arg;
     int free_it;
+    swt_sub_destroy_deferred(sub); /* the handler has returned for the last time */
     pthread_mutex_lock(&sub->mu);
     sub->completed = 1;
     free_it = sub->free_on_complete;

@@ -198,7 +198,7 @@ scen_short(void)
      * buffered (one of the two streamwire sides is the main world, the
      * other alt_world). */
     static const char *side[4] = {"raw send-asap", "raw buffered", "sw send-asap", "sw buffered"};
-    if (cfg.side != 2 && s_alt.router == NULL)
+    if (cfg.side != 1 && s_alt.router == NULL) /* not --side raw */
         bench_world_open(&s_alt, cfg.send_asap ? "sw-buffered" : "sw-asap", NULL, !cfg.send_asap,
                          INST_ALT);
     for (int ci = 0; ci < cfg.nconc; ci++) {

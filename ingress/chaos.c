@@ -117,6 +117,17 @@ swn_chaos_drop_cancel(sw_ingress *ing)
 }
 
 void
+swx_ingress_hold_sender(sw_ingress *ing, int hold)
+{
+    if (ing == NULL)
+        return;
+    pthread_mutex_lock(&ing->smu);
+    ing->sender_hold = hold != 0;
+    pthread_cond_signal(&ing->scv);
+    pthread_mutex_unlock(&ing->smu);
+}
+
+void
 swx_ingress_set_drop_rate(sw_ingress *ing, double rate)
 {
     if (ing != NULL)

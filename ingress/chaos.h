@@ -47,4 +47,9 @@ void swx_ingress_set_drop_rate(sw_ingress *ing, double rate);
  * dropped as if the bus had lost them (chaos build only). */
 void swx_ingress_drop_cancels(sw_ingress *ing, int n);
 
+/* Test-only: while hold is 1, the sender thread takes no stream off its
+ * queue (streams handed to it wait; see ingress/sender.c), so a test can
+ * see which thread publishes what. 0 lets it go on (chaos build only). */
+void swx_ingress_hold_sender(sw_ingress *ing, int hold);
+
 #endif

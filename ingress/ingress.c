@@ -145,6 +145,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     ing->hot_us = o->coalesce_us == SW_COALESCE_OFF ? 0
                   : o->coalesce_us                  ? o->coalesce_us
                                                     : SWN_HOT_US;
+    ing->buffered = !swt_conn_send_asap(conn);
     ing->probe_ms = o->frontend_probe_ms ? o->frontend_probe_ms : 250;
     ing->probe_timeout_ms = o->frontend_timeout_ms ? o->frontend_timeout_ms : 1000;
     swi_peers_init(&ing->peers, ing->probe_ms, ing->probe_timeout_ms,

@@ -169,6 +169,7 @@ struct sw_ingress {
     unsigned send_timeout_ms;
     unsigned max_window;
     int64_t hot_us; /* coalesce_us; 0 = off */
+    int buffered;   /* the connection is not send-asap: every stream coalesces (sender.c) */
     size_t max_req;
 
     swt_sub *req_sub;
@@ -200,6 +201,9 @@ struct sw_ingress {
     int sender_on;   /* running and taking work (under smu) */
     int sender_idle; /* waiting on scv */
     int sender_stop;
+#ifdef SW_CHAOS
+    int sender_hold; /* swx_ingress_hold_sender (under smu) */
+#endif
     pthread_mutex_t live_mu;
     swi_peers peers;         /* frontends being probed (common/sched.h), under live_mu */
     swi_ticker live_ticker;  /* probing rounds (liveness.c) */

@@ -206,13 +206,18 @@ ing_defer(sw_ingress *ing, sw_responder *r)
  * publishing r's items it takes these too. If r published a moment ago
  * (a fast producer), the sender thread publishes them, so that this thread
  * goes on producing and what it queues meanwhile shares messages. Otherwise
- * (a quiet stream: lowest latency) this thread publishes them now. */
+ * (a quiet stream: lowest latency) this thread publishes them now. On a
+ * connection without send-asap every stream hands its items over: nats.c
+ * holds the bytes for its flusher (up to 1 ms) anyway, so publishing at
+ * once gains nothing and a stream's first item would travel alone. */
 void
 swn_resp_kick(sw_responder *r)
 {
+    sw_ingress *ing = r->ing;
     if (r->sending || r->rg.pub_seq + 1 >= r->rg.next_seq)
         return;
-    if (swi_now_us() - r->last_end_us < r->ing->hot_us && ing_defer(r->ing, r))
+    if (ing->hot_us > 0 && (ing->buffered || swi_now_us() - r->last_end_us < ing->hot_us) &&
+        ing_defer(ing, r))
         return;
     swn_resp_run_drain(r);
 }
@@ -243,6 +248,12 @@ swn_resp_flush_now(sw_responder *r)
     }
 }
 
+#ifdef SW_CHAOS
+#define SENDER_HELD(ing) ((ing)->sender_hold)
+#else
+#define SENDER_HELD(ing) 0
+#endif
+
 void *
 swn_ing_sender_main(void *arg)
 {
@@ -250,7 +261,7 @@ swn_ing_sender_main(void *arg)
     pthread_mutex_lock(&ing->smu);
     for (;;) {
         sw_responder *r;
-        while (ing->sq_head == NULL && !ing->sender_stop) {
+        while ((ing->sq_head == NULL || SENDER_HELD(ing)) && !ing->sender_stop) {
             ing->sender_idle = 1;
             pthread_cond_wait(&ing->scv, &ing->smu);
             ing->sender_idle = 0;

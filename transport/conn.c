@@ -16,6 +16,12 @@ swt_conn_name(const sw_conn *c)
     return c->name;
 }
 
+int
+swt_conn_send_asap(const sw_conn *c)
+{
+    return c->send_asap;
+}
+
 sw_err
 sw_err_from_nats(int nats_status)
 {
@@ -243,6 +249,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
                                          o->reconnect_wait_ms > 0 ? o->reconnect_wait_ms : 250);
     if (s == NATS_OK)
         s = natsOptions_SetSendAsap(c->opts, o->no_send_asap ? false : true);
+    c->send_asap = !o->no_send_asap;
     if (s == NATS_OK && o->user != NULL)
         s = natsOptions_SetUserInfo(c->opts, o->user, o->password ? o->password : "");
     if (s == NATS_OK && o->token != NULL)

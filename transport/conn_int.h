@@ -27,6 +27,7 @@ struct sw_conn {
     int64_t up_since_ms;    /* monotonic time of the last (re)connect; -1 while down (atomic) */
     uint64_t reconnects;    /* (atomic) */
     char name[64];          /* the connection name (metrics label) */
+    int send_asap;          /* !sw_conn_opts.no_send_asap */
     swt_sealer *sealer;     /* sw_conn_opts.seal_key_file: seals and opens every message */
     uint64_t auth_failures; /* messages refused: did not open, or unsealed (atomic) */
 };

@@ -72,6 +72,10 @@ int swt_denied(sw_conn *c, const char *subj);
 
 /* The connection's name (sw_conn_opts.name), for metrics labels. */
 const char *swt_conn_name(const sw_conn *c);
+/* 1 when publishes leave at once (send-asap, the default), 0 when nats.c
+ * buffers them and its flusher thread writes them up to 1 ms later
+ * (sw_conn_opts.no_send_asap). */
+int swt_conn_send_asap(const sw_conn *c);
 
 /* Publishes data on subj (reply may be NULL). Checks len against the
  * server's max payload first (less the envelope when the connection seals):

@@ -111,7 +111,12 @@ typedef struct sw_conn_opts {
     sw_duration connect_timeout_ms; /* default 2000 */
     int max_reconnect;              /* default 60; -1 = forever */
     sw_duration reconnect_wait_ms;  /* default 250 */
-    int no_send_asap;               /* 0 (default): flush every publish at once (lowest latency) */
+    int no_send_asap;               /* 0 (default): flush every publish at once (lowest latency).
+                                       1: nats.c's flusher writes what was published up to 1 ms
+                                       later, in fewer writes: more streams/s when many short
+                                       streams run at once (BENCHMARKS.md), 1-2 ms more per
+                                       stream when few do; a worker's streams then coalesce
+                                       from their first item (docs/PROTOCOL.md) */
     const char *user;               /* optional credentials */
     const char *password;
     const char *token;

@@ -445,11 +445,18 @@ teardown(void **state)
 sw_conn *
 conn_open(const char *name)
 {
+    return conn_open_mode(name, 0);
+}
+
+sw_conn *
+conn_open_mode(const char *name, int no_send_asap)
+{
     sw_conn_opts o;
     sw_conn *c = NULL;
     sw_conn_opts_init(&o);
     o.url = g_nats.url;
     o.name = name;
+    o.no_send_asap = no_send_asap;
     assert_int_equal(sw_conn_open(&c, &o), SW_OK);
     assert_non_null(c);
     return c;
@@ -473,7 +480,7 @@ env_start(env *e, sw_ingress_opts *io, sw_router_opts *ro)
     io->endpoint = EP;
     io->handler = test_handler;
     io->handler_arg = &e->w;
-    e->wc = conn_open("itest-worker");
+    e->wc = conn_open_mode("itest-worker", e->worker_no_send_asap);
     e->fc = conn_open("itest-frontend");
     assert_int_equal(sw_ingress_start(&e->ing, e->wc, io), SW_OK);
     assert_int_equal(sw_router_create(&e->rt, e->fc, ro), SW_OK);

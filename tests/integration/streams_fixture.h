@@ -129,8 +129,9 @@ struct got;
 struct cbgot;
 
 typedef struct env {
-    sw_conn *wc; /* worker connection */
-    sw_conn *fc; /* frontend connection */
+    sw_conn *wc;             /* worker connection */
+    int worker_no_send_asap; /* set before env_start: the worker connection buffers */
+    sw_conn *fc;             /* frontend connection */
     sw_ingress *ing;
     sw_router *rt;
     wctx w;
@@ -220,6 +221,8 @@ int setup(void **state);
 void env_untrack(env *e, sw_stream *s);
 int teardown(void **state);
 sw_conn *conn_open(const char *name);
+/* As conn_open, with sw_conn_opts.no_send_asap. */
+sw_conn *conn_open_mode(const char *name, int no_send_asap);
 void env_start(env *e, sw_ingress_opts *io, sw_router_opts *ro);
 void ropts(env *e, sw_request_opts *o);
 sw_stream *env_open_with(env *e, const sw_request_opts *o, const void *payload, size_t len);

@@ -84,6 +84,59 @@ coalescing_off(void **state)
     got_free(g);
 }
 
+/* Which messages a burst travels in (issue 17). With the sender thread held,
+ * a stream that sends 10 items and its final at once is published by its
+ * handler's own thread. On a send-asap connection the first item of a quiet
+ * stream leaves alone at once (lowest latency), the rest with the final: at
+ * least 2 messages. On a buffered connection (no_send_asap) nats.c holds
+ * the bytes for its flusher anyway, so the first item waits for the rest
+ * and the final takes all 11 entries in one message. Each stream is whole
+ * and in order either way. */
+static void
+burst_messages(env *e, int buffered)
+{
+    uint64_t before;
+    sw_ingress_stats st;
+    e->worker_no_send_asap = buffered;
+    e->w.mode = M_STREAM;
+    e->w.n = 10;
+    env_start(e, NULL, NULL);
+    swx_ingress_hold_sender(e->ing, 1);
+    ingress_stats(e, &st);
+    before = st.messages_sent;
+    for (int k = 0; k < 3; k++) {
+        got *g = new_got(e);
+        sw_stream *s = env_open(e);
+        uint64_t msgs;
+        assert_true(collect(s, g, 0, T(10000)));
+        assert_tokens(g, 10);
+        assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+        assert_done(g);
+        ingress_stats(e, &st);
+        msgs = st.messages_sent - before;
+        before = st.messages_sent;
+        if (buffered && msgs != 1)
+            fail_msg("buffered stream %d: %llu messages, expected the burst in 1", k,
+                     (unsigned long long)msgs);
+        if (!buffered && msgs < 2)
+            fail_msg("send-asap stream %d: %llu message(s), expected the first item alone", k,
+                     (unsigned long long)msgs);
+    }
+    swx_ingress_hold_sender(e->ing, 0);
+}
+
+static void
+burst_send_asap_first_item_alone(void **state)
+{
+    burst_messages(*state, 0);
+}
+
+static void
+burst_buffered_one_message(void **state)
+{
+    burst_messages(*state, 1);
+}
+
 /* ======================================================================== */
 
 int
@@ -92,6 +145,8 @@ main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         T_(batched_items_in_order),
         T_(coalescing_off),
+        T_(burst_send_asap_first_item_alone),
+        T_(burst_buffered_one_message),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.coalescing", tests, sf_group_setup,

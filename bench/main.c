@@ -30,7 +30,8 @@ static const scenario scenarios[] = {
      "           consumer and the credit cost (default window vs window 1<<20)\n"},
     {"short", scen_short, 0,
      "many short streams of 10 items at concurrency 1, 64, 1024: streams/s\n"
-     "           (the raw baseline subscribes to a fresh inbox per request)\n"},
+     "           (the raw baseline subscribes to a fresh inbox per request; both\n"
+     "           sides run with send-asap on and off, each row takes the better)\n"},
     {"latency", scen_latency, 0, "per-item latency at a fixed rate: p50, p99, p99.9\n"},
     {"ttfi", scen_ttfi, 0, "time to first item: p50, p99\n"},
     {"sealed", scen_sealed, 0,
@@ -107,8 +108,8 @@ usage(FILE *f)
            "  --window N          credit window of the streamwire runs (default: the router's\n"
            "                      default); the ingress max_window is raised to match\n"
            "  --no-send-asap      streamwire's connections without send-asap (its default is\n"
-           "                      on); raw always runs both ways and each row uses its better\n"
-           "                      mode\n"
+           "                      on); raw, and streamwire's short streams, always run both\n"
+           "                      ways and each row uses the better mode\n"
            "  --side raw|sw|both  run only one side of long and short (for profiling)\n"
            "  --callgrind         scenario 6: under valgrind --tool=callgrind\n"
            "                      --instr-atstart=no, profile each long- and short-stream run\n"

@@ -30,7 +30,7 @@ swn_resp_cancel(sw_responder *r, int kill)
             swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
             t.status = STREAMWIRE__V1__STATUS__STATUS_CANCELLED;
             t.finish_reason = (char *)"cancelled";
-            (void)swn_resp_send_final(r, &t, SW_STATUS_CANCELLED);
+            (void)swn_resp_send_final(r, &t, SW_STATUS_CANCELLED, SWN_BY_OTHER);
         }
     }
     pthread_cond_broadcast(&r->cv);

@@ -301,11 +301,14 @@ ing_tick_one(sw_responder *r, int64_t now, swn_beats *beats)
         if (r->deadline_ms >= 0 && now >= r->deadline_ms) {
             deadline = !r->cancelled;
             r->cancelled = 1;
-            (void)swn_resp_send_failed(r, SW_DEADLINE_EXCEEDED, NULL,
-                                       "the request deadline passed");
+            (void)swn_resp_send_failed(r, SW_DEADLINE_EXCEEDED, NULL, "the request deadline passed",
+                                       SWN_BY_OTHER);
         } else {
-            if (!r->sending && r->rg.pub_seq + 1 < r->rg.next_seq && swn_ring_keeps(&r->rg))
-                swn_resp_run_drain(r); /* stranded (no memory for a message earlier) */
+            /* Only items a drain left for lack of memory: others wait for
+             * the thread they were handed to (the sender thread coalesces). */
+            if (r->stranded && !r->sending && r->rg.pub_seq + 1 < r->rg.next_seq &&
+                swn_ring_keeps(&r->rg))
+                swn_resp_run_drain(r);
             resp_heartbeat(r, now, beats);
         }
     } else if (r->terminated) {

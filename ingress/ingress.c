@@ -245,7 +245,7 @@ ing_hand_back(sw_ingress *ing, int only_migratable, const char *msg)
         if (!r->terminated && (r->migratable || !only_migratable)) {
             newly = !r->cancelled;
             r->cancelled = 1;
-            (void)swn_resp_send_failed(r, SW_INSTANCE_LOST, NULL, msg);
+            (void)swn_resp_send_failed(r, SW_INSTANCE_LOST, NULL, msg, SWN_BY_OTHER);
         }
         pthread_mutex_unlock(&r->mu);
         if (newly)

@@ -110,6 +110,7 @@ struct sw_responder {
      * (it drops mu while it publishes). */
     swn_ring rg;
     int sending;
+    int stranded; /* a drain stopped without memory for a message: the timer drains again */
     int in_sendq; /* on ing->sq (under ing->smu) */
 #ifdef SW_CHAOS
     int lose_next; /* chaos: the next kept item misses its first publish */
@@ -169,7 +170,8 @@ struct sw_ingress {
     unsigned send_timeout_ms;
     unsigned max_window;
     int64_t hot_us; /* coalesce_us; 0 = off */
-    int buffered;   /* the connection is not send-asap: every stream coalesces (sender.c) */
+    int buffered;   /* the connection is not send-asap: with hot_us > 0, every stream coalesces
+                       (sender.c) */
     size_t max_req;
 
     swt_sub *req_sub;
@@ -285,11 +287,19 @@ void *swn_ing_sender_main(void *arg);
 /* ingress/terminal.c */
 void swn_resp_uncount(sw_responder *r);
 void swn_resp_mark_terminated(sw_responder *r);
-sw_err swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as);
+/* by: SWN_BY_PRODUCER when the stream's own producer ends it (sw_responder_
+ * finish/fail, a handler returning without a terminal): that thread then
+ * publishes what is queued with the final (swn_resp_kick_last). SWN_BY_OTHER
+ * from a control, the timer or a drain: the queued items and the final go the
+ * usual way (swn_resp_kick), so that thread is not held up by a window of
+ * another stream's items. */
+#define SWN_BY_OTHER 0
+#define SWN_BY_PRODUCER 1
+sw_err swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as, int by);
 void swn_term_failed(swp_terminal *t, swp_error *e, sw_err sw_code, const char *app_code,
                      const char *message);
 sw_err swn_resp_send_failed(sw_responder *r, sw_err sw_code, const char *app_code,
-                            const char *message);
+                            const char *message, int by);
 void swn_resp_fire_cancel(sw_responder *r);
 void swn_unregister_stream(sw_responder *r);
 

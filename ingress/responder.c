@@ -267,7 +267,7 @@ sw_responder_finish(sw_responder *r, sw_status status, const char *reason)
     pthread_mutex_lock(&r->mu);
     rv = resp_check_open(r);
     if (rv == SW_OK)
-        rv = swn_resp_send_final(r, &t, status);
+        rv = swn_resp_send_final(r, &t, status, SWN_BY_PRODUCER);
     pthread_mutex_unlock(&r->mu);
     return rv;
 }
@@ -281,7 +281,7 @@ sw_responder_fail(sw_responder *r, const char *code, const char *message)
     pthread_mutex_lock(&r->mu);
     rv = resp_check_open(r);
     if (rv == SW_OK)
-        rv = swn_resp_send_failed(r, SW_OK, code, message);
+        rv = swn_resp_send_failed(r, SW_OK, code, message, SWN_BY_PRODUCER);
     pthread_mutex_unlock(&r->mu);
     return rv;
 }
@@ -304,7 +304,7 @@ swn_resp_drop_hold(sw_responder *r, const char *code, const char *message)
     last = --r->holds == 0;
     if (last && !r->terminated && !r->closed) {
         failed = 1;
-        (void)swn_resp_send_failed(r, SW_OK, code, message);
+        (void)swn_resp_send_failed(r, SW_OK, code, message, SWN_BY_PRODUCER);
     }
     pthread_mutex_unlock(&r->mu);
     /* Logged with no lock held (r->idhex never changes; r is still ours). */

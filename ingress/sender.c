@@ -4,9 +4,15 @@
  *
  * A stream whose last publish ended less than coalesce_us ago hands its
  * items to the sender thread, which puts every item queued meanwhile into
- * one message; a stream that was quiet publishes inline.
+ * one message; a stream that was quiet publishes inline. With coalescing on
+ * and a connection without send-asap, every stream hands its items over. A
+ * producer that ends its stream publishes what is queued with the final
+ * itself (swn_resp_kick_last).
  *
- * Threads: producers (handler threads), the sender thread, the timer.
+ * Threads: producers (handler threads, or whoever holds a retained
+ * responder), the sender thread, the timer (deadlines, memory-stranded
+ * items), the control subscription's thread (a cancel's final), a thread
+ * in sw_ingress_drain/destroy (hand-backs).
  * Locks: r->mu held by the callers (the drain drops it around each publish);
  * ing->smu (the sender queue) taken under r->mu; ing->mu (counters) taken
  * under r->mu. See ingress_int.h. */
@@ -132,6 +138,7 @@ resp_drain(sw_responder *r)
         size_t len =
             swn_resp_build(r, r->rg.pub_seq + 1, r->rg.next_seq - 1, 0, &m, &last, &k, &kd);
         if (last < r->rg.pub_seq + 1) {
+            r->stranded = 1;
             swn_resp_tick_soon(r); /* no memory for the message: the timer tries again */
             break;
         }
@@ -174,6 +181,7 @@ void
 swn_resp_run_drain(sw_responder *r)
 {
     r->sending = 1;
+    r->stranded = 0;
     resp_drain(r);
     r->sending = 0;
     pthread_cond_broadcast(&r->cv);

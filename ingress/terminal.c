@@ -92,7 +92,7 @@ swn_resp_mark_terminated(sw_responder *r)
 
 /* Sends the final wrapper (r->mu held, not terminated). */
 sw_err
-swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as)
+swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as, int by)
 {
     sw_ingress *ing = r->ing;
     uint8_t *buf = NULL;
@@ -133,8 +133,12 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
         rv = swn_resp_take_pub_err(r); /* the final is kept, and resent if asked for */
     }
     swn_resp_mark_terminated(r);
-    if (kept)
-        swn_resp_kick_last(r); /* last: it may drop mu while publishing */
+    if (kept) { /* last: it may drop mu while publishing */
+        if (by == SWN_BY_PRODUCER)
+            swn_resp_kick_last(r);
+        else
+            swn_resp_kick(r);
+    }
     pthread_mutex_lock(&ing->mu);
     ing->st.finished[counted_as]++;
     pthread_mutex_unlock(&ing->mu);
@@ -159,12 +163,13 @@ swn_term_failed(swp_terminal *t, swp_error *e, sw_err sw_code, const char *app_c
 
 /* Sends a FAILED final (r->mu held, not terminated). */
 sw_err
-swn_resp_send_failed(sw_responder *r, sw_err sw_code, const char *app_code, const char *message)
+swn_resp_send_failed(sw_responder *r, sw_err sw_code, const char *app_code, const char *message,
+                     int by)
 {
     swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
     swp_error e = STREAMWIRE__V1__ERROR__INIT;
     swn_term_failed(&t, &e, sw_code, app_code, message);
-    return swn_resp_send_final(r, &t, sw_code != SW_OK ? SW_STATUS_ERROR : SW_STATUS_FAILED);
+    return swn_resp_send_final(r, &t, sw_code != SW_OK ? SW_STATUS_ERROR : SW_STATUS_FAILED, by);
 }
 
 /* Fires the cancel callback once, with no lock held. */

@@ -45,13 +45,13 @@ swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, s
     return e;
 }
 
-/* A subscription. nats.c may run the handler one last time after
- * Unsubscribe returns, on its own thread; its completion callback comes
- * after the handler's last return, so swt_sub_close waits for that before
- * it frees anything (cb_mu/cb_cv below guard `completed`). */
 #define SWT_DEFER_MSGS 32
 #define SWT_DEFER_BYTES (256u * 1024u)
 
+/* A subscription. nats.c may run the handler one last time after
+ * Unsubscribe returns, on its own thread; its completion callback comes
+ * after the handler's last return, so swt_sub_close waits for that before
+ * it frees anything (mu/cv below guard `completed`). */
 struct swt_sub {
     sw_conn *c;
     uint8_t *pt; /* opened plaintext (the callbacks of one subscription run one at a time) */
@@ -147,7 +147,7 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     sub->in_cb = 0;
     pthread_mutex_unlock(&sub->mu);
     sub->defer[sub->ndefer++] = msg;
-    sub->defer_bytes += m.len;
+    sub->defer_bytes += (size_t)natsMsg_GetDataLength(msg); /* as received (m.len may be 0) */
     if (sub->ndefer == SWT_DEFER_MSGS || sub->defer_bytes >= SWT_DEFER_BYTES ||
         swt_sub_pending(sub) == 0)
         swt_sub_destroy_deferred(sub);

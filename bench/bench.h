@@ -307,10 +307,10 @@ enum { RAW_ASAP, RAW_BUFFERED, RAW_MODES };
 extern int g_raw_mode;
 extern const char *const g_raw_mode_name[RAW_MODES];
 natsConnection *raw_connect(const char *url, const char *name, int asap);
-/* A connection that seals with the cluster key in key_file (NULL: plain). */
-sw_conn *sw_connect_key(const char *url, const char *name, const char *key_file);
-/* As sw_connect_key, with send-asap on (asap 1) or off, whatever --no-send-asap says. */
+/* A connection that seals with the cluster key in key_file (NULL: plain),
+ * with send-asap on (asap 1) or off, whatever --no-send-asap says. */
 sw_conn *sw_connect_mode(const char *url, const char *name, const char *key_file, int asap);
+/* Plain, send-asap as --no-send-asap says. */
 sw_conn *sw_connect(const char *url, const char *name);
 extern natsConnection *g_raw_fronts[RAW_MODES], *g_raw_works[RAW_MODES];
 extern natsSubscription *g_raw_resp_subs[RAW_MODES];

@@ -196,7 +196,7 @@ scen_short(void)
 {
     /* Sides: raw send-asap, raw buffered, streamwire send-asap, streamwire
      * buffered (one of the two streamwire sides is the main world, the
-     * other alt_world). */
+     * other s_alt). */
     static const char *side[4] = {"raw send-asap", "raw buffered", "sw send-asap", "sw buffered"};
     if (cfg.side != 1 && s_alt.router == NULL) /* not --side raw */
         bench_world_open(&s_alt, cfg.send_asap ? "sw-buffered" : "sw-asap", NULL, !cfg.send_asap,

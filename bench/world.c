@@ -34,12 +34,6 @@ raw_connect(const char *url, const char *name, int asap)
 }
 
 sw_conn *
-sw_connect_key(const char *url, const char *name, const char *key_file)
-{
-    return sw_connect_mode(url, name, key_file, cfg.send_asap);
-}
-
-sw_conn *
 sw_connect_mode(const char *url, const char *name, const char *key_file, int asap)
 {
     sw_conn_opts co;
@@ -59,7 +53,7 @@ sw_connect_mode(const char *url, const char *name, const char *key_file, int asa
 sw_conn *
 sw_connect(const char *url, const char *name)
 {
-    return sw_connect_key(url, name, NULL);
+    return sw_connect_mode(url, name, NULL, cfg.send_asap);
 }
 
 /* ------------------------------------------------------------------ worker side, raw */

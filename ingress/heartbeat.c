@@ -90,7 +90,8 @@ swn_resp_beat_sooner(sw_responder *r)
 }
 
 /* When the timer next has to look at r (r->mu held): its deadline, its next
- * heartbeat, the end of a final's linger; now if items wait to go out. Only
+ * heartbeat, the end of a final's linger; now if a drain left items for lack
+ * of memory (others wait for the thread they were handed to). Only
  * ever later than the truth if a state change forgets swn_resp_tick_soon. */
 static void
 resp_plan_tick(sw_responder *r)
@@ -99,7 +100,7 @@ resp_plan_tick(sw_responder *r)
     if (r->closed) {
         /* nothing more to do */
     } else if (!r->terminated) {
-        if (r->rg.pub_seq + 1 < r->rg.next_seq)
+        if (r->stranded && r->rg.pub_seq + 1 < r->rg.next_seq)
             due = 0;
         if (r->deadline_ms >= 0 && r->deadline_ms < due)
             due = r->deadline_ms;

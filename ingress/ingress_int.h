@@ -280,7 +280,6 @@ sw_err swn_resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, 
 sw_err swn_resp_take_pub_err(sw_responder *r);
 void swn_resp_run_drain(sw_responder *r);
 void swn_resp_kick(sw_responder *r);
-void swn_resp_kick_last(sw_responder *r);
 void swn_resp_flush_now(sw_responder *r);
 void *swn_ing_sender_main(void *arg);
 
@@ -289,7 +288,8 @@ void swn_resp_uncount(sw_responder *r);
 void swn_resp_mark_terminated(sw_responder *r);
 /* by: SWN_BY_PRODUCER when the stream's own producer ends it (sw_responder_
  * finish/fail, a handler returning without a terminal): that thread then
- * publishes what is queued with the final (swn_resp_kick_last). SWN_BY_OTHER
+ * publishes what is queued with the final, unless another thread is
+ * publishing r's items (it takes the final too). SWN_BY_OTHER
  * from a control, the timer or a drain: the queued items and the final go the
  * usual way (swn_resp_kick), so that thread is not held up by a window of
  * another stream's items. */

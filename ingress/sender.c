@@ -7,7 +7,7 @@
  * one message; a stream that was quiet publishes inline. With coalescing on
  * and a connection without send-asap, every stream hands its items over. A
  * producer that ends its stream publishes what is queued with the final
- * itself (swn_resp_kick_last).
+ * itself (swn_resp_send_final).
  *
  * Threads: producers (handler threads, or whoever holds a retained
  * responder), the sender thread, the timer (deadlines, memory-stranded
@@ -226,18 +226,6 @@ swn_resp_kick(sw_responder *r)
         return;
     if (ing->hot_us > 0 && (ing->buffered || swi_now_us() - r->last_end_us < ing->hot_us) &&
         ing_defer(ing, r))
-        return;
-    swn_resp_run_drain(r);
-}
-
-/* As swn_resp_kick, for the last thing a stream queues (its final): with
- * nothing more to come there is nothing to coalesce with, so this thread
- * publishes now instead of waking the sender thread and waiting for it
- * (unless another thread is publishing r's items: it takes these too). */
-void
-swn_resp_kick_last(sw_responder *r)
-{
-    if (r->sending || r->rg.pub_seq + 1 >= r->rg.next_seq)
         return;
     swn_resp_run_drain(r);
 }

@@ -133,12 +133,13 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
         rv = swn_resp_take_pub_err(r); /* the final is kept, and resent if asked for */
     }
     swn_resp_mark_terminated(r);
-    if (kept) { /* last: it may drop mu while publishing */
-        if (by == SWN_BY_PRODUCER)
-            swn_resp_kick_last(r);
-        else
-            swn_resp_kick(r);
-    }
+    /* Last: it may drop mu while publishing. With nothing more to come the
+     * producer has nothing to coalesce with: it publishes now rather than
+     * hand the stream to the sender thread. */
+    if (kept && by == SWN_BY_PRODUCER && !r->sending)
+        swn_resp_run_drain(r);
+    else if (kept)
+        swn_resp_kick(r);
     pthread_mutex_lock(&ing->mu);
     ing->st.finished[counted_as]++;
     pthread_mutex_unlock(&ing->mu);

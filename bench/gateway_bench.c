@@ -17,14 +17,19 @@
  *         with 100 streams per connection: its requests/s, and the
  *         gateway's CPU time over the run.
  *
- * Figures: tokens/s; TTFT p50 and p99 of lib and http and their
- * difference (goal: the gateway adds <= 1 ms at p99); gateway CPU per token
+ * Then LONE requests on each path, one at a time, the paths alternating
+ * request by request: the first token when nothing is queued in front.
+ *
+ * Figures: tokens/s; TTFT p50 and p99 of lib and http, under the burst and
+ * alone, and their difference (goal: the gateway adds <= 1 ms at p99; under
+ * the burst both paths queue behind the whole burst's CPU work on the shared
+ * cores, see BENCHMARKS.md "Gateway"); gateway CPU per token
  * (user + system from /proc, over the http and h2load runs); the gateway's
  * RSS while STREAMS streams are open, per stream; tokens lost. Only the
  * public API and the CLI are used.
  *
  *   streamwire-gateway-bench --cli PATH [--streams N] [--tokens N] [--reps N]
- *                            [--loops N] [--json FILE] [--quick]
+ *                            [--lone N] [--loops N] [--json FILE] [--quick]
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -50,7 +55,7 @@
 
 #include "natsd.h"
 
-static unsigned g_streams = 1000, g_tokens = 100, g_reps = 3;
+static unsigned g_streams = 1000, g_tokens = 100, g_reps = 3, g_lone = 300;
 static const char *g_loops = "0"; /* the gateway's --loops */
 static const char *g_cli, *g_json;
 static char g_gw[64];
@@ -394,6 +399,117 @@ run_http(run_result *res)
     return 0;
 }
 
+/* ---------------------------------------------------------------- lone requests */
+
+/* One request at a time, the two paths alternating request by request (so
+ * that both see the same machine): what the gateway adds to a request's
+ * first token when nothing else is queued in front of it. The HTTP request
+ * opens a new connection (t0 is taken before connect, as a client without a
+ * kept-alive connection pays it). */
+static int
+lone_http(int64_t *ttft)
+{
+    hconn c;
+    int64_t until;
+    memset(&c, 0, sizeof(c));
+    c.t0 = now_us();
+    if ((c.fd = tcp_nb_connect()) < 0)
+        return -1;
+    until = c.t0 + 10 * 1000000LL;
+    while (c.done == 0 && now_us() < until) {
+        struct pollfd pf = {c.fd, c.sent < g_req_len ? POLLOUT : POLLIN, 0};
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        if (c.sent < g_req_len) {
+            ssize_t w = write(c.fd, g_req + c.sent, g_req_len - c.sent);
+            if (w > 0)
+                c.sent += (size_t)w;
+            else if (w < 0 && errno != EAGAIN)
+                c.done = -1;
+            continue;
+        }
+        for (;;) {
+            ssize_t rd = read(c.fd, c.buf + c.have, sizeof(c.buf) - c.have - 1);
+            if (rd > 0) {
+                c.have += (size_t)rd;
+                http_parse(&c);
+                if (c.have >= sizeof(c.buf) - 1)
+                    c.have = 0;
+                if (c.done != 0)
+                    break;
+                continue;
+            }
+            if ((rd == 0 || errno != EAGAIN) && c.done == 0)
+                c.done = -1;
+            break;
+        }
+    }
+    close(c.fd);
+    if (c.done != 1 || c.n != g_tokens || c.bad || c.first == 0)
+        return -1;
+    *ttft = c.first - c.t0;
+    return 0;
+}
+
+static int
+lone_lib(sw_router *r, int64_t *ttft)
+{
+    lib_stream ls;
+    sw_stream *s = NULL;
+    sw_request_opts q;
+    int64_t until;
+    memset(&ls, 0, sizeof(ls));
+    atomic_store(&g_lib_done, 0);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "gwb1";
+    q.on_item = lib_cb;
+    q.on_item_arg = &ls;
+    ls.t0 = now_us();
+    if (sw_router_open(&s, r, &q, "hello", 5) != SW_OK)
+        return -1;
+    until = ls.t0 + 10 * 1000000LL;
+    /* a short sleep between looks: the callback's thread is not held up by
+     * this one spinning on the 2 cores */
+    while (atomic_load(&g_lib_done) == 0 && now_us() < until)
+        swh_sleep_ms(1);
+    sw_stream_close(s);
+    if (ls.done != 1 || ls.n != g_tokens || ls.bad || ls.first == 0)
+        return -1;
+    *ttft = ls.first - ls.t0;
+    return 0;
+}
+
+typedef struct lone_result {
+    double lib_p50_us, lib_p99_us, gw_p50_us, gw_p99_us;
+    unsigned failed;
+} lone_result;
+
+static void
+run_lone(sw_router *r, unsigned n, lone_result *res)
+{
+    int64_t *lt = calloc(n, sizeof(*lt)), *gt = calloc(n, sizeof(*gt));
+    size_t nl = 0, ng = 0;
+    memset(res, 0, sizeof(*res));
+    for (unsigned i = 0; i < n; i++) {
+        int64_t t;
+        if (lone_lib(r, &t) == 0)
+            lt[nl++] = t;
+        else
+            res->failed++;
+        if (lone_http(&t) == 0)
+            gt[ng++] = t;
+        else
+            res->failed++;
+    }
+    res->lib_p50_us = pct(lt, nl, 0.50);
+    res->lib_p99_us = pct(lt, nl, 0.99);
+    res->gw_p50_us = pct(gt, ng, 0.50);
+    res->gw_p99_us = pct(gt, ng, 0.99);
+    free(lt);
+    free(gt);
+}
+
 /* ---------------------------------------------------------------- h2load */
 
 static int
@@ -459,11 +575,13 @@ static void
 usage(FILE *f)
 {
     fprintf(f, "Usage: streamwire-gateway-bench --cli PATH [--streams N] [--tokens N] [--reps N]\n"
-               "                                [--loops N] [--json FILE] [--quick]\n"
+               "                                [--lone N] [--loops N] [--json FILE] [--quick]\n"
                "  --cli PATH     the streamwire CLI (worker and gateway are run from it)\n"
                "  --streams N    concurrent streams per run (default 1000)\n"
                "  --tokens N     tokens per stream (default 100)\n"
                "  --reps N       alternating runs of each path (default 3; medians shown)\n"
+               "  --lone N       then N requests one at a time on each path, alternating\n"
+               "                 (default 300; 0 skips): the first token with nothing queued\n"
                "  --loops N      the gateway's --loops (default 0: one per online CPU)\n"
                "  --json FILE    also write the figures as JSON\n"
                "  --quick        100 streams, 1 rep (a smoke run)\n"
@@ -483,6 +601,7 @@ main(int argc, char **argv)
     double lt[16], lp50[16], lp99[16], ht[16], hp50[16], hp99[16], hcpu[16], h2t[16], h2cpu[16];
     unsigned lost = 0, failed = 0, h2failed = 0;
     long rss_idle, rss_open = 0;
+    lone_result lone;
     int fd, rc = 1;
 
     for (int i = 1; i < argc; i++) {
@@ -494,6 +613,7 @@ main(int argc, char **argv)
         } else if (!strcmp(a, "--quick")) {
             g_streams = 100;
             g_reps = 1;
+            g_lone = 20;
         } else if (v != NULL && !strcmp(a, "--cli")) {
             g_cli = v, i++;
         } else if (v != NULL && !strcmp(a, "--streams")) {
@@ -502,6 +622,8 @@ main(int argc, char **argv)
             g_tokens = (unsigned)atoi(v), i++;
         } else if (v != NULL && !strcmp(a, "--reps")) {
             g_reps = (unsigned)atoi(v), i++;
+        } else if (v != NULL && !strcmp(a, "--lone")) {
+            g_lone = (unsigned)atoi(v), i++;
         } else if (v != NULL && !strcmp(a, "--loops")) {
             g_loops = v, i++;
         } else if (v != NULL && !strcmp(a, "--json")) {
@@ -574,9 +696,10 @@ main(int argc, char **argv)
         g_streams = s;
     }
     rss_idle = swh_rss_kb(g_gw_pid);
+    memset(&lone, 0, sizeof(lone));
     printf("gateway bench: %u concurrent streams x %u tokens, %u rep(s) of each path, "
-           "alternating\n",
-           g_streams, g_tokens, g_reps);
+           "alternating; then %u lone requests on each path\n",
+           g_streams, g_tokens, g_reps, g_lone);
     for (unsigned k = 0; k < g_reps; k++) {
         run_result a, b, c;
         fprintf(stderr, "  rep %u/%u: library path...\n", k + 1, g_reps);
@@ -598,6 +721,12 @@ main(int argc, char **argv)
         if (b.rss_kb_open > rss_open)
             rss_open = b.rss_kb_open;
     }
+    if (g_lone > 0) {
+        fprintf(stderr, "  lone requests: %u on each path, one at a time, alternating...\n",
+                g_lone);
+        run_lone(router, g_lone, &lone);
+        failed += lone.failed;
+    }
     {
         double mlt = median(lt, g_reps), mlp50 = median(lp50, g_reps), mlp99 = median(lp99, g_reps),
                mht = median(ht, g_reps), mhp50 = median(hp50, g_reps), mhp99 = median(hp99, g_reps),
@@ -609,10 +738,19 @@ main(int argc, char **argv)
         printf("%-44s %14.0f %14.0f %10s\n", "tokens/s (own client, HTTP/1.1)", mlt, mht, "");
         printf("%-44s %14s %14.0f %10s\n", "tokens/s (h2load, h2c, 100 streams/conn)", "", mh2t,
                "");
-        printf("%-44s %14.2f %14.2f %+10.2f\n", "time to first token p50 (ms)", mlp50 / 1e3,
+        printf("%-44s %14.2f %14.2f %+10.2f\n", "time to first token p50, burst (ms)", mlp50 / 1e3,
                mhp50 / 1e3, (mhp50 - mlp50) / 1e3);
-        printf("%-44s %14.2f %14.2f %+10.2f  goal <= +1 ms\n", "time to first token p99 (ms)",
-               mlp99 / 1e3, mhp99 / 1e3, (mhp99 - mlp99) / 1e3);
+        printf("%-44s %14.2f %14.2f %+10.2f  goal <= +1 ms\n",
+               "time to first token p99, burst (ms)", mlp99 / 1e3, mhp99 / 1e3,
+               (mhp99 - mlp99) / 1e3);
+        if (g_lone > 0) {
+            printf("%-44s %14.2f %14.2f %+10.2f\n", "time to first token p50, lone (ms)",
+                   lone.lib_p50_us / 1e3, lone.gw_p50_us / 1e3,
+                   (lone.gw_p50_us - lone.lib_p50_us) / 1e3);
+            printf("%-44s %14.2f %14.2f %+10.2f  goal <= +1 ms\n",
+                   "time to first token p99, lone (ms)", lone.lib_p99_us / 1e3,
+                   lone.gw_p99_us / 1e3, (lone.gw_p99_us - lone.lib_p99_us) / 1e3);
+        }
         printf("%-44s %14s %14.2f %10s\n", "gateway CPU per token, HTTP/1.1 (us)", "", mhcpu, "");
         printf("%-44s %14s %14.2f %10s\n", "gateway CPU per token, h2load h2c (us)", "", mh2cpu,
                "");
@@ -629,10 +767,13 @@ main(int argc, char **argv)
                         "\"gw_ttft_p50_ms\":%.3f,\"gw_ttft_p99_ms\":%.3f,"
                         "\"gw_cpu_us_per_token\":%.3f,\"h2load_cpu_us_per_token\":%.3f,"
                         "\"gw_rss_kib_per_stream\":%.2f,\"lost\":%u,\"failed\":%u,"
-                        "\"h2load_failed\":%u}\n",
+                        "\"h2load_failed\":%u,\"lone\":%u,\"lone_lib_ttft_p50_ms\":%.3f,"
+                        "\"lone_lib_ttft_p99_ms\":%.3f,\"lone_gw_ttft_p50_ms\":%.3f,"
+                        "\"lone_gw_ttft_p99_ms\":%.3f}\n",
                         g_streams, g_tokens, g_reps, mlt, mht, mh2t, mlp50 / 1e3, mlp99 / 1e3,
-                        mhp50 / 1e3, mhp99 / 1e3, mhcpu, mh2cpu, per_stream, lost, failed,
-                        h2failed);
+                        mhp50 / 1e3, mhp99 / 1e3, mhcpu, mh2cpu, per_stream, lost, failed, h2failed,
+                        g_lone, lone.lib_p50_us / 1e3, lone.lib_p99_us / 1e3, lone.gw_p50_us / 1e3,
+                        lone.gw_p99_us / 1e3);
                 fclose(f);
             }
         }

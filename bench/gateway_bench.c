@@ -161,6 +161,20 @@ typedef struct run_result {
     long rss_kb_open;        /* gateway RSS while the streams are open */
 } run_result;
 
+/* Opens one stream of the library path; ls->t0 is taken just before. */
+static sw_err
+lib_open(sw_router *r, lib_stream *ls, sw_stream **s)
+{
+    sw_request_opts q;
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "gwb1"; /* the gateway routes by the registry to this one instance */
+    q.on_item = lib_cb;
+    q.on_item_arg = ls;
+    ls->t0 = now_us();
+    return sw_router_open(s, r, &q, "hello", 5);
+}
+
 static int
 run_lib(sw_router *r, run_result *res)
 {
@@ -172,14 +186,7 @@ run_lib(sw_router *r, run_result *res)
     atomic_store(&g_lib_done, 0);
     t0 = now_us();
     for (unsigned i = 0; i < g_streams; i++) {
-        sw_request_opts q;
-        sw_request_opts_init(&q);
-        q.endpoint = EP;
-        q.instance_id = "gwb1"; /* the gateway routes by the registry to this one instance */
-        q.on_item = lib_cb;
-        q.on_item_arg = &ls[i];
-        ls[i].t0 = now_us();
-        if (sw_router_open(&ss[i], r, &q, "hello", 5) != SW_OK) {
+        if (lib_open(r, &ls[i], &ss[i]) != SW_OK) {
             ls[i].done = -1;
             atomic_fetch_add(&g_lib_done, 1);
         }
@@ -293,6 +300,45 @@ http_parse(hconn *c)
     memmove(c->buf, p, c->have);
 }
 
+/* Writes what is left of the request. 1 once it is all sent, 0 if more
+ * is left, -1 on an error (c->done = -1). */
+static int
+hconn_write(hconn *c)
+{
+    ssize_t w = write(c->fd, g_req + c->sent, g_req_len - c->sent);
+    if (w > 0) {
+        c->sent += (size_t)w;
+        return c->sent == g_req_len;
+    }
+    if (w < 0 && errno != EAGAIN) {
+        c->done = -1;
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads and parses what the socket has, until it would block or the
+ * response ended (c->done). */
+static void
+hconn_read(hconn *c)
+{
+    for (;;) {
+        ssize_t rd = read(c->fd, c->buf + c->have, sizeof(c->buf) - c->have - 1);
+        if (rd > 0) {
+            c->have += (size_t)rd;
+            http_parse(c);
+            if (c->have >= sizeof(c->buf) - 1)
+                c->have = 0; /* a frame bigger than the buffer: not ours */
+            if (c->done != 0)
+                break;
+            continue;
+        }
+        if ((rd == 0 || errno != EAGAIN) && c->done == 0)
+            c->done = -1;
+        break;
+    }
+}
+
 static int
 run_http(run_result *res)
 {
@@ -332,36 +378,14 @@ run_http(run_result *res)
             if (c->done != 0)
                 continue;
             if (c->sent < g_req_len) {
-                ssize_t w = write(c->fd, g_req + c->sent, g_req_len - c->sent);
-                if (w > 0) {
-                    c->sent += (size_t)w;
-                    if (c->sent == g_req_len) {
-                        struct epoll_event e;
-                        e.events = EPOLLIN;
-                        e.data.u32 = evs[k].data.u32;
-                        epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &e);
-                    }
-                } else if (w < 0 && errno != EAGAIN) {
-                    c->done = -1;
+                if (hconn_write(c) == 1) {
+                    struct epoll_event e;
+                    e.events = EPOLLIN;
+                    e.data.u32 = evs[k].data.u32;
+                    epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &e);
                 }
             } else {
-                for (;;) {
-                    ssize_t rd = read(c->fd, c->buf + c->have, sizeof(c->buf) - c->have - 1);
-                    if (rd > 0) {
-                        c->have += (size_t)rd;
-                        http_parse(c);
-                        if (c->have >= sizeof(c->buf) - 1)
-                            c->have = 0; /* a frame bigger than the buffer: not ours */
-                        if (c->done != 0)
-                            break;
-                        continue;
-                    }
-                    if (rd == 0 || errno != EAGAIN) {
-                        if (c->done == 0)
-                            c->done = -1;
-                    }
-                    break;
-                }
+                hconn_read(c);
             }
             if (c->done != 0) {
                 finished++;
@@ -420,29 +444,10 @@ lone_http(int64_t *ttft)
         struct pollfd pf = {c.fd, c.sent < g_req_len ? POLLOUT : POLLIN, 0};
         if (poll(&pf, 1, 100) <= 0)
             continue;
-        if (c.sent < g_req_len) {
-            ssize_t w = write(c.fd, g_req + c.sent, g_req_len - c.sent);
-            if (w > 0)
-                c.sent += (size_t)w;
-            else if (w < 0 && errno != EAGAIN)
-                c.done = -1;
-            continue;
-        }
-        for (;;) {
-            ssize_t rd = read(c.fd, c.buf + c.have, sizeof(c.buf) - c.have - 1);
-            if (rd > 0) {
-                c.have += (size_t)rd;
-                http_parse(&c);
-                if (c.have >= sizeof(c.buf) - 1)
-                    c.have = 0;
-                if (c.done != 0)
-                    break;
-                continue;
-            }
-            if ((rd == 0 || errno != EAGAIN) && c.done == 0)
-                c.done = -1;
-            break;
-        }
+        if (c.sent < g_req_len)
+            (void)hconn_write(&c);
+        else
+            hconn_read(&c);
     }
     close(c.fd);
     if (c.done != 1 || c.n != g_tokens || c.bad || c.first == 0)
@@ -456,17 +461,10 @@ lone_lib(sw_router *r, int64_t *ttft)
 {
     lib_stream ls;
     sw_stream *s = NULL;
-    sw_request_opts q;
     int64_t until;
     memset(&ls, 0, sizeof(ls));
     atomic_store(&g_lib_done, 0);
-    sw_request_opts_init(&q);
-    q.endpoint = EP;
-    q.instance_id = "gwb1";
-    q.on_item = lib_cb;
-    q.on_item_arg = &ls;
-    ls.t0 = now_us();
-    if (sw_router_open(&s, r, &q, "hello", 5) != SW_OK)
+    if (lib_open(r, &ls, &s) != SW_OK)
         return -1;
     until = ls.t0 + 10 * 1000000LL;
     /* a short sleep between looks: the callback's thread is not held up by

@@ -43,9 +43,12 @@ computes in pure Python holds the GIL as any Python thread does.
 """
 import asyncio
 import builtins
+import concurrent.futures
 import ctypes
+import functools
 import inspect
 import threading
+import time
 
 from . import _lib
 from ._lib import lib
@@ -285,6 +288,7 @@ class Request:
 
     def __init__(self, resp):
         self._r = resp
+        self._gate = None  # an async handler's _Gate
         n = ctypes.c_size_t()
         p = lib.sw_responder_payload(resp, ctypes.byref(n))
         self.payload = ctypes.string_at(p, n.value) if p else b""
@@ -298,19 +302,55 @@ class Request:
     def text(self):
         return self.payload.decode("utf-8", errors="replace")
 
+    def _call(self, default, fn, *args):
+        if self._gate is None:
+            return fn(*args)
+        return self._gate.call(default, fn, *args)
+
     def header(self, key):
-        v = lib.sw_responder_header(self._r, _b(key))
+        v = self._call(None, lib.sw_responder_header, self._r, _b(key))
         return v.decode() if v is not None else None
 
     @property
     def cancelled(self):
-        return lib.sw_responder_cancelled(self._r) != 0
+        """True once the stream was cancelled (or, for an async handler,
+        given up because its loop stopped)."""
+        return self._call(1, lib.sw_responder_cancelled, self._r) != 0
 
     @property
     def deadline_left_ms(self):
         """Milliseconds left before the deadline, or None without one."""
-        v = lib.sw_responder_deadline_left_ms(self._r)
+        v = self._call(0, lib.sw_responder_deadline_left_ms, self._r)
         return None if v < 0 else v
+
+
+class _Gate:
+    """An async handler's coroutine reaches its responder only through this,
+    and only while the library's handler thread still waits for it: once
+    that thread gives up (the loop stopped), the responder may be freed and
+    every call returns its default instead."""
+
+    __slots__ = ("lock", "open")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.open = True
+
+    def call(self, default, fn, *args):
+        with self.lock:
+            if not self.open:
+                return default
+            return fn(*args)
+
+    def close(self):
+        with self.lock:
+            self.open = False
+
+
+# How long an async handler's loop may be not running before the handler
+# thread gives its request up (a loop between two run_* calls is briefly
+# not running).
+_LOOP_GRACE_S = 1.0
 
 
 def _send(resp, value):
@@ -387,8 +427,7 @@ class Worker:
         req = Request(resp)
         try:
             if inspect.isasyncgenfunction(self._handler):
-                fut = asyncio.run_coroutine_threadsafe(self._drive_async(resp, req), self._loop)
-                fut.result()
+                self._wait_async(resp, req)
             else:
                 self._drive(resp, req)
         except BaseException as e:  # never let an exception unwind into C
@@ -438,7 +477,37 @@ class Worker:
             return
         _finish(resp, result)
 
-    async def _drive_async(self, resp, req):
+    def _wait_async(self, resp, req):
+        """Runs an async handler on self._loop and waits for it on this
+        (library) thread. If the loop is not running for _LOOP_GRACE_S (it
+        stopped, or never ran), the request is given up: the stream fails
+        with handler_error, the coroutine is cancelled (when the loop runs
+        again) and can no longer reach the responder, and this thread
+        returns, so the worker can close."""
+        gate = _Gate()
+        req._gate = gate
+        fut = asyncio.run_coroutine_threadsafe(self._drive_async(resp, req, gate), self._loop)
+        idle_since = None
+        while True:
+            done, _ = concurrent.futures.wait([fut], timeout=0.1)
+            if done:
+                fut.result()
+                return
+            if self._loop.is_running():
+                idle_since = None
+                continue
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            elif now - idle_since >= _LOOP_GRACE_S:
+                gate.close()
+                fut.cancel()
+                lib.sw_responder_fail(resp, b"handler_error",
+                                      b"the asyncio loop given as loop= is not running "
+                                      b"(stopped, or never started): the request was given up")
+                return
+
+    async def _drive_async(self, resp, req, gate):
         loop = asyncio.get_running_loop()
         agen = self._handler(req)
         result = None
@@ -447,7 +516,8 @@ class Worker:
                 if isinstance(value, _RESULTS):
                     result = value
                     break
-                rv = await loop.run_in_executor(None, _send, resp, value)
+                rv = await loop.run_in_executor(
+                    None, functools.partial(gate.call, _SW_ECLOSED, _send, resp, value))
                 if rv in (_SW_ECANCELLED, _SW_ECLOSED):
                     try:
                         await agen.athrow(Cancelled())
@@ -455,16 +525,17 @@ class Worker:
                         pass
                     return
                 if rv != 0:
-                    lib.sw_responder_fail(resp, b"send_failed", lib.sw_err_name(rv))
+                    gate.call(None, lib.sw_responder_fail, resp, b"send_failed",
+                              lib.sw_err_name(rv))
                     return
         except Cancelled:
             return
         except Exception as e:
-            lib.sw_responder_fail(resp, b"handler_error", _b(repr(e)[:400]))
+            gate.call(None, lib.sw_responder_fail, resp, b"handler_error", _b(repr(e)[:400]))
             return
         finally:
             await agen.aclose()
-        await loop.run_in_executor(None, _finish, resp, result)
+        await loop.run_in_executor(None, functools.partial(gate.call, None, _finish, resp, result))
 
     def wait(self, timeout=None):
         """Blocks until close() is called (from another thread or a signal

@@ -527,6 +527,77 @@ class TestAsync(Base):
             loop.call_soon_threadsafe(loop.stop)
             th.join(5)
 
+    def test_async_handler_loop_stops(self):
+        """The loop given as loop= stops while a handler's coroutine waits
+        on it: the stream fails with handler_error naming the loop (it used
+        to hang: the handler thread waited for the coroutine for ever), the
+        worker closes, and the coroutine, if the loop ever runs again, no
+        longer touches the finished request."""
+        loop = asyncio.new_event_loop()
+        th = threading.Thread(target=loop.run_forever, daemon=True)
+        th.start()
+        started = threading.Event()
+        ended = []
+
+        async def h(req):
+            try:
+                yield "first"
+                started.set()
+                await asyncio.sleep(1.5)  # the loop stops meanwhile
+                yield "after"
+            finally:
+                ended.append(req.cancelled)
+        w = self.worker("py.a.stop", h, loop=loop)
+        try:
+            with self.router.open("py.a.stop", b"x", instance_id=w.instance_id) as s:
+                self.assertTrue(started.wait(10))
+                loop.call_soon_threadsafe(loop.stop)
+                th.join(5)
+                self.assertFalse(th.is_alive())
+                t0 = time.time()
+                items, term = s.read_all()
+            self.assertLess(time.time() - t0, 10)
+            self.assertEqual([i.text for i in items], ["first"])
+            self.assertEqual((term.status, term.reason), ("failed", "handler_error"))
+            self.assertIn("loop", term.message)
+            t0 = time.time()
+            w.close()
+            self.assertLess(time.time() - t0, 10)
+            self.assertEqual(ended, [])
+            # The loop runs again: the coroutine is cancelled, its cleanup
+            # runs and sees the request as cancelled without reaching the
+            # responder the library has freed.
+            th = threading.Thread(target=loop.run_forever, daemon=True)
+            th.start()
+            for _ in range(50):
+                if ended:
+                    break
+                time.sleep(0.1)
+            self.assertEqual(ended, [True])
+        finally:
+            w.close()
+            loop.call_soon_threadsafe(loop.stop)
+            th.join(5)
+
+    def test_async_handler_loop_not_running(self):
+        """A loop that never runs: each request fails with handler_error
+        within seconds instead of holding a handler thread for ever."""
+        loop = asyncio.new_event_loop()
+
+        async def h(req):
+            yield "x"
+        w = self.worker("py.a.idle", h, loop=loop)
+        try:
+            t0 = time.time()
+            data, term = self.run_stream("py.a.idle", w.instance_id)
+            self.assertLess(time.time() - t0, 10)
+            self.assertEqual(data, [])
+            self.assertEqual((term.status, term.reason), ("failed", "handler_error"))
+            self.assertIn("loop", term.message)
+        finally:
+            w.close()
+            loop.close()
+
     def test_async_handler_needs_a_loop(self):
         async def h(req):
             yield "x"

@@ -91,8 +91,8 @@ cli_generate_main(int argc, char **argv)
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *prompt = "hello";
     long migration_limit = 0;
     long max_tokens = 0, cancel_after = -1, read_delay = 0, timeout = 0, linger = 20;
-    long heartbeat = 0, window = 0, window_max = 0, inactivity = 0, gap_timeout = 0,
-         payload_bytes = -1;
+    long heartbeat = 0, window = 0, window_max = 0, credit_bytes = 0, inactivity = 0,
+         gap_timeout = 0, payload_bytes = -1;
     const char *policy = "round_robin", *bucket = NULL, *router_id = NULL;
     int json = 0, verbose = 0;
     long fanout = 0;
@@ -167,6 +167,10 @@ cli_generate_main(int argc, char **argv)
          "the most the window grows to (default 16384, and at\nmost 1 MiB of items); = --window "
          "for a fixed window",
          &window_max, 0, 1000000, NULL, 0},
+        {"credit-bytes", CLI_INT, "N",
+         "byte credit: the data bytes the worker may send past\nwhat this consumer took, the most "
+         "the stream\nqueues (default 1048576)",
+         &credit_bytes, 256, 1073741824, NULL, 0},
         {"migration-limit", CLI_INT, "N",
          "move the stream to another instance up to N times\nwhen its worker is lost or drains "
          "(default 0;\nneeds the registry: no --instance-id)",
@@ -295,6 +299,7 @@ cli_generate_main(int argc, char **argv)
     ropts.gap_timeout_ms = (unsigned)gap_timeout;
     ropts.credit_window = (unsigned)window;
     ropts.credit_window_max = (unsigned)window_max;
+    ropts.credit_bytes = (size_t)credit_bytes;
     ropts.log = verbose ? cli_log_stderr : NULL;
     ropts.log_arg = (void *)"generate";
     err = sw_router_create(&router, conn, &ropts);

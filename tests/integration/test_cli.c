@@ -1098,6 +1098,8 @@ test_usage_errors(void **state)
                  "not an integer");
     expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--window", ""),
                  "not an integer");
+    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--credit-bytes", "255"),
+                 "out of range");
     /* A second cluster key without the first (key rotation, --open-key-file). */
     expect_usage(
         ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--open-key-file", "/nonexistent"),
@@ -1437,6 +1439,10 @@ test_slow_consumer(void **state)
      * arrives once, in order (check_gen checks each line). */
     check_gen(gen_run("cli.slowreader.gen",
                       ARGS("--instance-id", "wslowreader", "--read-delay-ms", "1", "--json")),
+              "completed", "stop", "wslowreader", atol(tokens), 0);
+    /* The same with a byte credit of 256 bytes (a few tokens in flight). */
+    check_gen(gen_run("cli.slowreader.gen", ARGS("--instance-id", "wslowreader", "--read-delay-ms",
+                                                 "1", "--credit-bytes", "256", "--json")),
               "completed", "stop", "wslowreader", atol(tokens), 0);
 }
 

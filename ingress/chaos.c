@@ -37,6 +37,16 @@ swx_responder_lose_next(sw_responder *r)
     pthread_mutex_unlock(&r->mu);
 }
 
+void
+swx_responder_fail_builds(sw_responder *r, int n)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->fail_builds = n > 0 ? n : 0;
+    pthread_mutex_unlock(&r->mu);
+}
+
 sw_err
 swx_responder_skip_seq(sw_responder *r)
 {

@@ -29,6 +29,12 @@ sw_err swx_responder_skip_seq(sw_responder *r);
  * acknowledged). Needs flow control (a credit window). */
 void swx_responder_lose_next(sw_responder *r);
 
+/* The next n messages this stream builds for a first publish fail as if
+ * there were no memory for them: the drain stops and leaves the items queued
+ * ("stranded") for the timer to publish on its next tick, as a real
+ * allocation failure would. Needs flow control (a credit window). */
+void swx_responder_fail_builds(sw_responder *r, int n);
+
 /* Marks the stream finished without publishing anything more: no heartbeats,
  * no final marker (--hang-after, --chaos no-final). */
 void swx_responder_abandon(sw_responder *r);

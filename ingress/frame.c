@@ -124,6 +124,13 @@ swn_resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swn_msgb
     *last = q - 1;
     if (k == 0)
         return 0;
+#ifdef SW_CHAOS
+    if (!resent && r->fail_builds > 0) { /* swx_responder_fail_builds */
+        r->fail_builds--;
+        *last = from - 1;
+        return 0;
+    }
+#endif
     if (swn_msgbuf_fit(m, total) != 0) {
         *last = from - 1;
         return 0;

@@ -89,6 +89,15 @@ swn_resp_beat_sooner(sw_responder *r)
     }
 }
 
+/* A drain stopped without memory for a message and left items queued (r->mu
+ * held): the timer publishes them on its next tick, before or after the
+ * final was queued. */
+static int
+resp_stranded(const sw_responder *r)
+{
+    return r->stranded && r->rg.pub_seq + 1 < r->rg.next_seq;
+}
+
 /* When the timer next has to look at r (r->mu held): its deadline, its next
  * heartbeat, the end of a final's linger; now if a drain left items for lack
  * of memory (others wait for the thread they were handed to). Only
@@ -100,7 +109,7 @@ resp_plan_tick(sw_responder *r)
     if (r->closed) {
         /* nothing more to do */
     } else if (!r->terminated) {
-        if (r->stranded && r->rg.pub_seq + 1 < r->rg.next_seq)
+        if (resp_stranded(r))
             due = 0;
         if (r->deadline_ms >= 0 && r->deadline_ms < due)
             due = r->deadline_ms;
@@ -110,6 +119,8 @@ resp_plan_tick(sw_responder *r)
         due = r->done_ms + resp_linger_ms(r);
         if (resp_final_unacked(r) && r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
             due = r->last_pub_ms + (int64_t)r->hb_ms;
+        if (resp_stranded(r) && r->final_seq != 0)
+            due = 0;
     }
     swi_due_set(r->next_tick, due);
 }
@@ -307,14 +318,17 @@ ing_tick_one(sw_responder *r, int64_t now, swn_beats *beats)
         } else {
             /* Only items a drain left for lack of memory: others wait for
              * the thread they were handed to (the sender thread coalesces). */
-            if (r->stranded && !r->sending && r->rg.pub_seq + 1 < r->rg.next_seq &&
-                swn_ring_keeps(&r->rg))
+            if (resp_stranded(r) && !r->sending && swn_ring_keeps(&r->rg))
                 swn_resp_run_drain(r);
             resp_heartbeat(r, now, beats);
         }
     } else if (r->terminated) {
-        /* A final never acknowledged: keep it for resend for a while, then
-         * let go. Heartbeats go on meanwhile, so a lost final is asked for. */
+        /* Items and the final a drain left for lack of memory go out first
+         * (a silent stream would end in a lost-instance error). A final
+         * never acknowledged: keep it for resend for a while, then let go.
+         * Heartbeats go on meanwhile, so a lost final is asked for. */
+        if (resp_stranded(r) && r->final_seq != 0 && !r->sending && swn_ring_keeps(&r->rg))
+            swn_resp_run_drain(r);
         retire = now - r->done_ms >= resp_linger_ms(r);
         if (!retire && resp_final_unacked(r))
             resp_heartbeat(r, now, beats);

@@ -113,7 +113,8 @@ struct sw_responder {
     int stranded; /* a drain stopped without memory for a message: the timer drains again */
     int in_sendq; /* on ing->sq (under ing->smu) */
 #ifdef SW_CHAOS
-    int lose_next; /* chaos: the next kept item misses its first publish */
+    int lose_next;   /* chaos: the next kept item misses its first publish */
+    int fail_builds; /* chaos: so many next first-publish builds fail as without memory */
 #endif
     int fe_cancelled;  /* the frontend cancelled or killed it (or is gone): it wants nothing more */
     int beats_batched; /* resp_subj is sw.rsp.<router_id>.<id>: heartbeats go in batches */

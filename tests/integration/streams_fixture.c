@@ -366,6 +366,14 @@ test_handler(sw_responder *r, void *arg)
             w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
         }
         break;
+    case M_STRAND_FINAL:
+        if (w_send_tokens(w, r, 0, w->n - 1, w->delay_ms)) {
+            sleep_ms(w->delay_ms); /* quiet: the last token and the final publish inline */
+            swx_responder_fail_builds(r, w->k);
+            if (w_send_tokens(w, r, w->n - 1, w->n, 0))
+                w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
+        }
+        break;
     case M_KEEP:
         sw_responder_retain(r);
         pthread_mutex_lock(&w->mu);

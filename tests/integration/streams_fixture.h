@@ -80,8 +80,10 @@ enum {
     M_API,            /* responder API misuse and edge cases (results in rv[]) */
     M_LOSE_FINAL,     /* n tokens, swx_responder_lose_next, finish COMPLETED */
     M_BIG,            /* k tokens, then tokens k..n-1 padded with '.' to big_len bytes, finish */
-    M_LOSE_LATE       /* sleep delay_ms, token 0 lost on the wire, sleep delay_ms, the rest,
+    M_LOSE_LATE,      /* sleep delay_ms, token 0 lost on the wire, sleep delay_ms, the rest,
                          finish */
+    M_STRAND_FINAL    /* n-1 tokens delay_ms apart, then the next k message builds fail as
+                         without memory (swx_responder_fail_builds), token n-1, finish */
 };
 
 #define FAIL_MSG "the engine fell over: CUDA error 700"

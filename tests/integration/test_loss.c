@@ -357,6 +357,50 @@ lost_final_is_resent(void **state)
     got_free(g);
 }
 
+/* The last item and the final queued, but no memory to build their message
+ * (three tries fail: the producer's drain, for the item and then for the
+ * final, and the timer's first): the stream is finished and silent, with
+ * nothing published and heartbeats held back while items are queued. The
+ * timer publishes them as soon as there is memory again -- before, a
+ * finished stream's timer only sent heartbeats, so they waited out the
+ * linger and the frontend ended the stream with a transport error instead
+ * of COMPLETED. */
+static void
+stranded_final_is_published(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_stats st;
+    sw_stream_stats ss;
+    sw_request_opts o;
+    const int N = 6;
+
+    e->w.mode = M_STRAND_FINAL;
+    e->w.n = N;
+    e->w.k = 3;
+    e->w.delay_ms = 5;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.heartbeat_ms = 100;
+    s = env_open_with(e, &o, "prompt", 6);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, (size_t)N);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_int_equal(g->term_seq, (uint64_t)N + 1);
+    assert_done(g);
+    assert_int_equal(e->w.finished, 1);
+    assert_int_equal(e->w.finish_rv, SW_OK);
+    sw_stream_stats_get(s, &ss);
+    assert_int_equal(ss.resend_requests, 0); /* published by the timer, not repaired */
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, (uint64_t)N);
+    assert_int_equal(st.items_resent, 0);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 1);
+    assert_int_equal(ist_wait(e, f_held_zero, 1, T(1500)), 1);
+    got_free(g);
+}
+
 /* ======================================================================== */
 
 int
@@ -373,6 +417,7 @@ main(int argc, char **argv)
         T_(loss_repair_window_capped),
         T_(acked_finals_release_worker_state),
         T_(lost_final_is_resent),
+        T_(stranded_final_is_published),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.loss", tests, sf_group_setup, sf_group_teardown);

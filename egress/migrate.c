@@ -132,7 +132,7 @@ swe_migrate(sw_stream *s)
     sw_item *items = NULL;
     uint8_t *buf = NULL;
     size_t blen = 0;
-    int from_final, gone = 0, none = 0, nomem = 0, migratable = 0;
+    int from_final, gone = 0, none = 0, nomem = 0, migratable = 0, closing = 0;
     int64_t now, deadline = -1;
     unsigned attempt, limit;
     sw_err why, rv;
@@ -222,9 +222,10 @@ swe_migrate(sw_stream *s)
     swi_hex(new_hex, new_id, sizeof(new_id));
     now = swi_now_ms();
     pthread_mutex_lock(&r->mu);
-    if (!s->in_table || r->closing)
+    if (!s->in_table || r->closing) {
         gone = 1;
-    else if (swr_pool_pick(r->pool, s->endpoint, swe_instance_load, r, next) != SW_OK)
+        closing = r->closing && s->in_table;
+    } else if (swr_pool_pick(r->pool, s->endpoint, swe_instance_load, r, next) != SW_OK)
         none = 1;
     else if (swi_idmap_put(&r->streams, new_id, s) != 0)
         nomem = 1;
@@ -247,6 +248,18 @@ swe_migrate(sw_stream *s)
         pthread_mutex_unlock(&s->mu);
     }
     pthread_mutex_unlock(&r->mu);
+    if (closing) {
+        /* sw_router_destroy: its sweep of the table no longer finds this
+         * stream (the old id left it above), so it ends here, as the sweep
+         * would have ended it; the ticker that would release a terminal
+         * held back by final_linger_ms is stopping. */
+        pthread_mutex_lock(&s->mu);
+        if (s->rx.term_state == SWE_TERM_QUEUED)
+            s->rx.term_ready_ms = 0;
+        pthread_mutex_unlock(&s->mu);
+        mig_give_up(s, SW_ECLOSED, "the router was destroyed");
+        swe_dispatch(s);
+    }
     if (gone)
         goto out;
     if (none || nomem) {

@@ -521,6 +521,67 @@ cancel_during_migration(void **state)
     sw_stream_close(s);
 }
 
+static void *
+destroy_main(void *arg)
+{
+    sw_router_destroy(arg);
+    return NULL;
+}
+
+/* sw_router_destroy while a migration is in its callback: the stream's old
+ * request id has already left the router's table, so destroy's sweep of the
+ * table does not find it; the migration, seeing the router closing, must
+ * end it itself. Before, it just stopped: no terminal ever came (a blocking
+ * consumer would have waited for ever). */
+static void
+destroy_during_migration(void **state)
+{
+    world *w = *state;
+    coll c;
+    gate g;
+    sw_stream *s;
+    pthread_t th;
+    int from;
+    memset(&g, 0, sizeof(g));
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    s = begin(w, &c, 2, NULL, 2, 0, gate_migrate, &g, &from);
+    swh_kill(w->pid[from], SIGKILL);
+    pthread_mutex_lock(&g.mu);
+    for (int64_t until = swh_now_ms() + T(10000); !g.entered && swh_now_ms() < until;) {
+        pthread_mutex_unlock(&g.mu);
+        swh_sleep_ms(5);
+        pthread_mutex_lock(&g.mu);
+    }
+    assert_true(g.entered);
+    pthread_mutex_unlock(&g.mu);
+    /* destroy waits for the thread running the migration; it is closing
+     * the router before the callback returns */
+    assert_int_equal(pthread_create(&th, NULL, destroy_main, w->rt), 0);
+    swh_sleep_ms(200);
+    pthread_mutex_lock(&g.mu);
+    g.release = 1;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    w->rt = NULL;
+    /* The terminal came before destroy returned. */
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.bad, 0);
+    assert_true(c.n >= 10);
+    assert_int_equal(c.terminals, 1);
+    assert_int_equal(c.status, SW_STATUS_ERROR);
+    assert_int_equal(c.err, SW_ECLOSED);
+    assert_int_equal(c.migrations, 0);
+    pthread_mutex_unlock(&c.mu);
+    assert_int_equal(g.calls, 1);
+    sw_stream_close(s);
+    swh_sleep_ms(100);
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.terminals, 1); /* and no second one on close */
+    pthread_mutex_unlock(&c.mu);
+}
+
 static void
 sealed_migrates(void **state)
 {
@@ -736,6 +797,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(limit_reached, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(no_other_instance, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(cancel_during_migration, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(destroy_during_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(callback_rebuilds_prompt, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(gateway_migrates, world_setup, world_teardown),

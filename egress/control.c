@@ -17,14 +17,21 @@ swe_control_subject(char subj[SWT_SUBJECT_MAX], const char *instance)
 }
 
 /* The stream's control subject and request id: both change together,
- * under s->mu, when it re-routes or migrates. */
-static void
-ctl_target(sw_stream *s, char subj[SWT_SUBJECT_MAX], uint8_t id[SW_REQUEST_ID_BYTES])
+ * under s->mu, when it re-routes or migrates. 0 (and subj "") if the stream
+ * has moved on from worker `gen` (SWE_GEN_ANY: whichever it is on now). */
+static int
+ctl_target(sw_stream *s, unsigned gen, char subj[SWT_SUBJECT_MAX], uint8_t id[SW_REQUEST_ID_BYTES])
 {
+    int ok;
     pthread_mutex_lock(&s->mu);
-    swe_control_subject(subj, swe_instance(s));
+    ok = gen == SWE_GEN_ANY || gen == s->rx.gen;
+    if (ok)
+        swe_control_subject(subj, swe_instance(s));
+    else
+        subj[0] = '\0';
     memcpy(id, s->id, SW_REQUEST_ID_BYTES);
     pthread_mutex_unlock(&s->mu);
+    return ok;
 }
 
 /* Publishes one control; m has its kind and fields set. */
@@ -43,16 +50,19 @@ ctl_publish(sw_router *r, const char *subj, const uint8_t id[SW_REQUEST_ID_BYTES
         (void)swt_publish(r->conn, subj, NULL, buf, len);
 }
 
-/* m to the stream's current worker. */
+/* m to the stream's current worker, if that is still worker `gen`: a
+ * control decided for a worker the stream has since migrated away from
+ * would carry the old worker's seqs and credit to the new one (which would
+ * then send past the window its frontend granted: flow_violation). */
 static void
-ctl_send(sw_stream *s, swp_control *m)
+ctl_send(sw_stream *s, unsigned gen, swp_control *m)
 {
     char subj[SWT_SUBJECT_MAX];
     uint8_t id[SW_REQUEST_ID_BYTES];
     if (__atomic_load_n(&s->r->closed, __ATOMIC_ACQUIRE))
         return;
-    ctl_target(s, subj, id);
-    ctl_publish(s->r, subj, id, m);
+    if (ctl_target(s, gen, subj, id))
+        ctl_publish(s->r, subj, id, m);
 }
 
 /* A control of kind with these fields (the rest unset). */
@@ -69,10 +79,11 @@ ctl_make(int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
 }
 
 void
-swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from, uint64_t to)
+swe_send_control(sw_stream *s, unsigned gen, int kind, uint64_t limit, uint64_t ack, uint64_t from,
+                 uint64_t to)
 {
     swp_control m = ctl_make(kind, limit, ack, from, to);
-    ctl_send(s, &m);
+    ctl_send(s, gen, &m);
 }
 
 void
@@ -81,7 +92,11 @@ swe_send_credit(sw_stream *s, const swe_rx_act *act)
     swp_control m = ctl_make(STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, act->credit_limit,
                              act->credit_ack, 0, 0);
     m.byte_limit = act->credit_bytes;
-    ctl_send(s, &m);
+#ifdef SW_CHAOS
+    if (s->r->credit_hook != NULL) /* swx_router_on_credit */
+        s->r->credit_hook(s, s->r->credit_hook_arg);
+#endif
+    ctl_send(s, act->gen, &m);
 }
 
 void
@@ -145,7 +160,7 @@ swe_queue_final_ack(sw_stream *s)
         swe_flush_acks(r);
         pthread_mutex_lock(&r->ack_mu);
     }
-    ctl_target(s, r->acks[r->nacks].subj, r->acks[r->nacks].id);
+    (void)ctl_target(s, SWE_GEN_ANY, r->acks[r->nacks].subj, r->acks[r->nacks].id);
     full = ++r->nacks == SWE_ACKS_MAX;
     pthread_mutex_unlock(&r->ack_mu);
     if (full)
@@ -159,7 +174,7 @@ swe_cancel_wait(sw_stream *s, int kill)
 {
     char subj[SWT_SUBJECT_MAX];
     uint8_t id[SW_REQUEST_ID_BYTES];
-    ctl_target(s, subj, id);
+    (void)ctl_target(s, SWE_GEN_ANY, subj, id);
     swe_cancel_wait_to(s, subj, id, kill);
 }
 

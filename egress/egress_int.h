@@ -32,6 +32,7 @@
 #ifndef SW_EGRESS_INT_H
 #define SW_EGRESS_INT_H
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -70,6 +71,10 @@ typedef struct swe_ack {
 } swe_ack;
 
 struct sw_router {
+#ifdef SW_CHAOS
+    void (*credit_hook)(sw_stream *s, void *arg); /* swx_router_on_credit */
+    void *credit_hook_arg;
+#endif
     sw_conn *conn;
     swi_logger log;
     atomic_int refs;
@@ -235,8 +240,11 @@ void swe_apply(sw_stream *s, const swe_rx_act *act);
 /* sw.ctl.<instance>, or "" when there is no instance yet (ctl_publish then
  * sends nothing). */
 void swe_control_subject(char subj[SWT_SUBJECT_MAX], const char *instance);
-void swe_send_control(sw_stream *s, int kind, uint64_t limit, uint64_t ack, uint64_t from,
-                      uint64_t to);
+/* A control to the stream's worker, if it is still worker gen (rx.gen; an
+ * action's act->gen), or to whichever it is on now (SWE_GEN_ANY). */
+#define SWE_GEN_ANY UINT_MAX
+void swe_send_control(sw_stream *s, unsigned gen, int kind, uint64_t limit, uint64_t ack,
+                      uint64_t from, uint64_t to);
 /* A CREDIT with act's limits (act->credit). */
 void swe_send_credit(sw_stream *s, const swe_rx_act *act);
 /* To a given control subject and request id (a stream's earlier worker). */

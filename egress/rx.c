@@ -28,9 +28,10 @@ rx_clear_hold(swe_rx *rx)
 }
 
 static void
-act_zero(swe_rx_act *act)
+act_zero(const swe_rx *rx, swe_rx_act *act)
 {
     memset(act, 0, sizeof(*act));
+    act->gen = rx->gen;
 }
 
 /* Reassembly, credit and timers as a worker starts (the first one, and
@@ -184,7 +185,7 @@ rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_a
 int
 swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
 {
-    act_zero(act);
+    act_zero(rx, act);
     return rx_fail(rx, err, msg, kill, now, act);
 }
 
@@ -376,7 +377,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
     sw_err fail = SW_OK;
     const char *fail_msg = NULL;
 
-    act_zero(act);
+    act_zero(rx, act);
     if (rx->migrating)
         return; /* from the worker left behind */
     if (rx->term_state != SWE_TERM_NONE) {
@@ -542,7 +543,7 @@ swe_rx_next_due(const swe_rx *rx)
 void
 swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
 {
-    act_zero(act);
+    act_zero(rx, act);
     if (rx->term_state == SWE_TERM_NONE) {
         if (rx->cfg.deadline_ms >= 0 && now >= rx->cfg.deadline_ms) {
             (void)rx_fail(rx, SW_DEADLINE_EXCEEDED, "the request deadline passed", 1, now, act);
@@ -648,7 +649,7 @@ rx_grant(swe_rx *rx, int64_t now, swe_rx_act *act)
 int
 swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
 {
-    act_zero(act);
+    act_zero(rx, act);
     free(rx->cur);
     rx->cur = NULL;
     if (rx->qh != NULL) {
@@ -690,7 +691,7 @@ swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
 int
 swe_rx_migration_failed(swe_rx *rx, sw_err err, const char *msg, int64_t now, swe_rx_act *act)
 {
-    act_zero(act);
+    act_zero(rx, act);
     if (!rx->migrating)
         return 0;
     rx->migrating = 0;

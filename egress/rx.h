@@ -126,6 +126,9 @@ typedef struct swe_rx_act {
     int wake;        /* something new for the consumer */
     int after_final; /* an item came after a delivered terminal (a counter) */
     int migrate;     /* the stream must move to another instance (rx.migrating) */
+    unsigned gen;    /* the worker (rx.gen) it was decided for: its CREDIT, RESEND and KILL
+                        go to that worker only, never to the one a migration put in its
+                        place meanwhile (their seqs and credit start anew) */
 } swe_rx_act;
 
 /* 1 if act asks for nothing but (maybe) a wake-up, so that a caller may

@@ -45,8 +45,8 @@ swe_apply(sw_stream *s, const swe_rx_act *act)
     if (act->after_final)
         __atomic_fetch_add(&s->r->items_after_final, 1, __ATOMIC_RELAXED);
     if (act->resend)
-        swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND, 0, 0, act->resend_from,
-                         act->resend_to);
+        swe_send_control(s, act->gen, STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND, 0, 0,
+                         act->resend_from, act->resend_to);
     if (act->credit)
         swe_send_credit(s, act);
     if (act->ack_final)
@@ -54,7 +54,7 @@ swe_apply(sw_stream *s, const swe_rx_act *act)
     if (act->ended) {
         swe_remove(s);
         if (act->kill)
-            swe_send_control(s, STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0, 0, 0, 0);
+            swe_send_control(s, act->gen, STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0, 0, 0, 0);
     }
     if (act->wake || act->ended)
         swe_dispatch(s);
@@ -332,7 +332,7 @@ st_cancel(sw_stream *s, int kill)
     if (!set)
         return SW_EEOF;
     swe_remove(s);
-    swe_send_control(s,
+    swe_send_control(s, SWE_GEN_ANY,
                      kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
                           : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
                      0, 0, 0, 0);

@@ -35,6 +35,7 @@
 #include <streamwire/registry.h>
 #include <streamwire/streamwire.h>
 
+#include "egress/chaos.h"
 #include "harness.h"
 #include "transport/seal.h"
 
@@ -68,6 +69,7 @@ typedef struct world {
     int err_fd[MAXW]; /* the worker's stderr, kept in a file */
     char err_path[MAXW][512];
     int nw;
+    const char *interval; /* the workers' --token-interval-ms (NULL: 20) */
     sw_conn *conn;
     sw_registry *reg;
     sw_router *rt;
@@ -113,7 +115,7 @@ world_worker(world *w, const char *key)
     argv[a++] = "--tokens";
     argv[a++] = tokens;
     argv[a++] = "--token-interval-ms";
-    argv[a++] = "20";
+    argv[a++] = w->interval != NULL ? w->interval : "20";
     argv[a++] = "--drain-grace-ms";
     argv[a++] = "20000";
     if (key != NULL) {
@@ -470,6 +472,29 @@ gate_migrate(sw_migration *m, void *arg)
     return SW_OK;
 }
 
+/* Waits until the migrate callback is in the gate. */
+static void
+gate_wait_entered(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    for (int64_t until = swh_now_ms() + T(10000); !g->entered && swh_now_ms() < until;) {
+        pthread_mutex_unlock(&g->mu);
+        swh_sleep_ms(5);
+        pthread_mutex_lock(&g->mu);
+    }
+    assert_true(g->entered);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void
+gate_release(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->release = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
 static void
 cancel_during_migration(void **state)
 {
@@ -487,19 +512,9 @@ cancel_during_migration(void **state)
     s = begin(w, &c, 2, NULL, 2, 0, gate_migrate, &g, &from);
     other = from == 0 ? 1 : 0;
     swh_kill(w->pid[from], SIGKILL);
-    pthread_mutex_lock(&g.mu);
-    for (int64_t until = swh_now_ms() + T(10000); !g.entered && swh_now_ms() < until;) {
-        pthread_mutex_unlock(&g.mu);
-        swh_sleep_ms(5);
-        pthread_mutex_lock(&g.mu);
-    }
-    assert_true(g.entered);
-    pthread_mutex_unlock(&g.mu);
+    gate_wait_entered(&g);
     assert_int_equal(sw_stream_cancel(s), SW_OK);
-    pthread_mutex_lock(&g.mu);
-    g.release = 1;
-    pthread_cond_broadcast(&g.cv);
-    pthread_mutex_unlock(&g.mu);
+    gate_release(&g);
     coll_wait(&c, -1, T(10000));
     swh_sleep_ms(300);
     pthread_mutex_lock(&c.mu);
@@ -547,22 +562,12 @@ destroy_during_migration(void **state)
     pthread_cond_init(&g.cv, NULL);
     s = begin(w, &c, 2, NULL, 2, 0, gate_migrate, &g, &from);
     swh_kill(w->pid[from], SIGKILL);
-    pthread_mutex_lock(&g.mu);
-    for (int64_t until = swh_now_ms() + T(10000); !g.entered && swh_now_ms() < until;) {
-        pthread_mutex_unlock(&g.mu);
-        swh_sleep_ms(5);
-        pthread_mutex_lock(&g.mu);
-    }
-    assert_true(g.entered);
-    pthread_mutex_unlock(&g.mu);
+    gate_wait_entered(&g);
     /* destroy waits for the thread running the migration; it is closing
      * the router before the callback returns */
     assert_int_equal(pthread_create(&th, NULL, destroy_main, w->rt), 0);
     swh_sleep_ms(200);
-    pthread_mutex_lock(&g.mu);
-    g.release = 1;
-    pthread_cond_broadcast(&g.cv);
-    pthread_mutex_unlock(&g.mu);
+    gate_release(&g);
     assert_int_equal(pthread_join(th, NULL), 0);
     w->rt = NULL;
     /* The terminal came before destroy returned. */
@@ -580,6 +585,102 @@ destroy_during_migration(void **state)
     pthread_mutex_lock(&c.mu);
     assert_int_equal(c.terminals, 1); /* and no second one on close */
     pthread_mutex_unlock(&c.mu);
+}
+
+/* A blocking consumer whose credit is held, once, between being decided
+ * and being sent, while the worker it was for is killed and the stream
+ * migrates (egress/chaos.h's hook stands in for a preemption there). */
+typedef struct held {
+    world *w;
+    sw_stream *s;
+    int consumed, armed, held, moved, bad, terminals;
+    sw_status status;
+    char reason[64], old_inst[16];
+    unsigned migrations;
+} held;
+
+static _Thread_local int tl_consumer; /* the thread of held_main */
+
+static void
+held_credit(sw_stream *s, void *arg)
+{
+    held *h = arg;
+    int i;
+    if (!tl_consumer || !h->armed || h->consumed < 10)
+        return;
+    h->armed = 0;
+    h->held = 1;
+    snprintf(h->old_inst, sizeof(h->old_inst), "%s", sw_stream_instance_id(s));
+    i = world_index(h->w, h->old_inst);
+    if (i < 0)
+        return;
+    swh_kill(h->w->pid[i], SIGKILL);
+    for (int64_t until = swh_now_ms() + T(10000); swh_now_ms() < until; swh_sleep_ms(5))
+        if (strcmp(sw_stream_instance_id(s), h->old_inst) != 0) {
+            h->moved = 1;
+            break;
+        }
+}
+
+static void *
+held_main(void *arg)
+{
+    held *h = arg;
+    const sw_item *it;
+    tl_consumer = 1;
+    while (sw_stream_next(h->s, &it, T(30000)) == SW_OK) {
+        if (it->kind == SW_ITEM_DATA) {
+            char want[32];
+            int n = snprintf(want, sizeof(want), "token-%d", h->consumed);
+            if (it->seq != (uint64_t)h->consumed + 1 || it->len != (size_t)n ||
+                memcmp(it->data, want, (size_t)n) != 0)
+                h->bad++;
+            h->consumed++;
+        } else {
+            h->terminals++;
+            h->status = it->terminal.status;
+            h->migrations = it->terminal.migrations;
+            snprintf(h->reason, sizeof(h->reason), "%s", it->terminal.reason);
+        }
+    }
+    return NULL;
+}
+
+/* The credit the consumer decided for the worker that was lost reaches
+ * nobody: before, it went to the new worker, in the old worker's seqs, and
+ * let it send past the window the frontend had granted it -- the stream
+ * ended with flow_violation after a migration that had worked. */
+static void
+stale_credit_after_migration(void **state)
+{
+    world *w = *state;
+    held h;
+    sw_request_opts o;
+    pthread_t th;
+    memset(&h, 0, sizeof(h));
+    h.w = w;
+    w->interval = "0"; /* as fast as the credit lets it */
+    for (int i = 0; i < 2; i++)
+        world_worker(w, NULL);
+    world_frontend(w, NULL);
+    swx_router_on_credit(w->rt, held_credit, &h);
+    sw_request_opts_init(&o);
+    o.endpoint = EP;
+    o.migration_limit = 2;
+    o.credit_window = 4;
+    assert_int_equal(sw_router_open(&h.s, w->rt, &o, "hello", 5), SW_OK);
+    h.armed = 1;
+    assert_int_equal(pthread_create(&th, NULL, held_main, &h), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(h.held, 1);
+    assert_int_equal(h.moved, 1);
+    assert_int_equal(h.bad, 0);
+    assert_int_equal(h.consumed, TOKENS);
+    assert_int_equal(h.terminals, 1);
+    assert_string_equal(h.reason, "stop");
+    assert_int_equal(h.status, SW_STATUS_COMPLETED);
+    assert_int_equal(h.migrations, 1);
+    sw_stream_close(h.s);
 }
 
 static void
@@ -798,6 +899,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(no_other_instance, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(cancel_during_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(destroy_during_migration, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(stale_credit_after_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(callback_rebuilds_prompt, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(gateway_migrates, world_setup, world_teardown),

@@ -1,0 +1,17 @@
+/* egress/chaos.c -- the test hooks of egress/chaos.h (SW_CHAOS): never in
+ * the shipped libraries. */
+#ifndef SW_CHAOS
+#error "egress/chaos.c is for the chaos build only"
+#endif
+
+#include "egress/chaos.h"
+#include "egress/egress_int.h"
+
+void
+swx_router_on_credit(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg)
+{
+    if (r == NULL)
+        return;
+    r->credit_hook_arg = arg;
+    r->credit_hook = fn;
+}

@@ -1,0 +1,20 @@
+/* egress/chaos.h -- test hooks of the frontend side, for the chaos build
+ * only (see ingress/chaos.h): they exist in the internal archive
+ * sw_internal, which the tests link, and not in the shipped libstreamwire. */
+#ifndef SW_EGRESS_CHAOS_H
+#define SW_EGRESS_CHAOS_H
+
+#ifndef SW_CHAOS
+#error "egress/chaos.h is for the chaos build only (link sw_internal, which defines SW_CHAOS)"
+#endif
+
+#include <streamwire/streamwire.h>
+
+/* Test-only: fn(s, arg) runs on the thread about to send a CREDIT for a
+ * stream of r, after the credit was decided (and the stream's lock
+ * released) and before it is addressed to the stream's worker: a test can
+ * hold that thread there, as a preemption would, while the stream
+ * migrates. NULL removes it. Set it before any stream is open. */
+void swx_router_on_credit(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg);
+
+#endif

@@ -43,6 +43,7 @@ sw_merge_opts_init(sw_merge_opts *o)
         return;
     memset(o, 0, sizeof(*o));
     o->max_streams = 64;
+    o->max_queued_bytes = SW_MERGE_MAX_QUEUED_DEFAULT;
 }
 
 /* A terminal the merge decides itself. */
@@ -119,6 +120,8 @@ sw_merge_create(sw_merge **out, const sw_merge_opts *o)
         m->o.index = sw_merge_index_header;
     if (m->o.max_streams == 0)
         m->o.max_streams = 64;
+    if (m->o.max_queued_bytes == 0)
+        m->o.max_queued_bytes = SW_MERGE_MAX_QUEUED_DEFAULT;
     m->incomplete = -1;
     swm_core_init(&m->core);
     pthread_mutex_init(&m->mu, NULL);
@@ -258,6 +261,16 @@ pull(sw_merge *m, size_t i)
             return -1;
         }
         swm_core_push(&m->core, i, q);
+        if (m->core.bytes > m->o.max_queued_bytes) {
+            /* Another stream's index is so far ahead that the items up to
+             * it do not fit (a hostile or broken index, or a frame larger
+             * than the application allowed). */
+            sw_terminal t = merge_term(SW_STATUS_ERROR, SW_EMSGSIZE, "payload_too_large",
+                                       "the items up to the merge's reference exceed "
+                                       "max_queued_bytes");
+            merge_end(m, &t, (long)i);
+            return -1;
+        }
         return 1;
     }
 }

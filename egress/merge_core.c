@@ -9,10 +9,12 @@ swm_item *
 swm_item_new(uint64_t start, uint64_t index, const void *data, size_t len, const char *event)
 {
     size_t el = event ? strlen(event) : 0;
-    swm_item *it = malloc(sizeof(*it) + len + el + 1);
+    size_t size = sizeof(swm_item) + len + el + 1;
+    swm_item *it = malloc(size);
     if (it == NULL)
         return NULL;
     it->next = NULL;
+    it->size = size;
     it->start = start;
     it->index = index;
     it->len = len;
@@ -57,6 +59,7 @@ swm_core_push(swm_core *c, size_t lane, swm_item *it)
         l->head = it;
     l->tail = it;
     l->n++;
+    c->bytes += it->size;
 }
 
 void
@@ -111,6 +114,7 @@ swm_core_take(swm_core *c, size_t lane, uint64_t reference, size_t *n)
     swm_item *first = l->head, *last = NULL, *it = l->head;
     *n = 0;
     while (it != NULL && it->index <= reference) {
+        c->bytes -= it->size;
         last = it;
         it = it->next;
         (*n)++;

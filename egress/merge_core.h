@@ -14,6 +14,7 @@ typedef struct swm_item {
     struct swm_item *next;
     uint64_t start, index;
     size_t len;
+    size_t size; /* the allocation, counted in swm_core.bytes while queued */
     const char *event;
     uint8_t data[];
 } swm_item;
@@ -27,6 +28,7 @@ typedef struct swm_lane {
 typedef struct swm_core {
     swm_lane *lanes;
     size_t n, cap;
+    size_t bytes; /* the queued items' allocations, all lanes */
 } swm_core;
 
 /* A new queued item: data copied, event copied ("" for NULL). NULL without memory. */
@@ -36,7 +38,7 @@ swm_item *swm_item_new(uint64_t start, uint64_t index, const void *data, size_t 
 void swm_core_init(swm_core *c);
 /* One more lane (stream); its number is returned in *lane. 0, or -1 without memory. */
 int swm_core_add(swm_core *c, size_t *lane);
-/* Appends an item to a lane (takes it). */
+/* Appends an item to a lane (takes it); c->bytes grows by it->size. */
 void swm_core_push(swm_core *c, size_t lane, swm_item *it);
 /* The lane's stream ended (completed or incomplete): it adds nothing more. */
 void swm_core_end(swm_core *c, size_t lane);
@@ -47,7 +49,8 @@ enum { SWM_NEED = 1, SWM_FRAME = 2, SWM_DONE = 3 };
  * ended and nothing is queued). */
 int swm_core_step(const swm_core *c, size_t *need, uint64_t *reference);
 /* Takes lane's items at the front whose index is <= reference: returns the
- * first (a list by next; the caller frees each) and their count in *n. */
+ * first (a list by next; the caller frees each) and their count in *n;
+ * c->bytes no longer counts them. */
 swm_item *swm_core_take(swm_core *c, size_t lane, uint64_t reference, size_t *n);
 /* Frees every queued item and the lanes. */
 void swm_core_fini(swm_core *c);

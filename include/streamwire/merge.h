@@ -13,10 +13,14 @@
  *      the reference; an item past it stays queued for the next frame;
  *   4. repeat until every stream ended; then one terminal.
  *
- * Frames are therefore bounded by the slowest stream. Memory is bounded by
- * the streams' credit windows: the merge reads a stream (blocking mode)
- * only while it needs that stream's items, so a stream that runs ahead
- * stops at its window. If a stream ends with anything but completed or
+ * Frames are therefore bounded by the slowest stream. Memory: the merge
+ * reads a stream (blocking mode) only while it needs that stream's items,
+ * so a stream that runs ahead stops at its credit window; what the merge
+ * itself holds (the items up to the reference, waiting for a frame) is
+ * bounded by max_queued_bytes: a stream whose index runs so far ahead that
+ * the others' items up to it do not fit ends the merged result with error
+ * payload_too_large (failed_stream: the stream whose item went over). If a
+ * stream ends with anything but completed or
  * incomplete, the merged result ends with that stream's terminal and the
  * other streams are cancelled. Exactly one terminal, as for every stream.
  *
@@ -58,8 +62,12 @@ SW_API int sw_merge_index_header(const sw_item *item, uint64_t *start, uint64_t 
 typedef struct sw_merge_opts {
     sw_merge_index_fn index; /* NULL = sw_merge_index_header */
     void *index_arg;
-    size_t max_streams; /* default 64 */
+    size_t max_streams;      /* default 64 */
+    size_t max_queued_bytes; /* 0 = SW_MERGE_MAX_QUEUED_DEFAULT (16 MiB): items held for
+                                frames, with ~48 bytes of overhead each */
 } sw_merge_opts;
+
+#define SW_MERGE_MAX_QUEUED_DEFAULT ((size_t)16 << 20)
 
 SW_API void sw_merge_opts_init(sw_merge_opts *o);
 SW_API SW_NODISCARD sw_err sw_merge_create(sw_merge **out, const sw_merge_opts *o);

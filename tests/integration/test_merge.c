@@ -83,6 +83,22 @@ handler(sw_responder *r, void *arg)
     (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
 }
 
+/* Waits (up to 3 s) until handlers saw at least n cancels; their count. */
+static int
+wait_cancelled(int n)
+{
+    int c = 0;
+    for (int i = 0; i < 300; i++) {
+        pthread_mutex_lock(&g_mu);
+        c = g_cancelled;
+        pthread_mutex_unlock(&g_mu);
+        if (c >= n)
+            break;
+        swh_sleep_ms(10);
+    }
+    return c;
+}
+
 static sw_merge *
 merge_of(const char *const *payloads, size_t n, int64_t deadline_ms)
 {
@@ -199,16 +215,52 @@ test_failing_stream_cancels_the_others(void **state)
     assert_int_equal(r.term.failed_stream, 1);
     sw_merge_destroy(m);
     /* the two long-running detectors were cancelled */
-    for (int i = 0; i < 300; i++) {
-        int c;
-        pthread_mutex_lock(&g_mu);
-        c = g_cancelled;
-        pthread_mutex_unlock(&g_mu);
-        if (c >= 2)
-            break;
-        swh_sleep_ms(10);
+    assert_int_equal(wait_cancelled(2), 2);
+}
+
+/* A stream whose first index is 10^9 while another counts up from 1: the
+ * merge must hold every item of the second until it reaches 10^9, which
+ * max_queued_bytes does not allow -- the merged result ends with
+ * payload_too_large (failed_stream: the stream whose item went over) and
+ * the stream still running is cancelled. Before, the merge kept reading
+ * and queueing without a bound. */
+static void
+test_far_index_is_bounded(void **state)
+{
+    const char *p[2] = {"raw:1000000000:dfar|", "1 100000 0 -1 0"};
+    sw_merge_opts mo;
+    sw_merge *m = NULL;
+    const sw_merge_frame *f;
+    (void)state;
+    pthread_mutex_lock(&g_mu);
+    g_cancelled = 0;
+    pthread_mutex_unlock(&g_mu);
+    sw_merge_opts_init(&mo);
+    assert_int_equal(mo.max_queued_bytes, SW_MERGE_MAX_QUEUED_DEFAULT);
+    mo.max_queued_bytes = 64 * 1024;
+    assert_int_equal(sw_merge_create(&m, &mo), SW_OK);
+    for (size_t i = 0; i < 2; i++) {
+        sw_request_opts q;
+        sw_stream *s = NULL;
+        sw_request_opts_init(&q);
+        q.endpoint = EP;
+        q.instance_id = "mw1";
+        sw_merge_request_opts(m, &q);
+        assert_int_equal(sw_router_open(&s, g_r, &q, p[i], strlen(p[i])), SW_OK);
+        assert_int_equal(sw_merge_add(m, s), SW_OK);
     }
-    assert_int_equal(g_cancelled, 2);
+    assert_int_equal(sw_merge_next(m, &f, T(15000)), SW_OK);
+    assert_int_equal(f->kind, SW_MERGE_TERMINAL); /* no frame could be made */
+    assert_int_equal(f->terminal.status, SW_STATUS_ERROR);
+    assert_int_equal(f->terminal.error, SW_EMSGSIZE);
+    assert_string_equal(f->terminal.reason, "payload_too_large");
+    assert_int_equal(f->failed_stream, 1);
+    assert_int_equal(f->frames, 0);
+    assert_int_equal(sw_merge_next(m, &f, 0), SW_EEOF);
+    sw_merge_destroy(m);
+    /* the counting detector was cancelled (>=: a hanging detector of the test
+     * before may notice its own cancel late) */
+    assert_true(wait_cancelled(1) >= 1);
 }
 
 static void
@@ -339,6 +391,7 @@ main(void)
         cmocka_unit_test(test_empty_and_slow),
         cmocka_unit_test(test_failing_stream_cancels_the_others),
         cmocka_unit_test(test_silent_stream_ends_at_its_deadline),
+        cmocka_unit_test(test_far_index_is_bounded),
         cmocka_unit_test(test_overlapping_and_ranges),
         cmocka_unit_test(test_bad_header_is_decode_error),
         cmocka_unit_test(test_api_errors),

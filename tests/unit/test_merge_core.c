@@ -56,8 +56,14 @@ run(script *sc, frame_log *fl)
             if (sc->next[need] < sc->n[need]) {
                 uint64_t v = sc->idx[need][sc->next[need]++];
                 char text[32];
+                size_t before = c.bytes;
+                swm_item *it;
                 snprintf(text, sizeof(text), "L%zu@%llu", need, (unsigned long long)v);
-                swm_core_push(&c, need, swm_item_new(0, v, text, strlen(text), NULL));
+                it = swm_item_new(0, v, text, strlen(text), NULL);
+                assert_non_null(it);
+                assert_int_equal(it->size, sizeof(swm_item) + strlen(text) + 1);
+                swm_core_push(&c, need, it);
+                assert_int_equal(c.bytes, before + it->size);
             } else {
                 swm_core_end(&c, need);
             }
@@ -70,9 +76,12 @@ run(script *sc, frame_log *fl)
         {
             int took_ref = 0;
             for (size_t i = 0; i < sc->lanes; i++) {
-                size_t cnt = 0;
+                size_t cnt = 0, before = c.bytes, freed = 0;
                 swm_item *it = swm_core_take(&c, i, ref, &cnt);
                 fl->counts[fl->nframes][i] = cnt;
+                for (swm_item *t = it; t != NULL; t = t->next)
+                    freed += t->size;
+                assert_int_equal(c.bytes, before - freed); /* what it holds, exactly */
                 while (it != NULL) {
                     swm_item *nx = it->next;
                     assert_true(it->index <= ref); /* nothing past the reference */
@@ -93,6 +102,7 @@ run(script *sc, frame_log *fl)
         for (size_t k = 0; k < sc->n[i]; k++)
             assert_int_equal(fl->got[i][k], sc->idx[i][k]);
     }
+    assert_int_equal(c.bytes, 0); /* everything taken */
     swm_core_fini(&c);
 }
 
@@ -112,6 +122,35 @@ test_design_doc_example(void **state)
     assert_int_equal(fl.ref[1], 90);
     assert_int_equal(fl.counts[1][0], 1);
     assert_int_equal(fl.counts[1][1], 2); /* 50, 90 */
+}
+
+/* A head far ahead (index 10^9) makes every item of the other lane wait in
+ * the queue: the core keeps asking for that lane, and c.bytes counts what
+ * it holds -- the figure sw_merge bounds with max_queued_bytes. */
+static void
+test_far_reference_queues(void **state)
+{
+    swm_core c;
+    size_t lane, need = 9, total = 0;
+    uint64_t ref = 0;
+    (void)state;
+    swm_core_init(&c);
+    assert_int_equal(swm_core_add(&c, &lane), 0);
+    assert_int_equal(swm_core_add(&c, &lane), 0);
+    swm_core_push(&c, 0, swm_item_new(0, 1000000000, "far", 3, NULL));
+    total += sizeof(swm_item) + 4;
+    for (uint64_t v = 1; v <= 1000; v++) {
+        assert_int_equal(swm_core_step(&c, &need, &ref), SWM_NEED);
+        assert_int_equal(need, 1);
+        swm_core_push(&c, 1, swm_item_new(0, v, "tok", 3, "ev"));
+        total += sizeof(swm_item) + 3 + 2 + 1;
+        assert_int_equal(c.bytes, total);
+    }
+    assert_int_equal(c.lanes[1].n, 1000);
+    swm_core_end(&c, 1);
+    assert_int_equal(swm_core_step(&c, &need, &ref), SWM_FRAME);
+    assert_int_equal(ref, 1000000000);
+    swm_core_fini(&c);
 }
 
 /* Chunks of 1, 5 and 20 characters over the same 40-character text. */
@@ -196,11 +235,9 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_design_doc_example),
-        cmocka_unit_test(test_chunk_sizes),
-        cmocka_unit_test(test_empty_and_short_streams),
-        cmocka_unit_test(test_overlapping_chunks),
-        cmocka_unit_test(test_random),
+        cmocka_unit_test(test_design_doc_example),   cmocka_unit_test(test_chunk_sizes),
+        cmocka_unit_test(test_far_reference_queues), cmocka_unit_test(test_empty_and_short_streams),
+        cmocka_unit_test(test_overlapping_chunks),   cmocka_unit_test(test_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -58,8 +58,9 @@ struct swg_loop {
     h2o_socket_t *listener;              /* NULL once closed (draining) */
     h2o_socket_t *wake_sock, *stop_sock; /* stop_sock: the first loop only */
     int wake_fd[2];
-    h2o_timeout_t ka_timeout;   /* keepalive_ms */
-    h2o_timeout_t tick_timeout; /* 100 ms: drain checks */
+    h2o_timeout_t ka_timeout;    /* keepalive_ms */
+    h2o_timeout_t tick_timeout;  /* 100 ms: drain checks */
+    h2o_timeout_t watch_timeout; /* SWG_WATCH_MS: HTTP/1 clients waiting for a whole answer */
     h2o_timeout_entry_t tick;
     pthread_mutex_t mu;        /* ready list, wake_pending */
     swg_rq *ready;             /* requests with something to take (mu) */
@@ -93,12 +94,17 @@ struct swg_rq {
     h2o_linklist_t active_link; /* on lp->active */
     h2o_linklist_t all_link;    /* on gw->all (gw->mu) */
     h2o_timeout_entry_t ka;
+    h2o_timeout_entry_t watch;      /* non-stream over HTTP/1: is the client still there? */
     struct swg_tok *tok;            /* in the request's pool: tells us when h2o disposes it */
     char trace_id[40];              /* of the traceparent sent to the worker */
     int64_t t_start_ms, t_first_ms; /* monotonic: the request, its first item (0: none) */
     int logged;                     /* its access-log line went out */
     char request_id[80];            /* X-Request-Id */
 };
+
+/* How often a non-stream request over HTTP/1 looks whether its client
+ * closed the connection (h2o reads nothing more from it meanwhile). */
+#define SWG_WATCH_MS 250
 
 /* response.c */
 void swg_rq_start(swg_loop *lp, h2o_req_t *req); /* POST /v1/responses */
@@ -116,6 +122,9 @@ void swg_rq_free(swg_rq *q);                    /* closes its stream, leaves eve
 void swg_wake(swg_loop *lp);                    /* any thread: the loop runs on_wake soon */
 void swg_rq_on_ready(sw_stream *s, void *arg);  /* library thread */
 void swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body /* stolen */);
+/* Sends a whole body (copied) with its Content-Length, after status, reason
+ * and headers were set; for HEAD, the headers alone. */
+void swg_send_whole(h2o_req_t *req, const char *body, size_t len);
 void swg_send_error(h2o_req_t *req, const swg_error *e);
 
 #endif

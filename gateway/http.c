@@ -38,13 +38,10 @@ static void
 send_text(h2o_req_t *req, int status, const char *reason, const char *type, const char *body,
           size_t len)
 {
-    static h2o_generator_t gen = {NULL, NULL};
-    h2o_iovec_t b = h2o_strdup(&req->pool, body, len);
     req->res.status = status;
     req->res.reason = reason;
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, type, strlen(type));
-    h2o_start_response(req, &gen);
-    h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
+    swg_send_whole(req, body, len);
 }
 
 static void
@@ -121,7 +118,12 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
         return 0;
     }
     if (!get) {
-        send_err(req, 405, "invalid_request_error", "method_not_allowed", "use GET");
+        /* 405 for a path that exists (GET only), 404 for any other */
+        if (is(p, "/v1/models") || is(p, "/healthz") || is(p, "/readyz") || is(p, "/") ||
+            (is(p, "/metrics") && lp->o->metrics != NULL))
+            send_err(req, 405, "invalid_request_error", "method_not_allowed", "use GET");
+        else
+            send_err(req, 404, "not_found_error", "not_found", "no such path");
         return 0;
     }
     if (is(p, "/v1/models")) {
@@ -389,6 +391,7 @@ loop_init(swg_loop *lp, int fd)
     h2o_timeout_init(lp->ctx.loop, &lp->ka_timeout,
                      (uint64_t)(o->keepalive_ms > 0 ? o->keepalive_ms : 1000));
     h2o_timeout_init(lp->ctx.loop, &lp->tick_timeout, 100);
+    h2o_timeout_init(lp->ctx.loop, &lp->watch_timeout, SWG_WATCH_MS);
     h2o_timeout_init(lp->ctx.loop, &lp->run_timeout, 0);
     lp->run_entry.cb = swg_run_queue;
     lp->tick.cb = on_tick;
@@ -452,6 +455,7 @@ loop_run(swg_loop *lp)
         h2o_evloop_run(lp->ctx.loop, 0);
     h2o_timeout_dispose(lp->ctx.loop, &lp->ka_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->tick_timeout);
+    h2o_timeout_dispose(lp->ctx.loop, &lp->watch_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->run_timeout);
     {
         h2o_evloop_t *loop = lp->ctx.loop;

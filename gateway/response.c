@@ -14,11 +14,13 @@
  * response.created waits for the first item, so a request that fails
  * before any response exists (no_instances, no_responders,
  * payload_too_large, overloaded) gets an `error` event instead. */
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
 
 #include <sodium.h>
 
@@ -30,22 +32,36 @@
 
 /* A whole JSON answer (js NULL: it could not be written; the response
  * ends in an error). The bytes are copied into the request's pool. */
+void
+swg_send_whole(h2o_req_t *req, const char *body, size_t len)
+{
+    static h2o_generator_t gen = {NULL, NULL};
+    h2o_iovec_t b;
+    /* A length, so HTTP/1.1 needs no chunks and keeps the connection. */
+    req->res.content_length = len;
+    h2o_start_response(req, &gen);
+    if (h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD"))) {
+        h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL); /* the headers alone */
+        return;
+    }
+    b = h2o_strdup(&req->pool, body, len);
+    h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
+}
+
 static void
 send_body(h2o_req_t *req, int status, const char *reason, const char *js, size_t len)
 {
     static h2o_generator_t gen = {NULL, NULL};
-    h2o_iovec_t b;
     req->res.status = status;
     req->res.reason = reason;
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
                    H2O_STRLIT("application/json"));
-    h2o_start_response(req, &gen);
     if (js == NULL) {
+        h2o_start_response(req, &gen);
         h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
         return;
     }
-    b = h2o_strdup(&req->pool, js, len);
-    h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
+    swg_send_whole(req, js, len);
 }
 
 void
@@ -68,6 +84,8 @@ reason_of(int status)
         return "Bad Request";
     case 404:
         return "Not Found";
+    case 405:
+        return "Method Not Allowed";
     case 413:
         return "Payload Too Large";
     case 429:
@@ -237,6 +255,8 @@ swg_rq_free(swg_rq *q)
     run_unlink(q);
     if (h2o_timeout_is_linked(&q->ka))
         h2o_timeout_unlink(&q->ka);
+    if (h2o_timeout_is_linked(&q->watch))
+        h2o_timeout_unlink(&q->watch);
     if (h2o_linklist_is_linked(&q->active_link))
         h2o_linklist_unlink(&q->active_link);
     swg_buf_free(&q->out);
@@ -597,10 +617,50 @@ static void
 rq_keepalive(h2o_timeout_entry_t *entry)
 {
     swg_rq *q = (swg_rq *)((char *)entry - offsetof(swg_rq, ka));
-    if (q->writing || q->ended || q->req == NULL)
+    if (q->ended || q->req == NULL)
         return;
+    if (q->writing) {
+        /* a write still under way (a slow reader): look again after
+         * another interval rather than never */
+        rq_ka_relink(q);
+        return;
+    }
     swg_sse_keepalive(&q->out);
     rq_flush(q, 0);
+}
+
+/* A non-stream request over HTTP/1: h2o reads nothing more from the
+ * connection until the answer is written, so a client that left would go
+ * unnoticed until then and its stream would run to its end. Every
+ * SWG_WATCH_MS the socket is peeked: end of file (or an error) is a client
+ * that left. Bytes waiting (a pipelined request) say nothing: look again. */
+static void
+rq_watch(h2o_timeout_entry_t *entry)
+{
+    swg_rq *q = (swg_rq *)((char *)entry - offsetof(swg_rq, watch));
+    h2o_socket_t *sock;
+    char c;
+    ssize_t n;
+    if (q->ended || q->req == NULL)
+        return;
+    sock = q->req->conn->callbacks->get_socket != NULL
+               ? q->req->conn->callbacks->get_socket(q->req->conn)
+               : NULL;
+    if (sock == NULL)
+        return;
+    n = recv(h2o_socket_get_fd(sock), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        /* The stream is cancelled (or, cancel-on-disconnect off, taken to
+         * its end unanswered); the request gets a last answer, so that h2o
+         * closes the connection and frees the request -- it would wait for
+         * one for ever. */
+        h2o_req_t *req = rq_take_req(q);
+        rq_gone(q);
+        h2o_send_error_generic(req, 499, "Client Closed Request", "client closed request\n",
+                               H2O_SEND_ERROR_HTTP1_CLOSE_CONNECTION);
+        return;
+    }
+    h2o_timeout_link(q->lp->ctx.loop, &q->lp->watch_timeout, &q->watch);
 }
 
 /* ---------------------------------------------------------------- start */
@@ -670,6 +730,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     q->gen.proceed = rq_proceed;
     q->gen.stop = rq_stop;
     q->ka.cb = rq_keepalive;
+    q->watch.cb = rq_watch;
     q->r.model = m->name;
     q->r.created_at = (int64_t)time(NULL);
     q->r.input_tokens = q->in.input_tokens;
@@ -741,9 +802,11 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         h2o_send(req, NULL, 0, H2O_SEND_STATE_IN_PROGRESS);
         return;
     }
-    /* non-stream: the answer goes at the end; a client that leaves before
-     * is noticed when h2o disposes the request (stop is not called without
-     * a started response), so the stream runs to its end. */
+    /* non-stream: the answer goes at the end. A client that leaves before is
+     * noticed when h2o disposes the request (h2: stop is not called without
+     * a started response), or, over HTTP/1, by rq_watch. */
+    if (req->version < 0x200)
+        h2o_timeout_link(lp->ctx.loop, &lp->watch_timeout, &q->watch);
     rq_pump(q, UINT_MAX);
 }
 

@@ -1083,6 +1083,126 @@ test_idle_and_slowloris(void **state)
     assert_int_equal(curl(NULL, "/healthz", NULL, g_out, sizeof(g_out)), 200);
 }
 
+/* Reads from fd until `want` occurrences of "HTTP/1.1 " have arrived and the
+ * last header block ended, or 5 s pass; the bytes, NUL-terminated. */
+static size_t
+read_responses(int fd, char *buf, size_t cap, int want)
+{
+    size_t got = 0;
+    int64_t until = swh_now_ms() + 5000 * swh_slow();
+    for (;;) {
+        ssize_t n;
+        int seen = 0;
+        const char *at = buf, *last = NULL;
+        buf[got] = '\0';
+        while ((at = strstr(at, "HTTP/1.1 ")) != NULL) {
+            seen++;
+            last = at++;
+        }
+        if (seen >= want && strstr(last, "\r\n\r\n") != NULL)
+            break;
+        if (swh_now_ms() > until || got + 1 >= cap)
+            break;
+        if ((n = read_some(fd, buf + got, cap - got, 200)) == 0)
+            break;
+        if (n > 0)
+            got += (size_t)n;
+    }
+    buf[got] = '\0';
+    return got;
+}
+
+/* HEAD gets the headers of GET and no body: over a kept-alive connection
+ * the next response follows the first one's headers at once (before, the
+ * page or the JSON body came after HEAD's headers, and a client read it as
+ * the next response). A method a path does not take is 405 with its own
+ * status line; an unknown path is 404 whatever the method. */
+static void
+test_head_and_methods(void **state)
+{
+    static char buf[1 << 16];
+    const char *p;
+    int fd;
+    (void)state;
+    fd = tcp_connect(g_gw);
+    assert_true(fd >= 0);
+    {
+        static const char two[] = "HEAD / HTTP/1.1\r\nHost: x\r\n\r\n"
+                                  "HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+                                  "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_int_equal(write(fd, two, sizeof(two) - 1), (ssize_t)(sizeof(two) - 1));
+    }
+    read_responses(fd, buf, sizeof(buf), 3);
+    close(fd);
+    /* 1: the playground's headers, its length, and nothing after them */
+    assert_memory_equal(buf, "HTTP/1.1 200 OK\r\n", 17);
+    assert_true(strstr(buf, "content-length: ") != NULL || strstr(buf, "Content-Length: ") != NULL);
+    p = strstr(buf, "\r\n\r\n");
+    assert_non_null(p);
+    assert_memory_equal(p + 4, "HTTP/1.1 200 OK\r\n", 17); /* 2 follows at once */
+    assert_null(strstr(buf, "<html"));
+    assert_null(strstr(buf, "<!doctype"));
+    p = strstr(p + 4, "\r\n\r\n");
+    assert_non_null(p);
+    assert_memory_equal(p + 4, "HTTP/1.1 200 OK\r\n", 17); /* 3 follows at once */
+    assert_null(strstr(buf, "\"object\":\"list\""));       /* no body of /v1/models */
+    p = strstr(p + 4, "\r\n\r\n");
+    assert_non_null(p);
+    assert_string_equal(p + 4, "ok\n"); /* GET still gets its body */
+
+    /* 405 for a path that exists, with its reason phrase; 404 otherwise */
+    fd = tcp_connect(g_gw);
+    assert_true(fd >= 0);
+    {
+        static const char req[] = "HEAD /v1/responses HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_int_equal(write(fd, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
+    }
+    read_responses(fd, buf, sizeof(buf), 1);
+    close(fd);
+    assert_memory_equal(buf, "HTTP/1.1 405 Method Not Allowed\r\n", 33);
+    assert_null(strstr(buf, "method_not_allowed")); /* HEAD: no JSON body */
+    assert_int_equal(curl(NULL, "/healthz", "{}", g_out, sizeof(g_out)), 405);
+    assert_non_null(strstr(g_out, "method_not_allowed"));
+    assert_int_equal(curl(NULL, "/nope", "{}", g_out, sizeof(g_out)), 404);
+    assert_non_null(strstr(g_out, "\"not_found\""));
+    assert_int_equal(curl("-X DELETE", "/v1/models/x", NULL, g_out, sizeof(g_out)), 404);
+}
+
+/* A non-stream request whose HTTP/1.1 client hangs up is cancelled: h2o
+ * reads nothing from the connection while the answer is pending, so the
+ * gateway peeks at it. The "busy" worker serves one request at a time
+ * (400 tokens, 4 s): once the first client has left, a second request is
+ * served -- before, the first ran its 4 s to the end for nobody and the
+ * second got 429 overloaded. */
+static void
+test_non_stream_client_leaves(void **state)
+{
+    static const char req[] = "POST /v1/responses HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Type: application/json\r\nContent-Length: 28\r\n\r\n"
+                              "{\"model\":\"busy\",\"input\":\"x\"}";
+    json_t *j;
+    int fd, code = 0;
+    (void)state;
+    fd = tcp_connect(g_gw);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
+    swh_sleep_ms(300); /* it is running */
+    close(fd);
+    /* the watch (every 250 ms) notices, the worker hears the cancel */
+    for (int64_t until = swh_now_ms() + 3000 * swh_slow(); swh_now_ms() < until;) {
+        swh_sleep_ms(250);
+        code = curl(NULL, "/v1/responses", "{\"model\":\"busy\",\"input\":\"x\"}", g_out,
+                    sizeof(g_out));
+        if (code != 429)
+            break;
+    }
+    assert_int_equal(code, 200);
+    j = json_loads(g_out, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "status", NULL), "completed");
+    json_decref(j);
+}
+
 /* A flood of headers, a giant header line, and garbage bytes: each gets a
  * 4xx or a closed connection, never a crash; the gateway stays healthy. */
 static void
@@ -1249,6 +1369,8 @@ main(void)
         cmocka_unit_test(test_models_health_ready_metrics),
         cmocka_unit_test(test_idle_and_slowloris),
         cmocka_unit_test(test_header_floods),
+        cmocka_unit_test(test_head_and_methods),
+        cmocka_unit_test(test_non_stream_client_leaves),
         cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_sigterm_drains),
     };

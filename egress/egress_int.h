@@ -233,6 +233,10 @@ void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
 /* The timer's look at one stream. */
 void swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet);
 void swe_dispatch(sw_stream *s);
+/* Ends s as sw_router_destroy ends every open stream: error "closed", a
+ * terminal held back by final_linger_ms released, delivered now (no lock
+ * held; frontend.c). */
+void swe_end_destroyed(sw_stream *s);
 /* Carries out an action set (no lock held). */
 void swe_apply(sw_stream *s, const swe_rx_act *act);
 

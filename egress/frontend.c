@@ -306,6 +306,19 @@ release_stream(void *s)
 }
 
 void
+swe_end_destroyed(sw_stream *s)
+{
+    /* A terminal held back by final_linger_ms goes out now: the timer
+     * that would have released it is gone. */
+    pthread_mutex_lock(&s->mu);
+    if (s->rx.term_state == SWE_TERM_QUEUED)
+        s->rx.term_ready_ms = 0;
+    pthread_mutex_unlock(&s->mu);
+    swe_stream_fail(s, SW_ECLOSED, "the router was destroyed", 1);
+    swe_dispatch(s);
+}
+
+void
 sw_router_destroy(sw_router *r)
 {
     swi_ptrvec vec = {NULL, 0, 0};
@@ -335,14 +348,7 @@ sw_router_destroy(sw_router *r)
     swe_snapshot(r, &vec, NULL);
     for (size_t i = 0; i < vec.n; i++) {
         sw_stream *s = SWE_AT(vec, i);
-        /* A terminal held back by final_linger_ms goes out now: the timer
-         * that would have released it is gone. */
-        pthread_mutex_lock(&s->mu);
-        if (s->rx.term_state == SWE_TERM_QUEUED)
-            s->rx.term_ready_ms = 0;
-        pthread_mutex_unlock(&s->mu);
-        swe_stream_fail(s, SW_ECLOSED, "the router was destroyed", 1);
-        swe_dispatch(s);
+        swe_end_destroyed(s);
         swe_stream_unref(s);
     }
     free(vec.v);

@@ -250,15 +250,10 @@ swe_migrate(sw_stream *s)
     pthread_mutex_unlock(&r->mu);
     if (closing) {
         /* sw_router_destroy: its sweep of the table no longer finds this
-         * stream (the old id left it above), so it ends here, as the sweep
-         * would have ended it; the ticker that would release a terminal
-         * held back by final_linger_ms is stopping. */
-        pthread_mutex_lock(&s->mu);
-        if (s->rx.term_state == SWE_TERM_QUEUED)
-            s->rx.term_ready_ms = 0;
-        pthread_mutex_unlock(&s->mu);
+         * stream (the old id left it above), so it ends here as the sweep
+         * would have ended it, once the move is given up. */
         mig_give_up(s, SW_ECLOSED, "the router was destroyed");
-        swe_dispatch(s);
+        swe_end_destroyed(s);
     }
     if (gone)
         goto out;

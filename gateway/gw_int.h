@@ -122,9 +122,11 @@ void swg_rq_free(swg_rq *q);                    /* closes its stream, leaves eve
 void swg_wake(swg_loop *lp);                    /* any thread: the loop runs on_wake soon */
 void swg_rq_on_ready(sw_stream *s, void *arg);  /* library thread */
 void swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body /* stolen */);
-/* Sends a whole body (copied) with its Content-Length, after status, reason
- * and headers were set; for HEAD, the headers alone. */
-void swg_send_whole(h2o_req_t *req, const char *body, size_t len);
+/* Sends a whole answer: status, reason, Content-Type, and the body (copied)
+ * with its Content-Length; for HEAD, the headers alone. body NULL: it
+ * could not be made, the response ends in an error. */
+void swg_send_whole(h2o_req_t *req, int status, const char *reason, const char *type,
+                    const char *body, size_t len);
 void swg_send_error(h2o_req_t *req, const swg_error *e);
 
 #endif

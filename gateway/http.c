@@ -35,16 +35,6 @@ is(h2o_iovec_t v, const char *s)
 }
 
 static void
-send_text(h2o_req_t *req, int status, const char *reason, const char *type, const char *body,
-          size_t len)
-{
-    req->res.status = status;
-    req->res.reason = reason;
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, type, strlen(type));
-    swg_send_whole(req, body, len);
-}
-
-static void
 send_err(h2o_req_t *req, int http, const char *type, const char *code, const char *msg)
 {
     swg_error e;
@@ -135,7 +125,7 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
                                             lp->o->models[i].endpoint));
         swg_send_json(req, 200, "OK", json_pack("{s:s, s:o}", "object", "list", "data", data));
     } else if (is(p, "/healthz")) {
-        send_text(req, 200, "OK", "text/plain", "ok\n", 3);
+        swg_send_whole(req, 200, "OK", "text/plain", "ok\n", 3);
     } else if (is(p, "/readyz")) {
         int conn = sw_conn_status(lp->o->conn) == SW_CONN_CONNECTED;
         int ready = conn && !lp->draining && models_ready(lp);
@@ -143,8 +133,8 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
                           : lp->draining ? "not ready: shutting down\n"
                           : !ready       ? "not ready: a model has no live instance\n"
                                          : "ready\n";
-        send_text(req, ready ? 200 : 503, ready ? "OK" : "Service Unavailable", "text/plain", why,
-                  strlen(why));
+        swg_send_whole(req, ready ? 200 : 503, ready ? "OK" : "Service Unavailable", "text/plain",
+                       why, strlen(why));
     } else if (is(p, "/metrics") && lp->o->metrics != NULL) {
         char *out = NULL;
         size_t len = 0;
@@ -161,14 +151,15 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
                 (int)len, out,
                 (unsigned long long)__atomic_load_n(&lp->gw->metrics_shed, __ATOMIC_RELAXED));
         if (n < 0)
-            send_text(req, 500, "Internal Server Error", "text/plain", "out of memory\n", 14);
+            swg_send_whole(req, 500, "Internal Server Error", "text/plain", "out of memory\n", 14);
         else
-            send_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", all, (size_t)n);
+            swg_send_whole(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", all,
+                           (size_t)n);
         free(all);
         free(out);
     } else if (is(p, "/")) {
-        send_text(req, 200, "OK", "text/html; charset=utf-8", swg_playground_html,
-                  strlen(swg_playground_html));
+        swg_send_whole(req, 200, "OK", "text/html; charset=utf-8", swg_playground_html,
+                       strlen(swg_playground_html));
     } else {
         send_err(req, 404, "not_found_error", "not_found", "no such path");
     }

@@ -30,13 +30,20 @@
 /* A client with this many items waiting for it is behind: metrics are shed. */
 #define SWG_BEHIND_ITEMS 8
 
-/* A whole JSON answer (js NULL: it could not be written; the response
- * ends in an error). The bytes are copied into the request's pool. */
 void
-swg_send_whole(h2o_req_t *req, const char *body, size_t len)
+swg_send_whole(h2o_req_t *req, int status, const char *reason, const char *type, const char *body,
+               size_t len)
 {
     static h2o_generator_t gen = {NULL, NULL};
     h2o_iovec_t b;
+    req->res.status = status;
+    req->res.reason = reason;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, type, strlen(type));
+    if (body == NULL) { /* it could not be written: the response ends in an error */
+        h2o_start_response(req, &gen);
+        h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
+        return;
+    }
     /* A length, so HTTP/1.1 needs no chunks and keeps the connection. */
     req->res.content_length = len;
     h2o_start_response(req, &gen);
@@ -48,20 +55,11 @@ swg_send_whole(h2o_req_t *req, const char *body, size_t len)
     h2o_send(req, &b, 1, H2O_SEND_STATE_FINAL);
 }
 
+/* A whole JSON answer (js NULL: it could not be written). */
 static void
 send_body(h2o_req_t *req, int status, const char *reason, const char *js, size_t len)
 {
-    static h2o_generator_t gen = {NULL, NULL};
-    req->res.status = status;
-    req->res.reason = reason;
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
-                   H2O_STRLIT("application/json"));
-    if (js == NULL) {
-        h2o_start_response(req, &gen);
-        h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
-        return;
-    }
-    swg_send_whole(req, js, len);
+    swg_send_whole(req, status, reason, "application/json", js, len);
 }
 
 void

@@ -90,12 +90,23 @@ swn_resp_beat_sooner(sw_responder *r)
 }
 
 /* A drain stopped without memory for a message and left items queued (r->mu
- * held): the timer publishes them on its next tick, before or after the
- * final was queued. */
+ * held): the timer publishes them on its next tick (resp_redrain), before
+ * or after the final was queued. */
 static int
 resp_stranded(const sw_responder *r)
 {
     return r->stranded && r->rg.pub_seq + 1 < r->rg.next_seq;
+}
+
+/* Publishes what a drain left for lack of memory (r->mu held). Only those
+ * items: others wait for the thread they were handed to (the sender thread
+ * coalesces). A stream abandoned without a final publishes nothing more
+ * (resp_drain's own rule). */
+static void
+resp_redrain(sw_responder *r)
+{
+    if (resp_stranded(r) && !r->sending && swn_ring_keeps(&r->rg))
+        swn_resp_run_drain(r);
 }
 
 /* When the timer next has to look at r (r->mu held): its deadline, its next
@@ -109,8 +120,6 @@ resp_plan_tick(sw_responder *r)
     if (r->closed) {
         /* nothing more to do */
     } else if (!r->terminated) {
-        if (resp_stranded(r))
-            due = 0;
         if (r->deadline_ms >= 0 && r->deadline_ms < due)
             due = r->deadline_ms;
         if (r->hb_ms != 0 && r->last_pub_ms + resp_beat_every(r) < due)
@@ -119,9 +128,9 @@ resp_plan_tick(sw_responder *r)
         due = r->done_ms + resp_linger_ms(r);
         if (resp_final_unacked(r) && r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
             due = r->last_pub_ms + (int64_t)r->hb_ms;
-        if (resp_stranded(r) && r->final_seq != 0)
-            due = 0;
     }
+    if (!r->closed && resp_stranded(r))
+        due = 0;
     swi_due_set(r->next_tick, due);
 }
 
@@ -316,10 +325,7 @@ ing_tick_one(sw_responder *r, int64_t now, swn_beats *beats)
             (void)swn_resp_send_failed(r, SW_DEADLINE_EXCEEDED, NULL, "the request deadline passed",
                                        SWN_BY_OTHER);
         } else {
-            /* Only items a drain left for lack of memory: others wait for
-             * the thread they were handed to (the sender thread coalesces). */
-            if (resp_stranded(r) && !r->sending && swn_ring_keeps(&r->rg))
-                swn_resp_run_drain(r);
+            resp_redrain(r);
             resp_heartbeat(r, now, beats);
         }
     } else if (r->terminated) {
@@ -327,8 +333,7 @@ ing_tick_one(sw_responder *r, int64_t now, swn_beats *beats)
          * (a silent stream would end in a lost-instance error). A final
          * never acknowledged: keep it for resend for a while, then let go.
          * Heartbeats go on meanwhile, so a lost final is asked for. */
-        if (resp_stranded(r) && r->final_seq != 0 && !r->sending && swn_ring_keeps(&r->rg))
-            swn_resp_run_drain(r);
+        resp_redrain(r);
         retire = now - r->done_ms >= resp_linger_ms(r);
         if (!retire && resp_final_unacked(r))
             resp_heartbeat(r, now, beats);

@@ -128,5 +128,7 @@ void swg_send_json(h2o_req_t *req, int status, const char *reason, json_t *body 
 void swg_send_whole(h2o_req_t *req, int status, const char *reason, const char *type,
                     const char *body, size_t len);
 void swg_send_error(h2o_req_t *req, const swg_error *e);
+/* e: 413 request_too_large, for a body over max_body bytes */
+void swg_error_too_large(swg_error *e, size_t max_body);
 
 #endif

@@ -46,6 +46,84 @@ send_err(h2o_req_t *req, int http, const char *type, const char *code, const cha
     swg_send_error(req, &e);
 }
 
+/* ---------------------------------------------------------------- h2o's own errors */
+
+/* h2o answers some requests itself before on_req sees them: a body over its
+ * limit (413, plain text), broken chunked encoding or a bad request line
+ * (400). This filter gives those answers the shape of ours -- an OpenAI
+ * error object, application/json -- so that a client parses every error
+ * the same way. It sits on the host's fallback path, where h2o's early
+ * answers go, and touches only those of 400 and over whose type is
+ * text/plain. */
+typedef struct errjson_os {
+    h2o_ostream_t super;
+    h2o_iovec_t body;
+    int sent;
+} errjson_os;
+
+static void
+errjson_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t n, h2o_send_state_t st)
+{
+    errjson_os *os = (errjson_os *)self;
+    (void)bufs;
+    (void)n;
+    if (!os->sent) {
+        os->sent = 1;
+        h2o_ostream_send_next(self, req, &os->body, 1, st);
+    } else {
+        h2o_ostream_send_next(self, req, NULL, 0, st);
+    }
+}
+
+typedef struct errjson_filter {
+    h2o_filter_t super;
+    const swg_opts *o;
+} errjson_filter;
+
+static void
+errjson_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+{
+    const swg_opts *o = ((errjson_filter *)self)->o;
+    ssize_t i = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    int st = req->res.status;
+    if (st >= 400 && i >= 0 &&
+        h2o_memis(req->res.headers.entries[i].value.base,
+                  req->res.headers.entries[i].value.len < 10 ? 0 : 10, "text/plain", 10)) {
+        swg_error e;
+        swg_buf b = {NULL, 0, 0, 0};
+        errjson_os *os;
+        memset(&e, 0, sizeof(e));
+        e.http = st;
+        e.type = st >= 500 ? "server_error" : "invalid_request_error";
+        switch (st) {
+        case 413:
+            swg_error_too_large(&e, o->max_body);
+            break;
+        case 400:
+            e.code = "bad_request";
+            snprintf(e.message, sizeof(e.message), "the HTTP request could not be read (%s)",
+                     req->res.reason != NULL ? req->res.reason : "invalid request");
+            break;
+        default:
+            e.code = st >= 500 ? "server_error" : "http_error";
+            snprintf(e.message, sizeof(e.message), "%s",
+                     req->res.reason != NULL ? req->res.reason : "error");
+            break;
+        }
+        swg_error_write(&b, &e);
+        if (!b.oom && (os = (errjson_os *)h2o_add_ostream(req, sizeof(*os), slot)) != NULL) {
+            os->super.do_send = errjson_send;
+            os->body = h2o_strdup(&req->pool, b.p, b.len);
+            os->sent = 0;
+            req->res.content_length = b.len;
+            req->res.headers.entries[i].value = h2o_iovec_init(H2O_STRLIT("application/json"));
+            slot = &os->super.next;
+        }
+        swg_buf_free(&b);
+    }
+    h2o_setup_next_ostream(req, slot);
+}
+
 /* 1 if every model has a live instance in the registry. */
 static int
 models_ready(swg_loop *lp)
@@ -513,11 +591,22 @@ swg_run(const swg_opts *o)
     pthread_mutex_init(&gw->mu, NULL);
     pthread_cond_init(&gw->init_cv, NULL);
     h2o_config_init(&gw->config);
-    gw->config.max_request_entity_size = o->max_body;
+    /* one byte over --max-body reaches swg_rq_start, which answers it; h2o
+     * refuses bodies further over itself (a chunked body's limit there is
+     * exclusive: max_body itself must pass) */
+    gw->config.max_request_entity_size = o->max_body < SIZE_MAX ? o->max_body + 1 : SIZE_MAX;
     host = h2o_config_register_host(&gw->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     path = h2o_config_register_path(host, "/", 0);
     h = h2o_create_handler(path, sizeof(*h));
     h->on_req = on_req;
+    /* h2o's own error answers: those to requests refused before they are
+     * routed go through the host's fallback path (ours, on "/", are JSON
+     * already, and /readyz's plain text stays so) */
+    {
+        errjson_filter *f = (errjson_filter *)h2o_create_filter(&host->fallback_path, sizeof(*f));
+        f->super.on_setup_ostream = errjson_setup;
+        f->o = o;
+    }
     h2o_linklist_init_anchor(&gw->all);
     for (unsigned i = 0; i < gw->nloops; i++) {
         swg_loop *lp = &gw->loops[i];

@@ -113,6 +113,17 @@ swg_send_error(h2o_req_t *req, const swg_error *e)
     send_buf(req, e->http, &b);
 }
 
+void
+swg_error_too_large(swg_error *e, size_t max_body)
+{
+    memset(e, 0, sizeof(*e));
+    e->http = 413;
+    e->type = "invalid_request_error";
+    e->code = "request_too_large";
+    snprintf(e->message, sizeof(e->message),
+             "the request body is over the gateway's limit of %zu bytes (--max-body)", max_body);
+}
+
 /* ---------------------------------------------------------------- access log */
 
 static int64_t
@@ -684,6 +695,50 @@ header(h2o_req_t *req, const char *name)
         .base;
 }
 
+/* 1 if s[0..n) is n lowercase hex digits, not all zero (when nonzero). */
+static int
+lhex(const char *s, size_t n, int nonzero)
+{
+    int any = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+        any |= s[i] != '0';
+    }
+    return any || !nonzero;
+}
+
+/* 1 if tp is a W3C traceparent (Trace Context, section 3.2):
+ * version-traceid-parentid-flags, lowercase hex, 2-32-16-2; version ff is
+ * invalid, version 00 has nothing after the flags, a later version may
+ * have more fields after a '-'; trace and parent ids are not all zero. */
+static int
+traceparent_ok(const char *tp)
+{
+    size_t n = strlen(tp);
+    if (n < 55 || tp[2] != '-' || tp[35] != '-' || tp[52] != '-')
+        return 0;
+    if (!lhex(tp, 2, 0) || memcmp(tp, "ff", 2) == 0 || !lhex(tp + 3, 32, 1) ||
+        !lhex(tp + 36, 16, 1) || !lhex(tp + 53, 2, 0))
+        return 0;
+    return memcmp(tp, "00", 2) == 0 ? n == 55 : n == 55 || tp[55] == '-';
+}
+
+/* 1 if rid is a request id we pass on and echo: 1 to cap-1 bytes of
+ * printable ASCII, no space (it goes into a header, a log and a NATS
+ * header). */
+static int
+request_id_ok(const char *rid, size_t cap)
+{
+    size_t n = strlen(rid);
+    if (n == 0 || n >= cap)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)rid[i] <= 0x20 || (unsigned char)rid[i] >= 0x7f)
+            return 0;
+    return 1;
+}
+
 void
 swg_rq_start(swg_loop *lp, h2o_req_t *req)
 {
@@ -699,6 +754,13 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     sw_err rv;
     if (q == NULL) {
         h2o_send_error_503(req, "Service Unavailable", "out of memory\n", 0);
+        return;
+    }
+    if (req->entity.len > o->max_body) {
+        /* h2o lets one byte more through (see swg_run) */
+        swg_error_too_large(&e, o->max_body);
+        swg_send_error(req, &e);
+        free(q);
         return;
     }
     if (swg_parse_request(req->entity.base ? req->entity.base : "", req->entity.len, &q->in, &e) !=
@@ -734,8 +796,10 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     q->r.input_tokens = q->in.input_tokens;
     q->r.metadata = q->in.metadata;
     q->t_start_ms = mono_ms();
-    /* W3C trace context: the client's, or a new one */
-    if ((tp = header(req, "traceparent")) == NULL || strlen(tp) >= sizeof(traceparent)) {
+    /* W3C trace context: the client's if well formed, else a new one (the
+     * specification's rule for a traceparent that does not parse) */
+    if ((tp = header(req, "traceparent")) == NULL || strlen(tp) >= sizeof(traceparent) ||
+        !traceparent_ok(tp)) {
         uint8_t rnd[24];
         char hex[49];
         static const char x[] = "0123456789abcdef";
@@ -750,9 +814,11 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     }
     hdr[nh].key = "traceparent";
     hdr[nh++].value = tp;
-    if (strlen(tp) >= 55 && tp[2] == '-' && tp[35] == '-')
-        snprintf(q->trace_id, sizeof(q->trace_id), "%.32s", tp + 3);
-    if ((rid = header(req, "x-request-id")) != NULL && strlen(rid) < sizeof(q->request_id)) {
+    snprintf(q->trace_id, sizeof(q->trace_id), "%.32s", tp + 3);
+    /* the client's request id if it is printable ASCII, else ours */
+    if ((rid = header(req, "x-request-id")) != NULL && !request_id_ok(rid, sizeof(q->request_id)))
+        rid = NULL;
+    if (rid != NULL) {
         hdr[nh].key = "x-request-id";
         hdr[nh++].value = rid;
     }

@@ -369,6 +369,113 @@ test_completed_http1(void **state)
     json_decref(j);
 }
 
+/* The gateway's access-log line for response id rid (earlier lines are
+ * skipped), parsed; NULL after 5 s. */
+static json_t *
+log_line_of(const char *rid)
+{
+    char line[1024];
+    while (swh_wait_line(g_gw_fd, "{", line, sizeof(line), 5000 * swh_slow()) == 0) {
+        json_t *j = json_loads(line, 0, NULL);
+        const char *r = j != NULL ? str_at(j, "response_id", NULL) : NULL;
+        if (r != NULL && strcmp(r, rid) == 0)
+            return j;
+        json_decref(j);
+    }
+    return NULL;
+}
+
+/* One streamed request with these extra curl arguments (headers); the
+ * response id (from the events) into rid, the x-request-id answered into
+ * xrid; returns its access-log line. */
+static json_t *
+traced(const char *extra, char *rid, size_t rcap, char *xrid, size_t xcap)
+{
+    char args[512];
+    const char *p, *e;
+    snprintf(args, sizeof(args), "-i %s", extra);
+    assert_int_equal(curl(args, "/v1/responses",
+                          "{\"model\":\"ok\",\"input\":\"x\",\"stream\":true}", g_out,
+                          sizeof(g_out)),
+                     200);
+    assert_non_null(p = strstr(g_out, "x-request-id: "));
+    p += 14;
+    assert_non_null(e = strstr(p, "\r\n"));
+    snprintf(xrid, xcap, "%.*s", (int)(e - p), p);
+    assert_non_null(p = strstr(g_out, "\"id\":\"resp_"));
+    p += 6;
+    assert_non_null(e = strchr(p, '"'));
+    snprintf(rid, rcap, "%.*s", (int)(e - p), p);
+    return log_line_of(rid);
+}
+
+static int
+hex32(const char *s)
+{
+    if (strlen(s) != 32)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* traceparent and X-Request-Id: a well-formed W3C traceparent is kept (its
+ * trace id is logged) and a printable request id is echoed; anything else
+ * is replaced by the gateway's own. Before, "zz" was kept (trace id ""),
+ * bytes that are not UTF-8 lost the access-log line, and a request id
+ * with a space or a 0xff byte was echoed back. */
+static void
+test_trace_headers(void **state)
+{
+    static const char *bad_tp[] = {
+        "zz",
+        "00-0af7651916cd43dd8448eb211c80319\xff-b7ad6b7169203331-01", /* not UTF-8 */
+        "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",    /* upper case */
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",    /* zero trace id */
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",    /* zero parent id */
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",    /* version ff */
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x",  /* 00 with more */
+        "00_0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    };
+    char extra[256], rid[96], xrid[128];
+    json_t *j;
+    (void)state;
+    j = traced("-H 'traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' "
+               "-H 'x-request-id: req-42_A.b'",
+               rid, sizeof(rid), xrid, sizeof(xrid));
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "trace_id", NULL), "0af7651916cd43dd8448eb211c80319c");
+    assert_string_equal(xrid, "req-42_A.b");
+    json_decref(j);
+    /* a later version may carry more fields */
+    j = traced("-H 'traceparent: 01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-xyz'", rid,
+               sizeof(rid), xrid, sizeof(xrid));
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "trace_id", NULL), "0af7651916cd43dd8448eb211c80319c");
+    assert_string_equal(xrid, rid); /* none given: the response id */
+    json_decref(j);
+    for (size_t i = 0; i < sizeof(bad_tp) / sizeof(bad_tp[0]); i++) {
+        snprintf(extra, sizeof(extra), "-H 'traceparent: %s'", bad_tp[i]);
+        j = traced(extra, rid, sizeof(rid), xrid, sizeof(xrid));
+        assert_non_null(j); /* the line is there */
+        assert_true(hex32(str_at(j, "trace_id", NULL)));
+        assert_string_not_equal(str_at(j, "trace_id", NULL), "0af7651916cd43dd8448eb211c80319c");
+        json_decref(j);
+    }
+    /* request ids that are not echoed */
+    {
+        static const char *bad_rid[] = {"a b", "caf\xc3\xa9", "x\xff"};
+        for (size_t i = 0; i < sizeof(bad_rid) / sizeof(bad_rid[0]); i++) {
+            snprintf(extra, sizeof(extra), "-H 'x-request-id: %s'", bad_rid[i]);
+            j = traced(extra, rid, sizeof(rid), xrid, sizeof(xrid));
+            assert_non_null(j);
+            assert_string_equal(xrid, rid);
+            json_decref(j);
+        }
+    }
+}
+
 static void
 test_completed_http2(void **state)
 {
@@ -720,6 +827,89 @@ test_pre_response_errors(void **state)
     /* wrong method, unknown path */
     assert_int_equal(curl(NULL, "/v1/responses", NULL, g_out, sizeof(g_out)), 405);
     assert_int_equal(curl(NULL, "/nope", NULL, g_out, sizeof(g_out)), 404);
+}
+
+/* A request body of exactly n bytes, valid JSON for the "ok" model, in a
+ * file; its "@path" for curl into arg. */
+static void
+body_of_size(size_t n, char *arg, size_t cap)
+{
+    static char b[70000];
+    char path[64];
+    assert_true(n < sizeof(b) && n > 40);
+    memset(b, 'a', n);
+    memcpy(b, "{\"model\":\"ok\",\"input\":\"", 23);
+    memcpy(b + n - 2, "\"}", 2);
+    b[n] = '\0';
+    snprintf(path, sizeof(path), "/tmp/sw-gw-body-%d-%zu", (int)getpid(), n);
+    assert_int_equal(swh_write_file(path, b), 0);
+    snprintf(arg, cap, "@%s", path);
+}
+
+static void
+expect_too_large(const char *extra, const char *arg)
+{
+    json_t *j;
+    assert_int_equal(curl(extra, "/v1/responses", arg, g_out, sizeof(g_out)), 413);
+    j = json_loads(g_out, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "error", "code"), "request_too_large");
+    assert_string_equal(str_at(j, "error", "type"), "invalid_request_error");
+    assert_non_null(strstr(str_at(j, "error", "message"), "65536"));
+    json_decref(j);
+}
+
+/* --max-body 65536: a body of exactly that many bytes is served however it
+ * is sent (a chunked one was refused); one byte more, or far more, gets a
+ * 413 with an OpenAI error object (h2o's plain-text page before), over
+ * HTTP/1.1 with Content-Length or chunked and over h2c. A broken chunked
+ * body gets a JSON 400. */
+static void
+test_body_limit(void **state)
+{
+    char at[96], over[96], far[96], cmd[512];
+    json_t *j;
+    (void)state;
+    body_of_size(65536, at, sizeof(at));
+    body_of_size(65537, over, sizeof(over));
+    body_of_size(69999, far, sizeof(far));
+    assert_int_equal(curl(NULL, "/v1/responses", at, g_out, sizeof(g_out)), 200);
+    assert_int_equal(
+        curl("-H 'transfer-encoding: chunked'", "/v1/responses", at, g_out, sizeof(g_out)), 200);
+    j = json_loads(g_out, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "status", NULL), "completed");
+    json_decref(j);
+    assert_int_equal(curl("--http2-prior-knowledge", "/v1/responses", at, g_out, sizeof(g_out)),
+                     200);
+    expect_too_large(NULL, over);
+    expect_too_large("-H 'transfer-encoding: chunked'", over);
+    expect_too_large("--http2-prior-knowledge", over);
+    expect_too_large(NULL, far);
+    expect_too_large("-H 'transfer-encoding: chunked'", far);
+    for (const char *a = at; a != NULL; a = a == at ? over : a == over ? far : NULL)
+        unlink(strchr(a, '@') + 1);
+    /* broken chunked encoding */
+    snprintf(cmd, sizeof(cmd),
+             "printf 'POST /v1/responses HTTP/1.1\\r\\nHost: x\\r\\nTransfer-Encoding: "
+             "chunked\\r\\n\\r\\nzz\\r\\n' | curl -s -m 10 telnet://%s 2>/dev/null",
+             g_gw);
+    {
+        FILE *p = popen(cmd, "r");
+        size_t n;
+        char *body;
+        assert_non_null(p);
+        n = fread(g_out, 1, sizeof(g_out) - 1, p);
+        g_out[n] = '\0';
+        pclose(p);
+        assert_non_null(strstr(g_out, "HTTP/1.1 400"));
+        assert_non_null(strstr(g_out, "application/json"));
+        assert_non_null(body = strstr(g_out, "\r\n\r\n"));
+        j = json_loads(body + 4, 0, NULL);
+        assert_non_null(j);
+        assert_string_equal(str_at(j, "error", "code"), "bad_request");
+        json_decref(j);
+    }
 }
 
 /* The cancel endpoint: the stream ends response.incomplete, status
@@ -1352,11 +1542,13 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_completed_http1),
         cmocka_unit_test(test_completed_http2),
+        cmocka_unit_test(test_trace_headers),
         cmocka_unit_test(test_incomplete_max_tokens),
         cmocka_unit_test(test_failed),
         cmocka_unit_test(test_stream_incomplete_hang),
         cmocka_unit_test(test_non_stream),
         cmocka_unit_test(test_pre_response_errors),
+        cmocka_unit_test(test_body_limit),
         cmocka_unit_test(test_refusal),
         cmocka_unit_test(test_metrics_events),
         cmocka_unit_test(test_slow_client_sheds_metrics),

@@ -215,10 +215,14 @@ swe_on_msg(const swt_msg *msg, void *arg)
     if (msg->no_responders) {
         /* A sealed cluster does not re-send on "no responders" alone: that
          * status is not sealed (anyone may forge it), and a second instance
-         * must never run a request the first may still be running. */
-        if (sw_conn_sealed(r->conn) || !swe_reroute(s))
-            swe_stream_fail(s, SW_NO_RESPONDERS, "no worker is subscribed to the request subject",
-                            0);
+         * must never run a request the first may still be running.
+         * Unsealed: a first request is re-routed once; a migrated one
+         * migrates again while it may. */
+        static const char nobody[] = "no worker is subscribed to the request subject";
+        if (sw_conn_sealed(r->conn))
+            swe_stream_fail(s, SW_NO_RESPONDERS, nobody, 0);
+        else if (!swe_reroute(s))
+            swe_stream_no_responders(s, nobody);
         swe_stream_unref(s);
         return;
     }

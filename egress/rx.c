@@ -168,12 +168,10 @@ rx_migrate(swe_rx *rx, sw_err why, int from_final, swe_rx_act *act)
     return 1;
 }
 
-/* Ends the stream with a synthesized error, adding to act. */
+/* Ends the stream with a synthesized error, no migration, adding to act. */
 static int
-rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
+rx_end_error(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
 {
-    if (rx_migrate(rx, err, 0, act))
-        return 0;
     if (!rx_set_terminal(rx, SW_STATUS_ERROR, err, NULL, msg, 0, 0, now))
         return 0;
     act->ended = 1;
@@ -182,11 +180,33 @@ rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_a
     return 1;
 }
 
+/* Ends the stream with a synthesized error, adding to act; a loss that
+ * migration repairs migrates instead. */
+static int
+rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
+{
+    if (rx_migrate(rx, err, 0, act))
+        return 0;
+    return rx_end_error(rx, err, msg, kill, now, act);
+}
+
 int
 swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
 {
     act_zero(rx, act);
     return rx_fail(rx, err, msg, kill, now, act);
+}
+
+int
+swe_rx_no_responders(swe_rx *rx, const char *msg, int64_t now, swe_rx_act *act)
+{
+    act_zero(rx, act);
+    /* The instance a migration picked went away between the pick and the
+     * publish. Nothing ran the request, so it moves on as from a lost
+     * instance, with nothing there to cancel. */
+    if (rx->gen > 0 && rx_migrate(rx, SW_INSTANCE_LOST, 1, act))
+        return 0;
+    return rx_end_error(rx, SW_NO_RESPONDERS, msg, 0, now, act);
 }
 
 int

@@ -232,6 +232,14 @@ void swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *ac
  * should be told to stop. */
 int swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act);
 
+/* "No responders" came back for the request (the caller has already tried
+ * its one re-route of a first request). A migrated request (gen > 0)
+ * migrates again, as after instance_lost, while migrations are left (the
+ * instance the migration picked went away before the publish); otherwise
+ * the stream ends with no_responders. Returns 1 if this decided the
+ * terminal. Unsealed clusters only: the status is not authenticated. */
+int swe_rx_no_responders(swe_rx *rx, const char *msg, int64_t now, swe_rx_act *act);
+
 /* The consumer cancels (kill: and asks the worker to drop everything).
  * Queued data is dropped. Returns 1 if this decided the terminal. */
 int swe_rx_cancel(swe_rx *rx, int kill);

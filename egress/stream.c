@@ -118,10 +118,37 @@ swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now)
     }
 }
 
+/* Applies what a failure decided (set: it decided the terminal). */
+static void
+st_failed(sw_stream *s, sw_err err, int set, swe_rx_act *act)
+{
+    char tag[SWI_LOGTAG_MAX];
+    if (act->migrate) {
+        swe_apply(s, act);
+        return;
+    }
+    if (!set)
+        return;
+    swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", swe_logtag(s, tag), sw_err_name(err));
+    swe_apply(s, act);
+}
+
+void
+swe_stream_no_responders(sw_stream *s, const char *msg)
+{
+    swe_rx_act act;
+    int set;
+    memset(&act, 0, sizeof(act));
+    pthread_mutex_lock(&s->mu);
+    set = swe_rx_no_responders(&s->rx, msg, swi_now_ms(), &act);
+    st_plan_tick(s);
+    pthread_mutex_unlock(&s->mu);
+    st_failed(s, SW_NO_RESPONDERS, set, &act);
+}
+
 void
 swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill)
 {
-    char tag[SWI_LOGTAG_MAX];
     swe_rx_act act;
     int set;
     memset(&act, 0, sizeof(act));
@@ -129,14 +156,7 @@ swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill)
     set = swe_rx_fail(&s->rx, err, msg, kill, swi_now_ms(), &act);
     st_plan_tick(s);
     pthread_mutex_unlock(&s->mu);
-    if (act.migrate) {
-        swe_apply(s, &act);
-        return;
-    }
-    if (!set)
-        return;
-    swi_log(&s->r->log, SW_LOG_DEBUG, "stream %s: %s", swe_logtag(s, tag), sw_err_name(err));
-    swe_apply(s, &act);
+    st_failed(s, err, set, &act);
 }
 
 void

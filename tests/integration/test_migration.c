@@ -70,6 +70,7 @@ typedef struct world {
     char err_path[MAXW][512];
     int nw;
     const char *interval; /* the workers' --token-interval-ms (NULL: 20) */
+    int least;            /* the router picks least_inflight (else round_robin) */
     sw_conn *conn;
     sw_registry *reg;
     sw_router *rt;
@@ -147,7 +148,7 @@ world_frontend(world *w, const char *key)
     assert_int_equal(sw_registry_open(&w->reg, w->conn, &go), SW_OK);
     sw_router_opts_init(&ro);
     ro.registry = w->reg;
-    ro.policy = SW_POLICY_ROUND_ROBIN;
+    ro.policy = w->least ? SW_POLICY_LEAST_INFLIGHT : SW_POLICY_ROUND_ROBIN;
     ro.migration_limit = 2;
     ro.log = log_cb;
     ro.log_arg = (void *)"router";
@@ -542,6 +543,61 @@ cancel_during_migration(void **state)
     sw_stream_close(s);
 }
 
+/* The instance a migration picks has just died (killed while the migrate
+ * callback runs, before the pick; still listed): its request meets "no
+ * responders", and the stream migrates again, to the third, instead of
+ * ending with no_responders as it did. The router picks the least loaded:
+ * the stream runs on a, a second one (never read) holds b, so the
+ * migration picks c -- killed -- and then b. */
+static void
+dead_pick_migrates_again(void **state)
+{
+    world *w = *state;
+    coll c;
+    gate g;
+    sw_request_opts o;
+    sw_stream *s, *s2 = NULL;
+    int a, b, k;
+    char want[64];
+    gate_init(&g);
+    w->least = 1;
+    for (int i = 0; i < 3; i++)
+        world_worker(w, NULL);
+    world_frontend(w, NULL);
+    coll_init(&c);
+    s = open_stream(w, &c, 2, 0, gate_migrate, &g);
+    coll_wait(&c, 10, T(10000));
+    a = serving(w, &c);
+    sw_request_opts_init(&o);
+    o.endpoint = EP;
+    assert_int_equal(sw_router_open(&s2, w->rt, &o, "hello", 5), SW_OK);
+    b = world_index(w, sw_stream_instance_id(s2));
+    if (b < 0 || b == a)
+        sw_stream_close(s); /* before the assertion: c is on this stack */
+    assert_true(b >= 0 && b != a);
+    k = 3 - a - b;
+    swh_kill(w->pid[a], SIGKILL);
+    gate_wait_entered(&g);
+    swh_kill(w->pid[k], SIGKILL);
+    assert_int_equal(swh_wait_exit(w->pid[k], (int)T(5000), NULL), 0);
+    w->pid[k] = 0;
+    swh_sleep_ms(300); /* the server has dropped its subscriptions */
+    gate_release(&g);
+    coll_wait(&c, -1, T(20000));
+    swh_sleep_ms(100);
+    sw_stream_close(s);
+    sw_stream_close(s2);
+    assert_int_equal(c.bad, 0);
+    assert_int_equal(c.n, TOKENS);
+    assert_int_equal(c.terminals, 1);
+    assert_int_equal(c.status, SW_STATUS_COMPLETED);
+    assert_int_equal(c.migrations, 2);
+    snprintf(want, sizeof(want), "%s,%s,%s", w->id[a], w->id[k], w->id[b]);
+    assert_string_equal(c.instances, want);
+    assert_string_equal(c.last_inst, w->id[b]);
+    assert_int_equal(g.calls, 2);
+}
+
 static void *
 destroy_main(void *arg)
 {
@@ -894,6 +950,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(no_other_instance, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(cancel_during_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(destroy_during_migration, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(dead_pick_migrates_again, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(stale_credit_after_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(callback_rebuilds_prompt, world_setup, world_teardown),

@@ -1304,6 +1304,65 @@ test_migrate_continues_sequence(void **state)
     swe_rx_fini(&rx);
 }
 
+/* "No responders": a first request ends with no_responders; a migrated
+ * one (the instance picked went away before the publish) migrates again,
+ * as from a lost instance with nothing to cancel, while migrations are
+ * left, then ends with no_responders. */
+static void
+test_no_responders_after_migration(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    /* a first request: no migration */
+    start_migrating(&rx, 2, 0);
+    assert_int_equal(swe_rx_no_responders(&rx, "nobody", 1001, &a), 1);
+    assert_true(a.ended);
+    assert_false(a.migrate || a.kill);
+    assert_int_equal(drain(&rx, 1001, seqs, 16, &t), 0);
+    assert_int_equal(t.status, SW_STATUS_ERROR);
+    assert_int_equal(t.error, SW_NO_RESPONDERS);
+    assert_int_equal(t.migrations, 0);
+    swe_rx_fini(&rx);
+    /* migrated once; the second instance had gone */
+    start_migrating(&rx, 2, 0);
+    data(&rx, 1, 1001);
+    data(&rx, 2, 1002);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);
+    assert_true(a.migrate);
+    swe_rx_migrated(&rx, 1200);
+    assert_int_equal(swe_rx_no_responders(&rx, "nobody", 1201, &a), 0);
+    assert_true(a.migrate);
+    assert_false(a.ended || a.kill);
+    assert_true(rx.migrating);
+    assert_int_equal(rx.mig_why, SW_INSTANCE_LOST);
+    assert_int_equal(rx.mig_from_final, 1); /* nothing to cancel */
+    swe_rx_migrated(&rx, 1300);
+    assert_int_equal(rx.gen, 2);
+    data_as(&rx, 1, 3, 1301);
+    a = final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 1302);
+    assert_int_equal(drain(&rx, 1302, seqs, 16, &t), 3);
+    assert_seqs(seqs, 3, 1);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_int_equal(t.migrations, 2);
+    swe_rx_fini(&rx);
+    /* no migration left: no_responders */
+    start_migrating(&rx, 1, 0);
+    data(&rx, 1, 1001);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);
+    swe_rx_migrated(&rx, 1200);
+    assert_int_equal(swe_rx_no_responders(&rx, "nobody", 1201, &a), 1);
+    assert_true(a.ended);
+    assert_false(a.migrate);
+    assert_int_equal(drain(&rx, 1201, seqs, 16, &t), 1);
+    assert_int_equal(t.status, SW_STATUS_ERROR);
+    assert_int_equal(t.error, SW_NO_RESPONDERS);
+    assert_int_equal(t.migrations, 1);
+    swe_rx_fini(&rx);
+}
+
 /* Silence (stream_incomplete) migrates too; a worker's final instance_lost
  * (it drains) hands the stream back once every item before it arrived. */
 static void
@@ -1859,6 +1918,7 @@ main(void)
         cmocka_unit_test(test_migrate_limit),
         cmocka_unit_test(test_migrate_never_on_other_ends),
         cmocka_unit_test(test_migration_failed),
+        cmocka_unit_test(test_no_responders_after_migration),
         cmocka_unit_test(test_migrate_credit_bound),
         cmocka_unit_test(test_migrate_history),
     };

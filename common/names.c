@@ -79,7 +79,8 @@ swi_trace_id(const char *tp, char out[SWI_TRACE_ID_LEN + 1])
         return 0;
     if (!swi_lower_hex(tp, 2, &zero) || (tp[0] == 'f' && tp[1] == 'f'))
         return 0;
-    if (tp[0] == '0' && tp[1] == '0' && tp[55] != '\0') /* version 00 is exactly 55 long */
+    /* version 00 is exactly 55 long; a later one may go on after a '-' */
+    if (tp[55] != '\0' && ((tp[0] == '0' && tp[1] == '0') || tp[55] != '-'))
         return 0;
     if (!swi_lower_hex(tp + 3, 32, &zero) || zero)
         return 0;

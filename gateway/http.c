@@ -49,12 +49,13 @@ send_err(h2o_req_t *req, int http, const char *type, const char *code, const cha
 /* ---------------------------------------------------------------- h2o's own errors */
 
 /* h2o answers some requests itself before on_req sees them: a body over its
- * limit (413, plain text), broken chunked encoding or a bad request line
- * (400). This filter gives those answers the shape of ours -- an OpenAI
- * error object, application/json -- so that a client parses every error
- * the same way. It sits on the host's fallback path, where h2o's early
- * answers go, and touches only those of 400 and over whose type is
- * text/plain. */
+ * limit (413, plain text), broken chunked encoding (400), an Expect it does
+ * not know (417), a bad header over h2c (400). (A request line or headers
+ * it cannot parse at all over HTTP/1.1 get a fixed answer written straight
+ * to the socket, which no filter sees.) This filter gives those answers the shape of ours -- an
+ * OpenAI error object, application/json -- so that a client parses every error the same way. It
+ * sits on the host's fallback path, where h2o's early answers go, and touches only those of 400 and
+ * over whose type is text/plain. */
 typedef struct errjson_os {
     h2o_ostream_t super;
     h2o_iovec_t body;
@@ -67,7 +68,7 @@ errjson_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t n, h
     errjson_os *os = (errjson_os *)self;
     (void)bufs;
     (void)n;
-    if (!os->sent) {
+    if (!os->sent && os->body.len != 0) {
         os->sent = 1;
         h2o_ostream_send_next(self, req, &os->body, 1, st);
     } else {
@@ -113,7 +114,10 @@ errjson_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
         swg_error_write(&b, &e);
         if (!b.oom && (os = (errjson_os *)h2o_add_ostream(req, sizeof(*os), slot)) != NULL) {
             os->super.do_send = errjson_send;
-            os->body = h2o_strdup(&req->pool, b.p, b.len);
+            /* HEAD: the headers say what GET would get; no body */
+            os->body = h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD"))
+                           ? h2o_iovec_init(NULL, 0)
+                           : h2o_strdup(&req->pool, b.p, b.len);
             os->sent = 0;
             req->res.content_length = b.len;
             req->res.headers.entries[i].value = h2o_iovec_init(H2O_STRLIT("application/json"));

@@ -24,6 +24,7 @@
 
 #include <sodium.h>
 
+#include "common/sw_common.h"
 #include "gateway/gw_int.h"
 
 #define SWG_ROUND_BYTES (64 * 1024) /* events taken per round, at most (about) */
@@ -695,35 +696,6 @@ header(h2o_req_t *req, const char *name)
         .base;
 }
 
-/* 1 if s[0..n) is n lowercase hex digits, not all zero (when nonzero). */
-static int
-lhex(const char *s, size_t n, int nonzero)
-{
-    int any = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-            return 0;
-        any |= s[i] != '0';
-    }
-    return any || !nonzero;
-}
-
-/* 1 if tp is a W3C traceparent (Trace Context, section 3.2):
- * version-traceid-parentid-flags, lowercase hex, 2-32-16-2; version ff is
- * invalid, version 00 has nothing after the flags, a later version may
- * have more fields after a '-'; trace and parent ids are not all zero. */
-static int
-traceparent_ok(const char *tp)
-{
-    size_t n = strlen(tp);
-    if (n < 55 || tp[2] != '-' || tp[35] != '-' || tp[52] != '-')
-        return 0;
-    if (!lhex(tp, 2, 0) || memcmp(tp, "ff", 2) == 0 || !lhex(tp + 3, 32, 1) ||
-        !lhex(tp + 36, 16, 1) || !lhex(tp + 53, 2, 0))
-        return 0;
-    return memcmp(tp, "00", 2) == 0 ? n == 55 : n == 55 || tp[55] == '-';
-}
-
 /* 1 if rid is a request id we pass on and echo: 1 to cap-1 bytes of
  * printable ASCII, no space (it goes into a header, a log and a NATS
  * header). */
@@ -796,25 +768,31 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     q->r.input_tokens = q->in.input_tokens;
     q->r.metadata = q->in.metadata;
     q->t_start_ms = mono_ms();
-    /* W3C trace context: the client's if well formed, else a new one (the
-     * specification's rule for a traceparent that does not parse) */
-    if ((tp = header(req, "traceparent")) == NULL || strlen(tp) >= sizeof(traceparent) ||
-        !traceparent_ok(tp)) {
+    /* W3C trace context: the client's if well formed (swi_trace_id: the
+     * specification's parsing), else a new one, as the specification says
+     * for a traceparent that does not parse. A later version is passed on
+     * as version 00 of the same trace (its first 55 characters are 00's
+     * fields; what follows is not ours to forward). */
+    if ((tp = header(req, "traceparent")) == NULL || !swi_trace_id(tp, q->trace_id)) {
         uint8_t rnd[24];
         char hex[49];
         static const char x[] = "0123456789abcdef";
-        randombytes_buf(rnd, sizeof(rnd));
-        for (size_t i = 0; i < sizeof(rnd); i++) {
-            hex[2 * i] = x[rnd[i] >> 4];
-            hex[2 * i + 1] = x[rnd[i] & 15];
-        }
-        hex[48] = '\0';
-        snprintf(traceparent, sizeof(traceparent), "00-%.32s-%.16s-01", hex, hex + 32);
+        do {
+            randombytes_buf(rnd, sizeof(rnd));
+            for (size_t i = 0; i < sizeof(rnd); i++) {
+                hex[2 * i] = x[rnd[i] >> 4];
+                hex[2 * i + 1] = x[rnd[i] & 15];
+            }
+            hex[48] = '\0';
+            snprintf(traceparent, sizeof(traceparent), "00-%.32s-%.16s-01", hex, hex + 32);
+        } while (!swi_trace_id(traceparent, q->trace_id)); /* all zero: 2^-64 */
+        tp = traceparent;
+    } else if (tp[0] != '0' || tp[1] != '0') {
+        snprintf(traceparent, sizeof(traceparent), "00-%.52s", tp + 3);
         tp = traceparent;
     }
     hdr[nh].key = "traceparent";
     hdr[nh++].value = tp;
-    snprintf(q->trace_id, sizeof(q->trace_id), "%.32s", tp + 3);
     /* the client's request id if it is printable ASCII, else ours */
     if ((rid = header(req, "x-request-id")) != NULL && !request_id_ok(rid, sizeof(q->request_id)))
         rid = NULL;

@@ -455,6 +455,13 @@ test_trace_headers(void **state)
     assert_string_equal(str_at(j, "trace_id", NULL), "0af7651916cd43dd8448eb211c80319c");
     assert_string_equal(xrid, rid); /* none given: the response id */
     json_decref(j);
+    /* ... however long (the gateway kept 63 bytes at most) */
+    j = traced("-H 'traceparent: "
+               "02-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-0123456789abcdef-more'",
+               rid, sizeof(rid), xrid, sizeof(xrid));
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "trace_id", NULL), "0af7651916cd43dd8448eb211c80319c");
+    json_decref(j);
     for (size_t i = 0; i < sizeof(bad_tp) / sizeof(bad_tp[0]); i++) {
         snprintf(extra, sizeof(extra), "-H 'traceparent: %s'", bad_tp[i]);
         j = traced(extra, rid, sizeof(rid), xrid, sizeof(xrid));
@@ -859,15 +866,31 @@ expect_too_large(const char *extra, const char *arg)
     json_decref(j);
 }
 
+/* Sends a raw HTTP/1.1 request (printf-escaped) to the gateway; the answer
+ * into g_out. */
+static void
+raw_exchange(const char *req)
+{
+    char cmd[512];
+    FILE *p;
+    size_t n;
+    snprintf(cmd, sizeof(cmd), "printf '%s' | curl -s -m 10 telnet://%s 2>/dev/null", req, g_gw);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    n = fread(g_out, 1, sizeof(g_out) - 1, p);
+    g_out[n] = '\0';
+    pclose(p);
+}
+
 /* --max-body 65536: a body of exactly that many bytes is served however it
  * is sent (a chunked one was refused); one byte more, or far more, gets a
  * 413 with an OpenAI error object (h2o's plain-text page before), over
  * HTTP/1.1 with Content-Length or chunked and over h2c. A broken chunked
- * body gets a JSON 400. */
+ * body gets a JSON 400; HEAD gets the headers only. */
 static void
 test_body_limit(void **state)
 {
-    char at[96], over[96], far[96], cmd[512];
+    char at[96], over[96], far[96], cmd[512], *body;
     json_t *j;
     (void)state;
     body_of_size(65536, at, sizeof(at));
@@ -890,25 +913,36 @@ test_body_limit(void **state)
     for (const char *a = at; a != NULL; a = a == at ? over : a == over ? far : NULL)
         unlink(strchr(a, '@') + 1);
     /* broken chunked encoding */
+    raw_exchange("POST /v1/responses HTTP/1.1\\r\\nHost: x\\r\\nTransfer-Encoding: "
+                 "chunked\\r\\n\\r\\nzz\\r\\n");
+    assert_non_null(strstr(g_out, "HTTP/1.1 400"));
+    assert_non_null(strstr(g_out, "application/json"));
+    assert_non_null(body = strstr(g_out, "\r\n\r\n"));
+    j = json_loads(body + 4, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "error", "code"), "bad_request");
+    json_decref(j);
+    /* HEAD refused for its body: the headers, no body after them */
+    raw_exchange("HEAD /v1/responses HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: "
+                 "70000\\r\\n\\r\\n");
+    assert_non_null(strstr(g_out, "HTTP/1.1 413"));
+    assert_non_null(strstr(g_out, "application/json"));
+    assert_non_null(body = strstr(g_out, "\r\n\r\n"));
+    assert_string_equal(body + 4, "");
+    /* h2c HEAD with a header h2o refuses: a clean 400, headers only (the
+     * JSON body after HEAD's headers was a PROTOCOL_ERROR) */
     snprintf(cmd, sizeof(cmd),
-             "printf 'POST /v1/responses HTTP/1.1\\r\\nHost: x\\r\\nTransfer-Encoding: "
-             "chunked\\r\\n\\r\\nzz\\r\\n' | curl -s -m 10 telnet://%s 2>/dev/null",
+             "curl -s -m 10 --http2-prior-knowledge -I -H 'x\"y: 1' 'http://%s/v1/models' "
+             ">/dev/null 2>&1; echo rc=$?",
              g_gw);
     {
         FILE *p = popen(cmd, "r");
         size_t n;
-        char *body;
         assert_non_null(p);
         n = fread(g_out, 1, sizeof(g_out) - 1, p);
         g_out[n] = '\0';
         pclose(p);
-        assert_non_null(strstr(g_out, "HTTP/1.1 400"));
-        assert_non_null(strstr(g_out, "application/json"));
-        assert_non_null(body = strstr(g_out, "\r\n\r\n"));
-        j = json_loads(body + 4, 0, NULL);
-        assert_non_null(j);
-        assert_string_equal(str_at(j, "error", "code"), "bad_request");
-        json_decref(j);
+        assert_non_null(strstr(g_out, "rc=0"));
     }
 }
 

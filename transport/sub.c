@@ -64,6 +64,8 @@ struct swt_sub {
     int completed;        /* nats.c's completion callback ran */
     int free_on_complete; /* closed from inside its own handler: the completion frees it */
     int in_cb;            /* the handler runs now, on cb_thread */
+    int dead;             /* swt_subscribe failed after subscribing: handlers do nothing */
+    struct swt_sub *next; /* on c->orphans, when dead */
     pthread_t cb_thread;
     /* Handled messages not destroyed yet (delivery thread only): nats.c
      * hands every destroyed message to its garbage-collector thread and
@@ -139,12 +141,23 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
         }
     }
     pthread_mutex_lock(&sub->mu);
+    if (sub->dead) {
+        pthread_mutex_unlock(&sub->mu);
+        natsMsg_Destroy(msg);
+        return;
+    }
     sub->in_cb = 1;
     sub->cb_thread = pthread_self();
     pthread_mutex_unlock(&sub->mu);
     sub->fn(&m, sub->arg);
     pthread_mutex_lock(&sub->mu);
     sub->in_cb = 0;
+    if (sub->dead) { /* swt_subscribe waits for this return */
+        pthread_cond_broadcast(&sub->cv);
+        pthread_mutex_unlock(&sub->mu);
+        natsMsg_Destroy(msg);
+        return;
+    }
     pthread_mutex_unlock(&sub->mu);
     sub->defer[sub->ndefer++] = msg;
     sub->defer_bytes += (size_t)natsMsg_GetDataLength(msg); /* as received (m.len may be 0) */
@@ -182,18 +195,55 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
     pthread_mutex_init(&sub->mu, NULL);
     swi_cond_init(&sub->cv);
     s = natsConnection_Subscribe(&sub->ns, c->nc, subj, swt_on_msg, sub);
-    if (s == NATS_OK &&
-        (s = natsSubscription_SetOnCompleteCB(sub->ns, swt_on_complete, sub)) != NATS_OK) {
-        natsSubscription_Unsubscribe(sub->ns); /* no completion will come */
-        natsSubscription_Destroy(sub->ns);
-        sub->ns = NULL;
+    if (s == NATS_OK) {
+#ifdef SW_CHAOS
+        if (__atomic_load_n(&c->chaos_no_complete, __ATOMIC_ACQUIRE) > 0 &&
+            __atomic_sub_fetch(&c->chaos_no_complete, 1, __ATOMIC_ACQ_REL) >= 0) {
+            /* swx_conn_fail_sub_complete: fails as a closed subscription
+             * would, once a handler runs (the race it stands for) */
+            for (int64_t until = swi_now_ms() + 2000; swi_now_ms() < until;) {
+                int busy;
+                pthread_mutex_lock(&sub->mu);
+                busy = sub->in_cb;
+                pthread_mutex_unlock(&sub->mu);
+                if (busy)
+                    break;
+                nats_Sleep(1);
+            }
+            s = NATS_INVALID_SUBSCRIPTION;
+        } else
+#endif
+            s = natsSubscription_SetOnCompleteCB(sub->ns, swt_on_complete, sub);
+        if (s != NATS_OK) {
+            /* The subscription closed under us (the connection closed):
+             * no completion will come to say when a handler nats.c has
+             * already started returns. From now on handlers do nothing;
+             * one running now is waited for, so the caller's arg is not
+             * used after the error returns. The struct itself waits on
+             * the connection until sw_conn_close (a delivery may be about
+             * to enter swt_on_msg, and nothing tells when). */
+            pthread_mutex_lock(&sub->mu);
+            sub->dead = 1;
+            while (sub->in_cb && !pthread_equal(sub->cb_thread, pthread_self()))
+                pthread_cond_wait(&sub->cv, &sub->mu);
+            pthread_mutex_unlock(&sub->mu);
+            natsSubscription_Unsubscribe(sub->ns);
+            natsSubscription_Destroy(sub->ns);
+            sub->ns = NULL;
+            swt_sub_destroy_deferred(sub);
+            pthread_mutex_lock(&c->cb_mu);
+            sub->next = c->orphans;
+            c->orphans = sub;
+            pthread_mutex_unlock(&c->cb_mu);
+            return sw_err_from_nats(s);
+        }
     }
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(sub->ns, -1, -1);
     if (s != NATS_OK) {
         if (sub->ns != NULL) {
             swt_sub_close(c, &sub); /* waits for the completion */
-        } else {
+        } else {                    /* never subscribed */
             pthread_mutex_destroy(&sub->mu);
             pthread_cond_destroy(&sub->cv);
             free(sub);
@@ -202,6 +252,17 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
     }
     *out = sub;
     return SW_OK;
+}
+
+void
+swt_sub_free_orphans(sw_conn *c)
+{
+    swt_sub *sub = c->orphans, *next;
+    c->orphans = NULL;
+    for (; sub != NULL; sub = next) {
+        next = sub->next;
+        swt_sub_free(sub); /* ns is NULL: natsSubscription_Destroy(NULL) is a no-op */
+    }
 }
 
 int

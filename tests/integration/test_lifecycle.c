@@ -5,6 +5,7 @@
  * streams, two routers on one instance, max streams, conn close.
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
+#include "transport/chaos.h"
 
 /* ======================================================================== */
 /* 9. Drain, and a consumer that stops reading                               */
@@ -416,6 +417,73 @@ conn_close_no_callback_after_free(void **state)
     natsOptions_Destroy(no);
 }
 
+/* A subscription whose completion callback cannot be set (the connection
+ * closed between nats.c's subscribe and that call) while its handler is
+ * already running on a first message: swt_subscribe fails, but only once
+ * that handler has returned, and no handler runs after (its arg is the
+ * caller's, gone once the error is back). Before, the subscription was
+ * freed at once, under the running handler. */
+typedef struct subrace {
+    atomic_int calls, stop;
+    sw_conn *pub;
+} subrace;
+
+static void
+subrace_cb(const swt_msg *m, void *arg)
+{
+    subrace *r = arg;
+    (void)m;
+    sleep_ms(100);
+    atomic_fetch_add(&r->calls, 1);
+}
+
+static void *
+subrace_pub(void *arg)
+{
+    subrace *r = arg;
+    while (!atomic_load(&r->stop)) {
+        (void)swt_publish_plain(r->pub, "itest.subrace", NULL, "x", 1);
+        sleep_ms(2);
+    }
+    return NULL;
+}
+
+static void
+subscribe_fails_under_a_handler(void **state)
+{
+    sw_conn_opts co;
+    sw_conn *c = NULL;
+    swt_sub *sub = NULL;
+    subrace r;
+    pthread_t th;
+    int n;
+    (void)state;
+    memset(&r, 0, sizeof(r));
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    assert_int_equal(sw_conn_open(&r.pub, &co), SW_OK);
+    assert_int_equal(pthread_create(&th, NULL, subrace_pub, &r), 0);
+    swx_conn_fail_sub_complete(c, 1);
+    assert_int_not_equal(swt_subscribe(c, &sub, "itest.subrace", subrace_cb, &r), SW_OK);
+    assert_null(sub);
+    n = atomic_load(&r.calls);
+    assert_int_equal(n, 1); /* the running handler returned first */
+    sleep_ms((long)T(400));
+    assert_int_equal(atomic_load(&r.calls), n); /* and none ran after */
+    /* the connection subscribes as before */
+    assert_int_equal(swt_subscribe(c, &sub, "itest.subrace", subrace_cb, &r), SW_OK);
+    for (int64_t until = swh_now_ms() + T(5000); atomic_load(&r.calls) == n;) {
+        assert_true(swh_now_ms() < until);
+        sleep_ms(5);
+    }
+    atomic_store(&r.stop, 1);
+    pthread_join(th, NULL);
+    swt_sub_close(c, &sub);
+    sw_conn_close(c); /* frees the abandoned one */
+    sw_conn_close(r.pub);
+}
+
 /* ======================================================================== */
 
 int
@@ -431,6 +499,7 @@ main(int argc, char **argv)
         T_(router_max_streams_busy),
         T_(ingress_destroy_with_retained_responder),
         T_(conn_close_no_callback_after_free),
+        T_(subscribe_fails_under_a_handler),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,

@@ -230,9 +230,10 @@ void swe_stream_on_items(sw_stream *s, const swe_rx_in *in, size_t n);
 void swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now);
 /* Ends a stream with a synthesized error; kill: tell the worker to stop. */
 void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
-/* "No responders" for s's request: a migrated stream moves on, else it
- * ends (swe_rx_no_responders). Unsealed only. */
-void swe_stream_no_responders(sw_stream *s, const char *msg);
+/* "No responders" for request id of s: a migrated stream moves on
+ * (may_move: unsealed), else it ends (swe_rx_no_responders). Returns -1 if
+ * it was ignored: id is no longer s's, or s's worker has answered. */
+int swe_stream_no_responders(sw_stream *s, const uint8_t *id, int may_move, const char *msg);
 /* The timer's look at one stream. */
 void swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet);
 void swe_dispatch(sw_stream *s);

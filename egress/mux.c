@@ -219,10 +219,9 @@ swe_on_msg(const swt_msg *msg, void *arg)
          * Unsealed: a first request is re-routed once; a migrated one
          * migrates again while it may. */
         static const char nobody[] = "no worker is subscribed to the request subject";
-        if (sw_conn_sealed(r->conn))
-            swe_stream_fail(s, SW_NO_RESPONDERS, nobody, 0);
-        else if (!swe_reroute(s))
-            swe_stream_no_responders(s, nobody);
+        int sealed = sw_conn_sealed(r->conn);
+        if ((sealed || !swe_reroute(s)) && swe_stream_no_responders(s, id, !sealed, nobody) < 0)
+            count_bad(r, &r->st.unknown_stream, 1); /* not the server's, or stale */
         swe_stream_unref(s);
         return;
     }

@@ -59,6 +59,7 @@ rx_worker_start(swe_rx *rx, int64_t now)
     rx->gap_since_ms = 0;
     rx->last_resend_ms = 0;
     rx->last_rx_ms = now;
+    rx->answered = 0;
 }
 
 void
@@ -153,7 +154,7 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
 static int
 rx_migrate(swe_rx *rx, sw_err why, int from_final, swe_rx_act *act)
 {
-    if (why != SW_INSTANCE_LOST && why != SW_STREAM_INCOMPLETE)
+    if (why != SW_INSTANCE_LOST && why != SW_STREAM_INCOMPLETE && why != SW_NO_RESPONDERS)
         return 0;
     if (rx->migrating)
         return 1;
@@ -185,7 +186,7 @@ rx_end_error(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe
 static int
 rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
 {
-    if (rx_migrate(rx, err, 0, act))
+    if (err != SW_NO_RESPONDERS && rx_migrate(rx, err, 0, act))
         return 0;
     return rx_end_error(rx, err, msg, kill, now, act);
 }
@@ -198,13 +199,18 @@ swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_
 }
 
 int
-swe_rx_no_responders(swe_rx *rx, const char *msg, int64_t now, swe_rx_act *act)
+swe_rx_no_responders(swe_rx *rx, int may_move, const char *msg, int64_t now, swe_rx_act *act)
 {
     act_zero(rx, act);
+    /* The server answers a request with "no responders" at once, before
+     * any worker could answer it: one that comes after an answer is not
+     * the server's (anyone may publish the status). */
+    if (rx->answered)
+        return -1;
     /* The instance a migration picked went away between the pick and the
-     * publish. Nothing ran the request, so it moves on as from a lost
-     * instance, with nothing there to cancel. */
-    if (rx->gen > 0 && rx_migrate(rx, SW_INSTANCE_LOST, 1, act))
+     * publish. Nothing ran the request, so it moves on, with nothing there
+     * to cancel. */
+    if (may_move && rx->gen > 0 && rx_migrate(rx, SW_NO_RESPONDERS, 1, act))
         return 0;
     return rx_end_error(rx, SW_NO_RESPONDERS, msg, 0, now, act);
 }
@@ -416,6 +422,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         return;
     }
     rx->last_rx_ms = now;
+    rx->answered = 1;
     if (is_hb) {
         rx->st.heartbeats++;
         /* Heartbeats follow the items they count on the wire: anything

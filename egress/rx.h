@@ -167,7 +167,7 @@ typedef struct swe_rx {
     uint32_t window;  /* may shrink to the worker's, and grows (tuning) */
     uint32_t window0; /* the first window (the worker may have lowered it): the floor */
     uint32_t wmax;    /* the most the window may grow to: 0 until the worker answers */
-    sw_err mig_why;   /* migration: SW_INSTANCE_LOST or SW_STREAM_INCOMPLETE */
+    sw_err mig_why;   /* migration: SW_INSTANCE_LOST, SW_STREAM_INCOMPLETE or SW_NO_RESPONDERS */
     size_t max_cost;  /* the largest item seen, + SW_ITEM_COST */
     int64_t last_grant_ms;
     /* reassembly */
@@ -204,6 +204,7 @@ typedef struct swe_rx {
     uint64_t term_seq;
     /* timers */
     int64_t last_rx_ms;
+    int answered; /* the current worker sent something (an item or a heartbeat) */
     int64_t gap_since_ms;
     int64_t last_resend_ms;
     /* migration */
@@ -232,13 +233,16 @@ void swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *ac
  * should be told to stop. */
 int swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act);
 
-/* "No responders" came back for the request (the caller has already tried
- * its one re-route of a first request). A migrated request (gen > 0)
- * migrates again, as after instance_lost, while migrations are left (the
+/* "No responders" came back for the current request (the caller has
+ * already tried its one re-route of a first request). After the current
+ * worker has answered it cannot be the server's: it is ignored, and -1
+ * returned. Else, with may_move (unsealed: the status is not
+ * authenticated), a migrated request (gen > 0) migrates again while
+ * migrations are left, mig_why SW_NO_RESPONDERS, nothing to cancel (the
  * instance the migration picked went away before the publish); otherwise
  * the stream ends with no_responders. Returns 1 if this decided the
- * terminal. Unsealed clusters only: the status is not authenticated. */
-int swe_rx_no_responders(swe_rx *rx, const char *msg, int64_t now, swe_rx_act *act);
+ * terminal, 0 if not. */
+int swe_rx_no_responders(swe_rx *rx, int may_move, const char *msg, int64_t now, swe_rx_act *act);
 
 /* The consumer cancels (kill: and asks the worker to drop everything).
  * Queued data is dropped. Returns 1 if this decided the terminal. */

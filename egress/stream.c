@@ -133,17 +133,23 @@ st_failed(sw_stream *s, sw_err err, int set, swe_rx_act *act)
     swe_apply(s, act);
 }
 
-void
-swe_stream_no_responders(sw_stream *s, const char *msg)
+int
+swe_stream_no_responders(sw_stream *s, const uint8_t *id, int may_move, const char *msg)
 {
     swe_rx_act act;
-    int set;
+    int set = -1;
     memset(&act, 0, sizeof(act));
     pthread_mutex_lock(&s->mu);
-    set = swe_rx_no_responders(&s->rx, msg, swi_now_ms(), &act);
+    /* looked up under an id the stream has since left (a migration ran on
+     * another thread meanwhile): not about its current request */
+    if (memcmp(s->id, id, SW_REQUEST_ID_BYTES) == 0)
+        set = swe_rx_no_responders(&s->rx, may_move, msg, swi_now_ms(), &act);
     st_plan_tick(s);
     pthread_mutex_unlock(&s->mu);
+    if (set < 0)
+        return -1;
     st_failed(s, SW_NO_RESPONDERS, set, &act);
+    return 0;
 }
 
 void

@@ -451,8 +451,9 @@ typedef struct sw_terminal {
     const char *reason;    /* "stop", "max_tokens", app code, "cancelled", or sw_err_name(error) */
     const char *message;   /* human text; "" when none */
     unsigned migrations;   /* times the stream moved to another instance (migration_limit) */
-    const char *instances; /* the instances that served it, in order, comma-separated ("" if
-                              none); valid as long as the item */
+    const char *instances; /* the instances it was sent to, in order, comma-separated ("" if
+                              none), including one a migration picked that had gone (no
+                              responders); valid as long as the item */
 } sw_terminal;
 
 typedef struct sw_item {
@@ -491,8 +492,9 @@ typedef struct sw_migration {
                              delivered and those still queued for the consumer, never again */
     size_t nitems;
     unsigned attempt;          /* 1 for the first migration of the stream */
-    sw_err why;                /* SW_INSTANCE_LOST (also: the worker drained) or
-                                  SW_STREAM_INCOMPLETE */
+    sw_err why;                /* SW_INSTANCE_LOST (also: the worker drained),
+                                  SW_STREAM_INCOMPLETE, or SW_NO_RESPONDERS (the instance
+                                  the last migration picked had gone: unsealed only) */
     const char *lost_instance; /* the instance the stream leaves */
     /* out, preset to the default (the same request, resumed) */
     void *new_payload; /* NULL = the original payload; else malloc()ed by the callback,

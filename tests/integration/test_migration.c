@@ -32,12 +32,14 @@
 
 #include <cmocka.h>
 
+#include <nats/nats.h>
 #include <streamwire/registry.h>
 #include <streamwire/streamwire.h>
 
 #include "egress/chaos.h"
 #include "harness.h"
 #include "transport/seal.h"
+#include "transport/sw_transport.h"
 
 #define EP "mig.llm.generate"
 #define TOKENS 60
@@ -50,9 +52,20 @@ static char g_key[320];
 
 #define T(ms) ((int64_t)(ms)*g_slow)
 
+/* The new request id of the last migration, from the router's log line
+ * "... migrated to <instance> as <hex> (...)". */
+static pthread_mutex_t g_mig_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_mig_hex[64];
+
 static void
 log_cb(void *arg, sw_log_level level, const char *msg)
 {
+    const char *as = strstr(msg, " migrated to ");
+    if (as != NULL && (as = strstr(as, " as ")) != NULL) {
+        pthread_mutex_lock(&g_mig_mu);
+        snprintf(g_mig_hex, sizeof(g_mig_hex), "%.32s", as + 4);
+        pthread_mutex_unlock(&g_mig_mu);
+    }
     if (g_verbose || level <= SW_LOG_ERROR)
         fprintf(stderr, "[%s] %s: %s\n", arg ? (const char *)arg : "", sw_log_level_name(level),
                 msg);
@@ -456,15 +469,17 @@ typedef struct gate {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int entered, release, calls;
+    sw_err why[4]; /* of each call */
 } gate;
 
 static sw_err
 gate_migrate(sw_migration *m, void *arg)
 {
     gate *g = arg;
-    (void)m;
     pthread_mutex_lock(&g->mu);
     g->entered = 1;
+    if (g->calls < 4)
+        g->why[g->calls] = m->why;
     g->calls++;
     pthread_cond_broadcast(&g->cv);
     while (!g->release)
@@ -596,6 +611,50 @@ dead_pick_migrates_again(void **state)
     assert_string_equal(c.instances, want);
     assert_string_equal(c.last_inst, w->id[b]);
     assert_int_equal(g.calls, 2);
+    assert_int_equal(g.why[0], SW_INSTANCE_LOST);
+    assert_int_equal(g.why[1], SW_NO_RESPONDERS);
+}
+
+/* A "no responders" status published by anyone to a migrated stream's
+ * response subject after its new worker answered: the server sends that
+ * status only at once, for a request nobody took, so it is ignored (and
+ * counted). Before, the stream migrated again without stopping the live
+ * worker, which ran the request on for nobody. */
+static void
+forged_no_responders_ignored(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    int from;
+    char subj[256], hex[64];
+    natsConnection *nc = NULL;
+    natsMsg *m = NULL;
+    sw_router_stats st0, st1;
+    s = begin(w, &c, 2, NULL, 2, 0, NULL, NULL, &from);
+    pthread_mutex_lock(&g_mig_mu);
+    g_mig_hex[0] = '\0';
+    pthread_mutex_unlock(&g_mig_mu);
+    swh_kill(w->pid[from], SIGKILL);
+    coll_wait(&c, 20, T(10000)); /* the new worker answered */
+    pthread_mutex_lock(&g_mig_mu);
+    snprintf(hex, sizeof(hex), "%s", g_mig_hex);
+    pthread_mutex_unlock(&g_mig_mu);
+    assert_int_equal(strlen(hex), 32);
+    assert_int_equal(swt_subject_response(subj, sizeof(subj), sw_router_id(w->rt), hex), SW_OK);
+    sw_router_stats_get(w->rt, &st0);
+    assert_int_equal(natsConnection_ConnectTo(&nc, g_nats.url), NATS_OK);
+    assert_int_equal(natsMsg_Create(&m, subj, NULL, NULL, 0), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Status", "503"), NATS_OK);
+    assert_int_equal(natsConnection_PublishMsg(nc, m), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    natsMsg_Destroy(m);
+    natsConnection_Destroy(nc);
+    assert_migrated_once(w, &c, from);
+    sw_router_stats_get(w->rt, &st1);
+    assert_true(st1.unknown_stream >= st0.unknown_stream + 1);
+    assert_int_equal(st1.migrations, 1);
+    sw_stream_close(s);
 }
 
 static void *
@@ -951,6 +1010,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(cancel_during_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(destroy_during_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(dead_pick_migrates_again, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(forged_no_responders_ignored, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(stale_credit_after_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(callback_rebuilds_prompt, world_setup, world_teardown),

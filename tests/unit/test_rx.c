@@ -1306,8 +1306,9 @@ test_migrate_continues_sequence(void **state)
 
 /* "No responders": a first request ends with no_responders; a migrated
  * one (the instance picked went away before the publish) migrates again,
- * as from a lost instance with nothing to cancel, while migrations are
- * left, then ends with no_responders. */
+ * why no_responders, nothing to cancel, while migrations are left and it
+ * may (unsealed), then ends with no_responders. One that comes after the
+ * worker answered is ignored. */
 static void
 test_no_responders_after_migration(void **state)
 {
@@ -1318,7 +1319,7 @@ test_no_responders_after_migration(void **state)
     (void)state;
     /* a first request: no migration */
     start_migrating(&rx, 2, 0);
-    assert_int_equal(swe_rx_no_responders(&rx, "nobody", 1001, &a), 1);
+    assert_int_equal(swe_rx_no_responders(&rx, 1, "nobody", 1001, &a), 1);
     assert_true(a.ended);
     assert_false(a.migrate || a.kill);
     assert_int_equal(drain(&rx, 1001, seqs, 16, &t), 0);
@@ -1333,27 +1334,45 @@ test_no_responders_after_migration(void **state)
     assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);
     assert_true(a.migrate);
     swe_rx_migrated(&rx, 1200);
-    assert_int_equal(swe_rx_no_responders(&rx, "nobody", 1201, &a), 0);
+    assert_int_equal(swe_rx_no_responders(&rx, 1, "nobody", 1201, &a), 0);
     assert_true(a.migrate);
     assert_false(a.ended || a.kill);
     assert_true(rx.migrating);
-    assert_int_equal(rx.mig_why, SW_INSTANCE_LOST);
+    assert_int_equal(rx.mig_why, SW_NO_RESPONDERS);
     assert_int_equal(rx.mig_from_final, 1); /* nothing to cancel */
     swe_rx_migrated(&rx, 1300);
     assert_int_equal(rx.gen, 2);
     data_as(&rx, 1, 3, 1301);
+    /* answered: a "no responders" now is not the server's, and changes
+     * nothing (it would have moved a live stream, its worker running on) */
+    assert_int_equal(swe_rx_no_responders(&rx, 1, "forged", 1301, &a), -1);
+    assert_false(a.migrate || a.ended || a.kill);
+    assert_false(rx.migrating);
     a = final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 1302);
     assert_int_equal(drain(&rx, 1302, seqs, 16, &t), 3);
     assert_seqs(seqs, 3, 1);
     assert_int_equal(t.status, SW_STATUS_COMPLETED);
     assert_int_equal(t.migrations, 2);
     swe_rx_fini(&rx);
+    /* sealed (may not move): no_responders; after an answer, nothing */
+    start_migrating(&rx, 2, 0);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);
+    swe_rx_migrated(&rx, 1200);
+    assert_int_equal(swe_rx_no_responders(&rx, 0, "nobody", 1201, &a), 1);
+    assert_false(a.migrate);
+    assert_true(a.ended);
+    swe_rx_fini(&rx);
+    start_migrating(&rx, 2, 0);
+    data(&rx, 1, 1001);
+    assert_int_equal(swe_rx_no_responders(&rx, 0, "forged", 1002, &a), -1);
+    assert_false(a.ended);
+    swe_rx_fini(&rx);
     /* no migration left: no_responders */
     start_migrating(&rx, 1, 0);
     data(&rx, 1, 1001);
     assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);
     swe_rx_migrated(&rx, 1200);
-    assert_int_equal(swe_rx_no_responders(&rx, "nobody", 1201, &a), 1);
+    assert_int_equal(swe_rx_no_responders(&rx, 1, "nobody", 1201, &a), 1);
     assert_true(a.ended);
     assert_false(a.migrate);
     assert_int_equal(drain(&rx, 1201, seqs, 16, &t), 1);

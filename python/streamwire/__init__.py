@@ -328,23 +328,39 @@ class _Gate:
     """An async handler's coroutine reaches its responder only through this,
     and only while the library's handler thread still waits for it: once
     that thread gives up (the loop stopped), the responder may be freed and
-    every call returns its default instead."""
+    every call returns its default instead.
 
-    __slots__ = ("lock", "open")
+    No lock is held across a call: a send may block (waiting for credit)
+    for as long as send_timeout_ms. close() shuts the gate, then runs
+    `unblock` (which fails the stream, so a blocked send returns at once),
+    then waits for the calls in progress to return."""
+
+    __slots__ = ("cv", "open", "busy")
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.cv = threading.Condition()
         self.open = True
+        self.busy = 0
 
     def call(self, default, fn, *args):
-        with self.lock:
+        with self.cv:
             if not self.open:
                 return default
+            self.busy += 1
+        try:
             return fn(*args)
+        finally:
+            with self.cv:
+                self.busy -= 1
+                self.cv.notify_all()
 
-    def close(self):
-        with self.lock:
+    def close(self, unblock):
+        with self.cv:
             self.open = False
+        unblock()
+        with self.cv:
+            while self.busy:
+                self.cv.wait()
 
 
 # How long an async handler's loop may be not running before the handler
@@ -500,11 +516,11 @@ class Worker:
             if idle_since is None:
                 idle_since = now
             elif now - idle_since >= _LOOP_GRACE_S:
-                gate.close()
+                gate.close(functools.partial(
+                    lib.sw_responder_fail, resp, b"handler_error",
+                    b"the asyncio loop given as loop= is not running "
+                    b"(stopped, or never started): the request was given up"))
                 fut.cancel()
-                lib.sw_responder_fail(resp, b"handler_error",
-                                      b"the asyncio loop given as loop= is not running "
-                                      b"(stopped, or never started): the request was given up")
                 return
 
     async def _drive_async(self, resp, req, gate):

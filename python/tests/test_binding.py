@@ -579,6 +579,51 @@ class TestAsync(Base):
             loop.call_soon_threadsafe(loop.stop)
             th.join(5)
 
+    def test_async_handler_loop_stops_during_a_blocked_send(self):
+        """The loop stops while the coroutine's send waits for credit (its
+        consumer does not read): the request is given up within seconds
+        and the handler thread is free again. Before, giving up waited for
+        the gate's lock, held across that send until send_timeout_ms: the
+        worker's one handler thread stayed blocked, and the next request
+        waited behind it."""
+        loop = asyncio.new_event_loop()
+        th = threading.Thread(target=loop.run_forever, daemon=True)
+        th.start()
+        blocked = threading.Event()
+
+        async def h(req):
+            if req.text == "second":
+                yield "y"
+                return
+            for i in range(100):
+                if i == 4:
+                    blocked.set()  # t4 waits for credit (a window of 4)
+                yield "t%d" % i
+        w = self.worker("py.a.blk", h, loop=loop, threads=1, send_timeout_ms=60000)
+        try:
+            with self.router.open("py.a.blk", b"first", instance_id=w.instance_id,
+                                  credit_window=4) as s:
+                self.assertTrue(blocked.wait(10))
+                time.sleep(0.3)  # the send waits for credit
+                loop.call_soon_threadsafe(loop.stop)
+                th.join(5)
+                self.assertFalse(th.is_alive())
+                t0 = time.time()
+                data, term = self.run_stream("py.a.blk", w.instance_id, b"second")
+                self.assertLess(time.time() - t0, 10)
+                self.assertEqual((term.status, term.reason), ("failed", "handler_error"))
+                items, term = s.read_all()
+                self.assertEqual([i.text for i in items], ["t%d" % i for i in range(len(items))])
+                self.assertEqual((term.status, term.reason), ("failed", "handler_error"))
+                self.assertIn("loop", term.message)
+        finally:
+            w.close()
+            if not th.is_alive():
+                th = threading.Thread(target=loop.run_forever, daemon=True)
+                th.start()
+            loop.call_soon_threadsafe(loop.stop)
+            th.join(5)
+
     def test_async_handler_loop_not_running(self):
         """A loop that never runs: each request fails with handler_error
         within seconds instead of holding a handler thread for ever."""

@@ -40,8 +40,11 @@ swe_reroute(sw_stream *s)
     int moved = 0;
 
     pthread_mutex_lock(&s->mu);
+    /* not while a migration moves it (the probe thread may have declared
+     * the instance lost meanwhile): that move owns the stream's instance */
     if (!s->routed || s->rerouted || s->req_buf == NULL || s->rx.term_state != SWE_TERM_NONE ||
-        (buf = malloc(s->req_len)) == NULL || (second = malloc(SW_MAX_TOKEN + 1)) == NULL) {
+        s->rx.migrating || (buf = malloc(s->req_len)) == NULL ||
+        (second = malloc(SW_MAX_TOKEN + 1)) == NULL) {
         pthread_mutex_unlock(&s->mu);
         free(buf);
         return 0;

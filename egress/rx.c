@@ -204,8 +204,9 @@ swe_rx_no_responders(swe_rx *rx, int may_move, const char *msg, int64_t now, swe
     act_zero(rx, act);
     /* The server answers a request with "no responders" at once, before
      * any worker could answer it: one that comes after an answer is not
-     * the server's (anyone may publish the status). */
-    if (rx->answered)
+     * the server's (anyone may publish the status). One that comes while
+     * the stream is migrating is about the request it is leaving. */
+    if (rx->answered || rx->migrating)
         return -1;
     /* The instance a migration picked went away between the pick and the
      * publish. Nothing ran the request, so it moves on, with nothing there

@@ -235,7 +235,8 @@ int swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, 
 
 /* "No responders" came back for the current request (the caller has
  * already tried its one re-route of a first request). After the current
- * worker has answered it cannot be the server's: it is ignored, and -1
+ * worker has answered it cannot be the server's, and while the stream
+ * migrates it is about the request being left: it is ignored, and -1
  * returned. Else, with may_move (unsealed: the status is not
  * authenticated), a migrated request (gen > 0) migrates again while
  * migrations are left, mig_why SW_NO_RESPONDERS, nothing to cancel (the

@@ -337,7 +337,6 @@ sw_conn_close(sw_conn *c)
         pthread_mutex_unlock(&c->cb_mu);
         natsConnection_Destroy(c->nc);
     }
-    swt_sub_free_orphans(c);
     natsOptions_Destroy(c->opts);
     swt_sealer_free(c->sealer);
     pthread_mutex_destroy(&c->cb_mu);

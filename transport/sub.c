@@ -65,7 +65,7 @@ struct swt_sub {
     int free_on_complete; /* closed from inside its own handler: the completion frees it */
     int in_cb;            /* the handler runs now, on cb_thread */
     int dead;             /* swt_subscribe failed after subscribing: handlers do nothing */
-    struct swt_sub *next; /* on c->orphans, when dead */
+    struct swt_sub *next; /* on g_orphans, when dead */
     pthread_t cb_thread;
     /* Handled messages not destroyed yet (delivery thread only): nats.c
      * hands every destroyed message to its garbage-collector thread and
@@ -77,6 +77,10 @@ struct swt_sub {
     unsigned ndefer;
     size_t defer_bytes;
 };
+
+/* Subscriptions swt_subscribe gave up on (see there): kept, reachable. */
+static pthread_mutex_t g_orphans_mu = PTHREAD_MUTEX_INITIALIZER;
+static swt_sub *g_orphans;
 
 static void
 swt_sub_destroy_deferred(swt_sub *sub)
@@ -150,20 +154,18 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     sub->cb_thread = pthread_self();
     pthread_mutex_unlock(&sub->mu);
     sub->fn(&m, sub->arg);
-    pthread_mutex_lock(&sub->mu);
-    sub->in_cb = 0;
-    if (sub->dead) { /* swt_subscribe waits for this return */
-        pthread_cond_broadcast(&sub->cv);
-        pthread_mutex_unlock(&sub->mu);
-        natsMsg_Destroy(msg);
-        return;
-    }
-    pthread_mutex_unlock(&sub->mu);
     sub->defer[sub->ndefer++] = msg;
     sub->defer_bytes += (size_t)natsMsg_GetDataLength(msg); /* as received (m.len may be 0) */
     if (sub->ndefer == SWT_DEFER_MSGS || sub->defer_bytes >= SWT_DEFER_BYTES ||
         swt_sub_pending(sub) == 0)
         swt_sub_destroy_deferred(sub);
+    /* Last: a failing swt_subscribe waits for this before it touches ns
+     * and the deferred messages. */
+    pthread_mutex_lock(&sub->mu);
+    sub->in_cb = 0;
+    if (sub->dead)
+        pthread_cond_broadcast(&sub->cv);
+    pthread_mutex_unlock(&sub->mu);
 }
 
 static void
@@ -219,9 +221,12 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
              * no completion will come to say when a handler nats.c has
              * already started returns. From now on handlers do nothing;
              * one running now is waited for, so the caller's arg is not
-             * used after the error returns. The struct itself waits on
-             * the connection until sw_conn_close (a delivery may be about
-             * to enter swt_on_msg, and nothing tells when). */
+             * used after the error returns. The struct itself is kept
+             * for the life of the process, on a list (a few hundred bytes
+             * each time this happens): nats.c may still be about to call
+             * swt_on_msg with it -- its delivery thread takes a message,
+             * unlocks, then calls -- and nothing tells when it no longer
+             * can, not even the connection's close. */
             pthread_mutex_lock(&sub->mu);
             sub->dead = 1;
             while (sub->in_cb && !pthread_equal(sub->cb_thread, pthread_self()))
@@ -231,10 +236,10 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
             natsSubscription_Destroy(sub->ns);
             sub->ns = NULL;
             swt_sub_destroy_deferred(sub);
-            pthread_mutex_lock(&c->cb_mu);
-            sub->next = c->orphans;
-            c->orphans = sub;
-            pthread_mutex_unlock(&c->cb_mu);
+            pthread_mutex_lock(&g_orphans_mu);
+            sub->next = g_orphans;
+            g_orphans = sub;
+            pthread_mutex_unlock(&g_orphans_mu);
             return sw_err_from_nats(s);
         }
     }
@@ -252,17 +257,6 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
     }
     *out = sub;
     return SW_OK;
-}
-
-void
-swt_sub_free_orphans(sw_conn *c)
-{
-    swt_sub *sub = c->orphans, *next;
-    c->orphans = NULL;
-    for (; sub != NULL; sub = next) {
-        next = sub->next;
-        swt_sub_free(sub); /* ns is NULL: natsSubscription_Destroy(NULL) is a no-op */
-    }
 }
 
 int

@@ -332,8 +332,9 @@ class _Gate:
 
     No lock is held across a call: a send may block (waiting for credit)
     for as long as send_timeout_ms. close() shuts the gate, then runs
-    `unblock` (which fails the stream, so a blocked send returns at once),
-    then waits for the calls in progress to return."""
+    `unblock` if given (it fails the stream, so a blocked send returns at
+    once), then waits for the calls in progress to return. The handler
+    thread closes it on every way out, before the responder can go."""
 
     __slots__ = ("cv", "open", "busy")
 
@@ -354,13 +355,16 @@ class _Gate:
                 self.busy -= 1
                 self.cv.notify_all()
 
-    def close(self, unblock):
+    def close(self, unblock=None):
         with self.cv:
             self.open = False
-        unblock()
-        with self.cv:
-            while self.busy:
-                self.cv.wait()
+        try:
+            if unblock is not None:
+                unblock()
+        finally:
+            with self.cv:
+                while self.busy:
+                    self.cv.wait()
 
 
 # How long an async handler's loop may be not running before the handler
@@ -504,24 +508,35 @@ class Worker:
         req._gate = gate
         fut = asyncio.run_coroutine_threadsafe(self._drive_async(resp, req, gate), self._loop)
         idle_since = None
-        while True:
-            done, _ = concurrent.futures.wait([fut], timeout=0.1)
-            if done:
-                fut.result()
-                return
-            if self._loop.is_running():
-                idle_since = None
-                continue
-            now = time.monotonic()
-            if idle_since is None:
-                idle_since = now
-            elif now - idle_since >= _LOOP_GRACE_S:
-                gate.close(functools.partial(
-                    lib.sw_responder_fail, resp, b"handler_error",
-                    b"the asyncio loop given as loop= is not running "
-                    b"(stopped, or never started): the request was given up"))
-                fut.cancel()
-                return
+        why = None  # set: the stream is failed with it, waking a blocked send
+        try:
+            while True:
+                done, _ = concurrent.futures.wait([fut], timeout=0.1)
+                if done:
+                    try:
+                        fut.result()
+                    except BaseException as e:
+                        # its task was cancelled, or it raised: a send it
+                        # started may still run in the executor
+                        why = _b(repr(e)[:400])
+                        raise
+                    return
+                if self._loop.is_running():
+                    idle_since = None
+                    continue
+                now = time.monotonic()
+                if idle_since is None:
+                    idle_since = now
+                elif now - idle_since >= _LOOP_GRACE_S:
+                    why = (b"the asyncio loop given as loop= is not running "
+                           b"(stopped, or never started): the request was given up")
+                    fut.cancel()
+                    return
+        finally:
+            # on every way out: this thread's return lets the library free
+            # the responder, so no call of the coroutine may still use it
+            gate.close(None if why is None else
+                       functools.partial(lib.sw_responder_fail, resp, b"handler_error", why))
 
     async def _drive_async(self, resp, req, gate):
         loop = asyncio.get_running_loop()

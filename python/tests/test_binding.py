@@ -624,6 +624,48 @@ class TestAsync(Base):
             loop.call_soon_threadsafe(loop.stop)
             th.join(5)
 
+    def test_async_handler_task_cancelled_during_a_blocked_send(self):
+        """The handler's task is cancelled (as asyncio.run does to tasks
+        left at exit) while its send waits for credit on an executor
+        thread: the handler thread fails the stream and waits for that
+        send before it returns and the library frees the responder.
+        Before, it returned at once with the send still running on it."""
+        loop = asyncio.new_event_loop()
+        th = threading.Thread(target=loop.run_forever, daemon=True)
+        th.start()
+        blocked = threading.Event()
+
+        async def h(req):
+            for i in range(100):
+                if i == 4:
+                    blocked.set()  # t4 waits for credit (a window of 4)
+                yield "t%d" % i
+
+        def cancel_all():
+            for t in asyncio.all_tasks(loop):
+                t.cancel()
+        w = self.worker("py.a.cxl", h, loop=loop, send_timeout_ms=60000)
+        try:
+            with self.router.open("py.a.cxl", b"x", instance_id=w.instance_id,
+                                  credit_window=4) as s:
+                self.assertTrue(blocked.wait(10))
+                time.sleep(0.3)  # the send waits for credit
+                loop.call_soon_threadsafe(cancel_all)
+                t0 = time.time()
+                items, term = s.read_all()
+                self.assertLess(time.time() - t0, 10)
+                self.assertEqual([i.text for i in items], ["t%d" % i for i in range(len(items))])
+                self.assertEqual((term.status, term.reason), ("failed", "handler_error"))
+                self.assertIn("Cancelled", term.message)
+            # the worker serves on
+            data, term = self.run_stream("py.a.cxl", w.instance_id, b"x", credit_window=256)
+            self.assertEqual(data[:3], [b"t0", b"t1", b"t2"])
+            self.assertEqual(term.status, "completed")
+        finally:
+            w.close()
+            loop.call_soon_threadsafe(loop.stop)
+            th.join(5)
+
     def test_async_handler_loop_not_running(self):
         """A loop that never runs: each request fails with handler_error
         within seconds instead of holding a handler thread for ever."""

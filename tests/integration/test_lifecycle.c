@@ -480,7 +480,7 @@ subscribe_fails_under_a_handler(void **state)
     atomic_store(&r.stop, 1);
     pthread_join(th, NULL);
     swt_sub_close(c, &sub);
-    sw_conn_close(c); /* frees the abandoned one */
+    sw_conn_close(c);
     sw_conn_close(r.pub);
 }
 

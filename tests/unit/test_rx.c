@@ -1354,6 +1354,16 @@ test_no_responders_after_migration(void **state)
     assert_int_equal(t.status, SW_STATUS_COMPLETED);
     assert_int_equal(t.migrations, 2);
     swe_rx_fini(&rx);
+    /* while it migrates (lost before any answer): about the request it
+     * leaves, ignored -- it neither ends the stream nor moves it again */
+    start_migrating(&rx, 2, 0);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);
+    assert_true(rx.migrating);
+    assert_int_equal(swe_rx_no_responders(&rx, 1, "late", 1150, &a), -1);
+    assert_false(a.migrate || a.ended);
+    assert_true(rx.migrating);
+    assert_int_equal(rx.term_state, SWE_TERM_NONE);
+    swe_rx_fini(&rx);
     /* sealed (may not move): no_responders; after an answer, nothing */
     start_migrating(&rx, 2, 0);
     assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);

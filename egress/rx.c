@@ -149,13 +149,12 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
     return 1;
 }
 
-/* A loss that migration may repair: enters `migrating` if migrations are
- * left. Returns 1 if the stream migrates (or already does). */
+/* A loss that migration may repair (why: which one; the callers decide
+ * which losses move a stream): enters `migrating` if migrations are left.
+ * Returns 1 if the stream migrates (or already does). */
 static int
 rx_migrate(swe_rx *rx, sw_err why, int from_final, swe_rx_act *act)
 {
-    if (why != SW_INSTANCE_LOST && why != SW_STREAM_INCOMPLETE && why != SW_NO_RESPONDERS)
-        return 0;
     if (rx->migrating)
         return 1;
     if (rx->term_state != SWE_TERM_NONE || rx->mig_left == 0)
@@ -186,7 +185,7 @@ rx_end_error(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe
 static int
 rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, swe_rx_act *act)
 {
-    if (err != SW_NO_RESPONDERS && rx_migrate(rx, err, 0, act))
+    if ((err == SW_INSTANCE_LOST || err == SW_STREAM_INCOMPLETE) && rx_migrate(rx, err, 0, act))
         return 0;
     return rx_end_error(rx, err, msg, kill, now, act);
 }

@@ -48,14 +48,15 @@ send_err(h2o_req_t *req, int http, const char *type, const char *code, const cha
 
 /* ---------------------------------------------------------------- h2o's own errors */
 
-/* h2o answers some requests itself before on_req sees them: a body over its
- * limit (413, plain text), broken chunked encoding (400), an Expect it does
- * not know (417), a bad header over h2c (400). (A request line or headers
- * it cannot parse at all over HTTP/1.1 get a fixed answer written straight
- * to the socket, which no filter sees.) This filter gives those answers the shape of ours -- an
- * OpenAI error object, application/json -- so that a client parses every error the same way. It
- * sits on the host's fallback path, where h2o's early answers go, and touches only those of 400 and
- * over whose type is text/plain. */
+/* h2o answers some requests itself before on_req sees them: a body over
+ * its limit (413, plain text), broken chunked encoding (400), an Expect it
+ * does not know (417), a bad header over h2c (400). This filter gives those
+ * answers the shape of ours -- an OpenAI error object, application/json --
+ * so that a client parses every error the same way. It sits on the host's
+ * fallback path, where h2o's early answers go, and touches only those of
+ * 400 and over whose type is text/plain. (A request line or headers h2o
+ * cannot parse at all over HTTP/1.1 get a fixed answer written straight to
+ * the socket, which no filter sees.) */
 typedef struct errjson_os {
     h2o_ostream_t super;
     h2o_iovec_t body;
@@ -112,7 +113,8 @@ errjson_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
             break;
         }
         swg_error_write(&b, &e);
-        if (!b.oom && (os = (errjson_os *)h2o_add_ostream(req, sizeof(*os), slot)) != NULL) {
+        if (!b.oom) { /* h2o_add_ostream allocates from the pool: never NULL */
+            os = (errjson_os *)h2o_add_ostream(req, sizeof(*os), slot);
             os->super.do_send = errjson_send;
             /* HEAD: the headers say what GET would get; no body */
             os->body = h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD"))

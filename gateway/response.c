@@ -775,15 +775,10 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
      * fields; what follows is not ours to forward). */
     if ((tp = header(req, "traceparent")) == NULL || !swi_trace_id(tp, q->trace_id)) {
         uint8_t rnd[24];
-        char hex[49];
-        static const char x[] = "0123456789abcdef";
+        char hex[2 * sizeof(rnd) + 1];
         do {
             randombytes_buf(rnd, sizeof(rnd));
-            for (size_t i = 0; i < sizeof(rnd); i++) {
-                hex[2 * i] = x[rnd[i] >> 4];
-                hex[2 * i + 1] = x[rnd[i] & 15];
-            }
-            hex[48] = '\0';
+            swi_hex(hex, rnd, sizeof(rnd));
             snprintf(traceparent, sizeof(traceparent), "00-%.32s-%.16s-01", hex, hex + 32);
         } while (!swi_trace_id(traceparent, q->trace_id)); /* all zero: 2^-64 */
         tp = traceparent;

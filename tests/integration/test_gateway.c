@@ -173,6 +173,21 @@ group_teardown(void **state)
 
 /* ---------------------------------------------------------------- client */
 
+/* Runs a shell command; what it prints into out (NUL-terminated, cut at
+ * cap-1 bytes). Returns 0, or -1 if it could not be started (out ""). */
+static int
+shell_read(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    size_t n = 0;
+    if (p != NULL) {
+        n = fread(out, 1, cap - 1, p);
+        pclose(p);
+    }
+    out[n] = '\0';
+    return p != NULL ? 0 : -1;
+}
+
 /* Runs curl; the body into out (NUL-terminated). Returns the HTTP status
  * (from -w), or -1. extra: more curl arguments, space separated, quoted
  * by the caller where needed. */
@@ -180,19 +195,14 @@ static int
 curl(const char *extra, const char *path, const char *body, char *out, size_t cap)
 {
     char cmd[2048], tail[16];
-    FILE *p;
-    size_t n;
     char *mark;
     snprintf(cmd, sizeof(cmd),
              "curl -s -N -m 60 %s -w '\\n@@%%{http_code}' %s%s%s%s 'http://%s%s' 2>/dev/null",
              extra ? extra : "", body ? "-X POST -H 'content-type: application/json' " : "",
              body ? "--data-binary '" : "", body ? body : "", body ? "'" : "", g_gw, path);
     /* a body "@FILE" is read from the file by curl */
-    if ((p = popen(cmd, "r")) == NULL)
+    if (shell_read(cmd, out, cap) != 0)
         return -1;
-    n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    pclose(p);
     if ((mark = strstr(out, "\n@@")) == NULL)
         return -1;
     snprintf(tail, sizeof(tail), "%s", mark + 3);
@@ -872,14 +882,8 @@ static void
 raw_exchange(const char *req)
 {
     char cmd[512];
-    FILE *p;
-    size_t n;
     snprintf(cmd, sizeof(cmd), "printf '%s' | curl -s -m 10 telnet://%s 2>/dev/null", req, g_gw);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    n = fread(g_out, 1, sizeof(g_out) - 1, p);
-    g_out[n] = '\0';
-    pclose(p);
+    assert_int_equal(shell_read(cmd, g_out, sizeof(g_out)), 0);
 }
 
 /* --max-body 65536: a body of exactly that many bytes is served however it
@@ -935,15 +939,8 @@ test_body_limit(void **state)
              "curl -s -m 10 --http2-prior-knowledge -I -H 'x\"y: 1' 'http://%s/v1/models' "
              ">/dev/null 2>&1; echo rc=$?",
              g_gw);
-    {
-        FILE *p = popen(cmd, "r");
-        size_t n;
-        assert_non_null(p);
-        n = fread(g_out, 1, sizeof(g_out) - 1, p);
-        g_out[n] = '\0';
-        pclose(p);
-        assert_non_null(strstr(g_out, "rc=0"));
-    }
+    assert_int_equal(shell_read(cmd, g_out, sizeof(g_out)), 0);
+    assert_non_null(strstr(g_out, "rc=0"));
 }
 
 /* The cancel endpoint: the stream ends response.incomplete, status
@@ -1077,14 +1074,9 @@ static double
 worker_cancels(void)
 {
     char cmd[300], buf[65536];
-    FILE *p;
-    size_t n;
     const char *at;
     snprintf(cmd, sizeof(cmd), "curl -s -m 5 '%s'", g_wmetrics);
-    p = popen(cmd, "r");
-    n = fread(buf, 1, sizeof(buf) - 1, p);
-    buf[n] = '\0';
-    pclose(p);
+    (void)shell_read(cmd, buf, sizeof(buf));
     at = strstr(buf, "\nstreamwire_worker_cancels_total{");
     if (at == NULL)
         return -1;

@@ -321,6 +321,24 @@ acked_finals_release_worker_state(void **state)
     assert_int_equal(st.streams_held, 0);
 }
 
+/* Opens a stream that heartbeats every hb_ms and reads it whole: n tokens
+ * in order, then COMPLETED "stop" right after them, nothing more. */
+static sw_stream *
+read_completed(env *e, got *g, sw_duration hb_ms, int n)
+{
+    sw_request_opts o;
+    sw_stream *s;
+    ropts(e, &o);
+    o.heartbeat_ms = hb_ms;
+    s = env_open_with(e, &o, "prompt", 6);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, (size_t)n);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_int_equal(g->term_seq, (uint64_t)n + 1);
+    assert_done(g);
+    return s;
+}
+
 /* A final lost on the way: the worker keeps heartbeating while its final is
  * unacknowledged, the frontend sees last_seq beyond what it has, asks for
  * the rest, and the stream still ends COMPLETED with every item. */
@@ -332,20 +350,12 @@ lost_final_is_resent(void **state)
     sw_stream *s;
     sw_ingress_stats st;
     sw_stream_stats ss;
-    sw_request_opts o;
     const int N = 7;
 
     e->w.mode = M_LOSE_FINAL;
     e->w.n = N;
     env_start(e, NULL, NULL);
-    ropts(e, &o);
-    o.heartbeat_ms = 50;
-    s = env_open_with(e, &o, "prompt", 6);
-    assert_true(collect(s, g, 0, T(10000)));
-    assert_tokens(g, (size_t)N);
-    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
-    assert_int_equal(g->term_seq, (uint64_t)N + 1);
-    assert_done(g);
+    s = read_completed(e, g, 50, N);
     sw_stream_stats_get(s, &ss);
     assert_true(ss.resend_requests >= 1);
     assert_true(ss.heartbeats >= 1);
@@ -373,7 +383,6 @@ stranded_final_is_published(void **state)
     sw_stream *s;
     sw_ingress_stats st;
     sw_stream_stats ss;
-    sw_request_opts o;
     const int N = 6;
 
     e->w.mode = M_STRAND_FINAL;
@@ -381,14 +390,7 @@ stranded_final_is_published(void **state)
     e->w.k = 3;
     e->w.delay_ms = 5;
     env_start(e, NULL, NULL);
-    ropts(e, &o);
-    o.heartbeat_ms = 100;
-    s = env_open_with(e, &o, "prompt", 6);
-    assert_true(collect(s, g, 0, T(10000)));
-    assert_tokens(g, (size_t)N);
-    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
-    assert_int_equal(g->term_seq, (uint64_t)N + 1);
-    assert_done(g);
+    s = read_completed(e, g, 100, N);
     assert_int_equal(e->w.finished, 1);
     assert_int_equal(e->w.finish_rv, SW_OK);
     sw_stream_stats_get(s, &ss);

@@ -81,4 +81,5 @@ swe_on_tick(void *arg, int64_t now)
     swe_probe_round(r, now);
     swe_cancels_tick(r, now);
     swe_flush_acks(r);
+    swt_conn_trim(r->conn);
 }

@@ -358,6 +358,7 @@ swn_ing_timer_tick(void *arg, int64_t now)
         swn_resp_unref(SWN_RESP_AT(ing->timer_vec, i));
     }
     beats_flush(ing, ing->beats);
+    swt_conn_trim(ing->conn);
 }
 
 void

@@ -233,6 +233,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     snprintf(c->name, sizeof(c->name), "%s", o->name ? o->name : "streamwire");
     pthread_mutex_init(&c->cb_mu, NULL);
     swi_cond_init(&c->cb_cv);
+    pthread_mutex_init(&c->subs_mu, NULL);
 
     s = natsOptions_Create(&c->opts);
     if (s == NATS_OK)
@@ -312,6 +313,7 @@ fail:
     swt_sealer_free(c->sealer);
     pthread_mutex_destroy(&c->cb_mu);
     pthread_cond_destroy(&c->cb_cv);
+    pthread_mutex_destroy(&c->subs_mu);
     free(c);
     return rv;
 }
@@ -341,6 +343,7 @@ sw_conn_close(sw_conn *c)
     swt_sealer_free(c->sealer);
     pthread_mutex_destroy(&c->cb_mu);
     pthread_cond_destroy(&c->cb_cv);
+    pthread_mutex_destroy(&c->subs_mu);
     free(c);
 }
 

@@ -31,6 +31,10 @@ struct sw_conn {
     swt_sealer *sealer;     /* sw_conn_opts.seal_key_file: seals and opens every message */
     uint64_t auth_failures; /* messages refused: did not open, or unsealed (atomic) */
     int chaos_no_complete;  /* swx_conn_fail_sub_complete (chaos build; atomic) */
+    /* The open subscriptions, for swt_conn_trim (sub.c). subs_mu is taken
+     * before a subscription's own mu, never after it. */
+    pthread_mutex_t subs_mu;
+    struct swt_sub *subs;
 };
 
 #endif

@@ -61,34 +61,100 @@ struct swt_sub {
     void *arg;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int completed;        /* nats.c's completion callback ran */
-    int free_on_complete; /* closed from inside its own handler: the completion frees it */
-    int in_cb;            /* the handler runs now, on cb_thread */
-    int dead;             /* swt_subscribe failed after subscribing: handlers do nothing */
-    struct swt_sub *next; /* on g_orphans, when dead */
+    int completed;                 /* nats.c's completion callback ran */
+    int free_on_complete;          /* closed from inside its own handler: the completion frees it */
+    int in_cb;                     /* the handler runs now, on cb_thread */
+    int dead;                      /* swt_subscribe failed after subscribing: handlers do nothing */
+    struct swt_sub *next;          /* on g_orphans, when dead */
+    struct swt_sub *cnext, *cprev; /* on c->subs while open (c->subs_mu) */
+    int linked;                    /* on c->subs (c->subs_mu) */
     pthread_t cb_thread;
-    /* Handled messages not destroyed yet (delivery thread only): nats.c
-     * hands every destroyed message to its garbage-collector thread and
-     * wakes that thread when it sleeps, so destroying them a burst at a
-     * time costs one wake-up per burst instead of one per message. Kept
-     * only while more messages are pending, and at most SWT_DEFER_MSGS /
-     * SWT_DEFER_BYTES. */
+    /* Handled messages not destroyed yet (under mu): nats.c hands every
+     * destroyed message to its garbage-collector thread and wakes that
+     * thread when it sleeps, so destroying them a batch at a time costs one
+     * wake-up per batch instead of one per message. A batch is destroyed
+     * when it holds SWT_DEFER_MSGS messages or SWT_DEFER_BYTES, and
+     * otherwise by swt_conn_trim once no message came between two of its
+     * calls (the owner's timer: a quiet subscription keeps them for two of
+     * its ticks). */
     natsMsg *defer[SWT_DEFER_MSGS];
     unsigned ndefer;
     size_t defer_bytes;
+    uint64_t nmsg;      /* messages handled */
+    uint64_t trim_seen; /* nmsg at the last swt_conn_trim */
 };
 
 /* Subscriptions swt_subscribe gave up on (see there): kept, reachable. */
 static pthread_mutex_t g_orphans_mu = PTHREAD_MUTEX_INITIALIZER;
 static swt_sub *g_orphans;
 
+/* Moves the deferred messages to v (sub->mu held, or no other thread can
+ * reach sub); the caller destroys them with swt_msgs_destroy, after
+ * unlocking. Returns how many. */
+static unsigned
+swt_sub_take_deferred(swt_sub *sub, natsMsg *v[SWT_DEFER_MSGS])
+{
+    unsigned n = sub->ndefer;
+    memcpy(v, sub->defer, n * sizeof(v[0]));
+    sub->ndefer = 0;
+    sub->defer_bytes = 0;
+    return n;
+}
+
+static void
+swt_msgs_destroy(natsMsg *v[], unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        natsMsg_Destroy(v[i]);
+}
+
 static void
 swt_sub_destroy_deferred(swt_sub *sub)
 {
-    for (unsigned i = 0; i < sub->ndefer; i++)
-        natsMsg_Destroy(sub->defer[i]);
-    sub->ndefer = 0;
-    sub->defer_bytes = 0;
+    natsMsg *v[SWT_DEFER_MSGS];
+    unsigned n;
+    pthread_mutex_lock(&sub->mu);
+    n = swt_sub_take_deferred(sub, v);
+    pthread_mutex_unlock(&sub->mu);
+    swt_msgs_destroy(v, n);
+}
+
+/* Takes sub off its connection's list: swt_conn_trim no longer sees it. */
+static void
+swt_sub_unlink(swt_sub *sub)
+{
+    sw_conn *c = sub->c;
+    pthread_mutex_lock(&c->subs_mu);
+    if (sub->linked) {
+        if (sub->cprev != NULL)
+            sub->cprev->cnext = sub->cnext;
+        else
+            c->subs = sub->cnext;
+        if (sub->cnext != NULL)
+            sub->cnext->cprev = sub->cprev;
+        sub->cnext = sub->cprev = NULL;
+        sub->linked = 0;
+    }
+    pthread_mutex_unlock(&c->subs_mu);
+}
+
+void
+swt_conn_trim(sw_conn *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->subs_mu);
+    for (swt_sub *sub = c->subs; sub != NULL; sub = sub->cnext) {
+        natsMsg *v[SWT_DEFER_MSGS];
+        unsigned n = 0;
+        pthread_mutex_lock(&sub->mu);
+        if (sub->ndefer > 0 && sub->nmsg == sub->trim_seen)
+            n = swt_sub_take_deferred(sub, v);
+        sub->trim_seen = sub->nmsg;
+        pthread_mutex_unlock(&sub->mu);
+        swt_msgs_destroy(v, n);
+    }
+    pthread_mutex_unlock(&c->subs_mu);
 }
 
 static void
@@ -109,6 +175,8 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
 {
     swt_sub *sub = arg;
     swt_msg m;
+    natsMsg *full[SWT_DEFER_MSGS];
+    unsigned nfull = 0;
     m.subject = natsMsg_GetSubject(msg);
     m.reply = natsMsg_GetReply(msg);
     m.data = (const uint8_t *)natsMsg_GetData(msg);
@@ -154,18 +222,19 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     sub->cb_thread = pthread_self();
     pthread_mutex_unlock(&sub->mu);
     sub->fn(&m, sub->arg);
+    /* Last: a failing swt_subscribe waits for in_cb to clear before it
+     * touches ns and the deferred messages. */
+    pthread_mutex_lock(&sub->mu);
     sub->defer[sub->ndefer++] = msg;
     sub->defer_bytes += (size_t)natsMsg_GetDataLength(msg); /* as received (m.len may be 0) */
-    if (sub->ndefer == SWT_DEFER_MSGS || sub->defer_bytes >= SWT_DEFER_BYTES ||
-        swt_sub_pending(sub) == 0)
-        swt_sub_destroy_deferred(sub);
-    /* Last: a failing swt_subscribe waits for this before it touches ns
-     * and the deferred messages. */
-    pthread_mutex_lock(&sub->mu);
+    sub->nmsg++;
+    if (sub->ndefer == SWT_DEFER_MSGS || sub->defer_bytes >= SWT_DEFER_BYTES)
+        nfull = swt_sub_take_deferred(sub, full);
     sub->in_cb = 0;
     if (sub->dead)
         pthread_cond_broadcast(&sub->cv);
     pthread_mutex_unlock(&sub->mu);
+    swt_msgs_destroy(full, nfull); /* (a message needs nothing of its subscription) */
 }
 
 static void
@@ -255,6 +324,13 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
         }
         return sw_err_from_nats(s);
     }
+    pthread_mutex_lock(&c->subs_mu);
+    sub->cnext = c->subs;
+    if (c->subs != NULL)
+        c->subs->cprev = sub;
+    c->subs = sub;
+    sub->linked = 1;
+    pthread_mutex_unlock(&c->subs_mu);
     *out = sub;
     return SW_OK;
 }
@@ -266,6 +342,16 @@ swt_sub_pending(swt_sub *s)
     if (s == NULL || natsSubscription_GetPending(s->ns, &pending, NULL) != NATS_OK)
         return 0;
     return pending;
+}
+
+unsigned
+swt_sub_kept(swt_sub *s)
+{
+    unsigned n;
+    pthread_mutex_lock(&s->mu);
+    n = s->ndefer;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 uint64_t
@@ -312,6 +398,7 @@ swt_sub_close(sw_conn *c, swt_sub **subp)
     if (sub == NULL)
         return;
     *subp = NULL;
+    swt_sub_unlink(sub);
     if (swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK)
         natsSubscription_WaitForDrainCompletion(sub->ns, 2000);
     /* Unsubscribe in any case: a drain that timed out leaves it open. */

@@ -116,6 +116,16 @@ sw_err swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn,
 int swt_sub_pending(swt_sub *s);
 /* Messages the client library dropped for this subscription. */
 uint64_t swt_sub_dropped(swt_sub *s);
+/* A subscription keeps the messages its callback has handled and destroys
+ * them a batch at a time (32 messages or 256 KiB), which wakes nats.c's
+ * garbage collector once a batch rather than once a message. Called from
+ * the timer of each owner of subscriptions on c (the router's ticker, the
+ * ingress timer): destroys the ones a subscription keeps if no message
+ * came since the previous call, so a quiet subscription holds nothing
+ * after two calls. Any thread. */
+void swt_conn_trim(sw_conn *c);
+/* Handled messages the subscription keeps now (tests). */
+unsigned swt_sub_kept(swt_sub *s);
 /* Removes a subscription: lets the messages it already has run through its
  * callback (drain, up to 2 s) when connected, unsubscribes at once when
  * not, then destroys it and sets *sub to NULL. When it returns, the

@@ -484,6 +484,78 @@ subscribe_fails_under_a_handler(void **state)
     sw_conn_close(r.pub);
 }
 
+/* A subscription keeps the messages it handled and destroys them a batch
+ * at a time (one wake-up of nats.c's garbage collector per batch, not per
+ * message): at 32 messages, at 256 KiB, or once swt_conn_trim finds that
+ * none came since its previous call. Nothing is kept past that, and what
+ * is kept at close is freed (the sanitizer builds check the leak). */
+typedef struct keepcount {
+    atomic_int calls;
+} keepcount;
+
+static void
+keep_cb(const swt_msg *m, void *arg)
+{
+    keepcount *k = arg;
+    (void)m;
+    atomic_fetch_add(&k->calls, 1);
+}
+
+/* Publishes n messages of size bytes and waits until the callback has seen
+ * them and the subscription keeps `kept` (it keeps a message after its
+ * callback returns). */
+static void
+keep_publish(sw_conn *pub, swt_sub *sub, keepcount *k, int n, size_t size, unsigned kept)
+{
+    static uint8_t buf[300 * 1024];
+    int want = atomic_load(&k->calls) + n;
+    int64_t until = swh_now_ms() + T(5000);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(swt_publish_plain(pub, "itest.keep", NULL, buf, size), SW_OK);
+    assert_int_equal(swt_flush(pub, 2000), SW_OK);
+    while (atomic_load(&k->calls) < want || swt_sub_kept(sub) != kept) {
+        if (swh_now_ms() > until)
+            fail_msg("after %d of %d messages the subscription keeps %u, not %u",
+                     atomic_load(&k->calls), want, swt_sub_kept(sub), kept);
+        sleep_ms(2);
+    }
+}
+
+static void
+handled_messages_kept_in_batches(void **state)
+{
+    sw_conn_opts co;
+    sw_conn *c = NULL, *pub = NULL;
+    swt_sub *sub = NULL;
+    keepcount k;
+    (void)state;
+    atomic_init(&k.calls, 0);
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    assert_int_equal(sw_conn_open(&pub, &co), SW_OK);
+    assert_int_equal(swt_subscribe(c, &sub, "itest.keep", keep_cb, &k), SW_OK);
+    assert_int_equal(swt_flush(c, 2000), SW_OK);
+
+    keep_publish(pub, sub, &k, 5, 10, 5);
+    swt_conn_trim(c); /* messages came since the last call: kept */
+    assert_int_equal(swt_sub_kept(sub), 5);
+    swt_conn_trim(c); /* none since: destroyed */
+    assert_int_equal(swt_sub_kept(sub), 0);
+    swt_conn_trim(c);
+    assert_int_equal(swt_sub_kept(sub), 0);
+
+    keep_publish(pub, sub, &k, 40, 10, 8);        /* a batch of 32 goes, 8 stay */
+    keep_publish(pub, sub, &k, 1, 300 * 1024, 0); /* over 256 KiB: all go at once */
+    keep_publish(pub, sub, &k, 3, 10, 3);
+    sleep_ms(50); /* and stay */
+    assert_int_equal(swt_sub_kept(sub), 3);
+    assert_int_equal(atomic_load(&k.calls), 49);
+    swt_sub_close(c, &sub); /* frees the 3 */
+    sw_conn_close(c);
+    sw_conn_close(pub);
+}
+
 /* ======================================================================== */
 
 int
@@ -500,6 +572,7 @@ main(int argc, char **argv)
         T_(ingress_destroy_with_retained_responder),
         T_(conn_close_no_callback_after_free),
         T_(subscribe_fails_under_a_handler),
+        T_(handled_messages_kept_in_batches),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,

@@ -35,6 +35,7 @@ struct sw_conn {
      * before a subscription's own mu, never after it. */
     pthread_mutex_t subs_mu;
     struct swt_sub *subs;
+    int64_t trim_ms; /* swt_conn_trim's last pass (atomic): several owners' timers share one */
 };
 
 #endif

@@ -47,6 +47,7 @@ swt_publish(sw_conn *c, const char *subj, const char *reply, const void *data, s
 
 #define SWT_DEFER_MSGS 32
 #define SWT_DEFER_BYTES (256u * 1024u)
+#define SWT_TRIM_MIN_MS 5
 
 /* A subscription. nats.c may run the handler one last time after
  * Unsubscribe returns, on its own thread; its completion callback comes
@@ -141,7 +142,16 @@ swt_sub_unlink(swt_sub *sub)
 void
 swt_conn_trim(sw_conn *c)
 {
+    int64_t now = swi_now_ms(), last;
     if (c == NULL)
+        return;
+    /* Several owners (routers, ingresses) may share the connection: a pass
+     * at most every SWT_TRIM_MIN_MS, so that 'no message between two
+     * passes' still means some milliseconds of silence. */
+    last = __atomic_load_n(&c->trim_ms, __ATOMIC_ACQUIRE);
+    if (now - last < SWT_TRIM_MIN_MS ||
+        !__atomic_compare_exchange_n(&c->trim_ms, &last, now, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
         return;
     pthread_mutex_lock(&c->subs_mu);
     for (swt_sub *sub = c->subs; sub != NULL; sub = sub->cnext) {
@@ -342,6 +352,17 @@ swt_sub_pending(swt_sub *s)
     if (s == NULL || natsSubscription_GetPending(s->ns, &pending, NULL) != NATS_OK)
         return 0;
     return pending;
+}
+
+unsigned
+swt_conn_kept(sw_conn *c)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&c->subs_mu);
+    for (swt_sub *sub = c->subs; sub != NULL; sub = sub->cnext)
+        n += swt_sub_kept(sub);
+    pthread_mutex_unlock(&c->subs_mu);
+    return n;
 }
 
 unsigned

@@ -121,11 +121,13 @@ uint64_t swt_sub_dropped(swt_sub *s);
  * garbage collector once a batch rather than once a message. Called from
  * the timer of each owner of subscriptions on c (the router's ticker, the
  * ingress timer): destroys the ones a subscription keeps if no message
- * came since the previous call, so a quiet subscription holds nothing
- * after two calls. Any thread. */
+ * came since the previous pass, so a quiet subscription holds nothing
+ * after two passes. A call within 5 ms of the last pass does nothing (the
+ * timers of several owners may share c). Any thread. */
 void swt_conn_trim(sw_conn *c);
-/* Handled messages the subscription keeps now (tests). */
+/* Handled messages one subscription, or all of c's, keep now (tests). */
 unsigned swt_sub_kept(swt_sub *s);
+unsigned swt_conn_kept(sw_conn *c);
 /* Removes a subscription: lets the messages it already has run through its
  * callback (drain, up to 2 s) when connected, unsubscribes at once when
  * not, then destroys it and sets *sub to NULL. When it returns, the

@@ -40,6 +40,9 @@ threads (``threads=``, default 4) and hold the GIL only while Python code
 runs: every blocking call into the library releases it, so a handler that
 sleeps or waits on I/O never stalls the other streams; a handler that
 computes in pure Python holds the GIL as any Python thread does.
+
+Ownership: Connection.close() closes the Workers, Routers and Registries
+made on it that are still open, then the connection.
 """
 import asyncio
 import builtins
@@ -49,6 +52,7 @@ import functools
 import inspect
 import threading
 import time
+import weakref
 
 from . import _lib
 from ._lib import lib
@@ -227,6 +231,13 @@ class Connection:
         h = ctypes.c_void_p()
         _raise_for(lib.sw_conn_open(ctypes.byref(h), ctypes.byref(o)), url)
         self._h = h
+        # What uses this connection (workers, routers, registries, in the
+        # order they were made): the library requires them closed before
+        # the connection, so close() closes them first.
+        self._users = []
+
+    def _use(self, obj):
+        self._users.append(weakref.ref(obj))
 
     @property
     def handle(self):
@@ -235,7 +246,16 @@ class Connection:
         return self._h
 
     def close(self):
+        """Closes the workers, routers and registries made on this
+        connection that are still open (workers first, registries last),
+        then the connection."""
         if self._h is not None:
+            users = [u() for u in self._users]
+            for kind in (Worker, Router, Registry):
+                for u in users:
+                    if isinstance(u, kind):
+                        u.close()
+            self._users = []
             lib.sw_conn_close(self._h)
             self._h = None
 
@@ -266,6 +286,7 @@ class Registry:
         _raise_for(lib.sw_registry_open(ctypes.byref(h), conn.handle, ctypes.byref(o)))
         self._h = h
         self._conn = conn
+        conn._use(self)
 
     def close(self):
         if self._h is not None:
@@ -433,6 +454,8 @@ class Worker:
         _raise_for(lib.sw_ingress_start(ctypes.byref(h), conn.handle, ctypes.byref(o)), endpoint)
         self._h = h
         self._reg = registry
+        self._conn = conn
+        conn._use(self)
         self.instance_id = lib.sw_ingress_instance_id(h).decode()
         if registry is not None:
             rg = _lib.Registration()
@@ -741,6 +764,8 @@ class Router:
         _raise_for(lib.sw_router_create(ctypes.byref(h), conn.handle, ctypes.byref(o)))
         self._h = h
         self._registry = registry
+        self._conn = conn
+        conn._use(self)
 
     def open(self, endpoint, payload=b"", instance_id=None, max_tokens=0, deadline_ms=0,
              headers=None, credit_window=0, migration_limit=0):

@@ -263,6 +263,32 @@ class TestErrors(Base):
             r.open("py.e.x", b"x", instance_id="w")
 
 
+    def test_connection_close_closes_its_users(self):
+        # The library requires routers, workers and registries closed
+        # before their connection (their timers use it); Connection.close
+        # closes the ones still open first, so a script that closes the
+        # connection first does not leave them on freed memory.
+        c = sw.Connection(NATS.url)
+        reg = sw.Registry(c, backend="memory")
+        w = sw.Worker(c, "py.users.x", lambda r: iter([b"a", b"b"]), registry=reg)
+        r = sw.Router(c, registry=reg)
+        with r.open("py.users.x", b"x", instance_id=w.instance_id) as s:
+            items, term = s.read_all()
+        self.assertEqual([i.data for i in items], [b"a", b"b"])
+        self.assertEqual(term.status, "completed")
+        c.close()
+        self.assertIsNone(w._h)
+        self.assertIsNone(r._h)
+        self.assertIsNone(reg._h)
+        time.sleep(0.1)  # a router tick after the close would have used it
+        with self.assertRaises(sw.ClosedError):
+            r.open("py.users.x", b"x", instance_id=w.instance_id)
+        r.close()  # and closing again is a no-op
+        w.close()
+        reg.close()
+        c.close()
+
+
 class TestCancel(Base):
     def test_frontend_cancel_reaches_the_handler(self):
         seen = {"cancelled": False, "flag": False, "sent": 0}

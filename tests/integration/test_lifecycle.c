@@ -512,7 +512,7 @@ keep_publish(sw_conn *pub, swt_sub *sub, keepcount *k, int n, size_t size, unsig
     int64_t until = swh_now_ms() + T(5000);
     for (int i = 0; i < n; i++)
         assert_int_equal(swt_publish_plain(pub, "itest.keep", NULL, buf, size), SW_OK);
-    assert_int_equal(swt_flush(pub, 2000), SW_OK);
+    assert_int_equal(swt_flush(pub, T(2000)), SW_OK);
     while (atomic_load(&k->calls) < want || swt_sub_kept(sub) != kept) {
         if (swh_now_ms() > until)
             fail_msg("after %d of %d messages the subscription keeps %u, not %u",
@@ -535,15 +535,18 @@ handled_messages_kept_in_batches(void **state)
     assert_int_equal(sw_conn_open(&c, &co), SW_OK);
     assert_int_equal(sw_conn_open(&pub, &co), SW_OK);
     assert_int_equal(swt_subscribe(c, &sub, "itest.keep", keep_cb, &k), SW_OK);
-    assert_int_equal(swt_flush(c, 2000), SW_OK);
+    assert_int_equal(swt_flush(c, T(2000)), SW_OK);
 
     keep_publish(pub, sub, &k, 5, 10, 5);
-    swt_conn_trim(c); /* messages came since the last call: kept */
+    sleep_ms(6);
+    swt_conn_trim(c); /* messages came since the last pass: kept */
     assert_int_equal(swt_sub_kept(sub), 5);
+    swt_conn_trim(c); /* within 5 ms of that pass: no pass */
+    assert_int_equal(swt_sub_kept(sub), 5);
+    sleep_ms(6);
     swt_conn_trim(c); /* none since: destroyed */
     assert_int_equal(swt_sub_kept(sub), 0);
-    swt_conn_trim(c);
-    assert_int_equal(swt_sub_kept(sub), 0);
+    assert_int_equal(swt_conn_kept(c), 0);
 
     keep_publish(pub, sub, &k, 40, 10, 8);        /* a batch of 32 goes, 8 stay */
     keep_publish(pub, sub, &k, 1, 300 * 1024, 0); /* over 256 KiB: all go at once */
@@ -554,6 +557,32 @@ handled_messages_kept_in_batches(void **state)
     swt_sub_close(c, &sub); /* frees the 3 */
     sw_conn_close(c);
     sw_conn_close(pub);
+}
+
+/* The same end to end: the router's and the ingress's timers trim their
+ * connections, so once a stream is over and quiet, neither side keeps any
+ * message of it. */
+static void
+quiet_connections_keep_nothing(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    e->w.mode = M_STREAM;
+    e->w.n = 5;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 5);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    for (int64_t until = swh_now_ms() + T(2000);
+         swt_conn_kept(e->fc) != 0 || swt_conn_kept(e->wc) != 0;) {
+        if (swh_now_ms() > until)
+            fail_msg("after the stream and 2 s, the frontend keeps %u messages, the worker %u",
+                     swt_conn_kept(e->fc), swt_conn_kept(e->wc));
+        sleep_ms(5);
+    }
+    got_free(g);
 }
 
 /* ======================================================================== */
@@ -573,6 +602,7 @@ main(int argc, char **argv)
         T_(conn_close_no_callback_after_free),
         T_(subscribe_fails_under_a_handler),
         T_(handled_messages_kept_in_batches),
+        T_(quiet_connections_keep_nothing),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,

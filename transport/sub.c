@@ -68,7 +68,6 @@ struct swt_sub {
     int dead;                      /* swt_subscribe failed after subscribing: handlers do nothing */
     struct swt_sub *next;          /* on g_orphans, when dead */
     struct swt_sub *cnext, *cprev; /* on c->subs while open (c->subs_mu) */
-    int linked;                    /* on c->subs (c->subs_mu) */
     pthread_t cb_thread;
     /* Handled messages not destroyed yet (under mu): nats.c hands every
      * destroyed message to its garbage-collector thread and wakes that
@@ -89,9 +88,8 @@ struct swt_sub {
 static pthread_mutex_t g_orphans_mu = PTHREAD_MUTEX_INITIALIZER;
 static swt_sub *g_orphans;
 
-/* Moves the deferred messages to v (sub->mu held, or no other thread can
- * reach sub); the caller destroys them with swt_msgs_destroy, after
- * unlocking. Returns how many. */
+/* Moves the deferred messages to v (sub->mu held); the caller destroys
+ * them with swt_msgs_destroy, after unlocking. Returns how many. */
 static unsigned
 swt_sub_take_deferred(swt_sub *sub, natsMsg *v[SWT_DEFER_MSGS])
 {
@@ -120,13 +118,15 @@ swt_sub_destroy_deferred(swt_sub *sub)
     swt_msgs_destroy(v, n);
 }
 
-/* Takes sub off its connection's list: swt_conn_trim no longer sees it. */
+/* Takes sub off its connection's list, if it is on it (a failing
+ * swt_subscribe closes one it never linked): swt_conn_trim no longer sees
+ * it. */
 static void
 swt_sub_unlink(swt_sub *sub)
 {
     sw_conn *c = sub->c;
     pthread_mutex_lock(&c->subs_mu);
-    if (sub->linked) {
+    if (sub->cprev != NULL || c->subs == sub) {
         if (sub->cprev != NULL)
             sub->cprev->cnext = sub->cnext;
         else
@@ -134,7 +134,6 @@ swt_sub_unlink(swt_sub *sub)
         if (sub->cnext != NULL)
             sub->cnext->cprev = sub->cprev;
         sub->cnext = sub->cprev = NULL;
-        sub->linked = 0;
     }
     pthread_mutex_unlock(&c->subs_mu);
 }
@@ -339,7 +338,6 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
     if (c->subs != NULL)
         c->subs->cprev = sub;
     c->subs = sub;
-    sub->linked = 1;
     pthread_mutex_unlock(&c->subs_mu);
     *out = sub;
     return SW_OK;

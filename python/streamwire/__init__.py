@@ -231,13 +231,13 @@ class Connection:
         h = ctypes.c_void_p()
         _raise_for(lib.sw_conn_open(ctypes.byref(h), ctypes.byref(o)), url)
         self._h = h
-        # What uses this connection (workers, routers, registries, in the
-        # order they were made): the library requires them closed before
-        # the connection, so close() closes them first.
-        self._users = []
+        # What uses this connection (workers, routers, registries; an
+        # object gone is gone from the set): the library requires them
+        # closed before the connection, so close() closes them first.
+        self._users = weakref.WeakSet()
 
     def _use(self, obj):
-        self._users.append(weakref.ref(obj))
+        self._users.add(obj)
 
     @property
     def handle(self):
@@ -250,12 +250,12 @@ class Connection:
         connection that are still open (workers first, registries last),
         then the connection."""
         if self._h is not None:
-            users = [u() for u in self._users]
+            users = list(self._users)
             for kind in (Worker, Router, Registry):
                 for u in users:
                     if isinstance(u, kind):
                         u.close()
-            self._users = []
+            self._users.clear()
             lib.sw_conn_close(self._h)
             self._h = None
 

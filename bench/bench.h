@@ -127,6 +127,7 @@ typedef struct bench_cfg {
     const char *only;
     int quick;
     int send_asap;
+    int handler_pool; /* --handler-pool: start_ingress's workers use the pool */
     unsigned reps;
     unsigned long items;
     size_t sizes[MAX_LIST];

@@ -110,6 +110,10 @@ usage(FILE *f)
            "  --no-send-asap      streamwire's connections without send-asap (its default is\n"
            "                      on); raw, and streamwire's short streams, always run both\n"
            "                      ways and each row uses the better mode\n"
+           "  --handler-pool      the main workers run their handler on the ingress's\n"
+           "                      handler pool (the library's default) instead of inline\n"
+           "                      (sw_ingress_opts.handler_inline, as raw's responder runs\n"
+           "                      in its subscription callback)\n"
            "  --side raw|sw|both  run only one side of long and short (for profiling)\n"
            "  --callgrind         scenario 6: under valgrind --tool=callgrind\n"
            "                      --instr-atstart=no, profile each long- and short-stream run\n"
@@ -269,6 +273,8 @@ parse_args(int argc, char **argv)
                 goto bad;
         } else if (!strcmp(a, "--callgrind")) {
             cfg.callgrind = 1;
+        } else if (!strcmp(a, "--handler-pool")) {
+            cfg.handler_pool = 1;
         } else if (!strcmp(a, "--no-send-asap")) {
             cfg.send_asap = 0;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {

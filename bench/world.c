@@ -230,6 +230,9 @@ start_ingress(const char *ep, const char *inst, unsigned max_inflight, unsigned 
     io.endpoint = ep;
     io.instance_id = inst;
     io.handler = sw_bench_handler;
+    /* Inline, as raw's responder (a nats.c subscription callback): the
+     * handler sends its items and returns. */
+    io.handler_inline = !cfg.handler_pool;
     if (max_inflight)
         io.max_inflight = max_inflight;
     if (max_window)

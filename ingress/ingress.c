@@ -139,7 +139,8 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     ing->handler_arg = o->handler_arg;
     ing->max_inflight = o->max_inflight ? o->max_inflight : 64;
     ing->max_held = o->max_held_finals ? o->max_held_finals : SW_INGRESS_MAX_HELD_DEFAULT;
-    ing->nthreads = o->handler_threads ? o->handler_threads : 4;
+    ing->inline_handlers = o->handler_inline != 0;
+    ing->nthreads = ing->inline_handlers ? 0 : o->handler_threads ? o->handler_threads : 4;
     ing->send_timeout_ms = o->send_timeout_ms ? o->send_timeout_ms : 30000;
     ing->max_window = o->max_window ? o->max_window : SW_INGRESS_MAX_WINDOW_DEFAULT;
     ing->hot_us = o->coalesce_us == SW_COALESCE_OFF ? 0
@@ -167,7 +168,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     if (swi_idmap_init(&ing->streams, 64) != 0 ||
         swi_idq_init(&ing->early, SWN_EARLY_MAX, SWN_EARLY_TTL_MS) != 0 ||
         swi_idq_init(&ing->seen, SWN_SEEN_MAX, SWN_SEEN_TTL_MS) != 0 ||
-        (ing->threads = calloc(ing->nthreads, sizeof(pthread_t))) == NULL) {
+        (ing->threads = calloc(ing->nthreads ? ing->nthreads : 1, sizeof(pthread_t))) == NULL) {
         rv = SW_ENOMEM;
         goto fail;
     }
@@ -264,9 +265,12 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     if (ing == NULL)
         return SW_EINVAL;
     pthread_mutex_lock(&ing->mu);
-    ing->draining = 1;
+    ing->draining = 1; /* from now on every request is refused */
     pthread_mutex_unlock(&ing->mu);
-    swt_sub_close(ing->conn, &ing->req_sub);
+    /* No new requests; those already delivered are refused. Not waited
+     * for here: an inline handler may be running on the subscription's
+     * thread, and only the hand-backs below end its stream. */
+    swt_sub_drain_start(ing->conn, ing->req_sub);
     /* Streams whose frontend migrates them move on at once, rather than
      * keep this worker for the grace period. */
     ing_hand_back(ing, 1, "the worker is draining; the frontend migrates the stream");
@@ -277,10 +281,10 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     if (ing->inflight > 0)
         rv = SW_ETIMEDOUT;
     pthread_mutex_unlock(&ing->mu);
-    if (rv == SW_OK)
-        return SW_OK;
     /* Out of time: end what is left. The frontend sees instance_lost. */
-    ing_hand_back(ing, 0, "the worker is shutting down");
+    if (rv != SW_OK)
+        ing_hand_back(ing, 0, "the worker is shutting down");
+    swt_sub_close(ing->conn, &ing->req_sub);
     return rv;
 }
 

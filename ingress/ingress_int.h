@@ -167,7 +167,8 @@ struct sw_ingress {
     unsigned max_held;                 /* finished streams held for an ack, at most */
     sw_responder *fin_head, *fin_tail; /* those, oldest first (ing->mu) */
     unsigned nfin;
-    unsigned nthreads;
+    unsigned nthreads;   /* handler pool threads; 0 with inline_handlers */
+    int inline_handlers; /* sw_ingress_opts.handler_inline */
     unsigned send_timeout_ms;
     unsigned max_window;
     int64_t hot_us; /* coalesce_us; 0 = off */
@@ -310,6 +311,9 @@ void swn_resp_drop_hold(sw_responder *r, const char *code, const char *message);
 /* ingress/intake.c */
 void swn_ing_on_request(const swt_msg *msg, void *arg);
 void *swn_ing_worker_main(void *arg);
+/* Calls the handler for r unless it is cancelled already, then drops the
+ * hold the intake gave r (a terminal-less return fails the stream). */
+void swn_ing_run_handler(sw_ingress *ing, sw_responder *r);
 
 /* ingress/control.c */
 void swn_resp_cancel(sw_responder *r, int kill);

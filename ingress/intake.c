@@ -3,8 +3,9 @@
  *
  * Threads: the request subscription's nats.c thread (swn_ing_on_request)
  * and the `handler_threads` pool threads (swn_ing_worker_main, which call
- * the user's handler with no lock held). Locks: ing->mu (table, queue,
- * counters); never r->mu (a new responder is not shared yet). */
+ * the user's handler with no lock held); with `handler_inline` there is no
+ * pool and the request's own thread calls the handler, after the unlock. Locks: ing->mu (table,
+ * queue, counters); never r->mu (a new responder is not shared yet). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,11 +269,13 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         ing->st.inflight = ing->inflight;
         ing->st.requests++;
         swi_idq_add(&ing->seen, r->id, r->router_id, swi_now_ms());
-        if (ing->q_tail)
-            ing->q_tail->qnext = r;
-        else
-            ing->q_head = r;
-        ing->q_tail = r;
+        if (!ing->inline_handlers) {
+            if (ing->q_tail)
+                ing->q_tail->qnext = r;
+            else
+                ing->q_head = r;
+            ing->q_tail = r;
+        }
         /* Last: the timer may look at r from now on (it takes no ing->mu),
          * and must find it registered and counted. */
         swi_duetab_attach(&ing->due, r->next_tick, r);
@@ -281,8 +284,11 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     if (!overloaded && !dup) {
         /* After the unlock: a handler thread woken under ing->mu would only
          * block on it again. */
-        pthread_cond_signal(&ing->cv);
+        if (!ing->inline_handlers)
+            pthread_cond_signal(&ing->cv);
         swn_ing_live_note(ing, req->router_id); /* (r may be gone already) */
+        if (ing->inline_handlers)
+            swn_ing_run_handler(ing, r); /* on this thread: r is held until it returns */
     }
     if (overloaded || dup) {
         if (overloaded) {
@@ -331,9 +337,14 @@ swn_ing_worker_main(void *arg)
             ing->q_tail = NULL;
         r->qnext = NULL;
         pthread_mutex_unlock(&ing->mu);
-
-        if (!sw_responder_cancelled(r))
-            ing->handler(r, ing->handler_arg);
-        swn_resp_drop_hold(r, "handler_returned", "the handler returned without a terminal");
+        swn_ing_run_handler(ing, r);
     }
+}
+
+void
+swn_ing_run_handler(sw_ingress *ing, sw_responder *r)
+{
+    if (!sw_responder_cancelled(r))
+        ing->handler(r, ing->handler_arg);
+    swn_resp_drop_hold(r, "handler_returned", "the handler returned without a terminal");
 }

@@ -66,6 +66,7 @@ struct swt_sub {
     int free_on_complete;          /* closed from inside its own handler: the completion frees it */
     int in_cb;                     /* the handler runs now, on cb_thread */
     int dead;                      /* swt_subscribe failed after subscribing: handlers do nothing */
+    int drain_started;             /* swt_sub_drain_start drained it (its owner's thread only) */
     struct swt_sub *next;          /* on g_orphans, when dead */
     struct swt_sub *cnext, *cprev; /* on c->subs while open (c->subs_mu) */
     pthread_t cb_thread;
@@ -409,6 +410,14 @@ swt_denied(sw_conn *c, const char *subj)
 }
 
 void
+swt_sub_drain_start(sw_conn *c, swt_sub *sub)
+{
+    if (sub != NULL && !sub->drain_started && swt_connected(c) &&
+        natsSubscription_Drain(sub->ns) == NATS_OK)
+        sub->drain_started = 1;
+}
+
+void
 swt_sub_close(sw_conn *c, swt_sub **subp)
 {
     swt_sub *sub = *subp;
@@ -418,7 +427,7 @@ swt_sub_close(sw_conn *c, swt_sub **subp)
         return;
     *subp = NULL;
     swt_sub_unlink(sub);
-    if (swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK)
+    if (sub->drain_started || (swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK))
         natsSubscription_WaitForDrainCompletion(sub->ns, 2000);
     /* Unsubscribe in any case: a drain that timed out leaves it open. */
     natsSubscription_Unsubscribe(sub->ns);

@@ -133,6 +133,13 @@ unsigned swt_conn_kept(sw_conn *c);
  * not, then destroys it and sets *sub to NULL. When it returns, the
  * callback is not running. NULL *sub is a no-op. */
 void swt_sub_close(sw_conn *c, swt_sub **sub);
+/* The first half of swt_sub_close, which does not wait: the server is told
+ * at once that the subscription wants no more messages (they go to no one,
+ * or to other subscribers), and the ones it already has still run through
+ * its callback. The callback may be running when this returns;
+ * swt_sub_close later waits for the rest. Connected only, else a no-op.
+ * The caller owns the subscription (no concurrent close). */
+void swt_sub_drain_start(sw_conn *c, swt_sub *sub);
 
 /* The monotonic time (ms) of the connection's last reconnect (0 if it never
  * reconnected since it was opened), -1 while it is down: a component that

@@ -209,7 +209,9 @@ SW_API const char *sw_status_name(int status);
 typedef struct sw_ingress sw_ingress;
 typedef struct sw_responder sw_responder;
 
-/* Handler for one request. Runs on one of the ingress's handler threads.
+/* Handler for one request. Runs on one of the ingress's handler threads
+ * (or, with sw_ingress_opts.handler_inline, on the thread that received
+ * the request).
  *
  * Ownership: the responder belongs to the library for the duration of the
  * call. If the handler returns without calling sw_responder_retain(), the
@@ -259,6 +261,19 @@ typedef struct sw_ingress_opts {
                                        Needs clocks that agree within this; 0 = no limit (the
                                        default: a worker whose clock is off still serves).
                                        At most SW_MAX_REQUEST_AGE_MS, else invalid_argument */
+    int handler_inline;             /* 1: no handler pool (handler_threads is ignored); the
+                                       handler runs on the thread that received the request, as
+                                       a nats.c subscription callback does, which saves a thread
+                                       hand-off per request (BENCHMARKS.md, session 17). For a
+                                       handler that returns at once: one that retains the
+                                       responder and hands it to an engine's own thread, or
+                                       sends a few items that fit the credit window. Requests
+                                       are then taken in one at a time: while a handler runs,
+                                       the next ones wait in nats.c's queue, not yet known to
+                                       the worker and so not heartbeaten; a handler that runs
+                                       longer than the frontends' inactivity_ms (1.5 s by
+                                       default) ends them with stream_incomplete. Must not call
+                                       sw_ingress_drain or _destroy. Default 0: the pool. */
 } sw_ingress_opts;
 
 #define SW_COALESCE_OFF (-1)

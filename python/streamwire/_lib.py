@@ -42,7 +42,8 @@ class IngressOpts(Structure):
                 ("max_window", c_uint), ("frontend_probe_ms", sw_duration),
                 ("frontend_timeout_ms", sw_duration), ("coalesce_us", sw_duration),
                 ("log", c_void_p), ("log_arg", c_void_p), ("frontend_probe_misses", c_uint),
-                ("max_held_finals", c_uint), ("max_request_age_ms", sw_duration)]
+                ("max_held_finals", c_uint), ("max_request_age_ms", sw_duration),
+                ("handler_inline", c_int)]
 
 
 class RouterOpts(Structure):

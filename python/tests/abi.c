@@ -30,6 +30,7 @@ main(void)
     F(sw_ingress_opts, log);
     F(sw_ingress_opts, max_held_finals);
     F(sw_ingress_opts, max_request_age_ms);
+    F(sw_ingress_opts, handler_inline);
     E();
     S(sw_router_opts);
     F(sw_router_opts, registry);

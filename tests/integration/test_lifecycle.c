@@ -586,6 +586,139 @@ quiet_connections_keep_nothing(void **state)
 }
 
 /* ======================================================================== */
+/* Inline handlers (sw_ingress_opts.handler_inline)                          */
+
+/* The handler runs on the thread that received the request: requests are
+ * taken in one at a time, every stream whole. With the pool (which
+ * handler_threads asks for, and inline ignores) the three would run side
+ * by side. */
+static void
+inline_handlers_one_at_a_time(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    got *g[3];
+    sw_stream *s[3];
+    int most = 0;
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    io.handler_threads = 8;
+    e->w.mode = M_STREAM;
+    e->w.n = 5;
+    e->w.delay_ms = 30;
+    env_start(e, &io, NULL);
+    for (int i = 0; i < 3; i++) {
+        g[i] = new_got(e);
+        s[i] = env_open(e);
+    }
+    for (int64_t until = now_ms() + T(10000); now_ms() < until;) {
+        int started = wctx_get(&e->w, &e->w.started);
+        int returned = wctx_get(&e->w, &e->w.returned);
+        if (started - returned > most)
+            most = started - returned;
+        if (returned == 3)
+            break;
+        sleep_ms(2);
+    }
+    assert_int_equal(wctx_get(&e->w, &e->w.returned), 3);
+    if (most != 1)
+        fail_msg("%d handlers ran at once, want 1", most);
+    for (int i = 0; i < 3; i++) {
+        assert_true(collect(s[i], g[i], 0, T(10000)));
+        assert_tokens(g[i], 5);
+        assert_terminal(g[i], SW_STATUS_COMPLETED, SW_OK, "stop");
+        assert_done(g[i]);
+        got_free(g[i]);
+    }
+}
+
+/* An inline handler blocked in send for credit holds the request's
+ * thread, not the control subscription's: the credit still arrives, and
+ * 60 items go through a window of 4. */
+static void
+inline_handler_waits_for_credit(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_ingress_stats st;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    sw_router_opts_init(&ro);
+    ro.credit_window = 4;
+    e->w.mode = M_STREAM;
+    e->w.n = 60;
+    env_start(e, &io, &ro);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 60);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    ingress_stats(e, &st);
+    if (st.credit_stalls == 0)
+        fail_msg("no send waited for credit: the test did not test it");
+    got_free(g);
+}
+
+/* The intended use: the handler retains the responder, hands it to
+ * another thread and returns at once; that thread streams and finishes. */
+static void
+inline_handler_hands_off(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    e->w.mode = M_RETAIN_FINISH;
+    e->w.n = 7;
+    env_start(e, &io, NULL);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 7);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    got_free(g);
+}
+
+/* Destroy while an inline handler waits (for a gate that never opens):
+ * the drain cancels its stream, the handler returns, the request
+ * subscription closes, destroy returns; the consumer gets instance_lost
+ * after the items it had. */
+static void
+inline_handler_blocked_destroy(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    got *g = new_got(e);
+    sw_stream *s;
+    int64_t t0;
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    e->w.mode = M_BLOCK;
+    e->w.k = 2;
+    e->w.n = 4;
+    env_start(e, &io, NULL);
+    s = env_open(e);
+    assert_true(wctx_wait(&e->w, &e->w.sent, 2, T(5000)));
+    t0 = now_ms();
+    sw_ingress_destroy(e->ing);
+    e->ing = NULL;
+    if (now_ms() - t0 > T(5000))
+        fail_msg("sw_ingress_destroy took %lld ms", (long long)(now_ms() - t0));
+    assert_int_equal(wctx_get(&e->w, &e->w.returned), 1);
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 2);
+    assert_terminal(g, SW_STATUS_ERROR, SW_INSTANCE_LOST, "instance_lost");
+    assert_done(g);
+    got_free(g);
+}
+
+/* ======================================================================== */
 
 int
 main(int argc, char **argv)
@@ -603,6 +736,10 @@ main(int argc, char **argv)
         T_(subscribe_fails_under_a_handler),
         T_(handled_messages_kept_in_batches),
         T_(quiet_connections_keep_nothing),
+        T_(inline_handlers_one_at_a_time),
+        T_(inline_handler_waits_for_credit),
+        T_(inline_handler_hands_off),
+        T_(inline_handler_blocked_destroy),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,

@@ -6,8 +6,10 @@
  * Threads (each file's header says which of them run its code):
  *   - nats.c delivers requests (intake.c), controls (control.c) and probe
  *     answers (liveness.c) on its own threads; those callbacks never run
- *     user code except the cancel callback, called with no lock held;
- *   - `handler_threads` pool threads run the user's handler (intake.c);
+ *     user code except the cancel callback, called with no lock held, and
+ *     the handler with `handler_inline` (the request's thread, no lock);
+ *   - `handler_threads` pool threads run the user's handler (intake.c),
+ *     none with `handler_inline`;
  *   - one timer thread: heartbeats, deadlines, retiring finished streams
  *     whose final was never acknowledged (heartbeat.c);
  *   - one liveness thread probing the frontends that have streams here

@@ -79,7 +79,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     sw_responder *r = NULL;
     uint8_t rid[SW_REQUEST_ID_BYTES];
     sw_err rv;
-    int overloaded = 0, dup = 0;
+    int overloaded = 0, dup = 0, refused = 0;
 
     if (msg->auth_failed) {
         /* Sealing does not match (a sealed request here without a key, an
@@ -238,7 +238,8 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
 
     pthread_mutex_lock(&ing->mu);
     if (ing->draining || ing->stopping) {
-        overloaded = 1;
+        refused = 1; /* delivered before the drain told the server (inline: queued behind a
+                        handler); never run */
     } else if (swi_idmap_get(&ing->streams, r->id) != NULL) {
         dup = 1;
     } else if (swn_early_take(ing, r->id, r->router_id)) {
@@ -281,7 +282,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         swi_duetab_attach(&ing->due, r->next_tick, r);
     }
     pthread_mutex_unlock(&ing->mu);
-    if (!overloaded && !dup) {
+    if (!overloaded && !dup && !refused) {
         /* After the unlock: a handler thread woken under ing->mu would only
          * block on it again. */
         if (!ing->inline_handlers)
@@ -290,7 +291,15 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         if (ing->inline_handlers)
             swn_ing_run_handler(ing, r); /* on this thread: r is held until it returns */
     }
-    if (overloaded || dup) {
+    if (refused) {
+        /* As a drain hands back a stream it ran: the frontend migrates it,
+         * or its consumer sees instance_lost. */
+        swi_log(&ing->log, SW_LOG_INFO, "request %s handed back: the worker is draining",
+                r->logtag);
+        ing_reject(ing, req->response_subject, r->id, SW_INSTANCE_LOST,
+                   "the worker is draining; the request did not run");
+    }
+    if (overloaded || dup || refused) {
         if (overloaded) {
             swi_log(&ing->log, SW_LOG_WARN, "request %s rejected: overloaded (%u in flight)",
                     r->logtag, ing->max_inflight);

@@ -67,6 +67,7 @@ struct swt_sub {
     int in_cb;                     /* the handler runs now, on cb_thread */
     int dead;                      /* swt_subscribe failed after subscribing: handlers do nothing */
     int drain_started;             /* swt_sub_drain_start drained it (its owner's thread only) */
+    int unsubscribed;              /* swt_sub_drain_start could not drain: unsubscribed at once */
     struct swt_sub *next;          /* on g_orphans, when dead */
     struct swt_sub *cnext, *cprev; /* on c->subs while open (c->subs_mu) */
     pthread_t cb_thread;
@@ -412,9 +413,16 @@ swt_denied(sw_conn *c, const char *subj)
 void
 swt_sub_drain_start(sw_conn *c, swt_sub *sub)
 {
-    if (sub != NULL && !sub->drain_started && swt_connected(c) &&
-        natsSubscription_Drain(sub->ns) == NATS_OK)
+    if (sub == NULL || sub->drain_started || sub->unsubscribed)
+        return;
+    if (swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK) {
         sub->drain_started = 1;
+    } else {
+        /* Down (or the drain refused): unsubscribe now, or nats.c would
+         * subscribe it again when the connection comes back. */
+        (void)natsSubscription_Unsubscribe(sub->ns);
+        sub->unsubscribed = 1;
+    }
 }
 
 void
@@ -427,7 +435,8 @@ swt_sub_close(sw_conn *c, swt_sub **subp)
         return;
     *subp = NULL;
     swt_sub_unlink(sub);
-    if (sub->drain_started || (swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK))
+    if (sub->drain_started ||
+        (!sub->unsubscribed && swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK))
         natsSubscription_WaitForDrainCompletion(sub->ns, 2000);
     /* Unsubscribe in any case: a drain that timed out leaves it open. */
     natsSubscription_Unsubscribe(sub->ns);

@@ -136,8 +136,9 @@ void swt_sub_close(sw_conn *c, swt_sub **sub);
 /* The first half of swt_sub_close, which does not wait: the server is told
  * at once that the subscription wants no more messages (they go to no one,
  * or to other subscribers), and the ones it already has still run through
- * its callback. The callback may be running when this returns;
- * swt_sub_close later waits for the rest. Connected only, else a no-op.
+ * its callback (drain). While the connection is down it unsubscribes at
+ * once instead (nothing is subscribed again on reconnect). The callback may
+ * be running when this returns; swt_sub_close later waits for the rest.
  * The caller owns the subscription (no concurrent close). */
 void swt_sub_drain_start(sw_conn *c, swt_sub *sub);
 

@@ -269,11 +269,17 @@ typedef struct sw_ingress_opts {
                                        responder and hands it to an engine's own thread, or
                                        sends a few items that fit the credit window. Requests
                                        are then taken in one at a time: while a handler runs,
-                                       the next ones wait in nats.c's queue, not yet known to
-                                       the worker and so not heartbeaten; a handler that runs
-                                       longer than the frontends' inactivity_ms (1.5 s by
-                                       default) ends them with stream_incomplete. Must not call
-                                       sw_ingress_drain or _destroy. Default 0: the pool. */
+                                       the next ones wait in nats.c's queue (unbounded, in
+                                       memory), not yet known to the worker and so neither
+                                       heartbeaten nor counted in max_inflight. Once the
+                                       handlers ahead of a request have run longer, in all,
+                                       than its frontend's inactivity_ms (1.5 s by default), it
+                                       ends with stream_incomplete (or migrates, and the
+                                       frontend stops choosing this instance for a while). A
+                                       drain hands the waiting ones back unrun (instance_lost).
+                                       An inline handler must not wait for a stream it opens
+                                       to its own ingress, nor call sw_ingress_drain or
+                                       _destroy. Default 0: the pool. */
 } sw_ingress_opts;
 
 #define SW_COALESCE_OFF (-1)
@@ -295,7 +301,9 @@ SW_API SW_NODISCARD sw_err sw_ingress_start(sw_ingress **out, sw_conn *conn,
 /* Stops accepting requests (the request subscription is removed: a router
  * that picked this instance from the registry gets "no responders" and sends
  * the request to another instance; call sw_registry_set_draining first so
- * routers stop picking it at all). Streams whose frontend migrates them
+ * routers stop picking it at all; a request that reached the worker but had
+ * not started, such as one queued behind an inline handler, is handed back
+ * unrun with instance_lost "the worker is draining"). Streams whose frontend migrates them
  * (sw_responder_migratable) are handed back at once: their handlers see the
  * cancellation and their frontends move them to another instance. Then it
  * waits up to grace_ms for the other in-flight streams to finish. Streams still open after

@@ -6,6 +6,7 @@
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
 #include "transport/chaos.h"
+#include "transport/sw_transport.h"
 
 /* ======================================================================== */
 /* 9. Drain, and a consumer that stops reading                               */
@@ -528,6 +529,7 @@ handled_messages_kept_in_batches(void **state)
     sw_conn *c = NULL, *pub = NULL;
     swt_sub *sub = NULL;
     keepcount k;
+    int64_t t1;
     (void)state;
     atomic_init(&k.calls, 0);
     sw_conn_opts_init(&co);
@@ -539,10 +541,14 @@ handled_messages_kept_in_batches(void **state)
 
     keep_publish(pub, sub, &k, 5, 10, 5);
     sleep_ms(6);
+    t1 = now_ms();
     swt_conn_trim(c); /* messages came since the last pass: kept */
     assert_int_equal(swt_sub_kept(sub), 5);
     swt_conn_trim(c); /* within 5 ms of that pass: no pass */
-    assert_int_equal(swt_sub_kept(sub), 5);
+    /* (unless this thread lost the CPU for 5 ms in between: then it was a
+     * pass, rightly, and there is nothing to check) */
+    if (now_ms() - t1 < 4)
+        assert_int_equal(swt_sub_kept(sub), 5);
     sleep_ms(6);
     swt_conn_trim(c); /* none since: destroyed */
     assert_int_equal(swt_sub_kept(sub), 0);
@@ -588,29 +594,41 @@ quiet_connections_keep_nothing(void **state)
 /* ======================================================================== */
 /* Inline handlers (sw_ingress_opts.handler_inline)                          */
 
-/* The handler runs on the thread that received the request: requests are
- * taken in one at a time, every stream whole. With the pool (which
- * handler_threads asks for, and inline ignores) the three would run side
- * by side. */
+/* Starts an inline ingress (handler_threads asks for a pool it ignores)
+ * whose handler sends 5 tokens 30 ms apart, and opens three streams to it
+ * at once. The frontend's inactivity_ms is raised: requests waiting behind
+ * a handler are not heartbeaten yet. */
 static void
-inline_handlers_one_at_a_time(void **state)
+start_inline_three(env *e, got *g[3], sw_stream *s[3])
 {
-    env *e = *state;
     sw_ingress_opts io;
-    got *g[3];
-    sw_stream *s[3];
-    int most = 0;
+    sw_router_opts ro;
     sw_ingress_opts_init(&io);
     io.handler_inline = 1;
     io.handler_threads = 8;
+    sw_router_opts_init(&ro);
+    ro.inactivity_ms = T(5000);
     e->w.mode = M_STREAM;
     e->w.n = 5;
     e->w.delay_ms = 30;
-    env_start(e, &io, NULL);
+    env_start(e, &io, &ro);
     for (int i = 0; i < 3; i++) {
         g[i] = new_got(e);
         s[i] = env_open(e);
     }
+}
+
+/* The handler runs on the thread that received the request: requests are
+ * taken in one at a time, every stream whole. With the pool the three
+ * would run side by side. */
+static void
+inline_handlers_one_at_a_time(void **state)
+{
+    env *e = *state;
+    got *g[3];
+    sw_stream *s[3];
+    int most = 0;
+    start_inline_three(e, g, s);
     for (int64_t until = now_ms() + T(10000); now_ms() < until;) {
         int started = wctx_get(&e->w, &e->w.started);
         int returned = wctx_get(&e->w, &e->w.returned);
@@ -718,6 +736,96 @@ inline_handler_blocked_destroy(void **state)
     got_free(g);
 }
 
+/* A drain while requests wait behind a running inline handler: the running
+ * one finishes, the waiting ones never ran and are handed back as a drain
+ * hands back a stream (instance_lost: a migrating frontend moves them),
+ * not refused as "overloaded". */
+static void
+inline_drain_hands_back_the_queued(void **state)
+{
+    env *e = *state;
+    got *g[3];
+    sw_stream *s[3];
+    start_inline_three(e, g, s);
+    assert_true(wctx_wait(&e->w, &e->w.started, 1, T(5000)));
+    assert_int_equal(sw_ingress_drain(e->ing, T(10000)), SW_OK);
+    assert_int_equal(wctx_get(&e->w, &e->w.started), 1);
+    assert_true(collect(s[0], g[0], 0, T(10000)));
+    assert_tokens(g[0], 5);
+    assert_terminal(g[0], SW_STATUS_COMPLETED, SW_OK, "stop");
+    for (int i = 1; i < 3; i++) {
+        assert_true(collect(s[i], g[i], 0, T(10000)));
+        assert_tokens(g[i], 0);
+        assert_terminal(g[i], SW_STATUS_ERROR, SW_INSTANCE_LOST, "instance_lost");
+        assert_non_null(strstr(g[i]->message, "draining"));
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_done(g[i]);
+        got_free(g[i]);
+    }
+}
+
+typedef struct drain_bg {
+    env *e;
+    sw_err rv;
+    int began_down; /* the worker's connection was down when the drain began */
+} drain_bg;
+
+static void *
+drain_when_down(void *arg)
+{
+    drain_bg *d = arg;
+    for (int64_t until = now_ms() + T(5000); swt_connected(d->e->wc) && now_ms() < until;)
+        sleep_ms(1);
+    d->began_down = !swt_connected(d->e->wc);
+    d->rv = sw_ingress_drain(d->e->ing, T(10000));
+    return NULL;
+}
+
+/* A drain that begins while the worker's connection is down (a NATS
+ * restart): the request subscription is not subscribed again when the
+ * connection comes back, so a new request during the grace period gets
+ * "no responders" (a router sends it elsewhere) instead of reaching a
+ * draining worker. */
+static void
+drain_while_disconnected(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e), *g2 = new_got(e);
+    sw_stream *s, *s2;
+    pthread_t t;
+    drain_bg d = {e, SW_OK, 0};
+    e->w.mode = M_BLOCK;
+    e->w.k = 1;
+    e->w.n = 3;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(wctx_wait(&e->w, &e->w.sent, 1, T(5000)));
+    assert_int_equal(pthread_create(&t, NULL, drain_when_down, &d), 0);
+    assert_int_equal(swh_nats_restart(&g_nats, 600), 0);
+    for (int64_t until = now_ms() + T(15000); !swt_connected(e->wc) || !swt_connected(e->fc);) {
+        if (now_ms() > until) {
+            wctx_open_gate(&e->w);
+            pthread_join(t, NULL);
+            fail_msg("the connections did not come back");
+        }
+        sleep_ms(5);
+    }
+    sleep_ms(200);
+    s2 = env_open(e);
+    assert_true(collect(s2, g2, 0, T(10000)));
+    wctx_open_gate(&e->w);
+    pthread_join(t, NULL);
+    assert_int_equal(d.began_down, 1);
+    assert_terminal(g2, SW_STATUS_ERROR, SW_NO_RESPONDERS, "no_responders");
+    assert_int_equal(d.rv, SW_OK);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 3);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    got_free(g);
+    got_free(g2);
+}
+
 /* ======================================================================== */
 
 int
@@ -740,6 +848,8 @@ main(int argc, char **argv)
         T_(inline_handler_waits_for_credit),
         T_(inline_handler_hands_off),
         T_(inline_handler_blocked_destroy),
+        T_(inline_drain_hands_back_the_queued),
+        T_(drain_while_disconnected),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,

@@ -91,8 +91,8 @@ cli_generate_main(int argc, char **argv)
     const char *server = NULL, *endpoint = NULL, *instance = NULL, *prompt = "hello";
     long migration_limit = 0;
     long max_tokens = 0, cancel_after = -1, read_delay = 0, timeout = 0, linger = 20;
-    long heartbeat = 0, window = 0, window_max = 0, credit_bytes = 0, inactivity = 0,
-         gap_timeout = 0, payload_bytes = -1;
+    long heartbeat = 0, window = 0, window_max = 0, credit_bytes = 0, credit_bytes_max = 0,
+         inactivity = 0, gap_timeout = 0, payload_bytes = -1;
     const char *policy = "round_robin", *bucket = NULL, *router_id = NULL;
     int json = 0, verbose = 0;
     long fanout = 0;
@@ -168,9 +168,13 @@ cli_generate_main(int argc, char **argv)
          "for a fixed window",
          &window_max, 0, 1000000, NULL, 0},
         {"credit-bytes", CLI_INT, "N",
-         "byte credit: the data bytes the worker may send past\nwhat this consumer took, the most "
-         "the stream\nqueues (default 1048576)",
+         "byte credit: the data bytes the worker may send past\nwhat this consumer took at first, "
+         "the most a\nstream that never kept up queues (default 1048576)",
          &credit_bytes, 256, 1073741824, NULL, 0},
+        {"credit-bytes-max", CLI_INT, "N",
+         "the most the byte credit grows to while this consumer\nkeeps up with large items "
+         "(default 4194304, and at\nleast --credit-bytes); = --credit-bytes for a fixed one",
+         &credit_bytes_max, 256, 1073741824, NULL, 0},
         {"migration-limit", CLI_INT, "N",
          "move the stream to another instance up to N times\nwhen its worker is lost or drains "
          "(default 0;\nneeds the registry: no --instance-id)",
@@ -214,6 +218,10 @@ cli_generate_main(int argc, char **argv)
         return rc;
     if ((rc = cli_check_names(&cmd, server, endpoint, 1, instance)) != CLI_EXIT_OK)
         return rc;
+    if (credit_bytes_max != 0 &&
+        (size_t)credit_bytes_max < (credit_bytes ? (size_t)credit_bytes : SW_CREDIT_BYTES_DEFAULT))
+        return cli_usage_error(&cmd, "--credit-bytes-max is less than --credit-bytes (default "
+                                     "1048576): the byte credit would start above its most");
     if (fanout > 0) {
         if ((nchunks = cli_fanout_parse_chunks(chunk_list, chunks, CLI_FANOUT_MAX)) < 0)
             return cli_usage_error(&cmd, "--chunks: a comma list of 1..16 sizes of 1..1000");
@@ -300,6 +308,7 @@ cli_generate_main(int argc, char **argv)
     ropts.credit_window = (unsigned)window;
     ropts.credit_window_max = (unsigned)window_max;
     ropts.credit_bytes = (size_t)credit_bytes;
+    ropts.credit_bytes_max = (size_t)credit_bytes_max;
     ropts.log = verbose ? cli_log_stderr : NULL;
     ropts.log_arg = (void *)"generate";
     err = sw_router_create(&router, conn, &ropts);

@@ -83,7 +83,8 @@ struct sw_router {
     unsigned window, hb_ms, inactivity_ms, gap_ms, linger_ms, max_streams;
     unsigned window_max; /* sw_router_opts.credit_window_max */
     size_t credit_bytes;
-    int migration_limit; /* the default for requests */
+    size_t credit_bytes_max; /* sw_router_opts.credit_bytes_max (>= credit_bytes) */
+    int migration_limit;     /* the default for requests */
     swt_sub *mux;
     swt_sub *live; /* sw.rtr.<id>: answers workers' liveness probes */
     swt_sub *prb;  /* sw.prb.<id>.*: answers to our instance probes */

@@ -136,6 +136,7 @@ sw_router_opts_init(sw_router_opts *o)
     o->credit_window = 256;
     o->credit_window_max = SW_CREDIT_WINDOW_MAX_DEFAULT;
     o->credit_bytes = SW_CREDIT_BYTES_DEFAULT;
+    o->credit_bytes_max = SW_CREDIT_BYTES_MAX_DEFAULT;
     o->heartbeat_ms = 250;
     o->gap_timeout_ms = 500;
     o->max_streams = 65536;
@@ -171,7 +172,9 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         o->gap_timeout_ms > INT32_MAX || o->final_linger_ms > INT32_MAX ||
         o->probe_interval_ms > INT32_MAX || o->probe_timeout_ms > INT32_MAX ||
         o->quarantine_ms > INT32_MAX || o->migration_limit < 0 ||
-        o->migration_limit > SW_MAX_MIGRATIONS)
+        o->migration_limit > SW_MAX_MIGRATIONS ||
+        (o->credit_bytes_max != 0 &&
+         o->credit_bytes_max < (o->credit_bytes ? o->credit_bytes : SW_CREDIT_BYTES_DEFAULT)))
         return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;
@@ -188,6 +191,10 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     r->window = o->credit_window ? o->credit_window : 256;
     r->window_max = o->credit_window_max ? o->credit_window_max : SW_CREDIT_WINDOW_MAX_DEFAULT;
     r->credit_bytes = o->credit_bytes ? o->credit_bytes : SW_CREDIT_BYTES_DEFAULT;
+    r->credit_bytes_max = o->credit_bytes_max ? o->credit_bytes_max
+                          : r->credit_bytes > SW_CREDIT_BYTES_MAX_DEFAULT
+                              ? r->credit_bytes
+                              : SW_CREDIT_BYTES_MAX_DEFAULT;
     r->hb_ms = o->heartbeat_ms ? o->heartbeat_ms : 250;
     r->inactivity_ms = o->inactivity_ms ? o->inactivity_ms : 4 * r->hb_ms + 500;
     r->gap_ms = o->gap_timeout_ms ? o->gap_timeout_ms : 500;

@@ -176,6 +176,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     cfg.window_max =
         o->credit_window == 0 && r->window_max > cfg.window ? r->window_max : cfg.window;
     cfg.window_bytes = r->credit_bytes;
+    cfg.window_bytes_max = cfg.window_max > cfg.window ? r->credit_bytes_max : r->credit_bytes;
     cfg.inactivity_ms = r->inactivity_ms;
     if (o->heartbeat_ms != 0 && o->heartbeat_ms != r->hb_ms)
         cfg.inactivity_ms = 4 * (int64_t)o->heartbeat_ms + 500;

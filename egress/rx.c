@@ -54,7 +54,7 @@ rx_worker_start(swe_rx *rx, int64_t now)
     rx->grants[0] = rx->cfg.window;
     rx->bytes_on = 0; /* until this worker answers */
     rx->in_bytes = rx->consumed_bytes = 0;
-    rx->byte_sent = rx->cfg.window_bytes;
+    rx->byte_sent = rx->wbytes = rx->cfg.window_bytes;
     rx->ngrants = 1;
     rx->gap_since_ms = 0;
     rx->last_resend_ms = 0;
@@ -622,22 +622,31 @@ rx_hold_fit(swe_rx *rx, uint64_t w)
 }
 
 /* Window tuning, at a grant (rx.h): grow while the consumer keeps up with
- * a fast worker, shrink to the byte bound when larger items came. */
+ * a fast worker (the byte window too, when it binds or soon will), shrink
+ * to the byte bound when larger items came. */
 static void
 rx_tune(swe_rx *rx, int64_t now)
 {
     uint64_t cap = rx->wmax;
     int64_t since = now - rx->last_grant_ms;
+    int keeps_up;
     rx->last_grant_ms = now;
     if (cap == 0 || (rx->cfg.window_bytes != 0 && !rx->bytes_on))
         return; /* a fixed window: the worker did not answer (both) */
-    if (rx->cfg.window_bytes != 0 && rx->max_cost != 0 && rx->cfg.window_bytes / rx->max_cost < cap)
-        cap = rx->cfg.window_bytes / rx->max_cost;
+    keeps_up = since < SW_WINDOW_GROW_MS && rx->qlen <= rx->window / 4;
+    if (keeps_up && rx->wbytes != 0 && rx->wbytes < rx->cfg.window_bytes_max &&
+        rx->cfg.window_max > rx->cfg.window && rx->max_cost != 0 &&
+        (uint64_t)rx->window * rx->max_cost * 2 > rx->wbytes) {
+        uint64_t b = rx->wbytes * 2;
+        rx->wbytes = b < rx->cfg.window_bytes_max ? b : rx->cfg.window_bytes_max;
+    }
+    if (rx->wbytes != 0 && rx->max_cost != 0 && rx->wbytes / rx->max_cost < cap)
+        cap = rx->wbytes / rx->max_cost;
     if (cap < rx->window0)
         cap = rx->window0;
     if (rx->window > cap) {
         rx->window = (uint32_t)cap;
-    } else if (rx->window < cap && since < SW_WINDOW_GROW_MS && rx->qlen <= rx->window / 4) {
+    } else if (rx->window < cap && keeps_up) {
         uint64_t w = (uint64_t)rx->window * 2;
         if (w > cap)
             w = cap;
@@ -656,11 +665,11 @@ rx_grant(swe_rx *rx, int64_t now, swe_rx_act *act)
 {
     uint64_t limit, blimit;
     if (rx->consumed + rx->window / 2 < rx->credit_sent &&
-        (!rx->bytes_on || rx->consumed_bytes + rx->cfg.window_bytes / 2 < rx->byte_sent))
+        (!rx->bytes_on || rx->consumed_bytes + rx->wbytes / 2 < rx->byte_sent))
         return;
     rx_tune(rx, now);
     limit = rx->consumed + rx->window;
-    blimit = rx->bytes_on ? rx->consumed_bytes + rx->cfg.window_bytes : 0;
+    blimit = rx->bytes_on ? rx->consumed_bytes + rx->wbytes : 0;
     if (limit <= rx->credit_sent && blimit <= rx->byte_sent)
         return;
     if (limit > rx->credit_sent)

@@ -27,19 +27,24 @@
  *     with credit_window_max in seq 1's header), a grant that comes within
  *     SW_WINDOW_GROW_MS of the previous one, with at most a quarter of the
  *     window queued, doubles it, up to cfg.window_max, the worker's answer,
- *     and cfg.window_bytes of items of the largest cost seen (length +
- *     SW_ITEM_COST); a grant shrinks it to that byte bound (never below the
- *     first window) when larger items came;
+ *     and the byte window (wbytes) of items of the largest cost seen
+ *     (length + SW_ITEM_COST); a grant shrinks it to that byte bound (never
+ *     below the first window) when larger items came;
  *   - byte credit: when the worker answers credit_bytes (it keeps to byte
- *     limits), every grant also says a byte limit, consumed bytes +
- *     cfg.window_bytes, and a grant is due when half of either window was
- *     consumed; the window grows only then (cfg.window_bytes != 0);
+ *     limits), every grant also says a byte limit, consumed bytes + the
+ *     byte window, and a grant is due when half of either window was
+ *     consumed; the window grows only then (cfg.window_bytes != 0). The
+ *     byte window starts at cfg.window_bytes; a grant that doubles the
+ *     window, or finds it within a factor of 2 of the byte bound, doubles
+ *     the byte window too, up to cfg.window_bytes_max (a consumer that
+ *     keeps up with large items: the bandwidth-delay product); it never
+ *     shrinks for one worker and starts over for the next;
  *   - a data item beyond the credit granted so far ends the stream with
  *     flow_violation (the worker ignores flow control: nothing of it is
  *     queued), and so does one that takes the data bytes received past the
  *     highest byte limit granted plus the largest item seen (the worker
  *     may start an item below the limit and finish it past it); so what is
- *     queued and held never exceeds cfg.window_bytes + one item of data;
+ *     queued and held never exceeds the byte window + one item of data;
  *     finals and heartbeats need no credit;
  *   - the worker's final decides the terminal once every item before it has
  *     arrived; an item (or a held item) past the final ends the stream with
@@ -100,16 +105,18 @@ typedef struct swe_rx_text {
 } swe_rx_text;
 
 typedef struct swe_rx_cfg {
-    uint32_t window;       /* credit window asked of the worker (> 0) */
-    uint32_t window_max;   /* the window may grow to this (>= window; = window: fixed) */
-    size_t window_bytes;   /* byte credit asked of the worker (Request.credit_bytes), and the
-                              window grows to no more bytes than this (0: neither) */
-    int64_t inactivity_ms; /* silence that ends the stream */
-    int64_t gap_ms;        /* how long a gap may stay open */
-    int64_t linger_ms;     /* hold a wire terminal this long */
-    int64_t deadline_ms;   /* absolute time, or -1 = none */
-    unsigned migrations;   /* migrations allowed (0 = none) */
-    int keep_history;      /* keep the data items received (a migrate callback reads them) */
+    uint32_t window;         /* credit window asked of the worker (> 0) */
+    uint32_t window_max;     /* the window may grow to this (>= window; = window: fixed) */
+    size_t window_bytes;     /* byte credit asked of the worker (Request.credit_bytes), and the
+                                window grows to no more bytes than this (0: neither) */
+    size_t window_bytes_max; /* with a window that may grow, the byte window may grow to
+                                this (<= window_bytes: it stays window_bytes) */
+    int64_t inactivity_ms;   /* silence that ends the stream */
+    int64_t gap_ms;          /* how long a gap may stay open */
+    int64_t linger_ms;       /* hold a wire terminal this long */
+    int64_t deadline_ms;     /* absolute time, or -1 = none */
+    unsigned migrations;     /* migrations allowed (0 = none) */
+    int keep_history;        /* keep the data items received (a migrate callback reads them) */
 } swe_rx_cfg;
 
 /* What the caller must do after a call. Zeroed by each call that fills it. */
@@ -193,6 +200,8 @@ typedef struct swe_rx {
     uint64_t in_bytes;
     uint64_t consumed_bytes;
     uint64_t byte_sent;
+    uint64_t wbytes; /* the byte window: cfg.window_bytes, grown (tuning) up to
+                        cfg.window_bytes_max; never shrinks for one worker */
     /* consumer queue and terminal */
     swe_q *qh, *qt;
     size_t qlen;

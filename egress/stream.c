@@ -418,5 +418,6 @@ sw_stream_stats_get(sw_stream *s, sw_stream_stats *out)
     *out = s->rx.st;
     out->pending = s->rx.qlen;
     out->window = s->rx.window;
+    out->window_bytes = s->rx.bytes_on ? s->rx.wbytes : 0;
     pthread_mutex_unlock(&s->mu);
 }

@@ -585,10 +585,20 @@ typedef struct sw_router_opts {
     unsigned credit_window_max; /* 0 = SW_CREDIT_WINDOW_MAX_DEFAULT (16384); set it to
                                    credit_window for a fixed window; at most 1<<20 */
     size_t credit_bytes;        /* 0 = SW_CREDIT_BYTES_DEFAULT (1 MiB) */
+    size_t credit_bytes_max;    /* the byte window of a stream on the router's default window
+                                   starts at credit_bytes and doubles with the window while its
+                                   consumer keeps up and the bytes bind (large items), up to
+                                   this; never shrinks for one worker. 0 =
+                                   SW_CREDIT_BYTES_MAX_DEFAULT (4 MiB) or credit_bytes if that
+                                   is larger; = credit_bytes: a fixed byte window; less:
+                                   SW_EINVAL. The memory bound per stream is then this + one
+                                   item for a consumer that kept up and then stopped,
+                                   credit_bytes + one item for one that never kept up */
 } sw_router_opts;
 
 #define SW_CREDIT_WINDOW_MAX_DEFAULT 16384
 #define SW_CREDIT_BYTES_DEFAULT ((size_t)1 << 20)
+#define SW_CREDIT_BYTES_MAX_DEFAULT ((size_t)4 << 20)
 #define SW_WINDOW_GROW_MS 20
 #define SW_ITEM_COST 64
 
@@ -726,6 +736,9 @@ typedef struct sw_stream_stats {
     uint64_t migrations;   /* times the stream moved to another instance */
     uint64_t window;       /* the credit window now, in items (it grows for a fast stream:
                               sw_router_opts.credit_window_max) */
+    uint64_t window_bytes; /* the byte window now (it grows for a fast stream of large items:
+                              sw_router_opts.credit_bytes_max); 0 until the worker keeps to
+                              byte credit, or without it */
 } sw_stream_stats;
 
 SW_API void sw_stream_stats_get(sw_stream *s, sw_stream_stats *out);

@@ -54,7 +54,7 @@ class RouterOpts(Structure):
                 ("probe_timeout_ms", sw_duration), ("probe_misses", c_uint),
                 ("quarantine_ms", sw_duration), ("log", c_void_p), ("log_arg", c_void_p),
                 ("migration_limit", c_int), ("credit_window_max", c_uint),
-                ("credit_bytes", c_size_t)]
+                ("credit_bytes", c_size_t), ("credit_bytes_max", c_size_t)]
 
 
 class Header(Structure):

@@ -38,6 +38,7 @@ main(void)
     F(sw_router_opts, quarantine_ms);
     F(sw_router_opts, log_arg);
     F(sw_router_opts, migration_limit);
+    F(sw_router_opts, credit_bytes_max);
     E();
     S(sw_request_opts);
     F(sw_request_opts, max_tokens);

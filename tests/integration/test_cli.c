@@ -1100,6 +1100,12 @@ test_usage_errors(void **state)
                  "not an integer");
     expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--credit-bytes", "255"),
                  "out of range");
+    expect_usage(
+        ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--credit-bytes-max", "1048575"),
+        "--credit-bytes-max is less than --credit-bytes");
+    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--credit-bytes",
+                      "9000000", "--credit-bytes-max", "8999999"),
+                 "--credit-bytes-max is less than --credit-bytes");
     /* A second cluster key without the first (key rotation, --open-key-file). */
     expect_usage(
         ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--open-key-file", "/nonexistent"),

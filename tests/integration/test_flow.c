@@ -302,6 +302,84 @@ byte_credit_bounds_large_items(void **state)
     assert_done(g);
 }
 
+/* Byte window tuning: a consumer that keeps up with a fast worker of 2 KiB
+ * items grows the byte window from credit_bytes (64 KiB here) to
+ * credit_bytes_max (256 KiB), and the item window with it; when it stops
+ * reading, the worker stops within the grown byte window (+ one item), and
+ * everything arrives, in order, intact, when it reads on. */
+static void
+byte_window_grows_and_still_bounds(void **state)
+{
+    env *e = *state;
+    const size_t K = 2000, N = 3000, LEN = 2048, BUDGET = 64 * 1024, MAX = 256 * 1024;
+    sw_router_opts ro;
+    got *g = new_got(e);
+    sw_stream_stats ss;
+    sw_stream *s;
+    uint64_t sent;
+    sw_router_opts_init(&ro);
+    ro.credit_bytes = BUDGET;
+    ro.credit_bytes_max = MAX;
+    e->w.mode = M_BIG;
+    e->w.k = 1;
+    e->w.n = (int)N;
+    e->w.big_len = LEN;
+    env_start(e, NULL, &ro);
+    s = env_open(e);
+    assert_false(collect(s, g, K, T(30000)));
+    assert_int_equal(g->n, K);
+    sw_stream_stats_get(s, &ss);
+    if (ss.window_bytes != MAX)
+        fail_msg("after %zu items of %zu B taken as they came, the byte window is %llu, want %zu",
+                 K, LEN, (unsigned long long)ss.window_bytes, MAX);
+    assert_true(ss.window > BUDGET / (LEN + SW_ITEM_COST));
+    sent = wait_worker_stops(e);
+    sw_stream_stats_get(s, &ss);
+    if (sent - K > MAX / LEN + 1 || ss.pending > MAX / LEN + 1)
+        fail_msg("stalled consumer: %llu items of %zu B sent past what it took, %llu queued; "
+                 "byte window %zu",
+                 (unsigned long long)(sent - K), LEN, (unsigned long long)ss.pending, MAX);
+    assert_true(sent - K > BUDGET / LEN + 1); /* it did use the grown window */
+    assert_true(collect(s, g, 0, T(60000)));
+    assert_int_equal(g->n, N);
+    for (size_t i = 0; i < N; i++) {
+        char want[32];
+        int n = snprintf(want, sizeof(want), "token-%zu", i);
+        assert_int_equal(g->seq[i], i + 1);
+        if (i == 0) {
+            assert_string_equal(g->data[i], want);
+        } else {
+            assert_int_equal(strlen(g->data[i]), LEN);
+            assert_memory_equal(g->data[i], want, (size_t)n);
+        }
+    }
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+}
+
+/* credit_bytes_max below credit_bytes is a mistake, not a silent clamp. */
+static void
+byte_window_max_below_credit_bytes(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    sw_router *r = NULL;
+    (void)state;
+    e->fc = conn_open("itest-frontend");
+    sw_router_opts_init(&ro);
+    ro.credit_bytes = 1 << 20;
+    ro.credit_bytes_max = (1 << 20) - 1;
+    assert_int_equal(sw_router_create(&r, e->fc, &ro), SW_EINVAL);
+    assert_null(r);
+    ro.credit_bytes_max = 1 << 20; /* equal: a fixed byte window */
+    assert_int_equal(sw_router_create(&r, e->fc, &ro), SW_OK);
+    sw_router_destroy(r);
+    ro.credit_bytes = 8 << 20; /* above the default most, with 0: the most is credit_bytes */
+    ro.credit_bytes_max = 0;
+    assert_int_equal(sw_router_create(&r, e->fc, &ro), SW_OK);
+    sw_router_destroy(r);
+}
+
 static void
 try_send_and_droppable(void **state)
 {
@@ -678,6 +756,8 @@ main(int argc, char **argv)
         T_(window_grows_and_still_bounds),
         T_(window_growth_capped_by_the_worker),
         T_(byte_credit_bounds_large_items),
+        T_(byte_window_grows_and_still_bounds),
+        T_(byte_window_max_below_credit_bytes),
         T_(scale_1000_streams),
         T_(router_backlog_no_spurious_incomplete),
         T_(instance_not_lost_while_streaming),

@@ -144,6 +144,7 @@ typedef struct fstream {
     unsigned moves;      /* migrations made */
     uint32_t max_window; /* the largest window the frontend used */
     size_t max_bytes;    /* the most data bytes queued and held (byte credit) */
+    uint64_t max_wbytes; /* the largest byte window the frontend used */
     wstream w[NWORKERS]; /* the worker side, one per worker the stream was on */
 } fstream;
 
@@ -164,6 +165,7 @@ typedef struct world {
     int draining[NWORKERS];
     uint64_t migrations, mig_failed, moved_completed;
     uint64_t grown;       /* streams whose window grew */
+    uint64_t bgrown;      /* streams whose byte window grew */
     uint64_t byte_stalls; /* a worker waited for byte credit (item credit left) */
 } world;
 
@@ -569,6 +571,16 @@ fe_check_bounds(world *wd, fstream *f)
     uint32_t accepted = f->rx.wmax > f->rx.window0 ? f->rx.wmax : f->rx.window0;
     if (f->rx.window > f->max_window)
         f->max_window = f->rx.window;
+    /* I12: the byte window grows only within its maximum */
+    if (f->rx.wbytes > f->max_wbytes)
+        f->max_wbytes = f->rx.wbytes;
+    if (f->rx.cfg.window_bytes != 0 &&
+        (f->rx.wbytes < f->rx.cfg.window_bytes ||
+         f->rx.wbytes > (f->rx.cfg.window_bytes_max > f->rx.cfg.window_bytes
+                             ? f->rx.cfg.window_bytes_max
+                             : f->rx.cfg.window_bytes)))
+        FAIL(wd, "I12: byte window %llu, first %zu, most %zu", (unsigned long long)f->rx.wbytes,
+             f->rx.cfg.window_bytes, f->rx.cfg.window_bytes_max);
     bound = (size_t)f->max_window * (f->rx.gen > 0 ? 2 : 1);
     if (f->rx.qlen > bound)
         FAIL(wd, "I5: %zu items queued, window %u", f->rx.qlen, f->max_window);
@@ -587,9 +599,9 @@ fe_check_bounds(world *wd, fstream *f)
         for (size_t i = 0; f->rx.hold != NULL && i < f->rx.hold_cap; i++)
             if (f->rx.hold[i] != NULL)
                 bytes += f->rx.hold[i]->len;
-        if (bytes > f->rx.cfg.window_bytes + largest)
-            FAIL(wd, "I12: %zu data bytes queued and held, byte credit %zu + one item %zu", bytes,
-                 f->rx.cfg.window_bytes, largest);
+        if (bytes > f->rx.wbytes + largest)
+            FAIL(wd, "I12: %zu data bytes queued and held, byte window %llu + one item %zu", bytes,
+                 (unsigned long long)f->rx.wbytes, largest);
         if (bytes > f->max_bytes)
             f->max_bytes = bytes;
     }
@@ -700,9 +712,9 @@ fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b)
         /* I11: after a grant the consumer made, within the byte bound (or
          * at the first size); a repeated grant does not tune */
         if (a.credit && f->rx.window > f->rx.window0 && f->rx.cfg.window_bytes != 0 &&
-            f->rx.window > f->rx.cfg.window_bytes / f->rx.max_cost)
-            FAIL(wd, "I11: window %u after a grant, byte bound %zu / %zu", f->rx.window,
-                 f->rx.cfg.window_bytes, f->rx.max_cost);
+            f->rx.window > f->rx.wbytes / f->rx.max_cost)
+            FAIL(wd, "I11: window %u after a grant, byte bound %llu / %zu", f->rx.window,
+                 (unsigned long long)f->rx.wbytes, f->rx.max_cost);
         if (got == 2) {
             f->terminal = 1;
             f->term = it.terminal;
@@ -896,6 +908,8 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
     cfg.window_max = wd->p->window_max > cfg.window ? wd->p->window_max : cfg.window;
     /* grow: half the streams without a byte bound (the workers' cap binds) */
     cfg.window_bytes = idx & 1 || wd->p->window_max == 0 ? wd->p->window_bytes : 0;
+    /* and half of those may grow their byte window fourfold */
+    cfg.window_bytes_max = idx & 2 ? 4 * cfg.window_bytes : cfg.window_bytes;
     cfg.inactivity_ms = 4 * wd->p->hb_ms + 500;
     cfg.gap_ms = 500;
     cfg.linger_ms = 0;
@@ -912,7 +926,7 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
 
 static int
 run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t *msgs,
-         uint64_t *moved, uint64_t *grown, uint64_t *byte_stalls)
+         uint64_t *moved, uint64_t *grown, uint64_t *byte_stalls, uint64_t *bytes_grown)
 {
     world *wd = calloc(1, sizeof(*wd));
     node_box boxes[NWORKERS + 1];
@@ -1040,6 +1054,8 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
             wd->moved_completed++;
         if (f->max_window > p->window)
             wd->grown++;
+        if (f->max_wbytes > f->rx.cfg.window_bytes)
+            wd->bgrown++;
         /* I3: healthy worker, lossless bus: complete with every item. */
         if (!f->faulty && p->f.drop == 0 &&
             (f->term.status != SW_STATUS_COMPLETED || f->last != (uint64_t)f->n))
@@ -1054,6 +1070,7 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                (unsigned long long)wd->mig_failed, (unsigned long long)wd->moved_completed);
     *moved = wd->moved_completed;
     *grown = wd->grown;
+    *bytes_grown = wd->bgrown;
     *byte_stalls = wd->byte_stalls;
     if (verbose)
         printf("  seed 0x%llx %-9s streams %d messages %llu: completed %llu cancelled %llu "
@@ -1109,12 +1126,13 @@ main(int argc, char **argv)
         }
     }
     for (size_t k = 0; k < sizeof(profiles) / sizeof(profiles[0]); k++) {
-        uint64_t pm = 0, moved = 0, grown = 0, bstalls = 0;
+        uint64_t pm = 0, moved = 0, grown = 0, bstalls = 0, bgrown = 0;
         if (strcmp(pname, "all") != 0 && strcmp(pname, profiles[k].name) != 0)
             continue;
         for (uint64_t n = 0; n < nseeds; n++) {
-            uint64_t m = 0, mv = 0, gr = 0, bs = 0;
-            run_seed(&profiles[k], seed + n, budget, verbose, &m, &mv, &gr, &bs);
+            uint64_t m = 0, mv = 0, gr = 0, bs = 0, bg = 0;
+            run_seed(&profiles[k], seed + n, budget, verbose, &m, &mv, &gr, &bs, &bg);
+            bgrown += bg;
             pm += m;
             bstalls += bs;
             moved += mv;
@@ -1122,6 +1140,13 @@ main(int argc, char **argv)
         }
         if (profiles[k].window_max > profiles[k].window && grown == 0) {
             fprintf(stderr, "sim_streams: profile %s: no window grew: tuning was not exercised\n",
+                    profiles[k].name);
+            return 1;
+        }
+        if (profiles[k].window_max > profiles[k].window && profiles[k].window_bytes != 0 &&
+            bgrown == 0) {
+            fprintf(stderr,
+                    "sim_streams: profile %s: no byte window grew: its tuning was not exercised\n",
                     profiles[k].name);
             return 1;
         }

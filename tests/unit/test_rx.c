@@ -645,8 +645,8 @@ start_tuned(swe_rx *rx, uint32_t max, size_t bytes)
  * limit), and is popped at `now`, `rounds` times. Returns the number of
  * grants; each grant is checked: the limits are the current ones, a
  * limit grows to consumed + window, never more than the worker's answer
- * past the acknowledgement, and the byte limit is consumed bytes +
- * window_bytes. */
+ * past the acknowledgement, and the byte limit is consumed bytes + the
+ * byte window in force. */
 static int
 run_fast(swe_rx *rx, uint64_t *next, int rounds, size_t len, uint32_t answer, int64_t *now,
          int64_t step)
@@ -671,7 +671,7 @@ run_fast(swe_rx *rx, uint64_t *next, int rounds, size_t len, uint32_t answer, in
                 if (answer != 0)
                     assert_true(a.credit_limit - a.credit_ack <= answer);
                 if (rx->bytes_on)
-                    assert_int_equal(a.credit_bytes, rx->consumed_bytes + rx->cfg.window_bytes);
+                    assert_int_equal(a.credit_bytes, rx->consumed_bytes + rx->wbytes);
                 else
                     assert_int_equal(a.credit_bytes, 0);
             }
@@ -826,6 +826,100 @@ test_tune_capped_by_bytes(void **state)
     assert_int_equal(rx.max_cost, 100);
     assert_int_equal(rx.window, 20);
     assert_true(rx.qlen * 100 <= 2000);
+    swe_rx_fini(&rx);
+}
+
+/* The byte window grows too, for a consumer that keeps up with items
+ * whose bytes bind (the bandwidth-delay product of large items): from
+ * 2,000 bytes to the most, 4,000, and the item window with it (to 40 items
+ * of cost 100). What is queued stays within the byte window. */
+static void
+test_tune_bytes_grow_when_fast(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    c.window_max = 64;
+    c.window_bytes = 2000;
+    c.window_bytes_max = 4000;
+    swe_rx_init(&rx, &c, now);
+    assert_int_equal(rx.wbytes, 2000);
+    run_fast(&rx, &next, 40, 36, 64, &now, 1);
+    assert_int_equal(rx.wbytes, 4000);
+    assert_int_equal(rx.window, 40);
+    assert_true(rx.qlen * 100 <= 4000);
+    assert_true(rx.byte_sent <= rx.consumed_bytes + 4000);
+    swe_rx_fini(&rx);
+}
+
+/* ... but not where the bytes do not bind (small items: the item window
+ * is the limit), nor for a fixed window, nor for a consumer with a deep
+ * queue, nor for a worker that does not keep to byte credit; and a
+ * migration starts the next worker at the first byte window again. */
+static void
+test_tune_bytes_grow_only_when_they_bind(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    sw_item it;
+    uint64_t next = 1;
+    int64_t now = 1000;
+    (void)state;
+    /* 16-byte items, 64 of them cost 5,120 bytes: the bytes never bind */
+    c.window_max = 64;
+    c.window_bytes = 100000;
+    c.window_bytes_max = 400000;
+    c.migrations = 1;
+    swe_rx_init(&rx, &c, now);
+    run_fast(&rx, &next, 40, 16, 64, &now, 1);
+    assert_int_equal(rx.window, 64);
+    assert_int_equal(rx.wbytes, 100000);
+    /* migrated: the byte window starts over */
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, now, &a), 0);
+    swe_rx_migrated(&rx, now);
+    assert_int_equal(rx.wbytes, 100000);
+    assert_int_equal(rx.byte_sent, 100000);
+    swe_rx_fini(&rx);
+
+    /* a fixed window (window_max = window) */
+    c = cfg_default();
+    c.window_max = W;
+    c.window_bytes = 2000;
+    c.window_bytes_max = 4000;
+    swe_rx_init(&rx, &c, now);
+    next = 1;
+    run_fast(&rx, &next, 40, 1000, 64, &now, 1);
+    assert_int_equal(rx.wbytes, 2000);
+    swe_rx_fini(&rx);
+
+    /* a deep queue: half a window taken at each grant, the rest stays */
+    c.window_max = 64;
+    swe_rx_init(&rx, &c, now);
+    next = 1;
+    for (int r = 0; r < 20; r++) {
+        while (next <= rx.granted && (!rx.bytes_on || rx.in_bytes < rx.byte_sent))
+            data_tuned(&rx, next, 236, next == 1 ? 64 : 0, now), next++;
+        do
+            assert_int_equal(swe_rx_pop(&rx, now, &it, &a), 1);
+        while (!a.credit);
+        assert_true(rx.qlen > rx.window / 4);
+    }
+    assert_int_equal(rx.wbytes, 2000);
+    swe_rx_fini(&rx);
+
+    /* a worker that answers the window but not byte credit: no byte
+     * window at all, and so no growth of either */
+    g_no_byte_answer = 1;
+    swe_rx_init(&rx, &c, now);
+    next = 1;
+    run_fast(&rx, &next, 40, 36, 64, &now, 1);
+    g_no_byte_answer = 0;
+    assert_false(rx.bytes_on);
+    assert_int_equal(rx.wbytes, 2000);
+    assert_int_equal(rx.window, W);
     swe_rx_fini(&rx);
 }
 
@@ -1917,6 +2011,8 @@ main(void)
         cmocka_unit_test(test_tune_not_with_a_deep_queue),
         cmocka_unit_test(test_tune_capped_by_the_worker),
         cmocka_unit_test(test_tune_capped_by_bytes),
+        cmocka_unit_test(test_tune_bytes_grow_when_fast),
+        cmocka_unit_test(test_tune_bytes_grow_only_when_they_bind),
         cmocka_unit_test(test_tune_shrinks_on_larger_items),
         cmocka_unit_test(test_tune_reorder_window_grows),
         cmocka_unit_test(test_tune_migration_restarts),

@@ -136,7 +136,6 @@ sw_router_opts_init(sw_router_opts *o)
     o->credit_window = 256;
     o->credit_window_max = SW_CREDIT_WINDOW_MAX_DEFAULT;
     o->credit_bytes = SW_CREDIT_BYTES_DEFAULT;
-    o->credit_bytes_max = SW_CREDIT_BYTES_MAX_DEFAULT;
     o->heartbeat_ms = 250;
     o->gap_timeout_ms = 500;
     o->max_streams = 65536;

@@ -634,9 +634,15 @@ rx_tune(swe_rx *rx, int64_t now)
     if (cap == 0 || (rx->cfg.window_bytes != 0 && !rx->bytes_on))
         return; /* a fixed window: the worker did not answer (both) */
     keeps_up = since < SW_WINDOW_GROW_MS && rx->qlen <= rx->window / 4;
+    /* The byte window: only where it is what caps the window (its items at
+     * the largest cost are fewer than the most the window may grow to),
+     * the window has come within a factor of 2 of it, and the consumer
+     * keeps up in bytes too (large items: a quarter of the item window may
+     * be more than the whole byte window). */
     if (keeps_up && rx->wbytes != 0 && rx->wbytes < rx->cfg.window_bytes_max &&
         rx->cfg.window_max > rx->cfg.window && rx->max_cost != 0 &&
-        (uint64_t)rx->window * rx->max_cost * 2 > rx->wbytes) {
+        rx->wbytes / rx->max_cost < cap && (uint64_t)rx->window * rx->max_cost * 2 > rx->wbytes &&
+        rx->in_bytes - rx->consumed_bytes <= rx->wbytes / 4) {
         uint64_t b = rx->wbytes * 2;
         rx->wbytes = b < rx->cfg.window_bytes_max ? b : rx->cfg.window_bytes_max;
     }

@@ -569,31 +569,32 @@ typedef struct sw_router_opts {
      * router's default window whose consumer took half a window within
      * SW_WINDOW_GROW_MS of the previous grant, with at most a quarter of it
      * queued, doubles its window at that grant, up to credit_window_max
-     * items (and the worker's max_window), and no further than credit_bytes
-     * of items of the largest size seen so far (each counted as its length
-     * + SW_ITEM_COST); a grant shrinks it back (never below credit_window)
-     * when larger items came. A slow consumer keeps the first window.
-     * Byte credit: every stream with a window also asks the worker to keep
-     * the data bytes it sends past what the consumer took below
-     * credit_bytes (it may finish past the limit the one item it started
-     * below it); a worker that answers is held to it (flow_violation), and
-     * only then does the window grow. Memory: a stream queues and holds at
-     * most credit_bytes + one item of data (plus about SW_ITEM_COST per
-     * item, within the window), whatever the worker sends; from a worker
-     * that does not keep to byte credit (an older one), the first window x
-     * the largest item. */
+     * items (and the worker's max_window), and no further than its byte
+     * window of items of the largest size seen so far (each counted as its
+     * length + SW_ITEM_COST); a grant shrinks it back (never below
+     * credit_window) when larger items came. A slow consumer keeps the
+     * first window. Byte credit: every stream with a window also asks the
+     * worker to keep the data bytes it sends past what the consumer took
+     * below its byte window (it may finish past the limit the one item it
+     * started below it); a worker that answers is held to it
+     * (flow_violation), and only then does the window grow. The byte window
+     * starts at credit_bytes; where it is what caps the window (large
+     * items) and the consumer keeps up in bytes too, it doubles with the
+     * window up to credit_bytes_max. Memory: a stream queues and holds at
+     * most its byte window + one item of data (credit_bytes_max + one item;
+     * credit_bytes + one item for a consumer that never kept up), plus
+     * about SW_ITEM_COST per item within the window, whatever the worker
+     * sends; during a migration, the old worker's and the new one's
+     * (docs/MIGRATION.md); from a worker that does not keep to byte credit
+     * (an older one), the first window x the largest item. */
     unsigned credit_window_max; /* 0 = SW_CREDIT_WINDOW_MAX_DEFAULT (16384); set it to
                                    credit_window for a fixed window; at most 1<<20 */
     size_t credit_bytes;        /* 0 = SW_CREDIT_BYTES_DEFAULT (1 MiB) */
-    size_t credit_bytes_max;    /* the byte window of a stream on the router's default window
-                                   starts at credit_bytes and doubles with the window while its
-                                   consumer keeps up and the bytes bind (large items), up to
-                                   this; never shrinks for one worker. 0 =
-                                   SW_CREDIT_BYTES_MAX_DEFAULT (4 MiB) or credit_bytes if that
+    size_t credit_bytes_max;    /* the most a stream's byte window grows to (above); never
+                                   shrinks for one worker. 0 (what sw_router_opts_init sets) =
+                                   SW_CREDIT_BYTES_MAX_DEFAULT (4 MiB), or credit_bytes if that
                                    is larger; = credit_bytes: a fixed byte window; less:
-                                   SW_EINVAL. The memory bound per stream is then this + one
-                                   item for a consumer that kept up and then stopped,
-                                   credit_bytes + one item for one that never kept up */
+                                   SW_EINVAL */
 } sw_router_opts;
 
 #define SW_CREDIT_WINDOW_MAX_DEFAULT 16384

@@ -16,9 +16,9 @@
  * does, and the new worker resumes at resume_from_seq), grow (chaos +
  * migrations with a tuned window: a first window of 4 that may grow to 64,
  * workers that accept 32 at most, a byte bound of 2,048 on every other
- * stream), bytes (chaos + one migration + workers that ignore credit, on a
- * fixed window of 64 items with 1 KiB of byte credit: bytes bind), all
- * (each in turn; the default). Items are 24 to 151 bytes.
+ * stream, which half of those may grow fourfold), bytes (chaos + one migration + workers that
+ * ignore credit, on a fixed window of 64 items with 1 KiB of byte credit: bytes bind), all (each in
+ * turn; the default). Items are 24 to 151 bytes.
  *
  * Checked after every step (an invariant broken aborts with the seed):
  *   I1 exactly one terminal per stream, and nothing after it;
@@ -52,8 +52,10 @@
  *      largest window the stream used. The grow profile must see windows
  *      that grew, or it tested nothing;
  *   I12 byte credit: the data bytes queued and held from the current
- *      worker never exceed the byte credit plus the largest item seen. The
- *      bytes profile must see a worker wait for byte credit.
+ *      worker never exceed the byte window in force plus the largest item
+ *      seen, and the byte window stays between its first size and its
+ *      most. The bytes profile must see a worker wait for byte credit, the
+ *      grow profile a byte window grow.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -45,7 +45,7 @@ static int g_no_byte_answer;
 static swe_rx_act
 data_full(swe_rx *rx, uint64_t seq, size_t len, uint32_t wmax, uint64_t bytes, int64_t now)
 {
-    static char buf[4096];
+    static char buf[65536];
     swe_rx_in in;
     swe_rx_act act;
     int n = snprintf(buf, sizeof(buf), "item-%llu", (unsigned long long)seq);
@@ -921,6 +921,61 @@ test_tune_bytes_grow_only_when_they_bind(void **state)
     assert_int_equal(rx.wbytes, 2000);
     assert_int_equal(rx.window, W);
     swe_rx_fini(&rx);
+}
+
+/* With the router's defaults (a first window of 256 that may grow to
+ * 16,384, 1 MiB of byte credit that may grow to 4 MiB):
+ *   - a consumer slower than its worker, taking items of 16 KiB or 64 KiB
+ *     as they come but with the whole byte window always queued, never
+ *     grows the byte window (a quarter of the item window is more than
+ *     all of it: the bytes queued decide);
+ *   - a fast stream of small items grows the byte window only as far as
+ *     the item window needs: 16 B items (cost 80) and 64 B items (cost
+ *     128) stop at 2 MiB, where 16,384 of them fit. */
+static void
+test_tune_bytes_defaults(void **state)
+{
+    static const struct {
+        size_t len;
+        int per_ms;
+    } slow[] = {{65536, 1}, {16384, 4}, {32768, 1}};
+    swe_rx_cfg c = cfg_default();
+    swe_rx rx;
+    (void)state;
+    c.window = 256;
+    c.window_max = SW_CREDIT_WINDOW_MAX_DEFAULT;
+    c.window_bytes = SW_CREDIT_BYTES_DEFAULT;
+    c.window_bytes_max = SW_CREDIT_BYTES_MAX_DEFAULT;
+    for (size_t k = 0; k < sizeof(slow) / sizeof(slow[0]); k++) {
+        uint64_t next = 1;
+        swe_rx_init(&rx, &c, 0);
+        for (int64_t now = 1; now <= 2000; now++) {
+            sw_item it;
+            swe_rx_act a;
+            /* the worker sends all the credit allows every ms */
+            while (next <= rx.granted && (!rx.bytes_on || rx.in_bytes < rx.byte_sent)) {
+                a = data_tuned(&rx, next, slow[k].len, next == 1 ? c.window_max : 0, now);
+                assert_false(a.ended);
+                next++;
+            }
+            for (int i = 0; i < slow[k].per_ms; i++)
+                (void)swe_rx_pop(&rx, now, &it, &a);
+        }
+        if (rx.wbytes != SW_CREDIT_BYTES_DEFAULT)
+            fail_msg("a consumer behind its worker (%zu B items, %d a ms) grew the byte window "
+                     "to %llu",
+                     slow[k].len, slow[k].per_ms, (unsigned long long)rx.wbytes);
+        swe_rx_fini(&rx);
+    }
+    for (size_t len = 16; len <= 64; len *= 4) {
+        uint64_t next = 1;
+        int64_t now = 1000;
+        swe_rx_init(&rx, &c, now);
+        run_fast(&rx, &next, 200, len, c.window_max, &now, 1);
+        assert_int_equal(rx.window, SW_CREDIT_WINDOW_MAX_DEFAULT);
+        assert_int_equal(rx.wbytes, 2 * SW_CREDIT_BYTES_DEFAULT);
+        swe_rx_fini(&rx);
+    }
 }
 
 /* Larger items shrink the window at the next grant to the byte bound, and
@@ -2013,6 +2068,7 @@ main(void)
         cmocka_unit_test(test_tune_capped_by_bytes),
         cmocka_unit_test(test_tune_bytes_grow_when_fast),
         cmocka_unit_test(test_tune_bytes_grow_only_when_they_bind),
+        cmocka_unit_test(test_tune_bytes_defaults),
         cmocka_unit_test(test_tune_shrinks_on_larger_items),
         cmocka_unit_test(test_tune_reorder_window_grows),
         cmocka_unit_test(test_tune_migration_restarts),

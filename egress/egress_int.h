@@ -183,6 +183,14 @@ struct sw_stream {
      * r->mu and s->mu; idhex and trace stay the first request's. */
     swe_mig *mig; /* a stream that may migrate (NULL: it may not) */
 };
+#if defined(__x86_64__) && defined(__GLIBC__)
+/* Issue 17's budget: an idle stream costs the frontend at most 1 KiB (this
+ * struct in a 912-byte malloc chunk, its endpoint string, its table slots:
+ * 1,003 bytes measured, BENCHMARKS.md session 9). A field added here must
+ * be paid for by one taken out (session 17: the byte window's 16 bytes by
+ * swe_rx_stats). */
+_Static_assert(sizeof(struct sw_stream) <= 904, "sw_stream outgrew the idle-stream budget");
+#endif
 
 /* frontend.c */
 void swe_router_unref(sw_router *r);

@@ -169,6 +169,13 @@ typedef struct swe_rx_in {
     const char *message;
 } swe_rx_in;
 
+/* The counters of sw_stream_stats the state machine keeps (the rest,
+ * pending and the windows, are read off its state when asked): an idle
+ * stream carries 56 bytes of them, not the public struct's 80. */
+typedef struct swe_rx_stats {
+    uint64_t items, duplicates, reordered, resend_requests, heartbeats, peak_pending, migrations;
+} swe_rx_stats;
+
 typedef struct swe_rx {
     swe_rx_cfg cfg;
     uint32_t window;  /* may shrink to the worker's, and grows (tuning) */
@@ -225,7 +232,7 @@ typedef struct swe_rx {
     uint64_t gen_items; /* data items accepted from the current worker */
     swe_q **hist;       /* cfg.keep_history: copies of the data items received, in order */
     size_t nhist, hist_cap, hist_bytes;
-    sw_stream_stats st;
+    swe_rx_stats st;
 } swe_rx;
 
 /* Most seqs one RESEND may span (what the worker's decoder accepts). */

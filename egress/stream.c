@@ -415,7 +415,14 @@ sw_stream_stats_get(sw_stream *s, sw_stream_stats *out)
     if (s == NULL || out == NULL)
         return;
     pthread_mutex_lock(&s->mu);
-    *out = s->rx.st;
+    memset(out, 0, sizeof(*out));
+    out->items = s->rx.st.items;
+    out->duplicates = s->rx.st.duplicates;
+    out->reordered = s->rx.st.reordered;
+    out->resend_requests = s->rx.st.resend_requests;
+    out->heartbeats = s->rx.st.heartbeats;
+    out->peak_pending = s->rx.st.peak_pending;
+    out->migrations = s->rx.st.migrations;
     out->pending = s->rx.qlen;
     out->window = s->rx.window;
     out->window_bytes = s->rx.bytes_on ? s->rx.wbytes : 0;

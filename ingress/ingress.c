@@ -28,6 +28,7 @@ ing_unref(sw_ingress *ing)
     swi_peers_fini(&ing->peers);
     free(ing->live_vec.v);
     pthread_mutex_destroy(&ing->live_mu);
+    pthread_mutex_destroy(&ing->req_mu);
     pthread_mutex_destroy(&ing->smu);
     pthread_cond_destroy(&ing->scv);
     pthread_mutex_destroy(&ing->mu);
@@ -160,6 +161,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
 #endif
     pthread_mutex_init(&ing->mu, NULL);
     pthread_mutex_init(&ing->live_mu, NULL);
+    pthread_mutex_init(&ing->req_mu, NULL);
     pthread_mutex_init(&ing->smu, NULL);
     pthread_cond_init(&ing->scv, NULL);
     swi_cond_init(&ing->cv);
@@ -256,6 +258,19 @@ ing_hand_back(sw_ingress *ing, int only_migratable, const char *msg)
     free(vec.v);
 }
 
+/* Closes the request subscription (once sw_ingress_stats_get cannot be
+ * reading its queue). */
+static void
+ing_close_requests(sw_ingress *ing)
+{
+    swt_sub *sub;
+    pthread_mutex_lock(&ing->req_mu);
+    sub = ing->req_sub;
+    ing->req_sub = NULL;
+    pthread_mutex_unlock(&ing->req_mu);
+    swt_sub_close(ing->conn, &sub);
+}
+
 sw_err
 sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
 {
@@ -284,7 +299,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
     /* Out of time: end what is left. The frontend sees instance_lost. */
     if (rv != SW_OK)
         ing_hand_back(ing, 0, "the worker is shutting down");
-    swt_sub_close(ing->conn, &ing->req_sub);
+    ing_close_requests(ing);
     return rv;
 }
 
@@ -292,7 +307,7 @@ sw_ingress_drain(sw_ingress *ing, int64_t grace_ms)
 static void
 ing_stop(sw_ingress *ing)
 {
-    swt_sub_close(ing->conn, &ing->req_sub);
+    ing_close_requests(ing);
     swt_sub_close(ing->conn, &ing->ctl_sub);
     swt_sub_close(ing->conn, &ing->live_sub);
     pthread_mutex_lock(&ing->mu);
@@ -402,4 +417,7 @@ sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out)
     *out = ing->st;
     out->streams_held = ing->streams.live;
     pthread_mutex_unlock(&ing->mu);
+    pthread_mutex_lock(&ing->req_mu);
+    out->requests_waiting = (uint64_t)swt_sub_pending(ing->req_sub);
+    pthread_mutex_unlock(&ing->req_mu);
 }

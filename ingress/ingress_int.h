@@ -31,6 +31,9 @@
  *   together.
  *   ing->live_mu guards the frontend table; nothing else is taken with it
  *   held, and it is never taken under another lock.
+ *   ing->req_mu guards the req_sub pointer for sw_ingress_stats_get (which
+ *   reads nats.c's queue for it); the owner takes it only to set it NULL
+ *   before closing; nothing else is taken with it held.
  * The log callback and every user callback are called with none of these
  * held.
  *
@@ -178,8 +181,9 @@ struct sw_ingress {
                        (sender.c) */
     size_t max_req;
 
-    swt_sub *req_sub;
+    swt_sub *req_sub; /* set at start; NULL under req_mu before it closes */
     swt_sub *ctl_sub;
+    pthread_mutex_t req_mu;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* work queue (the idle handler threads wait on it) */

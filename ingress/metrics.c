@@ -65,6 +65,10 @@ ingress_render(swi_prom *p, void *obj)
     }
     swi_prom_value(p, F("inflight_streams"), "gauge", "Streams whose handler runs now.", l, 2,
                    (double)st.inflight);
+    swi_prom_value(p, F("requests_waiting"), "gauge",
+                   "Requests received but not taken in yet (with handler_inline: behind a running "
+                   "handler).",
+                   l, 2, (double)st.requests_waiting);
     swi_prom_value(p, F("held_streams"), "gauge",
                    "Streams in the worker's table (live, or finished and not yet acknowledged).", l,
                    2, (double)st.streams_held);

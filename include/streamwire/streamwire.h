@@ -333,25 +333,29 @@ typedef struct sw_ingress_stats {
     uint64_t items_resent;      /* retransmissions answering RESEND */
     uint64_t items_shed;        /* droppable items shed for lack of credit */
     uint64_t heartbeats;
-    uint64_t cancels;        /* streams cancelled by the frontend (or its loss) */
-    uint64_t frontends_lost; /* frontends declared gone by the liveness probe */
-    uint64_t finished[6];    /* terminals sent, indexed by sw_status (1..5) */
-    uint64_t inflight;       /* gauge */
-    uint64_t messages_sent;  /* NATS messages that carried first sends of items and finals:
-                                items queued while the previous message went out share one */
-    uint64_t streams_held;   /* gauge: streams in the worker's table, live ones and finished
-                                ones whose final the frontend has not acknowledged yet */
-    uint64_t bad_controls;   /* control messages for a stream naming another frontend
-                                (router_id) than the stream's: ignored */
-    uint64_t finals_dropped; /* finished streams let go before their final was
-                                acknowledged, to keep at most max_held_finals */
-    uint64_t auth_failures;  /* requests, controls and probes refused by sealing: they did not
-                                open, or their sealing did not match this connection's; never
-                                acted on */
-    uint64_t credit_stalls;  /* blocking sends that had to wait for credit (the frontend's
-                                consumer was slower than the handler) */
-    uint64_t replays;        /* requests this worker had already served (within the last 10
-                                minutes, the last 65,536): dropped, never run twice */
+    uint64_t cancels;          /* streams cancelled by the frontend (or its loss) */
+    uint64_t frontends_lost;   /* frontends declared gone by the liveness probe */
+    uint64_t finished[6];      /* terminals sent, indexed by sw_status (1..5) */
+    uint64_t inflight;         /* gauge */
+    uint64_t messages_sent;    /* NATS messages that carried first sends of items and finals:
+                                  items queued while the previous message went out share one */
+    uint64_t streams_held;     /* gauge: streams in the worker's table, live ones and finished
+                                  ones whose final the frontend has not acknowledged yet */
+    uint64_t bad_controls;     /* control messages for a stream naming another frontend
+                                  (router_id) than the stream's: ignored */
+    uint64_t finals_dropped;   /* finished streams let go before their final was
+                                  acknowledged, to keep at most max_held_finals */
+    uint64_t auth_failures;    /* requests, controls and probes refused by sealing: they did not
+                                  open, or their sealing did not match this connection's; never
+                                  acted on */
+    uint64_t credit_stalls;    /* blocking sends that had to wait for credit (the frontend's
+                                  consumer was slower than the handler) */
+    uint64_t replays;          /* requests this worker had already served (within the last 10
+                                  minutes, the last 65,536): dropped, never run twice */
+    uint64_t requests_waiting; /* gauge: requests this process received but has not taken in
+                                  yet (nats.c's queue for the request subscription; unbounded).
+                                  With handler_inline, those waiting behind a running handler:
+                                  neither heartbeaten nor counted in inflight */
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);

@@ -765,6 +765,52 @@ inline_drain_hands_back_the_queued(void **state)
     }
 }
 
+/* What waits behind a running inline handler is counted: requests_waiting
+ * shows the two requests queued behind a blocked handler, and 0 once it
+ * returned and they ran. */
+static void
+inline_requests_waiting_counted(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_ingress_stats st;
+    got *g[3];
+    sw_stream *s[3];
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    sw_router_opts_init(&ro);
+    ro.inactivity_ms = T(10000);
+    e->w.mode = M_BLOCK;
+    e->w.k = 1;
+    e->w.n = 2;
+    env_start(e, &io, &ro);
+    for (int i = 0; i < 3; i++) {
+        g[i] = new_got(e);
+        s[i] = env_open(e);
+    }
+    assert_true(wctx_wait(&e->w, &e->w.sent, 1, T(5000)));
+    for (int64_t until = now_ms() + T(5000);;) {
+        ingress_stats(e, &st);
+        if (st.requests_waiting == 2)
+            break;
+        if (now_ms() > until)
+            fail_msg("requests_waiting %llu behind a blocked inline handler, want 2",
+                     (unsigned long long)st.requests_waiting);
+        sleep_ms(5);
+    }
+    assert_int_equal(st.inflight, 1);
+    wctx_open_gate(&e->w);
+    for (int i = 0; i < 3; i++) {
+        assert_true(collect(s[i], g[i], 0, T(10000)));
+        assert_tokens(g[i], 2);
+        assert_terminal(g[i], SW_STATUS_COMPLETED, SW_OK, "stop");
+        got_free(g[i]);
+    }
+    ingress_stats(e, &st);
+    assert_int_equal(st.requests_waiting, 0);
+}
+
 typedef struct drain_bg {
     env *e;
     sw_err rv;
@@ -849,6 +895,7 @@ main(int argc, char **argv)
         T_(inline_handler_hands_off),
         T_(inline_handler_blocked_destroy),
         T_(inline_drain_hands_back_the_queued),
+        T_(inline_requests_waiting_counted),
         T_(drain_while_disconnected),
     };
     sf_filters(argc, argv);

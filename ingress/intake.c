@@ -4,8 +4,9 @@
  * Threads: the request subscription's nats.c thread (swn_ing_on_request)
  * and the `handler_threads` pool threads (swn_ing_worker_main, which call
  * the user's handler with no lock held); with `handler_inline` there is no
- * pool and the request's own thread calls the handler, after the unlock. Locks: ing->mu (table,
- * queue, counters); never r->mu (a new responder is not shared yet). */
+ * pool and the request's own thread calls the handler, after the unlock.
+ * Locks: ing->mu (table, queue, counters); never r->mu (a new responder is
+ * not shared yet). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,15 +283,6 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         swi_duetab_attach(&ing->due, r->next_tick, r);
     }
     pthread_mutex_unlock(&ing->mu);
-    if (!overloaded && !dup && !refused) {
-        /* After the unlock: a handler thread woken under ing->mu would only
-         * block on it again. */
-        if (!ing->inline_handlers)
-            pthread_cond_signal(&ing->cv);
-        swn_ing_live_note(ing, req->router_id); /* (r may be gone already) */
-        if (ing->inline_handlers)
-            swn_ing_run_handler(ing, r); /* on this thread: r is held until it returns */
-    }
     if (refused) {
         /* As a drain hands back a stream it ran: the frontend migrates it,
          * or its consumer sees instance_lost. */
@@ -298,16 +290,24 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
                 r->logtag);
         ing_reject(ing, req->response_subject, r->id, SW_INSTANCE_LOST,
                    "the worker is draining; the request did not run");
-    }
-    if (overloaded || dup || refused) {
-        if (overloaded) {
-            swi_log(&ing->log, SW_LOG_WARN, "request %s rejected: overloaded (%u in flight)",
-                    r->logtag, ing->max_inflight);
-            ing_reject(ing, req->response_subject, r->id, SW_EOVERLOADED,
-                       "the instance is at its concurrency limit");
-        }
         goto free_r;
     }
+    if (overloaded) {
+        swi_log(&ing->log, SW_LOG_WARN, "request %s rejected: overloaded (%u in flight)", r->logtag,
+                ing->max_inflight);
+        ing_reject(ing, req->response_subject, r->id, SW_EOVERLOADED,
+                   "the instance is at its concurrency limit");
+        goto free_r;
+    }
+    if (dup)
+        goto free_r;
+    /* Accepted. After the unlock: a handler thread woken under ing->mu
+     * would only block on it again. */
+    if (!ing->inline_handlers)
+        pthread_cond_signal(&ing->cv);
+    swn_ing_live_note(ing, req->router_id); /* (r may be gone already) */
+    if (ing->inline_handlers)
+        swn_ing_run_handler(ing, r); /* on this thread: r is held until it returns */
     goto done;
 
 nomem:

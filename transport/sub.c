@@ -435,8 +435,8 @@ swt_sub_close(sw_conn *c, swt_sub **subp)
         return;
     *subp = NULL;
     swt_sub_unlink(sub);
-    if (sub->drain_started ||
-        (!sub->unsubscribed && swt_connected(c) && natsSubscription_Drain(sub->ns) == NATS_OK))
+    swt_sub_drain_start(c, sub); /* (a no-op if the owner started it) */
+    if (sub->drain_started)
         natsSubscription_WaitForDrainCompletion(sub->ns, 2000);
     /* Unsubscribe in any case: a drain that timed out leaves it open. */
     natsSubscription_Unsubscribe(sub->ns);

@@ -594,6 +594,16 @@ quiet_connections_keep_nothing(void **state)
 /* ======================================================================== */
 /* Inline handlers (sw_ingress_opts.handler_inline)                          */
 
+/* env_start with an inline ingress (the rest of its options the defaults). */
+static void
+env_start_inline(env *e, sw_router_opts *ro)
+{
+    sw_ingress_opts io;
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    env_start(e, &io, ro);
+}
+
 /* Starts an inline ingress (handler_threads asks for a pool it ignores)
  * whose handler sends 5 tokens 30 ms apart, and opens three streams to it
  * at once. The frontend's inactivity_ms is raised: requests waiting behind
@@ -657,18 +667,15 @@ static void
 inline_handler_waits_for_credit(void **state)
 {
     env *e = *state;
-    sw_ingress_opts io;
     sw_router_opts ro;
     sw_ingress_stats st;
     got *g = new_got(e);
     sw_stream *s;
-    sw_ingress_opts_init(&io);
-    io.handler_inline = 1;
     sw_router_opts_init(&ro);
     ro.credit_window = 4;
     e->w.mode = M_STREAM;
     e->w.n = 60;
-    env_start(e, &io, &ro);
+    env_start_inline(e, &ro);
     s = env_open(e);
     assert_true(collect(s, g, 0, T(10000)));
     assert_tokens(g, 60);
@@ -686,14 +693,11 @@ static void
 inline_handler_hands_off(void **state)
 {
     env *e = *state;
-    sw_ingress_opts io;
     got *g = new_got(e);
     sw_stream *s;
-    sw_ingress_opts_init(&io);
-    io.handler_inline = 1;
     e->w.mode = M_RETAIN_FINISH;
     e->w.n = 7;
-    env_start(e, &io, NULL);
+    env_start_inline(e, NULL);
     s = env_open(e);
     assert_true(collect(s, g, 0, T(10000)));
     assert_tokens(g, 7);
@@ -710,16 +714,13 @@ static void
 inline_handler_blocked_destroy(void **state)
 {
     env *e = *state;
-    sw_ingress_opts io;
     got *g = new_got(e);
     sw_stream *s;
     int64_t t0;
-    sw_ingress_opts_init(&io);
-    io.handler_inline = 1;
     e->w.mode = M_BLOCK;
     e->w.k = 2;
     e->w.n = 4;
-    env_start(e, &io, NULL);
+    env_start_inline(e, NULL);
     s = env_open(e);
     assert_true(wctx_wait(&e->w, &e->w.sent, 2, T(5000)));
     t0 = now_ms();
@@ -772,19 +773,16 @@ static void
 inline_requests_waiting_counted(void **state)
 {
     env *e = *state;
-    sw_ingress_opts io;
     sw_router_opts ro;
     sw_ingress_stats st;
     got *g[3];
     sw_stream *s[3];
-    sw_ingress_opts_init(&io);
-    io.handler_inline = 1;
     sw_router_opts_init(&ro);
     ro.inactivity_ms = T(10000);
     e->w.mode = M_BLOCK;
     e->w.k = 1;
     e->w.n = 2;
-    env_start(e, &io, &ro);
+    env_start_inline(e, &ro);
     for (int i = 0; i < 3; i++) {
         g[i] = new_got(e);
         s[i] = env_open(e);

@@ -639,6 +639,36 @@ start_tuned(swe_rx *rx, uint32_t max, size_t bytes)
     swe_rx_init(rx, &c, 1000);
 }
 
+/* A fast worker: sends, at `now`, every item of len bytes the credit
+ * allows (the items granted and, once it answered byte credit, while the
+ * bytes it sent are below the byte limit), answering `answer` with seq 1. */
+static void
+fill_credit(swe_rx *rx, uint64_t *next, size_t len, uint32_t answer, int64_t now)
+{
+    while (*next <= rx->granted && (!rx->bytes_on || rx->in_bytes < rx->byte_sent)) {
+        swe_rx_act a = data_tuned(rx, *next, len, *next == 1 ? answer : 0, now);
+        assert_false(a.ended);
+        (*next)++;
+    }
+}
+
+/* A fast worker and a consumer with a deep queue, `rounds` times: the
+ * worker fills the credit, the consumer takes only what makes the grant
+ * (half a window), the rest stays: more than a quarter of the window. */
+static void
+run_deep(swe_rx *rx, uint64_t *next, int rounds, size_t len, uint32_t answer, int64_t now)
+{
+    for (int r = 0; r < rounds; r++) {
+        sw_item it;
+        swe_rx_act a;
+        fill_credit(rx, next, len, answer, now);
+        do
+            assert_int_equal(swe_rx_pop(rx, now, &it, &a), 1);
+        while (!a.credit);
+        assert_true(rx->qlen > rx->window / 4);
+    }
+}
+
 /* A fast worker and a consumer that keeps up: everything the credit allows
  * arrives at `now` (the worker keeps to the byte credit once it answered
  * it: it starts an item while the bytes it sent are below the byte
@@ -656,11 +686,7 @@ run_fast(swe_rx *rx, uint64_t *next, int rounds, size_t len, uint32_t answer, in
         sw_item it;
         swe_rx_act a;
         *now += step;
-        while (*next <= rx->granted && (!rx->bytes_on || rx->in_bytes < rx->byte_sent)) {
-            a = data_tuned(rx, *next, len, *next == 1 ? answer : 0, *now);
-            assert_false(a.ended);
-            (*next)++;
-        }
+        fill_credit(rx, next, len, answer, *now);
         for (uint64_t before = rx->credit_sent; swe_rx_pop(rx, *now, &it, &a) == 1;
              before = rx->credit_sent) {
             if (a.credit) {
@@ -772,20 +798,10 @@ static void
 test_tune_not_with_a_deep_queue(void **state)
 {
     swe_rx rx;
-    sw_item it;
-    swe_rx_act a;
     uint64_t next = 1;
     (void)state;
     start_tuned(&rx, 64, 0);
-    for (int r = 0; r < 20; r++) {
-        while (next <= rx.granted)
-            data_tuned(&rx, next, 16, next == 1 ? 64 : 0, 1000), next++;
-        /* take only what makes the grant: half a window, the rest stays */
-        do
-            assert_int_equal(swe_rx_pop(&rx, 1000, &it, &a), 1);
-        while (!a.credit);
-        assert_true(rx.qlen > rx.window / 4);
-    }
+    run_deep(&rx, &next, 20, 16, 64, 1000);
     assert_int_equal(rx.window, W);
     assert_true(rx.qlen <= W);
     swe_rx_fini(&rx);
@@ -864,7 +880,6 @@ test_tune_bytes_grow_only_when_they_bind(void **state)
     swe_rx rx;
     swe_rx_cfg c = cfg_default();
     swe_rx_act a;
-    sw_item it;
     uint64_t next = 1;
     int64_t now = 1000;
     (void)state;
@@ -899,14 +914,7 @@ test_tune_bytes_grow_only_when_they_bind(void **state)
     c.window_max = 64;
     swe_rx_init(&rx, &c, now);
     next = 1;
-    for (int r = 0; r < 20; r++) {
-        while (next <= rx.granted && (!rx.bytes_on || rx.in_bytes < rx.byte_sent))
-            data_tuned(&rx, next, 236, next == 1 ? 64 : 0, now), next++;
-        do
-            assert_int_equal(swe_rx_pop(&rx, now, &it, &a), 1);
-        while (!a.credit);
-        assert_true(rx.qlen > rx.window / 4);
-    }
+    run_deep(&rx, &next, 20, 236, 64, now);
     assert_int_equal(rx.wbytes, 2000);
     swe_rx_fini(&rx);
 
@@ -953,11 +961,7 @@ test_tune_bytes_defaults(void **state)
             sw_item it;
             swe_rx_act a;
             /* the worker sends all the credit allows every ms */
-            while (next <= rx.granted && (!rx.bytes_on || rx.in_bytes < rx.byte_sent)) {
-                a = data_tuned(&rx, next, slow[k].len, next == 1 ? c.window_max : 0, now);
-                assert_false(a.ended);
-                next++;
-            }
+            fill_credit(&rx, &next, slow[k].len, c.window_max, now);
             for (int i = 0; i < slow[k].per_ms; i++)
                 (void)swe_rx_pop(&rx, now, &it, &a);
         }

@@ -34,11 +34,13 @@
  *     limits), every grant also says a byte limit, consumed bytes + the
  *     byte window, and a grant is due when half of either window was
  *     consumed; the window grows only then (cfg.window_bytes != 0). The
- *     byte window starts at cfg.window_bytes; a grant that doubles the
- *     window, or finds it within a factor of 2 of the byte bound, doubles
- *     the byte window too, up to cfg.window_bytes_max (a consumer that
- *     keeps up with large items: the bandwidth-delay product); it never
- *     shrinks for one worker and starts over for the next;
+ *     byte window starts at cfg.window_bytes; at a grant where the
+ *     consumer keeps up (as for the window, and with at most a quarter of
+ *     the byte window queued), the byte window is what caps the window
+ *     (fewer items at the largest cost than the window's most) and the
+ *     window has come within a factor of 2 of it, it doubles, up to
+ *     cfg.window_bytes_max (large items: the bandwidth-delay product); it
+ *     never shrinks for one worker and starts over for the next;
  *   - a data item beyond the credit granted so far ends the stream with
  *     flow_violation (the worker ignores flow control: nothing of it is
  *     queued), and so does one that takes the data bytes received past the

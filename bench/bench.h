@@ -138,6 +138,8 @@ typedef struct bench_cfg {
     double short_secs;
     unsigned rate;
     double lat_secs;
+    unsigned lat_segs;    /* 0: the default */
+    const char *lat_dump; /* --latency-dump FILE, or NULL */
     unsigned ttfi_n;
     unsigned idle_n;
     double idle_cpu_secs;
@@ -365,7 +367,7 @@ row *add_row(const char *scen, const char *param, const char *metric, double raw
 extern double g_goal_long64;
 extern double g_goal_short64;
 extern double g_goal_cli; /* the CLI end to end, sw / raw at its best */
-extern double g_goal_p99_raw, g_goal_p99_sw;
+extern double g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_seg;
 extern double g_goal_idle_bps;
 extern double g_goal_idle_cpu_front, g_goal_idle_cpu_worker;   /* % of one core */
 extern double g_goal_idle_cpu_front0, g_goal_idle_cpu_worker0; /* the same, no stream open */

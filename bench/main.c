@@ -88,6 +88,9 @@ usage(FILE *f)
            "  --short-secs S      duration of one short-stream run (default 2)\n"
            "  --rate R            latency scenario rate, items/s (default 2000)\n"
            "  --latency-secs S    latency scenario duration per side (default 5)\n"
+           "  --latency-segments N  raw and streamwire alternate N times (default 10)\n"
+           "  --latency-dump FILE write every latency sample (segment, index, raw send-asap,\n"
+           "                      raw buffered, streamwire ns) to FILE\n"
            "  --ttfi-streams N    streams for time to first item (default 2000)\n"
            "  --idle-streams N    idle open streams (default 10000)\n"
            "  --idle-cpu-secs S   idle CPU sampling window (default 2)\n"
@@ -230,6 +233,12 @@ parse_args(int argc, char **argv)
         } else if (!strcmp(a, "--latency-secs")) {
             cfg.lat_secs = atof(need_arg(argc, argv, &i));
             set_lat = 1;
+        } else if (!strcmp(a, "--latency-segments")) {
+            cfg.lat_segs = (unsigned)atoi(need_arg(argc, argv, &i));
+            if (cfg.lat_segs == 0)
+                goto bad;
+        } else if (!strcmp(a, "--latency-dump")) {
+            cfg.lat_dump = need_arg(argc, argv, &i);
         } else if (!strcmp(a, "--ttfi-streams")) {
             cfg.ttfi_n = (unsigned)atoi(need_arg(argc, argv, &i));
             set_ttfi = 1;

@@ -172,6 +172,9 @@ struct sw_stream {
     char inst_first[SW_MAX_TOKEN + 1];
     uint8_t dispatching; /* (s->mu) */
     uint8_t in_cb;       /* an item callback runs now, on cb_thread (s->mu) */
+    uint8_t grant_held;  /* the callback's item earned a grant, sent when it returns: a
+                            repeat of the grant meanwhile is not sent (written under s->mu,
+                            atomic) */
     char *inst_second;   /* allocated by the re-route (NULL before) */
     const char *inst_pub;
     char *endpoint;   /* ns.component.endpoint (allocated at open) */

@@ -501,7 +501,10 @@ typedef struct sw_item {
  * after (or on) the terminal, sw_stream_close. It usually runs on the
  * router's one delivery thread, shared by all its streams: a slow callback
  * delays every stream of the router (never ends them: silence is measured
- * only while the router is not behind). Hand heavy work to another thread. */
+ * only while the router is not behind). Hand heavy work to another thread.
+ * The credit an item frees goes to the worker when its callback returns: a
+ * grant comes due with half the window still outstanding, so the worker
+ * goes on meanwhile (with credit_window 1 it waits through each callback). */
 typedef void (*sw_item_fn)(sw_stream *s, const sw_item *item, void *arg);
 
 /* Migration: what the router knows when it re-issues a request, and what

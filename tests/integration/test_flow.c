@@ -648,6 +648,66 @@ slow_cb_item(sw_stream *s, const sw_item *it, void *arg)
     cb_item(s, it, &x->c);
 }
 
+/* The credit an item frees reaches the worker when its callback returns
+ * (streamwire.h, sw_item_fn). With a fixed window of 16, the first grant
+ * comes due at item 8; while item 8's callback runs, the worker has the 16
+ * items of its first credit and no more. Every item then arrives, in
+ * order, once. */
+typedef struct gatecb {
+    cbgot c;              /* first: allocated and finalised as a cbgot by the fixture */
+    int entered, release; /* (atomic) */
+} gatecb;
+
+static void
+gate_cb_item(sw_stream *s, const sw_item *it, void *arg)
+{
+    gatecb *x = arg;
+    if (it->kind == SW_ITEM_DATA && it->seq == 8) {
+        __atomic_store_n(&x->entered, 1, __ATOMIC_RELEASE);
+        for (int64_t until = now_ms() + T(10000);
+             !__atomic_load_n(&x->release, __ATOMIC_ACQUIRE) && now_ms() < until;)
+            sleep_ms(1);
+    }
+    cb_item(s, it, &x->c);
+}
+
+static void
+grant_after_callback(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    sw_stream_stats ss;
+    sw_stream *s;
+    gatecb *x = (gatecb *)new_cbgot_sized(e, sizeof(gatecb));
+    uint64_t sent;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.credit_window = 16;
+    o.on_item = gate_cb_item;
+    o.on_item_arg = x;
+    s = env_open_with(e, &o, "p", 1);
+    for (int64_t until = now_ms() + T(5000);
+         !__atomic_load_n(&x->entered, __ATOMIC_ACQUIRE) && now_ms() < until;)
+        sleep_ms(1);
+    assert_true(__atomic_load_n(&x->entered, __ATOMIC_ACQUIRE));
+    sent = wait_worker_stops(e);
+    __atomic_store_n(&x->release, 1, __ATOMIC_RELEASE);
+    if (sent != 16)
+        fail_msg("the worker sent %llu items while item 8's callback ran, want 16 (the first "
+                 "credit: the grant item 8 earned waits for its callback)",
+                 (unsigned long long)sent);
+    assert_true(cb_wait(&x->c, T(20000)));
+    assert_terminal(&x->c.g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_tokens(&x->c.g, 100);
+    sw_stream_stats_get(s, &ss);
+    assert_int_equal(ss.items, 100);
+    assert_int_equal(ss.window, 16);
+    env_close(e, s);
+}
+
 static void
 router_backlog_no_spurious_incomplete(void **state)
 {
@@ -761,6 +821,7 @@ main(int argc, char **argv)
         T_(byte_window_grows_and_still_bounds),
         T_(byte_window_max_below_credit_bytes),
         T_(scale_1000_streams),
+        T_(grant_after_callback),
         T_(router_backlog_no_spurious_incomplete),
         T_(instance_not_lost_while_streaming),
         T_(consumer_stops_reading_then_closes),

@@ -15,3 +15,12 @@ swx_router_on_credit(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *ar
     r->credit_hook_arg = arg;
     r->credit_hook = fn;
 }
+
+void
+swx_router_on_open_sent(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg)
+{
+    if (r == NULL)
+        return;
+    r->open_hook_arg = arg;
+    r->open_hook = fn;
+}

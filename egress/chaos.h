@@ -17,4 +17,11 @@
  * migrates. NULL removes it. Set it before any stream is open. */
 void swx_router_on_credit(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg);
 
+/* Test-only: fn(s, arg) runs on the thread in sw_router_open once the
+ * request is published, before the call returns: what arrives meanwhile
+ * is delivered from the router's ticker thread, not the thread that
+ * received it. A test can hold the opener there. NULL removes it. Set it
+ * before any stream is open. */
+void swx_router_on_open_sent(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg);
+
 #endif

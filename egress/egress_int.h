@@ -74,6 +74,8 @@ struct sw_router {
 #ifdef SW_CHAOS
     void (*credit_hook)(sw_stream *s, void *arg); /* swx_router_on_credit */
     void *credit_hook_arg;
+    void (*open_hook)(sw_stream *s, void *arg); /* swx_router_on_open_sent */
+    void *open_hook_arg;
 #endif
     sw_conn *conn;
     swi_logger log;

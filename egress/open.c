@@ -296,6 +296,10 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     }
     if (rv == SW_OK)
         rv = swt_publish(r->conn, req_subj, resp_subj, buf, blen);
+#ifdef SW_CHAOS
+    if (rv == SW_OK && r->open_hook != NULL) /* swx_router_on_open_sent */
+        r->open_hook(s, r->open_hook_arg);
+#endif
     free(buf);
     if (rv == SW_EMSGSIZE)
         swe_stream_fail(s, SW_EMSGSIZE, "the request exceeds the server's max payload", 0);

@@ -6,6 +6,8 @@
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
 
+#include "egress/chaos.h"
+
 /* Consumer reads 3 items, cancels (mode 0), kills (1) or closes (2). */
 static void
 cancel_common(env *e, int how)
@@ -708,6 +710,62 @@ grant_after_callback(void **state)
     env_close(e, s);
 }
 
+/* The same grant, held back from a repeat: sw_router_open is held (the
+ * chaos hook) until the worker has sent its 16 items, so they are
+ * delivered from the router's ticker thread, and item 8's callback runs
+ * there for a second while the receiving thread goes on. The stalled
+ * worker's heartbeats (every 250 ms) report item 16 as its last, below the
+ * credit item 8 earned: a repeat of that grant is due, and must wait for
+ * the callback as the grant does. */
+static void
+hold_open_until_sent(sw_stream *s, void *arg)
+{
+    env *e = arg;
+    sw_ingress_stats st;
+    (void)s;
+    for (int64_t until = now_ms() + T(5000); now_ms() < until;) {
+        ingress_stats(e, &st);
+        if (st.items_sent >= 16)
+            break;
+        sleep_ms(2);
+    }
+}
+
+static void
+grant_held_from_repeats(void **state)
+{
+    env *e = *state;
+    sw_request_opts o;
+    sw_ingress_stats st;
+    sw_stream *s;
+    gatecb *x = (gatecb *)new_cbgot_sized(e, sizeof(gatecb));
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100;
+    env_start(e, NULL, NULL);
+    swx_router_on_open_sent(e->rt, hold_open_until_sent, e);
+    ropts(e, &o);
+    o.credit_window = 16;
+    o.on_item = gate_cb_item;
+    o.on_item_arg = x;
+    s = env_open_with(e, &o, "p", 1);
+    for (int64_t until = now_ms() + T(5000);
+         !__atomic_load_n(&x->entered, __ATOMIC_ACQUIRE) && now_ms() < until;)
+        sleep_ms(1);
+    assert_true(__atomic_load_n(&x->entered, __ATOMIC_ACQUIRE));
+    sleep_ms(1000); /* four heartbeats of the stalled worker */
+    ingress_stats(e, &st);
+    __atomic_store_n(&x->release, 1, __ATOMIC_RELEASE);
+    if (st.items_sent != 16)
+        fail_msg("the worker sent %llu items while item 8's callback ran on the ticker, want 16 "
+                 "(a repeat of the held grant went out)",
+                 (unsigned long long)st.items_sent);
+    assert_true(cb_wait(&x->c, T(20000)));
+    assert_terminal(&x->c.g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_tokens(&x->c.g, 100);
+    env_close(e, s);
+}
+
 static void
 router_backlog_no_spurious_incomplete(void **state)
 {
@@ -822,6 +880,7 @@ main(int argc, char **argv)
         T_(byte_window_max_below_credit_bytes),
         T_(scale_1000_streams),
         T_(grant_after_callback),
+        T_(grant_held_from_repeats),
         T_(router_backlog_no_spurious_incomplete),
         T_(instance_not_lost_while_streaming),
         T_(consumer_stops_reading_then_closes),

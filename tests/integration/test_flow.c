@@ -650,11 +650,7 @@ slow_cb_item(sw_stream *s, const sw_item *it, void *arg)
     cb_item(s, it, &x->c);
 }
 
-/* The credit an item frees reaches the worker when its callback returns
- * (streamwire.h, sw_item_fn). With a fixed window of 16, the first grant
- * comes due at item 8; while item 8's callback runs, the worker has the 16
- * items of its first credit and no more. Every item then arrives, in
- * order, once. */
+/* A callback that holds item 8 until the test releases it. */
 typedef struct gatecb {
     cbgot c;              /* first: allocated and finalised as a cbgot by the fixture */
     int entered, release; /* (atomic) */
@@ -673,19 +669,35 @@ gate_cb_item(sw_stream *s, const sw_item *it, void *arg)
     cb_item(s, it, &x->c);
 }
 
+/* The swx_router_on_open_sent hook: holds sw_router_open until the worker
+ * has sent the 16 items of its first credit. */
 static void
-grant_after_callback(void **state)
+hold_open_until_sent(sw_stream *s, void *arg)
 {
-    env *e = *state;
-    sw_request_opts o;
-    sw_stream_stats ss;
-    sw_stream *s;
-    gatecb *x = (gatecb *)new_cbgot_sized(e, sizeof(gatecb));
-    uint64_t sent;
+    env *e = arg;
+    sw_ingress_stats st;
+    (void)s;
+    for (int64_t until = now_ms() + T(5000); now_ms() < until;) {
+        ingress_stats(e, &st);
+        if (st.items_sent >= 16)
+            break;
+        sleep_ms(2);
+    }
+}
 
+/* A worker of 100 items, a stream of window 16 whose callback holds item
+ * 8 until x->release; returns once item 8's callback runs. hook, if not
+ * NULL, holds sw_router_open (swx_router_on_open_sent). */
+static sw_stream *
+gate_open(env *e, gatecb *x, void (*hook)(sw_stream *, void *))
+{
+    sw_request_opts o;
+    sw_stream *s;
     e->w.mode = M_STREAM;
     e->w.n = 100;
     env_start(e, NULL, NULL);
+    if (hook != NULL)
+        swx_router_on_open_sent(e->rt, hook, e);
     ropts(e, &o);
     o.credit_window = 16;
     o.on_item = gate_cb_item;
@@ -695,6 +707,24 @@ grant_after_callback(void **state)
          !__atomic_load_n(&x->entered, __ATOMIC_ACQUIRE) && now_ms() < until;)
         sleep_ms(1);
     assert_true(__atomic_load_n(&x->entered, __ATOMIC_ACQUIRE));
+    return s;
+}
+
+/* The credit an item frees reaches the worker when its callback returns
+ * (streamwire.h, sw_item_fn). With a fixed window of 16, the first grant
+ * comes due at item 8; while item 8's callback runs, the worker has the 16
+ * items of its first credit and no more. Every item then arrives, in
+ * order, once. */
+static void
+grant_after_callback(void **state)
+{
+    env *e = *state;
+    sw_stream_stats ss;
+    sw_stream *s;
+    gatecb *x = (gatecb *)new_cbgot_sized(e, sizeof(gatecb));
+    uint64_t sent;
+
+    s = gate_open(e, x, NULL);
     sent = wait_worker_stops(e);
     __atomic_store_n(&x->release, 1, __ATOMIC_RELEASE);
     if (sent != 16)
@@ -718,41 +748,14 @@ grant_after_callback(void **state)
  * credit item 8 earned: a repeat of that grant is due, and must wait for
  * the callback as the grant does. */
 static void
-hold_open_until_sent(sw_stream *s, void *arg)
-{
-    env *e = arg;
-    sw_ingress_stats st;
-    (void)s;
-    for (int64_t until = now_ms() + T(5000); now_ms() < until;) {
-        ingress_stats(e, &st);
-        if (st.items_sent >= 16)
-            break;
-        sleep_ms(2);
-    }
-}
-
-static void
 grant_held_from_repeats(void **state)
 {
     env *e = *state;
-    sw_request_opts o;
     sw_ingress_stats st;
     sw_stream *s;
     gatecb *x = (gatecb *)new_cbgot_sized(e, sizeof(gatecb));
 
-    e->w.mode = M_STREAM;
-    e->w.n = 100;
-    env_start(e, NULL, NULL);
-    swx_router_on_open_sent(e->rt, hold_open_until_sent, e);
-    ropts(e, &o);
-    o.credit_window = 16;
-    o.on_item = gate_cb_item;
-    o.on_item_arg = x;
-    s = env_open_with(e, &o, "p", 1);
-    for (int64_t until = now_ms() + T(5000);
-         !__atomic_load_n(&x->entered, __ATOMIC_ACQUIRE) && now_ms() < until;)
-        sleep_ms(1);
-    assert_true(__atomic_load_n(&x->entered, __ATOMIC_ACQUIRE));
+    s = gate_open(e, x, hold_open_until_sent);
     sleep_ms(1000); /* four heartbeats of the stalled worker */
     ingress_stats(e, &st);
     __atomic_store_n(&x->release, 1, __ATOMIC_RELEASE);

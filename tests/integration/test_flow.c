@@ -650,6 +650,12 @@ slow_cb_item(sw_stream *s, const sw_item *it, void *arg)
     cb_item(s, it, &x->c);
 }
 
+static uint64_t
+f_items_sent(const sw_ingress_stats *s)
+{
+    return s->items_sent;
+}
+
 /* A callback that holds item 8 until the test releases it. */
 typedef struct gatecb {
     cbgot c;              /* first: allocated and finalised as a cbgot by the fixture */
@@ -674,15 +680,8 @@ gate_cb_item(sw_stream *s, const sw_item *it, void *arg)
 static void
 hold_open_until_sent(sw_stream *s, void *arg)
 {
-    env *e = arg;
-    sw_ingress_stats st;
     (void)s;
-    for (int64_t until = now_ms() + T(5000); now_ms() < until;) {
-        ingress_stats(e, &st);
-        if (st.items_sent >= 16)
-            break;
-        sleep_ms(2);
-    }
+    (void)ist_wait(arg, f_items_sent, 16, T(5000));
 }
 
 /* A worker of 100 items, a stream of window 16 whose callback holds item
@@ -725,6 +724,7 @@ grant_after_callback(void **state)
     uint64_t sent;
 
     s = gate_open(e, x, NULL);
+    (void)ist_wait(e, f_items_sent, 16, T(5000)); /* a worker slowed by load */
     sent = wait_worker_stops(e);
     __atomic_store_n(&x->release, 1, __ATOMIC_RELEASE);
     if (sent != 16)

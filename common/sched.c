@@ -398,12 +398,17 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
                 e->misses = 0;
                 e->suspect = 0;
                 e->last_ok_ms = now;
-            } else if ((++e->misses >= p->misses || e->suspect) && *nlost < max_lost) {
-                memcpy(lost[*nlost].id, e->id, sizeof(e->id));
-                lost[*nlost].silent_ms = now - e->last_ok_ms;
-                (*nlost)++;
-                e->misses = 0;
-                continue;
+            } else {
+                if (e->misses++ == 0)
+                    e->miss_from_ms = e->sent_ms;
+                if ((e->misses >= p->misses || e->suspect) && *nlost < max_lost) {
+                    memcpy(lost[*nlost].id, e->id, sizeof(e->id));
+                    lost[*nlost].silent_ms = now - e->last_ok_ms;
+                    lost[*nlost].unanswered_ms = now - e->miss_from_ms;
+                    (*nlost)++;
+                    e->misses = 0;
+                    continue;
+                }
             }
         }
         if (up_since_ms < 0)
@@ -424,7 +429,7 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
 
 int
 swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now, int64_t up_since_ms,
-                 int64_t *silent_ms)
+                 int64_t *silent_ms, int64_t *unanswered_ms)
 {
     swi_peer *e = swi_peers_find(p, id);
     int64_t sent;
@@ -452,6 +457,9 @@ swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now, i
         e->suspect = 1;
         return 0;
     }
+    if (unanswered_ms != NULL) /* from the first bounce, or an earlier miss in the run */
+        *unanswered_ms = now - (e->misses > 0 && e->miss_from_ms < e->nr_first_ms ? e->miss_from_ms
+                                                                                  : e->nr_first_ms);
     e->misses = 0;
     e->nr_pending = 0;
     *silent_ms = now - e->last_ok_ms;

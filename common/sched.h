@@ -125,21 +125,22 @@ typedef char swi_peer_id[SW_MAX_TOKEN + 1];
 
 typedef struct swi_peer {
     swi_peer_id id;
-    unsigned users;      /* streams that need this peer: probed while > 0 */
-    int outstanding;     /* a probe is out */
-    int64_t sent_ms;     /* when the last probe went out */
-    int64_t last_ok_ms;  /* the last sign of life */
-    unsigned misses;     /* unanswered probes in a row */
-    int suspect;         /* told it may be gone: the next probe is due now, one miss decides */
-    uint64_t probe_id;   /* the id of the last probe sent: an answer must echo it */
-    int nr_pending;      /* a probe met "no responders"; not yet confirmed */
-    int64_t nr_first_ms; /* when that first bounced probe went out */
-    uint64_t beat_inc;   /* the incarnation a current probe answer named (0: none yet) */
-    uint64_t beat_last;  /* heartbeat batches need a counter above this */
-    int beat_legacy;     /* its current answer named no incarnation: a worker from before
-                            the counters, whose batches (incarnation 0) are taken as they come */
-    int probe_soon;      /* probe at the next round (a batch named an incarnation not learned
-                            yet); not a suspicion: misses count as usual */
+    unsigned users;       /* streams that need this peer: probed while > 0 */
+    int outstanding;      /* a probe is out */
+    int64_t sent_ms;      /* when the last probe went out */
+    int64_t last_ok_ms;   /* the last sign of life */
+    unsigned misses;      /* unanswered probes in a row */
+    int64_t miss_from_ms; /* when the first of them went out (misses > 0) */
+    int suspect;          /* told it may be gone: the next probe is due now, one miss decides */
+    uint64_t probe_id;    /* the id of the last probe sent: an answer must echo it */
+    int nr_pending;       /* a probe met "no responders"; not yet confirmed */
+    int64_t nr_first_ms;  /* when that first bounced probe went out */
+    uint64_t beat_inc;    /* the incarnation a current probe answer named (0: none yet) */
+    uint64_t beat_last;   /* heartbeat batches need a counter above this */
+    int beat_legacy;      /* its current answer named no incarnation: a worker from before
+                             the counters, whose batches (incarnation 0) are taken as they come */
+    int probe_soon;       /* probe at the next round (a batch named an incarnation not learned
+                             yet); not a suspicion: misses count as usual */
 } swi_peer;
 
 typedef struct swi_peers {
@@ -161,10 +162,15 @@ typedef struct swi_peers {
 #define SWI_PEERS_SETTLE_MS 2000
 #define SWI_PEERS_NR_GRACE_MS 100
 
-/* A lost peer and how long it had been silent. */
+/* A lost peer and how long it had been silent: since its last sign of
+ * life, and since the first probe it left unanswered went out. A sign of
+ * life between the two (a registry refresh) may come from a peer that
+ * froze or died right after it; one after the second, only from a peer
+ * that is alive and cannot be reached. */
 typedef struct swi_peer_lost {
     swi_peer_id id;
     int64_t silent_ms;
+    int64_t unanswered_ms;
 } swi_peer_lost;
 
 void swi_peers_init(swi_peers *p, unsigned interval_ms, unsigned timeout_ms, unsigned misses);
@@ -202,7 +208,8 @@ size_t swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
 
 /* A probe's answer. An answer means alive (misses reset, suspicion
  * lifted). "No responders" makes the peer suspect (probed again at the next
- * round); it is lost (returns 1 and *silent_ms) when "no responders" also
+ * round); it is lost (returns 1, *silent_ms and, if not NULL,
+ * *unanswered_ms as in swi_peer_lost) when "no responders" also
  * answers a probe sent nr_grace_ms or more after the first bounced one, with
  * no answer in between. A probe sent before this side's connection last
  * came back and settled (up_since_ms + settle_ms > sent_ms) proves nothing.
@@ -214,7 +221,7 @@ uint64_t swi_peers_probe_id(swi_peers *p, const char *id);
  * replayed later (another id) is not an answer and must be ignored. */
 int swi_peers_is_current(swi_peers *p, const char *id, uint64_t probe_id);
 int swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now,
-                     int64_t up_since_ms, int64_t *silent_ms);
+                     int64_t up_since_ms, int64_t *silent_ms, int64_t *unanswered_ms);
 
 /* Heartbeat batches' replay defence. A current probe answer (one that
  * swi_peers_is_current accepted) names the peer's incarnation and the

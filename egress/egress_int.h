@@ -297,7 +297,8 @@ void swe_cancels_answer(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES], con
  * one count of them). Caller holds r->mu. */
 unsigned swe_instance_load(void *arg, const char *instance);
 void swe_probe_round(sw_router *r, int64_t now);
-void swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms);
+void swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms,
+                       int64_t unanswered_ms);
 
 /* open.c */
 int swe_reroute(sw_stream *s);

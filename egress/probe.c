@@ -18,7 +18,8 @@
 #define SWE_LOST_MAX 8
 
 void
-swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms)
+swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms,
+                  int64_t unanswered_ms)
 {
     swi_ptrvec vec = {NULL, 0, 0};
     char msg[160];
@@ -46,8 +47,10 @@ swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_
     }
     free(vec.v);
     swi_log(&r->log, SW_LOG_WARN, "%s (%u stream(s) ended)", msg, n);
-    if (report)
-        swr_pool_report(r->pool, inst, why, silent_ms);
+    if (report) /* guarded by the unanswered time only: a registry refresh between the
+                   last answer and the first unanswered probe proves nothing (a worker
+                   frozen or killed right after its refresh) */
+        swr_pool_report(r->pool, inst, why, unanswered_ms);
 }
 
 static void
@@ -64,7 +67,7 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
     sw_router *r = arg;
     const char *id = swt_subject_last_token(msg->subject);
     int lost;
-    int64_t silent = 0;
+    int64_t silent = 0, unanswered = 0;
     uint64_t pid = 0;
     swp_probe_reply *p = NULL;
     if (id == NULL)
@@ -87,11 +90,11 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
         swi_peers_beats_learn(&r->peers, id, p->incarnation, p->beats_counter);
     lost = (msg->no_responders || swi_peers_is_current(&r->peers, id, pid)) &&
            swi_peers_answer(&r->peers, id, msg->no_responders, swi_now_ms(),
-                            swt_conn_up_since_ms(r->conn), &silent);
+                            swt_conn_up_since_ms(r->conn), &silent, &unanswered);
     pthread_mutex_unlock(&r->mu);
     swp_free(p);
     if (lost)
-        swe_instance_lost(r, id, "its subscription is gone (no responders)", silent);
+        swe_instance_lost(r, id, "its subscription is gone (no responders)", silent, unanswered);
 }
 
 typedef struct swe_activity {
@@ -173,5 +176,5 @@ swe_probe_round(sw_router *r, int64_t now)
     }
     for (size_t i = 0; i < nlost; i++)
         swe_instance_lost(r, lost[i].id, "it did not answer probes (frozen or partitioned)",
-                          lost[i].silent_ms);
+                          lost[i].silent_ms, lost[i].unanswered_ms);
 }

@@ -82,7 +82,7 @@ swn_ing_on_live_reply(const swt_msg *msg, void *arg)
     pthread_mutex_lock(&ing->live_mu);
     if ((msg->no_responders || swi_peers_is_current(&ing->peers, id, pid)) &&
         swi_peers_answer(&ing->peers, id, msg->no_responders, swi_now_ms(),
-                         swt_conn_up_since_ms(ing->conn), &silent)) {
+                         swt_conn_up_since_ms(ing->conn), &silent, NULL)) {
         snprintf(gone, sizeof(gone), "%s", id);
         swi_peers_release_all(&ing->peers, id);
     }

@@ -48,8 +48,11 @@ sw_err swr_pool_pick(swr_pool *p, const char *endpoint, swr_load_fn load, void *
 int swr_pool_quarantine(swr_pool *p, const char *instance);
 /* Reports the instance dead in the registry, from the pool's reporter
  * thread (a registry write may block; the caller does not wait). silent_ms:
- * how long the instance has shown no sign of life; the registry refuses the
- * report if it saw the entry refreshed in that time. */
+ * how long the instance has left this router's questions unanswered (since
+ * the first probe it did not answer went out); the registry refuses the
+ * report if it saw the entry refreshed in that time (the instance is alive
+ * and this router cannot reach it), and writes it should the entry then go
+ * a whole lease without a refresh. */
 void swr_pool_report(swr_pool *p, const char *instance, const char *reason, int64_t silent_ms);
 /* Both: the instance is dead. Safe to call repeatedly. */
 void swr_pool_dead(swr_pool *p, const char *instance, const char *reason);

@@ -201,7 +201,8 @@ SW_API sw_err sw_registry_report_dead(sw_registry *reg, const char *instance_id,
                                       const char *reason);
 
 /* Router side: reports dead an instance that showed no sign of life to the
- * caller for the last silent_ms. The report is accepted only if this
+ * caller for the last silent_ms (a router counts it from the first probe
+ * the instance left unanswered). The report is accepted only if this
  * handle has not seen the entry refreshed within that time: a worker whose
  * keep-alive still runs is not declared dead on the strength of a path that
  * failed (the reporter's own connection, a partition between the two).

@@ -281,6 +281,48 @@ test_peers_lost_after_misses(void **state)
     assert_int_equal(nlost, 1);
     assert_string_equal(lost[0].id, "a");
     assert_int_equal(lost[0].silent_ms, 700);
+    assert_int_equal(lost[0].unanswered_ms, 600); /* since the probe at 100 */
+    swi_peers_fini(&p);
+}
+
+/* The unanswered time runs from the first probe of the run of misses, not
+ * from the last answer: a sign of life between the two (an answer at 120,
+ * then silence from the probe at 200) is no evidence either way. A miss
+ * then an answer starts the next run afresh. */
+static void
+test_peers_unanswered_from_first_miss(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int64_t silent = -1, unanswered = -1;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
+    swi_peers_use(&p, "a", 0);
+    assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 120, UP, &silent, &unanswered), 0);
+    assert_int_equal(round_at(&p, 200, UP, send, lost, &nlost), 1);
+    assert_int_equal(round_at(&p, 500, UP, send, lost, &nlost), 1); /* miss 1: from 200 */
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 510, UP, &silent, &unanswered), 0);
+    assert_int_equal(round_at(&p, 600, UP, send, lost, &nlost), 1);
+    assert_int_equal(round_at(&p, 900, UP, send, lost, &nlost), 1); /* miss 1: from 600 */
+    round_at(&p, 1200, UP, send, lost, &nlost);                     /* miss 2: lost */
+    assert_int_equal(nlost, 1);
+    assert_int_equal(lost[0].silent_ms, 1200 - 510);
+    assert_int_equal(lost[0].unanswered_ms, 1200 - 600);
+    /* "no responders" after a timed-out probe: from that probe */
+    swi_peers_release_all(&p, "a"); /* as the caller does with a lost peer */
+    swi_peers_use(&p, "b", 1200);
+    p.nr_grace_ms = 100;
+    assert_int_equal(round_at(&p, 1300, UP, send, lost, &nlost), 1);
+    assert_int_equal(round_at(&p, 1600, UP, send, lost, &nlost), 1); /* b: miss 1, from 1300 */
+    assert_int_equal(swi_peers_answer(&p, "b", 1, 1601, UP, &silent, &unanswered), 0);
+    assert_int_equal(round_at(&p, 1700, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "b", 1, 1701, UP, &silent, &unanswered), 1);
+    assert_int_equal(silent, 1701 - 1200);
+    assert_int_equal(unanswered, 1701 - 1300);
     swi_peers_fini(&p);
 }
 
@@ -300,10 +342,10 @@ test_peers_answer_resets(void **state)
     round_at(&p, 100, UP, send, lost, &nlost);
     round_at(&p, 400, UP, send, lost, &nlost); /* miss 1 */
     assert_int_equal(swi_peers_find(&p, "a")->misses, 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 0, 450, UP, &silent), 0);
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 450, UP, &silent, NULL), 0);
     assert_int_equal(swi_peers_find(&p, "a")->misses, 0);
     assert_int_equal(swi_peers_find(&p, "a")->last_ok_ms, 450);
-    assert_int_equal(swi_peers_answer(&p, "nobody", 0, 450, UP, &silent), 0);
+    assert_int_equal(swi_peers_answer(&p, "nobody", 0, 450, UP, &silent, NULL), 0);
     swi_peers_fini(&p);
 }
 
@@ -316,7 +358,7 @@ test_peers_no_responders(void **state)
     swi_peer_id send[8];
     swi_peer_lost lost[8];
     size_t nlost;
-    int64_t silent = -1;
+    int64_t silent = -1, unanswered = -1;
     (void)state;
     swi_peers_init(&p, 100, 300, 2);
     assert_int_equal(p.nr_grace_ms, SWI_PEERS_NR_GRACE_MS);
@@ -324,13 +366,15 @@ test_peers_no_responders(void **state)
     p.nr_grace_ms = 100;
     swi_peers_use(&p, "a", 0);
     assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 101, UP, &silent), 0); /* first bounce */
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 101, UP, &silent, NULL), 0); /* first bounce */
     /* probed again at the next round, not one interval later */
     assert_int_equal(round_at(&p, 110, UP, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 111, UP, &silent), 0); /* within the grace */
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 111, UP, &silent, NULL),
+                     0); /* within the grace */
     assert_int_equal(round_at(&p, 200, UP, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 201, UP, &silent), 1); /* 100 ms on: lost */
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 201, UP, &silent, &unanswered), 1); /* lost */
     assert_int_equal(silent, 201);
+    assert_int_equal(unanswered, 101); /* since the first bounced probe, sent at 100 */
     swi_peers_fini(&p);
 }
 
@@ -351,17 +395,17 @@ test_peers_no_responders_then_back(void **state)
     p.nr_grace_ms = 100;
     swi_peers_use(&p, "a", 0);
     round_at(&p, 100, UP, send, lost, &nlost);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 101, UP, &silent), 0);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 101, UP, &silent, NULL), 0);
     round_at(&p, 150, UP, send, lost, &nlost);
-    assert_int_equal(swi_peers_answer(&p, "a", 0, 151, UP, &silent), 0); /* reconnected */
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 151, UP, &silent, NULL), 0); /* reconnected */
     assert_int_equal(swi_peers_find(&p, "a")->suspect, 0);
     assert_int_equal(round_at(&p, 160, UP, send, lost, &nlost), 0); /* back to the interval */
     assert_int_equal(round_at(&p, 251, UP, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 252, UP, &silent), 0); /* a new grace */
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 252, UP, &silent, NULL), 0); /* a new grace */
     round_at(&p, 300, UP, send, lost, &nlost);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 301, UP, &silent), 0);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 301, UP, &silent, NULL), 0);
     round_at(&p, 351, UP, send, lost, &nlost);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 352, UP, &silent), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 352, UP, &silent, NULL), 1);
     assert_int_equal(nlost, 0);
     swi_peers_fini(&p);
 }
@@ -438,7 +482,8 @@ test_peers_own_connection_down(void **state)
     assert_int_equal(nlost, 0);
     /* back at 2100: a new probe, judged normally */
     assert_int_equal(round_at(&p, 2100, 2100, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 2101, 2150, &silent), 0); /* bounced again */
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 2101, 2150, &silent, NULL),
+                     0); /* bounced again */
     assert_int_equal(round_at(&p, 2300, 2150, send, lost, &nlost), 1);
     round_at(&p, 2600, 2150, send, lost, &nlost);
     assert_int_equal(nlost, 1);
@@ -463,15 +508,15 @@ test_peers_settle_after_reconnect(void **state)
     swi_peers_use(&p, "a", 0);
     /* back at 5000 */
     assert_int_equal(round_at(&p, 5000, 5000, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 5001, 5000, &silent), 0);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 5001, 5000, &silent, NULL), 0);
     assert_int_equal(round_at(&p, 5100, 5000, send, lost, &nlost), 1);
     round_at(&p, 5400, 5000, send, lost, &nlost);
     assert_int_equal(nlost, 0);
     /* settled: judged again */
     assert_int_equal(round_at(&p, 7000, 5000, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 7001, 5000, &silent), 0); /* first bounce */
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 7001, 5000, &silent, NULL), 0); /* first bounce */
     assert_int_equal(round_at(&p, 7100, 5000, send, lost, &nlost), 1);
-    assert_int_equal(swi_peers_answer(&p, "a", 1, 7101, 5000, &silent), 1); /* confirmed */
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 7101, 5000, &silent, NULL), 1); /* confirmed */
     swi_peers_fini(&p);
 }
 
@@ -622,6 +667,7 @@ main(void)
         cmocka_unit_test(test_peers_probe_schedule),
         cmocka_unit_test(test_peers_lost_after_misses),
         cmocka_unit_test(test_peers_answer_resets),
+        cmocka_unit_test(test_peers_unanswered_from_first_miss),
         cmocka_unit_test(test_peers_no_responders),
         cmocka_unit_test(test_peers_no_responders_then_back),
         cmocka_unit_test(test_idq),

@@ -380,6 +380,21 @@ swi_up_throughout(const swi_peers *p, int64_t up_since_ms, int64_t since)
     return up_since_ms >= 0 && up_since_ms + p->settle_ms <= since;
 }
 
+/* Since when the peer has left this side's questions unanswered: the
+ * first probe of the run of misses, or an earlier bounced one of the same
+ * run; never before its last sign of life (a bounce of an earlier episode
+ * may still be on record). */
+static int64_t
+peer_unanswered_from(const swi_peer *e)
+{
+    int64_t from = e->misses > 0 ? e->miss_from_ms : INT64_MAX;
+    if (e->nr_pending && e->nr_first_ms < from)
+        from = e->nr_first_ms;
+    if (from == INT64_MAX || from < e->last_ok_ms)
+        from = e->last_ok_ms;
+    return from;
+}
+
 size_t
 swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
                 int (*alive)(void *arg, const char *id, int64_t since), void *arg,
@@ -397,6 +412,7 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
             } else if (alive != NULL && alive(arg, e->id, e->sent_ms)) {
                 e->misses = 0;
                 e->suspect = 0;
+                e->nr_pending = 0;
                 e->last_ok_ms = now;
             } else {
                 if (e->misses++ == 0)
@@ -404,9 +420,10 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
                 if ((e->misses >= p->misses || e->suspect) && *nlost < max_lost) {
                     memcpy(lost[*nlost].id, e->id, sizeof(e->id));
                     lost[*nlost].silent_ms = now - e->last_ok_ms;
-                    lost[*nlost].unanswered_ms = now - e->miss_from_ms;
+                    lost[*nlost].unanswered_ms = now - peer_unanswered_from(e);
                     (*nlost)++;
                     e->misses = 0;
+                    e->nr_pending = 0;
                     continue;
                 }
             }
@@ -457,9 +474,8 @@ swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now, i
         e->suspect = 1;
         return 0;
     }
-    if (unanswered_ms != NULL) /* from the first bounce, or an earlier miss in the run */
-        *unanswered_ms = now - (e->misses > 0 && e->miss_from_ms < e->nr_first_ms ? e->miss_from_ms
-                                                                                  : e->nr_first_ms);
+    if (unanswered_ms != NULL)
+        *unanswered_ms = now - peer_unanswered_from(e);
     e->misses = 0;
     e->nr_pending = 0;
     *silent_ms = now - e->last_ok_ms;

@@ -163,10 +163,11 @@ typedef struct swi_peers {
 #define SWI_PEERS_NR_GRACE_MS 100
 
 /* A lost peer and how long it had been silent: since its last sign of
- * life, and since the first probe it left unanswered went out. A sign of
- * life between the two (a registry refresh) may come from a peer that
- * froze or died right after it; one after the second, only from a peer
- * that is alive and cannot be reached. */
+ * life, and since the first probe it left unanswered went out (or bounced;
+ * never before the last sign of life). A sign of life between the two (a
+ * registry refresh) may come from a peer that froze or died right after
+ * it; one after the second most likely from a peer that is alive and
+ * cannot be reached (or from a registry watch that lagged). */
 typedef struct swi_peer_lost {
     swi_peer_id id;
     int64_t silent_ms;

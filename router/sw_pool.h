@@ -50,9 +50,9 @@ int swr_pool_quarantine(swr_pool *p, const char *instance);
  * thread (a registry write may block; the caller does not wait). silent_ms:
  * how long the instance has left this router's questions unanswered (since
  * the first probe it did not answer went out); the registry refuses the
- * report if it saw the entry refreshed in that time (the instance is alive
- * and this router cannot reach it), and writes it should the entry then go
- * a whole lease without a refresh. */
+ * report if it saw the entry refreshed in that time (the instance is most
+ * likely alive and cut off from this router), and writes it should the
+ * entry then go a whole lease without a refresh. */
 void swr_pool_report(swr_pool *p, const char *instance, const char *reason, int64_t silent_ms);
 /* Both: the instance is dead. Safe to call repeatedly. */
 void swr_pool_dead(swr_pool *p, const char *instance, const char *reason);

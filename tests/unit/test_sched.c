@@ -285,6 +285,44 @@ test_peers_lost_after_misses(void **state)
     swi_peers_fini(&p);
 }
 
+static int
+alive_if(void *arg, const char *id, int64_t since)
+{
+    (void)id;
+    (void)since;
+    return *(const int *)arg;
+}
+
+/* A bounce of an earlier episode does not date the next run of misses: a
+ * peer that bounced once, then proved alive (it streams), then went
+ * silent, has been unanswered since the first probe of the new run. */
+static void
+test_peers_unanswered_not_from_old_bounce(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int64_t silent = -1;
+    int alive = 1;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
+    swi_peers_use(&p, "a", 0);
+    assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 101, UP, &silent, NULL), 0); /* bounce */
+    assert_int_equal(swi_peers_round(&p, 110, UP, alive_if, &alive, send, 8, lost, 8, &nlost), 1);
+    /* the probe of 110 times out, but the peer streams: alive, probed again */
+    assert_int_equal(swi_peers_round(&p, 410, UP, alive_if, &alive, send, 8, lost, 8, &nlost), 1);
+    alive = 0;
+    assert_int_equal(swi_peers_round(&p, 710, UP, alive_if, &alive, send, 8, lost, 8, &nlost), 1);
+    swi_peers_round(&p, 1010, UP, alive_if, &alive, send, 8, lost, 8, &nlost);
+    assert_int_equal(nlost, 1);
+    assert_int_equal(lost[0].silent_ms, 600);
+    assert_int_equal(lost[0].unanswered_ms, 600); /* from the probe of 410, not the bounce */
+    swi_peers_fini(&p);
+}
+
 /* The unanswered time runs from the first probe of the run of misses, not
  * from the last answer: a sign of life between the two (an answer at 120,
  * then silence from the probe at 200) is no evidence either way. A miss
@@ -668,6 +706,7 @@ main(void)
         cmocka_unit_test(test_peers_lost_after_misses),
         cmocka_unit_test(test_peers_answer_resets),
         cmocka_unit_test(test_peers_unanswered_from_first_miss),
+        cmocka_unit_test(test_peers_unanswered_not_from_old_bounce),
         cmocka_unit_test(test_peers_no_responders),
         cmocka_unit_test(test_peers_no_responders_then_back),
         cmocka_unit_test(test_idq),

@@ -581,6 +581,16 @@ f_held_zero(const sw_ingress_stats *s)
 {
     return s->streams_held == 0;
 }
+uint64_t
+f_items_sent(const sw_ingress_stats *s)
+{
+    return s->items_sent;
+}
+uint64_t
+f_requests_waiting(const sw_ingress_stats *s)
+{
+    return s->requests_waiting;
+}
 
 void
 got_free(got *g)

@@ -650,12 +650,6 @@ slow_cb_item(sw_stream *s, const sw_item *it, void *arg)
     cb_item(s, it, &x->c);
 }
 
-static uint64_t
-f_items_sent(const sw_ingress_stats *s)
-{
-    return s->items_sent;
-}
-
 /* A callback that holds item 8 until the test releases it. */
 typedef struct gatecb {
     cbgot c;              /* first: allocated and finalised as a cbgot by the fixture */

@@ -628,12 +628,6 @@ start_inline_three(env *e, got *g[3], sw_stream *s[3])
     }
 }
 
-static uint64_t
-f_waiting(const sw_ingress_stats *s)
-{
-    return s->requests_waiting;
-}
-
 /* The handler runs on the thread that received the request: requests are
  * taken in one at a time, every stream whole. With the pool the three
  * would run side by side. */
@@ -757,7 +751,7 @@ inline_drain_hands_back_the_queued(void **state)
     assert_true(wctx_wait(&e->w, &e->w.started, 1, T(5000)));
     /* the two others reached the worker (under load they may still be on
      * their way, and a drain begun before would answer no_responders) */
-    assert_int_equal(ist_wait(e, f_waiting, 2, T(5000)), 2);
+    assert_int_equal(ist_wait(e, f_requests_waiting, 2, T(5000)), 2);
     assert_int_equal(sw_ingress_drain(e->ing, T(10000)), SW_OK);
     assert_int_equal(wctx_get(&e->w, &e->w.started), 1);
     assert_true(collect(s[0], g[0], 0, T(10000)));
@@ -797,7 +791,7 @@ inline_requests_waiting_counted(void **state)
         s[i] = env_open(e);
     }
     assert_true(wctx_wait(&e->w, &e->w.sent, 1, T(5000)));
-    assert_int_equal(ist_wait(e, f_waiting, 2, T(5000)), 2);
+    assert_int_equal(ist_wait(e, f_requests_waiting, 2, T(5000)), 2);
     ingress_stats(e, &st);
     assert_int_equal(st.inflight, 1);
     wctx_open_gate(&e->w);

@@ -21,6 +21,7 @@ swe_router_unref(sw_router *r)
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->ack_mu);
     pthread_mutex_destroy(&r->flush_mu);
+    swt_conn_release(r->conn);
     free(r);
 }
 
@@ -181,6 +182,7 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         return SW_ENOMEM;
     atomic_init(&r->refs, 1);
     r->conn = conn;
+    swt_conn_hold(conn); /* until the router's memory goes: sw_conn_close may come first */
     r->log.fn = o->log;
     r->log.arg = o->log_arg;
     if (o->router_id != NULL)

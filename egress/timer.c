@@ -59,6 +59,22 @@ swe_run_deferred(sw_router *r)
     }
 }
 
+/* The connection is closed for good (sw_conn_close, or nats.c ran out of
+ * reconnects): nothing more will arrive, and silence is not judged while
+ * the connection is down (swe_stream_tick), so without this a stream with
+ * no deadline would wait forever. Every open stream ends with SW_ECLOSED;
+ * one that has its terminal already keeps it. */
+static void
+swe_end_all_closed(sw_router *r)
+{
+    swe_snapshot(r, &r->scan_vec, NULL);
+    for (size_t i = 0; i < r->scan_vec.n; i++) {
+        sw_stream *s = SWE_AT(r->scan_vec, i);
+        swe_stream_fail(s, SW_ECLOSED, "the router's NATS connection is closed", 0);
+        swe_stream_unref(s);
+    }
+}
+
 void
 swe_on_tick(void *arg, int64_t now)
 {
@@ -67,6 +83,8 @@ swe_on_tick(void *arg, int64_t now)
     if (now >= r->next_scan) {
         int64_t quiet;
         r->next_scan = now + SWE_SCAN_MS;
+        if (sw_conn_status(r->conn) == SW_CONN_CLOSED)
+            swe_end_all_closed(r);
         if (swt_sub_pending(r->mux) == 0)
             r->mux_idle_ms = now;
         /* Silence is judged up to the time this router had processed what

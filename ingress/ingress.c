@@ -35,6 +35,7 @@ ing_unref(sw_ingress *ing)
     pthread_cond_destroy(&ing->cv);
     pthread_cond_destroy(&ing->dcv);
     free(ing->threads);
+    swt_conn_release(ing->conn);
     free(ing);
 }
 
@@ -127,6 +128,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         return SW_ENOMEM;
     atomic_init(&ing->refs, 1);
     ing->conn = conn;
+    swt_conn_hold(conn); /* until the ingress's memory goes: sw_conn_close may come first */
     ing->log.fn = o->log;
     ing->log.arg = o->log_arg;
     snprintf(ing->endpoint, sizeof(ing->endpoint), "%s", o->endpoint);

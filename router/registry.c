@@ -122,6 +122,8 @@ sw_registry_open(sw_registry **out, sw_conn *conn, const sw_registry_opts *o)
     snprintf(reg->bucket, sizeof(reg->bucket), "%s", bucket);
     reg->sealer = conn != NULL ? swt_conn_sealer(conn) : NULL;
     reg->conn = conn;
+    if (conn != NULL)
+        swt_conn_hold(conn); /* until sw_registry_close: sw_conn_close may come first */
     reg->log.fn = o->log;
     reg->log.arg = o->log_arg;
     reg->lease_ms = o->lease_ms ? (unsigned)o->lease_ms : 3000;
@@ -195,6 +197,7 @@ sw_registry_close(sw_registry *reg)
     pthread_mutex_destroy(&reg->wmu);
     pthread_mutex_destroy(&reg->mu);
     pthread_cond_destroy(&reg->cv);
+    swt_conn_release(reg->conn); /* NULL ok */
     free(reg);
 }
 

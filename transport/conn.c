@@ -208,6 +208,19 @@ swt_conn_security(natsOptions *no, const sw_conn_opts *o)
     return SW_OK;
 }
 
+/* nc is NULL when the connect failed (natsConnection_Destroy: a no-op). */
+static void
+conn_free(sw_conn *c)
+{
+    natsConnection_Destroy(c->nc);
+    natsOptions_Destroy(c->opts);
+    swt_sealer_free(c->sealer);
+    pthread_mutex_destroy(&c->cb_mu);
+    pthread_cond_destroy(&c->cb_cv);
+    pthread_mutex_destroy(&c->subs_mu);
+    free(c);
+}
+
 sw_err
 sw_conn_open(sw_conn **out, const sw_conn_opts *o)
 {
@@ -230,6 +243,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     c->on_state = o->on_state;
     c->on_state_arg = o->on_state_arg;
     c->up_since_ms = -1;
+    c->refs = 1;
     snprintf(c->name, sizeof(c->name), "%s", o->name ? o->name : "streamwire");
     pthread_mutex_init(&c->cb_mu, NULL);
     swi_cond_init(&c->cb_cv);
@@ -309,13 +323,21 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     *out = c;
     return SW_OK;
 fail:
-    natsOptions_Destroy(c->opts);
-    swt_sealer_free(c->sealer);
-    pthread_mutex_destroy(&c->cb_mu);
-    pthread_cond_destroy(&c->cb_cv);
-    pthread_mutex_destroy(&c->subs_mu);
-    free(c);
+    conn_free(c);
     return rv;
+}
+
+void
+swt_conn_hold(sw_conn *c)
+{
+    __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+}
+
+void
+swt_conn_release(sw_conn *c)
+{
+    if (c != NULL && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        conn_free(c);
 }
 
 void
@@ -337,14 +359,10 @@ sw_conn_close(sw_conn *c)
                 swi_cond_wait_until(&c->cb_cv, &c->cb_mu, until);
         }
         pthread_mutex_unlock(&c->cb_mu);
-        natsConnection_Destroy(c->nc);
     }
-    natsOptions_Destroy(c->opts);
-    swt_sealer_free(c->sealer);
-    pthread_mutex_destroy(&c->cb_mu);
-    pthread_cond_destroy(&c->cb_cv);
-    pthread_mutex_destroy(&c->subs_mu);
-    free(c);
+    /* Freed now, or by the last router, ingress or registry still open on
+     * it (swt_conn_hold). */
+    swt_conn_release(c);
 }
 
 sw_conn_state

@@ -36,6 +36,9 @@ struct sw_conn {
     pthread_mutex_t subs_mu;
     struct swt_sub *subs;
     int64_t trim_ms; /* swt_conn_trim's last pass (atomic): several owners' timers share one */
+    /* The application's handle (1 until sw_conn_close) plus one per object
+     * created on the connection (swt_conn_hold); the last release frees it. */
+    int refs; /* atomic */
 };
 
 #endif

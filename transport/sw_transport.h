@@ -70,6 +70,16 @@ sw_err swt_nkey_user_seed_encode(const uint8_t raw_seed[32], char out[SWT_NKEY_S
  * do not allow subj), else 0. */
 int swt_denied(sw_conn *c, const char *subj);
 
+/* Every object that keeps c (a router, an ingress, a registry) holds it
+ * from its creation and releases it when its memory goes, so that
+ * sw_conn_close while one is still open closes the NATS connection (their
+ * sends fail from then on, nothing more arrives) but frees nothing they
+ * use: the last release frees the connection. Any thread; never from a
+ * nats.c callback of c itself (the last release destroys nats.c's
+ * connection). */
+void swt_conn_hold(sw_conn *c);
+void swt_conn_release(sw_conn *c);
+
 /* The connection's name (sw_conn_opts.name), for metrics labels. */
 const char *swt_conn_name(const sw_conn *c);
 /* 1 when publishes leave at once (send-asap, the default), 0 when nats.c
@@ -90,7 +100,7 @@ sw_err swt_publish_plain(sw_conn *c, const char *subj, const char *reply, const 
  * sealed or not opening when it does. */
 uint64_t swt_conn_auth_failures(sw_conn *c);
 /* The connection's keys, or NULL when it does not seal (the registry seals
- * its values with them). Valid until sw_conn_close. */
+ * its values with them). Valid while c is held (swt_conn_hold). */
 struct swt_sealer;
 const struct swt_sealer *swt_conn_sealer(sw_conn *c);
 void swt_conn_count_auth_failure(sw_conn *c);

@@ -163,14 +163,21 @@ SW_API void sw_conn_opts_init(sw_conn_opts *opts);
  * failed handshake), SW_ENOMEM, or a wrapped NATS status. Thread-safe. */
 SW_API SW_NODISCARD sw_err sw_conn_open(sw_conn **out, const sw_conn_opts *opts);
 
-/* Closes and frees. Every sw_ingress and sw_router created on the connection
- * must be destroyed first. NULL is a no-op. */
+/* Closes the NATS connection and gives up the handle; NULL is a no-op. Close
+ * the objects created on it (sw_ingress, sw_router, sw_registry) first. One
+ * still open keeps the memory they share until it is destroyed, so closing
+ * in the other order is safe, not a use after free: from the close on,
+ * nothing more arrives and every send fails (sw_responder_send: SW_ENATS_BASE
+ * | NATS_CONNECTION_CLOSED). A router ends its open streams within 25 ms
+ * with SW_STATUS_ERROR / SW_ECLOSED, as it does when nats.c runs out of
+ * reconnects. A sw_metrics source must still be removed first (metrics.h).
+ * Not from a callback of this connection. */
 SW_API void sw_conn_close(sw_conn *conn);
 
 /* The connection's state now. Thread-safe. An application that must not
  * run without NATS (a worker in a cluster) watches for SW_CONN_CLOSED here
- * or in on_state: no call reports it otherwise, and nothing reconnects a
- * closed connection. */
+ * or in on_state: no call reports it otherwise (a router's open streams
+ * end with SW_ECLOSED), and nothing reconnects a closed connection. */
 SW_API sw_conn_state sw_conn_status(sw_conn *conn);
 
 /* Reconnections since sw_conn_open. Thread-safe. */

@@ -5,6 +5,7 @@
  * streams, two routers on one instance, max streams, conn close.
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
+#include <streamwire/registry.h>
 #include "transport/chaos.h"
 #include "transport/sw_transport.h"
 
@@ -416,6 +417,117 @@ conn_close_no_callback_after_free(void **state)
     assert_int_equal(atomic_load(&close_cb_calls), at_close);
     natsConnection_Destroy(blocker);
     natsOptions_Destroy(no);
+}
+
+/* sw_conn_close before the objects created on the connection (the order
+ * the header asks for, the other way round): each keeps the memory it
+ * uses until it is destroyed, so this is no use after free (the ASan
+ * build would stop here) and not a hang. The frontend's connection goes
+ * first: its stream ends with SW_ECLOSED at once (it would wait for ever:
+ * silence is not judged while the router's own connection is down); then
+ * the worker's: the handler's next send fails with nats.c's "connection
+ * closed". Then the router, the ingress and a registry on a third
+ * connection are destroyed after their connections. */
+static void
+conn_closed_before_its_objects(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_conn *rc;
+    sw_registry *reg = NULL;
+    sw_registry_opts go;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100000;
+    e->w.delay_ms = 10;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_false(collect(s, g, 3, T(10000)));
+    sw_conn_close(e->fc);
+    e->fc = NULL;
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_terminal(g, SW_STATUS_ERROR, SW_ECLOSED, "closed");
+    assert_non_null(strstr(g->message, "connection is closed"));
+    assert_true(g->n >= 3);
+    assert_token_prefix(g);
+    assert_done(g);
+    {
+        /* A request on it fails as one that could not be published. */
+        got *g2 = new_got(e);
+        sw_stream *s2 = NULL;
+        sw_request_opts o;
+        ropts(e, &o);
+        assert_int_equal(sw_router_open(&s2, e->rt, &o, "p", 1), SW_OK);
+        assert_true(collect(s2, g2, 0, T(5000)));
+        assert_int_equal(g2->status, SW_STATUS_ERROR);
+        assert_int_equal(g2->error, SW_ENATS_BASE | NATS_CONNECTION_CLOSED);
+        assert_tokens(g2, 0);
+        sw_stream_close(s2);
+        got_free(g2);
+    }
+    /* The worker still sends (into the void) until its connection goes. */
+    sw_conn_close(e->wc);
+    e->wc = NULL;
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(5000)));
+    assert_int_equal(e->w.stop_rv, SW_ENATS_BASE | NATS_CONNECTION_CLOSED);
+    assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(5000)));
+
+    rc = conn_open("itest-reg-close");
+    sw_registry_opts_init(&go);
+    go.bucket = "lifecycle_conn_close";
+    assert_int_equal(sw_registry_open(&reg, rc, &go), SW_OK);
+    sw_conn_close(rc);
+    sw_registry_close(reg); /* its watch and ticker stop; nothing is left */
+    /* teardown destroys the router and the ingress, their connections gone */
+}
+
+/* The other way a connection closes for good: its server is gone and
+ * nats.c runs out of reconnects (max_reconnect). The frontend's stream,
+ * which has no deadline, ends with SW_ECLOSED soon after; before, silence
+ * was never judged on a connection that is down, and it waited for ever.
+ * Its own nats-server, so that stopping it disturbs no other test. */
+static void
+reconnects_run_out_streams_end(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    swh_nats n;
+    sw_conn_opts co;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    int64_t t0;
+
+    assert_int_equal(swh_nats_start(&n, NULL), 0);
+    sw_conn_opts_init(&co);
+    co.url = n.url;
+    co.name = "itest-worker-own";
+    assert_int_equal(sw_conn_open(&e->wc, &co), SW_OK);
+    co.name = "itest-frontend-own";
+    co.max_reconnect = 2;
+    co.reconnect_wait_ms = 100;
+    assert_int_equal(sw_conn_open(&e->fc, &co), SW_OK);
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP;
+    io.handler = test_handler;
+    io.handler_arg = &e->w;
+    assert_int_equal(sw_ingress_start(&e->ing, e->wc, &io), SW_OK);
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(&e->rt, e->fc, &ro), SW_OK);
+    e->w.mode = M_STREAM;
+    e->w.n = 100000;
+    e->w.delay_ms = 10;
+    s = env_open(e);
+    assert_false(collect(s, g, 3, T(10000)));
+    t0 = now_ms();
+    swh_nats_stop(&n);
+    assert_true(collect(s, g, 0, T(15000)));
+    assert_terminal(g, SW_STATUS_ERROR, SW_ECLOSED, "closed");
+    assert_int_equal(sw_conn_status(e->fc), SW_CONN_CLOSED);
+    assert_true(now_ms() - t0 < T(10000));
+    assert_token_prefix(g);
+    assert_done(g);
 }
 
 /* A subscription whose completion callback cannot be set (the connection
@@ -881,6 +993,8 @@ main(int argc, char **argv)
         T_(router_max_streams_busy),
         T_(ingress_destroy_with_retained_responder),
         T_(conn_close_no_callback_after_free),
+        T_(conn_closed_before_its_objects),
+        T_(reconnects_run_out_streams_end),
         T_(subscribe_fails_under_a_handler),
         T_(handled_messages_kept_in_batches),
         T_(quiet_connections_keep_nothing),

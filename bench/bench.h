@@ -87,10 +87,6 @@
 #define CALLGRIND_DUMP_STATS_AT(x) ((void)(x))
 #endif
 
-#ifndef SW_BENCH_SOURCE
-#define SW_BENCH_SOURCE "unknown"
-#endif
-
 extern char **environ;
 
 #define BREQ_MAGIC 0x53574231u /* "SWB1" */
@@ -122,6 +118,7 @@ typedef struct breq {
 
 typedef struct bench_cfg {
     const char *server_url; /* NULL: start our own */
+    pid_t server_pid;       /* --server-pid: the --server's process, measured (0: none) */
     const char *nats_server;
     const char *json_path;
     const char *only;
@@ -273,6 +270,7 @@ void on_signal(int sig);
  * launcher's default (SW_NATS_SERVER, else nats-server on PATH). Called
  * before any thread exists (it forks). */
 void start_server(const char *bin);
+void server_version(pid_t pid); /* fills g_server_version from the binary of pid */
 long server_rss_kb(void);
 /* Server CPU time in microseconds (utime + stime), -1 if unknown. */
 int64_t server_cpu_us(void);
@@ -364,8 +362,11 @@ extern row g_rows[256];
 extern int g_nrows;
 row *add_row(const char *scen, const char *param, const char *metric, double raw, double sw,
              int lower_better, int prec, const char *note);
-extern double g_goal_long64;
-extern double g_goal_short64;
+extern double g_goal_long64, g_goal_long1k;
+extern double g_goal_short64, g_goal_short1;
+/* CPU per 64 B item, this process + nats-server: streamwire, and raw in
+ * its mode with the lower sum */
+extern double g_goal_cpu64_sw, g_goal_cpu64_raw;
 extern double g_goal_cli; /* the CLI end to end, sw / raw at its best */
 extern double g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_seg;
 extern double g_goal_idle_bps;

@@ -74,6 +74,8 @@ usage(FILE *f)
         f, "\n"
            "Options:\n"
            "  --server URL        use this nats-server instead of starting one\n"
+           "  --server-pid PID    with --server: that server's process, whose CPU and memory\n"
+           "                      are measured (without it the server rows show -)\n"
            "  --nats-server PATH  nats-server binary to start (default: $SW_NATS_SERVER, else\n"
            "                      nats-server on PATH); it runs with -js -a 127.0.0.1\n"
            "                      -p <free port> -sd <tmp dir>/js (support/natsd.c)\n"
@@ -203,6 +205,10 @@ parse_args(int argc, char **argv)
             exit(0);
         } else if (!strcmp(a, "--server")) {
             cfg.server_url = need_arg(argc, argv, &i);
+        } else if (!strcmp(a, "--server-pid")) {
+            cfg.server_pid = (pid_t)atol(need_arg(argc, argv, &i));
+            if (cfg.server_pid <= 0)
+                die("--server-pid: a process id is needed");
         } else if (!strcmp(a, "--nats-server")) {
             cfg.nats_server = need_arg(argc, argv, &i);
         } else if (!strcmp(a, "--json")) {
@@ -379,6 +385,8 @@ main(int argc, char **argv)
 
     if (cfg.server_url != NULL) {
         g_url = cfg.server_url;
+        if (cfg.server_pid > 0)
+            server_version(cfg.server_pid);
     } else {
         start_server(cfg.nats_server);
         g_url = g_nats.url;

@@ -423,8 +423,14 @@ scen_long(void)
             add_row("1 metrics cost", param, "CPU us/item", rc, mc[V_SW_NOMET], 1, 2, "");
             if (si < MAX_LIST)
                 g_credit_cost[si] = m[V_SW] / m[V_SW_BIG];
-            if (size == 64)
+            if (size == 64) {
+                double a = mc[V_RAW] + ms[V_RAW], b = mc[V_RAW_BUF] + ms[V_RAW_BUF];
                 g_goal_long64 = m[V_SW] / ri;
+                g_goal_cpu64_sw = mc[V_SW] + ms[V_SW];
+                g_goal_cpu64_raw = isnan(a) || (!isnan(b) && b < a) ? b : a;
+            }
+            if (size == 1024)
+                g_goal_long1k = m[V_SW] / ri;
         }
     }
     sw_router_stats_get(g_router, &rs1);

@@ -281,6 +281,8 @@ scen_short(void)
             add_row("2 short streams", param, "ctx switches/stream", rx, sx, 1, 1, note);
             if (conc == 64)
                 g_goal_short64 = sw / raw;
+            if (conc == 1)
+                g_goal_short1 = sw / raw;
         }
     }
     /* Its threads would only add noise to the scenarios that follow. */

@@ -79,7 +79,7 @@ on_signal(int sig)
 }
 
 /* "nats-server: vX.Y.Z" of the running server's binary. */
-static void
+void
 server_version(pid_t pid)
 {
     char exe[64], bin[1024], cmd[1100];
@@ -127,13 +127,21 @@ start_server(const char *bin)
     server_version(g_nats.pid);
 }
 
+/* The server whose CPU and memory are measured: ours, or --server-pid's
+ * (never signalled: it is not ours). */
+static pid_t
+watched_server(void)
+{
+    return g_nats.pid > 0 ? g_nats.pid : cfg.server_pid;
+}
+
 long
 server_rss_kb(void)
 {
     char path[64];
-    if (g_nats.pid <= 0)
+    if (watched_server() <= 0)
         return -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)g_nats.pid);
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)watched_server());
     return status_kb(path, "VmRSS");
 }
 
@@ -141,7 +149,7 @@ server_rss_kb(void)
 int64_t
 server_cpu_us(void)
 {
-    return pid_cpu_us(g_nats.pid);
+    return pid_cpu_us(watched_server());
 }
 
 int64_t

@@ -235,8 +235,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     }
 
     pthread_mutex_lock(&r->mu);
-    if (r->closing)
-        closing = 1;
+    if (r->closing || sw_conn_status(r->conn) == SW_CONN_CLOSED)
+        closing = 1; /* (a close after this check: the stream gets a terminal) */
     else if (r->st.open_streams >= r->max_streams)
         full = 1;
     else if (swi_idmap_put(&r->streams, s->id, s) != 0)

@@ -359,6 +359,12 @@ swn_ing_timer_tick(void *arg, int64_t now)
     }
     beats_flush(ing, ing->beats);
     swt_conn_trim(ing->conn);
+    /* Closed for good (sw_conn_close, or out of reconnects): no frontend
+     * can hear these streams again, and silence is not judged while the
+     * connection is down, so a send waiting for credit would wait out its
+     * send_timeout_ms: they are cancelled as if their frontends were gone. */
+    if (sw_conn_status(ing->conn) == SW_CONN_CLOSED)
+        swn_ing_cancel_frontend(ing, NULL, "the NATS connection is closed");
 }
 
 void

@@ -345,5 +345,11 @@ void swn_ing_live_tick(void *arg, int64_t now);
 /* A stream of router_id was registered: its frontend is probed from the
  * next round (no lock held). */
 void swn_ing_live_note(sw_ingress *ing, const char *router_id);
+/* Cancels the running streams of router_id (every stream if NULL) as a
+ * frontend gone would (sw_responder_send: SW_ECANCELLED; the cancel
+ * callback runs) and lets go of finished ones waiting for an ack that
+ * cannot come; logged with why. Counted in frontends_lost unless NULL. No
+ * lock held. */
+void swn_ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why);
 
 #endif

@@ -4,8 +4,10 @@
  * The frontends are a peer table (common/sched.h, the same as the router's
  * table of instances), probed from the shared ticker.
  *
- * Threads: the liveness ticker (swn_ing_live_tick) and the probe-answer
- * subscription's nats.c thread (swn_ing_on_live_reply). Locks: ing->live_mu
+ * Threads: the liveness ticker (swn_ing_live_tick), the probe-answer
+ * subscription's nats.c thread (swn_ing_on_live_reply) and the timer
+ * (swn_ing_cancel_frontend for every stream once the connection is closed
+ * for good). Locks: ing->live_mu
  * guards the peer table, alone (probes are published and streams cancelled
  * after it is released); ing->mu only for snapshots; r->mu per stream when
  * cancelling. */
@@ -21,15 +23,15 @@
  * live stream here (sw.rtr.<router>). A dead process has no subscription,
  * and the server answers "no responders" at once; a frozen one times out. */
 
-static void
-ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
+void
+swn_ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
 {
     swi_ptrvec vec = {NULL, 0, 0};
     unsigned n = 0;
     swn_ing_snapshot(ing, &vec, NULL);
     for (size_t i = 0; i < vec.n; i++) {
         sw_responder *r = SWN_RESP_AT(vec, i);
-        if (strcmp(r->router_id, router_id) == 0) {
+        if (router_id == NULL || strcmp(r->router_id, router_id) == 0) {
             int finished;
             pthread_mutex_lock(&r->mu);
             finished = r->terminated;
@@ -45,6 +47,11 @@ ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why)
         swn_resp_unref(r);
     }
     free(vec.v);
+    if (router_id == NULL) {
+        if (n > 0)
+            swi_log(&ing->log, SW_LOG_WARN, "%s: cancelled %u stream(s)", why, n);
+        return;
+    }
     if (n == 0) {
         swi_log(&ing->log, SW_LOG_DEBUG, "frontend %s %s; no stream of it was running", router_id,
                 why);
@@ -88,7 +95,7 @@ swn_ing_on_live_reply(const swt_msg *msg, void *arg)
     }
     pthread_mutex_unlock(&ing->live_mu);
     if (gone[0] != '\0')
-        ing_cancel_frontend(ing, gone, "is gone (no responders)");
+        swn_ing_cancel_frontend(ing, gone, "is gone (no responders)");
 }
 
 #define SWN_PROBES_MAX 256 /* probes per round; the rest next round */
@@ -168,5 +175,5 @@ swn_ing_live_tick(void *arg, int64_t now)
         }
     }
     for (size_t i = 0; i < nlost; i++)
-        ing_cancel_frontend(ing, lost[i].id, "did not answer its probes");
+        swn_ing_cancel_frontend(ing, lost[i].id, "did not answer its probes");
 }

@@ -194,6 +194,18 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     m.len = (size_t)natsMsg_GetDataLength(msg);
     m.no_responders = natsMsg_IsNoResponders(msg) ? 1 : 0;
     m.auth_failed = 0;
+    /* Dead first: a subscription left behind (an orphan, a close that timed
+     * out) may outlive its connection, whose keys the opening below reads;
+     * in_cb from here keeps a close waiting until the callback is done. */
+    pthread_mutex_lock(&sub->mu);
+    if (sub->dead) {
+        pthread_mutex_unlock(&sub->mu);
+        natsMsg_Destroy(msg);
+        return;
+    }
+    sub->in_cb = 1;
+    sub->cb_thread = pthread_self();
+    pthread_mutex_unlock(&sub->mu);
     if (!m.no_responders) {
         /* Sealed cluster: open before anyone looks; refuse what is not
          * sealed. Unsealed: refuse what is (a sealed peer we cannot read). */
@@ -223,15 +235,6 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
             swt_conn_count_auth_failure(sub->c);
         }
     }
-    pthread_mutex_lock(&sub->mu);
-    if (sub->dead) {
-        pthread_mutex_unlock(&sub->mu);
-        natsMsg_Destroy(msg);
-        return;
-    }
-    sub->in_cb = 1;
-    sub->cb_thread = pthread_self();
-    pthread_mutex_unlock(&sub->mu);
     sub->fn(&m, sub->arg);
     /* Last: a failing swt_subscribe waits for in_cb to clear before it
      * touches ns and the deferred messages. */

@@ -102,7 +102,7 @@ typedef enum sw_conn_state {
 SW_API const char *sw_conn_state_name(int state);
 
 /* Called on every change of state, on a nats.c thread, with no library lock
- * held; it must not call sw_conn_close. */
+ * held; it must not call sw_conn_close (of any connection). */
 typedef void (*sw_conn_state_fn)(sw_conn *conn, sw_conn_state state, void *arg);
 
 typedef struct sw_conn_opts {
@@ -166,12 +166,16 @@ SW_API SW_NODISCARD sw_err sw_conn_open(sw_conn **out, const sw_conn_opts *opts)
 /* Closes the NATS connection and gives up the handle; NULL is a no-op. Close
  * the objects created on it (sw_ingress, sw_router, sw_registry) first. One
  * still open keeps the memory they share until it is destroyed, so closing
- * in the other order is safe, not a use after free: from the close on,
- * nothing more arrives and every send fails (sw_responder_send: SW_ENATS_BASE
- * | NATS_CONNECTION_CLOSED). A router ends its open streams within 25 ms
- * with SW_STATUS_ERROR / SW_ECLOSED, as it does when nats.c runs out of
- * reconnects. A sw_metrics source must still be removed first (metrics.h).
- * Not from a callback of this connection. */
+ * in the other order is safe, not a use after free. From the close on
+ * nothing more arrives and nothing published reaches anyone; within about
+ * 35 ms (as when nats.c runs out of reconnects) a router ends its open
+ * streams with SW_STATUS_ERROR / SW_ECLOSED and refuses new ones
+ * (sw_router_open: SW_ECLOSED), and an ingress cancels its running streams
+ * as if their frontends were gone (sw_responder_send: SW_ECANCELLED, and
+ * the cancel callback runs). Before that a send may still return SW_OK or
+ * a NATS error. A sw_metrics source must still be removed first
+ * (metrics.h). Not from the callback of any connection (nats.c runs them
+ * all on one thread). */
 SW_API void sw_conn_close(sw_conn *conn);
 
 /* The connection's state now. Thread-safe. An application that must not
@@ -698,7 +702,8 @@ SW_API void sw_request_opts_init(sw_request_opts *opts);
  * returned and its only item is a terminal (payload_too_large,
  * no_responders, no_instances, ...). Errors returned here are API errors:
  * SW_EINVAL (bad options or endpoint), SW_ENOMEM, SW_ECLOSED (router
- * destroyed), SW_EBUSY (max_streams reached). Thread-safe. */
+ * destroyed, or its connection closed for good), SW_EBUSY (max_streams
+ * reached). Thread-safe. */
 SW_API SW_NODISCARD sw_err sw_router_open(sw_stream **out, sw_router *r,
                                           const sw_request_opts *opts, const void *payload,
                                           size_t len);

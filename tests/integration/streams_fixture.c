@@ -591,6 +591,11 @@ f_requests_waiting(const sw_ingress_stats *s)
 {
     return s->requests_waiting;
 }
+uint64_t
+f_credit_stalls(const sw_ingress_stats *s)
+{
+    return s->credit_stalls;
+}
 
 void
 got_free(got *g)

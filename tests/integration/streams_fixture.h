@@ -239,6 +239,7 @@ uint64_t f_fin_completed(const sw_ingress_stats *s);
 uint64_t f_inflight_zero(const sw_ingress_stats *s);
 uint64_t f_held_zero(const sw_ingress_stats *s);
 uint64_t f_items_sent(const sw_ingress_stats *s);
+uint64_t f_credit_stalls(const sw_ingress_stats *s);
 uint64_t f_requests_waiting(const sw_ingress_stats *s);
 void got_free(got *g);
 void got_add(got *g, const sw_item *it);

@@ -422,21 +422,18 @@ conn_close_no_callback_after_free(void **state)
 /* sw_conn_close before the objects created on the connection (the order
  * the header asks for, the other way round): each keeps the memory it
  * uses until it is destroyed, so this is no use after free (the ASan
- * build would stop here) and not a hang. The frontend's connection goes
- * first: its stream ends with SW_ECLOSED at once (it would wait for ever:
- * silence is not judged while the router's own connection is down); then
- * the worker's: the handler's next send fails with nats.c's "connection
- * closed". Then the router, the ingress and a registry on a third
- * connection are destroyed after their connections. */
+ * build stops here on the old code) and no hang. The frontend's
+ * connection: its stream ends with SW_ECLOSED at once (it waited for ever:
+ * silence is not judged while the router's own connection is down), a
+ * new request is refused with SW_ECLOSED, and teardown destroys the
+ * router after its connection. */
 static void
-conn_closed_before_its_objects(void **state)
+conn_closed_before_its_router(void **state)
 {
     env *e = *state;
     got *g = new_got(e);
-    sw_stream *s;
-    sw_conn *rc;
-    sw_registry *reg = NULL;
-    sw_registry_opts go;
+    sw_stream *s, *s2 = NULL;
+    sw_request_opts o;
 
     e->w.mode = M_STREAM;
     e->w.n = 100000;
@@ -452,26 +449,50 @@ conn_closed_before_its_objects(void **state)
     assert_true(g->n >= 3);
     assert_token_prefix(g);
     assert_done(g);
-    {
-        /* A request on it fails as one that could not be published. */
-        got *g2 = new_got(e);
-        sw_stream *s2 = NULL;
-        sw_request_opts o;
-        ropts(e, &o);
-        assert_int_equal(sw_router_open(&s2, e->rt, &o, "p", 1), SW_OK);
-        assert_true(collect(s2, g2, 0, T(5000)));
-        assert_int_equal(g2->status, SW_STATUS_ERROR);
-        assert_int_equal(g2->error, SW_ENATS_BASE | NATS_CONNECTION_CLOSED);
-        assert_tokens(g2, 0);
-        sw_stream_close(s2);
-        got_free(g2);
-    }
-    /* The worker still sends (into the void) until its connection goes. */
+    ropts(e, &o);
+    assert_int_equal(sw_router_open(&s2, e->rt, &o, "p", 1), SW_ECLOSED);
+    assert_null(s2);
+}
+
+/* The worker's connection closed under an ingress whose handler waits for
+ * credit (a window of 4 that nobody reads): the wait ends within
+ * moments with SW_ECANCELLED and the cancel callback, as for a frontend
+ * that is gone (it waited out send_timeout_ms, 30 s, and a send after the
+ * close could even return SW_OK); the frontend's stream ends with
+ * instance_lost. Teardown destroys the ingress after its connection; a
+ * registry on a third connection is closed after it too. */
+static void
+conn_closed_before_its_ingress(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_request_opts o;
+    sw_conn *rc;
+    sw_registry *reg = NULL;
+    sw_registry_opts go;
+    int64_t t0;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 100000;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.credit_window = 4;
+    s = env_open_with(e, &o, "prompt", 6);
+    assert_int_equal(ist_wait(e, f_credit_stalls, 1, T(5000)), 1);
+    assert_int_equal(wctx_get(&e->w, &e->w.stopped), 0);
+    t0 = now_ms();
     sw_conn_close(e->wc);
     e->wc = NULL;
     assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(5000)));
-    assert_int_equal(e->w.stop_rv, SW_ENATS_BASE | NATS_CONNECTION_CLOSED);
+    assert_true(now_ms() - t0 < T(5000));
+    assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
     assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(5000)));
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 4);
+    assert_terminal(g, SW_STATUS_ERROR, SW_INSTANCE_LOST, "instance_lost");
+    assert_done(g);
 
     rc = conn_open("itest-reg-close");
     sw_registry_opts_init(&go);
@@ -479,7 +500,6 @@ conn_closed_before_its_objects(void **state)
     assert_int_equal(sw_registry_open(&reg, rc, &go), SW_OK);
     sw_conn_close(rc);
     sw_registry_close(reg); /* its watch and ticker stop; nothing is left */
-    /* teardown destroys the router and the ingress, their connections gone */
 }
 
 /* The other way a connection closes for good: its server is gone and
@@ -993,7 +1013,8 @@ main(int argc, char **argv)
         T_(router_max_streams_busy),
         T_(ingress_destroy_with_retained_responder),
         T_(conn_close_no_callback_after_free),
-        T_(conn_closed_before_its_objects),
+        T_(conn_closed_before_its_router),
+        T_(conn_closed_before_its_ingress),
         T_(reconnects_run_out_streams_end),
         T_(subscribe_fails_under_a_handler),
         T_(handled_messages_kept_in_batches),

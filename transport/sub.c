@@ -194,9 +194,9 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     m.len = (size_t)natsMsg_GetDataLength(msg);
     m.no_responders = natsMsg_IsNoResponders(msg) ? 1 : 0;
     m.auth_failed = 0;
-    /* Dead first: a subscription left behind (an orphan, a close that timed
-     * out) may outlive its connection, whose keys the opening below reads;
-     * in_cb from here keeps a close waiting until the callback is done. */
+    /* Dead first: an orphan (a subscribe that failed after subscribing)
+     * may outlive its connection, whose keys the opening below reads; in_cb
+     * from here keeps a close waiting until the callback is done. */
     pthread_mutex_lock(&sub->mu);
     if (sub->dead) {
         pthread_mutex_unlock(&sub->mu);

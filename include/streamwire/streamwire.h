@@ -344,7 +344,8 @@ typedef struct sw_ingress_stats {
     uint64_t items_resent;      /* retransmissions answering RESEND */
     uint64_t items_shed;        /* droppable items shed for lack of credit */
     uint64_t heartbeats;
-    uint64_t cancels;          /* streams cancelled by the frontend (or its loss) */
+    uint64_t cancels;          /* streams cancelled by the frontend (or its loss, or the
+                                  connection's closing for good) */
     uint64_t frontends_lost;   /* frontends declared gone by the liveness probe */
     uint64_t finished[6];      /* terminals sent, indexed by sw_status (1..5) */
     uint64_t inflight;         /* gauge */
@@ -405,7 +406,8 @@ SW_API int sw_responder_migratable(const sw_responder *r);
  * by the ingress's sender thread, together with the items queued after it
  * (see docs/PROTOCOL.md "Coalescing"); a publish that failed there is
  * returned by the next send or finish.
- * Errors: SW_ECANCELLED (frontend cancelled or gone, or deadline passed),
+ * Errors: SW_ECANCELLED (frontend cancelled or gone, deadline passed, or the
+ * connection closed for good),
  * SW_ECLOSED (a terminal was already sent, or the ingress is gone),
  * SW_ETIMEDOUT (no credit in time), SW_EMSGSIZE (the item plus a wrapper of
  * up to 94 bytes exceeds the max payload; nothing sent, the stream stays
@@ -446,14 +448,17 @@ SW_API sw_err sw_responder_finish(sw_responder *r, sw_status status, const char 
  * Errors: SW_EINVAL (bad code), SW_ECLOSED. */
 SW_API sw_err sw_responder_fail(sw_responder *r, const char *code, const char *message);
 
-/* 1 once the frontend cancelled (or vanished, or the deadline passed). */
+/* 1 once the frontend cancelled (or vanished, or the deadline passed, or
+ * the worker's connection closed for good). */
 SW_API int sw_responder_cancelled(const sw_responder *r);
 
 /* Called once, from a library thread, when the stream is cancelled. If the
  * stream is already cancelled, called at once on the calling thread. It runs
- * on the thread that handles control messages for the whole instance: keep
- * it short (set a flag, signal the engine), or credits and probe answers for
- * every stream wait behind it. */
+ * on a thread that serves the whole instance (the one that handles control
+ * messages; the liveness prober; the timer, for a deadline or a connection
+ * closed for good): keep it short (set a flag, signal the engine), or
+ * credits and probe answers for every stream wait behind it, and never
+ * destroy the ingress from it. */
 typedef void (*sw_cancel_fn)(sw_responder *r, void *arg);
 SW_API void sw_responder_on_cancel(sw_responder *r, sw_cancel_fn fn, void *arg);
 

@@ -102,8 +102,8 @@ swt_subject_last_token(const char *subject)
 int
 swt_is_beats_subject(const char *subject)
 {
-    const char *last = subject ? strrchr(subject, '.') : NULL;
-    return last != NULL && strcmp(last, ".hb") == 0;
+    size_t n = subject ? strlen(subject) : 0;
+    return n >= 3 && memcmp(subject + n - 3, ".hb", 3) == 0; /* the last token is "hb" */
 }
 
 static int
@@ -134,28 +134,30 @@ swt_subject_kind_of(const char *subject)
     return SWT_SUBJ_OTHER;
 }
 
-static int
-swt_unhex(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
+/* A hex digit's value + 1 (lowercase only, as we write them); 0 for any
+ * other byte. */
+static const int8_t swt_hexval[256] = {
+    ['0'] = 1, ['1'] = 2,  ['2'] = 3,  ['3'] = 4,  ['4'] = 5,  ['5'] = 6,  ['6'] = 7,  ['7'] = 8,
+    ['8'] = 9, ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
+};
 
 int
 swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES])
 {
-    const char *last = subject ? strrchr(subject, '.') : NULL;
-    if (last == NULL || strlen(last + 1) != 2 * SW_REQUEST_ID_BYTES)
+    /* The last token is the id: 2 * SW_REQUEST_ID_BYTES hex digits after
+     * the last dot (a dot is no hex digit). Once per received item: one
+     * length and a table lookup per digit (was strrchr, strlen and a
+     * branchy decode, ~400 instructions). */
+    size_t n = subject ? strlen(subject) : 0;
+    const unsigned char *p;
+    if (n < 2 * SW_REQUEST_ID_BYTES + 1 || subject[n - 2 * SW_REQUEST_ID_BYTES - 1] != '.')
         return -1;
-    last++;
+    p = (const unsigned char *)subject + n - 2 * SW_REQUEST_ID_BYTES;
     for (int i = 0; i < SW_REQUEST_ID_BYTES; i++) {
-        int hi = swt_unhex(last[2 * i]), lo = swt_unhex(last[2 * i + 1]);
-        if (hi < 0 || lo < 0)
+        int hi = swt_hexval[p[2 * i]], lo = swt_hexval[p[2 * i + 1]];
+        if (hi == 0 || lo == 0)
             return -1;
-        id[i] = (uint8_t)(hi << 4 | lo);
+        id[i] = (uint8_t)((hi - 1) << 4 | (lo - 1));
     }
     return 0;
 }

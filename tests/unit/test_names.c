@@ -243,6 +243,13 @@ test_response_subject_id(void **state)
     assert_int_equal(swt_response_subject_id("sw.rsp.r.0011223344556677889gaabbccddeeff", id), -1);
     assert_int_equal(swt_response_subject_id("sw.rsp.r.00112233445566778899aabbccddee f", id), -1);
     assert_int_equal(swt_response_subject_id("sw.rsp.r.*", id), -1);
+    /* bytes past ASCII (a signed char must not index below the table) */
+    assert_int_equal(swt_response_subject_id("sw.rsp.r.00112233445566778899aabbccddee\xc3\xa9", id),
+                     -1);
+    assert_int_equal(swt_response_subject_id("sw.rsp.r.\xff"
+                                             "0112233445566778899aabbccddeeff",
+                                             id),
+                     -1);
     /* failures may have written part of id, but the caller ignores it; a
      * later success overwrites all of it */
     assert_int_equal(swt_response_subject_id(RSP_SUBJECT, id), 0);

@@ -150,6 +150,7 @@ swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES])
      * branchy decode, ~400 instructions). */
     size_t n = subject ? strlen(subject) : 0;
     const unsigned char *p;
+    uint8_t v[SW_REQUEST_ID_BYTES]; /* id is written only on success */
     if (n < 2 * SW_REQUEST_ID_BYTES + 1 || subject[n - 2 * SW_REQUEST_ID_BYTES - 1] != '.')
         return -1;
     p = (const unsigned char *)subject + n - 2 * SW_REQUEST_ID_BYTES;
@@ -157,7 +158,8 @@ swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES])
         int hi = swt_hexval[p[2 * i]], lo = swt_hexval[p[2 * i + 1]];
         if (hi == 0 || lo == 0)
             return -1;
-        id[i] = (uint8_t)((hi - 1) << 4 | (lo - 1));
+        v[i] = (uint8_t)((hi - 1) << 4 | (lo - 1));
     }
+    memcpy(id, v, sizeof(v));
     return 0;
 }

@@ -34,7 +34,8 @@ sw_err swt_subject_live_reply(char *out, size_t cap, const char *instance, const
 int swt_is_response_subject(const char *subject);
 /* The last token of a subject (after the last '.'), or NULL if none. */
 const char *swt_subject_last_token(const char *subject);
-/* Extracts the last token of a response subject into a 16-byte id. 0 ok. */
+/* Extracts the last token of a response subject (32 lowercase hex digits)
+ * into a 16-byte id: 0, or -1 with id untouched. */
 int swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]);
 /* sw.rsp.<router>.hb: where workers send a frontend the heartbeats of many
  * streams at once (HeartbeatBatch); the router's mux subscription gets it. */

@@ -1,0 +1,114 @@
+/* tests/fuzz/fuzz_subjects.c -- fuzz body for the parsers of subjects
+ * (transport/subjects.c). A subject is chosen by whoever publishes: every
+ * item's subject is parsed for its request id (swt_response_subject_id),
+ * every message on the mux is asked whether it is a heartbeat batch
+ * (swt_is_beats_subject), a request's reply subject must pass
+ * swt_is_response_subject, and a sealed message is bound to its subject's
+ * kind (swt_subject_kind_of).
+ *
+ * Input: the bytes, up to the first NUL and at most 1 KiB, are the subject.
+ * Properties (abort() on violation, so libFuzzer and the replay driver both
+ * see a crash), each against a plain reference written from the header's
+ * words, not from the implementation:
+ *   - swt_response_subject_id is 0 exactly when the subject's last token
+ *     (after its last '.') is 32 lowercase hex digits, and then the id's
+ *     hex is that token; on -1 the id is untouched;
+ *   - swt_is_beats_subject is 1 exactly when the last token is "hb";
+ *   - swt_subject_last_token is NULL exactly when there is no '.' or
+ *     nothing after the last one, else the byte after it;
+ *   - swt_is_response_subject implies the prefix "sw.rsp.";
+ *   - swt_subject_kind_of is one of the kinds, and SWT_SUBJ_BEATS only for a
+ *     subject that swt_is_beats_subject accepts.
+ * Nothing reads past the NUL (ASan in the fuzz and sanitizer builds).
+ *
+ * Built with -fsanitize=fuzzer (tests/fuzz/CMakeLists.txt) and with
+ * fuzz_replay_main.c as a plain program that the normal suite runs
+ * (tests/unit/CMakeLists.txt, test fuzz_subjects_replay). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/sw_transport.h"
+
+#define SUBJ_MAX 1024
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+void fuzz_decode_stats(unsigned long *decoded, unsigned long *rejected);
+
+static unsigned long g_ids, g_other;
+
+void
+fuzz_decode_stats(unsigned long *decoded, unsigned long *rejected)
+{
+    *decoded = g_ids;
+    *rejected = g_other;
+}
+
+static void
+check(int ok, const char *what, const char *subject)
+{
+    if (!ok) {
+        fprintf(stderr, "fuzz_subjects: %s: \"%s\"\n", what, subject);
+        abort();
+    }
+}
+
+static int
+ref_is_lower_hex(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char *s;
+    size_t n = 0;
+    const char *dot, *last;
+    uint8_t id[SW_REQUEST_ID_BYTES], untouched[SW_REQUEST_ID_BYTES];
+    int want_id, rv, kind;
+
+    while (n < size && n < SUBJ_MAX && data[n] != 0)
+        n++;
+    if ((s = malloc(n + 1)) == NULL) /* exactly the string: ASan sees any overread */
+        return 0;
+    memcpy(s, data, n);
+    s[n] = '\0';
+    dot = strrchr(s, '.');
+
+    /* the request id */
+    want_id = dot != NULL && strlen(dot + 1) == 2 * SW_REQUEST_ID_BYTES;
+    for (size_t i = 0; want_id && i < 2 * SW_REQUEST_ID_BYTES; i++)
+        want_id = ref_is_lower_hex(dot[1 + i]);
+    memset(id, 0xa5, sizeof(id));
+    memcpy(untouched, id, sizeof(id));
+    rv = swt_response_subject_id(s, id);
+    check(rv == 0 || rv == -1, "swt_response_subject_id returned neither 0 nor -1", s);
+    check((rv == 0) == want_id, "swt_response_subject_id disagrees with the reference", s);
+    if (rv == 0) {
+        char hex[2 * SW_REQUEST_ID_BYTES + 1];
+        for (int i = 0; i < SW_REQUEST_ID_BYTES; i++)
+            snprintf(hex + 2 * i, 3, "%02x", id[i]);
+        check(memcmp(hex, dot + 1, 2 * SW_REQUEST_ID_BYTES) == 0, "the id is not the token", s);
+        g_ids++;
+    } else {
+        check(memcmp(id, untouched, sizeof(id)) == 0, "a refused subject wrote the id", s);
+        g_other++;
+    }
+
+    /* heartbeat batches, the last token, the response prefix, the kind */
+    check(swt_is_beats_subject(s) == (dot != NULL && strcmp(dot + 1, "hb") == 0),
+          "swt_is_beats_subject disagrees with the reference", s);
+    last = swt_subject_last_token(s);
+    check(dot == NULL || dot[1] == '\0' ? last == NULL : last == dot + 1,
+          "swt_subject_last_token is not after the last dot", s);
+    if (swt_is_response_subject(s))
+        check(strncmp(s, "sw.rsp.", 7) == 0, "a response subject without its prefix", s);
+    kind = (int)swt_subject_kind_of(s);
+    check(kind >= (int)SWT_SUBJ_OTHER && kind <= (int)SWT_SUBJ_ROUTER, "an unknown kind", s);
+    if (kind == (int)SWT_SUBJ_BEATS)
+        check(swt_is_beats_subject(s), "kind BEATS for a subject that is not one", s);
+    free(s);
+    return 0;
+}

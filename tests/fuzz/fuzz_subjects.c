@@ -73,7 +73,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         n++;
     if ((s = malloc(n + 1)) == NULL) /* exactly the string: ASan sees any overread */
         return 0;
-    memcpy(s, data, n);
+    if (n > 0) /* (an empty input may come as NULL) */
+        memcpy(s, data, n);
     s[n] = '\0';
     dot = strrchr(s, '.');
 

@@ -28,7 +28,9 @@
  *   9  slow consumers: 1,000 streams read at one item per 10 ms: peak
  *      frontend RSS against the credit-window bound, loss, nats.c drops
  *
- * Only the public API (streamwire.h, nats.h) is used. See BENCHMARKS.md.
+ * Only the public API (streamwire.h, nats.h) is used, except in stages.c:
+ * the latency breakdown sets the transport's timing taps
+ * (transport/sw_transport.h). See BENCHMARKS.md.
  *
  * Files: main.c (options, --help, the scenario table {name, fn} and the loop),
  * report.c (rows, goals, table and JSON), spawn.c (nats-server, child
@@ -181,11 +183,18 @@ typedef struct row {
 
 /* ------------------------------------------------------------------ 1 + 3: one stream */
 
+/* Where each item's latency went (bench/stages.c): n entries each, ns; -1
+ * for an item with no breakdown. */
+typedef struct stage_times {
+    int64_t *send, *recv, *pub, *wire;
+} stage_times;
+
 typedef struct stream_run {
     unsigned long n;
     size_t size;
     unsigned rate;
-    int64_t *lat; /* n entries, or NULL */
+    int64_t *lat;       /* n entries, or NULL */
+    stage_times *stage; /* the latency breakdown (n entries each), or NULL */
     /* out */
     double secs;
     double cpu_us, srv_cpu_us; /* this process / nats-server CPU during the run */
@@ -195,6 +204,18 @@ typedef struct stream_run {
     int ok;
     char err[160];
 } stream_run;
+
+/* bench/stages.c: the latency breakdown. stages_arm before a stream's run
+ * (pub: the connection the items are published on, rx: the one they
+ * arrive on; NULL for raw's), stages_disarm after; the sender calls
+ * stages_sending just before it sends item i (streamwire) or
+ * stages_raw_published after raw's publish of it; the consumer calls
+ * stages_received in its callback (via_library: 1 streamwire, 0 raw). */
+void stages_arm(stage_times *out, unsigned long n, size_t size, sw_conn *pub, sw_conn *rx);
+void stages_disarm(void);
+void stages_sending(unsigned long i, const uint8_t *buf);
+void stages_raw_published(unsigned long i, int64_t begin, int64_t end);
+void stages_received(unsigned long i, const void *data, size_t len, int64_t now, int via_library);
 
 /* ------------------------------------------------------------------ 2 + 4: short streams */
 
@@ -369,6 +390,7 @@ extern double g_goal_short64, g_goal_short1;
 extern double g_goal_cpu64_sw, g_goal_cpu64_raw;
 extern double g_goal_cli; /* the CLI end to end, sw / raw at its best */
 extern double g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_seg;
+extern double g_goal_p99_lib; /* p99 of streamwire's own time per item (bench/stages.c) */
 extern double g_goal_idle_bps;
 extern double g_goal_idle_cpu_front, g_goal_idle_cpu_worker;   /* % of one core */
 extern double g_goal_idle_cpu_front0, g_goal_idle_cpu_worker0; /* the same, no stream open */

@@ -39,7 +39,7 @@ double g_goal_long64 = NAN, g_goal_long1k = NAN;
 double g_goal_short64 = NAN, g_goal_short1 = NAN;
 double g_goal_cpu64_sw = NAN, g_goal_cpu64_raw = NAN;
 double g_goal_cli = NAN;
-double g_goal_p99_raw = NAN, g_goal_p99_sw = NAN, g_goal_p99_seg = NAN;
+double g_goal_p99_raw = NAN, g_goal_p99_sw = NAN, g_goal_p99_seg = NAN, g_goal_p99_lib = NAN;
 double g_goal_idle_bps = NAN;
 double g_goal_idle_cpu_front = NAN, g_goal_idle_cpu_worker = NAN;
 double g_goal_idle_cpu_front0 = NAN, g_goal_idle_cpu_worker0 = NAN;
@@ -158,8 +158,10 @@ eval_goals(goal *g)
     g[n].known = !isnan(g_goal_p99_raw) && !isnan(g_goal_p99_sw);
     g[n].met = g[n].known && g_goal_p99_sw <= g_goal_p99_raw + 20.0;
     snprintf(g[n].measured, sizeof(g[n].measured),
-             "raw %.1f us, sw %.1f us (%+.1f us; per segment, median %+.1f us)", g_goal_p99_raw,
-             g_goal_p99_sw, g_goal_p99_sw - g_goal_p99_raw, g_goal_p99_seg);
+             "raw %.1f us, sw %.1f us (%+.1f us; per segment, median %+.1f us; sw's own "
+             "time p99 %.1f us)",
+             g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_sw - g_goal_p99_raw, g_goal_p99_seg,
+             g_goal_p99_lib);
     n++;
     g[n].name = "memory per idle stream (frontend)";
     g[n].target = "<= 1 KiB (issue 6: 4 KiB)";

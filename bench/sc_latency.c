@@ -18,6 +18,62 @@ seg_p99(int64_t *v, unsigned long n)
     return pct(v, n, 0.99);
 }
 
+/* The items with a breakdown (>= 0) of v[0..n), packed to the front and
+ * sorted; returns how many. */
+static unsigned long
+pack_sorted(int64_t *v, unsigned long n)
+{
+    unsigned long m = 0;
+    for (unsigned long i = 0; i < n; i++)
+        if (v[i] >= 0)
+            v[m++] = v[i];
+    qsort(v, m, sizeof(int64_t), cmp_i64);
+    return m;
+}
+
+/* The breakdown's rows (bench/stages.c): raw send-asap against
+ * streamwire, p50 and p99 of each part. Returns the p99 of streamwire's
+ * own time per item (send + receive side, us) for the goal line. */
+static double
+stage_rows(const char *param, stage_times st[2], unsigned long n)
+{
+    static const char *part[4] = {"send side", "publish call", "wire", "receive side"};
+    static const char *what[4] = {
+        "stamp -> nats.c publish: the library's time (raw: none)",
+        "nats.c publish (a socket write)",
+        "publish return -> nats.c callback: server, wake-ups; the same code on both sides",
+        "nats.c callback -> consumer callback: the library's time (raw: none)"};
+    double lib99 = NAN;
+    int64_t *own = calloc(n, sizeof(int64_t)); /* streamwire's send + receive, per item */
+    if (own == NULL)
+        die("out of memory");
+    for (unsigned long i = 0; i < n; i++)
+        own[i] = st[1].send[i] < 0 || st[1].recv[i] < 0 ? -1 : st[1].send[i] + st[1].recv[i];
+    lib99 = pct(own, pack_sorted(own, n), 0.99) / 1e3;
+    free(own);
+    for (int p = 0; p < 4; p++) {
+        unsigned long m[2];
+        int64_t *v[2];
+        for (int k = 0; k < 2; k++) {
+            v[k] = p == 0 ? st[k].send : p == 1 ? st[k].pub : p == 2 ? st[k].wire : st[k].recv;
+            m[k] = pack_sorted(v[k], n);
+        }
+        for (int q = 0; q < 2; q++) {
+            char metric[48], note[200];
+            double a = pct(v[0], m[0], q ? 0.99 : 0.50) / 1e3;
+            double b = pct(v[1], m[1], q ? 0.99 : 0.50) / 1e3;
+            snprintf(metric, sizeof(metric), "%s p%s us", part[p], q ? "99" : "50");
+            if (q == 0)
+                snprintf(note, sizeof(note), "%s; items with a breakdown: raw %lu, sw %lu of %lu",
+                         what[p], m[0], m[1], n);
+            else
+                note[0] = '\0';
+            add_row("3 item latency", param, metric, a, b, 1, 2, note);
+        }
+    }
+    return lib99;
+}
+
 static int
 cmp_dbl(const void *a, const void *b)
 {
@@ -33,6 +89,7 @@ scen_latency(void)
     unsigned long per, got[3] = {0, 0, 0}, *recv[3];
     double csw[3] = {0, 0, 0}, cpu[3] = {0, 0, 0}, *diff[2];
     int64_t *lat[3];
+    stage_times st[2]; /* the breakdown: raw send-asap, streamwire */
     char err[3][160];
     char param[64], note[200];
     int w99 = 0;
@@ -46,7 +103,11 @@ scen_latency(void)
             (recv[k] = calloc(segs, sizeof(unsigned long))) == NULL)
             die("out of memory");
     for (int k = 0; k < 2; k++)
-        if ((diff[k] = calloc(segs, sizeof(double))) == NULL)
+        if ((diff[k] = calloc(segs, sizeof(double))) == NULL ||
+            (st[k].send = calloc(n, sizeof(int64_t))) == NULL ||
+            (st[k].recv = calloc(n, sizeof(int64_t))) == NULL ||
+            (st[k].pub = calloc(n, sizeof(int64_t))) == NULL ||
+            (st[k].wire = calloc(n, sizeof(int64_t))) == NULL)
             die("out of memory");
     memset(err, 0, sizeof(err));
     progress("3 latency at %u items/s, %.1f s per side in %u alternating segments", cfg.rate,
@@ -55,12 +116,21 @@ scen_latency(void)
      * item leaves a 0 at the end of its segment's. */
     for (unsigned seg = 0; seg < segs; seg++) {
         for (int k = 0; k < 3; k++) {
+            stage_times seg_st;
             stream_run r;
             memset(&r, 0, sizeof(r));
             r.n = per;
             r.size = 64;
             r.rate = cfg.rate;
             r.lat = lat[k] + seg * per;
+            if (k != 1) { /* raw buffered: no breakdown (its publish only queues) */
+                stage_times *t = &st[k == 2];
+                r.stage = &seg_st;
+                seg_st.send = t->send + seg * per;
+                seg_st.recv = t->recv + seg * per;
+                seg_st.pub = t->pub + seg * per;
+                seg_st.wire = t->wire + seg * per;
+            }
             if (k == 2) {
                 run_sw_stream(&r, EP_MAIN, INST_MAIN, cfg.window, 0);
             } else {
@@ -161,10 +231,16 @@ scen_latency(void)
         g_goal_p99_seg = med;
         add_row("3 item latency", param, "p99 sw-raw seg. med us", NAN, med, 1, 1, note);
     }
+    g_goal_p99_lib = stage_rows(param, st, n);
     for (int k = 0; k < 3; k++) {
         free(lat[k]);
         free(recv[k]);
     }
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2; k++) {
         free(diff[k]);
+        free(st[k].send);
+        free(st[k].recv);
+        free(st[k].pub);
+        free(st[k].wire);
+    }
 }

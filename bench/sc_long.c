@@ -46,8 +46,10 @@ raw_sink_cb(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
     unsigned long i = atomic_load(&k->received);
     (void)nc;
     (void)sub;
-    if (k->lat != NULL && i < k->expect)
+    if (k->lat != NULL && i < k->expect) {
         k->lat[i] = unstamp(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), now);
+        stages_received(i, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), now, 0);
+    }
     atomic_store(&k->t_last, now);
     if (atomic_fetch_add(&k->received, 1) + 1 == k->expect)
         latch_set(&k->done);
@@ -78,9 +80,12 @@ pub_main(void *arg)
     for (unsigned long i = 0; i < a->n; i++) {
         if (iv)
             sleep_until_ns(a->t_start + (int64_t)i * iv);
+        int64_t t;
         stamp(buf, a->size);
+        t = now_ns();
         if ((a->st = natsConnection_Publish(a->nc, a->subj, buf, (int)a->size)) != NATS_OK)
             break;
+        stages_raw_published(i, t, now_ns());
     }
     (void)natsConnection_FlushTimeout(a->nc, 10000);
     free(buf);
@@ -116,6 +121,8 @@ run_raw_stream(stream_run *r)
         s = natsConnection_Flush(raw_front());
     if (s != NATS_OK)
         die("raw subscribe: %s", natsStatus_GetText(s));
+    if (r->stage != NULL)
+        stages_arm(r->stage, r->n, r->size, NULL, NULL);
     cpu0 = self_cpu_us();
     srv0 = server_cpu_us();
     csw0 = self_csw();
@@ -139,6 +146,8 @@ run_raw_stream(stream_run *r)
         }
     }
     pthread_join(th, NULL);
+    if (r->stage != NULL)
+        stages_disarm();
     r->cpu_us = (double)(self_cpu_us() - cpu0);
     r->srv_cpu_us = srv0 >= 0 ? (double)(server_cpu_us() - srv0) : NAN;
     r->csw = (double)(self_csw() - csw0);
@@ -162,8 +171,10 @@ sw_sink_cb(sw_stream *s, const sw_item *it, void *arg)
     (void)s;
     if (it->kind == SW_ITEM_DATA) {
         unsigned long i = atomic_load(&k->received);
-        if (k->lat != NULL && i < k->expect)
+        if (k->lat != NULL && i < k->expect) {
             k->lat[i] = unstamp(it->data, it->len, now);
+            stages_received(i, it->data, it->len, now, 1);
+        }
         if (it->seq != i + 1)
             k->seq_errors++;
         atomic_store(&k->t_last, now);
@@ -196,6 +207,8 @@ run_sw_stream(stream_run *r, const char *ep, const char *inst, unsigned window, 
         ro.on_item = sw_sink_cb;
         ro.on_item_arg = k;
     }
+    if (r->stage != NULL) /* the worker's and the frontend's connections */
+        stages_arm(r->stage, r->n, r->size, g_sw_work, g_sw_front);
     t0 = now_ns();
     if ((e = sw_router_open(&s, g_router, &ro, &q, sizeof(q))) != SW_OK)
         die("sw_router_open: %s", sw_err_name(e));
@@ -233,6 +246,8 @@ run_sw_stream(stream_run *r, const char *ep, const char *inst, unsigned window, 
         }
     }
     sw_stream_close(s);
+    if (r->stage != NULL)
+        stages_disarm();
     r->cpu_us = (double)(self_cpu_us() - cpu0);
     r->srv_cpu_us = srv0 >= 0 ? (double)(server_cpu_us() - srv0) : NAN;
     r->csw = (double)(self_csw() - csw0);

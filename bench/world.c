@@ -176,6 +176,7 @@ sw_bench_handler(sw_responder *r, void *arg)
         if (iv)
             sleep_until_ns(t0 + (int64_t)i * iv);
         stamp(buf, q.size);
+        stages_sending(i, buf);
         if ((e = sw_responder_send(r, buf, q.size)) != SW_OK)
             break;
     }

@@ -22,6 +22,14 @@ swt_conn_send_asap(const sw_conn *c)
     return c->send_asap;
 }
 
+void
+swt_conn_set_tap(sw_conn *c, swt_tap_fn fn, void *arg)
+{
+    if (fn != NULL)
+        c->tap_arg = arg;
+    __atomic_store_n(&c->tap, fn, __ATOMIC_RELEASE);
+}
+
 sw_err
 sw_err_from_nats(int nats_status)
 {

@@ -38,7 +38,18 @@ struct sw_conn {
     int64_t trim_ms; /* swt_conn_trim's last pass (atomic): several owners' timers share one */
     /* The application's handle (1 until sw_conn_close) plus one per object
      * created on the connection (swt_conn_hold); the last release frees it. */
-    int refs; /* atomic */
+    int refs;       /* atomic */
+    swt_tap_fn tap; /* swt_conn_set_tap (atomic: stored after tap_arg) */
+    void *tap_arg;
 };
+
+/* Calls c's timing tap, if one is set (swt_conn_set_tap). */
+static inline void
+swt_conn_tap(sw_conn *c, swt_tap_point at, const void *data, size_t len)
+{
+    swt_tap_fn fn = __atomic_load_n(&c->tap, __ATOMIC_ACQUIRE);
+    if (fn != NULL)
+        fn(c->tap_arg, at, (const uint8_t *)data, len);
+}
 
 #endif

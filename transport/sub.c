@@ -18,10 +18,12 @@ swt_publish_plain(sw_conn *c, const char *subj, const char *reply, const void *d
     int64_t max = __atomic_load_n(&c->max_payload, __ATOMIC_ACQUIRE);
     if ((max > 0 && len > (size_t)max) || len > (size_t)INT32_MAX)
         return SW_EMSGSIZE;
+    swt_conn_tap(c, SWT_TAP_PUB_BEGIN, data, len);
     if (reply != NULL)
         s = natsConnection_PublishRequest(c->nc, subj, reply, data, (int)len);
     else
         s = natsConnection_Publish(c->nc, subj, data, (int)len);
+    swt_conn_tap(c, SWT_TAP_PUB_END, data, len);
     return sw_err_from_nats(s);
 }
 
@@ -206,6 +208,7 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     sub->in_cb = 1;
     sub->cb_thread = pthread_self();
     pthread_mutex_unlock(&sub->mu);
+    swt_conn_tap(sub->c, SWT_TAP_RX, m.data, m.len); /* (not dead: c is there) */
     if (!m.no_responders) {
         /* Sealed cluster: open before anyone looks; refuse what is not
          * sealed. Unsealed: refuse what is (a sealed peer we cannot read). */

@@ -725,6 +725,124 @@ handled_messages_kept_in_batches(void **state)
     sw_conn_close(pub);
 }
 
+/* The timing taps (swt_conn_set_tap, the bench's latency breakdown): a
+ * publishing connection's tap sees each publish begin and end, in order,
+ * with the bytes that go out; a receiving connection's tap sees each
+ * message, with its bytes, on the thread that then runs the
+ * subscription's callback, before it. Once cleared, a tap sees nothing
+ * more. */
+#define TAP_MAX 16
+typedef struct taplog {
+    pthread_mutex_t mu;
+    int n;
+    swt_tap_point at[TAP_MAX];
+    size_t len[TAP_MAX];
+    char first[TAP_MAX];
+    int calls_then[TAP_MAX]; /* callbacks run when the tap ran */
+    pthread_t thread[TAP_MAX];
+    atomic_int *calls;
+} taplog;
+
+static void
+tap_rec(void *arg, swt_tap_point at, const uint8_t *data, size_t len)
+{
+    taplog *t = arg;
+    pthread_mutex_lock(&t->mu);
+    if (t->n < TAP_MAX) {
+        t->at[t->n] = at;
+        t->len[t->n] = len;
+        t->first[t->n] = len > 0 ? (char)data[0] : 0;
+        t->calls_then[t->n] = atomic_load(t->calls);
+        t->thread[t->n] = pthread_self();
+    }
+    t->n++;
+    pthread_mutex_unlock(&t->mu);
+}
+
+typedef struct tapsub {
+    atomic_int calls;
+    pthread_t thread[TAP_MAX];
+} tapsub;
+
+static void
+tap_sub_cb(const swt_msg *m, void *arg)
+{
+    tapsub *k = arg;
+    int i = atomic_load(&k->calls);
+    (void)m;
+    if (i < TAP_MAX)
+        k->thread[i] = pthread_self();
+    atomic_fetch_add(&k->calls, 1);
+}
+
+static void
+timing_taps_see_each_message(void **state)
+{
+    static const char *msgs[3] = {"a", "bb", "ccc"};
+    sw_conn_opts co;
+    sw_conn *rx = NULL, *pub = NULL;
+    swt_sub *sub = NULL;
+    tapsub k;
+    taplog tp, tr;
+    (void)state;
+    memset(&k, 0, sizeof(k));
+    memset(&tp, 0, sizeof(tp));
+    memset(&tr, 0, sizeof(tr));
+    pthread_mutex_init(&tp.mu, NULL);
+    pthread_mutex_init(&tr.mu, NULL);
+    tp.calls = tr.calls = &k.calls;
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    assert_int_equal(sw_conn_open(&rx, &co), SW_OK);
+    assert_int_equal(sw_conn_open(&pub, &co), SW_OK);
+    assert_int_equal(swt_subscribe(rx, &sub, "itest.tap", tap_sub_cb, &k), SW_OK);
+    assert_int_equal(swt_flush(rx, T(2000)), SW_OK);
+    swt_conn_set_tap(pub, tap_rec, &tp);
+    swt_conn_set_tap(rx, tap_rec, &tr);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(swt_publish(pub, "itest.tap", NULL, msgs[i], strlen(msgs[i])), SW_OK);
+    assert_int_equal(swt_flush(pub, T(2000)), SW_OK);
+    for (int64_t until = swh_now_ms() + T(5000); atomic_load(&k.calls) < 3;) {
+        assert_true(swh_now_ms() < until);
+        sleep_ms(2);
+    }
+    pthread_mutex_lock(&tp.mu);
+    assert_int_equal(tp.n, 6); /* the flush's PING is not a publish */
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(tp.at[i], i % 2 == 0 ? SWT_TAP_PUB_BEGIN : SWT_TAP_PUB_END);
+        assert_int_equal(tp.len[i], strlen(msgs[i / 2]));
+        assert_int_equal(tp.first[i], msgs[i / 2][0]);
+        assert_true(pthread_equal(tp.thread[i], pthread_self()));
+    }
+    pthread_mutex_unlock(&tp.mu);
+    pthread_mutex_lock(&tr.mu);
+    assert_int_equal(tr.n, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(tr.at[i], SWT_TAP_RX);
+        assert_int_equal(tr.len[i], strlen(msgs[i]));
+        assert_int_equal(tr.first[i], msgs[i][0]);
+        assert_int_equal(tr.calls_then[i], i); /* before its callback, after the one before */
+        assert_true(pthread_equal(tr.thread[i], k.thread[i]));
+    }
+    pthread_mutex_unlock(&tr.mu);
+    /* cleared: the taps see nothing of a fourth message */
+    swt_conn_set_tap(pub, NULL, NULL);
+    swt_conn_set_tap(rx, NULL, NULL);
+    assert_int_equal(swt_publish(pub, "itest.tap", NULL, "dddd", 4), SW_OK);
+    assert_int_equal(swt_flush(pub, T(2000)), SW_OK);
+    for (int64_t until = swh_now_ms() + T(5000); atomic_load(&k.calls) < 4;) {
+        assert_true(swh_now_ms() < until);
+        sleep_ms(2);
+    }
+    assert_int_equal(tp.n, 6);
+    assert_int_equal(tr.n, 3);
+    swt_sub_close(rx, &sub);
+    sw_conn_close(rx);
+    sw_conn_close(pub);
+    pthread_mutex_destroy(&tp.mu);
+    pthread_mutex_destroy(&tr.mu);
+}
+
 /* The same end to end: the router's and the ingress's timers trim their
  * connections, so once a stream is over and quiet, neither side keeps any
  * message of it. */
@@ -1046,6 +1164,7 @@ main(int argc, char **argv)
         T_(reconnects_run_out_streams_end),
         T_(subscribe_fails_under_a_handler),
         T_(handled_messages_kept_in_batches),
+        T_(timing_taps_see_each_message),
         T_(quiet_connections_keep_nothing),
         T_(inline_handlers_one_at_a_time),
         T_(inline_handler_waits_for_credit),

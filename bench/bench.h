@@ -183,8 +183,10 @@ typedef struct row {
 
 /* ------------------------------------------------------------------ 1 + 3: one stream */
 
-/* Where each item's latency went (bench/stages.c): n entries each, ns; -1
- * for an item with no breakdown. */
+/* Where each item's latency went (bench/stages.c): n entries each, ns;
+ * STAGE_NONE for an item with no breakdown (wire may be < 0: received
+ * before its publish returned). */
+#define STAGE_NONE INT64_MIN
 typedef struct stage_times {
     int64_t *send, *recv, *pub, *wire;
 } stage_times;
@@ -209,12 +211,13 @@ typedef struct stream_run {
  * (pub: the connection the items are published on, rx: the one they
  * arrive on; NULL for raw's), stages_disarm after; the sender calls
  * stages_sending just before it sends item i (streamwire) or
- * stages_raw_published after raw's publish of it; the consumer calls
- * stages_received in its callback (via_library: 1 streamwire, 0 raw). */
+ * stages_raw_published after raw's publish of it (buf: the item); the
+ * consumer calls stages_received in its callback (via_library: 1
+ * streamwire, 0 raw). stages_disarm works out `out`. */
 void stages_arm(stage_times *out, unsigned long n, size_t size, sw_conn *pub, sw_conn *rx);
 void stages_disarm(void);
 void stages_sending(unsigned long i, const uint8_t *buf);
-void stages_raw_published(unsigned long i, int64_t begin, int64_t end);
+void stages_raw_published(unsigned long i, const uint8_t *buf, int64_t begin, int64_t end);
 void stages_received(unsigned long i, const void *data, size_t len, int64_t now, int via_library);
 
 /* ------------------------------------------------------------------ 2 + 4: short streams */

@@ -18,14 +18,14 @@ seg_p99(int64_t *v, unsigned long n)
     return pct(v, n, 0.99);
 }
 
-/* The items with a breakdown (>= 0) of v[0..n), packed to the front and
- * sorted; returns how many. */
+/* The items with a breakdown (not STAGE_NONE) of v[0..n), packed to the
+ * front and sorted; returns how many. */
 static unsigned long
 pack_sorted(int64_t *v, unsigned long n)
 {
     unsigned long m = 0;
     for (unsigned long i = 0; i < n; i++)
-        if (v[i] >= 0)
+        if (v[i] != STAGE_NONE)
             v[m++] = v[i];
     qsort(v, m, sizeof(int64_t), cmp_i64);
     return m;
@@ -48,7 +48,7 @@ stage_rows(const char *param, stage_times st[2], unsigned long n)
     if (own == NULL)
         die("out of memory");
     for (unsigned long i = 0; i < n; i++)
-        own[i] = st[1].send[i] < 0 || st[1].recv[i] < 0 ? -1 : st[1].send[i] + st[1].recv[i];
+        own[i] = st[1].send[i] == STAGE_NONE ? STAGE_NONE : st[1].send[i] + st[1].recv[i];
     lib99 = pct(own, pack_sorted(own, n), 0.99) / 1e3;
     free(own);
     for (int p = 0; p < 4; p++) {

@@ -85,7 +85,7 @@ pub_main(void *arg)
         t = now_ns();
         if ((a->st = natsConnection_Publish(a->nc, a->subj, buf, (int)a->size)) != NATS_OK)
             break;
-        stages_raw_published(i, t, now_ns());
+        stages_raw_published(i, buf, t, now_ns());
     }
     (void)natsConnection_FlushTimeout(a->nc, 10000);
     free(buf);

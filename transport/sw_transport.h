@@ -107,15 +107,18 @@ const struct swt_sealer *swt_conn_sealer(sw_conn *c);
 void swt_conn_count_auth_failure(sw_conn *c);
 
 /* Timing taps, for the bench's breakdown of an item's latency (nothing
- * else sets one): fn runs just before and just after each nats.c publish
- * on c (SWT_TAP_PUB_BEGIN, SWT_TAP_PUB_END, with the bytes as they go out,
- * sealed if c seals) and as each message reaches a subscription on c
+ * else sets one): fn runs just before and just after each publish through
+ * swt_publish or swt_publish_plain on c (SWT_TAP_PUB_BEGIN,
+ * SWT_TAP_PUB_END, with the bytes as they go out, sealed if c seals), and
+ * as each message reaches a live subscription made with swt_subscribe on c
  * (SWT_TAP_RX, before it is opened or looked at, on the thread that then
- * runs the subscription's callback with it). It runs on the publishing
- * thread or nats.c's delivery thread, possibly with library locks held: it
- * must be quick and must not call the library. Set it (with its arg)
- * before the traffic it is to see and clear it (fn NULL) after; not while
- * another thread sets it. Unset, each point costs one load. */
+ * runs the subscription's callback with it). The registry's KV calls on c
+ * bypass it. It runs on the publishing thread or nats.c's delivery
+ * thread, possibly with library locks held: it must be quick and must not
+ * call the library. Set a tap only while none is set, before the traffic
+ * it is to see; clear it (fn NULL) after. A call that loaded fn just
+ * before the clear may still run, or start, after it: arg must stay valid
+ * as long as c is open (a static, say). Unset, each point costs one load. */
 typedef enum swt_tap_point { SWT_TAP_PUB_BEGIN, SWT_TAP_PUB_END, SWT_TAP_RX } swt_tap_point;
 typedef void (*swt_tap_fn)(void *arg, swt_tap_point at, const uint8_t *data, size_t len);
 void swt_conn_set_tap(sw_conn *c, swt_tap_fn fn, void *arg);

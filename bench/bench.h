@@ -393,7 +393,8 @@ extern double g_goal_short64, g_goal_short1;
 extern double g_goal_cpu64_sw, g_goal_cpu64_raw;
 extern double g_goal_cli; /* the CLI end to end, sw / raw at its best */
 extern double g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_seg;
-extern double g_goal_p99_lib; /* p99 of streamwire's own time per item (bench/stages.c) */
+extern double g_goal_p99_lib;     /* p99 of streamwire's own time per item (bench/stages.c) */
+extern double g_goal_p99_own_gap; /* the p99 gap that own time makes on raw's samples */
 extern double g_goal_idle_bps;
 extern double g_goal_idle_cpu_front, g_goal_idle_cpu_worker;   /* % of one core */
 extern double g_goal_idle_cpu_front0, g_goal_idle_cpu_worker0; /* the same, no stream open */

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -950,6 +951,111 @@ kv_put_raw(const char *key, const void *val, size_t len)
     natsConnection_Destroy(nc);
 }
 
+/* The timing taps on sealing connections (transport/sw_transport.h): the
+ * publisher's tap sees the bytes as they go out, sealed; the receiver's
+ * sees the same sealed bytes, before they are opened; the subscription's
+ * callback gets the plaintext. */
+typedef struct sealtap {
+    pthread_mutex_t mu;
+    int n;
+    swt_tap_point at[4];
+    size_t len[4];
+    uint8_t bytes[4][256];
+} sealtap;
+
+static void
+sealtap_rec(void *arg, swt_tap_point at, const uint8_t *data, size_t len)
+{
+    sealtap *t = arg;
+    pthread_mutex_lock(&t->mu);
+    if (t->n < 4) {
+        t->at[t->n] = at;
+        t->len[t->n] = len;
+        memcpy(t->bytes[t->n], data, len < 256 ? len : 256);
+    }
+    t->n++;
+    pthread_mutex_unlock(&t->mu);
+}
+
+typedef struct sealtap_sub {
+    atomic_int calls;
+    size_t len;
+    uint8_t text[64];
+} sealtap_sub;
+
+static void
+sealtap_cb(const swt_msg *m, void *arg)
+{
+    sealtap_sub *k = arg;
+    if (!m->auth_failed && m->len < sizeof(k->text)) {
+        memcpy(k->text, m->data, m->len);
+        k->len = m->len;
+    }
+    atomic_fetch_add(&k->calls, 1);
+}
+
+static void
+taps_see_sealed_bytes(void **state)
+{
+    /* a wrapper (the envelope seals protobuf only): request_id (field 2),
+     * the subject's id; data (field 4) "hello" */
+    static const uint8_t msg[] = {0x12, 0x10, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd,
+                                  0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
+                                  0x22, 0x05, 'h',  'e',  'l',  'l',  'o'};
+    static const char hello[] = "hello";
+    sw_conn *pub = conn_open(g_key1), *rx = conn_open(g_key1);
+    swt_sub *sub = NULL;
+    sealtap tp, tr;
+    sealtap_sub k;
+    char subj[SWT_SUBJECT_MAX];
+    (void)state;
+    /* a response subject: the envelope binds a subject of ours */
+    assert_int_equal(
+        swt_subject_response(subj, sizeof(subj), "taprouter", "0123456789abcdef0123456789abcdef"),
+        SW_OK);
+    memset(&tp, 0, sizeof(tp));
+    memset(&tr, 0, sizeof(tr));
+    memset(&k, 0, sizeof(k));
+    pthread_mutex_init(&tp.mu, NULL);
+    pthread_mutex_init(&tr.mu, NULL);
+    assert_int_equal(swt_subscribe(rx, &sub, subj, sealtap_cb, &k), SW_OK);
+    assert_int_equal(swt_flush(rx, T(2000)), SW_OK);
+    swt_conn_set_tap(pub, sealtap_rec, &tp);
+    swt_conn_set_tap(rx, sealtap_rec, &tr);
+    assert_int_equal(swt_publish(pub, subj, NULL, msg, sizeof(msg)), SW_OK);
+    assert_int_equal(swt_flush(pub, T(2000)), SW_OK);
+    for (int64_t until = swh_now_ms() + T(5000); atomic_load(&k.calls) < 1;) {
+        assert_true(swh_now_ms() < until);
+        swh_sleep_ms(2);
+    }
+    swt_conn_set_tap(pub, NULL, NULL);
+    swt_conn_set_tap(rx, NULL, NULL);
+    /* the callback: the plaintext, opened */
+    assert_int_equal(k.len, sizeof(msg));
+    assert_memory_equal(k.text, msg, sizeof(msg));
+    /* the publisher's tap: begin and end, the same sealed bytes, longer
+     * than the plaintext and not containing it */
+    assert_int_equal(tp.n, 2);
+    assert_int_equal(tp.at[0], SWT_TAP_PUB_BEGIN);
+    assert_int_equal(tp.at[1], SWT_TAP_PUB_END);
+    assert_true(tp.len[0] > sizeof(msg) && tp.len[0] <= sizeof(msg) + SWT_ENV_OVERHEAD &&
+                tp.len[0] <= 256);
+    assert_int_equal(tp.len[1], tp.len[0]);
+    assert_memory_equal(tp.bytes[0], tp.bytes[1], tp.len[0]);
+    assert_true(swt_env_is_sealed(tp.bytes[0], tp.len[0]));
+    assert_null(memmem(tp.bytes[0], tp.len[0], hello, 5));
+    /* the receiver's tap: those sealed bytes, as they came */
+    assert_int_equal(tr.n, 1);
+    assert_int_equal(tr.at[0], SWT_TAP_RX);
+    assert_int_equal(tr.len[0], tp.len[0]);
+    assert_memory_equal(tr.bytes[0], tp.bytes[0], tp.len[0]);
+    swt_sub_close(rx, &sub);
+    sw_conn_close(pub);
+    sw_conn_close(rx);
+    pthread_mutex_destroy(&tp.mu);
+    pthread_mutex_destroy(&tr.mu);
+}
+
 static void
 sealed_registry(void **state)
 {
@@ -1093,6 +1199,7 @@ main(void)
         cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
         cmocka_unit_test(sealed_registry),
+        cmocka_unit_test(taps_see_sealed_bytes),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -140,12 +140,15 @@ duetab_grow(swi_duetab *t)
         t->free = nf;
         t->free_cap = nc;
     }
-    if ((c = malloc(sizeof(*c))) == NULL)
+    /* aligned to the cells' size, so that a cell finds its chunk's mark
+     * (aligned_alloc: the size a multiple of it, checked in sched.h) */
+    if ((c = aligned_alloc(sizeof(c->due), sizeof(*c))) == NULL)
         return -1;
     for (size_t i = 0; i < SWI_DUETAB_CHUNK; i++) {
         c->due[i] = INT64_MAX;
         c->val[i] = NULL;
-        t->free[t->nfree++] = (uint32_t)(base + SWI_DUETAB_CHUNK - 1 - i);
+        if (i < SWI_DUETAB_CHUNK - 1) /* cell 0, the mark, is never given out */
+            t->free[t->nfree++] = (uint32_t)(base + SWI_DUETAB_CHUNK - 1 - i);
     }
     t->chunks[t->nchunks++] = c;
     return 0;
@@ -175,7 +178,7 @@ duetab_index(const swi_duetab *t, const int64_t *cell)
 {
     for (size_t k = 0; k < t->nchunks; k++) {
         const int64_t *d = t->chunks[k]->due;
-        if (cell >= d && cell < d + SWI_DUETAB_CHUNK)
+        if (cell > d && cell < d + SWI_DUETAB_CHUNK) /* (d[0], the mark, is no object's) */
             return (long)(k * SWI_DUETAB_CHUNK + (size_t)(cell - d));
     }
     return -1;
@@ -197,6 +200,11 @@ duetab_set(swi_duetab *t, int64_t *cell, void *val, int release)
         if (release) {
             swi_due_set(cell, INT64_MAX);
             t->free[t->nfree++] = (uint32_t)i; /* room: free_cap covers every cell */
+        } else if (val != NULL) {
+            /* A scan leaves detached cells out of the mark: the attached
+             * one's time goes in now (t->mu keeps scans out meanwhile; a
+             * later write lowers the mark itself). */
+            swi_due_lower(swi_due_mark(cell), __atomic_load_n(cell, __ATOMIC_SEQ_CST));
         }
     }
     pthread_mutex_unlock(&t->mu);
@@ -228,12 +236,29 @@ swi_duetab_snapshot(swi_duetab *t, swi_ptrvec *vec, int64_t by, void (*ref)(void
     swi_ptrvec_reserve(vec, t->attached);
     for (size_t k = 0; k < t->nchunks; k++) {
         swi_duechunk *c = t->chunks[k];
-        for (size_t j = 0; j < SWI_DUETAB_CHUNK && vec->n < vec->cap; j++) {
-            if (!swi_due_by(&c->due[j], by) || c->val[j] == NULL)
+        int64_t low = INT64_MAX;
+        size_t j;
+        if (!swi_due_by(&c->due[0], by))
+            continue; /* nothing in the chunk is due yet */
+        /* Reset the mark, then read the cells: a write meanwhile is either
+         * read here or lowers the reset mark itself (swi_due_set,
+         * swi_due_sooner). The mark left is the earliest attached cell's
+         * (attaching lowers it: duetab_set). */
+        (void)__atomic_exchange_n(&c->due[0], INT64_MAX, __ATOMIC_SEQ_CST);
+        for (j = 1; j < SWI_DUETAB_CHUNK && vec->n < vec->cap; j++) {
+            int64_t d = __atomic_load_n(&c->due[j], __ATOMIC_SEQ_CST);
+            if (c->val[j] == NULL)
+                continue;
+            if (d < low) /* taken or not: one taken stays due until its owner moves it */
+                low = d;
+            if (d > by)
                 continue;
             __builtin_prefetch(c->val[j], 1); /* the objects are cold: overlap the misses */
             vec->v[vec->n++] = c->val[j];
         }
+        if (j < SWI_DUETAB_CHUNK) /* vec full: the cells not read are due at the next scan */
+            low = INT64_MIN;
+        swi_due_lower(&c->due[0], low); /* (a write meanwhile may have lowered it further) */
     }
     for (size_t i = 0; i < vec->n; i++)
         ref(vec->v[i]);

@@ -49,24 +49,69 @@ void swi_ticker_stop(swi_ticker *t);
 
 /* ---------------------------------------------------------------- due times */
 
+/* Cells per chunk of a due table (below); cell 0 of each chunk is its
+ * low-water mark, given to no object. */
+#define SWI_DUETAB_CHUNK 256
+
+/* The low-water mark of the chunk a cell is in: chunks' cells are aligned
+ * to their size (swi_duetab's chunks are allocated so). */
+static inline int64_t *
+swi_due_mark(int64_t *due)
+{
+    return (int64_t *)((uintptr_t)due & ~(uintptr_t)(SWI_DUETAB_CHUNK * sizeof(int64_t) - 1));
+}
+
+/* Lowers a chunk's mark to `at` if it is later (never raises it). */
+static inline void
+swi_due_lower(int64_t *mark, int64_t at)
+{
+    int64_t cur = __atomic_load_n(mark, __ATOMIC_SEQ_CST);
+    while (at < cur &&
+           !__atomic_compare_exchange_n(mark, &cur, at, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+}
+
+/* Sets a cell's due time, and lowers its chunk's mark to it if it is below
+ * (a scan then looks at the chunk by that time). Sequentially consistent
+ * against the scan, which resets the mark before it reads the cells:
+ * either the scan reads this time, or this call sees the reset mark and
+ * lowers it. */
+static inline void
+swi_due_set(int64_t *due, int64_t at)
+{
+    /* Already so (a stream plans each item: mostly the same millisecond):
+     * the write that set it lowers the mark, if it has not yet. */
+    if (__atomic_load_n(due, __ATOMIC_RELAXED) == at)
+        return;
+    __atomic_store_n(due, at, __ATOMIC_SEQ_CST);
+    swi_due_lower(swi_due_mark(due), at);
+}
+
+/* Brings a cell's due time forward to `at` if it is later (never later),
+ * and its chunk's mark with it. */
+static inline void
+swi_due_sooner(int64_t *due, int64_t at)
+{
+    int64_t cur = __atomic_load_n(due, __ATOMIC_SEQ_CST);
+    while (at < cur &&
+           !__atomic_compare_exchange_n(due, &cur, at, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+    if (at < cur)
+        swi_due_lower(swi_due_mark(due), at);
+}
+
 /* The object needs a look at the next scan. */
 static inline void
 swi_due_soon(int64_t *due)
 {
-    __atomic_store_n(due, 0, __ATOMIC_RELAXED);
-}
-
-static inline void
-swi_due_set(int64_t *due, int64_t at)
-{
-    __atomic_store_n(due, at, __ATOMIC_RELAXED);
+    swi_due_set(due, 0);
 }
 
 /* 1 if the object has something due by t. */
 static inline int
 swi_due_by(const int64_t *due, int64_t t)
 {
-    return __atomic_load_n(due, __ATOMIC_RELAXED) <= t;
+    return __atomic_load_n(due, __ATOMIC_SEQ_CST) <= t;
 }
 
 /* Fills vec with all of the map's values, calling ref(val) on each one
@@ -87,13 +132,25 @@ void swi_idmap_snapshot_all(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(voi
  * given to another object before its release, so a late write cannot land
  * in another object's due time.
  *
+ * The cells come in chunks of SWI_DUETAB_CHUNK - 1, each chunk with a
+ * low-water mark (its cell 0): no attached cell of the chunk is due
+ * before it. A write that lowers a cell below the mark lowers the mark
+ * (swi_due_set, swi_due_sooner), and so does attaching a cell; a scan
+ * skips a chunk whose mark is later than its time, and otherwise reads the
+ * cells and sets the mark to the earliest attached one. Idle objects, whose
+ * due times only move later, then cost a scan one read per chunk until the
+ * earliest of them falls due (10,000 idle streams: every ~1 s rather than
+ * every 25 ms).
+ *
  * Locks: the table's own mutex, a leaf (held for add, detach, release and
  * a scan, never while calling out except ref, which must only count). */
-#define SWI_DUETAB_CHUNK 256
 typedef struct swi_duechunk {
-    int64_t due[SWI_DUETAB_CHUNK]; /* atomic; INT64_MAX while free */
-    void *val[SWI_DUETAB_CHUNK];   /* the object; NULL while free or detached */
+    int64_t due[SWI_DUETAB_CHUNK]; /* atomic; INT64_MAX while free; [0]: the mark. First in the
+                                      chunk, which is aligned to this array's size */
+    void *val[SWI_DUETAB_CHUNK];   /* the object; NULL while free or detached ([0]: never) */
 } swi_duechunk;
+_Static_assert(sizeof(swi_duechunk) % sizeof(((swi_duechunk *)0)->due) == 0,
+               "a chunk's size is a multiple of its alignment (aligned_alloc)");
 typedef struct swi_duetab {
     pthread_mutex_t mu;
     swi_duechunk **chunks;

@@ -79,14 +79,9 @@ resp_beat_every(const sw_responder *r)
 void
 swn_resp_beat_sooner(sw_responder *r)
 {
-    int64_t at, cur;
     if (r->hb_ms == 0 || r->idle_hb_ms == r->hb_ms)
         return; /* the spacing never changes */
-    at = r->last_pub_ms + resp_beat_every(r);
-    cur = __atomic_load_n(r->next_tick, __ATOMIC_RELAXED);
-    while (cur > at && !__atomic_compare_exchange_n(r->next_tick, &cur, at, 0, __ATOMIC_RELAXED,
-                                                    __ATOMIC_RELAXED)) {
-    }
+    swi_due_sooner(r->next_tick, r->last_pub_ms + resp_beat_every(r));
 }
 
 /* A drain stopped without memory for a message and left items queued (r->mu

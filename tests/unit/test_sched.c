@@ -1,6 +1,7 @@
 /* tests/unit/test_sched.c -- the shared deadline scheduler (ticker, due
  * times) and the peer-liveness state machine (common/sched.c). No server;
  * the peer table is driven with explicit times. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -202,8 +203,223 @@ test_duetab_cells_stable(void **state)
     /* releasing every cell needs no memory */
     for (int i = 0; i < DUE_MANY; i++)
         swi_duetab_release(&t, o[i].due);
-    assert_int_equal(t.nfree, t.nchunks * SWI_DUETAB_CHUNK);
+    assert_int_equal(t.nfree, t.nchunks * (SWI_DUETAB_CHUNK - 1)); /* cell 0 of each: its mark */
     assert_int_equal(t.attached, 0);
+    free(vec.v);
+    swi_duetab_fini(&t);
+}
+
+/* The earliest due time of a chunk's attached cells (INT64_MAX: none). */
+static int64_t
+chunk_low(const swi_duechunk *c)
+{
+    int64_t low = INT64_MAX;
+    for (size_t j = 1; j < SWI_DUETAB_CHUNK; j++)
+        if (c->val[j] != NULL && __atomic_load_n(&c->due[j], __ATOMIC_SEQ_CST) < low)
+            low = __atomic_load_n(&c->due[j], __ATOMIC_SEQ_CST);
+    return low;
+}
+
+/* Each chunk's low-water mark: a scan skips a chunk with nothing due yet
+ * and leaves its mark at its earliest attached cell; a lowered cell lowers
+ * the mark and is found by the next scan; a raised one is left alone until
+ * a scan looks; an object taken stays due until its cell moves. */
+#define DUE_MARKS 600 /* three chunks */
+static void
+test_duetab_marks(void **state)
+{
+    swi_duetab t;
+    swi_ptrvec vec = {NULL, 0, 0};
+    static due_obj o[DUE_MARKS];
+    swi_duechunk *c1;
+    (void)state;
+    swi_duetab_init(&t);
+    for (int i = 0; i < DUE_MARKS; i++) {
+        memset(&o[i], 0, sizeof(o[i]));
+        assert_non_null(o[i].due = swi_duetab_add(&t, &o[i], 10000 + i));
+    }
+    assert_int_equal(t.nchunks, 3);
+    for (size_t k = 0; k < t.nchunks; k++) /* a cell's mark is its chunk's cell 0 */
+        for (size_t j = 1; j < SWI_DUETAB_CHUNK; j++)
+            if (t.chunks[k]->val[j] != NULL)
+                assert_ptr_equal(swi_due_mark(&t.chunks[k]->due[j]), &t.chunks[k]->due[0]);
+    swi_duetab_snapshot(&t, &vec, 10100, due_ref); /* reads chunk 0, skips 1 and 2 */
+    assert_int_equal(vec.n, 101);
+    for (size_t k = 0; k < t.nchunks; k++) /* each mark: its chunk's earliest */
+        assert_int_equal(t.chunks[k]->due[0], chunk_low(t.chunks[k]));
+    for (int i = 0; i < DUE_MARKS; i++)
+        swi_due_set(o[i].due, 10000 + DUE_MARKS + i); /* later: the marks stay */
+    vec.n = 0;
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 0);
+    /* lowered: the mark follows, the next scan takes exactly it */
+    c1 = t.chunks[1];
+    swi_due_set(o[300].due, 50);
+    assert_ptr_equal(swi_due_mark(o[300].due), &c1->due[0]);
+    assert_int_equal(c1->due[0], 50);
+    vec.n = 0;
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 1);
+    assert_ptr_equal(vec.v[0], &o[300]);
+    /* taken, not moved: still due at the next scan */
+    vec.n = 0;
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 1);
+    assert_int_equal(o[300].refs, 2);
+    /* raised: the mark stays low until a scan, which sets it to the
+     * chunk's earliest again */
+    swi_due_set(o[300].due, 20000);
+    assert_int_equal(c1->due[0], 50);
+    vec.n = 0;
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 0);
+    assert_int_equal(c1->due[0], chunk_low(c1));
+    assert_true(c1->due[0] > 100);
+    /* sooner: brought forward (the mark too), never put back */
+    swi_due_sooner(o[301].due, 60);
+    assert_int_equal(*o[301].due, 60);
+    assert_int_equal(c1->due[0], 60);
+    swi_due_sooner(o[301].due, 70);
+    assert_int_equal(*o[301].due, 60);
+    vec.n = 0;
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 1);
+    assert_ptr_equal(vec.v[0], &o[301]);
+    swi_due_set(o[301].due, 20000);
+    vec.n = 0;
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 0);
+    /* soon, in the last chunk */
+    swi_due_soon(o[DUE_MARKS - 1].due);
+    vec.n = 0;
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 1);
+    assert_ptr_equal(vec.v[0], &o[DUE_MARKS - 1]);
+    /* a detached cell written low lowers the mark (one scan looks), is
+     * never taken, and does not count for the mark a scan leaves */
+    swi_due_set(o[DUE_MARKS - 1].due, 30000);
+    swi_duetab_detach(&t, o[5].due);
+    swi_due_soon(o[5].due);
+    assert_int_equal(t.chunks[0]->due[0], 0);
+    vec.n = 0;
+    swi_duetab_snapshot(&t, &vec, 100, due_ref);
+    assert_int_equal(vec.n, 0);
+    assert_int_equal(t.chunks[0]->due[0], chunk_low(t.chunks[0]));
+    assert_true(t.chunks[0]->due[0] > 100);
+    /* added detached, due now, while a scan reads its chunk and leaves it
+     * out of the mark: attaching puts its time in, the next scan takes it
+     * (a write of the same time would not) */
+    {
+        due_obj late;
+        memset(&late, 0, sizeof(late));
+        swi_due_set(o[DUE_MARKS - 1].due, 30000);
+        swi_due_soon(o[DUE_MARKS - 2].due); /* the last chunk is read by the next scan */
+        assert_non_null(late.due = swi_duetab_add(&t, NULL, 0));
+        assert_ptr_equal(swi_due_mark(late.due), swi_due_mark(o[DUE_MARKS - 1].due));
+        vec.n = 0;
+        swi_duetab_snapshot(&t, &vec, 100, due_ref);
+        assert_int_equal(vec.n, 1); /* o[DUE_MARKS - 2]; not the detached one */
+        swi_due_set(o[DUE_MARKS - 2].due, 30000);
+        vec.n = 0;
+        swi_duetab_snapshot(&t, &vec, 100, due_ref);
+        assert_int_equal(vec.n, 0);
+        assert_true(swi_due_mark(late.due)[0] > 100);
+        swi_duetab_attach(&t, late.due, &late);
+        swi_due_soon(late.due); /* the same time: no write */
+        vec.n = 0;
+        swi_duetab_snapshot(&t, &vec, 100, due_ref);
+        assert_int_equal(vec.n, 1);
+        assert_ptr_equal(vec.v[0], &late);
+        swi_duetab_release(&t, late.due);
+    }
+    for (int i = 0; i < DUE_MARKS; i++)
+        swi_duetab_release(&t, o[i].due);
+    free(vec.v);
+    swi_duetab_fini(&t);
+}
+
+/* Writers moving cells up and down while a scanner scans: once they stop,
+ * no chunk's mark is later than any of its attached cells (a write that
+ * raced a scan's reset of the mark was either read by the scan or lowered
+ * the mark itself), and a scan then takes exactly the cells due by its
+ * time. The TSan build checks the accesses (on x86 the orderings all
+ * compile to full fences: this cannot catch a weakened one). */
+#define DUE_RACE 1000
+typedef struct due_race {
+    swi_duetab *t;
+    due_obj *o;
+    unsigned seed;
+    int stop;
+} due_race;
+
+static void *
+due_race_writer(void *arg)
+{
+    due_race *r = arg;
+    unsigned x = r->seed;
+    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
+        /* mostly later (as an idle stream's beats move it), now and then
+         * due by the scans' time: so the scans reset marks that writers
+         * are lowering */
+        x = x * 1103515245u + 12345u;
+        swi_due_set(r->o[(x >> 8) % DUE_RACE].due, (x >> 4) % 16 == 0
+                                                       ? (int64_t)((x >> 12) % 1000)
+                                                       : 50000 + (int64_t)((x >> 12) % 50000));
+    }
+    return NULL;
+}
+
+static void
+due_race_ref(void *v)
+{
+    (void)v;
+}
+
+static void
+test_duetab_marks_race(void **state)
+{
+    swi_duetab t;
+    swi_ptrvec vec = {NULL, 0, 0};
+    static due_obj o[DUE_RACE];
+    due_race w[2];
+    pthread_t th[2];
+    (void)state;
+    swi_duetab_init(&t);
+    for (int i = 0; i < DUE_RACE; i++)
+        assert_non_null(o[i].due = swi_duetab_add(&t, &o[i], 50000));
+    for (int round = 0; round < 20; round++) {
+        for (int k = 0; k < 2; k++) {
+            w[k].t = &t;
+            w[k].o = o;
+            w[k].seed = (unsigned)(round * 2 + k + 1);
+            w[k].stop = 0;
+            assert_int_equal(pthread_create(&th[k], NULL, due_race_writer, &w[k]), 0);
+        }
+        for (int i = 0; i < 2000; i++) {
+            vec.n = 0;
+            swi_duetab_snapshot(&t, &vec, 1000, due_race_ref);
+        }
+        for (int k = 0; k < 2; k++) {
+            __atomic_store_n(&w[k].stop, 1, __ATOMIC_RELEASE);
+            pthread_join(th[k], NULL);
+        }
+        for (size_t k = 0; k < t.nchunks; k++)
+            assert_true(t.chunks[k]->due[0] <= chunk_low(t.chunks[k]));
+        {
+            int64_t by = 1000;
+            size_t want = 0;
+            vec.n = 0;
+            swi_duetab_snapshot(&t, &vec, by, due_race_ref);
+            for (int i = 0; i < DUE_RACE; i++)
+                if (*o[i].due <= by) {
+                    want++;
+                    assert_true(vec_has(&vec, &o[i]));
+                }
+            assert_int_equal(vec.n, want);
+        }
+    }
+    for (int i = 0; i < DUE_RACE; i++)
+        swi_duetab_release(&t, o[i].due);
     free(vec.v);
     swi_duetab_fini(&t);
 }
@@ -701,6 +917,8 @@ main(void)
         cmocka_unit_test(test_ticker_never_started),
         cmocka_unit_test(test_duetab_snapshot),
         cmocka_unit_test(test_duetab_cells_stable),
+        cmocka_unit_test(test_duetab_marks),
+        cmocka_unit_test(test_duetab_marks_race),
         cmocka_unit_test(test_peers_use_release),
         cmocka_unit_test(test_peers_probe_schedule),
         cmocka_unit_test(test_peers_lost_after_misses),

@@ -204,7 +204,7 @@ duetab_set(swi_duetab *t, int64_t *cell, void *val, int release)
             /* A scan leaves detached cells out of the mark: the attached
              * one's time goes in now (t->mu keeps scans out meanwhile; a
              * later write lowers the mark itself). */
-            swi_due_lower(swi_due_mark(cell), __atomic_load_n(cell, __ATOMIC_SEQ_CST));
+            (void)swi_due_lower(swi_due_mark(cell), __atomic_load_n(cell, __ATOMIC_SEQ_CST));
         }
     }
     pthread_mutex_unlock(&t->mu);
@@ -258,7 +258,7 @@ swi_duetab_snapshot(swi_duetab *t, swi_ptrvec *vec, int64_t by, void (*ref)(void
         }
         if (j < SWI_DUETAB_CHUNK) /* vec full: the cells not read are due at the next scan */
             low = INT64_MIN;
-        swi_due_lower(&c->due[0], low); /* (a write meanwhile may have lowered it further) */
+        (void)swi_due_lower(&c->due[0], low); /* (a write meanwhile may have lowered it further) */
     }
     for (size_t i = 0; i < vec->n; i++)
         ref(vec->v[i]);

@@ -61,14 +61,16 @@ swi_due_mark(int64_t *due)
     return (int64_t *)((uintptr_t)due & ~(uintptr_t)(SWI_DUETAB_CHUNK * sizeof(int64_t) - 1));
 }
 
-/* Lowers a chunk's mark to `at` if it is later (never raises it). */
-static inline void
-swi_due_lower(int64_t *mark, int64_t at)
+/* Lowers *p (a chunk's mark, or a cell) to `at` if it is later, never
+ * raising it: 1 if it lowered it. */
+static inline int
+swi_due_lower(int64_t *p, int64_t at)
 {
-    int64_t cur = __atomic_load_n(mark, __ATOMIC_SEQ_CST);
+    int64_t cur = __atomic_load_n(p, __ATOMIC_SEQ_CST);
     while (at < cur &&
-           !__atomic_compare_exchange_n(mark, &cur, at, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+           !__atomic_compare_exchange_n(p, &cur, at, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
     }
+    return at < cur;
 }
 
 /* Sets a cell's due time, and lowers its chunk's mark to it if it is below
@@ -84,7 +86,7 @@ swi_due_set(int64_t *due, int64_t at)
     if (__atomic_load_n(due, __ATOMIC_RELAXED) == at)
         return;
     __atomic_store_n(due, at, __ATOMIC_SEQ_CST);
-    swi_due_lower(swi_due_mark(due), at);
+    (void)swi_due_lower(swi_due_mark(due), at);
 }
 
 /* Brings a cell's due time forward to `at` if it is later (never later),
@@ -92,12 +94,8 @@ swi_due_set(int64_t *due, int64_t at)
 static inline void
 swi_due_sooner(int64_t *due, int64_t at)
 {
-    int64_t cur = __atomic_load_n(due, __ATOMIC_SEQ_CST);
-    while (at < cur &&
-           !__atomic_compare_exchange_n(due, &cur, at, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
-    }
-    if (at < cur)
-        swi_due_lower(swi_due_mark(due), at);
+    if (swi_due_lower(due, at))
+        (void)swi_due_lower(swi_due_mark(due), at);
 }
 
 /* The object needs a look at the next scan. */

@@ -74,17 +74,24 @@ swi_due_lower(int64_t *p, int64_t at)
 }
 
 /* Sets a cell's due time, and lowers its chunk's mark to it if it is below
- * (a scan then looks at the chunk by that time). Sequentially consistent
- * against the scan, which resets the mark before it reads the cells:
- * either the scan reads this time, or this call sees the reset mark and
- * lowers it. */
+ * (a scan then looks at the chunk by that time). An earlier time is
+ * sequentially consistent against the scan, which resets the mark before
+ * it reads the cells: either the scan reads this time, or this call sees
+ * the reset mark and lowers it. A later time needs neither: the mark is
+ * at or below the time it replaces, and a scan that reads either time
+ * leaves the mark at or below it. */
 static inline void
 swi_due_set(int64_t *due, int64_t at)
 {
+    int64_t cur = __atomic_load_n(due, __ATOMIC_RELAXED);
     /* Already so (a stream plans each item: mostly the same millisecond):
      * the write that set it lowers the mark, if it has not yet. */
-    if (__atomic_load_n(due, __ATOMIC_RELAXED) == at)
+    if (cur == at)
         return;
+    if (at > cur) { /* an idle stream's beat, an item's next plan: no fence */
+        __atomic_store_n(due, at, __ATOMIC_RELAXED);
+        return;
+    }
     __atomic_store_n(due, at, __ATOMIC_SEQ_CST);
     (void)swi_due_lower(swi_due_mark(due), at);
 }

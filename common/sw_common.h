@@ -96,6 +96,12 @@ int swi_idmap_init_own(swi_idmap *m, size_t initial);
 size_t swi_idmap_hash(const uint8_t *key);
 void swi_idmap_fini(swi_idmap *m);
 void *swi_idmap_get(const swi_idmap *m, const uint8_t *key);
+/* swi_idmap_get of n keys: out[i] for keys[i]. The slots of up to
+ * SWI_IDMAP_GET_N_MAX keys at a time are asked of the cache before the
+ * first is read, so that the misses of a large, cold map overlap (a batch
+ * of heartbeats). */
+#define SWI_IDMAP_GET_N_MAX 64
+void swi_idmap_get_n(const swi_idmap *m, const uint8_t *const *keys, size_t n, void **out);
 int swi_idmap_put(swi_idmap *m, const uint8_t *key, void *val); /* 0 ok, -1 nomem */
 void *swi_idmap_del(swi_idmap *m, const uint8_t *key);
 /* Calls fn for each live entry; fn must not modify the map. */

@@ -206,11 +206,12 @@ swi_idmap_fini(swi_idmap *m)
     m->cap = m->used = m->live = 0;
 }
 
+/* key's slot, the search starting where hash h points. */
 static swi_idmap_slot *
-swi_idmap_find(const swi_idmap *m, const uint8_t *key)
+swi_idmap_find_at(const swi_idmap *m, const uint8_t *key, size_t h)
 {
     size_t mask = m->cap - 1;
-    size_t i = swi_idmap_hash_of(m, key) & mask;
+    size_t i = h & mask;
     if (m->cap == 0)
         return NULL;
     for (size_t n = 0; n < m->cap; n++, i = (i + 1) & mask) {
@@ -223,11 +224,35 @@ swi_idmap_find(const swi_idmap *m, const uint8_t *key)
     return NULL;
 }
 
+static swi_idmap_slot *
+swi_idmap_find(const swi_idmap *m, const uint8_t *key)
+{
+    return swi_idmap_find_at(m, key, swi_idmap_hash_of(m, key));
+}
+
 void *
 swi_idmap_get(const swi_idmap *m, const uint8_t *key)
 {
     swi_idmap_slot *s = swi_idmap_find(m, key);
     return s ? s->val : NULL;
+}
+
+void
+swi_idmap_get_n(const swi_idmap *m, const uint8_t *const *keys, size_t n, void **out)
+{
+    size_t h[SWI_IDMAP_GET_N_MAX];
+    for (size_t at = 0; at < n; at += SWI_IDMAP_GET_N_MAX) {
+        size_t k = n - at < SWI_IDMAP_GET_N_MAX ? n - at : SWI_IDMAP_GET_N_MAX;
+        for (size_t j = 0; j < k; j++) {
+            h[j] = swi_idmap_hash_of(m, keys[at + j]);
+            if (m->cap != 0)
+                __builtin_prefetch(&m->slots[h[j] & (m->cap - 1)]);
+        }
+        for (size_t j = 0; j < k; j++) {
+            swi_idmap_slot *s = swi_idmap_find_at(m, keys[at + j], h[j]);
+            out[at + j] = s ? s->val : NULL;
+        }
+    }
 }
 
 static int

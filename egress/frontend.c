@@ -40,10 +40,15 @@ swe_lookup(sw_router *r, const uint8_t *id)
 void
 swe_lookup_n(sw_router *r, const uint8_t *const *ids, size_t n, sw_stream **out)
 {
+    void *v[SWI_IDMAP_GET_N_MAX];
     pthread_mutex_lock(&r->mu);
-    for (size_t i = 0; i < n; i++)
-        if ((out[i] = swi_idmap_get(&r->streams, ids[i])) != NULL)
-            __builtin_prefetch(&out[i]->refs, 1); /* idle streams are cold: overlap the misses */
+    for (size_t at = 0; at < n; at += SWI_IDMAP_GET_N_MAX) {
+        size_t k = n - at < SWI_IDMAP_GET_N_MAX ? n - at : SWI_IDMAP_GET_N_MAX;
+        swi_idmap_get_n(&r->streams, ids + at, k, v);
+        for (size_t i = 0; i < k; i++)
+            if ((out[at + i] = v[i]) != NULL)
+                __builtin_prefetch(&out[at + i]->refs, 1); /* cold streams: overlap the misses */
+    }
     for (size_t i = 0; i < n; i++)
         if (out[i] != NULL)
             swe_stream_ref(out[i]);

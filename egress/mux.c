@@ -111,6 +111,7 @@ beat_in(swe_rx_in *in, uint64_t last_seq, int stalled)
 /* A worker's heartbeats for many of our streams: each beat is handled as
  * the heartbeat wrapper it stands for. */
 #define SWE_BEATS_RUN 64
+#define SWE_BEATS_AHEAD 4 /* streams fetched ahead of the one handled */
 static void
 on_beats(sw_router *r, const swt_msg *msg)
 {
@@ -147,9 +148,14 @@ on_beats(sw_router *r, const swt_msg *msg)
             ids[j] = b->beats[at + j]->request_id.data;
         swe_lookup_n(r, ids, k, ss);
         now = swi_now_ms();
+        for (size_t j = 0; j < k && j < SWE_BEATS_AHEAD; j++)
+            if (ss[j] != NULL)
+                swe_stream_prefetch(ss[j]);
         for (size_t j = 0; j < k; j++) {
             swe_rx_in in;
             sw_stream *s = ss[j];
+            if (j + SWE_BEATS_AHEAD < k && ss[j + SWE_BEATS_AHEAD] != NULL)
+                swe_stream_prefetch(ss[j + SWE_BEATS_AHEAD]);
             if (s == NULL) {
                 unknown++;
                 continue;

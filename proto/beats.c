@@ -48,6 +48,20 @@ rd_beat(const uint8_t *p, size_t len, const uint8_t **id, size_t *idlen, uint64_
 {
     size_t i = 0;
     unsigned unknown = 0, nid = 0, nseq = 0;
+    /* The beat as every streamwire worker writes it, read at once: the id
+     * (tag 0x0a, length 16), then last_seq (tag 0x10) unless it is 0. The
+     * loop below reads it to the same values. */
+    if (len >= 2 + SW_REQUEST_ID_BYTES && p[0] == 0x0a && p[1] == SW_REQUEST_ID_BYTES) {
+        size_t at = 3 + SW_REQUEST_ID_BYTES;
+        uint64_t v = 0;
+        if (len == 2 + SW_REQUEST_ID_BYTES || (p[2 + SW_REQUEST_ID_BYTES] == 0x10 &&
+                                               pb_rd_varint(p, len, &at, &v) == 0 && at == len)) {
+            *id = p + 2;
+            *idlen = SW_REQUEST_ID_BYTES;
+            *seq = v;
+            return 0;
+        }
+    }
     *id = NULL;
     *idlen = 0;
     *seq = 0;

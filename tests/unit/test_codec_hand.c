@@ -720,6 +720,102 @@ test_beats(void **state)
     free(b);
 }
 
+/* A StreamBeat as the worker writes it is read at once (proto/beats.c);
+ * every other shape by the field loop. Each shape below, alone in a batch,
+ * decodes to what protobuf-c makes of it: ok says whether it decodes, id
+ * (0 or 1) which of two ids is the beat's, seq its last_seq. */
+typedef struct beat_shape {
+    const char *what;
+    uint8_t b[48];
+    size_t len;
+    int ok, id;
+    uint64_t seq;
+} beat_shape;
+
+#define ID_A 0x0a, 0x10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
+#define ID_B 0x0a, 0x10, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9
+
+static void
+test_beat_shapes(void **state)
+{
+    static const beat_shape shapes[] = {
+        {"id only: last_seq 0", {ID_A}, 18, 1, 0, 0},
+        {"id, last_seq", {ID_A, 0x10, 0x05}, 20, 1, 0, 5},
+        {"id, last_seq of 10 bytes",
+         {ID_A, 0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
+         29,
+         1,
+         0,
+         UINT64_MAX},
+        {"id, last_seq 0 in two bytes", {ID_A, 0x10, 0x80, 0x00}, 21, 1, 0, 0},
+        {"last_seq twice: the later wins", {ID_A, 0x10, 0x05, 0x10, 0x07}, 22, 1, 0, 7},
+        {"id after last_seq: the later id wins", {ID_A, 0x10, 0x05, ID_B}, 38, 1, 1, 5},
+        {"last_seq first", {0x10, 0x06, ID_A}, 20, 1, 0, 6},
+        {"an unknown field after the id", {ID_A, 0x18, 0x09}, 20, 1, 0, 0},
+        {"an unknown field after last_seq", {ID_A, 0x10, 0x05, 0x18, 0x09}, 22, 1, 0, 5},
+        {"last_seq cut short", {ID_A, 0x10, 0x85}, 20, 0, 0, 0},
+        {"last_seq of 11 bytes",
+         {ID_A, 0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
+         30,
+         0,
+         0,
+         0},
+        {"last_seq as fixed64", {ID_A, 0x11, 1, 2, 3, 4, 5, 6, 7, 8}, 27, 0, 0, 0},
+        {"an id of 15 bytes",
+         {0x0a, 0x0f, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0x10, 1},
+         19,
+         0,
+         0,
+         0},
+        {"an id of 17 bytes",
+         {0x0a, 0x11, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17},
+         19,
+         0,
+         0,
+         0},
+    };
+    static const uint8_t ids[2][SW_REQUEST_ID_BYTES] = {
+        {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+        {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9}};
+    (void)state;
+    for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        const beat_shape *sh = &shapes[k];
+        /* version 1, instance "w1", the beat twice (both read the same way) */
+        uint8_t msg[128] = {0x08, 0x01, 0x12, 0x02, 'w', '1'};
+        size_t len = 6;
+        swp_beats *d = NULL;
+        Streamwire__V1__HeartbeatBatch *pb;
+        for (int twice = 0; twice < 2; twice++) {
+            msg[len++] = 0x1a;
+            msg[len++] = (uint8_t)sh->len;
+            memcpy(msg + len, sh->b, sh->len);
+            len += sh->len;
+        }
+        print_message("%s\n", sh->what);
+        pb = streamwire__v1__heartbeat_batch__unpack(NULL, len, msg);
+        if (!sh->ok) {
+            assert_int_equal(swp_decode_beats(msg, len, MAXLEN, &d), SW_EPROTO);
+            assert_null(d);
+            if (pb != NULL) /* decodes, but the id is not 16 bytes */
+                assert_int_not_equal(pb->beats[0]->request_id.len, SW_REQUEST_ID_BYTES);
+            streamwire__v1__heartbeat_batch__free_unpacked(pb, NULL);
+            continue;
+        }
+        assert_non_null(pb);
+        assert_int_equal(swp_decode_beats(msg, len, MAXLEN, &d), SW_OK);
+        assert_string_equal(d->instance_id, "w1");
+        assert_int_equal(d->n_beats, 2);
+        for (size_t i = 0; i < 2; i++) {
+            assert_memory_equal(d->beats[i]->request_id.data, ids[sh->id], SW_REQUEST_ID_BYTES);
+            assert_int_equal(d->beats[i]->last_seq, sh->seq);
+            assert_bin(pb->beats[i]->request_id, ids[sh->id], SW_REQUEST_ID_BYTES);
+            assert_int_equal(pb->beats[i]->last_seq, sh->seq);
+        }
+        swp_free(d);
+        streamwire__v1__heartbeat_batch__free_unpacked(pb, NULL);
+    }
+}
+
 /* More than SWP_MAX_BATCH batched items is refused before unpacking (a
  * hostile frontend-bound message cannot make the decoder allocate a struct
  * per two bytes); exactly SWP_MAX_BATCH decodes. */
@@ -1234,6 +1330,7 @@ main(void)
         cmocka_unit_test(test_item_densest_valid_within_bound),
         cmocka_unit_test(test_batch_count_cap),
         cmocka_unit_test(test_beats),
+        cmocka_unit_test(test_beat_shapes),
         cmocka_unit_test(test_batch_rules_rejected),
         cmocka_unit_test(test_final_body_round_trip),
     };

@@ -633,6 +633,51 @@ test_idmap_own_keys(void **state)
     swi_idmap_fini(&m);
 }
 
+/* swi_idmap_get_n answers as swi_idmap_get would for each key, in order:
+ * more keys than one prefetch round (SWI_IDMAP_GET_N_MAX), hits, misses,
+ * keys behind tombstones and colliding chains, in a keyed map and an own
+ * one, and on a finished map (no slots: every answer NULL). */
+static void
+test_idmap_get_n(void **state)
+{
+    enum { N = 3 * SWI_IDMAP_GET_N_MAX + 7 };
+    static uint8_t ids[N][SW_REQUEST_ID_BYTES];
+    const uint8_t *keys[N];
+    void *out[N];
+    (void)state;
+    for (int own = 0; own < 2; own++) {
+        swi_idmap m;
+        size_t hits = 0;
+        assert_int_equal(own ? swi_idmap_init_own(&m, 0) : swi_idmap_init(&m, 0), 0);
+        for (int i = 0; i < N; i++) {
+            swi_random(ids[i], sizeof(ids[i]));
+            if (i % 5 == 4) /* a chain: the own map's hash is the first 8 bytes */
+                memcpy(ids[i], ids[i - 1], 8);
+            keys[i] = ids[N - 1 - i]; /* asked in another order than put */
+            if (i % 4 != 3)
+                assert_int_equal(swi_idmap_put(&m, ids[i], &ids[i]), 0); /* every 4th: absent */
+        }
+        for (int i = 0; i < N; i += 7) /* tombstones in the chains */
+            (void)swi_idmap_del(&m, ids[i]);
+        memset(out, 0xee, sizeof(out));
+        swi_idmap_get_n(&m, keys, N, out);
+        for (int i = 0; i < N; i++) {
+            int k = N - 1 - i;
+            void *want = (k % 4 != 3 && k % 7 != 0) ? (void *)ids[k] : NULL;
+            assert_ptr_equal(out[i], want);
+            assert_ptr_equal(out[i], swi_idmap_get(&m, keys[i]));
+            hits += want != NULL;
+        }
+        assert_true(hits > N / 2);
+        swi_idmap_get_n(&m, keys, 0, out); /* none: nothing read or written */
+        swi_idmap_fini(&m);
+        memset(out, 0xee, sizeof(out));
+        swi_idmap_get_n(&m, keys, N, out);
+        for (int i = 0; i < N; i++)
+            assert_null(out[i]);
+    }
+}
+
 /* Every byte value: a token holds exactly [A-Za-z0-9_-], 1..SW_MAX_TOKEN
  * of them. */
 static void
@@ -701,6 +746,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idmap_hash_is_keyed),
         cmocka_unit_test(test_idmap_own_keys),
+        cmocka_unit_test(test_idmap_get_n),
         cmocka_unit_test(test_validate_token_charset),
         cmocka_unit_test(test_trace_id),
         cmocka_unit_test(test_idmap_basic),

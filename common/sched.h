@@ -74,18 +74,25 @@ swi_due_lower(int64_t *p, int64_t at)
 }
 
 /* Sets a cell's due time, and lowers its chunk's mark to it if it is below
- * (a scan then looks at the chunk by that time). An earlier time is
- * sequentially consistent against the scan, which resets the mark before
- * it reads the cells: either the scan reads this time, or this call sees
- * the reset mark and lowers it. A later time needs neither: the mark is
- * at or below the time it replaces, and a scan that reads either time
- * leaves the mark at or below it. */
+ * (a scan then looks at the chunk by that time). The calls for one cell
+ * must be serialised (its object's lock): swi_due_sooner and swi_due_soon,
+ * which only bring a time forward, may come from any thread.
+ *
+ * An earlier time is sequentially consistent against the scan, which
+ * resets the mark before it reads the cells: either the scan reads this
+ * time, or this call sees the reset mark and lowers it. A later time needs
+ * neither: the mark is at or below the time it replaces (the last set, read
+ * here since the calls are serialised, or a time brought forward since,
+ * which lowered the mark itself), and a scan that reads either time leaves
+ * the mark at or below it. Two unserialised calls could store a time below
+ * the one another call's scan saw, without lowering the mark. */
 static inline void
 swi_due_set(int64_t *due, int64_t at)
 {
     int64_t cur = __atomic_load_n(due, __ATOMIC_RELAXED);
     /* Already so (a stream plans each item: mostly the same millisecond):
-     * the write that set it lowers the mark, if it has not yet. */
+     * the mark is at or below it already, or the write that brought it
+     * forward is lowering the mark now. */
     if (cur == at)
         return;
     if (at > cur) { /* an idle stream's beat, an item's next plan: no fence */
@@ -97,7 +104,7 @@ swi_due_set(int64_t *due, int64_t at)
 }
 
 /* Brings a cell's due time forward to `at` if it is later (never later),
- * and its chunk's mark with it. */
+ * and its chunk's mark with it. From any thread. */
 static inline void
 swi_due_sooner(int64_t *due, int64_t at)
 {
@@ -105,11 +112,11 @@ swi_due_sooner(int64_t *due, int64_t at)
         (void)swi_due_lower(swi_due_mark(due), at);
 }
 
-/* The object needs a look at the next scan. */
+/* The object needs a look at the next scan. From any thread. */
 static inline void
 swi_due_soon(int64_t *due)
 {
-    swi_due_set(due, 0);
+    swi_due_sooner(due, 0);
 }
 
 /* 1 if the object has something due by t. */
@@ -129,8 +136,9 @@ void swi_idmap_snapshot_all(const swi_idmap *m, swi_ptrvec *vec, void (*ref)(voi
  * scan walked the objects themselves).
  *
  * Each object gets a cell (swi_duetab_add) whose address never changes: the
- * object keeps it and writes its due time there with swi_due_set /
- * swi_due_soon from any thread, without a lock. swi_duetab_detach makes a
+ * object keeps it and writes its due time there without a lock: with
+ * swi_due_set under its own lock (one writer at a time), with
+ * swi_due_soon / swi_due_sooner from any thread. swi_duetab_detach makes a
  * scan skip the object from then on (it left its owner's table) while the
  * object may still write to the cell; swi_duetab_release returns the cell
  * when the object is freed and can no longer write to it. A cell is never

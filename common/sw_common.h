@@ -107,6 +107,17 @@ void *swi_idmap_del(swi_idmap *m, const uint8_t *key);
 /* Calls fn for each live entry; fn must not modify the map. */
 void swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg);
 
+/* Asks the cache for the n bytes at p, for writing: a hint (p need not be
+ * valid), for loops that visit many cold objects, fetching the next ones
+ * while one is handled so that their misses overlap. */
+static inline void
+swi_prefetch(const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)63, end = (uintptr_t)p + n;
+    for (; a < end; a += 64) /* each line the bytes touch */
+        __builtin_prefetch((const void *)a, 1);
+}
+
 /* A growable array of pointers, reused across snapshots. */
 typedef struct swi_ptrvec {
     void **v;

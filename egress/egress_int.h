@@ -239,9 +239,7 @@ swe_instance(const sw_stream *s)
 static inline void
 swe_stream_prefetch(const sw_stream *s)
 {
-    const char *p = (const char *)&s->rx, *end = (const char *)(s + 1);
-    for (; p < end; p += 64)
-        __builtin_prefetch(p, 1);
+    swi_prefetch(&s->rx, sizeof(*s) - offsetof(sw_stream, rx));
 }
 
 /* stream.c */

@@ -144,8 +144,7 @@ typedef struct swn_beatgrp {
 typedef struct swn_beats {
     swn_beatgrp *g;
     size_t n, cap;
-    swp_beat *one;  /* SWN_BEATS_PER_MSG, for encoding */
-    swp_beat **ptr; /* SWN_BEATS_PER_MSG */
+    uint8_t *buf; /* SWP_BEATS_MAX(SWN_BEATS_PER_MSG), for encoding */
 } swn_beats;
 
 /* Queues one beat for router (its batch subject is formatted once per
@@ -216,40 +215,22 @@ beats_flush(sw_ingress *ing, swn_beats *b)
         return;
     if (max != 0 && (max < 256 || (max - 128) / 32 < per))
         per = max < 256 ? 1 : (max - 128) / 32;
-    if (b->one == NULL) {
-        b->one = calloc(SWN_BEATS_PER_MSG, sizeof(*b->one));
-        b->ptr = calloc(SWN_BEATS_PER_MSG, sizeof(*b->ptr));
-    }
+    if (b->buf == NULL)
+        b->buf = malloc(SWP_BEATS_MAX(SWN_BEATS_PER_MSG));
     for (size_t i = 0; i < b->n; i++) {
         swn_beatgrp *g = &b->g[i];
         for (size_t at = 0; at < g->n; at += per) {
-            swp_beats m = STREAMWIRE__V1__HEARTBEAT_BATCH__INIT;
             size_t k = g->n - at < per ? g->n - at : per, len;
-            uint8_t *buf = NULL;
-            if (b->one == NULL || b->ptr == NULL) {
+            swn_sent d = {0, 0, 0, (int64_t)k};
+            if (b->buf == NULL) {
                 failed += g->n - at;
                 break;
             }
-            for (size_t j = 0; j < k; j++) {
-                streamwire__v1__stream_beat__init(&b->one[j]);
-                b->one[j].request_id.data = g->ids[at + j];
-                b->one[j].request_id.len = SW_REQUEST_ID_BYTES;
-                b->one[j].last_seq = g->last[at + j];
-                b->ptr[j] = &b->one[j];
-            }
-            m.version = SW_PROTOCOL_VERSION;
-            m.instance_id = ing->instance_id;
-            m.incarnation = ing->incarnation;
-            m.counter = __atomic_add_fetch(&ing->beats_counter, 1, __ATOMIC_RELAXED);
-            m.n_beats = k;
-            m.beats = b->ptr;
-            {
-                swn_sent d = {0, 0, 0, (int64_t)k};
-                if (swp_encode_alloc(&m, SIZE_MAX, &buf, &len) != SW_OK ||
-                    swn_ing_publish_counted(ing, g->subj, buf, len, &d) != SW_OK)
-                    failed += k;
-            }
-            free(buf);
+            len = swp_beats_write(b->buf, ing->instance_id, ing->incarnation,
+                                  __atomic_add_fetch(&ing->beats_counter, 1, __ATOMIC_RELAXED),
+                                  g->ids + at, g->last + at, k);
+            if (swn_ing_publish_counted(ing, g->subj, b->buf, len, &d) != SW_OK)
+                failed += k;
         }
     }
     beats_clear(b);
@@ -263,8 +244,7 @@ beats_free(swn_beats *b)
 {
     beats_clear(b);
     free(b->g);
-    free(b->one);
-    free(b->ptr);
+    free(b->buf);
 }
 
 /* Heartbeats r if it has been quiet for resp_beat_every and nothing is
@@ -341,6 +321,7 @@ ing_tick_one(sw_responder *r, int64_t now, swn_beats *beats)
         swn_unregister_stream(r);
 }
 
+#define SWN_TICK_AHEAD 4 /* streams fetched ahead of the one looked at */
 void
 swn_ing_timer_tick(void *arg, int64_t now)
 {
@@ -349,6 +330,8 @@ swn_ing_timer_tick(void *arg, int64_t now)
         return; /* no memory this tick: the next one tries again */
     swn_ing_snapshot(ing, &ing->timer_vec, &now); /* only streams with something due */
     for (size_t i = 0; i < ing->timer_vec.n; i++) {
+        if (i + SWN_TICK_AHEAD < ing->timer_vec.n) /* idle streams are cold */
+            swi_prefetch(SWN_RESP_AT(ing->timer_vec, i + SWN_TICK_AHEAD), sizeof(sw_responder));
         ing_tick_one(SWN_RESP_AT(ing->timer_vec, i), now, ing->beats);
         swn_resp_unref(SWN_RESP_AT(ing->timer_vec, i));
     }

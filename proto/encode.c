@@ -1,7 +1,8 @@
 /* proto/encode.c -- encoding: protobuf-c's packing behind a size cap
  * (swp_encode, swp_encode_alloc), and the hot path's hand encoding of
- * StreamItemWrapper headers, data and final bodies and batch prefixes
- * (byte for byte what protobuf-c writes; test_codec_hand compares them). The
+ * StreamItemWrapper headers, data and final bodies and batch prefixes, and
+ * of HeartbeatBatches (byte for byte what protobuf-c writes;
+ * test_codec_hand compares them). The
  * decoders are in codec.c and beats.c. */
 #include <stdlib.h>
 #include <string.h>
@@ -171,4 +172,55 @@ swp_batch_prefix(uint8_t *out, size_t body_len)
 {
     out[0] = TAG_BATCH;
     return 1 + swp_varint_write(out + 1, body_len);
+}
+
+/* HeartbeatBatch and StreamBeat tags, in protobuf-c's packing order (by
+ * field number). */
+enum {
+    TAG_HB_VERSION = (1 << 3) | 0,
+    TAG_HB_INSTANCE = (2 << 3) | 2,
+    TAG_HB_BEAT = (3 << 3) | 2,
+    TAG_HB_INCARNATION = (4 << 3) | 0,
+    TAG_HB_COUNTER = (5 << 3) | 0,
+    TAG_SB_REQUEST_ID = (1 << 3) | 2,
+    TAG_SB_LAST_SEQ = (2 << 3) | 0,
+};
+
+size_t
+swp_beats_write(uint8_t *out, const char *instance_id, uint64_t incarnation, uint64_t counter,
+                const uint8_t (*ids)[SW_REQUEST_ID_BYTES], const uint64_t *last, size_t n)
+{
+    size_t k = 0, l = instance_id != NULL ? strnlen(instance_id, SW_MAX_TOKEN) : 0;
+    out[k++] = TAG_HB_VERSION;
+    out[k++] = SW_PROTOCOL_VERSION;
+    if (l != 0) { /* a token: a one-byte length */
+        out[k++] = TAG_HB_INSTANCE;
+        out[k++] = (uint8_t)l;
+        memcpy(out + k, instance_id, l);
+        k += l;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *beat = out + k;
+        size_t b = 2;
+        beat[b++] = TAG_SB_REQUEST_ID;
+        beat[b++] = SW_REQUEST_ID_BYTES;
+        memcpy(beat + b, ids[i], SW_REQUEST_ID_BYTES);
+        b += SW_REQUEST_ID_BYTES;
+        if (last[i] != 0) {
+            beat[b++] = TAG_SB_LAST_SEQ;
+            b += swp_varint_write(beat + b, last[i]);
+        }
+        beat[0] = TAG_HB_BEAT;
+        beat[1] = (uint8_t)(b - 2); /* at most 29: one byte */
+        k += b;
+    }
+    if (incarnation != 0) {
+        out[k++] = TAG_HB_INCARNATION;
+        k += swp_varint_write(out + k, incarnation);
+    }
+    if (counter != 0) {
+        out[k++] = TAG_HB_COUNTER;
+        k += swp_varint_write(out + k, counter);
+    }
+    return k;
 }

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sw_common.h"
 #include "proto/pb_read.h"
 #include "proto/streamwire.pb-c.h"
 #include <streamwire/streamwire.h>
@@ -169,6 +170,19 @@ swp_read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
 }
 /* Writes the tag and length that put a body of body_len bytes into `batch`. */
 size_t swp_batch_prefix(uint8_t *out, size_t body_len);
+
+/* A worker's HeartbeatBatch, written by hand (a timer tick writes one beat
+ * per idle stream: 20,000 a second at 10,000 streams): version,
+ * instance_id (a token, "" = not sent), n beats (ids[i], last[i]),
+ * incarnation and counter (0 = not sent), byte for byte what protobuf-c
+ * packs from the same values (test_codec_hand compares them).
+ * swp_beats_write writes at most SWP_BEATS_MAX(n) bytes and returns how
+ * many. */
+#define SWP_BEAT_MAX (2 + 2 + SW_REQUEST_ID_BYTES + 1 + 10)
+#define SWP_BEATS_MAX(n) (2 + 2 + SW_MAX_TOKEN + 2 * 11 + (size_t)(n)*SWP_BEAT_MAX)
+size_t swp_beats_write(uint8_t *out, const char *instance_id, uint64_t incarnation,
+                       uint64_t counter, const uint8_t (*ids)[SW_REQUEST_ID_BYTES],
+                       const uint64_t *last, size_t n);
 
 /* A NATS subject we publish to: 1..SWP_MAX_SUBJECT chars, non-empty tokens, no spaces
  * or control characters, no wildcards. 1 if valid. */

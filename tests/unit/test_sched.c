@@ -342,13 +342,16 @@ test_duetab_marks(void **state)
  * no chunk's mark is later than any of its attached cells (a write that
  * raced a scan's reset of the mark was either read by the scan or lowered
  * the mark itself), and a scan then takes exactly the cells due by its
- * time. The TSan build checks the accesses (on x86 the orderings all
- * compile to full fences: this cannot catch a weakened one). */
+ * time. As in the library, each cell has one setter (writer k sets the
+ * cells k, k + 2, ...: its object's lock), and both writers bring any cell
+ * forward (swi_due_sooner, swi_due_soon). The TSan build checks the
+ * accesses (on x86 the orderings all compile to full fences: this cannot
+ * catch a weakened one). */
 #define DUE_RACE 1000
 typedef struct due_race {
     swi_duetab *t;
     due_obj *o;
-    unsigned seed;
+    unsigned seed, k;
     int stop;
 } due_race;
 
@@ -361,10 +364,19 @@ due_race_writer(void *arg)
         /* mostly later (as an idle stream's beats move it), now and then
          * due by the scans' time: so the scans reset marks that writers
          * are lowering */
+        unsigned i;
         x = x * 1103515245u + 12345u;
-        swi_due_set(r->o[(x >> 8) % DUE_RACE].due, (x >> 4) % 16 == 0
-                                                       ? (int64_t)((x >> 12) % 1000)
-                                                       : 50000 + (int64_t)((x >> 12) % 50000));
+        i = (x >> 8) % DUE_RACE;
+        if ((x >> 4) % 16 == 0) { /* forward, any cell */
+            if ((x >> 12) % 2)
+                swi_due_soon(r->o[i].due);
+            else
+                swi_due_sooner(r->o[i].due, (int64_t)((x >> 12) % 1000));
+        } else { /* its own cells, up or down */
+            swi_due_set(r->o[(i & ~1u) + r->k].due, (x >> 3) % 16 == 0
+                                                        ? (int64_t)((x >> 12) % 1000)
+                                                        : 50000 + (int64_t)((x >> 12) % 50000));
+        }
     }
     return NULL;
 }
@@ -392,6 +404,7 @@ test_duetab_marks_race(void **state)
             w[k].t = &t;
             w[k].o = o;
             w[k].seed = (unsigned)(round * 2 + k + 1);
+            w[k].k = (unsigned)k;
             w[k].stop = 0;
             assert_int_equal(pthread_create(&th[k], NULL, due_race_writer, &w[k]), 0);
         }

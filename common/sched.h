@@ -75,8 +75,10 @@ swi_due_lower(int64_t *p, int64_t at)
 
 /* Sets a cell's due time, and lowers its chunk's mark to it if it is below
  * (a scan then looks at the chunk by that time). The calls for one cell
- * must be serialised (its object's lock): swi_due_sooner and swi_due_soon,
- * which only bring a time forward, may come from any thread.
+ * must be serialised (its object's lock). swi_due_sooner and swi_due_soon,
+ * which only bring a time forward, keep the mark right from any thread;
+ * but a set running at the same time may replace the time they wrote (the
+ * library calls them under the object's lock too).
  *
  * An earlier time is sequentially consistent against the scan, which
  * resets the mark before it reads the cells: either the scan reads this

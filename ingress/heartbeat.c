@@ -329,6 +329,8 @@ swn_ing_timer_tick(void *arg, int64_t now)
     if (ing->beats == NULL && (ing->beats = calloc(1, sizeof(*ing->beats))) == NULL)
         return; /* no memory this tick: the next one tries again */
     swn_ing_snapshot(ing, &ing->timer_vec, &now); /* only streams with something due */
+    for (size_t i = 0; i < ing->timer_vec.n && i < SWN_TICK_AHEAD; i++)
+        swi_prefetch(SWN_RESP_AT(ing->timer_vec, i), sizeof(sw_responder));
     for (size_t i = 0; i < ing->timer_vec.n; i++) {
         if (i + SWN_TICK_AHEAD < ing->timer_vec.n) /* idle streams are cold */
             swi_prefetch(SWN_RESP_AT(ing->timer_vec, i + SWN_TICK_AHEAD), sizeof(sw_responder));

@@ -186,6 +186,9 @@ enum {
     TAG_SB_LAST_SEQ = (2 << 3) | 0,
 };
 
+_Static_assert(SW_MAX_TOKEN < 128 && SW_PROTOCOL_VERSION >= 1 && SW_PROTOCOL_VERSION < 128,
+               "swp_beats_write writes the version and the instance's length in one byte");
+
 size_t
 swp_beats_write(uint8_t *out, const char *instance_id, uint64_t incarnation, uint64_t counter,
                 const uint8_t (*ids)[SW_REQUEST_ID_BYTES], const uint64_t *last, size_t n)

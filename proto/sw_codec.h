@@ -173,7 +173,8 @@ size_t swp_batch_prefix(uint8_t *out, size_t body_len);
 
 /* A worker's HeartbeatBatch, written by hand (a timer tick writes one beat
  * per idle stream: 20,000 a second at 10,000 streams): version,
- * instance_id (a token, "" = not sent), n beats (ids[i], last[i]),
+ * instance_id (a token of at most SW_MAX_TOKEN characters, "" or NULL = not
+ * sent; a longer string is cut there), n beats (ids[i], last[i]),
  * incarnation and counter (0 = not sent), byte for byte what protobuf-c
  * packs from the same values (test_codec_hand compares them).
  * swp_beats_write writes at most SWP_BEATS_MAX(n) bytes and returns how

@@ -782,6 +782,20 @@ test_beats_write(void **state)
                 free(want);
                 free(got);
             }
+    {
+        /* the bound, reached: the longest instance, every number at its
+         * longest */
+        static uint64_t top[SWP_MAX_BEATS];
+        uint8_t *got = malloc(SWP_BEATS_MAX(SWP_MAX_BEATS));
+        assert_non_null(got);
+        for (size_t i = 0; i < SWP_MAX_BEATS; i++)
+            top[i] = UINT64_MAX;
+        assert_int_equal(swp_beats_write(got, ID64, UINT64_MAX, UINT64_MAX,
+                                         (const uint8_t(*)[SW_REQUEST_ID_BYTES])ids, top,
+                                         SWP_MAX_BEATS),
+                         SWP_BEATS_MAX(SWP_MAX_BEATS));
+        free(got);
+    }
 }
 
 /* A StreamBeat as the worker writes it is read at once (proto/beats.c);

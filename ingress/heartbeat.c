@@ -84,19 +84,21 @@ swn_resp_beat_sooner(sw_responder *r)
     swi_due_sooner(r->next_tick, r->last_pub_ms + resp_beat_every(r));
 }
 
-/* A drain stopped without memory for a message and left items queued (r->mu
+/* A drain stopped without memory for a message and left items queued, or
+ * items wait for an inline handler's next one (r->held, sender.c) (r->mu
  * held): the timer publishes them on its next tick (resp_redrain), before
  * or after the final was queued. */
 static int
 resp_stranded(const sw_responder *r)
 {
-    return r->stranded && r->rg.pub_seq + 1 < r->rg.next_seq;
+    return (r->stranded || r->held) && r->rg.pub_seq + 1 < r->rg.next_seq;
 }
 
-/* Publishes what a drain left for lack of memory (r->mu held). Only those
- * items: others wait for the thread they were handed to (the sender thread
- * coalesces). A stream abandoned without a final publishes nothing more
- * (resp_drain's own rule). */
+/* Publishes what a drain left for lack of memory, or what still waits for
+ * an inline handler's next item (r->mu held). Only those items: others
+ * wait for the thread they were handed to (the sender thread coalesces). A
+ * stream abandoned without a final publishes nothing more (resp_drain's
+ * own rule). */
 static void
 resp_redrain(sw_responder *r)
 {
@@ -106,7 +108,8 @@ resp_redrain(sw_responder *r)
 
 /* When the timer next has to look at r (r->mu held): its deadline, its next
  * heartbeat, the end of a final's linger; now if a drain left items for lack
- * of memory (others wait for the thread they were handed to). Only
+ * of memory or items wait for an inline handler's next one (others wait
+ * for the thread they were handed to). Only
  * ever later than the truth if a state change forgets swn_resp_tick_soon. */
 static void
 resp_plan_tick(sw_responder *r)

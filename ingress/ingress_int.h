@@ -64,7 +64,12 @@
 /* Coalescing: a stream whose last publish ended less than SWN_HOT_US ago
  * hands its items to the ingress's sender thread, which puts every item
  * queued meanwhile into one message (at most SWN_BATCH_ITEMS items and
- * SWN_BATCH_BYTES bytes). A stream that was quiet publishes inline. */
+ * SWN_BATCH_BYTES bytes). A stream that was quiet publishes inline. On a
+ * connection without send-asap, an inline handler's items instead wait for
+ * its next one while it sends them less than coalesce_us apart (sender.c,
+ * swn_resp_kick), and go out together, a message's worth at most, when it
+ * returns, ends the stream, pauses, runs out of credit, or at the timer's
+ * next tick. */
 #define SWN_HOT_US 200 /* default of sw_ingress_opts.coalesce_us */
 #define SWN_BATCH_ITEMS 128
 #define SWN_BATCH_BYTES (32 * 1024)
@@ -115,8 +120,10 @@ struct sw_responder {
      * (it drops mu while it publishes). */
     swn_ring rg;
     int sending;
-    int stranded; /* a drain stopped without memory for a message: the timer drains again */
-    int in_sendq; /* on ing->sq (under ing->smu) */
+    int stranded;        /* a drain stopped without memory for a message: the timer drains again */
+    int in_sendq;        /* on ing->sq (under ing->smu) */
+    int held;            /* queued items wait for the inline handler's next one (sender.c) */
+    uint64_t held_bytes; /* sent_bytes when the hold began */
 #ifdef SW_CHAOS
     int lose_next;   /* chaos: the next kept item misses its first publish */
     int fail_builds; /* chaos: so many next first-publish builds fail as without memory */
@@ -288,6 +295,14 @@ sw_err swn_resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, 
 sw_err swn_resp_take_pub_err(sw_responder *r);
 void swn_resp_run_drain(sw_responder *r);
 void swn_resp_kick(sw_responder *r);
+/* Brackets an inline handler's call on its thread (no lock held): items it
+ * sends on a buffered connection may wait for its next ones (swn_resp_kick);
+ * the end publishes any that still wait. */
+void swn_resp_inline_begin(sw_responder *r);
+void swn_resp_inline_end(sw_responder *r);
+/* Publishes items held for the inline handler's next one now (r->mu held):
+ * the stream needs credit, or the timer found them waiting. */
+void swn_resp_release_held(sw_responder *r);
 void swn_resp_flush_now(sw_responder *r);
 void *swn_ing_sender_main(void *arg);
 

@@ -353,7 +353,12 @@ swn_ing_worker_main(void *arg)
 void
 swn_ing_run_handler(sw_ingress *ing, sw_responder *r)
 {
-    if (!sw_responder_cancelled(r))
+    if (!sw_responder_cancelled(r)) {
+        if (ing->inline_handlers)
+            swn_resp_inline_begin(r);
         ing->handler(r, ing->handler_arg);
+        if (ing->inline_handlers)
+            swn_resp_inline_end(r);
+    }
     swn_resp_drop_hold(r, "handler_returned", "the handler returned without a terminal");
 }

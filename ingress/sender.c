@@ -7,11 +7,13 @@
  * one message; a stream that was quiet publishes inline. With coalescing on
  * and a connection without send-asap, every stream hands its items over. A
  * producer that ends its stream publishes what is queued with the final
- * itself (swn_resp_send_final).
+ * itself (swn_resp_send_final). A handler that runs inline on a connection
+ * without send-asap keeps its items back while it sends them fast, and
+ * publishes them itself (swn_resp_kick, swn_resp_inline_end).
  *
  * Threads: producers (handler threads, or whoever holds a retained
  * responder), the sender thread, the timer (deadlines, memory-stranded
- * items), the control subscription's thread (a cancel's final), a thread
+ * and held items), the control subscription's thread (a cancel's final), a thread
  * in sw_ingress_drain/destroy (hand-backs).
  * Locks: r->mu held by the callers (the drain drops it around each publish);
  * ing->smu (the sender queue) taken under r->mu; ing->mu (counters) taken
@@ -182,6 +184,7 @@ swn_resp_run_drain(sw_responder *r)
 {
     r->sending = 1;
     r->stranded = 0;
+    r->held = 0;
     resp_drain(r);
     r->sending = 0;
     pthread_cond_broadcast(&r->cv);
@@ -210,6 +213,61 @@ ing_defer(sw_ingress *ing, sw_responder *r)
     return ok;
 }
 
+/* The responder whose handler runs inline on this thread, and when that
+ * handler last sent (or began): see swn_resp_kick. */
+static _Thread_local sw_responder *tl_inline_r;
+static _Thread_local int64_t tl_inline_last_us;
+
+void
+swn_resp_inline_begin(sw_responder *r)
+{
+    if (r->ing->buffered && r->ing->hot_us > 0) {
+        tl_inline_r = r;
+        tl_inline_last_us = swi_now_us();
+    }
+}
+
+void
+swn_resp_inline_end(sw_responder *r)
+{
+    if (tl_inline_r != r)
+        return;
+    tl_inline_r = NULL;
+    pthread_mutex_lock(&r->mu);
+    swn_resp_release_held(r);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void
+swn_resp_release_held(sw_responder *r)
+{
+    if (r->held && !r->sending)
+        swn_resp_run_drain(r); /* clears held; it may drop mu while publishing */
+}
+
+/* 1 if r's queued items are to wait for the inline handler's next one
+ * (r->mu held, called on the handler's thread with a buffered connection):
+ * it sent again within coalesce_us, and what waits is less than a
+ * message's worth. The first held item asks the timer to look at r at its
+ * next tick, which publishes them if they still wait (a handler that blocks
+ * after a send). */
+static int
+resp_hold(sw_responder *r)
+{
+    int64_t now = swi_now_us();
+    int hot = now - tl_inline_last_us < r->ing->hot_us;
+    tl_inline_last_us = now;
+    if (!hot || r->terminated || r->rg.next_seq - r->rg.pub_seq > SWN_BATCH_ITEMS ||
+        (r->held && r->sent_bytes - r->held_bytes >= SWN_BATCH_BYTES))
+        return 0;
+    if (!r->held) {
+        r->held = 1;
+        r->held_bytes = r->sent_bytes;
+        swn_resp_tick_soon(r);
+    }
+    return 1;
+}
+
 /* Gets queued items of r on their way (r->mu held). If another thread is
  * publishing r's items it takes these too. If r published a moment ago
  * (a fast producer), the sender thread publishes them, so that this thread
@@ -217,13 +275,21 @@ ing_defer(sw_ingress *ing, sw_responder *r)
  * (a quiet stream: lowest latency) this thread publishes them now. On a
  * connection without send-asap every stream hands its items over: nats.c
  * holds the bytes for its flusher (up to 1 ms) anyway, so publishing at
- * once gains nothing and a stream's first item would travel alone. */
+ * once gains nothing and a stream's first item would travel alone. There,
+ * an inline handler's items instead wait for its next ones (resp_hold) and
+ * it publishes them itself when the run ends: a short stream is then one
+ * message, and no thread is woken for it. */
 void
 swn_resp_kick(sw_responder *r)
 {
     sw_ingress *ing = r->ing;
     if (r->sending || r->rg.pub_seq + 1 >= r->rg.next_seq)
         return;
+    if (tl_inline_r == r) {
+        if (!resp_hold(r))
+            swn_resp_run_drain(r);
+        return;
+    }
     if (ing->hot_us > 0 && (ing->buffered || swi_now_us() - r->last_end_us < ing->hot_us) &&
         ing_defer(ing, r))
         return;

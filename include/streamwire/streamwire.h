@@ -256,7 +256,14 @@ typedef struct sw_ingress_opts {
                                         than this many microseconds ago hands its items to the
                                         sender thread, which puts what queues meanwhile in one
                                         message. 0 = default (200); SW_COALESCE_OFF = every item in
-                                        a message of its own, published by the sending thread */
+                                        a message of its own, published by the sending thread.
+                                        With handler_inline on a no_send_asap connection, items
+                                        the handler sends less than this apart wait for its next
+                                        ones instead (no thread is woken): they go out together
+                                        when it returns, ends the stream, waits longer between
+                                        sends, runs out of credit, has a message's worth (128
+                                        items or 32 KiB), or at the latest at the ingress
+                                        timer's next tick (25 ms) */
     sw_log_fn log;
     void *log_arg;
     unsigned frontend_probe_misses; /* unanswered probes in a row that mean a frontend is gone
@@ -278,7 +285,9 @@ typedef struct sw_ingress_opts {
                                        hand-off per request (BENCHMARKS.md, session 17). For a
                                        handler that returns at once: one that retains the
                                        responder and hands it to an engine's own thread, or
-                                       sends a few items that fit the credit window. Requests
+                                       sends a few items that fit the credit window (on a
+                                       no_send_asap connection they then share one message:
+                                       coalesce_us). Requests
                                        are then taken in one at a time: while a handler runs,
                                        the next ones wait in nats.c's queue (unbounded, in
                                        memory), not yet known to the worker and so neither

@@ -138,6 +138,15 @@ swx_ingress_hold_sender(sw_ingress *ing, int hold)
 }
 
 void
+swx_ingress_send_counts(sw_ingress *ing, uint64_t *handoffs, uint64_t *timer_releases)
+{
+    if (handoffs != NULL)
+        *handoffs = ing ? __atomic_load_n(&ing->handoffs, __ATOMIC_RELAXED) : 0;
+    if (timer_releases != NULL)
+        *timer_releases = ing ? __atomic_load_n(&ing->timer_releases, __ATOMIC_RELAXED) : 0;
+}
+
+void
 swx_ingress_set_drop_rate(sw_ingress *ing, double rate)
 {
     if (ing != NULL)

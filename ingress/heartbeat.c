@@ -102,8 +102,13 @@ resp_stranded(const sw_responder *r)
 static void
 resp_redrain(sw_responder *r)
 {
-    if (resp_stranded(r) && !r->sending && swn_ring_keeps(&r->rg))
+    if (resp_stranded(r) && !r->sending && swn_ring_keeps(&r->rg)) {
+#ifdef SW_CHAOS
+        if (r->held)
+            __atomic_fetch_add(&r->ing->timer_releases, 1, __ATOMIC_RELAXED);
+#endif
         swn_resp_run_drain(r);
+    }
 }
 
 /* When the timer next has to look at r (r->mu held): its deadline, its next

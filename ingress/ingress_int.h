@@ -11,7 +11,8 @@
  *   - `handler_threads` pool threads run the user's handler (intake.c),
  *     none with `handler_inline`;
  *   - one timer thread: heartbeats, deadlines, retiring finished streams
- *     whose final was never acknowledged (heartbeat.c);
+ *     whose final was never acknowledged, publishing items a drain left
+ *     for lack of memory or an inline handler held too long (heartbeat.c);
  *   - one liveness thread probing the frontends that have streams here
  *     (liveness.c);
  *   - one sender thread publishing the items of busy streams in coalesced
@@ -219,7 +220,9 @@ struct sw_ingress {
     int sender_idle; /* waiting on scv */
     int sender_stop;
 #ifdef SW_CHAOS
-    int sender_hold; /* swx_ingress_hold_sender (under smu) */
+    int sender_hold;         /* swx_ingress_hold_sender (under smu) */
+    uint64_t handoffs;       /* streams handed to the sender thread (atomic) */
+    uint64_t timer_releases; /* held items the timer published (atomic) */
 #endif
     pthread_mutex_t live_mu;
     swi_peers peers;         /* frontends being probed (common/sched.h), under live_mu */

@@ -198,6 +198,9 @@ ing_defer(sw_ingress *ing, sw_responder *r)
     pthread_mutex_lock(&ing->smu);
     ok = ing->sender_on;
     if (ok && !r->in_sendq) {
+#ifdef SW_CHAOS
+        __atomic_fetch_add(&ing->handoffs, 1, __ATOMIC_RELAXED);
+#endif
         r->in_sendq = 1;
         swn_resp_ref(r);
         r->snext = NULL;

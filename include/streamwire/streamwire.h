@@ -257,13 +257,14 @@ typedef struct sw_ingress_opts {
                                         sender thread, which puts what queues meanwhile in one
                                         message. 0 = default (200); SW_COALESCE_OFF = every item in
                                         a message of its own, published by the sending thread.
-                                        With handler_inline on a no_send_asap connection, items
-                                        the handler sends less than this apart wait for its next
-                                        ones instead (no thread is woken): they go out together
-                                        when it returns, ends the stream, waits longer between
-                                        sends, runs out of credit, has a message's worth (128
-                                        items or 32 KiB), or at the latest at the ingress
-                                        timer's next tick (25 ms) */
+                                        With handler_inline on a no_send_asap connection, an item
+                                        the handler sends within this of its start or of its
+                                        previous send waits for its next ones instead (no thread
+                                        is woken); what waits goes out together when the handler
+                                        returns, ends the stream, sends again after a longer gap,
+                                        runs out of credit, or has a message's worth waiting (128
+                                        items or about 32 KiB of data), and at the latest at the
+                                        ingress timer's next tick (25 ms) */
     sw_log_fn log;
     void *log_arg;
     unsigned frontend_probe_misses; /* unanswered probes in a row that mean a frontend is gone

@@ -379,6 +379,16 @@ typedef struct bench_world {
 void bench_world_open(bench_world *w, const char *tag, const char *key_file, int asap,
                       const char *inst);
 void bench_world_close(bench_world *w);
+/* Streamwire in the other publish mode (send-asap off when the main world
+ * has it on, the default; on with --no-send-asap): its own connections,
+ * router and ingress (instance INST_ALT), made on first use, so that the
+ * long- and short-stream rows compare streamwire at its best for the metric
+ * with raw at its best, as the raw side is measured in both modes. Each
+ * scenario closes it when done: its threads would only add noise to the
+ * scenarios that follow. */
+#define INST_ALT "benchmainalt"
+bench_world *bench_alt_world(void);
+void bench_alt_world_close(void);
 
 /* ---------------------------------------------------------- report.c */
 

@@ -124,18 +124,10 @@ short_thread(void *arg)
     return NULL;
 }
 
-/* Streamwire in the other publish mode (send-asap off when the main world
- * has it on, the default; on with --no-send-asap): its own connections,
- * router and ingress, made on first use, so that the short-stream rows
- * compare streamwire at its best for the metric with raw at its best, as
- * the raw side is measured in both modes. */
-#define INST_ALT "benchmainalt"
-static bench_world s_alt;
-
 void
 scen_short_fini(void)
 {
-    bench_world_close(&s_alt);
+    bench_alt_world_close();
 }
 
 /* Closed loop: conc threads, each runs streams back to back for short_secs. */
@@ -196,11 +188,9 @@ scen_short(void)
 {
     /* Sides: raw send-asap, raw buffered, streamwire send-asap, streamwire
      * buffered (one of the two streamwire sides is the main world, the
-     * other s_alt). */
+     * other bench_alt_world). */
     static const char *side[4] = {"raw send-asap", "raw buffered", "sw send-asap", "sw buffered"};
-    if (cfg.side != 1 && s_alt.router == NULL) /* not --side raw */
-        bench_world_open(&s_alt, cfg.send_asap ? "sw-buffered" : "sw-asap", NULL, !cfg.send_asap,
-                         INST_ALT);
+    bench_world *alt_w = cfg.side != 1 ? bench_alt_world() : NULL; /* not --side raw */
     for (int ci = 0; ci < cfg.nconc; ci++) {
         unsigned conc = cfg.conc[ci];
         double v[4][32], cpu[4][32], csw[4][32];
@@ -223,7 +213,7 @@ scen_short(void)
                          cfg.short_items, conc, side[k], rep + 1, cfg.reps);
                 g_raw_mode = k == 1 ? RAW_BUFFERED : RAW_ASAP;
                 if (alt) {
-                    g_router = s_alt.router;
+                    g_router = alt_w->router;
                     g_sw_inst = INST_ALT;
                 }
                 if (cfg.callgrind) {

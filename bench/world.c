@@ -211,6 +211,23 @@ bench_world_open(bench_world *w, const char *tag, const char *key_file, int asap
         die("sw_router_create (%s): %s", tag, sw_err_name(e));
 }
 
+static bench_world s_alt;
+
+bench_world *
+bench_alt_world(void)
+{
+    if (s_alt.router == NULL)
+        bench_world_open(&s_alt, cfg.send_asap ? "sw-buffered" : "sw-asap", NULL, !cfg.send_asap,
+                         INST_ALT);
+    return &s_alt;
+}
+
+void
+bench_alt_world_close(void)
+{
+    bench_world_close(&s_alt);
+}
+
 void
 bench_world_close(bench_world *w)
 {

@@ -304,8 +304,10 @@ void swn_resp_kick(sw_responder *r);
 void swn_resp_inline_begin(sw_responder *r);
 void swn_resp_inline_end(sw_responder *r);
 /* Publishes items held for the inline handler's next one now (r->mu held):
- * the stream needs credit, or the timer found them waiting. */
-void swn_resp_release_held(sw_responder *r);
+ * the handler returned or its stream needs credit. 1 if it did (mu was
+ * dropped meanwhile), 0 if nothing was held or another thread is
+ * publishing the stream's items. */
+int swn_resp_release_held(sw_responder *r);
 void swn_resp_flush_now(sw_responder *r);
 void *swn_ing_sender_main(void *arg);
 

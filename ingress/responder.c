@@ -135,10 +135,8 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
         }
         if (r->rg.next_seq <= r->credit_limit && r->sent_bytes < r->byte_limit)
             break;
-        if (r->held && !r->sending) { /* the credit comes for items that went out */
-            swn_resp_release_held(r);
-            continue; /* it dropped mu: look again */
-        }
+        if (swn_resp_release_held(r)) /* the credit comes for items that went out */
+            continue;                 /* it dropped mu: look again */
         if (!r->starved) {
             r->starved = 1;
             swn_resp_beat_sooner(r); /* a stalled stream beats every hb_ms */

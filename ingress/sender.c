@@ -241,11 +241,13 @@ swn_resp_inline_end(sw_responder *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-void
+int
 swn_resp_release_held(sw_responder *r)
 {
-    if (r->held && !r->sending)
-        swn_resp_run_drain(r); /* clears held; it may drop mu while publishing */
+    if (!r->held || r->sending)
+        return 0;
+    swn_resp_run_drain(r); /* clears held; it may drop mu while publishing */
+    return 1;
 }
 
 /* 1 if r's queued items are to wait for the inline handler's next one

@@ -147,6 +147,13 @@ swx_ingress_send_counts(sw_ingress *ing, uint64_t *handoffs, uint64_t *timer_rel
 }
 
 void
+swx_ingress_set_hold_us(sw_ingress *ing, int64_t us)
+{
+    if (ing != NULL)
+        __atomic_store_n(&ing->hold_us, us < 0 ? 0 : us, __ATOMIC_RELAXED);
+}
+
+void
 swx_ingress_set_drop_rate(sw_ingress *ing, double rate)
 {
     if (ing != NULL)

@@ -63,4 +63,9 @@ void swx_ingress_hold_sender(sw_ingress *ing, int hold);
  * published (ingress/sender.c). Either pointer may be NULL. */
 void swx_ingress_send_counts(sw_ingress *ing, uint64_t *handoffs, uint64_t *timer_releases);
 
+/* Test-only: an inline handler's hold window (ingress/sender.c resp_hold)
+ * becomes us microseconds (0: no hold), whatever the connection's mode; set
+ * before the first request (chaos build only). */
+void swx_ingress_set_hold_us(sw_ingress *ing, int64_t us);
+
 #endif

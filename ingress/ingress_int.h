@@ -65,13 +65,15 @@
 /* Coalescing: a stream whose last publish ended less than SWN_HOT_US ago
  * hands its items to the ingress's sender thread, which puts every item
  * queued meanwhile into one message (at most SWN_BATCH_ITEMS items and
- * SWN_BATCH_BYTES bytes). A stream that was quiet publishes inline. On a
- * connection without send-asap, an inline handler's items instead wait for
- * its next one while it sends them less than coalesce_us apart (sender.c,
+ * SWN_BATCH_BYTES bytes). A stream that was quiet publishes inline. An
+ * inline handler's items instead wait for its next one while it sends them
+ * less than the hold window apart (coalesce_us; at most SWN_ASAP_HOLD_US on
+ * a send-asap connection), for at most that window in all (sender.c,
  * swn_resp_kick), and go out together, a message's worth at most, when it
  * returns, ends the stream, pauses, runs out of credit, or at the timer's
  * next tick. */
 #define SWN_HOT_US 200 /* default of sw_ingress_opts.coalesce_us */
+#define SWN_ASAP_HOLD_US 20
 #define SWN_BATCH_ITEMS 128
 #define SWN_BATCH_BYTES (32 * 1024)
 #define SWN_MSG_STACK 4096
@@ -184,9 +186,11 @@ struct sw_ingress {
     int inline_handlers; /* sw_ingress_opts.handler_inline */
     unsigned send_timeout_ms;
     unsigned max_window;
-    int64_t hot_us; /* coalesce_us; 0 = off */
-    int buffered;   /* the connection is not send-asap: with hot_us > 0, every stream coalesces
-                       (sender.c) */
+    int64_t hot_us;  /* coalesce_us; 0 = off */
+    int64_t hold_us; /* an inline handler's hold window (sender.c resp_hold): hot_us, at most
+                        SWN_ASAP_HOLD_US on a send-asap connection; 0 = no hold */
+    int buffered;    /* the connection is not send-asap: with hot_us > 0, every stream coalesces
+                        (sender.c) */
     size_t max_req;
 
     swt_sub *req_sub; /* set at start; NULL under req_mu before it closes */
@@ -299,8 +303,8 @@ sw_err swn_resp_take_pub_err(sw_responder *r);
 void swn_resp_run_drain(sw_responder *r);
 void swn_resp_kick(sw_responder *r);
 /* Brackets an inline handler's call on its thread (no lock held): items it
- * sends on a buffered connection may wait for its next ones (swn_resp_kick);
- * the end publishes any that still wait. */
+ * sends may wait for its next ones (swn_resp_kick); the end publishes any
+ * that still wait. */
 void swn_resp_inline_begin(sw_responder *r);
 void swn_resp_inline_end(sw_responder *r);
 /* Publishes items held for the inline handler's next one now (r->mu held):

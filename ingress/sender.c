@@ -7,9 +7,9 @@
  * one message; a stream that was quiet publishes inline. With coalescing on
  * and a connection without send-asap, every stream hands its items over. A
  * producer that ends its stream publishes what is queued with the final
- * itself (swn_resp_send_final). A handler that runs inline on a connection
- * without send-asap keeps its items back while it sends them fast, and
- * publishes them itself (swn_resp_kick, swn_resp_inline_end).
+ * itself (swn_resp_send_final). A handler that runs inline keeps its items
+ * back while it sends them fast, and publishes them itself (swn_resp_kick,
+ * swn_resp_inline_end).
  *
  * Threads: producers (handler threads, or whoever holds a retained
  * responder), the sender thread, the timer (deadlines, memory-stranded
@@ -216,15 +216,18 @@ ing_defer(sw_ingress *ing, sw_responder *r)
     return ok;
 }
 
-/* The responder whose handler runs inline on this thread, and when that
- * handler last sent (or began): see swn_resp_kick. */
+/* The responder whose handler runs inline on this thread, when that
+ * handler last sent (or began), and when the items it holds began to wait:
+ * see swn_resp_kick. */
 static _Thread_local sw_responder *tl_inline_r;
 static _Thread_local int64_t tl_inline_last_us;
+static _Thread_local int64_t tl_hold_since_us;
+static _Thread_local int64_t tl_hold_us; /* ing->hold_us (a chaos hook may set it) */
 
 void
 swn_resp_inline_begin(sw_responder *r)
 {
-    if (r->ing->buffered && r->ing->hot_us > 0) {
+    if ((tl_hold_us = __atomic_load_n(&r->ing->hold_us, __ATOMIC_RELAXED)) > 0) {
         tl_inline_r = r;
         tl_inline_last_us = swi_now_us();
     }
@@ -251,23 +254,26 @@ swn_resp_release_held(sw_responder *r)
 }
 
 /* 1 if r's queued items are to wait for the inline handler's next one
- * (r->mu held, called on the handler's thread with a buffered connection):
- * it sent again within coalesce_us, and what waits is less than a
- * message's worth. The first held item asks the timer to look at r at its
- * next tick, which publishes them if they still wait (a handler that blocks
- * after a send). */
+ * (r->mu held, called on the handler's thread): it sent again within the
+ * hold window (ing->hold_us) of its previous send or its start, what waits
+ * began to wait less than that window ago, and it is less than a message's
+ * worth. The first held item asks the timer to look at r at its next tick,
+ * which publishes them if they still wait (a handler that blocks after a
+ * send). */
 static int
 resp_hold(sw_responder *r)
 {
-    int64_t now = swi_now_us();
-    int hot = now - tl_inline_last_us < r->ing->hot_us;
+    int64_t now = swi_now_us(), w = tl_hold_us;
+    int hot = now - tl_inline_last_us < w;
     tl_inline_last_us = now;
     if (!hot || r->terminated || r->rg.next_seq - r->rg.pub_seq > SWN_BATCH_ITEMS ||
-        (r->held && r->sent_bytes - r->held_bytes >= SWN_BATCH_BYTES))
+        (r->held &&
+         (now - tl_hold_since_us >= w || r->sent_bytes - r->held_bytes >= SWN_BATCH_BYTES)))
         return 0;
     if (!r->held) {
         r->held = 1;
         r->held_bytes = r->sent_bytes;
+        tl_hold_since_us = now;
         swn_resp_tick_soon(r);
     }
     return 1;
@@ -280,16 +286,19 @@ resp_hold(sw_responder *r)
  * (a quiet stream: lowest latency) this thread publishes them now. On a
  * connection without send-asap every stream hands its items over: nats.c
  * holds the bytes for its flusher (up to 1 ms) anyway, so publishing at
- * once gains nothing and a stream's first item would travel alone. There,
- * an inline handler's items instead wait for its next ones (resp_hold) and
- * it publishes them itself when the run ends: a short stream is then one
- * message, and no thread is woken for it. */
+ * once gains nothing and a stream's first item would travel alone. An
+ * inline handler's items instead wait for its next ones while it sends
+ * them fast (resp_hold), and it publishes them itself when the run ends: a
+ * short stream is then one message, and no thread is woken for it. */
 void
 swn_resp_kick(sw_responder *r)
 {
     sw_ingress *ing = r->ing;
-    if (r->sending || r->rg.pub_seq + 1 >= r->rg.next_seq)
+    if (r->sending || r->rg.pub_seq + 1 >= r->rg.next_seq) {
+        if (tl_inline_r == r)
+            tl_inline_last_us = swi_now_us(); /* a send all the same: the run goes on */
         return;
+    }
     if (tl_inline_r == r) {
         if (!resp_hold(r))
             swn_resp_run_drain(r);

@@ -257,14 +257,18 @@ typedef struct sw_ingress_opts {
                                         sender thread, which puts what queues meanwhile in one
                                         message. 0 = default (200); SW_COALESCE_OFF = every item in
                                         a message of its own, published by the sending thread.
-                                        With handler_inline on a no_send_asap connection, an item
-                                        the handler sends within this of its start or of its
-                                        previous send waits for its next ones instead (no thread
-                                        is woken); what waits goes out together when the handler
-                                        returns, ends the stream, sends again after a longer gap,
-                                        runs out of credit, or has a message's worth waiting (128
+                                        With handler_inline, an item the handler sends within a
+                                        hold window of its start or of its previous send waits
+                                        for its next ones instead (no thread is woken). The
+                                        window is this on a no_send_asap connection, and at most
+                                        20 us with send-asap (items paced further apart go out
+                                        at once). What waits goes out together when the handler
+                                        returns, ends the stream, sends again after a longer gap
+                                        or once the first of them has waited the window, runs
+                                        out of credit, or has a message's worth waiting (128
                                         items or about 32 KiB of data), and at the latest at the
-                                        ingress timer's next tick (25 ms) */
+                                        ingress timer's next tick (25 ms: a handler that blocks
+                                        right after a send) */
     sw_log_fn log;
     void *log_arg;
     unsigned frontend_probe_misses; /* unanswered probes in a row that mean a frontend is gone
@@ -286,9 +290,8 @@ typedef struct sw_ingress_opts {
                                        hand-off per request (BENCHMARKS.md, session 17). For a
                                        handler that returns at once: one that retains the
                                        responder and hands it to an engine's own thread, or
-                                       sends a few items that fit the credit window (on a
-                                       no_send_asap connection they then share one message:
-                                       coalesce_us). Requests
+                                       sends a few items that fit the credit window (they
+                                       then share one message: coalesce_us). Requests
                                        are then taken in one at a time: while a handler runs,
                                        the next ones wait in nats.c's queue (unbounded, in
                                        memory), not yet known to the worker and so neither

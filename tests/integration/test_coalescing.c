@@ -1,7 +1,7 @@
 /* tests/integration/test_coalescing.c -- end-to-end streams over a real
  * nats-server (issues 3 and 5), split from test_streams.c by theme:
  * coalescing: items a fast producer queues travel batched and
- * in order; coalescing off; an inline handler on a buffered connection.
+ * in order; coalescing off; an inline handler's held items.
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
 
@@ -141,23 +141,27 @@ burst_buffered_one_message(void **state)
     burst_messages(*state, 1);
 }
 
-/* An inline handler on a buffered connection (issue 17): its items wait
- * for its next ones while it sends them less than coalesce_us apart (10 s
- * here: always), and go out together, without the sender thread. */
+/* An inline handler (issue 17): its items wait for its next ones while it
+ * sends them less than the hold window apart (10 s here: always), and go
+ * out together, without the sender thread. On a buffered connection the
+ * window is coalesce_us; on a send-asap one it is at most 20 us, which the
+ * chaos hook widens here so that sanitizer builds see the same runs. */
 static void
-inline_buffered_start(env *e, int mode, int k, int n, int delay_ms)
+inline_start(env *e, int buffered, int mode, int k, int n, int delay_ms)
 {
     sw_ingress_opts io;
     sw_ingress_opts_init(&io);
     io.handler_inline = 1;
     io.coalesce_us = 10 * 1000 * 1000;
     io.send_timeout_ms = 3000;
-    e->worker_no_send_asap = 1;
+    e->worker_no_send_asap = buffered;
     e->w.mode = mode;
     e->w.k = k;
     e->w.n = n;
     e->w.delay_ms = delay_ms;
     env_start(e, &io, NULL);
+    if (!buffered)
+        swx_ingress_set_hold_us(e->ing, io.coalesce_us);
 }
 
 /* Messages an ingress sent, streams it handed to its sender thread, and
@@ -206,15 +210,26 @@ inline_stream_messages(env *e, sendcounts *before, int n, uint64_t want)
  * handler's thread (the sender thread is never woken); 200 items at once
  * (window 256) go in message-sized runs: 128, then 72 and the final. */
 static void
-inline_buffered_burst_messages(void **state)
+inline_burst_messages(env *e, int buffered)
 {
-    env *e = *state;
     sendcounts c;
-    inline_buffered_start(e, M_STREAM, 0, 10, 0);
+    inline_start(e, buffered, M_STREAM, 0, 10, 0);
     c = send_counts(e);
     for (int k = 0; k < 3; k++)
         inline_stream_messages(e, &c, 10, 1);
     inline_stream_messages(e, &c, 200, 2);
+}
+
+static void
+inline_buffered_burst_messages(void **state)
+{
+    inline_burst_messages(*state, 1);
+}
+
+static void
+inline_asap_burst_messages(void **state)
+{
+    inline_burst_messages(*state, 0);
 }
 
 /* A handler that sends an item, then blocks (M_STREAM: 2 tokens 1 s apart,
@@ -224,14 +239,13 @@ inline_buffered_burst_messages(void **state)
  * so no beat's tick publishes it instead. The bound is not scaled for
  * sanitizer builds: it must come before the second send. */
 static void
-inline_buffered_pause_timer_publishes(void **state)
+inline_pause_timer_publishes(env *e, int buffered)
 {
-    env *e = *state;
     got *g = new_got(e);
     sw_request_opts o;
     sw_stream *s;
     int64_t t0;
-    inline_buffered_start(e, M_STREAM, 0, 2, 1000);
+    inline_start(e, buffered, M_STREAM, 0, 2, 1000);
     swx_ingress_hold_sender(e->ing, 1);
     ropts(e, &o);
     o.heartbeat_ms = 5000;
@@ -245,19 +259,30 @@ inline_buffered_pause_timer_publishes(void **state)
     swx_ingress_hold_sender(e->ing, 0);
 }
 
+static void
+inline_buffered_pause_timer_publishes(void **state)
+{
+    inline_pause_timer_publishes(*state, 1);
+}
+
+static void
+inline_asap_pause_timer_publishes(void **state)
+{
+    inline_pause_timer_publishes(*state, 0);
+}
+
 /* More items than the window: a send that waits for credit first publishes
  * what waits (the credit comes for items that went out), rather than
  * leaving it for the timer's tick (or, without the timer, waiting out
  * send_timeout_ms). */
 static void
-inline_buffered_credit_wait_publishes(void **state)
+inline_credit_wait_publishes(env *e, int buffered)
 {
-    env *e = *state;
     got *g = new_got(e);
     sw_request_opts o;
     sw_stream *s;
     sendcounts c;
-    inline_buffered_start(e, M_STREAM, 0, 800, 0);
+    inline_start(e, buffered, M_STREAM, 0, 800, 0);
     ropts(e, &o);
     o.credit_window = 4;
     s = env_open_with(e, &o, "prompt", 6);
@@ -274,6 +299,71 @@ inline_buffered_credit_wait_publishes(void **state)
     assert_int_equal(c.handoffs, 0);
 }
 
+static void
+inline_buffered_credit_wait_publishes(void **state)
+{
+    inline_credit_wait_publishes(*state, 1);
+}
+
+static void
+inline_asap_credit_wait_publishes(void **state)
+{
+    inline_credit_wait_publishes(*state, 0);
+}
+
+/* An inline handler with the default hold window on this mode and
+ * coalesce_us: it sends n items 1 ms apart, then its final; the stream is
+ * read to its end. The ingress's counts afterwards. */
+static sendcounts
+inline_paced(env *e, int buffered, int coalesce_us, int n)
+{
+    got *g = new_got(e);
+    sw_ingress_opts io;
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    io.coalesce_us = coalesce_us;
+    e->worker_no_send_asap = buffered;
+    e->w.mode = M_STREAM;
+    e->w.n = n;
+    e->w.delay_ms = 1;
+    env_start(e, &io, NULL);
+    collect_completed(env_open(e), g, (size_t)n);
+    return send_counts(e);
+}
+
+/* A handler that keeps sending less than the window apart does not keep
+ * its items for a message's worth: what waits goes out at the first send
+ * after it has waited the window (5 ms here, buffered: coalesce_us). 60
+ * items 1 ms apart then travel in runs of about 6, 10 messages or more;
+ * without that bound only the timer's ticks (25 ms) would cut them, about
+ * 4 messages. */
+static void
+inline_hold_window_bounds_wait(void **state)
+{
+    sendcounts c = inline_paced(*state, 1, 5000, 60);
+    if (c.msgs < 8)
+        fail_msg("60 items 1 ms apart with a 5 ms window: %llu messages (%llu cut by the "
+                 "timer), expected 8 or more",
+                 (unsigned long long)c.msgs, (unsigned long long)c.timer);
+    assert_int_equal(c.handoffs, 0);
+}
+
+/* On a send-asap connection the window is at most 20 us whatever
+ * coalesce_us says (10 ms here): a handler that paces its items 1 ms apart
+ * has none of them wait, not even the first (sent 1 ms after its start),
+ * so each travels alone, at once, published by the handler's thread, and
+ * the final too (5 items: 6 messages). */
+static void
+inline_asap_paced_items_not_held(void **state)
+{
+    sendcounts c = inline_paced(*state, 0, 10000, 5);
+    if (c.msgs != 6 || c.timer != 0)
+        fail_msg("5 items 1 ms apart and the final: %llu messages (%llu published by the "
+                 "timer), expected 6, none by the timer",
+                 (unsigned long long)c.msgs, (unsigned long long)c.timer);
+    assert_int_equal(c.handoffs, 0);
+}
+
 /* ======================================================================== */
 
 int
@@ -287,6 +377,11 @@ main(int argc, char **argv)
         T_(inline_buffered_burst_messages),
         T_(inline_buffered_pause_timer_publishes),
         T_(inline_buffered_credit_wait_publishes),
+        T_(inline_asap_burst_messages),
+        T_(inline_asap_pause_timer_publishes),
+        T_(inline_asap_credit_wait_publishes),
+        T_(inline_hold_window_bounds_wait),
+        T_(inline_asap_paced_items_not_held),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.coalescing", tests, sf_group_setup,

@@ -364,6 +364,75 @@ inline_asap_paced_items_not_held(void **state)
     assert_int_equal(c.handoffs, 0);
 }
 
+/* The real send-asap window, unwidened: a handler's loop of 10 sends and
+ * its final are held and go out in one message (the window is 20 us; the
+ * handler's start and each send are a few microseconds apart). A send
+ * delayed past the window by the scheduler cuts the run, so of 5 streams
+ * at least one is asked to be whole; under sanitizers, whose sends are far
+ * slower, only the counts are logged. Fails with no hold on send-asap or a
+ * window too narrow for a loop. */
+static void
+inline_asap_default_window_holds_burst(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    sendcounts c;
+    int whole = 0;
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    e->w.mode = M_STREAM;
+    e->w.n = 10;
+    env_start(e, &io, NULL);
+    c = send_counts(e);
+    for (int k = 0; k < 5; k++) {
+        got *g = new_got(e);
+        uint64_t before = c.msgs;
+        collect_completed(env_open(e), g, 10);
+        c = send_counts(e);
+        whole += c.msgs - before == 1;
+    }
+    assert_int_equal(c.handoffs, 0);
+    if (whole == 0 && g_slow == 1)
+        fail_msg("no burst of 10 items and a final went out in one message (5 streams, %llu "
+                 "messages)",
+                 (unsigned long long)c.msgs);
+    if (g_slow != 1)
+        print_message("sanitizer build: %d of 5 bursts in one message\n", whole);
+}
+
+/* A handler that breaks handler_inline's contract on send-asap: it sends 2
+ * items at once and then blocks (300 ms of "work") before the rest. The 2
+ * items were sent within the window of its start, so they wait; the
+ * timer's next tick publishes them (25 ms), long before the handler sends
+ * again. The bound is not scaled: it must come before the pause ends. */
+static void
+inline_asap_items_before_pause_bounded(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_ingress_opts io;
+    sw_request_opts o;
+    sw_stream *s;
+    int64_t t0;
+    sw_ingress_opts_init(&io);
+    io.handler_inline = 1;
+    e->w.mode = M_PAUSE;
+    e->w.k = 2;
+    e->w.n = 4;
+    e->w.delay_ms = 300;
+    env_start(e, &io, NULL);
+    ropts(e, &o);
+    o.heartbeat_ms = 5000; /* no beat's tick publishes them instead */
+    t0 = now_ms();
+    s = env_open_with(e, &o, "prompt", 6);
+    assert_false(collect(s, g, 2, 250));
+    if (g->n != 2)
+        fail_msg("%zu of the 2 items sent before a 300 ms pause had arrived %lld ms in", g->n,
+                 (long long)(now_ms() - t0));
+    collect_completed(s, g, 4);
+    assert_int_equal(send_counts(e).handoffs, 0);
+}
+
 /* ======================================================================== */
 
 int
@@ -382,6 +451,8 @@ main(int argc, char **argv)
         T_(inline_asap_credit_wait_publishes),
         T_(inline_hold_window_bounds_wait),
         T_(inline_asap_paced_items_not_held),
+        T_(inline_asap_default_window_holds_burst),
+        T_(inline_asap_items_before_pause_bounded),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.coalescing", tests, sf_group_setup,

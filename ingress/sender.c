@@ -253,20 +253,23 @@ swn_resp_release_held(sw_responder *r)
     return 1;
 }
 
-/* 1 if r's queued items are to wait for the inline handler's next one
- * (r->mu held, called on the handler's thread): it sent again within the
- * hold window (ing->hold_us) of its previous send or its start, what waits
- * began to wait less than that window ago, and it is less than a message's
- * worth. The first held item asks the timer to look at r at its next tick,
- * which publishes them if they still wait (a handler that blocks after a
- * send). */
+/* Whether r's queued items are to wait for the inline handler's next one
+ * (r->mu held, called on the handler's thread): 1 if it sent again within
+ * the hold window (ing->hold_us) of its previous send or its start, what
+ * waits began to wait less than that window ago, and it is less than a
+ * message's worth; 0 if they are to go out now (the run is cut, or the
+ * stream ends); -1 if it sent after a longer gap (no run). The first held
+ * item asks the timer to look at r at its next tick, which publishes them
+ * if they still wait (a handler that blocks after a send). */
 static int
 resp_hold(sw_responder *r)
 {
     int64_t now = swi_now_us(), w = tl_hold_us;
     int hot = now - tl_inline_last_us < w;
     tl_inline_last_us = now;
-    if (!hot || r->terminated || r->rg.next_seq - r->rg.pub_seq > SWN_BATCH_ITEMS ||
+    if (!hot)
+        return -1;
+    if (r->terminated || r->rg.next_seq - r->rg.pub_seq > SWN_BATCH_ITEMS ||
         (r->held &&
          (now - tl_hold_since_us >= w || r->sent_bytes - r->held_bytes >= SWN_BATCH_BYTES)))
         return 0;
@@ -289,7 +292,9 @@ resp_hold(sw_responder *r)
  * once gains nothing and a stream's first item would travel alone. An
  * inline handler's items instead wait for its next ones while it sends
  * them fast (resp_hold), and it publishes them itself when the run ends: a
- * short stream is then one message, and no thread is woken for it. */
+ * short stream is then one message, and no thread is woken for it. On a
+ * send-asap connection an inline handler's item that came later than the
+ * window (20 us at most) after its previous send goes the usual way. */
 void
 swn_resp_kick(sw_responder *r)
 {
@@ -300,9 +305,16 @@ swn_resp_kick(sw_responder *r)
         return;
     }
     if (tl_inline_r == r) {
-        if (!resp_hold(r))
+        int hold = resp_hold(r);
+        if (hold > 0)
+            return;
+        if (hold == 0 || ing->buffered) {
             swn_resp_run_drain(r);
-        return;
+            return;
+        }
+        /* send-asap, after a gap longer than the window: the usual way
+         * below, with what was held (now, or from the sender thread) */
+        r->held = 0;
     }
     if (ing->hot_us > 0 && (ing->buffered || swi_now_us() - r->last_end_us < ing->hot_us) &&
         ing_defer(ing, r))

@@ -262,7 +262,8 @@ typedef struct sw_ingress_opts {
                                         for its next ones instead (no thread is woken). The
                                         window is this on a no_send_asap connection, and at most
                                         20 us with send-asap (an item sent later than that after
-                                        the start or the previous send goes out at once). What
+                                        the start or the previous send is not held, and goes as
+                                        any stream's). What
                                         waits goes out together when the handler
                                         returns, ends the stream, sends again after a longer gap
                                         or once the first of them has waited the window, runs

@@ -350,18 +350,21 @@ inline_hold_window_bounds_wait(void **state)
 
 /* On a send-asap connection the window is at most 20 us whatever
  * coalesce_us says (10 ms here): a handler that paces its items 1 ms apart
- * has none of them wait, not even the first (sent 1 ms after its start),
- * so each travels alone, at once, published by the handler's thread, and
- * the final too (5 items: 6 messages). */
+ * has none of them wait, not even the first (sent 1 ms after its start):
+ * each goes the usual way (a stream that published less than coalesce_us
+ * ago hands it to the sender thread, which has nothing else to put with
+ * it), so each travels alone: 6 messages with the final, 5 when the final
+ * catches the last item still queued; a held run would be 1 or 2. Under a
+ * heavy load the sender thread may be late by a millisecond once: 4 or
+ * more is asked. */
 static void
 inline_asap_paced_items_not_held(void **state)
 {
     sendcounts c = inline_paced(*state, 0, 10000, 5);
-    if (c.msgs != 6 || c.timer != 0)
+    if (c.msgs < 4 || c.timer != 0)
         fail_msg("5 items 1 ms apart and the final: %llu messages (%llu published by the "
-                 "timer), expected 6, none by the timer",
+                 "timer), expected 4 or more, none by the timer",
                  (unsigned long long)c.msgs, (unsigned long long)c.timer);
-    assert_int_equal(c.handoffs, 0);
 }
 
 /* The real send-asap window, unwidened: a handler's loop of 10 sends and
@@ -391,7 +394,6 @@ inline_asap_default_window_holds_burst(void **state)
         c = send_counts(e);
         whole += c.msgs - before == 1;
     }
-    assert_int_equal(c.handoffs, 0);
     if (whole == 0 && g_slow == 1)
         fail_msg("no burst of 10 items and a final went out in one message (5 streams, %llu "
                  "messages)",
@@ -430,7 +432,6 @@ inline_asap_items_before_pause_bounded(void **state)
         fail_msg("%zu of the 2 items sent before a 300 ms pause had arrived %lld ms in", g->n,
                  (long long)(now_ms() - t0));
     collect_completed(s, g, 4);
-    assert_int_equal(send_counts(e).handoffs, 0);
 }
 
 /* ======================================================================== */

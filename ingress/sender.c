@@ -293,8 +293,9 @@ resp_hold(sw_responder *r)
  * inline handler's items instead wait for its next ones while it sends
  * them fast (resp_hold), and it publishes them itself when the run ends: a
  * short stream is then one message, and no thread is woken for it. On a
- * send-asap connection an inline handler's item that came later than the
- * window (20 us at most) after its previous send goes the usual way. */
+ * send-asap connection an inline handler's item that is not held (it came
+ * later than the window, 20 us at most, after its previous send, or its run
+ * is cut) goes the usual way. */
 void
 swn_resp_kick(sw_responder *r)
 {
@@ -305,15 +306,15 @@ swn_resp_kick(sw_responder *r)
         return;
     }
     if (tl_inline_r == r) {
-        int hold = resp_hold(r);
-        if (hold > 0)
+        if (resp_hold(r) > 0)
             return;
-        if (hold == 0 || ing->buffered) {
+        if (ing->buffered) {
             swn_resp_run_drain(r);
             return;
         }
-        /* send-asap, after a gap longer than the window: the usual way
-         * below, with what was held (now, or from the sender thread) */
+        /* send-asap, after a gap longer than the window or at a cut run:
+         * the usual way below, with what was held (now, or from the sender
+         * thread, which a fast producer then goes on beside) */
         r->held = 0;
     }
     if (ing->hot_us > 0 && (ing->buffered || swi_now_us() - r->last_end_us < ing->hot_us) &&

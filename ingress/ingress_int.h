@@ -68,11 +68,11 @@
  * SWN_BATCH_BYTES bytes). A stream that was quiet publishes inline. An
  * inline handler's items instead wait for its next one while it sends them
  * less than the hold window apart (coalesce_us; at most SWN_ASAP_HOLD_US on
- * a send-asap connection) (sender.c, swn_resp_kick), and go out together, a
- * message's worth at most, when it returns, ends the stream, pauses, runs
- * out of credit, sends once the first of them has waited the window (less
- * than twice the window in all while it keeps sending), or at the timer's
- * next tick. */
+ * a send-asap connection, and there only while the stream is quiet: a
+ * burst) (sender.c, swn_resp_kick), and go out together, a message's worth
+ * at most, when it returns, ends the stream, pauses, runs out of credit,
+ * sends once the first of them has waited the window (less than twice the
+ * window in all while it keeps sending), or at the timer's next tick. */
 #define SWN_HOT_US 200 /* default of sw_ingress_opts.coalesce_us */
 #define SWN_ASAP_HOLD_US 20
 #define SWN_BATCH_ITEMS 128

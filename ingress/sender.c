@@ -8,7 +8,8 @@
  * and a connection without send-asap, every stream hands its items over. A
  * producer that ends its stream publishes what is queued with the final
  * itself (swn_resp_send_final). A handler that runs inline keeps its items
- * back while it sends them fast, and publishes them itself (swn_resp_kick,
+ * back while it sends them fast (on a send-asap connection only while its
+ * stream is quiet: a burst), and publishes them itself (swn_resp_kick,
  * swn_resp_inline_end).
  *
  * Threads: producers (handler threads, or whoever holds a retained
@@ -253,23 +254,20 @@ swn_resp_release_held(sw_responder *r)
     return 1;
 }
 
-/* Whether r's queued items are to wait for the inline handler's next one
- * (r->mu held, called on the handler's thread): 1 if it sent again within
- * the hold window (ing->hold_us) of its previous send or its start, what
- * waits began to wait less than that window ago, and it is less than a
- * message's worth; 0 if they are to go out now (the run is cut, or the
- * stream ends); -1 if it sent after a longer gap (no run). The first held
- * item asks the timer to look at r at its next tick, which publishes them
- * if they still wait (a handler that blocks after a send). */
+/* 1 if r's queued items are to wait for the inline handler's next one
+ * (r->mu held, called on the handler's thread at time now): it sent again
+ * within the hold window (ing->hold_us) of its previous send or its start,
+ * what waits began to wait less than that window ago, and it is less than
+ * a message's worth. The first held item asks the timer to look at r at its
+ * next tick, which publishes them if they still wait (a handler that blocks
+ * after a send). */
 static int
-resp_hold(sw_responder *r)
+resp_hold(sw_responder *r, int64_t now)
 {
-    int64_t now = swi_now_us(), w = tl_hold_us;
+    int64_t w = tl_hold_us;
     int hot = now - tl_inline_last_us < w;
     tl_inline_last_us = now;
-    if (!hot)
-        return -1;
-    if (r->terminated || r->rg.next_seq - r->rg.pub_seq > SWN_BATCH_ITEMS ||
+    if (!hot || r->terminated || r->rg.next_seq - r->rg.pub_seq > SWN_BATCH_ITEMS ||
         (r->held &&
          (now - tl_hold_since_us >= w || r->sent_bytes - r->held_bytes >= SWN_BATCH_BYTES)))
         return 0;
@@ -289,13 +287,15 @@ resp_hold(sw_responder *r)
  * (a quiet stream: lowest latency) this thread publishes them now. On a
  * connection without send-asap every stream hands its items over: nats.c
  * holds the bytes for its flusher (up to 1 ms) anyway, so publishing at
- * once gains nothing and a stream's first item would travel alone. An
- * inline handler's items instead wait for its next ones while it sends
+ * once gains nothing and a stream's first item would travel alone.
+ *
+ * An inline handler's items instead wait for its next ones while it sends
  * them fast (resp_hold), and it publishes them itself when the run ends: a
  * short stream is then one message, and no thread is woken for it. On a
- * send-asap connection an inline handler's item that is not held (it came
- * later than the window, 20 us at most, after its previous send, or its run
- * is cut) goes the usual way. */
+ * send-asap connection only a quiet stream's items are held (a burst); once
+ * the stream has published, its items go the usual way, the sender thread
+ * while it publishes less than coalesce_us apart. A stream that publishes
+ * never holds items then, so held implies quiet. */
 void
 swn_resp_kick(sw_responder *r)
 {
@@ -306,16 +306,16 @@ swn_resp_kick(sw_responder *r)
         return;
     }
     if (tl_inline_r == r) {
-        if (resp_hold(r) > 0)
-            return;
-        if (ing->buffered) {
-            swn_resp_run_drain(r);
+        int64_t now = swi_now_us();
+        if (ing->buffered || now - r->last_end_us >= ing->hot_us) {
+            if (!resp_hold(r, now))
+                swn_resp_run_drain(r);
             return;
         }
-        /* send-asap, after a gap longer than the window or at a cut run:
-         * the usual way below, with what was held (now, or from the sender
-         * thread, which a fast producer then goes on beside) */
-        r->held = 0;
+        tl_inline_last_us = now; /* send-asap and hot: the usual way */
+        if (!ing_defer(ing, r))
+            swn_resp_run_drain(r);
+        return;
     }
     if (ing->hot_us > 0 && (ing->buffered || swi_now_us() - r->last_end_us < ing->hot_us) &&
         ing_defer(ing, r))

@@ -261,10 +261,11 @@ typedef struct sw_ingress_opts {
                                         hold window of its start or of its previous send waits
                                         for its next ones instead (no thread is woken). The
                                         window is this on a no_send_asap connection, and at most
-                                        20 us with send-asap (an item sent later than that after
-                                        the start or the previous send is not held, and goes as
-                                        any stream's). What
-                                        waits goes out together when the handler
+                                        20 us with send-asap, where only a quiet stream's burst is
+                                        held: an item sent later than that after the start or
+                                        the previous send, or once the stream has published,
+                                        goes as any stream's. What waits goes out together when
+                                        the handler
                                         returns, ends the stream, sends again after a longer gap
                                         or once the first of them has waited the window, runs
                                         out of credit, or has a message's worth waiting (128

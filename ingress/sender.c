@@ -300,25 +300,27 @@ void
 swn_resp_kick(sw_responder *r)
 {
     sw_ingress *ing = r->ing;
+    int inl = tl_inline_r == r, hot;
+    int64_t now = 0;
     if (r->sending || r->rg.pub_seq + 1 >= r->rg.next_seq) {
-        if (tl_inline_r == r)
+        if (inl)
             tl_inline_last_us = swi_now_us(); /* a send all the same: the run goes on */
         return;
     }
-    if (tl_inline_r == r) {
-        int64_t now = swi_now_us();
-        if (ing->buffered || now - r->last_end_us >= ing->hot_us) {
+    if (inl || (ing->hot_us > 0 && !ing->buffered))
+        now = swi_now_us(); /* read once, only where it is needed */
+    /* To the sender thread: every stream on a buffered connection, one that
+     * published a moment ago with send-asap. */
+    hot = ing->hot_us > 0 && (ing->buffered || now - r->last_end_us < ing->hot_us);
+    if (inl) {
+        if (ing->buffered || !hot) {
             if (!resp_hold(r, now))
                 swn_resp_run_drain(r);
             return;
         }
         tl_inline_last_us = now; /* send-asap and hot: the usual way */
-        if (!ing_defer(ing, r))
-            swn_resp_run_drain(r);
-        return;
     }
-    if (ing->hot_us > 0 && (ing->buffered || swi_now_us() - r->last_end_us < ing->hot_us) &&
-        ing_defer(ing, r))
+    if (hot && ing_defer(ing, r))
         return;
     swn_resp_run_drain(r);
 }

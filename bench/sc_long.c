@@ -293,6 +293,24 @@ sw_best(double m, double alt, int lower_better, double *asap, double *buffered, 
     return raw_best(*asap, *buffered, lower_better, which);
 }
 
+/* A callback row of the long stream that compares the better raw mode with
+ * streamwire's better mode for it (v: the medians by variant), each named
+ * after what note holds already. Returns streamwire's figure, raw's in
+ * *raw. */
+static double
+long_best_row(const char *param, const char *metric, const double *v, int lower_better, int prec,
+              char *note, size_t cap, double *raw)
+{
+    int wr, ws;
+    double asap, buffered, sw;
+    *raw = raw_best(v[V_RAW], v[V_RAW_BUF], lower_better, &wr);
+    sw = sw_best(v[V_SW], v[V_SW_ALT], lower_better, &asap, &buffered, &ws);
+    raw_best_note(note, cap, v[V_RAW], v[V_RAW_BUF], wr, prec);
+    best_note(note, cap, "sw", asap, buffered, ws, prec);
+    add_row("1 long stream", param, metric, *raw, sw, lower_better, prec, note);
+    return sw;
+}
+
 static sw_router *
 router_without_metrics(void)
 {
@@ -408,13 +426,7 @@ scen_long(void)
             }
             /* Raw at its best for each metric: the better of its two
              * modes; streamwire's callback rows likewise. */
-            int wi, wc, ws, wx, vi, vc, vs, vx;
-            double ri = raw_best(m[V_RAW], m[V_RAW_BUF], 0, &wi);
-            double rc = raw_best(mc[V_RAW], mc[V_RAW_BUF], 1, &wc);
-            double rs = raw_best(ms[V_RAW], ms[V_RAW_BUF], 1, &ws);
-            double rx = raw_best(mx[V_RAW], mx[V_RAW_BUF], 1, &wx);
-            double a, b;
-            double si_ = sw_best(m[V_SW], m[V_SW_ALT], 0, &a, &b, &vi);
+            double ri, rc, rs, rx, a, b, si_;
             snprintf(param, sizeof(param), "%zu B x %lu, callback", size, cfg.items);
             snprintf(note, sizeof(note), "raw drops %" PRId64 " (nats.c pending limits)%s%.100s",
                      drops[V_RAW] + drops[V_RAW_BUF],
@@ -425,32 +437,15 @@ scen_long(void)
                      : errs[V_RAW_BUF][0] ? errs[V_RAW_BUF]
                      : errs[V_SW][0]      ? errs[V_SW]
                                           : errs[V_SW_ALT]);
-            raw_best_note(note, sizeof(note), m[V_RAW], m[V_RAW_BUF], wi, 0);
-            best_note(note, sizeof(note), "sw", a, b, vi, 0);
-            add_row("1 long stream", param, "items/s", ri, si_, 0, 0, note);
+            si_ = long_best_row(param, "items/s", m, 0, 0, note, sizeof(note), &ri);
             add_row("1 long stream", param, "MB/s", ri * mb, si_ * mb, 0, 1,
                     "payload bytes only; raw and sw as in items/s");
             note[0] = '\0';
-            raw_best_note(note, sizeof(note), mc[V_RAW], mc[V_RAW_BUF], wc, 2);
-            {
-                double sc = sw_best(mc[V_SW], mc[V_SW_ALT], 1, &a, &b, &vc);
-                best_note(note, sizeof(note), "sw", a, b, vc, 2);
-                add_row("1 long stream", param, "CPU us/item", rc, sc, 1, 2, note);
-            }
+            (void)long_best_row(param, "CPU us/item", mc, 1, 2, note, sizeof(note), &rc);
             note[0] = '\0';
-            raw_best_note(note, sizeof(note), ms[V_RAW], ms[V_RAW_BUF], ws, 2);
-            {
-                double ss = sw_best(ms[V_SW], ms[V_SW_ALT], 1, &a, &b, &vs);
-                best_note(note, sizeof(note), "sw", a, b, vs, 2);
-                add_row("1 long stream", param, "server CPU us/item", rs, ss, 1, 2, note);
-            }
+            (void)long_best_row(param, "server CPU us/item", ms, 1, 2, note, sizeof(note), &rs);
             note[0] = '\0';
-            raw_best_note(note, sizeof(note), mx[V_RAW], mx[V_RAW_BUF], wx, 2);
-            {
-                double sx = sw_best(mx[V_SW], mx[V_SW_ALT], 1, &a, &b, &vx);
-                best_note(note, sizeof(note), "sw", a, b, vx, 2);
-                add_row("1 long stream", param, "ctx switches/item", rx, sx, 1, 2, note);
-            }
+            (void)long_best_row(param, "ctx switches/item", mx, 1, 2, note, sizeof(note), &rx);
             snprintf(note, sizeof(note),
                      "coalescing: %" PRIu64 " items in %" PRIu64
                      " NATS messages (callback and sw_stream_next runs, default window)",

@@ -250,7 +250,7 @@ typedef struct cstat {
 typedef struct goal {
     int issue;
     const char *name, *target;
-    char measured[160];
+    char measured[224];
     int known, met;
 } goal;
 
@@ -405,9 +405,11 @@ extern double g_goal_cli; /* the CLI end to end, sw / raw at its best */
 extern double g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_seg;
 extern double g_goal_p99_lib;     /* p99 of streamwire's own time per item (bench/stages.c) */
 extern double g_goal_p99_own_gap; /* the p99 gap that own time makes on raw's samples */
+extern double g_goal_p99_ci_lo, g_goal_p99_ci_hi; /* the pooled gap's 90 % interval (bootstrap) */
 extern double g_goal_idle_bps;
 extern double g_goal_idle_cpu_front, g_goal_idle_cpu_worker;   /* % of one core */
 extern double g_goal_idle_cpu_front0, g_goal_idle_cpu_worker0; /* the same, no stream open */
+extern double g_goal_idle_ci_front, g_goal_idle_ci_worker;     /* 90 % half-widths of the costs */
 extern unsigned g_goal_idle_window;
 extern double g_credit_cost[MAX_LIST];
 void print_table(void);

@@ -95,7 +95,7 @@ usage(FILE *f)
            "                      raw buffered, streamwire ns) to FILE\n"
            "  --ttfi-streams N    streams for time to first item (default 2000)\n"
            "  --idle-streams N    idle open streams (default 10000)\n"
-           "  --idle-cpu-secs S   idle CPU sampling window (default 2)\n"
+           "  --idle-cpu-secs S   idle CPU sampling window (default 6)\n"
            "  --cli PATH          cli: the streamwire CLI binary (default: streamwire in the\n"
            "                      directory above this binary's, e.g. build/streamwire)\n"
            "  --cli-items N       cli: items of the one stream (default 1000000; quick 100000)\n"
@@ -314,7 +314,7 @@ parse_args(int argc, char **argv)
     if (!set_idle)
         cfg.idle_n = cfg.quick ? 1000 : 10000;
     if (!set_cpu)
-        cfg.idle_cpu_secs = cfg.quick ? 0.3 : 2.0;
+        cfg.idle_cpu_secs = cfg.quick ? 0.3 : 6.0;
     if (cfg.cli_items == 0)
         cfg.cli_items = cfg.quick ? 100000 : 1000000;
     if (!set_trials)

@@ -10,6 +10,7 @@ typedef struct idle_res {
     double bytes_per_stream, peak_bytes_per_stream, open_secs;
     double worker_bytes_per_stream, server_bytes_per_stream;
     double cpu_front, cpu_worker, cpu_server; /* % of one core while idle */
+    double se_front, se_worker;               /* their standard errors, from half-second slices */
     char note[160];
 } idle_res;
 
@@ -28,25 +29,64 @@ idle_wait(child *c, int sw, unsigned long want, cstat *st)
     }
 }
 
+/* The standard error of the mean of v[0..n) (NAN below two values). */
+static double
+std_err(const double *v, unsigned n)
+{
+    double mean = 0, ss = 0;
+    if (n < 2)
+        return NAN;
+    for (unsigned i = 0; i < n; i++)
+        mean += v[i] / n;
+    for (unsigned i = 0; i < n; i++)
+        ss += (v[i] - mean) * (v[i] - mean);
+    return sqrt(ss / (n - 1) / n);
+}
+
+/* Idle CPU over cfg.idle_cpu_secs, read in half-second slices (at least
+ * four): the figures are the whole window's, and each slice's own figure
+ * gives their standard errors, so that the cost (the difference of two
+ * such windows) comes with how far it could move by chance. */
+#define IDLE_SLICES_MAX 600
 static void
 idle_cpu(child *c, idle_res *r)
 {
-    cstat a, b;
-    int64_t f0, f1, s0, s1, t0, t1;
-    double secs;
+    cstat a, b, prev;
+    int64_t f0, f1, fp, s0, s1, t0, t1, tp;
+    double secs, front[IDLE_SLICES_MAX], worker[IDLE_SLICES_MAX];
+    unsigned slices = (unsigned)(cfg.idle_cpu_secs * 2 + 0.5);
+    if (slices < 4)
+        slices = 4;
+    if (slices > IDLE_SLICES_MAX)
+        slices = IDLE_SLICES_MAX;
     child_stat(c, &a);
     f0 = self_cpu_us();
     s0 = server_cpu_us();
     t0 = now_ns();
-    sleep_ms((int)(cfg.idle_cpu_secs * 1000));
-    child_stat(c, &b);
-    f1 = self_cpu_us();
+    prev = a;
+    fp = f0;
+    tp = t0;
+    for (unsigned i = 0; i < slices; i++) {
+        int64_t f, t;
+        sleep_until_ns(t0 + (int64_t)(cfg.idle_cpu_secs * 1e9 * (i + 1) / slices));
+        child_stat(c, &b);
+        f = self_cpu_us();
+        t = now_ns();
+        front[i] = (double)(f - fp) / 1e4 / ((double)(t - tp) / 1e9);
+        worker[i] = (double)(b.cpu_us - prev.cpu_us) / 1e4 / ((double)(t - tp) / 1e9);
+        prev = b;
+        fp = f;
+        tp = t;
+    }
+    f1 = fp;
     s1 = server_cpu_us();
-    t1 = now_ns();
+    t1 = tp;
     secs = (double)(t1 - t0) / 1e9;
     r->cpu_front = (double)(f1 - f0) / 1e4 / secs;
     r->cpu_worker = (double)(b.cpu_us - a.cpu_us) / 1e4 / secs;
     r->cpu_server = s0 >= 0 && s1 >= 0 ? (double)(s1 - s0) / 1e4 / secs : NAN;
+    r->se_front = std_err(front, slices);
+    r->se_worker = std_err(worker, slices);
 }
 
 /* RSS bookkeeping around opening n idle streams, the same for raw and sw:
@@ -179,23 +219,56 @@ idle_sw(child *c, unsigned n, idle_res *r)
         die("idle worker: release failed");
 }
 
+/* Until the router has no stream open and the worker holds none (the
+ * streams just closed and released), then three seconds more (the worker
+ * counts its frontends again every 2 s): the window after measures the
+ * processes as they were before any stream opened. */
+static void
+idle_settle(void)
+{
+    int64_t until = now_ns() + 10000000000LL;
+    sw_router_stats rs;
+    do {
+        sw_router_stats_get(g_router, &rs);
+        if (rs.open_streams == 0)
+            break;
+        sleep_ms(50);
+    } while (now_ns() < until);
+    sleep_ms(3000);
+}
+
+/* The streams' cost over the processes' own, base[0] before any stream
+ * opened and base[1] after they all closed: the cost against their mean,
+ * and its 90 % half-width from the windows' standard errors and how far
+ * the two no-stream windows differ (the machine's drift meanwhile). */
+static double
+idle_cost_ci(double se, double b0, double se0, double b1, double se1)
+{
+    double half = (b1 - b0) / 2;
+    return 1.645 * sqrt(se * se + (se0 * se0 + se1 * se1) / 4 + half * half);
+}
+
 void
 scen_idle(void)
 {
     unsigned n = cfg.idle_n;
     child c;
-    idle_res r[2], base;
-    char param[48];
+    idle_res r[2], base[2];
+    char param[48], note[160];
     memset(r, 0, sizeof(r));
+    memset(base, 0, sizeof(base));
     progress("5 idle streams: %u open streams, raw then sw (worker in a child process)", n);
     child_spawn(&c, n);
     /* What both processes cost with no stream open (their connections,
-     * tickers and the bench's other idle objects): the streams' own cost is
-     * what a row adds to this. */
-    memset(&base, 0, sizeof(base));
-    idle_cpu(&c, &base);
+     * tickers and the bench's other idle objects), before the streams and
+     * after: the streams' own cost is what a row adds to the mean. */
+    sleep_ms(1000); /* (the worker's start settles) */
+    idle_cpu(&c, &base[0]);
     idle_raw(&c, n, &r[0]);
     idle_sw(&c, n, &r[1]);
+    idle_settle();
+    progress("  no stream open again: measuring idle CPU");
+    idle_cpu(&c, &base[1]);
     child_quit(&c);
     snprintf(param, sizeof(param), "%u open streams", n);
     add_row("5 idle streams", param, "frontend B/stream", r[0].bytes_per_stream,
@@ -208,21 +281,37 @@ scen_idle(void)
             r[1].server_bytes_per_stream, 1, 0, "nats-server RSS delta (raw: one SUB per stream)");
     add_row("5 idle streams", param, "open secs", r[0].open_secs, r[1].open_secs, 1, 2,
             "until the worker holds all");
-    add_row("5 idle streams", param, "frontend CPU %", r[0].cpu_front, r[1].cpu_front, 1, 1,
-            "while idle (% of one core)");
-    add_row("5 idle streams", param, "worker CPU %", r[0].cpu_worker, r[1].cpu_worker, 1, 1,
-            "while idle; sw: heartbeats + 25 ms scans");
+    snprintf(note, sizeof(note),
+             "while idle (%% of one core); standard error raw %.2f, sw %.2f (half-second slices)",
+             r[0].se_front, r[1].se_front);
+    add_row("5 idle streams", param, "frontend CPU %", r[0].cpu_front, r[1].cpu_front, 1, 1, note);
+    snprintf(note, sizeof(note),
+             "while idle; sw: heartbeats + 25 ms scans; standard error raw %.2f, sw %.2f",
+             r[0].se_worker, r[1].se_worker);
+    add_row("5 idle streams", param, "worker CPU %", r[0].cpu_worker, r[1].cpu_worker, 1, 1, note);
     add_row("5 idle streams", param, "server CPU %", r[0].cpu_server, r[1].cpu_server, 1, 1,
             "while idle");
-    add_row("5 idle streams", "no stream open", "frontend CPU %", base.cpu_front, base.cpu_front, 1,
-            1, "the same processes before any stream opened (both columns)");
-    add_row("5 idle streams", "no stream open", "worker CPU %", base.cpu_worker, base.cpu_worker, 1,
-            1, "the same processes before any stream opened (both columns)");
+    for (int k = 0; k < 2; k++) {
+        char p2[48];
+        snprintf(p2, sizeof(p2), "no stream open, %s", k ? "after" : "before");
+        snprintf(note, sizeof(note), "the same processes %s (both columns); standard error %.2f",
+                 k ? "after every stream closed" : "before any stream opened", base[k].se_front);
+        add_row("5 idle streams", p2, "frontend CPU %", base[k].cpu_front, base[k].cpu_front, 1, 1,
+                note);
+        snprintf(note, sizeof(note), "the same processes %s (both columns); standard error %.2f",
+                 k ? "after every stream closed" : "before any stream opened", base[k].se_worker);
+        add_row("5 idle streams", p2, "worker CPU %", base[k].cpu_worker, base[k].cpu_worker, 1, 1,
+                note);
+    }
     g_goal_idle_bps = r[1].bytes_per_stream;
     g_goal_idle_cpu_front = r[1].cpu_front;
     g_goal_idle_cpu_worker = r[1].cpu_worker;
-    g_goal_idle_cpu_front0 = base.cpu_front;
-    g_goal_idle_cpu_worker0 = base.cpu_worker;
+    g_goal_idle_cpu_front0 = (base[0].cpu_front + base[1].cpu_front) / 2;
+    g_goal_idle_cpu_worker0 = (base[0].cpu_worker + base[1].cpu_worker) / 2;
+    g_goal_idle_ci_front = idle_cost_ci(r[1].se_front, base[0].cpu_front, base[0].se_front,
+                                        base[1].cpu_front, base[1].se_front);
+    g_goal_idle_ci_worker = idle_cost_ci(r[1].se_worker, base[0].cpu_worker, base[0].se_worker,
+                                         base[1].cpu_worker, base[1].se_worker);
     g_goal_idle_window = cfg.window ? cfg.window : g_default_window;
 }
 

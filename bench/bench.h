@@ -243,8 +243,9 @@ typedef struct child {
 
 typedef struct cstat {
     long rss_kb;
-    unsigned long raw, sw;
+    unsigned long raw, sw; /* streams the idle worker took in (never less) */
     long long cpu_us;
+    unsigned long held; /* streams in its ingress's table now (sw_ingress_stats.streams_held) */
 } cstat;
 
 typedef struct goal {
@@ -409,7 +410,8 @@ extern double g_goal_p99_ci_lo, g_goal_p99_ci_hi; /* the pooled gap's 90 % inter
 extern double g_goal_idle_bps;
 extern double g_goal_idle_cpu_front, g_goal_idle_cpu_worker;   /* % of one core */
 extern double g_goal_idle_cpu_front0, g_goal_idle_cpu_worker0; /* the same, no stream open */
-extern double g_goal_idle_ci_front, g_goal_idle_ci_worker;     /* 90 % half-widths of the costs */
+extern double g_goal_idle_ci_front, g_goal_idle_ci_worker;     /* ~90 % half-widths of the costs */
+extern double g_goal_idle_drift_front, g_goal_idle_drift_worker; /* no-stream after - before */
 extern unsigned g_goal_idle_window;
 extern double g_credit_cost[MAX_LIST];
 void print_table(void);

@@ -11,6 +11,7 @@ typedef struct idle_res {
     double worker_bytes_per_stream, server_bytes_per_stream;
     double cpu_front, cpu_worker, cpu_server; /* % of one core while idle */
     double se_front, se_worker;               /* their standard errors, from half-second slices */
+    unsigned slices;
     char note[160];
 } idle_res;
 
@@ -85,6 +86,7 @@ idle_cpu(child *c, idle_res *r)
     r->cpu_front = (double)(f1 - f0) / 1e4 / secs;
     r->cpu_worker = (double)(b.cpu_us - a.cpu_us) / 1e4 / secs;
     r->cpu_server = s0 >= 0 && s1 >= 0 ? (double)(s1 - s0) / 1e4 / secs : NAN;
+    r->slices = slices;
     r->se_front = std_err(front, slices);
     r->se_worker = std_err(worker, slices);
 }
@@ -219,33 +221,52 @@ idle_sw(child *c, unsigned n, idle_res *r)
         die("idle worker: release failed");
 }
 
-/* Until the router has no stream open and the worker holds none (the
- * streams just closed and released), then three seconds more (the worker
- * counts its frontends again every 2 s): the window after measures the
- * processes as they were before any stream opened. */
+/* Until the worker holds none of the streams just closed and released (a
+ * cancelled stream's final waits 4 heartbeat intervals + 2 s for an
+ * acknowledgement that a closed stream's router never sends), then 2.5 s
+ * more (the worker probes a frontend until it counts its frontends again,
+ * every 2 s): the window after measures the processes with no stream open,
+ * as before the first. Gives up (and says so) after 30 s. */
 static void
-idle_settle(void)
+idle_settle(child *c)
 {
-    int64_t until = now_ns() + 10000000000LL;
-    sw_router_stats rs;
-    do {
-        sw_router_stats_get(g_router, &rs);
-        if (rs.open_streams == 0)
+    int64_t until = now_ns() + 30000000000LL;
+    cstat st;
+    for (;;) {
+        child_stat(c, &st);
+        if (st.held == 0)
             break;
-        sleep_ms(50);
-    } while (now_ns() < until);
-    sleep_ms(3000);
+        if (now_ns() > until) {
+            progress("  the idle worker still holds %lu streams after 30 s", st.held);
+            break;
+        }
+        sleep_ms(100);
+    }
+    sleep_ms(2500);
 }
 
-/* The streams' cost over the processes' own, base[0] before any stream
- * opened and base[1] after they all closed: the cost against their mean,
- * and its 90 % half-width from the windows' standard errors and how far
- * the two no-stream windows differ (the machine's drift meanwhile). */
+/* Student's t, two-sided 90 % (its 0.95 quantile), for df degrees of
+ * freedom. */
 static double
-idle_cost_ci(double se, double b0, double se0, double b1, double se1)
+t90(unsigned df)
 {
-    double half = (b1 - b0) / 2;
-    return 1.645 * sqrt(se * se + (se0 * se0 + se1 * se1) / 4 + half * half);
+    static const double t[] = {0,     6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895,
+                               1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
+                               1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714,
+                               1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697};
+    if (df == 0)
+        return NAN;
+    return df < sizeof(t) / sizeof(t[0]) ? t[df] : 1.645 + 2.0 / df;
+}
+
+/* The ~90 % half-width of the streams' cost, sw - (base0 + base1) / 2,
+ * from the three windows' standard errors (their slices taken as
+ * independent, which they are only roughly). How far the two no-stream
+ * windows differ is shown beside it, not folded in. */
+static double
+idle_cost_ci(double se, double se0, double se1, unsigned slices)
+{
+    return t90(slices - 1) * sqrt(se * se + (se0 * se0 + se1 * se1) / 4);
 }
 
 void
@@ -266,7 +287,7 @@ scen_idle(void)
     idle_cpu(&c, &base[0]);
     idle_raw(&c, n, &r[0]);
     idle_sw(&c, n, &r[1]);
-    idle_settle();
+    idle_settle(&c);
     progress("  no stream open again: measuring idle CPU");
     idle_cpu(&c, &base[1]);
     child_quit(&c);
@@ -308,10 +329,12 @@ scen_idle(void)
     g_goal_idle_cpu_worker = r[1].cpu_worker;
     g_goal_idle_cpu_front0 = (base[0].cpu_front + base[1].cpu_front) / 2;
     g_goal_idle_cpu_worker0 = (base[0].cpu_worker + base[1].cpu_worker) / 2;
-    g_goal_idle_ci_front = idle_cost_ci(r[1].se_front, base[0].cpu_front, base[0].se_front,
-                                        base[1].cpu_front, base[1].se_front);
-    g_goal_idle_ci_worker = idle_cost_ci(r[1].se_worker, base[0].cpu_worker, base[0].se_worker,
-                                         base[1].cpu_worker, base[1].se_worker);
+    g_goal_idle_ci_front =
+        idle_cost_ci(r[1].se_front, base[0].se_front, base[1].se_front, r[1].slices);
+    g_goal_idle_ci_worker =
+        idle_cost_ci(r[1].se_worker, base[0].se_worker, base[1].se_worker, r[1].slices);
+    g_goal_idle_drift_front = base[1].cpu_front - base[0].cpu_front;
+    g_goal_idle_drift_worker = base[1].cpu_worker - base[0].cpu_worker;
     g_goal_idle_window = cfg.window ? cfg.window : g_default_window;
 }
 
@@ -386,8 +409,11 @@ idle_worker_main(const char *url, unsigned n)
     printf("ready\n");
     while (fgets(line, sizeof(line), stdin) != NULL) {
         if (strncmp(line, "stat", 4) == 0) {
-            printf("stat %ld %lu %lu %lld\n", self_rss_kb(), atomic_load(&g_idle_raw_count),
-                   atomic_load(&g_idle_sw_count), (long long)self_cpu_us());
+            sw_ingress_stats is;
+            sw_ingress_stats_get(ing, &is);
+            printf("stat %ld %lu %lu %lld %lu\n", self_rss_kb(), atomic_load(&g_idle_raw_count),
+                   atomic_load(&g_idle_sw_count), (long long)self_cpu_us(),
+                   (unsigned long)is.streams_held);
         } else if (strncmp(line, "release", 7) == 0) {
             pthread_mutex_lock(&g_idle_mu);
             for (size_t i = 0; i < g_idle_nheld; i++)

@@ -218,7 +218,8 @@ child_stat(child *c, cstat *st)
 {
     char line[256];
     if (child_cmd(c, "stat", line, sizeof(line)) != 0 ||
-        sscanf(line, "stat %ld %lu %lu %lld", &st->rss_kb, &st->raw, &st->sw, &st->cpu_us) != 4)
+        sscanf(line, "stat %ld %lu %lu %lld %lu", &st->rss_kb, &st->raw, &st->sw, &st->cpu_us,
+               &st->held) != 5)
         die("idle worker: bad reply to stat");
 }
 

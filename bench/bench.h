@@ -347,6 +347,11 @@ const char *raw_req_subj(void);
 /* The better of the two raw modes' figures (NaN ignored); *which (may be
  * NULL) gets the winner's mode. */
 double raw_best(double asap, double buffered, int lower_better, int *which);
+/* Rep by rep (the sides of a rep ran back to back), streamwire at its best
+ * over raw at its best, a rate (higher better) in each of n reps: the
+ * lowest and highest of those ratios (NAN without a rep with both). */
+void rep_ratio_range(const double *raw_a, const double *raw_b, const double *sw_a,
+                     const double *sw_b, unsigned n, double *lo, double *hi);
 /* Appends "; raw best: <mode> (send-asap X, buffered Y)" to note. */
 void raw_best_note(char *note, size_t cap, double asap, double buffered, int which, int prec);
 /* Appends "<who> best: <mode> (send-asap A, buffered B)" to note. */
@@ -399,6 +404,9 @@ row *add_row(const char *scen, const char *param, const char *metric, double raw
              int lower_better, int prec, const char *note);
 extern double g_goal_long64, g_goal_long1k;
 extern double g_goal_short64, g_goal_short1;
+/* their ratios' range over the reps (rep_ratio_range) */
+extern double g_goal_long64_rng[2], g_goal_long1k_rng[2], g_goal_short64_rng[2],
+    g_goal_short1_rng[2];
 /* CPU per 64 B item, this process + nats-server: streamwire, and raw in
  * its mode with the lower sum */
 extern double g_goal_cpu64_sw, g_goal_cpu64_raw;

@@ -482,12 +482,19 @@ scen_long(void)
             if (size == 64) {
                 double ra = mc[V_RAW] + ms[V_RAW], rb = mc[V_RAW_BUF] + ms[V_RAW_BUF];
                 g_goal_long64 = si_ / ri;
+                rep_ratio_range(ips[V_RAW], ips[V_RAW_BUF], ips[V_SW], ips[V_SW_ALT],
+                                reps < 32 ? reps : 32, &g_goal_long64_rng[0],
+                                &g_goal_long64_rng[1]);
                 g_goal_cpu64_sw =
                     sw_best(mc[V_SW] + ms[V_SW], mc[V_SW_ALT] + ms[V_SW_ALT], 1, &a, &b, NULL);
                 g_goal_cpu64_raw = raw_best(ra, rb, 1, NULL);
             }
-            if (size == 1024)
+            if (size == 1024) {
                 g_goal_long1k = si_ / ri;
+                rep_ratio_range(ips[V_RAW], ips[V_RAW_BUF], ips[V_SW], ips[V_SW_ALT],
+                                reps < 32 ? reps : 32, &g_goal_long1k_rng[0],
+                                &g_goal_long1k_rng[1]);
+            }
         }
     }
     sw_router_stats_get(g_router, &rs1);

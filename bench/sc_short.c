@@ -269,10 +269,16 @@ scen_short(void)
             raw_best_note(note, sizeof(note), xa, xb, wx, 1);
             best_note(note, sizeof(note), "sw", ya, yb, vx, 1);
             add_row("2 short streams", param, "ctx switches/stream", rx, sx, 1, 1, note);
-            if (conc == 64)
+            if (conc == 64) {
                 g_goal_short64 = sw / raw;
-            if (conc == 1)
+                rep_ratio_range(v[0], v[1], v[2], v[3], n, &g_goal_short64_rng[0],
+                                &g_goal_short64_rng[1]);
+            }
+            if (conc == 1) {
                 g_goal_short1 = sw / raw;
+                rep_ratio_range(v[0], v[1], v[2], v[3], n, &g_goal_short1_rng[0],
+                                &g_goal_short1_rng[1]);
+            }
         }
     }
     /* Its threads would only add noise to the scenarios that follow. */

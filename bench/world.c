@@ -97,6 +97,22 @@ raw_best(double asap, double buffered, int lower_better, int *which)
 }
 
 void
+rep_ratio_range(const double *raw_a, const double *raw_b, const double *sw_a, const double *sw_b,
+                unsigned n, double *lo, double *hi)
+{
+    *lo = *hi = NAN;
+    for (unsigned i = 0; i < n; i++) {
+        double x = raw_best(sw_a[i], sw_b[i], 0, NULL) / raw_best(raw_a[i], raw_b[i], 0, NULL);
+        if (isnan(x))
+            continue;
+        if (isnan(*lo) || x < *lo)
+            *lo = x;
+        if (isnan(*hi) || x > *hi)
+            *hi = x;
+    }
+}
+
+void
 best_note(char *note, size_t cap, const char *who, double asap, double buffered, int which,
           int prec)
 {

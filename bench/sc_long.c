@@ -414,10 +414,13 @@ scen_long(void)
         }
         sw_ingress_stats_get(g_ing_main, &sz1);
         {
-            double m[V_N], mc[V_N], ms[V_N], mx[V_N];
+            double m[V_N], mc[V_N], ms[V_N], mx[V_N], rng[2];
             double mb = (double)size / 1e6;
             uint64_t d_items = sz1.items_sent - sz0.items_sent;
             uint64_t d_msgs = sz1.messages_sent - sz0.messages_sent;
+            /* (before the medians, which sort each side's reps in place) */
+            rep_ratio_range(ips[V_RAW], ips[V_RAW_BUF], ips[V_SW], ips[V_SW_ALT],
+                            reps < 32 ? reps : 32, &rng[0], &rng[1]);
             for (int v = 0; v < V_N; v++) {
                 m[v] = median(ips[v], reps < 32 ? reps : 32);
                 mc[v] = median(cpu[v], reps < 32 ? reps : 32);
@@ -482,18 +485,16 @@ scen_long(void)
             if (size == 64) {
                 double ra = mc[V_RAW] + ms[V_RAW], rb = mc[V_RAW_BUF] + ms[V_RAW_BUF];
                 g_goal_long64 = si_ / ri;
-                rep_ratio_range(ips[V_RAW], ips[V_RAW_BUF], ips[V_SW], ips[V_SW_ALT],
-                                reps < 32 ? reps : 32, &g_goal_long64_rng[0],
-                                &g_goal_long64_rng[1]);
+                g_goal_long64_rng[0] = rng[0];
+                g_goal_long64_rng[1] = rng[1];
                 g_goal_cpu64_sw =
                     sw_best(mc[V_SW] + ms[V_SW], mc[V_SW_ALT] + ms[V_SW_ALT], 1, &a, &b, NULL);
                 g_goal_cpu64_raw = raw_best(ra, rb, 1, NULL);
             }
             if (size == 1024) {
                 g_goal_long1k = si_ / ri;
-                rep_ratio_range(ips[V_RAW], ips[V_RAW_BUF], ips[V_SW], ips[V_SW_ALT],
-                                reps < 32 ? reps : 32, &g_goal_long1k_rng[0],
-                                &g_goal_long1k_rng[1]);
+                g_goal_long1k_rng[0] = rng[0];
+                g_goal_long1k_rng[1] = rng[1];
             }
         }
     }

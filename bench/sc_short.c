@@ -242,6 +242,8 @@ scen_short(void)
         }
         {
             unsigned n = cfg.reps < 32 ? cfg.reps : 32;
+            double rng[2]; /* (before the medians, which sort each side's reps in place) */
+            rep_ratio_range(v[0], v[1], v[2], v[3], n, &rng[0], &rng[1]);
             double ra = median(v[0], n), rb = median(v[1], n);
             double sa = median(v[2], n), sb = median(v[3], n);
             double ca = median(cpu[0], n), cb = median(cpu[1], n);
@@ -271,13 +273,13 @@ scen_short(void)
             add_row("2 short streams", param, "ctx switches/stream", rx, sx, 1, 1, note);
             if (conc == 64) {
                 g_goal_short64 = sw / raw;
-                rep_ratio_range(v[0], v[1], v[2], v[3], n, &g_goal_short64_rng[0],
-                                &g_goal_short64_rng[1]);
+                g_goal_short64_rng[0] = rng[0];
+                g_goal_short64_rng[1] = rng[1];
             }
             if (conc == 1) {
                 g_goal_short1 = sw / raw;
-                rep_ratio_range(v[0], v[1], v[2], v[3], n, &g_goal_short1_rng[0],
-                                &g_goal_short1_rng[1]);
+                g_goal_short1_rng[0] = rng[0];
+                g_goal_short1_rng[1] = rng[1];
             }
         }
     }

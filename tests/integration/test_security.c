@@ -330,7 +330,16 @@ test_roles_end_to_end(void **state)
 
 /* A frontend that authenticates with an nkey seed file alone (the public
  * key derived by the library: the server checks the signature with the key
- * in its config, so a wrong derivation fails here). */
+ * in its config, so a wrong derivation fails here, at every attempt).
+ *
+ * Up to 3 attempts: nats-server 2.9.10 now and then refuses a correct nkey
+ * ("authentication error - Nkey" in its log) -- 1 connect in 8 to 160
+ * with this binary under AddressSanitizer on a loaded machine, never seen
+ * in the plain build (60 runs). It did so with nats.c's seed-file signer
+ * and with a libsodium signer of our own alike (session 24), so it is not
+ * the key or the signature: the refusal comes from the connection's nonce
+ * path, outside the library. A derivation error refuses every time. */
+#define NKEY_ATTEMPTS 3
 static void
 test_nkey_frontend(void **state)
 {
@@ -341,9 +350,12 @@ test_nkey_frontend(void **state)
     sw_router_opts ro;
     sw_request_opts q;
     sw_stream *s;
+    sw_err e = SW_EAUTH;
     (void)state;
     worker_start(&w);
-    assert_int_equal(connect_as(&fe2, &c), SW_OK);
+    for (int i = 0; i < NKEY_ATTEMPTS && e == SW_EAUTH; i++)
+        e = connect_as(&fe2, &c);
+    assert_int_equal(e, SW_OK);
     sw_router_opts_init(&ro);
     ro.router_id = "fe2";
     assert_int_equal(sw_router_create(&r, c, &ro), SW_OK);

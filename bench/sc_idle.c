@@ -49,12 +49,20 @@ std_err(const double *v, unsigned n)
  * gives their standard errors, so that the cost (the difference of two
  * such windows) comes with how far it could move by chance. */
 #define IDLE_SLICES_MAX 600
+
+/* CPU time as % of one core over a wall-clock span. */
+static double
+core_pct(int64_t cpu_us, int64_t wall_ns)
+{
+    return (double)cpu_us / 1e4 / ((double)wall_ns / 1e9);
+}
+
 static void
 idle_cpu(child *c, idle_res *r)
 {
     cstat a, b, prev;
-    int64_t f0, f1, fp, s0, s1, t0, t1, tp;
-    double secs, front[IDLE_SLICES_MAX], worker[IDLE_SLICES_MAX];
+    int64_t f0, fp, s0, s1, t0, tp;
+    double front[IDLE_SLICES_MAX], worker[IDLE_SLICES_MAX];
     unsigned slices = (unsigned)(cfg.idle_cpu_secs * 2 + 0.5);
     if (slices < 4)
         slices = 4;
@@ -73,19 +81,17 @@ idle_cpu(child *c, idle_res *r)
         child_stat(c, &b);
         f = self_cpu_us();
         t = now_ns();
-        front[i] = (double)(f - fp) / 1e4 / ((double)(t - tp) / 1e9);
-        worker[i] = (double)(b.cpu_us - prev.cpu_us) / 1e4 / ((double)(t - tp) / 1e9);
+        front[i] = core_pct(f - fp, t - tp);
+        worker[i] = core_pct(b.cpu_us - prev.cpu_us, t - tp);
         prev = b;
         fp = f;
         tp = t;
     }
-    f1 = fp;
     s1 = server_cpu_us();
-    t1 = tp;
-    secs = (double)(t1 - t0) / 1e9;
-    r->cpu_front = (double)(f1 - f0) / 1e4 / secs;
-    r->cpu_worker = (double)(b.cpu_us - a.cpu_us) / 1e4 / secs;
-    r->cpu_server = s0 >= 0 && s1 >= 0 ? (double)(s1 - s0) / 1e4 / secs : NAN;
+    /* the whole window: from the first reading to the last slice's */
+    r->cpu_front = core_pct(fp - f0, tp - t0);
+    r->cpu_worker = core_pct(b.cpu_us - a.cpu_us, tp - t0);
+    r->cpu_server = s0 >= 0 && s1 >= 0 ? core_pct(s1 - s0, tp - t0) : NAN;
     r->slices = slices;
     r->se_front = std_err(front, slices);
     r->se_worker = std_err(worker, slices);

@@ -140,7 +140,7 @@ p99_gap_ci(int64_t *const lat[3], unsigned long *const recv[3], unsigned segs, u
             die("out of memory");
     for (unsigned b = 0; b < SWB_BOOT; b++) {
         unsigned long m[3] = {0, 0, 0};
-        double p[3];
+        double p[3], raw;
         for (unsigned i = 0; i < segs; i++) {
             unsigned seg;
             x ^= x << 13; /* xorshift64 */
@@ -156,8 +156,9 @@ p99_gap_ci(int64_t *const lat[3], unsigned long *const recv[3], unsigned segs, u
             qsort(pool[k], m[k], sizeof(int64_t), cmp_i64);
             p[k] = pct(pool[k], m[k], 0.99) / 1e3;
         }
-        if (!isnan(p[2]) && !isnan(raw_best(p[0], p[1], 1, NULL)))
-            gaps[ok++] = p[2] - raw_best(p[0], p[1], 1, NULL);
+        raw = raw_best(p[0], p[1], 1, NULL);
+        if (!isnan(p[2]) && !isnan(raw))
+            gaps[ok++] = p[2] - raw;
     }
     for (int k = 0; k < 3; k++)
         free(pool[k]);

@@ -1347,6 +1347,80 @@ test_item_in_place_or_protobuf_c(void **state)
     }
 }
 
+/* 4c'. The one-pass path (proto/items.c, it_fast) takes a wrapper of
+ * varint and bytes fields only, each once with its declared wire type;
+ * anything else goes to the two passes (or protobuf-c), which decide it as
+ * before. Each case: the result both decoders give, and whether the
+ * message was built by hand in the arena. */
+static void
+test_item_one_pass_edges(void **state)
+{
+#define RID    \
+    "\x12\x10" \
+    "0123456789abcdef" /* request_id, 16 bytes */
+#define CASE(what, lit, want, hand, seq)            \
+    {                                               \
+        what, lit, sizeof(lit) - 1, want, hand, seq \
+    }
+#define DATA   \
+    "\x22\x03" \
+    "abc" /* data */
+    static const struct {
+        const char *what;
+        const char *b;
+        size_t len;
+        sw_err want;
+        int hand;
+        uint64_t seq;
+    } cases[] = {
+        CASE("plain item", "\x08\x01" RID "\x18\x07" DATA, SW_OK, 1, 7),
+        CASE("every one-pass field",
+             "\x08\x01" RID "\x18\x87\x01" DATA "\x30\x01\x50\x01\x58\x20\x70\x40\x80\x01\x80\x02",
+             SW_OK, 1, 135),
+        CASE("seq twice (protobuf-c: the last wins)", "\x08\x01" RID "\x18\x07" DATA "\x18\x09",
+             SW_OK, 0, 9),
+        CASE("data as a varint", "\x08\x01" RID "\x18\x07\x20\x03", SW_EPROTO, 0, 0),
+        CASE("seq as bytes", "\x08\x01" RID "\x1a\x01\x07" DATA, SW_EPROTO, 0, 0),
+        CASE("field 0", "\x08\x01" RID "\x18\x07" DATA "\x00\x01", SW_EPROTO, 0, 0),
+        CASE("a final without its terminal", "\x08\x01" RID "\x18\x07\x38\x01", SW_EPROTO, 0, 0),
+        CASE("data cut short",
+             "\x08\x01" RID "\x18\x07\x22\x09"
+             "abc",
+             SW_EPROTO, 0, 0),
+        CASE("no version", RID "\x18\x07" DATA, SW_EVERSION, 0, 0),
+        CASE("an instance id (a string: two passes)",
+             "\x08\x01" RID "\x18\x01" DATA "\x4a\x01"
+             "i",
+             SW_OK, 1, 1),
+    };
+#undef RID
+#undef DATA
+#undef CASE
+    (void)state;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        item_pair p;
+        item_pair_decode(&p, (const uint8_t *)cases[c].b, cases[c].len, cases[c].want,
+                         cases[c].what);
+        if (cases[c].want != SW_OK)
+            continue;
+        if (p.arena->hand != cases[c].hand)
+            fail_msg("%s: built by hand %d, want %d", cases[c].what, p.arena->hand, cases[c].hand);
+        assert_int_equal(p.m[1]->seq, cases[c].seq);
+        assert_int_equal(p.m[1]->body_case, STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA);
+        assert_bin(p.m[1]->data, "abc", 3);
+        assert_bin(p.m[1]->request_id, "0123456789abcdef", 16);
+        if (c == 1) {
+            assert_true(p.m[1]->droppable && p.m[1]->resent);
+            assert_int_equal(p.m[1]->credit_window, 32);
+            assert_int_equal(p.m[1]->credit_window_max, 64);
+            assert_int_equal(p.m[1]->credit_bytes, 256);
+        }
+        if (p.arena->hand)
+            assert_true(p.m[1]->data.data > p.input && p.m[1]->data.data < p.input + cases[c].len);
+        item_pair_free(&p);
+    }
+}
+
 /* 4d. The allocation bound holds for what the decoder by hand accepts
  * without asking codec.c's walk (proto/items.c): the densest valid message
  * in our form (found by an independent review) is a non-final wrapper with
@@ -1419,6 +1493,7 @@ main(void)
         cmocka_unit_test(test_beats_write),
         cmocka_unit_test(test_batch_rules_rejected),
         cmocka_unit_test(test_final_body_round_trip),
+        cmocka_unit_test(test_item_one_pass_edges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -185,14 +185,16 @@ swe_on_msg(const swt_msg *msg, void *arg)
     swp_arena arena;
     sw_err rv;
 
-    if (swt_is_beats_subject(msg->subject)) {
+    switch (swt_mux_subject(msg->subject, id)) {
+    case SWT_MUX_BEATS:
         if (msg->auth_failed)
             count_bad(r, &r->st.auth_failures, 1);
         else
             on_beats(r, msg);
         return;
-    }
-    if (swt_response_subject_id(msg->subject, id) != 0) {
+    case SWT_MUX_ID:
+        break;
+    default:
         count_bad(r, &r->st.unknown_stream, 1);
         return;
     }

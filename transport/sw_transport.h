@@ -42,6 +42,11 @@ int swt_response_subject_id(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]
 sw_err swt_subject_beats(char *out, size_t cap, const char *router);
 /* 1 if subject is a response subject's heartbeat-batch form (last token "hb"). */
 int swt_is_beats_subject(const char *subject);
+/* A subject on the router's mux, read once (one length, for every message
+ * it receives): SWT_MUX_BEATS as swt_is_beats_subject, else SWT_MUX_ID with
+ * *id as swt_response_subject_id, else SWT_MUX_OTHER (id untouched). */
+typedef enum swt_mux_kind { SWT_MUX_OTHER = 0, SWT_MUX_ID = 1, SWT_MUX_BEATS = 2 } swt_mux_kind;
+swt_mux_kind swt_mux_subject(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]);
 /* What a subject carries, by its form (the sealed envelope binds it). */
 typedef enum swt_subject_kind {
     SWT_SUBJ_OTHER,       /* not one of ours: e.g. a response subject of the frontend's choosing */

@@ -14,6 +14,8 @@
  *     (after its last '.') is 32 lowercase hex digits, and then the id's
  *     hex is that token; on -1 the id is untouched;
  *   - swt_is_beats_subject is 1 exactly when the last token is "hb";
+ *   - swt_mux_subject says BEATS for such a subject, else ID (with the same
+ *     id) exactly when swt_response_subject_id says 0, else OTHER;
  *   - swt_subject_last_token is NULL exactly when there is no '.' or
  *     nothing after the last one, else the byte after it;
  *   - swt_is_response_subject implies the prefix "sw.rsp.";
@@ -101,6 +103,20 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* heartbeat batches, the last token, the response prefix, the kind */
     check(swt_is_beats_subject(s) == (dot != NULL && strcmp(dot + 1, "hb") == 0),
           "swt_is_beats_subject disagrees with the reference", s);
+    {
+        /* the mux's one read of a subject: the two answers above, in that order */
+        uint8_t mid[SW_REQUEST_ID_BYTES];
+        int beats = dot != NULL && strcmp(dot + 1, "hb") == 0;
+        swt_mux_kind mk;
+        memset(mid, 0xa5, sizeof(mid));
+        mk = swt_mux_subject(s, mid);
+        check(mk == (beats     ? SWT_MUX_BEATS
+                     : want_id ? SWT_MUX_ID
+                               : SWT_MUX_OTHER),
+              "swt_mux_subject disagrees with the reference", s);
+        check(memcmp(mid, mk == SWT_MUX_ID ? id : untouched, sizeof(mid)) == 0,
+              "swt_mux_subject's id is not swt_response_subject_id's", s);
+    }
     last = swt_subject_last_token(s);
     check(dot == NULL || dot[1] == '\0' ? last == NULL : last == dot + 1,
           "swt_subject_last_token is not after the last dot", s);

@@ -245,7 +245,10 @@ swe_stream_prefetch(const sw_stream *s)
 /* stream.c */
 void swe_stream_ref(sw_stream *s);
 void swe_stream_unref(sw_stream *s);
-/* Feeds one decoded item to the stream and carries out what it asks. */
+/* Feeds one decoded item to the stream and carries out what it asks. The
+ * caller holds a reference to s (its lookup's) for the whole call: a
+ * callback consumer's items may be delivered inside it, and the callback
+ * may close the stream. Also for the two below. */
 void swe_stream_on_item(sw_stream *s, const swe_rx_in *in);
 /* n items of one message, in order, under one lock where nothing must be
  * sent between them. */

@@ -1,8 +1,9 @@
 /* egress/stream.c -- sw_stream: the receive state machine (rx.c) behind the
  * stream's mutex, and delivery to the consumer: blocking (sw_stream_next)
  * or callbacks (swe_dispatch, serialised by s->dispatching, called with no
- * lock held). The actions the state machine returns are carried out here
- * after s->mu is released (swe_apply). Locks: see egress_int.h. */
+ * lock held; or straight from swe_stream_on_items_at, under the hold of
+ * s->mu it took, when the item asks for nothing else). The actions the state machine returns are
+ * carried out here after s->mu is released (swe_apply). Locks: see egress_int.h. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,8 @@ swe_stream_unref(sw_stream *s)
     swe_router_unref(s->r);
     free(s);
 }
+
+static void st_deliver(sw_stream *s);
 
 /* The scan looks at s at its next due time (s->mu held). */
 static void
@@ -111,6 +114,17 @@ swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now)
         act.wake = wake;
         wake = 0;
         __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
+        if (i == n && act.wake && swe_rx_act_quiet(&act) && s->on_item != NULL && !s->dispatching &&
+            !s->opening) {
+            /* The common case, an item for a callback consumer and nothing
+             * to send: delivered under the hold of s->mu already taken
+             * (swe_dispatch's own, less one lock, one reference and one
+             * tick plan per item; the first pop plans the tick). The
+             * caller's lookup holds a reference. */
+            s->dispatching = 1;
+            st_deliver(s);
+            return;
+        }
         st_unlock_apply(s, &act);
         if (i == n)
             return;
@@ -266,6 +280,17 @@ swe_dispatch(sw_stream *s)
         return;
     }
     s->dispatching = 1;
+    st_deliver(s);
+    swe_stream_unref(s);
+}
+
+/* The callback consumer's loop: everything ready, in order, each item
+ * with s->mu released around its callback. Called with s->mu held and
+ * s->dispatching just set by the caller, who holds a reference; returns
+ * with both released. */
+static void
+st_deliver(sw_stream *s)
+{
     for (;;) {
         swe_rx_act credit;
         sw_item item;
@@ -298,7 +323,6 @@ swe_dispatch(sw_stream *s)
     }
     s->dispatching = 0;
     pthread_mutex_unlock(&s->mu);
-    swe_stream_unref(s);
 }
 
 sw_err

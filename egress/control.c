@@ -222,7 +222,6 @@ swe_cancels_answer(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES], const sw
     swp_item *w = NULL;
     swp_arena arena;
     int final = 0;
-    sw_stream *s = NULL;
     if (__atomic_load_n(&r->cancels_waiting, __ATOMIC_ACQUIRE) == 0 || msg->no_responders)
         return;
     /* Bounded like every decode; only while cancels wait. */
@@ -235,7 +234,15 @@ swe_cancels_answer(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES], const sw
     if (memcmp(w->request_id.data, id, SW_REQUEST_ID_BYTES) != 0)
         final = 0;
     swp_free_arena(w, &arena);
-    if (!final)
+    if (final)
+        swe_cancels_settle(r, id);
+}
+
+void
+swe_cancels_settle(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES])
+{
+    sw_stream *s;
+    if (__atomic_load_n(&r->cancels_waiting, __ATOMIC_ACQUIRE) == 0)
         return;
     pthread_mutex_lock(&r->mu);
     s = swe_cancels_seen(&r->cancels, id);

@@ -305,6 +305,11 @@ void swe_cancels_tick(sw_router *r, int64_t now);
 /* A message for a stream no longer in the table: if it is the final of a
  * cancelled one, its cancel is answered. */
 void swe_cancels_answer(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES], const swt_msg *msg);
+/* The worker's final for request id has come: a cancel waiting for it is
+ * answered (nothing if none waits). Also for a stream still in the table:
+ * a consumer may cancel between the lookup and the final's feeding (from
+ * its own callback, mid-message), and the stream then drops the final. */
+void swe_cancels_settle(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES]);
 
 /* swr_load_fn for the pool: streams open to an instance, from r->peers (the
  * one count of them). Caller holds r->mu. */

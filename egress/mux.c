@@ -77,9 +77,10 @@ item_to_in(const swp_item *w, uint64_t seq, int final, const swp_terminal *t,
 }
 
 /* Every item of message w, in order, each as if it had come in a message
- * of its own, fed under one lock of the stream per FEED_CHUNK items. */
+ * of its own, fed under one lock of the stream per FEED_CHUNK items.
+ * Returns 1 if the message carried a final. */
 #define FEED_CHUNK 64
-static void
+static int
 feed_message(sw_stream *s, const swp_item *w)
 {
     swe_rx_in in[FEED_CHUNK];
@@ -96,6 +97,7 @@ feed_message(sw_stream *s, const swp_item *w)
                    &in[n++]);
     }
     swe_stream_on_items(s, in, n);
+    return in[n - 1].kind == SWE_IN_FINAL; /* (a final is only ever the last item) */
 }
 
 /* A heartbeat, from a batch or a wrapper of its own. */
@@ -246,8 +248,11 @@ swe_on_msg(const swt_msg *msg, void *arg)
         beat_in(&in, w->heartbeat->last_seq, w->heartbeat->stalled);
         swe_stream_on_item(s, &in);
     } else {
-        /* With a batch: the items the worker had queued behind the first. */
-        feed_message(s, w);
+        /* With a batch: the items the worker had queued behind the first.
+         * A final answers a cancel that waits for it, even if the stream
+         * dropped it (cancelled meanwhile). */
+        if (feed_message(s, w))
+            swe_cancels_settle(r, id);
     }
     swp_free_arena(w, &arena);
     swe_stream_unref(s);

@@ -119,6 +119,7 @@ swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now)
              * the free of the one before in glibc's per-thread cache (a
              * message of 64 items queued whole outran it). The caller's
              * lookup holds a reference. */
+            __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probes */
             s->dispatching = 1;
             if (++i < n) {
                 if (act.wake)
@@ -133,7 +134,6 @@ swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now)
             else
                 st_plan_tick(s);
             s->dispatching = 0;
-            __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probes */
             pthread_mutex_unlock(&s->mu);
             return;
         }

@@ -220,6 +220,115 @@ held_item_beyond_final_is_item_after_final(void **state)
     sw_conn_close(fc);
 }
 
+/* ------------------------------------------------ a cancel mid-message */
+
+typedef struct cancel_cb {
+    int items;
+    int terminals;
+    sw_status status;
+} cancel_cb;
+
+static void
+cancel_on_first(sw_stream *s, const sw_item *it, void *arg)
+{
+    cancel_cb *c = arg;
+    if (it->kind == SW_ITEM_TERMINAL) {
+        c->terminals++;
+        c->status = it->terminal.status;
+        return;
+    }
+    if (c->items++ == 0)
+        assert_int_equal(sw_stream_cancel(s), SW_OK);
+}
+
+/* One message carries items 1 and 2 and the final (3). The callback
+ * cancels on item 1, while the rest of that message is still to be fed:
+ * the stream drops item 2 and the final, yet the final answers the
+ * cancel, so the router does not send CANCEL again (it would after 100,
+ * 300 and 700 ms, to a worker that has finished). */
+static void
+cancel_in_callback_mid_message_is_answered_by_its_final(void **state)
+{
+    sw_conn *fc = conn_open(), *wc = conn_open();
+    natsConnection *nc = sw_conn_nats(wc);
+    natsSubscription *sub = fake_worker_sub(nc, "fake-midcancel"), *ctl = NULL;
+    sw_router *r = router_new(fc, 16);
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    swp_request *req;
+    cancel_cb cb;
+    char subj[SWT_SUBJECT_MAX];
+    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_batched b2 = STREAMWIRE__V1__BATCHED_ITEM__INIT, b3 = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+    swp_batched *batch[2] = {&b2, &b3};
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    uint8_t buf[512];
+    size_t len;
+    int cancels = 0;
+    int64_t t0;
+    (void)state;
+    memset(&cb, 0, sizeof(cb));
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), "fake-midcancel"), SW_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&ctl, nc, subj), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "fake-midcancel";
+    q.on_item = cancel_on_first;
+    q.on_item_arg = &cb;
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    req = fake_worker_take(sub);
+    w.version = SW_PROTOCOL_VERSION;
+    w.request_id = req->request_id;
+    w.seq = 1;
+    w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+    w.data.data = (uint8_t *)"one";
+    w.data.len = 3;
+    b2.seq = 2;
+    b2.data.data = (uint8_t *)"two";
+    b2.data.len = 3;
+    b3.seq = 3;
+    b3.complete_final = 1;
+    t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+    t.finish_reason = (char *)"stop";
+    b3.terminal = &t;
+    w.n_batch = 2;
+    w.batch = batch;
+    assert_int_equal(swp_encode(&w, buf, sizeof(buf), &len), SW_OK);
+    t0 = swh_now_ms();
+    assert_int_equal(natsConnection_Publish(nc, req->response_subject, buf, (int)len), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    /* The controls for 500 ms after the message: the one CANCEL, nothing
+     * again (a repeat would come 100 ms after it). */
+    for (;;) {
+        natsMsg *m = NULL;
+        swp_control *c = NULL;
+        int64_t left = t0 + T(500) - swh_now_ms();
+        if (left <= 0 || natsSubscription_NextMsg(&m, ctl, left) != NATS_OK)
+            break;
+        if (swp_decode_control((const uint8_t *)natsMsg_GetData(m),
+                               (size_t)natsMsg_GetDataLength(m), 1 << 20, &c) == SW_OK) {
+            if (c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL &&
+                c->request_id.len == SW_REQUEST_ID_BYTES &&
+                memcmp(c->request_id.data, req->request_id.data, SW_REQUEST_ID_BYTES) == 0)
+                cancels++;
+            swp_free(c);
+        }
+        natsMsg_Destroy(m);
+    }
+    assert_int_equal(cb.items, 1); /* nothing after the cancel */
+    assert_int_equal(cb.terminals, 1);
+    assert_int_equal(cb.status, SW_STATUS_CANCELLED);
+    assert_int_equal(cancels, 1);
+    swp_free(req);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    natsSubscription_Destroy(ctl);
+    natsSubscription_Destroy(sub);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+}
+
 /* ------------------------------------------------ worker side */
 
 typedef struct engine {
@@ -1116,6 +1225,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(credit_overrun_ends_with_flow_violation),
         cmocka_unit_test(held_item_beyond_final_is_item_after_final),
+        cmocka_unit_test(cancel_in_callback_mid_message_is_answered_by_its_final),
         cmocka_unit_test(immediate_cancel_reaches_or_prevents),
         cmocka_unit_test(unacked_finals_are_bounded),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),

@@ -271,6 +271,66 @@ it_batched(const uint8_t *p, size_t len, it_mem *m)
     return b;
 }
 
+/* One field of the wrapper into w (strings and sub-messages taken from m;
+ * batch entries into the room it_item made). Inlined always: in it_fast,
+ * the once-per-message path, a call cost a quarter of its time. */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline void
+it_item_set(swp_item *w, const pb_rd *f, it_mem *m)
+{
+    switch (f->num) {
+    case 1:
+        w->version = (uint32_t)f->v;
+        break;
+    case 2:
+        w->request_id = it_bytes(f);
+        break;
+    case 3:
+        w->seq = f->v;
+        break;
+    case 4:
+        w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+        w->data = it_bytes(f);
+        break;
+    case 5:
+        w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+        w->heartbeat = it_heartbeat(f->b, f->blen, m);
+        break;
+    case 6:
+        w->droppable = pb_rd_bool(f);
+        break;
+    case 7:
+        w->complete_final = pb_rd_bool(f);
+        break;
+    case 8:
+        w->terminal = it_terminal(f->b, f->blen, m);
+        break;
+    case 9:
+        w->instance_id = it_string(m, f);
+        break;
+    case 10:
+        w->resent = pb_rd_bool(f);
+        break;
+    case 11:
+        w->credit_window = (uint32_t)f->v;
+        break;
+    case 12:
+        w->batch[w->n_batch++] = it_batched(f->b, f->blen, m);
+        break;
+    case 13:
+        w->event = it_string(m, f);
+        break;
+    case 14:
+        w->credit_window_max = (uint32_t)f->v;
+        break;
+    default:
+        w->credit_bytes = f->v; /* 16 */
+        break;
+    }
+}
+
 /* The wrapper, with room for the nbatch entries pass 1 counted. */
 static swp_item *
 it_item(const uint8_t *p, size_t len, size_t nbatch, it_mem *m)
@@ -282,55 +342,7 @@ it_item(const uint8_t *p, size_t len, size_t nbatch, it_mem *m)
     for (size_t i = 0; i < len;) {
         pb_rd f;
         (void)pb_rd_next(p, len, &i, &f);
-        switch (f.num) {
-        case 1:
-            w->version = (uint32_t)f.v;
-            break;
-        case 2:
-            w->request_id = it_bytes(&f);
-            break;
-        case 3:
-            w->seq = f.v;
-            break;
-        case 4:
-            w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
-            w->data = it_bytes(&f);
-            break;
-        case 5:
-            w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
-            w->heartbeat = it_heartbeat(f.b, f.blen, m);
-            break;
-        case 6:
-            w->droppable = pb_rd_bool(&f);
-            break;
-        case 7:
-            w->complete_final = pb_rd_bool(&f);
-            break;
-        case 8:
-            w->terminal = it_terminal(f.b, f.blen, m);
-            break;
-        case 9:
-            w->instance_id = it_string(m, &f);
-            break;
-        case 10:
-            w->resent = pb_rd_bool(&f);
-            break;
-        case 11:
-            w->credit_window = (uint32_t)f.v;
-            break;
-        case 12:
-            w->batch[w->n_batch++] = it_batched(f.b, f.blen, m);
-            break;
-        case 13:
-            w->event = it_string(m, &f);
-            break;
-        case 14:
-            w->credit_window_max = (uint32_t)f.v;
-            break;
-        default:
-            w->credit_bytes = f.v; /* 16 */
-            break;
-        }
+        it_item_set(w, &f, m);
     }
     return w;
 }
@@ -366,39 +378,7 @@ it_fast(const uint8_t *p, size_t len, swp_arena *a)
             f.wt != ((IT_FAST_BYTES & bit) ? 2 : 0))
             return NULL;
         seen |= bit;
-        switch (f.num) {
-        case 1:
-            w->version = (uint32_t)f.v;
-            break;
-        case 2:
-            w->request_id = it_bytes(&f);
-            break;
-        case 3:
-            w->seq = f.v;
-            break;
-        case 4:
-            w->body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
-            w->data = it_bytes(&f);
-            break;
-        case 6:
-            w->droppable = pb_rd_bool(&f);
-            break;
-        case 7:
-            w->complete_final = pb_rd_bool(&f);
-            break;
-        case 10:
-            w->resent = pb_rd_bool(&f);
-            break;
-        case 11:
-            w->credit_window = (uint32_t)f.v;
-            break;
-        case 14:
-            w->credit_window_max = (uint32_t)f.v;
-            break;
-        default:
-            w->credit_bytes = f.v; /* 16 */
-            break;
-        }
+        it_item_set(w, &f, NULL); /* (no string or sub-message here: nothing to take) */
     }
     return w;
 }

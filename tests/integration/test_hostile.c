@@ -329,6 +329,119 @@ cancel_in_callback_mid_message_is_answered_by_its_final(void **state)
     sw_conn_close(fc);
 }
 
+/* ------------------------------------------------ order within messages */
+
+typedef struct seq_cb {
+    uint64_t seqs[16];
+    size_t n;
+    int terminals; /* (atomic: the test thread polls it) */
+    sw_status status;
+} seq_cb;
+
+static void
+collect_seqs(sw_stream *s, const sw_item *it, void *arg)
+{
+    seq_cb *c = arg;
+    (void)s;
+    if (it->kind == SW_ITEM_TERMINAL) {
+        c->status = it->terminal.status;
+        __atomic_add_fetch(&c->terminals, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    if (c->n < 16)
+        c->seqs[c->n++] = it->seq;
+}
+
+/* A wrapper of seq `seq` with data, and batched entries seqs[0..nb) (the
+ * last one a final if `final`), published on subj. */
+static void
+publish_batch(natsConnection *nc, const char *subj, ProtobufCBinaryData id, uint64_t seq,
+              const uint64_t *seqs, size_t nb, int final)
+{
+    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_batched b[4], *bp[4];
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    uint8_t buf[512];
+    size_t len;
+    assert_true(nb <= 4);
+    w.version = SW_PROTOCOL_VERSION;
+    w.request_id = id;
+    w.seq = seq;
+    w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+    w.data.data = (uint8_t *)"d";
+    w.data.len = 1;
+    t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+    t.finish_reason = (char *)"stop";
+    for (size_t k = 0; k < nb; k++) {
+        streamwire__v1__batched_item__init(&b[k]);
+        b[k].seq = seqs[k];
+        if (final && k + 1 == nb) {
+            b[k].complete_final = 1;
+            b[k].terminal = &t;
+        } else {
+            b[k].data.data = (uint8_t *)"d";
+            b[k].data.len = 1;
+        }
+        bp[k] = &b[k];
+    }
+    w.n_batch = nb;
+    w.batch = nb ? bp : NULL;
+    assert_int_equal(swp_encode(&w, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+}
+
+/* Messages that fill a gap and carry a duplicate and new items at once,
+ * to a callback consumer (which is handed items as they are fed): every
+ * item once, in order, then the terminal. After 1 and 2, seq 4 comes
+ * first (held), then one message of 3 (which readies 3 and the held 4),
+ * 4 again and 5, then 6 with the final. */
+static void
+items_in_order_across_gap_fill_and_duplicate(void **state)
+{
+    sw_conn *fc = conn_open(), *wc = conn_open();
+    natsConnection *nc = sw_conn_nats(wc);
+    natsSubscription *sub = fake_worker_sub(nc, "fake-order");
+    sw_router *r = router_new(fc, 16);
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    sw_stream_stats st;
+    swp_request *req;
+    seq_cb cb;
+    static const uint64_t two[1] = {2}, four_five[2] = {4, 5}, final7[1] = {7};
+    int64_t t0;
+    (void)state;
+    memset(&cb, 0, sizeof(cb));
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "fake-order";
+    q.on_item = collect_seqs;
+    q.on_item_arg = &cb;
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    req = fake_worker_take(sub);
+    publish_batch(nc, req->response_subject, req->request_id, 1, two, 1, 0);  /* 1, 2 */
+    publish_batch(nc, req->response_subject, req->request_id, 4, NULL, 0, 0); /* 4: held */
+    publish_batch(nc, req->response_subject, req->request_id, 3, four_five, 2, 0);
+    publish_batch(nc, req->response_subject, req->request_id, 6, final7, 1, 1); /* 6, final */
+    t0 = swh_now_ms();
+    while (__atomic_load_n(&cb.terminals, __ATOMIC_ACQUIRE) == 0 && swh_now_ms() - t0 < T(5000))
+        swh_sleep_ms(5);
+    assert_int_equal(__atomic_load_n(&cb.terminals, __ATOMIC_ACQUIRE), 1);
+    assert_int_equal(cb.status, SW_STATUS_COMPLETED);
+    assert_int_equal(cb.n, 6);
+    for (size_t k = 0; k < cb.n; k++)
+        assert_int_equal(cb.seqs[k], k + 1);
+    sw_stream_stats_get(s, &st);
+    assert_int_equal(st.duplicates, 1);
+    assert_int_equal(st.reordered, 1);
+    swp_free(req);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    natsSubscription_Destroy(sub);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+}
+
 /* ------------------------------------------------ worker side */
 
 typedef struct engine {
@@ -1226,6 +1339,7 @@ main(void)
         cmocka_unit_test(credit_overrun_ends_with_flow_violation),
         cmocka_unit_test(held_item_beyond_final_is_item_after_final),
         cmocka_unit_test(cancel_in_callback_mid_message_is_answered_by_its_final),
+        cmocka_unit_test(items_in_order_across_gap_fill_and_duplicate),
         cmocka_unit_test(immediate_cancel_reaches_or_prevents),
         cmocka_unit_test(unacked_finals_are_bounded),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),

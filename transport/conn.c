@@ -319,7 +319,20 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         rv = sw_err_from_nats(s);
         goto fail;
     }
-    s = natsConnection_Connect(&c->nc, c->opts);
+    /* nats.c 3.4.1 leaves the nonce's signature (an nkey's or a creds
+     * file's) out of CONNECT when its first byte is 0 (its base64 encoder
+     * takes the raw bytes for a C string), and the server refuses that
+     * connect ("Signature missing"): 1 in 256, whatever the key (fixed
+     * upstream in nats.c 3.8, #705). Each attempt signs a fresh nonce, so a
+     * refused signed connect is made again, up to SWT_NKEY_CONNECT_TRIES
+     * times: a correct key is then refused once in 256^4 opens; a wrong
+     * one at every try. */
+    for (int t = 1;; t++) {
+        s = natsConnection_Connect(&c->nc, c->opts);
+        if (s != NATS_CONNECTION_AUTH_FAILED ||
+            (o->nkey_seed_file == NULL && o->creds_file == NULL) || t >= SWT_NKEY_CONNECT_TRIES)
+            break;
+    }
     if (s != NATS_OK) {
         rv = (s == NATS_NO_SERVER) ? SW_ECONNECT : sw_err_from_nats(s);
         goto fail;

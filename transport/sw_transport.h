@@ -10,8 +10,9 @@
 
 /* Subject buffers: prefix + endpoint + tokens always fit in this. */
 #define SWT_SUBJECT_MAX 320
-#define SWT_PING_MS 2000 /* NATS ping interval of every connection */
-#define SWT_PINGS_OUT 2  /* unanswered pings that make it stale (reconnect) */
+#define SWT_PING_MS 2000         /* NATS ping interval of every connection */
+#define SWT_PINGS_OUT 2          /* unanswered pings that make it stale (reconnect) */
+#define SWT_NKEY_CONNECT_TRIES 4 /* sw_conn_open with an nkey: see conn.c (nats.c 3.4.1) */
 
 /* sw.req.<ns>.<component>.<endpoint>.<instance> */
 sw_err swt_subject_request(char *out, size_t cap, const char *endpoint, const char *instance);

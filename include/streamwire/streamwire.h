@@ -158,7 +158,9 @@ SW_API void sw_conn_opts_init(sw_conn_opts *opts);
  * cluster key file that does not parse), SW_EPERM / SW_ENOTFOUND (a cluster
  * key file's mode or absence), SW_ECONNECT (no server
  * reachable), SW_EAUTH (the server refused the credentials, or a creds or
- * nkey file could not be read or parsed), SW_ETLS (TLS required by the
+ * nkey file could not be read or parsed; with a creds or nkey file a refused
+ * connect is made up to 4 times, since nats.c 3.4.1 leaves the signature
+ * out of 1 connect in 256), SW_ETLS (TLS required by the
  * server but not set here, a certificate file that does not load, or a
  * failed handshake), SW_ENOMEM, or a wrapped NATS status. Thread-safe. */
 SW_API SW_NODISCARD sw_err sw_conn_open(sw_conn **out, const sw_conn_opts *opts);

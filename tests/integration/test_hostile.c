@@ -125,6 +125,50 @@ read_all(sw_stream *s, uint64_t *seqs, size_t cap, size_t *n, sw_terminal *term)
     }
 }
 
+/* A fake worker on instance inst (its own connection) and a router with
+ * credit window `window` (another): the stream opened, with on_item (may
+ * be NULL: blocking), and its request taken. */
+typedef struct fake_env {
+    sw_conn *fc, *wc;
+    natsConnection *nc;
+    natsSubscription *sub;
+    sw_router *r;
+    sw_stream *s;
+    swp_request *req;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+} fake_env;
+
+static void
+fake_open(fake_env *f, const char *inst, unsigned window, sw_item_fn on_item, void *arg)
+{
+    sw_request_opts q;
+    f->fc = conn_open();
+    f->wc = conn_open();
+    f->nc = sw_conn_nats(f->wc);
+    f->sub = fake_worker_sub(f->nc, inst);
+    f->r = router_new(f->fc, window);
+    f->s = NULL;
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = inst;
+    q.on_item = on_item;
+    q.on_item_arg = arg;
+    assert_int_equal(sw_router_open(&f->s, f->r, &q, "p", 1), SW_OK);
+    f->req = fake_worker_take(f->sub);
+    memcpy(f->id, f->req->request_id.data, sizeof(f->id));
+}
+
+static void
+fake_close(fake_env *f)
+{
+    swp_free(f->req);
+    sw_stream_close(f->s);
+    sw_router_destroy(f->r);
+    natsSubscription_Destroy(f->sub);
+    sw_conn_close(f->wc);
+    sw_conn_close(f->fc);
+}
+
 /* ------------------------------------------------ #1 credit is enforced */
 
 /* A worker that ignores credit sends 50,000 items on a stream whose window
@@ -134,43 +178,26 @@ read_all(sw_stream *s, uint64_t *seqs, size_t cap, size_t *n, sw_terminal *term)
 static void
 credit_overrun_ends_with_flow_violation(void **state)
 {
-    sw_conn *fc = conn_open(), *wc = conn_open();
-    natsConnection *nc = sw_conn_nats(wc);
-    natsSubscription *sub = fake_worker_sub(nc, "fake-credit");
-    sw_router *r = router_new(fc, 16);
-    sw_request_opts q;
-    sw_stream *s = NULL;
+    fake_env f;
     sw_stream_stats st;
-    swp_request *req;
-    uint8_t id[SW_REQUEST_ID_BYTES];
     uint64_t seqs[64];
     size_t n;
     sw_terminal term;
     (void)state;
-    sw_request_opts_init(&q);
-    q.endpoint = EP;
-    q.instance_id = "fake-credit";
-    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
-    req = fake_worker_take(sub);
-    assert_int_equal(req->credit_window, 16);
-    memcpy(id, req->request_id.data, sizeof(id));
+    fake_open(&f, "fake-credit", 16, NULL, NULL);
+    assert_int_equal(f.req->credit_window, 16);
     for (uint64_t seq = 1; seq <= 50000; seq++)
-        raw_item(nc, req->response_subject, id, seq, "0123456789abcdef0123456789abcdef", 0);
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    read_all(s, seqs, 64, &n, &term);
+        raw_item(f.nc, f.req->response_subject, f.id, seq, "0123456789abcdef0123456789abcdef", 0);
+    assert_int_equal(natsConnection_Flush(f.nc), NATS_OK);
+    read_all(f.s, seqs, 64, &n, &term);
     assert_int_equal(term.status, SW_STATUS_ERROR);
     assert_int_equal(term.error, SW_FLOW_VIOLATION);
     assert_true(n <= 16);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(seqs[i], i + 1);
-    sw_stream_stats_get(s, &st);
+    sw_stream_stats_get(f.s, &st);
     assert_true(st.peak_pending <= 16);
-    swp_free(req);
-    sw_stream_close(s);
-    sw_router_destroy(r);
-    natsSubscription_Destroy(sub);
-    sw_conn_close(wc);
-    sw_conn_close(fc);
+    fake_close(&f);
 }
 
 /* ------------------------------------------------ #13 held beyond a final */
@@ -182,29 +209,17 @@ credit_overrun_ends_with_flow_violation(void **state)
 static void
 held_item_beyond_final_is_item_after_final(void **state)
 {
-    sw_conn *fc = conn_open(), *wc = conn_open();
-    natsConnection *nc = sw_conn_nats(wc);
-    natsSubscription *sub = fake_worker_sub(nc, "fake-held");
-    sw_router *r = router_new(fc, 16);
-    sw_request_opts q;
-    sw_stream *s = NULL;
-    swp_request *req;
-    uint8_t id[SW_REQUEST_ID_BYTES];
+    fake_env f;
     uint64_t seqs[8];
     size_t n;
     sw_terminal term;
     (void)state;
-    sw_request_opts_init(&q);
-    q.endpoint = EP;
-    q.instance_id = "fake-held";
-    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
-    req = fake_worker_take(sub);
-    memcpy(id, req->request_id.data, sizeof(id));
-    raw_item(nc, req->response_subject, id, 3, "three", 0);
-    raw_item(nc, req->response_subject, id, 2, NULL, 1);
-    raw_item(nc, req->response_subject, id, 1, "one", 0);
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    read_all(s, seqs, 8, &n, &term);
+    fake_open(&f, "fake-held", 16, NULL, NULL);
+    raw_item(f.nc, f.req->response_subject, f.id, 3, "three", 0);
+    raw_item(f.nc, f.req->response_subject, f.id, 2, NULL, 1);
+    raw_item(f.nc, f.req->response_subject, f.id, 1, "one", 0);
+    assert_int_equal(natsConnection_Flush(f.nc), NATS_OK);
+    read_all(f.s, seqs, 8, &n, &term);
     /* The violation is known once the final arrives: item 1 may or may not
      * have been delivered before, and nothing after it. */
     assert_true(n <= 1);
@@ -212,125 +227,12 @@ held_item_beyond_final_is_item_after_final(void **state)
         assert_int_equal(seqs[0], 1);
     assert_int_equal(term.status, SW_STATUS_ERROR);
     assert_int_equal(term.error, SW_ITEM_AFTER_FINAL);
-    swp_free(req);
-    sw_stream_close(s);
-    sw_router_destroy(r);
-    natsSubscription_Destroy(sub);
-    sw_conn_close(wc);
-    sw_conn_close(fc);
+    fake_close(&f);
 }
 
-/* ------------------------------------------------ a cancel mid-message */
+/* ------------------------------------------------ several items a message */
 
-typedef struct cancel_cb {
-    int items;
-    int terminals;
-    sw_status status;
-} cancel_cb;
-
-static void
-cancel_on_first(sw_stream *s, const sw_item *it, void *arg)
-{
-    cancel_cb *c = arg;
-    if (it->kind == SW_ITEM_TERMINAL) {
-        c->terminals++;
-        c->status = it->terminal.status;
-        return;
-    }
-    if (c->items++ == 0)
-        assert_int_equal(sw_stream_cancel(s), SW_OK);
-}
-
-/* One message carries items 1 and 2 and the final (3). The callback
- * cancels on item 1, while the rest of that message is still to be fed:
- * the stream drops item 2 and the final, yet the final answers the
- * cancel, so the router does not send CANCEL again (it would after 100,
- * 300 and 700 ms, to a worker that has finished). */
-static void
-cancel_in_callback_mid_message_is_answered_by_its_final(void **state)
-{
-    sw_conn *fc = conn_open(), *wc = conn_open();
-    natsConnection *nc = sw_conn_nats(wc);
-    natsSubscription *sub = fake_worker_sub(nc, "fake-midcancel"), *ctl = NULL;
-    sw_router *r = router_new(fc, 16);
-    sw_request_opts q;
-    sw_stream *s = NULL;
-    swp_request *req;
-    cancel_cb cb;
-    char subj[SWT_SUBJECT_MAX];
-    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
-    swp_batched b2 = STREAMWIRE__V1__BATCHED_ITEM__INIT, b3 = STREAMWIRE__V1__BATCHED_ITEM__INIT;
-    swp_batched *batch[2] = {&b2, &b3};
-    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
-    uint8_t buf[512];
-    size_t len;
-    int cancels = 0;
-    int64_t t0;
-    (void)state;
-    memset(&cb, 0, sizeof(cb));
-    assert_int_equal(swt_subject_control(subj, sizeof(subj), "fake-midcancel"), SW_OK);
-    assert_int_equal(natsConnection_SubscribeSync(&ctl, nc, subj), NATS_OK);
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    sw_request_opts_init(&q);
-    q.endpoint = EP;
-    q.instance_id = "fake-midcancel";
-    q.on_item = cancel_on_first;
-    q.on_item_arg = &cb;
-    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
-    req = fake_worker_take(sub);
-    w.version = SW_PROTOCOL_VERSION;
-    w.request_id = req->request_id;
-    w.seq = 1;
-    w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
-    w.data.data = (uint8_t *)"one";
-    w.data.len = 3;
-    b2.seq = 2;
-    b2.data.data = (uint8_t *)"two";
-    b2.data.len = 3;
-    b3.seq = 3;
-    b3.complete_final = 1;
-    t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
-    t.finish_reason = (char *)"stop";
-    b3.terminal = &t;
-    w.n_batch = 2;
-    w.batch = batch;
-    assert_int_equal(swp_encode(&w, buf, sizeof(buf), &len), SW_OK);
-    t0 = swh_now_ms();
-    assert_int_equal(natsConnection_Publish(nc, req->response_subject, buf, (int)len), NATS_OK);
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    /* The controls for 500 ms after the message: the one CANCEL, nothing
-     * again (a repeat would come 100 ms after it). */
-    for (;;) {
-        natsMsg *m = NULL;
-        swp_control *c = NULL;
-        int64_t left = t0 + T(500) - swh_now_ms();
-        if (left <= 0 || natsSubscription_NextMsg(&m, ctl, left) != NATS_OK)
-            break;
-        if (swp_decode_control((const uint8_t *)natsMsg_GetData(m),
-                               (size_t)natsMsg_GetDataLength(m), 1 << 20, &c) == SW_OK) {
-            if (c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL &&
-                c->request_id.len == SW_REQUEST_ID_BYTES &&
-                memcmp(c->request_id.data, req->request_id.data, SW_REQUEST_ID_BYTES) == 0)
-                cancels++;
-            swp_free(c);
-        }
-        natsMsg_Destroy(m);
-    }
-    assert_int_equal(cb.items, 1); /* nothing after the cancel */
-    assert_int_equal(cb.terminals, 1);
-    assert_int_equal(cb.status, SW_STATUS_CANCELLED);
-    assert_int_equal(cancels, 1);
-    swp_free(req);
-    sw_stream_close(s);
-    sw_router_destroy(r);
-    natsSubscription_Destroy(ctl);
-    natsSubscription_Destroy(sub);
-    sw_conn_close(wc);
-    sw_conn_close(fc);
-}
-
-/* ------------------------------------------------ order within messages */
-
+/* What a callback consumer got: the data seqs in order, the terminal. */
 typedef struct seq_cb {
     uint64_t seqs[16];
     size_t n;
@@ -352,11 +254,20 @@ collect_seqs(sw_stream *s, const sw_item *it, void *arg)
         c->seqs[c->n++] = it->seq;
 }
 
-/* A wrapper of seq `seq` with data, and batched entries seqs[0..nb) (the
- * last one a final if `final`), published on subj. */
+/* As collect_seqs, and cancels the stream on its first data item. */
 static void
-publish_batch(natsConnection *nc, const char *subj, ProtobufCBinaryData id, uint64_t seq,
-              const uint64_t *seqs, size_t nb, int final)
+cancel_on_first(sw_stream *s, const sw_item *it, void *arg)
+{
+    seq_cb *c = arg;
+    collect_seqs(s, it, arg);
+    if (it->kind == SW_ITEM_DATA && c->n == 1)
+        assert_int_equal(sw_stream_cancel(s), SW_OK);
+}
+
+/* One message on f's response subject: a wrapper of seq `seq` with data,
+ * and batched entries seqs[0..nb) (the last one a final if `final`). */
+static void
+publish_batch(const fake_env *f, uint64_t seq, const uint64_t *seqs, size_t nb, int final)
 {
     swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
     swp_batched b[4], *bp[4];
@@ -365,7 +276,7 @@ publish_batch(natsConnection *nc, const char *subj, ProtobufCBinaryData id, uint
     size_t len;
     assert_true(nb <= 4);
     w.version = SW_PROTOCOL_VERSION;
-    w.request_id = id;
+    w.request_id = f->req->request_id;
     w.seq = seq;
     w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
     w.data.data = (uint8_t *)"d";
@@ -387,8 +298,59 @@ publish_batch(natsConnection *nc, const char *subj, ProtobufCBinaryData id, uint
     w.n_batch = nb;
     w.batch = nb ? bp : NULL;
     assert_int_equal(swp_encode(&w, buf, sizeof(buf), &len), SW_OK);
-    assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(natsConnection_Publish(f->nc, f->req->response_subject, buf, (int)len),
+                     NATS_OK);
+    assert_int_equal(natsConnection_Flush(f->nc), NATS_OK);
+}
+
+/* One message carries items 1 and 2 and the final (3). The callback
+ * cancels on item 1, while the rest of that message is still to be fed:
+ * the stream drops item 2 and the final, yet the final answers the
+ * cancel, so the router does not send CANCEL again (it would after 100,
+ * 300 and 700 ms, to a worker that has finished). */
+static void
+cancel_in_callback_mid_message_is_answered_by_its_final(void **state)
+{
+    fake_env f;
+    natsSubscription *ctl = NULL;
+    seq_cb cb;
+    char subj[SWT_SUBJECT_MAX];
+    static const uint64_t two_final3[2] = {2, 3};
+    int cancels = 0;
+    int64_t t0;
+    (void)state;
+    memset(&cb, 0, sizeof(cb));
+    fake_open(&f, "fake-midcancel", 16, cancel_on_first, &cb);
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), "fake-midcancel"), SW_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&ctl, f.nc, subj), NATS_OK);
+    assert_int_equal(natsConnection_Flush(f.nc), NATS_OK);
+    t0 = swh_now_ms();
+    publish_batch(&f, 1, two_final3, 2, 1);
+    /* The controls for 500 ms after the message: the one CANCEL, nothing
+     * again (a repeat would come 100 ms after it). */
+    for (;;) {
+        natsMsg *m = NULL;
+        swp_control *c = NULL;
+        int64_t left = t0 + T(500) - swh_now_ms();
+        if (left <= 0 || natsSubscription_NextMsg(&m, ctl, left) != NATS_OK)
+            break;
+        if (swp_decode_control((const uint8_t *)natsMsg_GetData(m),
+                               (size_t)natsMsg_GetDataLength(m), 1 << 20, &c) == SW_OK) {
+            if (c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL &&
+                c->request_id.len == SW_REQUEST_ID_BYTES &&
+                memcmp(c->request_id.data, f.id, SW_REQUEST_ID_BYTES) == 0)
+                cancels++;
+            swp_free(c);
+        }
+        natsMsg_Destroy(m);
+    }
+    assert_int_equal(cb.n, 1); /* nothing after the cancel */
+    assert_int_equal(cb.seqs[0], 1);
+    assert_int_equal(__atomic_load_n(&cb.terminals, __ATOMIC_ACQUIRE), 1);
+    assert_int_equal(cb.status, SW_STATUS_CANCELLED);
+    assert_int_equal(cancels, 1);
+    natsSubscription_Destroy(ctl);
+    fake_close(&f);
 }
 
 /* Messages that fill a gap and carry a duplicate and new items at once,
@@ -399,30 +361,18 @@ publish_batch(natsConnection *nc, const char *subj, ProtobufCBinaryData id, uint
 static void
 items_in_order_across_gap_fill_and_duplicate(void **state)
 {
-    sw_conn *fc = conn_open(), *wc = conn_open();
-    natsConnection *nc = sw_conn_nats(wc);
-    natsSubscription *sub = fake_worker_sub(nc, "fake-order");
-    sw_router *r = router_new(fc, 16);
-    sw_request_opts q;
-    sw_stream *s = NULL;
+    fake_env f;
     sw_stream_stats st;
-    swp_request *req;
     seq_cb cb;
     static const uint64_t two[1] = {2}, four_five[2] = {4, 5}, final7[1] = {7};
     int64_t t0;
     (void)state;
     memset(&cb, 0, sizeof(cb));
-    sw_request_opts_init(&q);
-    q.endpoint = EP;
-    q.instance_id = "fake-order";
-    q.on_item = collect_seqs;
-    q.on_item_arg = &cb;
-    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
-    req = fake_worker_take(sub);
-    publish_batch(nc, req->response_subject, req->request_id, 1, two, 1, 0);  /* 1, 2 */
-    publish_batch(nc, req->response_subject, req->request_id, 4, NULL, 0, 0); /* 4: held */
-    publish_batch(nc, req->response_subject, req->request_id, 3, four_five, 2, 0);
-    publish_batch(nc, req->response_subject, req->request_id, 6, final7, 1, 1); /* 6, final */
+    fake_open(&f, "fake-order", 16, collect_seqs, &cb);
+    publish_batch(&f, 1, two, 1, 0);  /* 1, 2 */
+    publish_batch(&f, 4, NULL, 0, 0); /* 4: held */
+    publish_batch(&f, 3, four_five, 2, 0);
+    publish_batch(&f, 6, final7, 1, 1); /* 6, final */
     t0 = swh_now_ms();
     while (__atomic_load_n(&cb.terminals, __ATOMIC_ACQUIRE) == 0 && swh_now_ms() - t0 < T(5000))
         swh_sleep_ms(5);
@@ -431,15 +381,10 @@ items_in_order_across_gap_fill_and_duplicate(void **state)
     assert_int_equal(cb.n, 6);
     for (size_t k = 0; k < cb.n; k++)
         assert_int_equal(cb.seqs[k], k + 1);
-    sw_stream_stats_get(s, &st);
+    sw_stream_stats_get(f.s, &st);
     assert_int_equal(st.duplicates, 1);
     assert_int_equal(st.reordered, 1);
-    swp_free(req);
-    sw_stream_close(s);
-    sw_router_destroy(r);
-    natsSubscription_Destroy(sub);
-    sw_conn_close(wc);
-    sw_conn_close(fc);
+    fake_close(&f);
 }
 
 /* ------------------------------------------------ worker side */

@@ -131,7 +131,7 @@ swt_subject_kind_of(const char *subject)
         return SWT_SUBJ_CONTROL;
     if (swt_prefix(subject, "sw.lv."))
         return SWT_SUBJ_LIVE_REPLY;
-    if (swt_prefix(subject, "sw.rsp.") && n > 10 && strcmp(subject + n - 3, ".hb") == 0)
+    if (swt_prefix(subject, "sw.rsp.") && n > 10 && swt_beats_n(subject, n))
         return SWT_SUBJ_BEATS;
     if (swt_prefix(subject, "sw.prb."))
         return SWT_SUBJ_PROBE_REPLY;

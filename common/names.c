@@ -19,16 +19,22 @@ static const unsigned char swi_token_char[256] = {
     ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1,
     ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1, ['_'] = 1, ['-'] = 1};
 
+size_t
+swi_token_len(const char *t)
+{
+    size_t n = 0;
+    if (t == NULL)
+        return 0;
+    for (; t[n] != '\0'; n++)
+        if (n >= SW_MAX_TOKEN || !swi_token_char[(unsigned char)t[n]])
+            return 0;
+    return n;
+}
+
 sw_err
 sw_validate_token(const char *t)
 {
-    size_t n = 0;
-    if (t == NULL || *t == '\0')
-        return SW_EINVAL;
-    for (; t[n] != '\0'; n++)
-        if (n >= SW_MAX_TOKEN || !swi_token_char[(unsigned char)t[n]])
-            return SW_EINVAL;
-    return SW_OK;
+    return swi_token_len(t) != 0 ? SW_OK : SW_EINVAL;
 }
 
 sw_err
@@ -97,8 +103,10 @@ swi_trace_id(const char *tp, char out[SWI_TRACE_ID_LEN + 1])
 void
 swi_logtag(char out[SWI_LOGTAG_MAX], const char *idhex, const char *trace_id)
 {
-    if (trace_id != NULL && trace_id[0] != '\0')
-        snprintf(out, SWI_LOGTAG_MAX, "%s trace=%s", idhex, trace_id);
-    else
-        snprintf(out, SWI_LOGTAG_MAX, "%s", idhex);
+    size_t n = swi_strlcpy(out, idhex, SWI_LOGTAG_MAX);
+    if (trace_id != NULL && trace_id[0] != '\0' && n + 1 < SWI_LOGTAG_MAX) {
+        n += swi_strlcpy(out + n, " trace=", SWI_LOGTAG_MAX - n);
+        if (n + 1 < SWI_LOGTAG_MAX)
+            swi_strlcpy(out + n, trace_id, SWI_LOGTAG_MAX - n);
+    }
 }

@@ -364,7 +364,7 @@ swi_peers_use(swi_peers *p, const char *id, int64_t now)
         }
         e = &p->v[p->n++];
         memset(e, 0, sizeof(*e));
-        snprintf(e->id, sizeof(e->id), "%s", id);
+        swi_strlcpy(e->id, id, sizeof(e->id));
         e->last_ok_ms = now;
         e->sent_ms = now; /* the first probe after one interval */
     }
@@ -540,7 +540,7 @@ swi_idq_add(swi_idq *q, const uint8_t *id, const char *tag, int64_t now)
     if ((e = calloc(1, sizeof(*e))) == NULL)
         return;
     memcpy(e->id, id, sizeof(e->id));
-    snprintf(e->tag, sizeof(e->tag), "%s", tag ? tag : "");
+    swi_strlcpy(e->tag, tag ? tag : "", sizeof(e->tag));
     e->at = now;
     if (swi_idmap_put(&q->map, id, e) != 0) {
         free(e);

@@ -43,6 +43,13 @@ void swi_random_token(char out[17]);
 
 /* strdup that returns NULL for NULL. */
 char *swi_strdup(const char *s);
+/* Copies src (not NULL) into dst of cap > 0 bytes, cut short to fit and
+ * always terminated, as snprintf(dst, cap, "%s", src) does without the
+ * format walk. Returns strlen(src) (>= cap: it was cut). */
+size_t swi_strlcpy(char *dst, const char *src, size_t cap);
+/* The length of t if it is a valid subject token (sw_validate_token), else
+ * 0. */
+size_t swi_token_len(const char *t);
 
 /* Condition variable on CLOCK_MONOTONIC, and a wait with an absolute
  * monotonic deadline in ms (deadline < 0 waits forever). Returns 0 or

@@ -94,6 +94,16 @@ swi_random_token(char out[17])
     swi_hex(out, b, sizeof(b));
 }
 
+size_t
+swi_strlcpy(char *dst, const char *src, size_t cap)
+{
+    size_t n = strlen(src);
+    size_t k = n < cap ? n : cap - 1;
+    memcpy(dst, src, k);
+    dst[k] = '\0';
+    return n;
+}
+
 char *
 swi_strdup(const char *s)
 {

@@ -52,7 +52,7 @@ swe_reroute(sw_stream *s)
     s->rerouted = 1;
     memcpy(buf, s->req_buf, s->req_len);
     len = s->req_len;
-    snprintf(old, sizeof(old), "%s", swe_instance(s));
+    swi_strlcpy(old, swe_instance(s), sizeof(old));
     pthread_mutex_unlock(&s->mu);
 
     (void)swr_pool_quarantine(r->pool, old); /* local only: it may be alive and draining */
@@ -157,7 +157,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     /* A named instance is taken as is; otherwise the pool picks one below,
      * under r->mu, together with counting the stream on it. */
     if (o->instance_id != NULL)
-        snprintf(s->inst_first, sizeof(s->inst_first), "%s", o->instance_id);
+        swi_strlcpy(s->inst_first, o->instance_id, sizeof(s->inst_first));
     if ((s->endpoint = strdup(o->endpoint)) == NULL) {
         swe_stream_unref(s);
         return SW_ENOMEM;

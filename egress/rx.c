@@ -1,8 +1,8 @@
 /* egress/rx.c -- see rx.h. Pure: no locks, no clock, no I/O. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sw_common.h"
 #include "egress/rx.h"
 
 static void
@@ -129,10 +129,23 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
      * given, and for everything when there is no memory for the texts. */
     rx->term.reason = status == SW_STATUS_ERROR ? sw_err_name(err) : "";
     rx->term.message = status == SW_STATUS_ERROR ? sw_strerror(err) : "";
-    if (rx_text(rx) != NULL) {
-        snprintf(rx->txt->term_reason, sizeof(rx->txt->term_reason), "%s",
-                 reason ? reason : rx->term.reason);
-        snprintf(rx->txt->term_msg, sizeof(rx->txt->term_msg), "%s", msg ? msg : rx->term.message);
+    if (reason == NULL || *reason == '\0')
+        reason = reason == NULL ? rx->term.reason : ""; /* static: nothing to copy */
+    if (msg == NULL || *msg == '\0')
+        msg = msg == NULL ? rx->term.message : "";
+    if (reason == rx->term.reason || *reason == '\0') {
+        if (msg == rx->term.message || *msg == '\0') {
+            /* A completed stream's final carries no texts: no allocation. */
+            rx->term.reason = reason;
+            rx->term.message = msg;
+        } else if (rx_text(rx) != NULL) {
+            rx->term.reason = reason;
+            rx->term.message = rx->txt->term_msg;
+            swi_strlcpy(rx->txt->term_msg, msg, sizeof(rx->txt->term_msg));
+        }
+    } else if (rx_text(rx) != NULL) {
+        swi_strlcpy(rx->txt->term_reason, reason, sizeof(rx->txt->term_reason));
+        swi_strlcpy(rx->txt->term_msg, msg, sizeof(rx->txt->term_msg));
         rx->term.reason = rx->txt->term_reason;
         rx->term.message = rx->txt->term_msg;
     }
@@ -342,9 +355,13 @@ rx_note_final(swe_rx *rx, const swe_rx_in *in)
     rx->final_seq = in->seq;
     rx->w_status = in->status;
     rx->w_err = in->err;
-    if (rx_text(rx) != NULL) {
-        snprintf(rx->txt->w_reason, sizeof(rx->txt->w_reason), "%s", in->reason ? in->reason : "");
-        snprintf(rx->txt->w_msg, sizeof(rx->txt->w_msg), "%s", in->message ? in->message : "");
+    if ((in->reason == NULL || in->reason[0] == '\0') &&
+        (in->message == NULL || in->message[0] == '\0')) {
+        if (rx->txt != NULL) /* (no texts: none kept, none allocated) */
+            rx->txt->w_reason[0] = rx->txt->w_msg[0] = '\0';
+    } else if (rx_text(rx) != NULL) {
+        swi_strlcpy(rx->txt->w_reason, in->reason ? in->reason : "", sizeof(rx->txt->w_reason));
+        swi_strlcpy(rx->txt->w_msg, in->message ? in->message : "", sizeof(rx->txt->w_msg));
     }
     if (rx->held > 0)
         for (size_t i = 0; i < rx->hold_cap; i++)

@@ -189,8 +189,8 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     swi_cond_init(&r->cv);
     memcpy(r->id, req->request_id.data, SW_REQUEST_ID_BYTES);
     swi_hex(r->idhex, r->id, SW_REQUEST_ID_BYTES);
-    snprintf(r->resp_subj, sizeof(r->resp_subj), "%s", req->response_subject);
-    snprintf(r->router_id, sizeof(r->router_id), "%s", req->router_id);
+    swi_strlcpy(r->resp_subj, req->response_subject, sizeof(r->resp_subj));
+    swi_strlcpy(r->router_id, req->router_id, sizeof(r->router_id));
     /* The reply subject is the standard one (checked above), so the
      * router's heartbeat batches cover this stream. */
     r->beats_batched = 1;

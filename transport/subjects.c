@@ -2,88 +2,101 @@
  * Every name that becomes part of a subject passes sw_validate_token
  * (common/names.c) first, so a wildcard, space or empty token can never
  * reach the server. */
-#include <stdio.h>
 #include <string.h>
 
 #include "proto/sw_codec.h"
 #include "transport/sw_transport.h"
 
+/* A subject is built for every message: its pieces are measured (each
+ * name checked by swi_token_len, sw_validate_token's table) and copied,
+ * without a format walk. SW_EINVAL if a piece is 0 long (not a valid
+ * name) or the whole does not fit in cap bytes with its NUL. */
+typedef struct subj_part {
+    const char *s;
+    size_t n;
+} subj_part;
+
+#define LIT(x)           \
+    {                    \
+        x, sizeof(x) - 1 \
+    }
+
 static sw_err
-swt_fmt_check(int n, size_t cap)
+subj_join(char *out, size_t cap, const subj_part *p, size_t np)
 {
-    return (n < 0 || (size_t)n >= cap) ? SW_EINVAL : SW_OK;
+    size_t n = 0, at = 0;
+    for (size_t i = 0; i < np; i++) {
+        if (p[i].n == 0)
+            return SW_EINVAL;
+        n += p[i].n;
+    }
+    if (n >= cap)
+        return SW_EINVAL;
+    for (size_t i = 0; i < np; at += p[i].n, i++)
+        memcpy(out + at, p[i].s, p[i].n);
+    out[n] = '\0';
+    return SW_OK;
 }
+
+#define SUBJ_JOIN(out, cap, ...)                          \
+    subj_join(out, cap, (const subj_part[]){__VA_ARGS__}, \
+              sizeof((const subj_part[]){__VA_ARGS__}) / sizeof(subj_part))
 
 sw_err
 swt_subject_request(char *out, size_t cap, const char *endpoint, const char *instance)
 {
-    if (sw_validate_endpoint(endpoint) != SW_OK || sw_validate_token(instance) != SW_OK)
-        return SW_EINVAL;
-    return swt_fmt_check(snprintf(out, cap, "sw.req.%s.%s", endpoint, instance), cap);
+    size_t ne = sw_validate_endpoint(endpoint) == SW_OK ? strlen(endpoint) : 0;
+    return SUBJ_JOIN(out, cap, LIT("sw.req."), {endpoint, ne}, LIT("."),
+                     {instance, swi_token_len(instance)});
 }
 
 sw_err
 swt_subject_control(char *out, size_t cap, const char *instance)
 {
-    if (sw_validate_token(instance) != SW_OK)
-        return SW_EINVAL;
-    return swt_fmt_check(snprintf(out, cap, "sw.ctl.%s", instance), cap);
+    return SUBJ_JOIN(out, cap, LIT("sw.ctl."), {instance, swi_token_len(instance)});
 }
 
 sw_err
 swt_subject_response(char *out, size_t cap, const char *router, const char *reqhex)
 {
-    if (sw_validate_token(router) != SW_OK || sw_validate_token(reqhex) != SW_OK)
-        return SW_EINVAL;
-    return swt_fmt_check(snprintf(out, cap, "sw.rsp.%s.%s", router, reqhex), cap);
+    return SUBJ_JOIN(out, cap, LIT("sw.rsp."), {router, swi_token_len(router)}, LIT("."),
+                     {reqhex, swi_token_len(reqhex)});
 }
 
 sw_err
 swt_subject_response_wildcard(char *out, size_t cap, const char *router)
 {
-    if (sw_validate_token(router) != SW_OK)
-        return SW_EINVAL;
-    return swt_fmt_check(snprintf(out, cap, "sw.rsp.%s.*", router), cap);
+    return SUBJ_JOIN(out, cap, LIT("sw.rsp."), {router, swi_token_len(router)}, LIT(".*"));
 }
 
 sw_err
 swt_subject_router(char *out, size_t cap, const char *router)
 {
-    if (sw_validate_token(router) != SW_OK)
-        return SW_EINVAL;
-    return swt_fmt_check(snprintf(out, cap, "sw.rtr.%s", router), cap);
+    return SUBJ_JOIN(out, cap, LIT("sw.rtr."), {router, swi_token_len(router)});
 }
 
 sw_err
 swt_subject_beats(char *out, size_t cap, const char *router)
 {
-    if (sw_validate_token(router) != SW_OK)
-        return SW_EINVAL;
-    return swt_fmt_check(snprintf(out, cap, "sw.rsp.%s.hb", router), cap);
+    return SUBJ_JOIN(out, cap, LIT("sw.rsp."), {router, swi_token_len(router)}, LIT(".hb"));
 }
 
 sw_err
 swt_subject_probe_reply(char *out, size_t cap, const char *router, const char *instance)
 {
-    if (sw_validate_token(router) != SW_OK)
-        return SW_EINVAL;
     if (instance == NULL)
-        return swt_fmt_check(snprintf(out, cap, "sw.prb.%s.*", router), cap);
-    if (sw_validate_token(instance) != SW_OK)
-        return SW_EINVAL;
-    return swt_fmt_check(snprintf(out, cap, "sw.prb.%s.%s", router, instance), cap);
+        return SUBJ_JOIN(out, cap, LIT("sw.prb."), {router, swi_token_len(router)}, LIT(".*"));
+    return SUBJ_JOIN(out, cap, LIT("sw.prb."), {router, swi_token_len(router)}, LIT("."),
+                     {instance, swi_token_len(instance)});
 }
 
 sw_err
 swt_subject_live_reply(char *out, size_t cap, const char *instance, const char *router)
 {
-    if (sw_validate_token(instance) != SW_OK)
-        return SW_EINVAL;
     if (router == NULL)
-        return swt_fmt_check(snprintf(out, cap, "sw.lv.%s.*", instance), cap);
-    if (sw_validate_token(router) != SW_OK)
-        return SW_EINVAL;
-    return swt_fmt_check(snprintf(out, cap, "sw.lv.%s.%s", instance, router), cap);
+        return SUBJ_JOIN(out, cap, LIT("sw.lv."), {instance, swi_token_len(instance)}, LIT(".*"));
+    return SUBJ_JOIN(out, cap, LIT("sw.lv."), {instance, swi_token_len(instance)}, LIT("."),
+                     {router, swi_token_len(router)});
 }
 
 int

@@ -1325,6 +1325,60 @@ test_failed_final(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A final's texts are copied out of the message (whose buffer is reused at
+ * once), and only when there are any: a completed stream's empty final
+ * allocates none. */
+static void
+test_final_texts_copied_only_when_present(void **state)
+{
+    swe_rx rx;
+    swe_rx_in in;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    char reason[16], msg[16];
+    (void)state;
+    /* empty: no texts kept */
+    start(&rx);
+    (void)final_at(&rx, 1, SW_STATUS_COMPLETED, "", 1);
+    assert_null(rx.txt);
+    assert_int_equal(drain(&rx, 1, seqs, 4, &t), 0);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_string_equal(t.reason, "");
+    assert_string_equal(t.message, "");
+    assert_null(rx.txt);
+    swe_rx_fini(&rx);
+    /* texts from a buffer overwritten after the call: the copies come out */
+    start(&rx);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_FINAL;
+    in.seq = 1;
+    in.status = SW_STATUS_INCOMPLETE;
+    strcpy(reason, "max_tokens");
+    strcpy(msg, "at 4096");
+    in.reason = reason;
+    in.message = msg;
+    swe_rx_on_item(&rx, &in, 1, &a);
+    memset(reason, 'x', sizeof(reason) - 1);
+    memset(msg, 'y', sizeof(msg) - 1);
+    assert_int_equal(drain(&rx, 1, seqs, 4, &t), 0);
+    assert_int_equal(t.status, SW_STATUS_INCOMPLETE);
+    assert_string_equal(t.reason, "max_tokens");
+    assert_string_equal(t.message, "at 4096");
+    swe_rx_fini(&rx);
+    /* a message without a reason */
+    start(&rx);
+    strcpy(msg, "only this");
+    in.reason = "";
+    in.message = msg;
+    swe_rx_on_item(&rx, &in, 1, &a);
+    memset(msg, 'y', sizeof(msg) - 1);
+    assert_int_equal(drain(&rx, 1, seqs, 4, &t), 0);
+    assert_string_equal(t.reason, "");
+    assert_string_equal(t.message, "only this");
+    swe_rx_fini(&rx);
+}
+
 /* ---------------------------------------------------------------- bounds */
 
 /* Sequence numbers 0 and the top of the range are handled. */
@@ -2095,6 +2149,7 @@ main(void)
         cmocka_unit_test(test_wire_cancelled_final_keeps_data),
         cmocka_unit_test(test_nothing_after_terminal_delivered),
         cmocka_unit_test(test_failed_final),
+        cmocka_unit_test(test_final_texts_copied_only_when_present),
         cmocka_unit_test(test_seq_limits),
         cmocka_unit_test(test_memory_bound),
         cmocka_unit_test(test_fini_frees_everything),

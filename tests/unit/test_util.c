@@ -738,6 +738,30 @@ test_trace_id(void **state)
     assert_string_equal(lt, "abcd");
     swi_logtag(lt, "abcd", "4bf92f3577b34da6a3ce929d0e0e4736");
     assert_string_equal(lt, "abcd trace=4bf92f3577b34da6a3ce929d0e0e4736");
+    swi_logtag(lt, "0123456789abcdef0123456789abcdef", "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_string_equal(lt,
+                        "0123456789abcdef0123456789abcdef trace=4bf92f3577b34da6a3ce929d0e0e4736");
+}
+
+/* swi_strlcpy: snprintf(dst, cap, "%s", src) without the format walk. */
+static void
+test_strlcpy(void **state)
+{
+    char b[6];
+    (void)state;
+    memset(b, '#', sizeof(b));
+    assert_int_equal(swi_strlcpy(b, "abc", sizeof(b)), 3);
+    assert_string_equal(b, "abc");
+    assert_int_equal(swi_strlcpy(b, "abcde", sizeof(b)), 5); /* exactly fits */
+    assert_string_equal(b, "abcde");
+    assert_int_equal(swi_strlcpy(b, "abcdefgh", sizeof(b)), 8); /* cut: the return says so */
+    assert_string_equal(b, "abcde");
+    assert_int_equal(swi_strlcpy(b, "", sizeof(b)), 0);
+    assert_string_equal(b, "");
+    b[1] = '#';
+    assert_int_equal(swi_strlcpy(b, "xyz", 1), 3);
+    assert_int_equal(b[0], '\0');
+    assert_int_equal(b[1], '#'); /* nothing past cap */
 }
 
 int
@@ -749,6 +773,7 @@ main(void)
         cmocka_unit_test(test_idmap_get_n),
         cmocka_unit_test(test_validate_token_charset),
         cmocka_unit_test(test_trace_id),
+        cmocka_unit_test(test_strlcpy),
         cmocka_unit_test(test_idmap_basic),
         cmocka_unit_test(test_idmap_initial_capacity),
         cmocka_unit_test(test_idmap_many_keys),

@@ -217,7 +217,7 @@ swt_env_is_sealed(const uint8_t *buf, size_t len)
     pb_field f;
     if (buf == NULL)
         return 0;
-    while (off < len) {
+    for (int i = 0; i < 3 && off < len; i++) {
         if (rd_field(buf, len, &off, &f) != 0)
             return 0;
         if (f.num == 15 && f.wt == 2)

@@ -58,9 +58,13 @@ typedef struct swt_env_class {
 } swt_env_class;
 void swt_env_classify(const char *subject, swt_env_class *out);
 
-/* 1 if buf is a sealed envelope (a top-level field 15 of length type), 0 if
- * not; a bounded walk that never reads past len. Malformed bytes are 0 (the
- * message's own decoder then refuses them). */
+/* 1 if buf is a sealed envelope, 0 if not: a top-level field 15 of length
+ * type among its first three fields (a sealer writes version, the request
+ * id if any, then field 15), so every message is looked at in at most three
+ * fields, whatever its length. Never reads past len. Malformed bytes are 0
+ * (the message's own decoder then refuses them); so is a field 15 further
+ * on, which no sealer writes (an unsealed decoder skips it as protobuf-c
+ * does, and swt_env_open refuses anything but the envelope's own fields). */
 int swt_env_is_sealed(const uint8_t *buf, size_t len);
 
 /* Seals msg (a complete encoded message) for subject into out (out_cap >= len

@@ -207,6 +207,18 @@ test_is_sealed_bounded(void **state)
     assert_false(swt_env_is_sealed(garbage, sizeof(garbage)));
     assert_false(swt_env_is_sealed(long_len, sizeof(long_len)));
     assert_true(swt_env_is_sealed(f15_short, sizeof(f15_short)));
+    {
+        /* Where a sealer puts it: after version and the request id. */
+        static const uint8_t third[] = {0x08, 0x01, 0x12, 0x01, 0xaa, 0x7a, 0x00};
+        /* Past the first three fields: no sealer writes that, so not an
+         * envelope (and the walk stops after three fields). */
+        static const uint8_t fourth[] = {0x08, 0x01, 0x10, 0x02, 0x18, 0x03, 0x7a, 0x00};
+        /* Field 15 of varint type is not the Sealed message. */
+        static const uint8_t f15_varint[] = {0x78, 0x01};
+        assert_true(swt_env_is_sealed(third, sizeof(third)));
+        assert_false(swt_env_is_sealed(fourth, sizeof(fourth)));
+        assert_false(swt_env_is_sealed(f15_varint, sizeof(f15_varint)));
+    }
 }
 
 static void

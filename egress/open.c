@@ -220,7 +220,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.n_headers = o->nheaders;
     m.headers = o->nheaders ? hptr : NULL;
     m.migratable = migrations > 0;
-    rv = swp_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
+    rv = swp_request_encode_alloc(&m, sw_conn_max_payload(r->conn), &buf, &blen);
     if (rv == SW_OK && migrations > 0) {
         /* Kept for the life of the stream: a migration sends it again. */
         if ((s->mig = calloc(1, sizeof(*s->mig) + blen)) == NULL) {

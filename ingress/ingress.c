@@ -35,6 +35,7 @@ ing_unref(sw_ingress *ing)
     pthread_cond_destroy(&ing->cv);
     pthread_cond_destroy(&ing->dcv);
     free(ing->threads);
+    free(ing->req_arena);
     swt_conn_release(ing->conn);
     free(ing);
 }
@@ -126,6 +127,10 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         return SW_EINVAL;
     if ((ing = calloc(1, sizeof(*ing))) == NULL)
         return SW_ENOMEM;
+    if ((ing->req_arena = malloc(sizeof(*ing->req_arena))) == NULL) {
+        free(ing);
+        return SW_ENOMEM;
+    }
     atomic_init(&ing->refs, 1);
     ing->conn = conn;
     swt_conn_hold(conn); /* until the ingress's memory goes: sw_conn_close may come first */

@@ -193,6 +193,8 @@ struct sw_ingress {
     int buffered;    /* the connection is not send-asap: with hot_us > 0, every stream coalesces
                         (sender.c) */
     size_t max_req;
+    swp_arena *req_arena; /* each request decodes here (intake.c): only the request
+                             subscription's callback uses it, one message at a time */
 
     swt_sub *req_sub; /* set at start; NULL under req_mu before it closes */
     swt_sub *ctl_sub;

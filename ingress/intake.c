@@ -101,7 +101,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
                 ing->req_subj);
         goto done;
     }
-    rv = swp_decode_request(data, len, ing->max_req, &req);
+    rv = swp_decode_request_arena(data, len, ing->max_req, ing->req_arena, &req);
     if (rv != SW_OK) {
         pthread_mutex_lock(&ing->mu);
         ing->st.bad_requests++;
@@ -324,7 +324,7 @@ free_r:
         free(r);
     }
 done:
-    swp_free(req);
+    swp_free_arena(req, ing->req_arena);
 }
 
 void *

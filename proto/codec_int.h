@@ -15,5 +15,11 @@ sw_err swp_check_item(swp_item *m);
  * out and a not NULL): for what proto/items.c leaves to it. */
 sw_err swp_decode_item_pbc(const uint8_t *buf, size_t len, size_t max, swp_arena *a,
                            swp_item **out);
+/* The checks of a decoded Request (version, ids, subject, endpoint,
+ * windows, headers): SW_OK, SW_EVERSION or SW_EPROTO. */
+sw_err swp_check_request(swp_request *m);
+/* swp_decode_request_arena through protobuf-c, as swp_decode_item_pbc. */
+sw_err swp_decode_request_pbc(const uint8_t *buf, size_t len, size_t max, swp_arena *a,
+                              swp_request **out);
 
 #endif

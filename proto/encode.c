@@ -227,3 +227,100 @@ swp_beats_write(uint8_t *out, const char *instance_id, uint64_t incarnation, uin
     }
     return k;
 }
+
+/* ---------------------------------------------------------------- Request */
+
+/* One walk serves both the size (out NULL: counting) and the writing, so
+ * the two cannot disagree. protobuf-c's proto3 rules: fields in number
+ * order, a scalar or bool only when not 0, a string only when not empty, a
+ * bytes field only when not empty; a map entry is a sub-message with its
+ * own such key and value. */
+typedef struct pb_wr {
+    uint8_t *out;
+    size_t n;
+} pb_wr;
+
+static void
+wr_varint(pb_wr *w, uint64_t v)
+{
+    w->n += w->out != NULL ? swp_varint_write(w->out + w->n, v) : swp_varint_size(v);
+}
+
+static void
+wr_uint(pb_wr *w, uint32_t num, uint64_t v)
+{
+    if (v != 0) {
+        wr_varint(w, (uint64_t)num << 3);
+        wr_varint(w, v);
+    }
+}
+
+static void
+wr_bytes(pb_wr *w, uint32_t num, const void *p, size_t len)
+{
+    if (len != 0) {
+        wr_varint(w, ((uint64_t)num << 3) | 2);
+        wr_varint(w, len);
+        if (w->out != NULL)
+            memcpy(w->out + w->n, p, len);
+        w->n += len;
+    }
+}
+
+static void
+wr_string(pb_wr *w, uint32_t num, const char *s)
+{
+    if (s != NULL)
+        wr_bytes(w, num, s, strlen(s));
+}
+
+static void
+wr_request(pb_wr *w, const swp_request *m)
+{
+    wr_uint(w, 1, m->version);
+    wr_bytes(w, 2, m->request_id.data, m->request_id.len);
+    wr_string(w, 3, m->response_subject);
+    wr_string(w, 4, m->router_id);
+    wr_bytes(w, 5, m->payload.data, m->payload.len);
+    wr_uint(w, 6, m->credit_window);
+    wr_uint(w, 7, m->heartbeat_ms);
+    wr_uint(w, 8, m->deadline_ms);
+    wr_string(w, 9, m->endpoint);
+    wr_uint(w, 10, m->max_tokens);
+    for (size_t i = 0; i < m->n_headers; i++) {
+        pb_wr e = {NULL, 0};
+        wr_string(&e, 1, m->headers[i]->key);
+        wr_string(&e, 2, m->headers[i]->value);
+        wr_varint(w, (11 << 3) | 2); /* (an empty entry is still written) */
+        wr_varint(w, e.n);
+        wr_string(w, 1, m->headers[i]->key);
+        wr_string(w, 2, m->headers[i]->value);
+    }
+    wr_uint(w, 12, m->resume_from_seq);
+    wr_uint(w, 13, m->migratable ? 1 : 0);
+    wr_uint(w, 14, m->issued_unix_ms);
+    wr_bytes(w, 16, m->auth_token.data, m->auth_token.len);
+    wr_uint(w, 17, m->credit_window_max);
+    wr_uint(w, 18, m->credit_bytes);
+    wr_uint(w, 19, m->idle_heartbeat_ms);
+}
+
+sw_err
+swp_request_encode_alloc(const swp_request *m, size_t max, uint8_t **out, size_t *len)
+{
+    pb_wr w = {NULL, 0};
+    if (m == NULL || out == NULL || len == NULL || m->sealed != NULL ||
+        m->base.n_unknown_fields != 0)
+        return SW_EINVAL;
+    *out = NULL;
+    wr_request(&w, m);
+    if (w.n > max)
+        return SW_EMSGSIZE;
+    if ((w.out = malloc(w.n ? w.n : 1)) == NULL)
+        return SW_ENOMEM;
+    *len = w.n;
+    w.n = 0;
+    wr_request(&w, m);
+    *out = w.out;
+    return SW_OK;
+}

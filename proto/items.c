@@ -1,5 +1,7 @@
-/* proto/items.c -- the StreamItemWrapper decoder of the frontend's hot
- * path, by hand (issue 17, "decode in place").
+/* proto/items.c -- the decoders of the two hot paths, by hand (issue 17,
+ * "decode in place"): the StreamItemWrapper (the frontend's every message)
+ * and the Request (the worker's every stream; swp_decode_request_arena,
+ * at the end, on the same tables and passes).
  *
  * protobuf-c copies every `bytes` field: a batch of 1 KiB items cost a
  * malloc and a memcpy per item, plus the allocation-bound walk over the
@@ -40,14 +42,14 @@
 
 /* What a field is, by message kind and field number. */
 enum { F_NONE, F_VARINT, F_BYTES, F_STRING, F_MSG, F_REPEATED };
-enum { K_ITEM, K_BATCHED, K_TERMINAL, K_ERROR, K_HEARTBEAT, K_COUNT };
+enum { K_ITEM, K_BATCHED, K_TERMINAL, K_ERROR, K_HEARTBEAT, K_REQUEST, K_HEADER, K_COUNT };
 
 typedef struct it_field {
     uint8_t type;
     uint8_t sub; /* F_MSG, F_REPEATED: the kind */
 } it_field;
 
-#define IT_MAX_FIELD 16
+#define IT_MAX_FIELD 19
 static const it_field it_fields[K_COUNT][IT_MAX_FIELD + 1] =
     {
         [K_ITEM] =
@@ -95,12 +97,49 @@ static const it_field it_fields[K_COUNT][IT_MAX_FIELD + 1] =
                 [2] = {F_VARINT, 0}, /* inflight */
                 [3] = {F_VARINT, 0}, /* stalled */
             },
+        [K_REQUEST] =
+            {
+                [1] = {F_VARINT, 0},           /* version */
+                [2] = {F_BYTES, 0},            /* request_id */
+                [3] = {F_STRING, 0},           /* response_subject */
+                [4] = {F_STRING, 0},           /* router_id */
+                [5] = {F_BYTES, 0},            /* payload */
+                [6] = {F_VARINT, 0},           /* credit_window */
+                [7] = {F_VARINT, 0},           /* heartbeat_ms */
+                [8] = {F_VARINT, 0},           /* deadline_ms */
+                [9] = {F_STRING, 0},           /* endpoint */
+                [10] = {F_VARINT, 0},          /* max_tokens */
+                [11] = {F_REPEATED, K_HEADER}, /* headers (a map: repeated entries) */
+                [12] = {F_VARINT, 0},          /* resume_from_seq */
+                [13] = {F_VARINT, 0},          /* migratable */
+                [14] = {F_VARINT, 0},          /* issued_unix_ms */
+                [16] = {F_BYTES, 0},           /* auth_token (15, sealed: never canonical) */
+                [17] = {F_VARINT, 0},          /* credit_window_max */
+                [18] = {F_VARINT, 0},          /* credit_bytes */
+                [19] = {F_VARINT, 0},          /* idle_heartbeat_ms */
+            },
+        [K_HEADER] =
+            {
+                [1] = {F_STRING, 0}, /* key */
+                [2] = {F_STRING, 0}, /* value */
+            },
+};
+
+/* The most entries of a kind's one repeated field that stay canonical
+ * (more go to protobuf-c, whose checks refuse them). */
+static const size_t it_max_rep[K_COUNT] = {
+    [K_ITEM] = SWP_MAX_BATCH,
+    [K_REQUEST] = SWP_MAX_HEADERS,
 };
 
 static const size_t it_sizeof[K_COUNT] = {
-    [K_ITEM] = sizeof(swp_item),           [K_BATCHED] = sizeof(swp_batched),
-    [K_TERMINAL] = sizeof(swp_terminal),   [K_ERROR] = sizeof(swp_error),
+    [K_ITEM] = sizeof(swp_item),
+    [K_BATCHED] = sizeof(swp_batched),
+    [K_TERMINAL] = sizeof(swp_terminal),
+    [K_ERROR] = sizeof(swp_error),
     [K_HEARTBEAT] = sizeof(swp_heartbeat),
+    [K_REQUEST] = sizeof(swp_request),
+    [K_HEADER] = sizeof(Streamwire__V1__Request__HeadersEntry),
 };
 
 static size_t
@@ -110,7 +149,8 @@ it_round(size_t n)
 }
 
 /* What pass 1 found: the bytes the decoded message takes, and the
- * wrapper's batch entries (only the wrapper has a repeated field). */
+ * entries of the top-level message's one repeated field (a wrapper's
+ * batch, a request's headers; no sub-message has one). */
 typedef struct it_need {
     size_t bytes;
     size_t nbatch;
@@ -132,7 +172,7 @@ it_scan(int kind, const uint8_t *p, size_t len, it_need *need)
         if (d->type == F_NONE)
             return -1; /* unknown (or sealed) */
         if (d->type == F_REPEATED) {
-            if (f.wt != 2 || ++need->nbatch > SWP_MAX_BATCH)
+            if (f.wt != 2 || ++need->nbatch > it_max_rep[kind])
                 return -1;
             if (it_scan(d->sub, f.b, f.blen, need) != 0)
                 return -1;
@@ -383,17 +423,14 @@ it_fast(const uint8_t *p, size_t len, swp_arena *a)
     return w;
 }
 
-sw_err
-swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, swp_item **out)
+/* The checks both arena decoders make first: SW_OK (the arena reset for a
+ * message built by hand), or the error. */
+static sw_err
+it_begin(const uint8_t *buf, size_t len, size_t max, swp_arena *a, void *out)
 {
-    it_need need = {0, 0};
-    size_t bytes;
-    it_mem m;
-    swp_item *w;
-    sw_err rv;
     if (out == NULL || a == NULL)
         return SW_EINVAL;
-    *out = NULL;
+    *(void **)out = NULL;
     if (buf == NULL && len != 0)
         return SW_EINVAL;
     if (len > max)
@@ -401,20 +438,37 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
     a->used = 0;
     a->hand = 1;
     a->block = NULL;
+    return SW_OK;
+}
+
+/* Room for what pass 1 counted: the arena, or one malloc'd block (NULL:
+ * no memory; protobuf-c's path would say SW_EPROTO). */
+static uint8_t *
+it_room(swp_arena *a, const it_need *need)
+{
+    size_t bytes = need->bytes + it_round(need->nbatch * sizeof(void *));
+    if (bytes <= SWP_ARENA_BYTES)
+        return a->buf;
+    return a->block = malloc(bytes);
+}
+
+sw_err
+swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, swp_item **out)
+{
+    it_need need = {0, 0};
+    it_mem m;
+    swp_item *w;
+    sw_err rv;
+    if ((rv = it_begin(buf, len, max, a, out)) != SW_OK)
+        return rv;
     if ((w = it_fast(buf, len, a)) != NULL && swp_check_item(w) == SW_OK) {
         *out = w;
         return SW_OK;
     }
     if (it_scan(K_ITEM, buf, len, &need) != 0)
         return swp_decode_item_pbc(buf, len, max, a, out);
-    bytes = need.bytes + it_round(need.nbatch * sizeof(void *));
-    if (bytes <= SWP_ARENA_BYTES) {
-        m.at = a->buf;
-    } else {
-        if ((a->block = malloc(bytes)) == NULL)
-            return SW_ENOMEM; /* (protobuf-c's path would say SW_EPROTO) */
-        m.at = a->block;
-    }
+    if ((m.at = it_room(a, &need)) == NULL)
+        return SW_ENOMEM;
     w = it_item(buf, len, need.nbatch, &m);
     if ((rv = swp_check_item(w)) != SW_OK) {
         /* swp_decode_item's order: the allocation bound first. */
@@ -425,5 +479,123 @@ swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a, 
         return rv;
     }
     *out = w;
+    return SW_OK;
+}
+
+/* ---------------------------------------------------------------- Request */
+
+static Streamwire__V1__Request__HeadersEntry *
+it_header(const uint8_t *p, size_t len, it_mem *m)
+{
+    Streamwire__V1__Request__HeadersEntry *e = it_take(m, sizeof(*e));
+    streamwire__v1__request__headers_entry__init(e);
+    for (size_t i = 0; i < len;) {
+        pb_rd f;
+        (void)pb_rd_next(p, len, &i, &f);
+        if (f.num == 1)
+            e->key = it_string(m, &f);
+        else
+            e->value = it_string(m, &f); /* 2 */
+    }
+    return e;
+}
+
+/* Pass 2 of a request, with room for the nhdr headers pass 1 counted. */
+static swp_request *
+it_request(const uint8_t *p, size_t len, size_t nhdr, it_mem *m)
+{
+    swp_request *r = it_take(m, sizeof(*r));
+    streamwire__v1__request__init(r);
+    if (nhdr > 0)
+        r->headers = it_take(m, nhdr * sizeof(*r->headers));
+    for (size_t i = 0; i < len;) {
+        pb_rd f;
+        (void)pb_rd_next(p, len, &i, &f);
+        switch (f.num) {
+        case 1:
+            r->version = (uint32_t)f.v;
+            break;
+        case 2:
+            r->request_id = it_bytes(&f);
+            break;
+        case 3:
+            r->response_subject = it_string(m, &f);
+            break;
+        case 4:
+            r->router_id = it_string(m, &f);
+            break;
+        case 5:
+            r->payload = it_bytes(&f);
+            break;
+        case 6:
+            r->credit_window = (uint32_t)f.v;
+            break;
+        case 7:
+            r->heartbeat_ms = (uint32_t)f.v;
+            break;
+        case 8:
+            r->deadline_ms = (uint32_t)f.v;
+            break;
+        case 9:
+            r->endpoint = it_string(m, &f);
+            break;
+        case 10:
+            r->max_tokens = (uint32_t)f.v;
+            break;
+        case 11:
+            r->headers[r->n_headers++] = it_header(f.b, f.blen, m);
+            break;
+        case 12:
+            r->resume_from_seq = f.v;
+            break;
+        case 13:
+            r->migratable = pb_rd_bool(&f);
+            break;
+        case 14:
+            r->issued_unix_ms = f.v;
+            break;
+        case 16:
+            r->auth_token = it_bytes(&f);
+            break;
+        case 17:
+            r->credit_window_max = (uint32_t)f.v;
+            break;
+        case 18:
+            r->credit_bytes = f.v;
+            break;
+        default:
+            r->idle_heartbeat_ms = (uint32_t)f.v; /* 19 */
+            break;
+        }
+    }
+    return r;
+}
+
+/* A canonical request (at most SWP_MAX_HEADERS headers, each field once)
+ * allocates in protobuf-c at most its own bytes plus a constant (the
+ * struct, 64 entries and their pointers, the strings' NULs): far within
+ * SWP_ALLOC_FACTOR x len + SWP_ALLOC_SLACK, so the hand path never accepts
+ * what the allocation bound refuses (the fuzz body compares the two). */
+sw_err
+swp_decode_request_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *a,
+                         swp_request **out)
+{
+    it_need need = {0, 0};
+    it_mem m;
+    swp_request *r;
+    sw_err rv;
+    if ((rv = it_begin(buf, len, max, a, out)) != SW_OK)
+        return rv;
+    if (it_scan(K_REQUEST, buf, len, &need) != 0)
+        return swp_decode_request_pbc(buf, len, max, a, out);
+    if ((m.at = it_room(a, &need)) == NULL)
+        return SW_ENOMEM;
+    r = it_request(buf, len, need.nbatch, &m);
+    if ((rv = swp_check_request(r)) != SW_OK) {
+        free(a->block);
+        a->block = NULL;
+        return rv;
+    }
+    *out = r;
     return SW_OK;
 }

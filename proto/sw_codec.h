@@ -108,6 +108,11 @@ typedef struct swp_arena {
 } swp_arena;
 sw_err swp_decode_item_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *arena,
                              swp_item **out);
+/* The same for a Request (the worker's every stream): swp_decode_request's
+ * result, with request_id, payload and auth_token pointing into buf when
+ * the message is in our encoder's form. Free with swp_free_arena. */
+sw_err swp_decode_request_arena(const uint8_t *buf, size_t len, size_t max, swp_arena *arena,
+                                swp_request **out);
 void swp_free_arena(void *msg, swp_arena *arena);
 
 /* Packs msg into buf[cap]; *len gets the size. SW_EMSGSIZE if it does not
@@ -158,6 +163,11 @@ int swp_valid_event(const char *s, size_t n);
  * buffer if it is <= max bytes: SW_OK, SW_EMSGSIZE, SW_ENOMEM. */
 sw_err swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out,
                             size_t *len);
+/* Packs a Request, as the frontend builds one (no `sealed`, no unknown
+ * fields: SW_EINVAL otherwise), byte for byte as swp_encode_alloc would,
+ * without protobuf-c's descriptor walk: SW_OK, SW_EMSGSIZE (over max),
+ * SW_ENOMEM. The caller frees *out. */
+sw_err swp_request_encode_alloc(const swp_request *m, size_t max, uint8_t **out, size_t *len);
 /* Protobuf base-128 varints: the bytes v takes (1..10), writing them, and
  * reading one at p[*i] (advancing *i; 0 ok, -1 truncated or longer than
  * 64 bits). */

@@ -2,9 +2,10 @@
  *
  * Input: data[0] % 6 selects the decoder (0 request, 1 item, 2 control,
  * 3 probe reply, 4 instance info, 5 heartbeat batch); the rest is the message, decoded with a
- * 64 KiB limit. Items are also decoded with swp_decode_item_arena, which must
- * agree with swp_decode_item. Properties checked (abort() on violation, so both libFuzzer
- * and the replay driver see a crash):
+ * 64 KiB limit. Items and requests are also decoded with
+ * swp_decode_item_arena and swp_decode_request_arena, which must agree with
+ * swp_decode_item and swp_decode_request. Properties checked (abort() on violation, so both
+ * libFuzzer and the replay driver see a crash):
  *   - the decoder returns SW_OK with a message, or an error without one;
  *   - the hand-written HeartbeatBatch decoder agrees with protobuf-c and the
  *     codec's checks, error for error and value for value;
@@ -145,18 +146,21 @@ check_alloc_bound(int sel, const uint8_t *buf, size_t len)
     }
 }
 
-/* The egress's hot-path decoder must agree with swp_decode_item: same result,
- * and a message that encodes to the same bytes. The arena is on the heap so
- * ASan sees reads past it; large items spill into malloc. */
+/* The hot-path decoders (the egress's items, the ingress's requests) must
+ * agree with swp_decode_item and swp_decode_request: same result, and a
+ * message that encodes to the same bytes. The arena is on the heap so ASan
+ * sees reads past it; large messages spill into malloc. */
 static void
-check_item_arena(const uint8_t *buf, size_t len, sw_err want, const void *ref)
+check_arena(int sel, const uint8_t *buf, size_t len, sw_err want, const void *ref)
 {
-    const int sel = 1;
     swp_arena *arena = malloc(sizeof(*arena));
-    swp_item *m = (swp_item *)(uintptr_t)1;
+    void *m = (void *)(uintptr_t)1;
     sw_err rv;
     FUZZ_CHECK(arena != NULL);
-    rv = swp_decode_item_arena(buf, len, FUZZ_MAX_LEN, arena, &m);
+    if (sel == 1)
+        rv = swp_decode_item_arena(buf, len, FUZZ_MAX_LEN, arena, (swp_item **)&m);
+    else
+        rv = swp_decode_request_arena(buf, len, FUZZ_MAX_LEN, arena, (swp_request **)&m);
     FUZZ_CHECK(rv == want);
     if (rv != SW_OK) {
         FUZZ_CHECK(m == NULL);
@@ -238,8 +242,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     check_alloc_bound(sel, len ? msg : NULL, len);
     rv = fuzz_decode(sel, len ? msg : NULL, len, FUZZ_MAX_LEN, &m1);
-    if (sel == 1)
-        check_item_arena(len ? msg : NULL, len, rv, m1);
+    if (sel == 0 || sel == 1)
+        check_arena(sel, len ? msg : NULL, len, rv, m1);
     if (sel == 5)
         check_beats_reference(len ? msg : NULL, len, rv, m1);
     if (rv != SW_OK) {

@@ -1421,6 +1421,273 @@ test_item_one_pass_edges(void **state)
     }
 }
 
+/* 4e. The worker's request decoder (swp_decode_request_arena, by hand in
+ * proto/items.c): a request as the frontend encodes it (every field, three
+ * headers) is built in the arena with payload, request id and auth token
+ * pointing into the input; anything else goes to protobuf-c; both give
+ * what swp_decode_request gives (the same error, the same bytes again). */
+typedef struct req_variant {
+    const char *what;
+    const char *tail; /* bytes appended to the canonical request */
+    size_t tail_len;
+    sw_err want;
+    int hand;
+} req_variant;
+
+static void
+test_request_in_place_or_protobuf_c(void **state)
+{
+    static const req_variant v[] = {
+        {"canonical", "", 0, SW_OK, 1},
+        {"an unknown field 20", "\xa0\x01\x05", 3, SW_OK, 0},
+        {"router_id twice (protobuf-c: the last wins)", "\x22\x02r2", 4, SW_OK, 0},
+        {"a header with an unknown field", "\x5a\x05\x0a\x01k\x18\x01", 7, SW_OK, 0},
+        {"an empty header entry", "\x5a\x00", 2, SW_OK, 1},
+        {"version 2 at the end (the last wins)", "\x08\x02", 2, SW_EVERSION, 0},
+        {"credit_window as bytes", "\x32\x01\x01", 3, SW_EPROTO, 0},
+        {"field 15 (an unopened seal)", "\x7a\x00", 2, SW_OK, 0},
+        {"field 0", "\x00\x01", 2, SW_EPROTO, 0},
+        {"cut short",
+         "\x2a\x09"
+         "ab",
+         4, SW_EPROTO, 0},
+    };
+    static const char rid[16] = "0123456789abcdef";
+    static const char *hk[3] = {"traceparent", "x-user", "x-empty"};
+    static const char *hv[3] = {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "u1",
+                                ""};
+    uint8_t payload[300], token[5] = {1, 2, 3, 4, 5};
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    Streamwire__V1__Request__HeadersEntry he[3], *hp[3];
+    uint8_t *enc = NULL;
+    size_t elen = 0;
+    (void)state;
+    fill_pattern(payload, sizeof(payload), 7, 3);
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = (uint8_t *)rid;
+    m.request_id.len = 16;
+    m.response_subject = "sw.rsp.rtr-1.30313233343536373839616263646566";
+    m.router_id = "rtr-1";
+    m.payload.data = payload;
+    m.payload.len = sizeof(payload);
+    m.credit_window = 256;
+    m.heartbeat_ms = 1000;
+    m.deadline_ms = 30000;
+    m.endpoint = "ns.comp.ep";
+    m.max_tokens = 77;
+    for (int i = 0; i < 3; i++) {
+        streamwire__v1__request__headers_entry__init(&he[i]);
+        he[i].key = (char *)hk[i];
+        he[i].value = (char *)hv[i];
+        hp[i] = &he[i];
+    }
+    m.n_headers = 3;
+    m.headers = hp;
+    m.resume_from_seq = 1ull << 40;
+    m.migratable = 1;
+    m.issued_unix_ms = 1790000000000ull;
+    m.auth_token.data = token;
+    m.auth_token.len = sizeof(token);
+    m.credit_window_max = 4096;
+    m.credit_bytes = 1u << 20;
+    m.idle_heartbeat_ms = 5000;
+    assert_int_equal(swp_encode_alloc(&m, MAXLEN, &enc, &elen), SW_OK);
+    for (size_t c = 0; c < sizeof(v) / sizeof(v[0]); c++) {
+        size_t len = elen + v[c].tail_len;
+        uint8_t *in = malloc(len);
+        swp_arena *a = malloc(sizeof(*a));
+        swp_request *r0 = NULL, *r1 = (swp_request *)(uintptr_t)1;
+        sw_err e0, e1;
+        assert_non_null(in);
+        assert_non_null(a);
+        memcpy(in, enc, elen);
+        memcpy(in + elen, v[c].tail, v[c].tail_len);
+        e0 = swp_decode_request(in, len, MAXLEN, &r0);
+        e1 = swp_decode_request_arena(in, len, MAXLEN, a, &r1);
+        if (e0 != v[c].want || e1 != v[c].want)
+            fail_msg("%s: swp_decode_request %s, swp_decode_request_arena %s, want %s", v[c].what,
+                     sw_err_name(e0), sw_err_name(e1), sw_err_name(v[c].want));
+        if (v[c].want != SW_OK) {
+            assert_null(r0);
+            assert_null(r1);
+        } else {
+            if (a->hand != v[c].hand)
+                fail_msg("%s: built by hand %d, want %d", v[c].what, a->hand, v[c].hand);
+            assert_same_encoding(r0, r1);
+            assert_int_equal(r1->n_headers, c == 3 || c == 4 ? 4 : 3);
+            for (int i = 0; i < 3; i++) {
+                assert_string_equal(r1->headers[i]->key, hk[i]);
+                assert_string_equal(r1->headers[i]->value, i == 2 ? "" : hv[i]);
+            }
+            assert_string_equal(r1->router_id, c == 2 ? "r2" : "rtr-1");
+            assert_string_equal(r1->endpoint, "ns.comp.ep");
+            assert_bin(r1->payload, payload, sizeof(payload));
+            assert_bin(r1->auth_token, token, sizeof(token));
+            assert_int_equal(r1->resume_from_seq, 1ull << 40);
+            assert_int_equal(r1->issued_unix_ms, 1790000000000ull);
+            assert_true(r1->migratable);
+            assert_int_equal(r1->credit_window_max, 4096);
+            assert_int_equal(r1->idle_heartbeat_ms, 5000);
+            if (a->hand) {
+                /* in place: the bytes fields point into the input */
+                assert_true(r1->payload.data > in && r1->payload.data < in + len);
+                assert_true(r1->request_id.data > in && r1->request_id.data < in + len);
+                assert_true(r1->auth_token.data > in && r1->auth_token.data < in + len);
+                assert_true((uint8_t *)r1 >= a->buf && (uint8_t *)r1 < a->buf + SWP_ARENA_BYTES);
+                assert_null(a->block);
+            }
+            swp_free_arena(r1, a);
+        }
+        swp_free(r0);
+        free(a);
+        free(in);
+    }
+    free(enc);
+}
+
+/* A canonical request larger than the arena (three 4 KiB header values)
+ * takes one malloc'd block, and is still built by hand. */
+static void
+test_request_large_block(void **state)
+{
+    char big[3][SWP_MAX_HEADER_VALUE + 1];
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    Streamwire__V1__Request__HeadersEntry he[3], *hp[3];
+    uint8_t *enc = NULL;
+    size_t elen = 0;
+    swp_arena *a = malloc(sizeof(*a));
+    swp_request *r = NULL;
+    static const char rid[16] = "0123456789abcdef";
+    (void)state;
+    assert_non_null(a);
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = (uint8_t *)rid;
+    m.request_id.len = 16;
+    m.response_subject = "sw.rsp.r.30313233343536373839616263646566";
+    m.router_id = "r";
+    for (int i = 0; i < 3; i++) {
+        memset(big[i], 'a' + i, SWP_MAX_HEADER_VALUE);
+        big[i][SWP_MAX_HEADER_VALUE] = '\0';
+        streamwire__v1__request__headers_entry__init(&he[i]);
+        he[i].key = "k";
+        he[i].value = big[i];
+        hp[i] = &he[i];
+    }
+    m.n_headers = 3;
+    m.headers = hp;
+    assert_int_equal(swp_encode_alloc(&m, MAXLEN, &enc, &elen), SW_OK);
+    assert_int_equal(swp_decode_request_arena(enc, elen, MAXLEN, a, &r), SW_OK);
+    assert_true(a->hand);
+    assert_non_null(a->block);
+    assert_true((uint8_t *)r == (uint8_t *)a->block);
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(r->headers[i]->value, big[i]);
+    swp_free_arena(r, a);
+    /* one byte over the header value limit: refused by the checks, freed */
+    big[1][SWP_MAX_HEADER_VALUE - 1] = 'z';
+    free(enc);
+    enc = NULL;
+    {
+        char over[SWP_MAX_HEADER_VALUE + 2];
+        memset(over, 'o', SWP_MAX_HEADER_VALUE + 1);
+        over[SWP_MAX_HEADER_VALUE + 1] = '\0';
+        he[1].value = over;
+        assert_int_equal(swp_encode_alloc(&m, MAXLEN, &enc, &elen), SW_OK);
+        r = (swp_request *)(uintptr_t)1;
+        assert_int_equal(swp_decode_request_arena(enc, elen, MAXLEN, a, &r), SW_EPROTO);
+        assert_null(r);
+        assert_null(a->block);
+    }
+    free(enc);
+    free(a);
+}
+
+/* 4f. The frontend's request encoder (swp_request_encode_alloc) writes
+ * byte for byte what protobuf-c packs, for requests with every field 0 or
+ * set, empty and set strings, bytes and header entries (a fixed
+ * pseudo-random walk over 3,000 of them); it refuses a sealed one and
+ * keeps to max. */
+static uint32_t
+lcg(uint32_t *x)
+{
+    *x = *x * 1103515245u + 12345u;
+    return *x >> 8;
+}
+
+static void
+test_request_encoder_matches_protobuf_c(void **state)
+{
+    static const char *strs[] = {"", "a", "rtr-1", "ns.comp.ep",
+                                 "sw.rsp.rtr-1.30313233343536373839616263646566"};
+    static const uint64_t nums[] = {0, 1, 127, 128, 300, 0xffffffffu, 1ull << 40, UINT64_MAX};
+    uint8_t bytes[200];
+    uint32_t x = 12345;
+    (void)state;
+    fill_pattern(bytes, sizeof(bytes), 5, 9);
+    for (int round = 0; round < 3000; round++) {
+        swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+        Streamwire__V1__Request__HeadersEntry he[4], *hp[4];
+        uint8_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+#define PICK_S() strs[lcg(&x) % (sizeof(strs) / sizeof(strs[0]))]
+#define PICK_N() nums[lcg(&x) % (sizeof(nums) / sizeof(nums[0]))]
+#define PICK_B(f)                                                   \
+    do {                                                            \
+        size_t l_ = lcg(&x) % 3 == 0 ? 0 : lcg(&x) % sizeof(bytes); \
+        m.f.data = l_ ? bytes : NULL;                               \
+        m.f.len = l_;                                               \
+    } while (0)
+        m.version = (uint32_t)PICK_N();
+        PICK_B(request_id);
+        m.response_subject = (char *)PICK_S();
+        m.router_id = (char *)PICK_S();
+        PICK_B(payload);
+        m.credit_window = (uint32_t)PICK_N();
+        m.heartbeat_ms = (uint32_t)PICK_N();
+        m.deadline_ms = (uint32_t)PICK_N();
+        m.endpoint = (char *)PICK_S();
+        m.max_tokens = (uint32_t)PICK_N();
+        m.n_headers = lcg(&x) % 5;
+        for (size_t i = 0; i < m.n_headers; i++) {
+            streamwire__v1__request__headers_entry__init(&he[i]);
+            he[i].key = (char *)PICK_S();
+            he[i].value = (char *)PICK_S();
+            hp[i] = &he[i];
+        }
+        m.headers = m.n_headers ? hp : NULL;
+        m.resume_from_seq = PICK_N();
+        m.migratable = lcg(&x) % 2;
+        m.issued_unix_ms = PICK_N();
+        PICK_B(auth_token);
+        m.credit_window_max = (uint32_t)PICK_N();
+        m.credit_bytes = PICK_N();
+        m.idle_heartbeat_ms = (uint32_t)PICK_N();
+#undef PICK_S
+#undef PICK_N
+#undef PICK_B
+        assert_int_equal(swp_encode_alloc(&m, SIZE_MAX, &b, &nb), SW_OK);
+        assert_int_equal(swp_request_encode_alloc(&m, SIZE_MAX, &a, &na), SW_OK);
+        if (na != nb || memcmp(a, b, na) != 0)
+            fail_msg("round %d: the hand encoder wrote %zu bytes, protobuf-c %zu", round, na, nb);
+        free(a);
+        a = NULL;
+        if (nb > 0)
+            assert_int_equal(swp_request_encode_alloc(&m, nb - 1, &a, &na), SW_EMSGSIZE);
+        assert_null(a);
+        free(b);
+    }
+    {
+        swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+        Streamwire__V1__Sealed sealed = STREAMWIRE__V1__SEALED__INIT;
+        uint8_t *a = NULL;
+        size_t na = 0;
+        m.sealed = &sealed;
+        assert_int_equal(swp_request_encode_alloc(&m, SIZE_MAX, &a, &na), SW_EINVAL);
+        assert_null(a);
+        assert_int_equal(swp_request_encode_alloc(NULL, SIZE_MAX, &a, &na), SW_EINVAL);
+    }
+}
+
 /* 4d. The allocation bound holds for what the decoder by hand accepts
  * without asking codec.c's walk (proto/items.c): the densest valid message
  * in our form (found by an independent review) is a non-final wrapper with
@@ -1494,6 +1761,9 @@ main(void)
         cmocka_unit_test(test_batch_rules_rejected),
         cmocka_unit_test(test_final_body_round_trip),
         cmocka_unit_test(test_item_one_pass_edges),
+        cmocka_unit_test(test_request_in_place_or_protobuf_c),
+        cmocka_unit_test(test_request_large_block),
+        cmocka_unit_test(test_request_encoder_matches_protobuf_c),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

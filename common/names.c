@@ -40,25 +40,23 @@ sw_validate_token(const char *t)
 sw_err
 sw_validate_endpoint(const char *e)
 {
-    char tok[SW_MAX_TOKEN + 1];
-    int parts = 0;
+    size_t tok = 0;
+    int parts = 1;
     if (e == NULL)
         return SW_EINVAL;
-    for (;;) {
-        const char *dot = strchr(e, '.');
-        size_t n = dot ? (size_t)(dot - e) : strlen(e);
-        if (n == 0 || n > SW_MAX_TOKEN)
+    for (; *e != '\0'; e++) {
+        if (*e == '.') {
+            if (tok == 0)
+                return SW_EINVAL;
+            tok = 0;
+            parts++;
+            continue;
+        }
+        if (tok >= SW_MAX_TOKEN || !swi_token_char[(unsigned char)*e])
             return SW_EINVAL;
-        memcpy(tok, e, n);
-        tok[n] = '\0';
-        if (sw_validate_token(tok) != SW_OK)
-            return SW_EINVAL;
-        parts++;
-        if (dot == NULL)
-            break;
-        e = dot + 1;
+        tok++;
     }
-    return parts == 3 ? SW_OK : SW_EINVAL;
+    return parts == 3 && tok > 0 ? SW_OK : SW_EINVAL;
 }
 
 static int

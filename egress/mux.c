@@ -77,7 +77,8 @@ item_to_in(const swp_item *w, uint64_t seq, int final, const swp_terminal *t,
 }
 
 /* Every item of message w, in order, each as if it had come in a message
- * of its own, fed under one lock of the stream per FEED_CHUNK items.
+ * of its own, fed under one lock of the stream per FEED_CHUNK items, with
+ * their runs (rx.h, swe_rx_runs: a run's queue nodes share one block).
  * Returns 1 if the message carried a final. */
 #define FEED_CHUNK 64
 static int
@@ -90,12 +91,14 @@ feed_message(sw_stream *s, const swp_item *w)
     for (size_t i = 0; i < w->n_batch; i++) {
         const swp_batched *b = w->batch[i];
         if (n == FEED_CHUNK) {
+            swe_rx_runs(in, n);
             swe_stream_on_items(s, in, n);
             n = 0;
         }
         item_to_in(w, b->seq, b->complete_final, b->terminal, b->data, b->droppable, b->event,
                    &in[n++]);
     }
+    swe_rx_runs(in, n);
     swe_stream_on_items(s, in, n);
     return in[n - 1].kind == SWE_IN_FINAL; /* (a final is only ever the last item) */
 }

@@ -5,12 +5,67 @@
 #include "common/sw_common.h"
 #include "egress/rx.h"
 
+size_t
+swe_q_bytes(size_t len, size_t elen)
+{
+    return (sizeof(swe_q) + len + elen + 1 + 15) & ~(size_t)15;
+}
+
+/* The node bytes of in (0: a heartbeat, which takes none). */
+static size_t
+in_q_bytes(const swe_rx_in *in)
+{
+    if (in->kind == SWE_IN_FINAL)
+        return swe_q_bytes(0, 0);
+    if (in->kind != SWE_IN_DATA)
+        return 0;
+    return swe_q_bytes(in->len, in->event != NULL ? strnlen(in->event, SW_MAX_EVENT) : 0);
+}
+
+void
+swe_rx_runs(swe_rx_in *in, size_t n)
+{
+    /* Backwards: [i, j) is the longest stretch from item i that continues
+     * its sequence and fits SWE_QBLOCK_MAX; sum its bytes. As i moves back
+     * j can only move back too. */
+    size_t j = n, sum = 0;
+    for (size_t i = n; i-- > 0;) {
+        size_t b = in_q_bytes(&in[i]);
+        if (b == 0 || b > SWE_QBLOCK_MAX) {
+            in[i].run_bytes = 0; /* a heartbeat, or too large for any block */
+            j = i;
+            sum = 0;
+            continue;
+        }
+        if (i + 1 < j && in[i + 1].seq != in[i].seq + 1) {
+            j = i + 1; /* the sequence breaks after i */
+            sum = 0;
+        }
+        sum += b;
+        while (sum > SWE_QBLOCK_MAX)
+            sum -= in_q_bytes(&in[--j]);
+        in[i].run_bytes = j - i >= 2 ? sum : 0; /* one node alone needs no block */
+    }
+}
+
+/* Frees a node (NULL ok): its block's reference, or itself. */
+static void
+q_free(swe_q *q)
+{
+    if (q == NULL)
+        return;
+    if (q->blk == NULL)
+        free(q);
+    else if (--q->blk->refs == 0)
+        free(q->blk);
+}
+
 static void
 q_free_list(swe_q *q)
 {
     while (q != NULL) {
         swe_q *n = q->next;
-        free(q);
+        q_free(q);
         q = n;
     }
 }
@@ -21,7 +76,7 @@ rx_clear_hold(swe_rx *rx)
     if (rx->hold == NULL || rx->held == 0)
         return;
     for (size_t i = 0; i < rx->hold_cap; i++) {
-        free(rx->hold[i]);
+        q_free(rx->hold[i]);
         rx->hold[i] = NULL;
     }
     rx->held = 0;
@@ -92,7 +147,7 @@ swe_rx_fini(swe_rx *rx)
     q_free_list(rx->qh);
     rx->qh = rx->qt = NULL;
     rx->qlen = 0;
-    free(rx->cur);
+    q_free(rx->cur);
     rx->cur = NULL;
     rx_drop_history(rx);
     free(rx->txt);
@@ -237,15 +292,39 @@ swe_rx_cancel(swe_rx *rx, int kill)
                            kill ? "killed by the frontend" : "cancelled by the frontend", 0, 0, 0);
 }
 
+/* A node for in. blk (an in-order item): carved from the block of the
+ * queue's last node (or of the one last popped) if it has room, else from
+ * a new block for in's run (rx.h, swe_qblock); otherwise, and for a held
+ * item (blk 0), malloc'd alone. */
 static swe_q *
-q_make(const swe_rx_in *in)
+q_make(swe_rx *rx, const swe_rx_in *in, int blk)
 {
     size_t len = in->kind == SWE_IN_DATA ? in->len : 0;
     size_t elen =
         in->kind == SWE_IN_DATA && in->event != NULL ? strnlen(in->event, SW_MAX_EVENT) : 0;
-    swe_q *q = malloc(sizeof(*q) + len + elen + 1);
-    if (q == NULL)
+    size_t need = swe_q_bytes(len, elen);
+    swe_qblock *b = NULL;
+    swe_q *q;
+    if (blk) {
+        const swe_q *last = rx->qt != NULL ? rx->qt : rx->cur;
+        b = last != NULL ? last->blk : NULL;
+        if (b != NULL && b->cap - b->used < need)
+            b = NULL;
+        if (b == NULL && in->run_bytes > need && in->run_bytes <= SWE_QBLOCK_MAX && rx->held == 0 &&
+            (b = malloc(sizeof(*b) + in->run_bytes)) != NULL) {
+            b->refs = 0;
+            b->used = 0;
+            b->cap = in->run_bytes;
+        }
+    }
+    if (b != NULL) {
+        q = (swe_q *)(void *)(b->mem + b->used);
+        b->used += need;
+        b->refs++;
+    } else if ((q = malloc(need)) == NULL) {
         return NULL;
+    }
+    q->blk = b;
     q->next = NULL;
     q->seq = in->seq;
     q->final = in->kind == SWE_IN_FINAL;
@@ -284,6 +363,7 @@ rx_keep(swe_rx *rx, const swe_q *q)
     memcpy(c, q, sz);
     c->event = (const char *)c->data + c->len;
     c->next = NULL;
+    c->blk = NULL; /* a copy of its own (freed with free) */
     rx->hist[rx->nhist++] = c;
     rx->hist_bytes += q->len;
     return;
@@ -305,7 +385,7 @@ rx_accept(swe_rx *rx, swe_q *q, int64_t now, swe_rx_act *act)
         /* The worker handed the stream back (it drains): acknowledged,
          * and the stream moves on. */
         act->ack_final = 1;
-        free(q);
+        q_free(q);
         return;
     }
     if (q->final) {
@@ -315,7 +395,7 @@ rx_accept(swe_rx *rx, swe_q *q, int64_t now, swe_rx_act *act)
                               rx->txt ? rx->txt->w_msg : "", q->seq, 1, now);
         act->ack_final = 1;
         act->wake = 1;
-        free(q);
+        q_free(q);
         return;
     }
     rx->gen_items++;
@@ -503,7 +583,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         swe_q *q;
         if (in->kind == SWE_IN_DATA && rx_bytes_over(rx, in->len))
             goto bytes_over;
-        if ((q = q_make(in)) == NULL) {
+        if ((q = q_make(rx, in, 1)) == NULL) {
             fail = SW_ENOMEM;
             goto fail;
         }
@@ -542,7 +622,9 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         }
         if (in->kind == SWE_IN_DATA && rx_bytes_over(rx, in->len))
             goto bytes_over;
-        if ((*slot = q_make(in)) == NULL) {
+        /* malloc'd alone: a held node from a block would keep the whole
+         * block, consumed items and all, until the gap closes (rx.h) */
+        if ((*slot = q_make(rx, in, 0)) == NULL) {
             fail = SW_ENOMEM;
             goto fail;
         }
@@ -709,7 +791,7 @@ int
 swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act)
 {
     act_zero(rx, act);
-    free(rx->cur);
+    q_free(rx->cur);
     rx->cur = NULL;
     if (rx->qh != NULL) {
         swe_q *q = rx->qh;

@@ -82,9 +82,30 @@
 #define SWE_REASON_MAX 96
 #define SWE_MSG_MAX 256
 
+/* The queue nodes of a run of a message's items, allocated together: one
+ * malloc for up to SWE_QBLOCK_MAX bytes of nodes instead of one an item (a
+ * blocking consumer frees on another thread than the one that allocated,
+ * glibc's slow path; issue 17). The state machine allocates one when an
+ * in-order item comes with a run (swe_rx_in.run_bytes: it and the items
+ * after it in its message that continue its sequence), with nothing held,
+ * and no room in the block of the queue's last node; it is sized to the
+ * run exactly, so the run's items fill it. Each node carved from it holds
+ * a reference; it goes with the last. Nodes of a block are consecutive in
+ * the queue, so a stream pins at most the consumed part of one block (the
+ * one being consumed) and the unused room of one (the one being filled)
+ * beyond its queued nodes: 2 x SWE_QBLOCK_MAX; a run cut short (the stream
+ * ended or moved) may leave one more, once. Held items (past a gap) are
+ * malloc'd alone. Under the owner's lock like the rest (no atomics). */
+#define SWE_QBLOCK_MAX 16384
+typedef struct swe_qblock {
+    size_t refs, used, cap;
+    _Alignas(16) uint8_t mem[];
+} swe_qblock;
+
 /* A queued or held item. */
 typedef struct swe_q {
     struct swe_q *next;
+    swe_qblock *blk; /* the block it was carved from, or NULL: malloc'd alone */
     uint64_t seq;
     int final; /* a held final marker (no data) */
     int droppable;
@@ -169,7 +190,20 @@ typedef struct swe_rx_in {
     sw_err err;
     const char *reason; /* finish reason, app code or sw reason */
     const char *message;
+    size_t run_bytes; /* data, final: the node bytes (swe_q_bytes) of this item and the items
+                         after it in its message that continue its sequence (seq + 1, ...) and
+                         fit SWE_QBLOCK_MAX with it; 0: none (a node of its own). The feeder
+                         sets it with swe_rx_runs; the items must then be fed in order. */
 } swe_rx_in;
+
+/* The bytes of a node for len data bytes and an event name of elen (a
+ * final: 0, 0), rounded to 16. */
+size_t swe_q_bytes(size_t len, size_t elen);
+
+/* Sets run_bytes for the n items of one message, in[0..n) in the
+ * message's order (a caller that feeds a message in parts calls it for
+ * each part). Pure. */
+void swe_rx_runs(swe_rx_in *in, size_t n);
 
 /* The counters of sw_stream_stats the state machine keeps (the rest,
  * pending and the windows, are read off its state when asked): an idle

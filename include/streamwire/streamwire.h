@@ -623,8 +623,10 @@ typedef struct sw_router_opts {
      * window up to credit_bytes_max. Memory: a stream queues and holds at
      * most its byte window + one item of data (credit_bytes_max + one item;
      * credit_bytes + one item for a consumer that never kept up), plus
-     * about SW_ITEM_COST per item within the window, whatever the worker
-     * sends; during a migration, the old worker's and the new one's
+     * about SW_ITEM_COST per item within the window and at most 32 KiB of
+     * queue-node blocks (a message's items share blocks of at most 16 KiB),
+     * whatever the worker sends; during a migration, the old worker's and
+     * the new one's
      * (docs/MIGRATION.md); from a worker that does not keep to byte credit
      * (an older one), the first window x the largest item. */
     unsigned credit_window_max; /* 0 = SW_CREDIT_WINDOW_MAX_DEFAULT (16384); set it to

@@ -98,7 +98,7 @@ void swp_free(void *msg);
  * instead of copies, so the message is valid only while both buf and the
  * arena are. Other messages go through protobuf-c. Free with
  * swp_free_arena; the arena serves one message at a time. */
-#define SWP_ARENA_BYTES 8192
+#define SWP_ARENA_BYTES 24576 /* a full batch decoded in one pass fits (proto/items.c) */
 typedef struct swp_arena {
     ProtobufCAllocator alloc;
     size_t used;

@@ -92,16 +92,25 @@ wb_prefix(wbuf *w, size_t body_len)
     w->len += n;
 }
 
-/* Appends a data body (after a batch prefix when batched). */
+/* Appends a data body (after a batch prefix when batched), with an event
+ * name unless event is NULL. */
+static void
+wb_data_ev(wbuf *w, int batched, uint64_t seq, const void *data, size_t len, int droppable,
+           const char *event)
+{
+    size_t elen = event != NULL ? strlen(event) : 0;
+    size_t size = swp_data_body_size(seq, len, droppable, elen), n;
+    if (batched)
+        wb_prefix(w, size);
+    n = swp_data_body_write(wb_room(w, size), seq, data, len, droppable, event, elen);
+    assert_int_equal(n, size);
+    w->len += n;
+}
+
 static void
 wb_data(wbuf *w, int batched, uint64_t seq, const void *data, size_t len, int droppable)
 {
-    size_t size = swp_data_body_size(seq, len, droppable, 0), n;
-    if (batched)
-        wb_prefix(w, size);
-    n = swp_data_body_write(wb_room(w, size), seq, data, len, droppable, NULL, 0);
-    assert_int_equal(n, size);
-    w->len += n;
+    wb_data_ev(w, batched, seq, data, len, droppable, NULL);
 }
 
 /* Appends a final's body from swp_final_body_alloc (t may be NULL). */
@@ -959,13 +968,16 @@ test_batch_count_cap(void **state)
     free(b);
 }
 
-/* 4b. 200 items of 64 bytes: more than the arena holds, so the arena decoder
- * puts the message in one malloc'd block (freed by swp_free_arena: the ASan
- * build checks); the data fields still point into the input. */
+/* 4b. 250 items of 64 bytes, each with a 31-byte event name (strings: the
+ * two passes): more than the arena holds, so the arena decoder puts the
+ * message in one malloc'd block (freed by swp_free_arena: the ASan build
+ * checks); the data fields still point into the input. */
+#define EV_NAME "ev-padding-padding-padding-%03d"
 static void
 test_batch_large_arena_fallback(void **state)
 {
-    enum { NITEMS = 200, ITEM = 64 };
+    enum { NITEMS = 250, ITEM = 64 };
+    char ev[40];
     wbuf w = {NULL, 0, 0};
     uint8_t chunk[ITEM];
     swp_arena *arena = malloc(sizeof(*arena));
@@ -976,14 +988,14 @@ test_batch_large_arena_fallback(void **state)
     wb_hdr(&w, "inst-a", 0, 0);
     for (int i = 0; i < NITEMS; i++) {
         fill_pattern(chunk, sizeof(chunk), 7, (unsigned)i * 3);
-        wb_data(&w, i > 0, 1000 + 2 * (uint64_t)i, chunk, sizeof(chunk), i % 3 == 0);
+        snprintf(ev, sizeof(ev), EV_NAME, i);
+        wb_data_ev(&w, i > 0, 1000 + 2 * (uint64_t)i, chunk, sizeof(chunk), i % 3 == 0, ev);
     }
-    assert_true(w.len > SWP_ARENA_BYTES);
 
     for (int round = 0; round < 2; round++) { /* the arena serves one message at a time */
         assert_int_equal(swp_decode_item_arena(w.b, w.len, MAXLEN, arena, &a), SW_OK);
         assert_non_null(a);
-        /* 200 entries do not fit in the arena: the whole message is in one
+        /* 250 entries do not fit in the arena: the whole message is in one
          * block of its own, and every data field points into the input */
         assert_true(arena->hand);
         assert_true((uint8_t *)a < arena->buf || (uint8_t *)a >= arena->buf + SWP_ARENA_BYTES);
@@ -1004,6 +1016,8 @@ test_batch_large_arena_fallback(void **state)
             assert_int_equal(!!b->droppable, i % 3 == 0);
             assert_false(b->complete_final);
             assert_null(b->terminal);
+            snprintf(ev, sizeof(ev), EV_NAME, i);
+            assert_string_equal(b->event, ev);
         }
         assert_int_equal(outside, NITEMS - 1);
         if (round == 0) {
@@ -1545,14 +1559,14 @@ test_request_in_place_or_protobuf_c(void **state)
     free(enc);
 }
 
-/* A canonical request larger than the arena (three 4 KiB header values)
+/* A canonical request larger than the arena (seven 4 KiB header values)
  * takes one malloc'd block, and is still built by hand. */
 static void
 test_request_large_block(void **state)
 {
-    char big[3][SWP_MAX_HEADER_VALUE + 1];
+    char big[7][SWP_MAX_HEADER_VALUE + 1];
     swp_request m = STREAMWIRE__V1__REQUEST__INIT;
-    Streamwire__V1__Request__HeadersEntry he[3], *hp[3];
+    Streamwire__V1__Request__HeadersEntry he[7], *hp[7];
     uint8_t *enc = NULL;
     size_t elen = 0;
     swp_arena *a = malloc(sizeof(*a));
@@ -1565,7 +1579,7 @@ test_request_large_block(void **state)
     m.request_id.len = 16;
     m.response_subject = "sw.rsp.r.30313233343536373839616263646566";
     m.router_id = "r";
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 7; i++) {
         memset(big[i], 'a' + i, SWP_MAX_HEADER_VALUE);
         big[i][SWP_MAX_HEADER_VALUE] = '\0';
         streamwire__v1__request__headers_entry__init(&he[i]);
@@ -1573,14 +1587,15 @@ test_request_large_block(void **state)
         he[i].value = big[i];
         hp[i] = &he[i];
     }
-    m.n_headers = 3;
+    m.n_headers = 7;
     m.headers = hp;
     assert_int_equal(swp_encode_alloc(&m, MAXLEN, &enc, &elen), SW_OK);
     assert_int_equal(swp_decode_request_arena(enc, elen, MAXLEN, a, &r), SW_OK);
     assert_true(a->hand);
     assert_non_null(a->block);
     assert_true((uint8_t *)r == (uint8_t *)a->block);
-    for (int i = 0; i < 3; i++)
+    assert_true(elen > SWP_ARENA_BYTES);
+    for (int i = 0; i < 7; i++)
         assert_string_equal(r->headers[i]->value, big[i]);
     swp_free_arena(r, a);
     /* one byte over the header value limit: refused by the checks, freed */
@@ -1688,6 +1703,97 @@ test_request_encoder_matches_protobuf_c(void **state)
     }
 }
 
+/* 4e'. A batch in one pass (proto/items.c it_fast): a full batch of 64 B
+ * entries without strings or terminals is built in the arena (the
+ * wrapper, its entries right after it, then their pointers), every data
+ * field pointing into the input, the same as protobuf-c decodes it. An
+ * entry the one pass does not take leaves the message to the two passes
+ * (an event, a final and its terminal) or to protobuf-c (a field twice, an
+ * unknown field), with the same result either way; one entry too many is
+ * refused by both. */
+static void
+test_batch_one_pass(void **state)
+{
+#define TAIL(lit) lit, sizeof(lit) - 1
+    static const struct {
+        const char *what;
+        const char *tail; /* one more batch entry: its body */
+        size_t tail_len;
+        sw_err want;
+        int hand, one_pass;
+    } v[] = {
+        {"no more", NULL, 0, SW_OK, 1, 1},
+        {"an entry with an event (a string: two passes)",
+         TAIL("\x18\xd0\x0f\x22\x01x\x6a\x02"
+              "ev"),
+         SW_OK, 1, 0},
+        {"a final entry and its terminal (two passes)",
+         TAIL("\x18\xd0\x0f\x38\x01\x42\x02\x08\x01"), SW_OK, 1, 0},
+        {"an entry with its seq twice (protobuf-c)", TAIL("\x18\xcf\x0f\x22\x01x\x18\xd0\x0f"),
+         SW_OK, 0, 0},
+        {"an entry with an unknown field (protobuf-c)", TAIL("\x18\xd0\x0f\x22\x01x\x28\x01"),
+         SW_OK, 0, 0},
+        {"data as a varint", TAIL("\x18\xd0\x0f\x20\x01"), SW_EPROTO, 0, 0},
+        {"an entry whose seq goes back", TAIL("\x18\x01\x22\x01x"), SW_EPROTO, 0, 0},
+    };
+#undef TAIL
+    enum { ITEM = 64 };
+    uint8_t chunk[ITEM];
+    (void)state;
+    for (size_t c = 0; c < sizeof(v) / sizeof(v[0]); c++) {
+        for (int full = 0; full < 2; full++) {
+            /* the wrapper's own item, 255 entries and the case's (256
+             * entries in all; seqs from 1000, the case's 2000), or one
+             * more entry than a batch may hold */
+            size_t nb = full ? SWP_MAX_BATCH + 1 : SWP_MAX_BATCH;
+            wbuf w = {NULL, 0, 0};
+            item_pair p;
+            sw_err want = full ? SW_EPROTO : v[c].want;
+            if (v[c].tail == NULL)
+                nb++; /* the case adds none: fill the batch with data */
+            wb_hdr(&w, "", 0, 0);
+            for (size_t i = 0; i < nb; i++) {
+                fill_pattern(chunk, sizeof(chunk), 5, (unsigned)i);
+                wb_data(&w, i > 0, 1000 + i, chunk, sizeof(chunk), i % 5 == 0);
+            }
+            if (v[c].tail != NULL) {
+                wb_prefix(&w, v[c].tail_len);
+                wb_raw(&w, v[c].tail, v[c].tail_len);
+            }
+            item_pair_decode(&p, w.b, w.len, want, v[c].what);
+            free(w.b);
+            if (want != SW_OK) {
+                item_pair_free(&p);
+                continue;
+            }
+            if (p.arena->hand != v[c].hand)
+                fail_msg("%s: built by hand %d, want %d", v[c].what, p.arena->hand, v[c].hand);
+            assert_int_equal(p.m[1]->n_batch, SWP_MAX_BATCH);
+            assert_int_equal(p.m[1]->seq, 1000);
+            if (p.arena->hand) {
+                /* in the arena, every data field in place */
+                const uint8_t *first = (const uint8_t *)p.m[1]->batch[0];
+                size_t wb = (sizeof(swp_item) + 15) & ~(size_t)15;
+                assert_null(p.arena->block);
+                assert_ptr_equal(p.m[1], p.arena->buf);
+                if ((first == p.arena->buf + wb) != v[c].one_pass)
+                    fail_msg("%s: one pass %d, want %d", v[c].what, first == p.arena->buf + wb,
+                             v[c].one_pass);
+                for (size_t i = 0; i + 1 < nb; i++) {
+                    const swp_batched *b = p.m[1]->batch[i];
+                    fill_pattern(chunk, sizeof(chunk), 5, (unsigned)i + 1);
+                    assert_int_equal(b->seq, 1001 + i);
+                    assert_bin(b->data, chunk, sizeof(chunk));
+                    assert_true(b->data.data > p.input && b->data.data < p.input + w.len);
+                    assert_int_equal(!!b->droppable, (i + 1) % 5 == 0);
+                    assert_string_equal(b->event, "");
+                }
+            }
+            item_pair_free(&p);
+        }
+    }
+}
+
 /* 4d. The allocation bound holds for what the decoder by hand accepts
  * without asking codec.c's walk (proto/items.c): the densest valid message
  * in our form (found by an independent review) is a non-final wrapper with
@@ -1761,6 +1867,7 @@ main(void)
         cmocka_unit_test(test_batch_rules_rejected),
         cmocka_unit_test(test_final_body_round_trip),
         cmocka_unit_test(test_item_one_pass_edges),
+        cmocka_unit_test(test_batch_one_pass),
         cmocka_unit_test(test_request_in_place_or_protobuf_c),
         cmocka_unit_test(test_request_large_block),
         cmocka_unit_test(test_request_encoder_matches_protobuf_c),

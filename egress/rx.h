@@ -225,6 +225,9 @@ typedef struct swe_rx {
     swe_q **hold;      /* out-of-order items, seq % hold_cap (allocated on the first) */
     size_t hold_cap;
     size_t held;
+    uint64_t hold_top;  /* the highest seq held since the hold was last empty: it is still
+                           held (held items leave only as expected passes them), so a final
+                           below it has an item past it */
     uint64_t final_seq; /* the received final's seq, 0 = none yet */
     sw_status w_status;
     sw_err w_err;
@@ -257,13 +260,16 @@ typedef struct swe_rx {
     /* timers */
     int64_t last_rx_ms;
     int answered; /* the current worker sent something (an item or a heartbeat) */
+    /* (two of migration's flags, bytes here: they fill the hole before
+     * the next int64 and keep sw_stream within its budget) */
+    unsigned char migrating;      /* between act->migrate and swe_rx_migrated or the terminal */
+    unsigned char mig_from_final; /* the worker handed the stream back with its final (no stop
+                                     needed) */
     int64_t gap_since_ms;
     int64_t last_resend_ms;
     /* migration */
     unsigned gen;       /* workers before the current one */
     unsigned mig_left;  /* migrations still allowed */
-    int migrating;      /* between act->migrate and swe_rx_migrated or the terminal */
-    int mig_from_final; /* the worker handed the stream back with its final (no stop needed) */
     uint64_t seq_base;  /* consumer seq = seq_base + the current worker's seq */
     uint64_t gen_items; /* data items accepted from the current worker */
     swe_q **hist;       /* cfg.keep_history: copies of the data items received, in order */

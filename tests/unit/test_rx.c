@@ -448,6 +448,101 @@ test_held_item_beyond_later_final(void **state)
     swe_rx_fini(&rx);
 }
 
+/* The final looks only at the highest seq held (rx.h, hold_top), not at
+ * every slot of the hold: an item held past it is item_after_final however
+ * many were held and let go before, and a highest seq left from a hold
+ * that emptied, or from the worker before a move, never makes a good final
+ * look late. */
+static void
+test_final_against_the_highest_held(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[32];
+    sw_terminal t;
+    (void)state;
+    /* 1, then 3..6 held; 2 lets them all go; 9 held; final 8: 9 is past it */
+    start(&rx);
+    data(&rx, 1, 1);
+    for (uint64_t i = 3; i <= 6; i++)
+        data(&rx, i, 2);
+    assert_int_equal(rx.held, 4);
+    assert_int_equal(rx.hold_top, 6);
+    data(&rx, 2, 3);
+    assert_int_equal(rx.held, 0);
+    data(&rx, 8, 4);
+    a = final_at(&rx, 7, SW_STATUS_COMPLETED, "stop", 5);
+    assert_true(a.ended); /* 8 is held past the final at 7 */
+    assert_int_equal(drain(&rx, 5, seqs, 32, &t), 6);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+
+    /* 3..20 held and let go, then 23 and 25: a final at 26 is not late,
+     * though more was held before */
+    {
+        swe_rx_cfg c = cfg_default();
+        c.window = 64;
+        swe_rx_init(&rx, &c, 0);
+    }
+    data(&rx, 1, 1);
+    for (uint64_t i = 3; i <= 20; i++)
+        data(&rx, i, 2);
+    data(&rx, 2, 3);
+    assert_int_equal(rx.held, 0);
+    assert_int_equal(rx.expected, 21);
+    data(&rx, 23, 4); /* held: 21, 22 missing */
+    data(&rx, 21, 5);
+    data(&rx, 22, 5); /* 23 goes too */
+    assert_int_equal(rx.held, 0);
+    data(&rx, 25, 6); /* held */
+    a = final_at(&rx, 26, SW_STATUS_COMPLETED, "stop", 7);
+    assert_false(a.ended); /* nothing past 26 is held */
+    data(&rx, 24, 8);
+    assert_int_equal(drain(&rx, 8, seqs, 32, &t), 25);
+    assert_seqs(seqs, 25, 1);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
+/* After a move the new worker numbers from 1 again: what the old one had
+ * held (up to 5) does not make the new worker's final at 3 late. */
+static void
+test_final_after_move_ignores_old_hold(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    uint64_t seqs[16];
+    sw_terminal t;
+    (void)state;
+    c.migrations = 1;
+    swe_rx_init(&rx, &c, 1000);
+    data(&rx, 1, 1001);
+    data(&rx, 5, 1002); /* held */
+    assert_int_equal(rx.hold_top, 5);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1003, &a), 0);
+    assert_true(a.migrate);
+    swe_rx_migrated(&rx, 1004);
+    data(&rx, 2, 1005); /* held: the new worker's 1 is missing */
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "stop", 1006);
+    assert_false(a.ended);
+    data(&rx, 1, 1007);
+    /* (data() writes "item-<seq>" of the worker's seq: 1, then the new
+     * worker's 1 and 2, delivered as 2 and 3) */
+    {
+        sw_item it;
+        int n = 0, got;
+        while ((got = swe_rx_pop(&rx, 1007, &it, &a)) == 1)
+            n++;
+        assert_int_equal(n, 3);
+        assert_int_equal(got, 2);
+        assert_int_equal(it.terminal.status, SW_STATUS_COMPLETED);
+    }
+    (void)seqs;
+    (void)t;
+    swe_rx_fini(&rx);
+}
+
 static void
 test_linger(void **state)
 {
@@ -2424,6 +2519,8 @@ main(void)
         cmocka_unit_test(test_final_resent),
         cmocka_unit_test(test_final_with_gap_before_it),
         cmocka_unit_test(test_held_item_beyond_later_final),
+        cmocka_unit_test(test_final_against_the_highest_held),
+        cmocka_unit_test(test_final_after_move_ignores_old_hold),
         cmocka_unit_test(test_linger),
         cmocka_unit_test(test_linger_catches_late_item),
         cmocka_unit_test(test_credit_granted_on_consumption),

@@ -56,6 +56,12 @@
  *      seen, and the byte window stays between its first size and its
  *      most. The bytes profile must see a worker wait for byte credit, the
  *      grow profile a byte window grow.
+ *   I13 queue-node blocks (egress/rx.h): a block's nodes are consecutive in
+ *      the queue, and beyond its live nodes a stream's blocks pin at most 2 x
+ *      SWE_QBLOCK_MAX, plus one block a run cut short by a move or the
+ *      terminal. Workers send up to 8 items in one wrapper now and then, as
+ *      a coalescing worker does, so runs are fed as egress/mux.c feeds them;
+ *      the run must see nodes share blocks.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,7 +175,12 @@ typedef struct world {
     uint64_t grown;       /* streams whose window grew */
     uint64_t bgrown;      /* streams whose byte window grew */
     uint64_t byte_stalls; /* a worker waited for byte credit (item credit left) */
+    uint64_t batches;     /* messages of more than one item */
 } world;
+
+/* Queue nodes found sharing a block (I13), over the whole run: the blocks
+ * must have been exercised. */
+static uint64_t g_block_nodes;
 
 /* What a bus node points to: its world and its node index. */
 typedef struct node_box {
@@ -245,8 +256,9 @@ w_store(wstream *w, uint64_t seq, const uint8_t *buf, size_t len)
     w->ring_len[seq] = len;
 }
 
+/* Encodes m, keeps it for resends (keep_seq != 0) and, if send, sends it. */
 static void
-w_publish(world *wd, fstream *f, int k, const swp_item *m, uint64_t keep_seq)
+w_publish(world *wd, fstream *f, int k, const swp_item *m, uint64_t keep_seq, int send)
 {
     uint8_t buf[512];
     size_t len;
@@ -254,14 +266,25 @@ w_publish(world *wd, fstream *f, int k, const swp_item *m, uint64_t keep_seq)
         abort();
     if (keep_seq)
         w_store(&f->w[k], keep_seq, buf, len);
+    if (!send)
+        return;
     sim_send(wd->s, wd->wnode[k], wd->fnode, K_ITEM, buf, len, 0, 0);
     wd->messages++;
 }
 
 /* Worker k's item seq (its own numbering); a final with status, or with
- * error err (status 0: a final error, as a draining worker's handing back). */
+ * error err (status 0: a final error, as a draining worker's handing back).
+ * Kept for resends, and sent unless w_item_kept (a batch sends it). */
+static void w_item_as(world *wd, fstream *f, int k, uint64_t seq, int final, int status, int send);
+
 static void
 w_item(world *wd, fstream *f, int k, uint64_t seq, int final, int status)
+{
+    w_item_as(wd, f, k, seq, final, status, 1);
+}
+
+static void
+w_item_as(world *wd, fstream *f, int k, uint64_t seq, int final, int status, int send)
 {
     swp_item m = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
     swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
@@ -296,7 +319,44 @@ w_item(world *wd, fstream *f, int k, uint64_t seq, int final, int status)
     if (seq == 1)
         m.credit_bytes = f->w[k].credit_bytes;
     f->w[k].sent_bytes += m.data.len;
-    w_publish(wd, f, k, &m, seq);
+    w_publish(wd, f, k, &m, seq, send);
+}
+
+/* Sends worker k's kept items seq0 .. seq0 + n - 1 as one wrapper, the
+ * first item's, with the rest as its batch: a coalescing worker's message
+ * (ingress/sender.c). */
+static void
+w_send_batch(world *wd, fstream *f, int k, uint64_t seq0, int n)
+{
+    swp_item *items[8];
+    swp_batched b[8], *bp[8];
+    uint8_t buf[4096];
+    size_t len;
+    wstream *w = &f->w[k];
+    if (n < 1 || n > 8)
+        abort();
+    for (int i = 0; i < n; i++)
+        if (swp_decode_item(w->ring[seq0 + (uint64_t)i], w->ring_len[seq0 + (uint64_t)i], 1 << 20,
+                            &items[i]) != SW_OK)
+            abort();
+    for (int i = 1; i < n; i++) {
+        streamwire__v1__batched_item__init(&b[i - 1]);
+        b[i - 1].seq = items[i]->seq;
+        b[i - 1].data = items[i]->data;
+        bp[i - 1] = &b[i - 1];
+    }
+    items[0]->n_batch = (size_t)n - 1;
+    items[0]->batch = n > 1 ? bp : NULL;
+    if (swp_encode(items[0], buf, sizeof(buf), &len) != SW_OK)
+        abort();
+    items[0]->n_batch = 0;
+    items[0]->batch = NULL;
+    for (int i = 0; i < n; i++)
+        swp_free(items[i]);
+    sim_send(wd->s, wd->wnode[k], wd->fnode, K_ITEM, buf, len, 0, 0);
+    wd->messages++;
+    if (n > 1)
+        wd->batches++;
 }
 
 /* The handler on worker k (b): produces the next item when credit allows. */
@@ -328,8 +388,23 @@ ev_produce(sim *s, void *arg, uint64_t idx, uint64_t b)
             static const uint8_t junk[] = {0xff, 0x01, 0x02, 0x7f};
             sim_send(s, wd->wnode[k], wd->fnode, K_ITEM, junk, sizeof(junk), 0, 0);
         }
-        w_item(wd, f, k, w->next_seq++, 0, 0);
-        w->produced++;
+        {
+            /* Now and then what credit allows goes out together, up to 8
+             * items in one wrapper (each kept alone for resends). */
+            uint64_t seq0 = w->next_seq;
+            int want =
+                sim_rng_chance(sim_rand(s), 0.3) ? 2 + (int)sim_rng_below(sim_rand(s), 7) : 1;
+            int n = 0;
+            while (n < want && w->produced < w->n &&
+                   (n == 0 || w->hostile_credit ||
+                    (w->next_seq <= w->credit_limit &&
+                     (w->credit_bytes == 0 || w->sent_bytes < w->byte_limit)))) {
+                w_item_as(wd, f, k, w->next_seq++, 0, 0, 0);
+                w->produced++;
+                n++;
+            }
+            w_send_batch(wd, f, k, seq0, n);
+        }
         sim_at(s, (int64_t)sim_rng_below(sim_rand(s), 4), ev_produce, wd, idx, b);
         return;
     }
@@ -359,7 +434,7 @@ ev_heartbeat(sim *s, void *arg, uint64_t idx, uint64_t b)
         h.last_seq = w->next_seq - 1;
         h.stalled = w->stalled;
         m.heartbeat = &h;
-        w_publish(wd, f, k, &m, 0);
+        w_publish(wd, f, k, &m, 0, 1);
     }
     sim_at(s, wd->p->hb_ms, ev_heartbeat, wd, idx, b);
 }
@@ -607,6 +682,42 @@ fe_check_bounds(world *wd, fstream *f)
         if (bytes > f->max_bytes)
             f->max_bytes = bytes;
     }
+    /* I13: queue-node blocks (rx.h): a block's nodes are consecutive in the
+     * queue (after the item last popped), and beyond its live nodes a
+     * stream pins at most 2 x SWE_QBLOCK_MAX, plus one block for each run
+     * cut short (a move, the terminal). */
+    {
+        const swe_qblock *segs[256];
+        size_t nsegs = 0, waste = 0, live = 0, cuts = f->rx.gen + (f->rx.term_state != 0);
+        const swe_qblock *cb = NULL;
+        const swe_q *q = f->rx.cur != NULL ? f->rx.cur : f->rx.qh;
+        while (q != NULL) {
+            if (q->blk != cb) {
+                if (cb != NULL)
+                    waste += cb->cap - live;
+                cb = q->blk;
+                live = 0;
+                if (cb != NULL) {
+                    for (size_t i = 0; i < nsegs; i++)
+                        if (segs[i] == cb)
+                            FAIL(wd, "I13: a block's nodes are not consecutive in the queue");
+                    if (nsegs < sizeof(segs) / sizeof(segs[0]))
+                        segs[nsegs++] = cb;
+                    if (cb->cap > SWE_QBLOCK_MAX || cb->used > cb->cap)
+                        FAIL(wd, "I13: a block of %zu bytes, %zu used", cb->cap, cb->used);
+                }
+            }
+            if (cb != NULL) {
+                live += swe_q_bytes(q->len, strlen(q->event));
+                g_block_nodes++;
+            }
+            q = q == f->rx.cur ? f->rx.qh : q->next;
+        }
+        if (cb != NULL)
+            waste += cb->cap - live;
+        if (waste > (2 + cuts) * SWE_QBLOCK_MAX)
+            FAIL(wd, "I13: blocks pin %zu bytes beyond their live nodes (%zu cuts)", waste, cuts);
+    }
 }
 
 static void fe_apply(world *wd, fstream *f, const swe_rx_act *a);
@@ -825,7 +936,9 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
         (void)swe_cancels_seen(&wd->fc, id); /* a cancel's answer */
     f = find_stream(wd, id);
     if (f != NULL) {
+        swe_rx_in ins[1 + SWP_MAX_BATCH];
         swe_rx_in in;
+        size_t n = 1;
         memset(&in, 0, sizeof(in));
         in.seq = w->seq;
         if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT) {
@@ -850,12 +963,24 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
             in.credit_bytes = w->credit_bytes;
             in.data = w->data.data;
             in.len = w->data.len;
-            if (f->w[f->worker].final_seq != 0 && w->seq > f->w[f->worker].final_seq &&
-                !f->terminal)
-                f->after_final_rx = 1;
         }
-        swe_rx_on_item(&f->rx, &in, sim_now(s), &a);
-        fe_apply(wd, f, &a);
+        /* A batch (the sim's workers batch data items only): every item as
+         * the mux feeds them, with their runs (egress/mux.c). */
+        ins[0] = in;
+        for (size_t i = 0; i < w->n_batch && w->batch[i]->complete_final == 0; i++, n++) {
+            ins[n] = in;
+            ins[n].seq = w->batch[i]->seq;
+            ins[n].data = w->batch[i]->data.data;
+            ins[n].len = w->batch[i]->data.len;
+        }
+        swe_rx_runs(ins, n);
+        for (size_t i = 0; i < n; i++) {
+            if (ins[i].kind == SWE_IN_DATA && f->w[f->worker].final_seq != 0 &&
+                ins[i].seq > f->w[f->worker].final_seq && !f->terminal)
+                f->after_final_rx = 1;
+            swe_rx_on_item(&f->rx, &ins[i], sim_now(s), &a);
+            fe_apply(wd, f, &a);
+        }
     }
     swp_free(w);
 }
@@ -1172,6 +1297,11 @@ main(int argc, char **argv)
                (unsigned long long)pm);
         total += pm;
     }
-    printf("sim_streams: %llu simulated messages in all: ok\n", (unsigned long long)total);
+    if (total > 0 && g_block_nodes == 0) {
+        fprintf(stderr, "sim_streams: no queue node shared a block: I13 was not exercised\n");
+        return 1;
+    }
+    printf("sim_streams: %llu simulated messages in all (queue nodes seen in blocks: %llu): ok\n",
+           (unsigned long long)total, (unsigned long long)g_block_nodes);
     return total > 0 ? 0 : 1;
 }

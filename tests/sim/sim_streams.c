@@ -57,7 +57,9 @@
  *      most. The bytes profile must see a worker wait for byte credit, the
  *      grow profile a byte window grow.
  *   I13 queue-node blocks (egress/rx.h): a block's nodes are consecutive in
- *      the queue, and beyond its live nodes a stream's blocks pin at most 2 x
+ *      the queue; until a stream moves, every block but the first (being
+ *      consumed) and the last (being filled) is exactly full of live nodes;
+ *      and beyond its live nodes a stream's blocks pin at most 2 x
  *      SWE_QBLOCK_MAX, plus one block a run cut short by a move or the
  *      terminal. Workers send up to 8 items in one wrapper now and then, as
  *      a coalescing worker does, so runs are fed as egress/mux.c feeds them;
@@ -683,7 +685,8 @@ fe_check_bounds(world *wd, fstream *f)
             f->max_bytes = bytes;
     }
     /* I13: queue-node blocks (rx.h): a block's nodes are consecutive in the
-     * queue (after the item last popped), and beyond its live nodes a
+     * queue (after the item last popped); until a move, a block between the
+     * first and the last segment is exactly full; beyond its live nodes a
      * stream pins at most 2 x SWE_QBLOCK_MAX, plus one block for each run
      * cut short (a move, the terminal). */
     {
@@ -693,6 +696,11 @@ fe_check_bounds(world *wd, fstream *f)
         const swe_q *q = f->rx.cur != NULL ? f->rx.cur : f->rx.qh;
         while (q != NULL) {
             if (q->blk != cb) {
+                if (cb != NULL && nsegs > 1 && f->rx.gen == 0 && live != cb->cap)
+                    FAIL(wd,
+                         "I13: a block between the first and the last has %zu of %zu bytes "
+                         "live",
+                         live, cb->cap);
                 if (cb != NULL)
                     waste += cb->cap - live;
                 cb = q->blk;

@@ -279,6 +279,36 @@ it_heartbeat(const uint8_t *p, size_t len, it_mem *m)
     return h;
 }
 
+/* One field of a batch entry into b (a string or terminal taken from m),
+ * for both decoders, as it_item_set is for the wrapper. */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline void
+it_batched_set(swp_batched *b, const pb_rd *f, it_mem *m)
+{
+    switch (f->num) {
+    case 3:
+        b->seq = f->v;
+        break;
+    case 4:
+        b->data = it_bytes(f);
+        break;
+    case 6:
+        b->droppable = pb_rd_bool(f);
+        break;
+    case 7:
+        b->complete_final = pb_rd_bool(f);
+        break;
+    case 8:
+        b->terminal = it_terminal(f->b, f->blen, m);
+        break;
+    default:
+        b->event = it_string(m, f); /* 13 */
+        break;
+    }
+}
+
 static swp_batched *
 it_batched(const uint8_t *p, size_t len, it_mem *m)
 {
@@ -287,26 +317,7 @@ it_batched(const uint8_t *p, size_t len, it_mem *m)
     for (size_t i = 0; i < len;) {
         pb_rd f;
         (void)pb_rd_next(p, len, &i, &f);
-        switch (f.num) {
-        case 3:
-            b->seq = f.v;
-            break;
-        case 4:
-            b->data = it_bytes(&f);
-            break;
-        case 6:
-            b->droppable = pb_rd_bool(&f);
-            break;
-        case 7:
-            b->complete_final = pb_rd_bool(&f);
-            break;
-        case 8:
-            b->terminal = it_terminal(f.b, f.blen, m);
-            break;
-        default:
-            b->event = it_string(m, &f); /* 13 */
-            break;
-        }
+        it_batched_set(b, &f, m);
     }
     return b;
 }
@@ -428,20 +439,7 @@ it_fast_batched(const uint8_t *p, size_t len, swp_batched *b)
         if ((IT_FAST_BATCHED & bit) == 0 || (seen & bit) != 0 || f.wt != (bit == IT_BIT(4) ? 2 : 0))
             return -1;
         seen |= bit;
-        switch (f.num) {
-        case 3:
-            b->seq = f.v;
-            break;
-        case 4:
-            b->data = it_bytes(&f);
-            break;
-        case 6:
-            b->droppable = pb_rd_bool(&f);
-            break;
-        default:
-            b->complete_final = pb_rd_bool(&f); /* 7 */
-            break;
-        }
+        it_batched_set(b, &f, NULL); /* (no string or terminal here: nothing to take) */
     }
     return 0;
 }

@@ -299,7 +299,13 @@ size_t swn_resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, s
 sw_err swn_ing_publish_counted(sw_ingress *ing, const char *subj, const void *buf, size_t len,
                                const swn_sent *d);
 sw_err swn_resp_publish(sw_responder *r, const uint8_t *buf, size_t len, const swn_sent *d);
-sw_err swn_resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len);
+/* Keeps item seq's body, written into swn_ring_room(&r->rg, seq, len), in
+ * the resend ring (r->mu held; the chaos build may mark it to be left out
+ * of its first publish). */
+void swn_resp_commit(sw_responder *r, uint64_t seq, size_t len);
+/* The same for a body written elsewhere: copied, buf stays the caller's.
+ * SW_ENOMEM if the ring cannot keep seq (nothing changed). */
+sw_err swn_resp_keep(sw_responder *r, uint64_t seq, const uint8_t *buf, size_t len);
 sw_err swn_resp_publish_one(sw_responder *r, uint64_t seq, const uint8_t *body, size_t blen,
                             const swn_sent *d);
 sw_err swn_resp_take_pub_err(sw_responder *r);

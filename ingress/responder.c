@@ -175,13 +175,13 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
         rv = SW_EMSGSIZE; /* nothing consumed, the stream goes on */
         goto out;
     }
-    if ((buf = malloc(blen)) == NULL) {
-        rv = SW_ENOMEM;
-        goto out;
-    }
-    (void)swp_data_body_write(buf, seq, data, len, mode == 2, event, elen);
     if (!swn_ring_keeps(&r->rg)) { /* no flow control: published at once, not kept */
         swn_sent d = {1, 1, 0, 0};
+        if ((buf = malloc(blen)) == NULL) {
+            rv = SW_ENOMEM;
+            goto out;
+        }
+        (void)swp_data_body_write(buf, seq, data, len, mode == 2, event, elen);
         rv = swn_resp_publish_one(r, seq, buf, blen, &d);
         free(buf);
         if (rv == SW_OK) {
@@ -192,10 +192,14 @@ resp_send(sw_responder *r, const void *data, size_t len, int mode, const char *e
         }
         goto out;
     }
-    if ((rv = swn_resp_keep(r, seq, buf, blen)) != SW_OK) {
-        free(buf);
+    /* Written straight into the resend ring's chunk (ring.h). */
+    if ((buf = swn_ring_room(&r->rg, seq, blen)) == NULL) {
+        rv = SW_ENOMEM;
         goto out;
     }
+    (void)swp_data_body_write(buf, seq, data, len, mode == 2, event, elen);
+    swn_resp_commit(r, seq, blen);
+    rv = SW_OK;
     r->rg.next_seq++;
     r->sent_bytes += len;
     r->starved = 0;

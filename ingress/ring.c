@@ -1,6 +1,7 @@
 /* ingress/ring.c -- the resend ring (see ring.h): a pure state machine, no
  * locks, threads, clock, I/O or logging. Its caller serialises access. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "ingress/ring.h"
 
@@ -14,6 +15,8 @@ swn_ring_init(swn_ring *g, uint32_t window)
     g->pub_seq = 0;
     g->built = 0;
     g->acked = 0;
+    g->ch_head = g->ch_tail = NULL;
+    g->ch_next = SWN_CHUNK_MIN;
     if (window == 0)
         return 0;
     g->cap = (size_t)window + 1 < SWN_RING_MIN ? (size_t)window + 1 : SWN_RING_MIN;
@@ -24,14 +27,26 @@ swn_ring_init(swn_ring *g, uint32_t window)
     return 0;
 }
 
+/* Frees the chunks from the oldest while every body in them is at or
+ * below upto (all of them: UINT64_MAX). A chunk with no body yet (room
+ * never committed) has last 0 and goes too. */
+static void
+ring_release(swn_ring *g, uint64_t upto)
+{
+    swn_chunk *c;
+    while ((c = g->ch_head) != NULL && c->last <= upto) {
+        g->ch_head = c->next;
+        free(c);
+    }
+    if (g->ch_head == NULL)
+        g->ch_tail = NULL;
+}
+
 void
 swn_ring_free(swn_ring *g)
 {
-    if (g->slot != NULL) {
-        for (size_t i = 0; i < g->cap; i++)
-            free(g->slot[i].buf);
-        free(g->slot);
-    }
+    ring_release(g, UINT64_MAX);
+    free(g->slot);
     g->slot = NULL;
     g->cap = 0;
 }
@@ -66,17 +81,56 @@ ring_fit(swn_ring *g, uint64_t seq)
     return 0;
 }
 
-sw_err
-swn_ring_keep(swn_ring *g, uint64_t seq, uint8_t *buf, size_t len, int lose)
+uint8_t *
+swn_ring_room(swn_ring *g, uint64_t seq, size_t len)
 {
-    swn_slot *sl;
-    if (g->slot == NULL || ring_fit(g, seq) != 0 || g->slot[seq % g->cap].buf != NULL)
-        return SW_ENOMEM;
-    sl = &g->slot[seq % g->cap];
+    swn_chunk *c = g->ch_tail;
+    size_t cap;
+    if (g->slot == NULL || seq <= g->acked || ring_fit(g, seq) != 0 ||
+        g->slot[seq % g->cap].buf != NULL)
+        return NULL;
+    if (c != NULL && c->cap - c->used >= len)
+        return c->mem + c->used;
+    cap = g->ch_next > len ? g->ch_next : len;
+    if (cap > SIZE_MAX - sizeof(*c) || (c = malloc(sizeof(*c) + cap)) == NULL)
+        return NULL;
+    c->next = NULL;
+    c->last = 0;
+    c->used = 0;
+    c->cap = cap;
+    if (g->ch_tail != NULL)
+        g->ch_tail->next = c;
+    else
+        g->ch_head = c;
+    g->ch_tail = c;
+    if (g->ch_next < SWN_CHUNK_MAX)
+        g->ch_next = 2 * g->ch_next < SWN_CHUNK_MAX ? 2 * g->ch_next : SWN_CHUNK_MAX;
+    return c->mem;
+}
+
+void
+swn_ring_commit(swn_ring *g, uint64_t seq, size_t len, int lose)
+{
+    swn_chunk *c = g->ch_tail;
+    swn_slot *sl = &g->slot[seq % g->cap];
     sl->seq = seq;
-    sl->buf = buf;
+    sl->buf = c->mem + c->used;
     sl->len = len;
     sl->lose = lose;
+    c->used += len;
+    if (seq > c->last)
+        c->last = seq;
+}
+
+sw_err
+swn_ring_keep(swn_ring *g, uint64_t seq, const uint8_t *buf, size_t len, int lose)
+{
+    uint8_t *p = swn_ring_room(g, seq, len);
+    if (p == NULL)
+        return SW_ENOMEM;
+    if (len)
+        memcpy(p, buf, len);
+    swn_ring_commit(g, seq, len, lose);
     return SW_OK;
 }
 
@@ -116,7 +170,6 @@ swn_ring_ack(swn_ring *g, uint64_t ack)
             for (size_t i = 0; i < g->cap; i++) {
                 swn_slot *s = &g->slot[i];
                 if (s->buf != NULL && s->seq <= ack) {
-                    free(s->buf);
                     s->buf = NULL;
                     s->seq = 0;
                 }
@@ -125,7 +178,6 @@ swn_ring_ack(swn_ring *g, uint64_t ack)
             for (uint64_t q = g->acked + 1; q <= ack; q++) {
                 swn_slot *s = &g->slot[q % g->cap];
                 if (s->seq == q) {
-                    free(s->buf);
                     s->buf = NULL;
                     s->seq = 0;
                 }
@@ -133,6 +185,7 @@ swn_ring_ack(swn_ring *g, uint64_t ack)
         }
     }
     g->acked = ack;
+    ring_release(g, ack);
     return ack;
 }
 

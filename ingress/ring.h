@@ -10,7 +10,18 @@
  * counters are used.
  *
  * Memory: the ring grows (doubling, seq % cap) up to window + 1 slots: the
- * window's items plus the final. */
+ * window's items plus the final. The bodies are written one after another
+ * into chunks (issue 17: a malloc an item, freed on another thread by the
+ * ack, cost the worker ~200 instructions an item at 64 B and ~550 at 1 KiB):
+ * a chunk takes 512 bytes at first, twice the last one's size after that,
+ * at most SWN_CHUNK_MAX, or exactly one body larger than that; a body that
+ * does not fit the last chunk's room starts a new one. A chunk goes when
+ * every body in it is acknowledged (acks are cumulative, so chunks go in
+ * order), and a stream with nothing unacknowledged holds no chunk. Bound:
+ * the chunks hold at most 2 x the unacknowledged bodies' bytes +
+ * 2 x SWN_CHUNK_MAX (the acknowledged start of the oldest chunk, the unused
+ * end of the newest, and each chunk's unused end is smaller than the body
+ * that began the next; test_ring `chunk_bound_random`). */
 #ifndef SW_INGRESS_RING_H
 #define SW_INGRESS_RING_H
 
@@ -20,10 +31,20 @@
 #include <streamwire/streamwire.h>
 
 #define SWN_RING_MIN 16 /* slots at first: most streams never have many unacked */
+#define SWN_CHUNK_MIN 512    /* a stream's first chunk of bodies */
+#define SWN_CHUNK_MAX 16384  /* chunks grow (doubling) up to this */
+
+/* Bodies written one after another; see "Memory" above. */
+typedef struct swn_chunk {
+    struct swn_chunk *next; /* the next newer chunk */
+    uint64_t last;          /* the highest seq with a body here; 0: none yet */
+    size_t used, cap;
+    uint8_t mem[];
+} swn_chunk;
 
 typedef struct swn_slot {
     uint64_t seq;
-    uint8_t *buf; /* the item's body; NULL: free (or a skipped number) */
+    uint8_t *buf; /* the item's body, in a chunk; NULL: free (or a skipped number) */
     size_t len;
     int lose; /* chaos loss injection: left out of its first publish */
 } swn_slot;
@@ -36,6 +57,8 @@ typedef struct swn_ring {
     uint64_t pub_seq;  /* every seq <= pub_seq went out (or was given up) */
     uint64_t built;    /* every seq <= built was copied into a message that goes out */
     uint64_t acked;    /* every seq <= acked was received by the frontend */
+    swn_chunk *ch_head, *ch_tail; /* oldest and newest chunk of bodies, or NULL */
+    size_t ch_next;               /* the size of the next chunk (before a larger body) */
 } swn_ring;
 
 /* Sets up an empty ring for a stream with this credit window (0: no flow
@@ -43,7 +66,7 @@ typedef struct swn_ring {
  * 0 ok, -1 no memory. */
 int swn_ring_init(swn_ring *g, uint32_t window);
 
-/* Frees every kept body and the slots. */
+/* Frees every kept body (the chunks) and the slots. */
 void swn_ring_free(swn_ring *g);
 
 /* 1 if the ring keeps items (flow control), 0 otherwise. */
@@ -61,11 +84,22 @@ swn_ring_queued(const swn_ring *g)
     return g->pub_seq + 1 < g->next_seq;
 }
 
-/* Keeps the body of item seq (slots set). Takes ownership of buf on
- * success; SW_ENOMEM if the ring cannot hold it (beyond window + 1 unacked
- * slots, the slot taken, or no memory): nothing changed, buf still the
- * caller's. Does not assign seq: the caller moves next_seq. */
-sw_err swn_ring_keep(swn_ring *g, uint64_t seq, uint8_t *buf, size_t len, int lose);
+/* Room for the body of item seq, len bytes, at the end of the newest
+ * chunk (a new chunk if it has too little): the caller writes the body
+ * there and keeps it with swn_ring_commit(g, seq, len, lose) before any
+ * other call on g. NULL if the ring cannot keep seq (no flow control,
+ * beyond window + 1 unacked slots, the slot taken) or no memory: nothing
+ * kept. Room asked for and not committed is handed out again. */
+uint8_t *swn_ring_room(swn_ring *g, uint64_t seq, size_t len);
+
+/* Keeps the body just written into swn_ring_room(g, seq, len) as item
+ * seq's (the slot set). Does not assign seq: the caller moves next_seq. */
+void swn_ring_commit(swn_ring *g, uint64_t seq, size_t len, int lose);
+
+/* swn_ring_room, a copy of buf, swn_ring_commit: buf stays the caller's.
+ * SW_ENOMEM if the ring cannot keep seq (as swn_ring_room): nothing
+ * changed. */
+sw_err swn_ring_keep(swn_ring *g, uint64_t seq, const uint8_t *buf, size_t len, int lose);
 
 /* The kept body of seq, or NULL (not kept: acked, skipped, never kept, or
  * overwritten). *len and *lose (if not NULL) describe it. */
@@ -73,8 +107,9 @@ const uint8_t *swn_ring_get(const swn_ring *g, uint64_t seq, size_t *len, int *l
 
 /* An acknowledgement: every seq <= ack was received. ack is clamped to
  * next_seq - 1 (nobody can have received what does not exist; not to
- * pub_seq: see ring.c). Frees the bodies up to it; an ack that goes
- * backwards changes nothing. Returns the clamped ack. */
+ * pub_seq: see ring.c). Lets go of the bodies up to it and frees every
+ * chunk that holds no other; an ack that goes backwards changes nothing.
+ * Returns the clamped ack. */
 uint64_t swn_ring_ack(swn_ring *g, uint64_t ack);
 
 /* Clamps a resend range to what went out and is not acknowledged:

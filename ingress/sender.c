@@ -74,24 +74,36 @@ swn_resp_publish(sw_responder *r, const uint8_t *buf, size_t len, const swn_sent
     return rv;
 }
 
-/* Keeps the body of item seq, to be published and then kept for resend
- * (r->mu held, the ring keeps items). Takes ownership of buf on success;
- * SW_ENOMEM if the ring cannot hold it (nothing changed, buf still the
- * caller's). */
-sw_err
-swn_resp_keep(sw_responder *r, uint64_t seq, uint8_t *buf, size_t len)
+/* The chaos build's loss injection: 1 if the item about to be kept is to
+ * be left out of its first publish (r->mu held). Always 0 otherwise. */
+static int
+resp_lose_next(sw_responder *r)
 {
-    int lose = 0; /* left out of its first publish: chaos build only */
-    sw_err rv;
 #ifdef SW_CHAOS
-    lose = r->lose_next || resp_should_drop(r->ing);
+    int lose = r->lose_next || resp_should_drop(r->ing);
+    r->lose_next = 0;
+    return lose;
+#else
+    (void)r;
+    return 0;
 #endif
-    rv = swn_ring_keep(&r->rg, seq, buf, len, lose);
-#ifdef SW_CHAOS
-    if (rv == SW_OK)
-        r->lose_next = 0;
-#endif
-    return rv;
+}
+
+void
+swn_resp_commit(sw_responder *r, uint64_t seq, size_t len)
+{
+    swn_ring_commit(&r->rg, seq, len, resp_lose_next(r));
+}
+
+sw_err
+swn_resp_keep(sw_responder *r, uint64_t seq, const uint8_t *buf, size_t len)
+{
+    uint8_t *p = swn_ring_room(&r->rg, seq, len);
+    if (p == NULL)
+        return SW_ENOMEM;
+    memcpy(p, buf, len);
+    swn_resp_commit(r, seq, len);
+    return SW_OK;
 }
 
 /* Publishes header + one body at once, for a stream without flow control

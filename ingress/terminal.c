@@ -128,10 +128,10 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
         swn_sent d = {0, 1, 0, 0};
         rv = r->closed ? SW_ECLOSED : swn_resp_publish_one(r, seq, buf, len, &d);
         r->rg.pub_seq = seq;
-        free(buf);
     } else if (r->pub_err != SW_OK) {
         rv = swn_resp_take_pub_err(r); /* the final is kept, and resent if asked for */
     }
+    free(buf); /* kept: the ring has its copy */
     swn_resp_mark_terminated(r);
     /* Last: it may drop mu while publishing. With nothing more to come the
      * producer has nothing to coalesce with: it publishes now rather than

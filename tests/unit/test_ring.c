@@ -34,6 +34,7 @@ keep(swn_ring *g, uint64_t seq)
     size_t len;
     uint8_t *b = body(seq, &len);
     assert_int_equal(swn_ring_keep(g, seq, b, len, 0), SW_OK);
+    free(b); /* the ring keeps a copy */
     if (seq >= g->next_seq)
         g->next_seq = seq + 1;
 }
@@ -116,6 +117,7 @@ test_keep_read_back(void **state)
         keep(&g, q);
     b = body(6, &len);
     assert_int_equal(swn_ring_keep(&g, 6, b, len, 1), SW_OK);
+    free(b);
     g.next_seq = 7;
     for (uint64_t q = 1; q <= 6; q++)
         assert_kept(&g, q);
@@ -131,7 +133,7 @@ test_keep_read_back(void **state)
     swn_ring_free(&g);
 }
 
-/* The same seq twice: the slot is taken, the second body stays the caller's. */
+/* The same seq twice: the slot is taken, the first body stays. */
 static void
 test_keep_twice(void **state)
 {
@@ -187,6 +189,7 @@ test_memory_bound(void **state)
     g.pub_seq = 4;
     assert_int_equal(swn_ring_ack(&g, 1), 1);
     assert_int_equal(swn_ring_keep(&g, 5, b, len, 0), SW_OK);
+    free(b);
     g.next_seq = 6;
     assert_int_equal(g.cap, 4);
     for (uint64_t q = 2; q <= 5; q++)
@@ -435,6 +438,7 @@ test_ack_jump_over_cap(void **state)
     assert_int_equal(count_kept(&g, 16, 18), 0); /* freed */
     b = body(31, &len);                          /* 31 % 5 == 16 % 5 */
     assert_int_equal(swn_ring_keep(&g, 31, b, len, 0), SW_OK);
+    free(b);
     keep(&g, 30); /* 30 % 5 == 0 */
     assert_kept(&g, 30);
     assert_kept(&g, 31);
@@ -478,6 +482,205 @@ test_free_with_items(void **state)
     swn_ring_free(&g); /* twice is harmless */
 }
 
+/* Chunks (ring.h "Memory"): the chunks' total size and their count. */
+static size_t
+chunk_bytes(const swn_ring *g, unsigned *n)
+{
+    size_t t = 0;
+    unsigned k = 0;
+    for (const swn_chunk *c = g->ch_head; c != NULL; c = c->next) {
+        t += c->cap;
+        k++;
+        if (c->next == NULL)
+            assert_ptr_equal(c, g->ch_tail);
+    }
+    if (g->ch_head == NULL)
+        assert_null(g->ch_tail);
+    if (n != NULL)
+        *n = k;
+    return t;
+}
+
+/* A body of len bytes that says which seq it is. */
+static void
+pattern(uint8_t *p, uint64_t seq, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        p[i] = (uint8_t)(seq * 131u + i * 7u);
+}
+
+/* Keeps seq with a pattern body written in place (room + commit, as the
+ * responder does). */
+static void
+keep_in_place(swn_ring *g, uint64_t seq, size_t len)
+{
+    uint8_t *p = swn_ring_room(g, seq, len);
+    assert_non_null(p);
+    pattern(p, seq, len);
+    swn_ring_commit(g, seq, len, 0);
+    g->next_seq = seq + 1;
+}
+
+static void
+assert_pattern(const swn_ring *g, uint64_t seq, size_t want)
+{
+    size_t len = 0;
+    const uint8_t *p = swn_ring_get(g, seq, &len, NULL);
+    assert_non_null(p);
+    assert_int_equal(len, want);
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != (uint8_t)(seq * 131u + i * 7u))
+            fail_msg("seq %llu byte %zu changed", (unsigned long long)seq, i);
+}
+
+/* Small bodies share chunks: 100 of 70 bytes take 4 chunks (512, 1 KiB,
+ * 2 KiB, 4 KiB), not 100 mallocs, and every one reads back; acking them
+ * all lets every chunk go. */
+static void
+test_chunks_shared(void **state)
+{
+    swn_ring g;
+    unsigned n = 0;
+    (void)state;
+    assert_int_equal(swn_ring_init(&g, 1000), 0);
+    for (uint64_t q = 1; q <= 100; q++)
+        keep_in_place(&g, q, 70);
+    assert_int_equal(chunk_bytes(&g, &n), 512 + 1024 + 2048 + 4096);
+    assert_int_equal(n, 4);
+    for (uint64_t q = 1; q <= 100; q++)
+        assert_pattern(&g, q, 70);
+    g.pub_seq = 100;
+    assert_int_equal(swn_ring_ack(&g, 100), 100);
+    assert_int_equal(chunk_bytes(&g, &n), 0);
+    assert_int_equal(n, 0);
+    assert_null(g.ch_head);
+    swn_ring_free(&g);
+}
+
+/* A chunk goes only when every body in it is acknowledged: an ack inside
+ * the first chunk frees nothing and leaves the rest readable; an ack past
+ * it frees it alone. A body larger than SWN_CHUNK_MAX gets a chunk of its
+ * own size. */
+static void
+test_chunk_freed_when_all_acked(void **state)
+{
+    swn_ring g;
+    unsigned n = 0;
+    (void)state;
+    assert_int_equal(swn_ring_init(&g, 100), 0);
+    for (uint64_t q = 1; q <= 7; q++) /* 7 x 70 = 490: the 512-byte chunk */
+        keep_in_place(&g, q, 70);
+    keep_in_place(&g, 8, 70); /* the 1 KiB chunk */
+    keep_in_place(&g, 9, SWN_CHUNK_MAX + 5); /* does not fit: a chunk of its own */
+    keep_in_place(&g, 10, 10);               /* a 4 KiB chunk: sizes double on */
+    assert_int_equal(chunk_bytes(&g, &n), 512 + 1024 + SWN_CHUNK_MAX + 5 + 4096);
+    assert_int_equal(n, 4);
+    g.pub_seq = 10;
+    assert_int_equal(swn_ring_ack(&g, 6), 6);
+    assert_int_equal(chunk_bytes(&g, &n), 512 + 1024 + SWN_CHUNK_MAX + 5 + 4096);
+    assert_pattern(&g, 7, 70);
+    assert_null(swn_ring_get(&g, 6, NULL, NULL));
+    assert_int_equal(swn_ring_ack(&g, 7), 7);
+    assert_int_equal(chunk_bytes(&g, &n), 1024 + SWN_CHUNK_MAX + 5 + 4096);
+    assert_int_equal(swn_ring_ack(&g, 9), 9);
+    assert_int_equal(chunk_bytes(&g, &n), 4096);
+    assert_pattern(&g, 10, 10);
+    /* the next small body goes on into the 4 KiB chunk's room */
+    keep_in_place(&g, 11, 100);
+    assert_int_equal(chunk_bytes(&g, &n), 4096);
+    assert_int_equal(n, 1);
+    swn_ring_free(&g); /* frees the chunk (the leak checker tells) */
+    assert_null(g.ch_head);
+}
+
+/* Room asked for and not committed is handed out again; a chunk with no
+ * body goes at the next ack; a seq the ring cannot keep gets no room. */
+static void
+test_room_not_committed(void **state)
+{
+    swn_ring g;
+    uint8_t *p, *p2;
+    (void)state;
+    assert_int_equal(swn_ring_init(&g, 2), 0);
+    p = swn_ring_room(&g, 1, 40);
+    assert_non_null(p);
+    p2 = swn_ring_room(&g, 1, 40);
+    assert_ptr_equal(p, p2);
+    assert_null(swn_ring_get(&g, 1, NULL, NULL));
+    assert_int_equal(swn_ring_ack(&g, 0), 0);
+    keep_in_place(&g, 1, 40);
+    assert_ptr_equal(swn_ring_get(&g, 1, NULL, NULL), p);
+    assert_null(swn_ring_room(&g, 1, 40));  /* the slot is taken */
+    keep_in_place(&g, 2, 40);
+    keep_in_place(&g, 3, 40);
+    assert_null(swn_ring_room(&g, 4, 40)); /* beyond window + 1 */
+    g.pub_seq = 3;
+    assert_int_equal(swn_ring_ack(&g, 3), 3);
+    assert_null(g.ch_head);
+    assert_null(swn_ring_room(&g, 2, 40)); /* at or below acked */
+    p = swn_ring_room(&g, 4, 40);          /* a new chunk, not committed */
+    assert_non_null(p);
+    assert_non_null(g.ch_head);
+    assert_int_equal(swn_ring_ack(&g, 3), 3); /* backwards: changes nothing */
+    assert_non_null(g.ch_head);
+    g.next_seq = 5;
+    g.pub_seq = 4;
+    assert_int_equal(swn_ring_ack(&g, 4), 4); /* 4 was never kept: the empty chunk goes */
+    assert_null(g.ch_head);
+    swn_ring_free(&g);
+}
+
+/* The bound of ring.h, tried with pseudo-random sizes (mostly small, some
+ * past SWN_CHUNK_MAX) and acks: after every step the chunks hold at most
+ * 2 x the unacknowledged bytes + 2 x SWN_CHUNK_MAX, every unacknowledged
+ * body reads back unchanged, and nothing is left once all is acked. */
+static void
+test_chunk_bound_random(void **state)
+{
+    enum { W = 64, STEPS = 20000 };
+    swn_ring g;
+    size_t lens[W + 2];
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    size_t peak = 0;
+    (void)state;
+    assert_int_equal(swn_ring_init(&g, W), 0);
+    for (unsigned step = 0; step < STEPS; step++) {
+        size_t unacked = 0, total;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if ((x & 3) != 0 && g.next_seq - g.acked <= W + 1) {
+            unsigned r = (unsigned)(x >> 20);
+            size_t len = (r & 63) == 0 ? SWN_CHUNK_MAX + (r >> 8) % 9000
+                         : (r & 7) == 0 ? 1 + (r >> 8) % 6000
+                                        : 1 + (r >> 8) % 200;
+            uint64_t q = g.next_seq;
+            keep_in_place(&g, q, len);
+            lens[q % (W + 2)] = len;
+            g.pub_seq = q;
+        } else if (g.acked + 1 < g.next_seq) {
+            uint64_t to = g.acked + 1 + (x >> 33) % (g.next_seq - g.acked - 1);
+            assert_int_equal(swn_ring_ack(&g, to), to);
+        }
+        for (uint64_t q = g.acked + 1; q < g.next_seq; q++) {
+            assert_pattern(&g, q, lens[q % (W + 2)]);
+            unacked += lens[q % (W + 2)];
+        }
+        total = chunk_bytes(&g, NULL);
+        if (total > 2 * unacked + 2 * SWN_CHUNK_MAX)
+            fail_msg("step %u: chunks %zu bytes for %zu unacked", step, total, unacked);
+        if (unacked == 0)
+            assert_int_equal(total, 0);
+        if (total > peak)
+            peak = total;
+    }
+    assert_true(peak > SWN_CHUNK_MAX); /* the big bodies came */
+    g.pub_seq = g.next_seq - 1;
+    (void)swn_ring_ack(&g, g.pub_seq);
+    assert_int_equal(chunk_bytes(&g, NULL), 0);
+    swn_ring_free(&g);
+}
+
 int
 main(void)
 {
@@ -498,6 +701,10 @@ main(void)
         cmocka_unit_test(test_skipped_seqs),
         cmocka_unit_test(test_wraparound),
         cmocka_unit_test(test_ack_jump_over_cap),
+        cmocka_unit_test(test_chunks_shared),
+        cmocka_unit_test(test_chunk_freed_when_all_acked),
+        cmocka_unit_test(test_room_not_committed),
+        cmocka_unit_test(test_chunk_bound_random),
         cmocka_unit_test(test_growth_after_ack),
         cmocka_unit_test(test_free_with_items),
     };

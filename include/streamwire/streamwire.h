@@ -535,6 +535,10 @@ typedef struct sw_item {
  * router's one delivery thread, shared by all its streams: a slow callback
  * delays every stream of the router (never ends them: silence is measured
  * only while the router is not behind). Hand heavy work to another thread.
+ * That thread is nats.c's (its default stack: 8 MiB with glibc), and the
+ * callback runs with about 25 KiB of the library's frames below it (the
+ * message's decode arena, proto/sw_codec.h SWP_ARENA_BYTES); mind it on a
+ * platform whose threads get small stacks (musl: 128 KiB).
  * The credit an item frees goes to the worker when its callback returns: a
  * grant comes due with half the window still outstanding, so the worker
  * goes on meanwhile (with credit_window 1 it waits through each callback). */

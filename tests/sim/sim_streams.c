@@ -64,6 +64,15 @@
  *      terminal. Workers send up to 8 items in one wrapper now and then, as
  *      a coalescing worker does, so runs are fed as egress/mux.c feeds them;
  *      the run must see nodes share blocks.
+ *   I14 the worker's resend ring (ingress/ring.h): each simulated worker
+ *      runs the library's ring beside its own copies, keeping what a real
+ *      worker keeps (streams with a window, up to window + 1 unacknowledged)
+ *      and taking the acknowledgements the frontend sends. Every RESEND is
+ *      checked against it: what the ring still holds in the range is the
+ *      item's own bytes, and nothing kept and unacknowledged is missing; the
+ *      ring's chunks never exceed 2 x the unacknowledged bytes +
+ *      2 x SWN_CHUNK_MAX, and a ring with nothing unacknowledged holds no
+ *      chunk. The run must see resends answered from the ring.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +80,7 @@
 
 #include "egress/cancels.h"
 #include "egress/rx.h"
+#include "ingress/ring.h"
 #include "proto/sw_codec.h"
 #include "tests/sim/sim.h"
 
@@ -133,6 +143,9 @@ typedef struct wstream {
     uint8_t **ring; /* encoded wrappers by seq (1..n+2) */
     size_t *ring_len;
     size_t ring_cap;
+    swn_ring rg;          /* I14: the library's ring, beside ring[] (window > 0) */
+    uint8_t *rg_kept;     /* I14: by seq, 1 if rg took it */
+    uint64_t rg_unacked;  /* I14: bytes kept in rg above rg.acked */
 } wstream;
 
 typedef struct fstream {
@@ -183,6 +196,9 @@ typedef struct world {
 /* Queue nodes found sharing a block (I13), over the whole run: the blocks
  * must have been exercised. */
 static uint64_t g_block_nodes;
+
+/* I14: items a RESEND found in a worker's resend ring, over the whole run. */
+static uint64_t g_ring_resent;
 
 /* What a bus node points to: its world and its node index. */
 typedef struct node_box {
@@ -258,6 +274,83 @@ w_store(wstream *w, uint64_t seq, const uint8_t *buf, size_t len)
     w->ring_len[seq] = len;
 }
 
+/* ---------------------------------------------------------------- I14 */
+
+/* The ring's chunks against its unacknowledged bytes (ingress/ring.h). */
+static void
+w_ring_check(world *wd, const wstream *w)
+{
+    size_t chunks = 0;
+    for (const swn_chunk *c = w->rg.ch_head; c != NULL; c = c->next)
+        chunks += c->cap;
+    if (chunks > 2 * w->rg_unacked + 2 * SWN_CHUNK_MAX)
+        FAIL(wd, "I14: the resend ring's chunks hold %zu bytes for %llu unacknowledged", chunks,
+             (unsigned long long)w->rg_unacked);
+    if (w->rg_unacked == 0 && chunks != 0)
+        FAIL(wd, "I14: %zu bytes of chunks with nothing unacknowledged", chunks);
+}
+
+/* Item seq goes out (now, or in this event's batch): the ring keeps it as
+ * a real worker does. An honest worker's items always fit: it sends within
+ * acked + window, and its final needs one slot more. */
+static void
+w_ring_keep(world *wd, wstream *w, uint64_t seq, const uint8_t *buf, size_t len)
+{
+    if (!swn_ring_keeps(&w->rg) || seq >= w->ring_cap)
+        return;
+    if (seq >= w->rg.next_seq)
+        w->rg.next_seq = seq + 1;
+    if (swn_ring_keep(&w->rg, seq, buf, len, 0) == SW_OK) {
+        w->rg_kept[seq] = 1;
+        w->rg_unacked += len;
+    } else if (!w->hostile_credit && !(w->final_seq && seq > w->final_seq)) {
+        FAIL(wd, "I14: the ring refused item %llu of an honest worker (acked %llu, window %u)",
+             (unsigned long long)seq, (unsigned long long)w->rg.acked, w->rg.window);
+    }
+    if (seq > w->rg.pub_seq)
+        w->rg.pub_seq = seq;
+    w_ring_check(wd, w);
+}
+
+/* An acknowledgement reaches the worker: the ring lets go up to it. */
+static void
+w_ring_ack(world *wd, wstream *w, uint64_t ack)
+{
+    uint64_t from = w->rg.acked;
+    if (!swn_ring_keeps(&w->rg))
+        return;
+    ack = swn_ring_ack(&w->rg, ack);
+    for (uint64_t q = from + 1; q <= ack && q < w->ring_cap; q++)
+        if (w->rg_kept[q]) {
+            w->rg_kept[q] = 0;
+            w->rg_unacked -= w->ring_len[q];
+        }
+    w_ring_check(wd, w);
+}
+
+/* A RESEND of from..to: what the ring holds there is the item's own bytes,
+ * and nothing it kept and still owes is missing. */
+static void
+w_ring_resend(world *wd, const wstream *w, uint64_t from, uint64_t to)
+{
+    if (!swn_ring_resend_range(&w->rg, &from, &to))
+        return;
+    for (uint64_t q = from; q <= to && q < w->ring_cap; q++) {
+        size_t len = 0;
+        const uint8_t *p = swn_ring_get(&w->rg, q, &len, NULL);
+        if (p == NULL) {
+            if (w->rg_kept[q])
+                FAIL(wd, "I14: item %llu kept and unacknowledged is gone from the ring",
+                     (unsigned long long)q);
+            continue;
+        }
+        if (!w->rg_kept[q] || len != w->ring_len[q] || memcmp(p, w->ring[q], len) != 0)
+            FAIL(wd, "I14: the ring's item %llu is not the one sent (%zu bytes, kept %d)",
+                 (unsigned long long)q, len, w->rg_kept[q]);
+        g_ring_resent++;
+    }
+}
+
 /* Encodes m, keeps it for resends (keep_seq != 0) and, if send, sends it. */
 static void
 w_publish(world *wd, fstream *f, int k, const swp_item *m, uint64_t keep_seq, int send)
@@ -266,8 +359,10 @@ w_publish(world *wd, fstream *f, int k, const swp_item *m, uint64_t keep_seq, in
     size_t len;
     if (swp_encode(m, buf, sizeof(buf), &len) != SW_OK)
         abort();
-    if (keep_seq)
+    if (keep_seq) {
         w_store(&f->w[k], keep_seq, buf, len);
+        w_ring_keep(wd, &f->w[k], keep_seq, buf, len);
+    }
     if (!send)
         return;
     sim_send(wd->s, wd->wnode[k], wd->fnode, K_ITEM, buf, len, 0, 0);
@@ -498,7 +593,9 @@ worker_on_request(world *wd, int node, const uint8_t *data, size_t len)
     w->ring_cap = (size_t)w->n + 3;
     w->ring = calloc(w->ring_cap, sizeof(*w->ring));
     w->ring_len = calloc(w->ring_cap, sizeof(*w->ring_len));
-    if (w->ring == NULL || w->ring_len == NULL)
+    w->rg_kept = calloc(w->ring_cap, 1);
+    if (w->ring == NULL || w->ring_len == NULL || w->rg_kept == NULL ||
+        swn_ring_init(&w->rg, w->wmax) != 0)
         abort();
     swp_free(req);
     if (wd->draining[k]) { /* it takes nothing new: handed back at once */
@@ -552,8 +649,10 @@ worker_on_control(world *wd, int node, const uint8_t *data, size_t len)
             w->byte_limit = c->byte_limit;
         if (c->ack_seq > w->acked && c->ack_seq < w->next_seq)
             w->acked = c->ack_seq;
+        w_ring_ack(wd, w, c->ack_seq);
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
+        w_ring_resend(wd, w, c->resend_from, c->resend_to);
         for (uint64_t q = c->resend_from; q <= c->resend_to && q < w->next_seq; q++)
             if (q < w->ring_cap && w->ring[q] != NULL) {
                 sim_send(wd->s, wd->wnode[k], wd->fnode, K_ITEM, w->ring[q], w->ring_len[q], 0, 0);
@@ -1227,6 +1326,8 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                 free(w->ring[q]);
             free(w->ring);
             free(w->ring_len);
+            swn_ring_free(&w->rg);
+            free(w->rg_kept);
         }
     }
     sim_free(wd->s);
@@ -1309,7 +1410,14 @@ main(int argc, char **argv)
         fprintf(stderr, "sim_streams: no queue node shared a block: I13 was not exercised\n");
         return 1;
     }
-    printf("sim_streams: %llu simulated messages in all (queue nodes seen in blocks: %llu): ok\n",
-           (unsigned long long)total, (unsigned long long)g_block_nodes);
+    if (total > 0 && g_ring_resent == 0) {
+        fprintf(stderr, "sim_streams: no RESEND was answered from a resend ring: I14 was not "
+                        "exercised\n");
+        return 1;
+    }
+    printf("sim_streams: %llu simulated messages in all (queue nodes seen in blocks: %llu, items "
+           "resent from rings: %llu): ok\n",
+           (unsigned long long)total, (unsigned long long)g_block_nodes,
+           (unsigned long long)g_ring_resent);
     return total > 0 ? 0 : 1;
 }

@@ -30,9 +30,9 @@
 
 #include <streamwire/streamwire.h>
 
-#define SWN_RING_MIN 16 /* slots at first: most streams never have many unacked */
-#define SWN_CHUNK_MIN 512    /* a stream's first chunk of bodies */
-#define SWN_CHUNK_MAX 16384  /* chunks grow (doubling) up to this */
+#define SWN_RING_MIN 16     /* slots at first: most streams never have many unacked */
+#define SWN_CHUNK_MIN 512   /* a stream's first chunk of bodies */
+#define SWN_CHUNK_MAX 16384 /* chunks grow (doubling) up to this */
 
 /* Bodies written one after another; see "Memory" above. */
 typedef struct swn_chunk {
@@ -52,11 +52,11 @@ typedef struct swn_slot {
 typedef struct swn_ring {
     swn_slot *slot; /* NULL without flow control */
     size_t cap;
-    uint32_t window;   /* the ring holds at most window + 1 slots */
-    uint64_t next_seq; /* next sequence number to assign */
-    uint64_t pub_seq;  /* every seq <= pub_seq went out (or was given up) */
-    uint64_t built;    /* every seq <= built was copied into a message that goes out */
-    uint64_t acked;    /* every seq <= acked was received by the frontend */
+    uint32_t window;              /* the ring holds at most window + 1 slots */
+    uint64_t next_seq;            /* next sequence number to assign */
+    uint64_t pub_seq;             /* every seq <= pub_seq went out (or was given up) */
+    uint64_t built;               /* every seq <= built was copied into a message that goes out */
+    uint64_t acked;               /* every seq <= acked was received by the frontend */
     swn_chunk *ch_head, *ch_tail; /* oldest and newest chunk of bodies, or NULL */
     size_t ch_next;               /* the size of the next chunk (before a larger body) */
 } swn_ring;

@@ -143,9 +143,9 @@ typedef struct wstream {
     uint8_t **ring; /* encoded wrappers by seq (1..n+2) */
     size_t *ring_len;
     size_t ring_cap;
-    swn_ring rg;          /* I14: the library's ring, beside ring[] (window > 0) */
-    uint8_t *rg_kept;     /* I14: by seq, 1 if rg took it */
-    uint64_t rg_unacked;  /* I14: bytes kept in rg above rg.acked */
+    swn_ring rg;         /* I14: the library's ring, beside ring[] (window > 0) */
+    uint8_t *rg_kept;    /* I14: by seq, 1 if rg took it */
+    uint64_t rg_unacked; /* I14: bytes kept in rg above rg.acked */
 } wstream;
 
 typedef struct fstream {

@@ -570,7 +570,7 @@ test_chunk_freed_when_all_acked(void **state)
     assert_int_equal(swn_ring_init(&g, 100), 0);
     for (uint64_t q = 1; q <= 7; q++) /* 7 x 70 = 490: the 512-byte chunk */
         keep_in_place(&g, q, 70);
-    keep_in_place(&g, 8, 70); /* the 1 KiB chunk */
+    keep_in_place(&g, 8, 70);                /* the 1 KiB chunk */
     keep_in_place(&g, 9, SWN_CHUNK_MAX + 5); /* does not fit: a chunk of its own */
     keep_in_place(&g, 10, 10);               /* a 4 KiB chunk: sizes double on */
     assert_int_equal(chunk_bytes(&g, &n), 512 + 1024 + SWN_CHUNK_MAX + 5 + 4096);
@@ -610,7 +610,7 @@ test_room_not_committed(void **state)
     assert_int_equal(swn_ring_ack(&g, 0), 0);
     keep_in_place(&g, 1, 40);
     assert_ptr_equal(swn_ring_get(&g, 1, NULL, NULL), p);
-    assert_null(swn_ring_room(&g, 1, 40));  /* the slot is taken */
+    assert_null(swn_ring_room(&g, 1, 40)); /* the slot is taken */
     keep_in_place(&g, 2, 40);
     keep_in_place(&g, 3, 40);
     assert_null(swn_ring_room(&g, 4, 40)); /* beyond window + 1 */
@@ -651,7 +651,7 @@ test_chunk_bound_random(void **state)
         x ^= x << 17;
         if ((x & 3) != 0 && g.next_seq - g.acked <= W + 1) {
             unsigned r = (unsigned)(x >> 20);
-            size_t len = (r & 63) == 0 ? SWN_CHUNK_MAX + (r >> 8) % 9000
+            size_t len = (r & 63) == 0  ? SWN_CHUNK_MAX + (r >> 8) % 9000
                          : (r & 7) == 0 ? 1 + (r >> 8) % 6000
                                         : 1 + (r >> 8) % 200;
             uint64_t q = g.next_seq;

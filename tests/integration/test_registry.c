@@ -792,7 +792,12 @@ report_dead_guard_and_reregister(void **state)
     {
         sw_err rv = SW_EBUSY;
         int busy = 0;
-        for (int tries = 0; tries < 20 && rv == SW_EBUSY; tries++) {
+        /* Pausing between tries: the view catches up with the store when
+         * the refresh's watch event has been applied, which on a loaded
+         * machine (ASan, CI) can take several milliseconds. */
+        for (int tries = 0; tries < 50 && rv == SW_EBUSY; tries++) {
+            if (tries > 0)
+                swh_sleep_ms(10);
             t_report = now_ms();
             rv = sw_registry_report_dead(rreg, fx_id(f, 0), 0, "test says dead");
             busy += rv == SW_EBUSY;
@@ -832,7 +837,9 @@ report_dead_guard_and_reregister(void **state)
         int rv = SW_EBUSY;
         /* The worker refreshes every 150 ms: retry on the (legitimate)
          * SW_EBUSY race with a refresh. */
-        for (int tries = 0; tries < 20 && rv == SW_EBUSY; tries++) {
+        for (int tries = 0; tries < 50 && rv == SW_EBUSY; tries++) {
+            if (tries > 0)
+                swh_sleep_ms(10); /* let the view apply the refresh (above) */
             assert_true(listed(rreg, NULL, fx_id(f, 0), &in));
             cur = in.revision;
             inst_free(&in);
@@ -2509,8 +2516,11 @@ report_silent_refused_when_refreshed(void **state)
     assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
     /* Silent for 0 ms: nothing contradicts it; accepted (a keep-alive landing
      * in between makes it SW_EBUSY: retry as a reporter would). */
-    for (int tries = 0; tries < 20 && rv == SW_EBUSY; tries++)
+    for (int tries = 0; tries < 50 && rv == SW_EBUSY; tries++) {
+        if (tries > 0)
+            swh_sleep_ms(10); /* let the view apply the refresh */
         rv = sw_registry_report_silent(rreg, fx_id(f, 0), 0, "silent now");
+    }
     assert_int_equal(rv, SW_OK);
     assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(2000)) >= 0);
 }

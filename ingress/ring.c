@@ -29,17 +29,27 @@ swn_ring_init(swn_ring *g, uint32_t window)
 
 /* Frees the chunks from the oldest while every body in them is at or
  * below upto (all of them: UINT64_MAX). A chunk with no body yet (room
- * never committed) has last 0 and goes too. */
+ * never committed) has last 0 and goes too. Once none is left, the next
+ * chunk is sized to the bytes the chunks freed here held (at least
+ * SWN_CHUNK_MIN, rounded up to a power of two, at most SWN_CHUNK_MAX): a
+ * stream acknowledged item by item takes small chunks, not the largest
+ * size its growth once reached. */
 static void
 ring_release(swn_ring *g, uint64_t upto)
 {
     swn_chunk *c;
+    size_t freed = 0;
     while ((c = g->ch_head) != NULL && c->last <= upto) {
         g->ch_head = c->next;
+        freed += c->used;
         free(c);
     }
-    if (g->ch_head == NULL)
+    if (g->ch_head == NULL) {
         g->ch_tail = NULL;
+        g->ch_next = SWN_CHUNK_MIN;
+        while (g->ch_next < freed && g->ch_next < SWN_CHUNK_MAX)
+            g->ch_next *= 2;
+    }
 }
 
 void

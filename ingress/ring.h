@@ -17,7 +17,11 @@
  * at most SWN_CHUNK_MAX, or exactly one body larger than that; a body that
  * does not fit the last chunk's room starts a new one. A chunk goes when
  * every body in it is acknowledged (acks are cumulative, so chunks go in
- * order), and a stream with nothing unacknowledged holds no chunk. Bound:
+ * order), and a stream with nothing unacknowledged holds no chunk. Once the
+ * last chunk goes, sizes start again from what the freed chunks held (at
+ * least 512, a power of two): a stream acknowledged item by item keeps
+ * taking small chunks, and one acknowledged a window at a time one chunk
+ * about its window's bytes. Bound:
  * the chunks hold at most 2 x the unacknowledged bodies' bytes +
  * 2 x SWN_CHUNK_MAX (the acknowledged start of the oldest chunk, the unused
  * end of the newest, and each chunk's unused end is smaller than the body
@@ -106,8 +110,8 @@ sw_err swn_ring_keep(swn_ring *g, uint64_t seq, const uint8_t *buf, size_t len, 
 const uint8_t *swn_ring_get(const swn_ring *g, uint64_t seq, size_t *len, int *lose);
 
 /* An acknowledgement: every seq <= ack was received. ack is clamped to
- * next_seq - 1 (nobody can have received what does not exist; not to
- * pub_seq: see ring.c). Lets go of the bodies up to it and frees every
+ * the larger of pub_seq and built (nobody can have received what has not
+ * gone out; see ring.c). Lets go of the bodies up to it and frees every
  * chunk that holds no other; an ack that goes backwards changes nothing.
  * Returns the clamped ack. */
 uint64_t swn_ring_ack(swn_ring *g, uint64_t ack);

@@ -339,15 +339,23 @@ swn_resp_kick(sw_responder *r)
 
 /* Publishes every queued item of r before returning (r->mu held; waits
  * for another thread that is publishing them). For the chaos hooks, whose
- * bytes must follow what was sent before them. */
+ * bytes must follow what was sent before them, and a final that cannot be
+ * kept. Returns early, with items still queued (stranded: the timer tries
+ * again), when a drain of its own publishes nothing: no memory for the
+ * message. It used to try again at once, for as long as malloc failed,
+ * holding r->mu. */
 void
 swn_resp_flush_now(sw_responder *r)
 {
     while (swn_ring_keeps(&r->rg) && !r->closed && r->rg.pub_seq + 1 < r->rg.next_seq) {
-        if (!r->sending)
+        if (!r->sending) {
+            uint64_t before = r->rg.pub_seq;
             swn_resp_run_drain(r);
-        else
+            if (r->rg.pub_seq == before)
+                return;
+        } else {
             (void)swi_cond_wait_until(&r->cv, &r->mu, swi_now_ms() + 100);
+        }
     }
 }
 

@@ -593,6 +593,63 @@ test_chunk_freed_when_all_acked(void **state)
     assert_null(g.ch_head);
 }
 
+/* Once every chunk is freed the next one is sized to what the freed ones
+ * held, not to the largest size the growth reached (review of session 27:
+ * a stream acked item by item took a 16 KiB chunk per 64-byte item from
+ * its sixth item on, and held it while the item was unacknowledged). */
+static void
+test_chunk_size_after_empty(void **state)
+{
+    swn_ring g;
+    unsigned n = 0;
+    uint64_t q = 0;
+    (void)state;
+    assert_int_equal(swn_ring_init(&g, 256), 0);
+    /* item by item: keep one, ack it; every chunk stays at 512 */
+    for (int i = 0; i < 200; i++) {
+        q++;
+        keep_in_place(&g, q, 64);
+        assert_int_equal(chunk_bytes(&g, &n), SWN_CHUNK_MIN);
+        assert_int_equal(n, 1);
+        assert_pattern(&g, q, 64);
+        g.pub_seq = q;
+        assert_int_equal(swn_ring_ack(&g, q), q);
+        assert_int_equal(chunk_bytes(&g, &n), 0);
+    }
+    /* a window at a time: 100 x 70 = 7,000 bytes take 512 + ... + 4 KiB;
+     * acked, the next 100 take one chunk of 8 KiB, again and again (not
+     * 16 KiB) */
+    for (int round = 0; round < 5; round++) {
+        uint64_t first = q + 1;
+        for (int i = 0; i < 100; i++)
+            keep_in_place(&g, ++q, 70);
+        if (round == 0) {
+            assert_int_equal(chunk_bytes(&g, &n), 512 + 1024 + 2048 + 4096);
+            assert_int_equal(n, 4);
+        } else {
+            assert_int_equal(chunk_bytes(&g, &n), 8192);
+            assert_int_equal(n, 1);
+        }
+        for (uint64_t k = first; k <= q; k++)
+            assert_pattern(&g, k, 70);
+        g.pub_seq = q;
+        assert_int_equal(swn_ring_ack(&g, q), q);
+        assert_int_equal(chunk_bytes(&g, &n), 0);
+    }
+    /* a body larger than the largest chunk: its own size, then back down */
+    keep_in_place(&g, ++q, SWN_CHUNK_MAX * 3);
+    assert_int_equal(chunk_bytes(&g, &n), SWN_CHUNK_MAX * 3);
+    g.pub_seq = q;
+    assert_int_equal(swn_ring_ack(&g, q), q);
+    keep_in_place(&g, ++q, 10);
+    assert_int_equal(chunk_bytes(&g, &n), SWN_CHUNK_MAX);
+    g.pub_seq = q;
+    assert_int_equal(swn_ring_ack(&g, q), q);
+    keep_in_place(&g, ++q, 10);
+    assert_int_equal(chunk_bytes(&g, &n), SWN_CHUNK_MIN);
+    swn_ring_free(&g);
+}
+
 /* Room asked for and not committed is handed out again; a chunk with no
  * body goes at the next ack; a seq the ring cannot keep gets no room. */
 static void
@@ -703,6 +760,7 @@ main(void)
         cmocka_unit_test(test_ack_jump_over_cap),
         cmocka_unit_test(test_chunks_shared),
         cmocka_unit_test(test_chunk_freed_when_all_acked),
+        cmocka_unit_test(test_chunk_size_after_empty),
         cmocka_unit_test(test_room_not_committed),
         cmocka_unit_test(test_chunk_bound_random),
         cmocka_unit_test(test_growth_after_ack),

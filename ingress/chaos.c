@@ -47,6 +47,16 @@ swx_responder_fail_builds(sw_responder *r, int n)
     pthread_mutex_unlock(&r->mu);
 }
 
+void
+swx_responder_fail_final_keep(sw_responder *r)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->fail_final_keep = 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
 sw_err
 swx_responder_skip_seq(sw_responder *r)
 {

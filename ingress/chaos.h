@@ -35,6 +35,12 @@ void swx_responder_lose_next(sw_responder *r);
  * allocation failure would. Needs flow control (a credit window). */
 void swx_responder_fail_builds(sw_responder *r, int n);
 
+/* The final this stream queues next finds no memory to be kept for
+ * resend, as a failed allocation of its chunk would: it is published at
+ * once, unkept, after whatever can be published before it. Needs flow
+ * control (a credit window). */
+void swx_responder_fail_final_keep(sw_responder *r);
+
 /* Marks the stream finished without publishing anything more: no heartbeats,
  * no final marker (--hang-after, --chaos no-final). */
 void swx_responder_abandon(sw_responder *r);

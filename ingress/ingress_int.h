@@ -129,8 +129,9 @@ struct sw_responder {
     int held;            /* queued items wait for the inline handler's next one (sender.c) */
     uint64_t held_bytes; /* sent_bytes when the hold began */
 #ifdef SW_CHAOS
-    int lose_next;   /* chaos: the next kept item misses its first publish */
-    int fail_builds; /* chaos: so many next first-publish builds fail as without memory */
+    int lose_next;       /* chaos: the next kept item misses its first publish */
+    int fail_builds;     /* chaos: so many next first-publish builds fail as without memory */
+    int fail_final_keep; /* chaos: the final finds no memory to be kept for resend */
 #endif
     int fe_cancelled;  /* the frontend cancelled or killed it (or is gone): it wants nothing more */
     int beats_batched; /* resp_subj is sw.rsp.<router_id>.<id>: heartbeats go in batches */

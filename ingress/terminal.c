@@ -99,7 +99,7 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
     size_t len = 0;
     uint64_t seq = r->rg.next_seq;
     size_t max = swn_resp_max_body(r);
-    int kept;
+    int kept, nokeep = 0;
     sw_err rv;
 
     if (r->closed)
@@ -118,7 +118,11 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
     }
     if (rv != SW_OK)
         return rv;
-    kept = swn_ring_keeps(&r->rg) && swn_resp_keep(r, seq, buf, len) == SW_OK;
+#ifdef SW_CHAOS
+    nokeep = r->fail_final_keep; /* swx_responder_fail_final_keep: as if no memory */
+    r->fail_final_keep = 0;
+#endif
+    kept = swn_ring_keeps(&r->rg) && !nokeep && swn_resp_keep(r, seq, buf, len) == SW_OK;
     if (swn_ring_keeps(&r->rg) && !kept)
         swn_resp_flush_now(r); /* no room to keep it: still end the stream, after what
                               was queued before it */

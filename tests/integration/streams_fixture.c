@@ -367,11 +367,15 @@ test_handler(sw_responder *r, void *arg)
         }
         break;
     case M_STRAND_FINAL:
+    case M_STRAND_UNKEPT:
         if (w_send_tokens(w, r, 0, w->n - 1, w->delay_ms)) {
             sleep_ms(w->delay_ms); /* quiet: the last token and the final publish inline */
             swx_responder_fail_builds(r, w->k);
-            if (w_send_tokens(w, r, w->n - 1, w->n, 0))
+            if (w_send_tokens(w, r, w->n - 1, w->n, 0)) {
+                if (w->mode == M_STRAND_UNKEPT)
+                    swx_responder_fail_final_keep(r);
                 w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));
+            }
         }
         break;
     case M_KEEP:

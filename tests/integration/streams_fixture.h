@@ -82,8 +82,10 @@ enum {
     M_BIG,            /* k tokens, then tokens k..n-1 padded with '.' to big_len bytes, finish */
     M_LOSE_LATE,      /* sleep delay_ms, token 0 lost on the wire, sleep delay_ms, the rest,
                          finish */
-    M_STRAND_FINAL    /* n-1 tokens delay_ms apart, then the next k message builds fail as
+    M_STRAND_FINAL,   /* n-1 tokens delay_ms apart, then the next k message builds fail as
                          without memory (swx_responder_fail_builds), token n-1, finish */
+    M_STRAND_UNKEPT   /* as M_STRAND_FINAL, and the final finds no memory to be kept
+                         (swx_responder_fail_final_keep) */
 };
 
 #define FAIL_MSG "the engine fell over: CUDA error 700"

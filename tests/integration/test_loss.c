@@ -4,6 +4,8 @@
  * the frontend), gap repair (resend) with windows capped, acknowledged and
  * lost finals.
  * Fixture, threads and locks: streams_fixture.h. */
+#include <limits.h>
+
 #include "streams_fixture.h"
 
 /* A worker that sends k tokens, pauses delay_ms, then sends the rest of n
@@ -403,6 +405,41 @@ stranded_final_is_published(void **state)
     got_free(g);
 }
 
+/* As above, and the final finds no memory to be kept for resend either,
+ * while building a message keeps failing: the final is published at once,
+ * unkept, ahead of the stranded last token, which the frontend's gap repair
+ * then fetches from the resend ring. Before, the producer's finish tried to
+ * publish the stranded token first and tried again at once for as long as
+ * the builds failed, holding the stream's lock (here: 2^31 - 1 tries, a
+ * hang). */
+static void
+unkept_final_does_not_spin(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_ingress_stats st;
+    sw_stream_stats ss;
+    const int N = 6;
+
+    e->w.mode = M_STRAND_UNKEPT;
+    e->w.n = N;
+    e->w.k = INT_MAX; /* every first-publish build fails from the last token on */
+    e->w.delay_ms = 5;
+    env_start(e, NULL, NULL);
+    s = read_completed(e, g, 100, N);
+    assert_int_equal(e->w.finished, 1);
+    assert_int_equal(e->w.finish_rv, SW_OK);
+    sw_stream_stats_get(s, &ss);
+    assert_true(ss.resend_requests >= 1); /* the last token, repaired */
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, (uint64_t)N - 1); /* the last token: never a first send, */
+    assert_true(st.items_resent >= 1);                /* only the resend */
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 1);
+    assert_int_equal(ist_wait(e, f_held_zero, 1, T(1500)), 1);
+    got_free(g);
+}
+
 /* ======================================================================== */
 
 int
@@ -420,6 +457,7 @@ main(int argc, char **argv)
         T_(acked_finals_release_worker_state),
         T_(lost_final_is_resent),
         T_(stranded_final_is_published),
+        T_(unkept_final_does_not_spin),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.loss", tests, sf_group_setup, sf_group_teardown);

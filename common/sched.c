@@ -1,6 +1,6 @@
 /* common/sched.c -- see sched.h: the ticker thread, due-time snapshots, and
  * the peer-liveness table. The ticker's lock (t->mu) is held only to wait
- * and to read stop/kicked, never while fn runs. */
+ * and to read or set stop, kicked and rest_ms, never while fn runs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +15,8 @@ swi_ticker_main(void *arg)
     swi_ticker *t = arg;
     pthread_mutex_lock(&t->mu);
     for (;;) {
-        int64_t until = swi_now_ms() + t->period_ms;
+        int64_t until = swi_now_ms() + (t->rest_ms ? t->rest_ms : t->period_ms);
+        t->rest_ms = 0;
         while (!t->stop && !t->kicked && swi_now_ms() < until)
             swi_cond_wait_until(&t->cv, &t->mu, until);
         if (t->stop)
@@ -55,6 +56,14 @@ swi_ticker_kick(swi_ticker *t)
     pthread_mutex_lock(&t->mu);
     t->kicked = 1;
     pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void
+swi_ticker_rest(swi_ticker *t, unsigned ms)
+{
+    pthread_mutex_lock(&t->mu);
+    t->rest_ms = ms;
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -215,6 +224,16 @@ swi_duetab_attach(swi_duetab *t, int64_t *cell, void *val)
 {
     if (val != NULL)
         duetab_set(t, cell, val, 0);
+}
+
+size_t
+swi_duetab_attached(swi_duetab *t)
+{
+    size_t n;
+    pthread_mutex_lock(&t->mu);
+    n = t->attached;
+    pthread_mutex_unlock(&t->mu);
+    return n;
 }
 
 void

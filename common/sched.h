@@ -34,6 +34,7 @@ typedef struct swi_ticker {
     int stop;
     int kicked;
     unsigned period_ms;
+    unsigned rest_ms; /* the next wait instead of period_ms, once (swi_ticker_rest) */
     void (*fn)(void *arg, int64_t now);
     void *arg;
 } swi_ticker;
@@ -43,6 +44,10 @@ int swi_ticker_start(swi_ticker *t, unsigned period_ms, void (*fn)(void *arg, in
                      void *arg);
 /* Makes the next call come now rather than at the end of the period. */
 void swi_ticker_kick(swi_ticker *t);
+/* From inside fn: the next call comes after ms rather than period_ms (once),
+ * or sooner if kicked (a kick made while fn ran included). An owner with
+ * nothing to do rests its ticker so, and kicks it when work comes. */
+void swi_ticker_rest(swi_ticker *t, unsigned ms);
 /* Stops and joins the thread; after it returns fn is not running. Safe on a
  * ticker that never started (zeroed). Not from inside fn. */
 void swi_ticker_stop(swi_ticker *t);
@@ -183,6 +188,9 @@ void swi_duetab_fini(swi_duetab *t);
 int64_t *swi_duetab_add(swi_duetab *t, void *val, int64_t due);
 /* Scans take val from now on. */
 void swi_duetab_attach(swi_duetab *t, int64_t *cell, void *val);
+/* How many cells have an object attached (under t->mu: a look that finds 0
+ * is ordered before any later attach). */
+size_t swi_duetab_attached(swi_duetab *t);
 /* Scans skip the cell's object from now on (the cell stays the object's). */
 void swi_duetab_detach(swi_duetab *t, int64_t *cell);
 /* The object is gone: the cell may be given out again. NULL is a no-op. */

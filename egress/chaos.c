@@ -24,3 +24,9 @@ swx_router_on_open_sent(sw_router *r, void (*fn)(sw_stream *s, void *arg), void 
     r->open_hook_arg = arg;
     r->open_hook = fn;
 }
+
+uint64_t
+swx_router_ticks(sw_router *r)
+{
+    return r ? __atomic_load_n(&r->ticks, __ATOMIC_RELAXED) : 0;
+}

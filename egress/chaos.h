@@ -24,4 +24,8 @@ void swx_router_on_credit(sw_router *r, void (*fn)(sw_stream *s, void *arg), voi
  * before any stream is open. */
 void swx_router_on_open_sent(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg);
 
+/* Test-only: how many times r's ticker has run (a resting router's stays
+ * put: egress/timer.c). */
+uint64_t swx_router_ticks(sw_router *r);
+
 #endif

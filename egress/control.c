@@ -165,6 +165,8 @@ swe_queue_final_ack(sw_stream *s)
     pthread_mutex_unlock(&r->ack_mu);
     if (full)
         swe_flush_acks(r);
+    else
+        swe_timer_wake(r); /* flushed at the next tick */
 }
 
 /* ---------------------------------------------------------------- cancels */
@@ -192,6 +194,8 @@ swe_cancel_wait_to(sw_stream *s, const char *subj, const uint8_t id[SW_REQUEST_I
         __atomic_store_n(&r->cancels_waiting, (int)r->cancels.n, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&r->mu);
+    if (added)
+        swe_timer_wake(r); /* its retries ride on the ticker */
 }
 
 void

@@ -157,6 +157,15 @@ swx_ingress_send_counts(sw_ingress *ing, uint64_t *handoffs, uint64_t *timer_rel
 }
 
 void
+swx_ingress_tick_counts(sw_ingress *ing, uint64_t *timer, uint64_t *live)
+{
+    if (timer != NULL)
+        *timer = ing ? __atomic_load_n(&ing->timer_ticks, __ATOMIC_RELAXED) : 0;
+    if (live != NULL)
+        *live = ing ? __atomic_load_n(&ing->live_ticks, __ATOMIC_RELAXED) : 0;
+}
+
+void
 swx_ingress_set_hold_us(sw_ingress *ing, int64_t us)
 {
     if (ing != NULL)

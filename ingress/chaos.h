@@ -64,6 +64,11 @@ void swx_ingress_drop_cancels(sw_ingress *ing, int n);
  * see which thread publishes what. 0 lets it go on (chaos build only). */
 void swx_ingress_hold_sender(sw_ingress *ing, int hold);
 
+/* Test-only counts since the ingress started: calls of its timer's tick
+ * and of its liveness ticker's (each rests while it has nothing to do:
+ * ingress/heartbeat.c, liveness.c). Either pointer may be NULL. */
+void swx_ingress_tick_counts(sw_ingress *ing, uint64_t *timer, uint64_t *live);
+
 /* Test-only counts since the ingress started: streams handed to the sender
  * thread, and runs of an inline handler's held items that the timer
  * published (ingress/sender.c). Either pointer may be NULL. */

@@ -334,6 +334,9 @@ void
 swn_ing_timer_tick(void *arg, int64_t now)
 {
     sw_ingress *ing = arg;
+#ifdef SW_CHAOS
+    __atomic_fetch_add(&ing->timer_ticks, 1, __ATOMIC_RELAXED);
+#endif
     if (ing->beats == NULL && (ing->beats = calloc(1, sizeof(*ing->beats))) == NULL)
         return; /* no memory this tick: the next one tries again */
     swn_ing_snapshot(ing, &ing->timer_vec, &now); /* only streams with something due */
@@ -353,6 +356,25 @@ swn_ing_timer_tick(void *arg, int64_t now)
      * send_timeout_ms: they are cancelled as if their frontends were gone. */
     if (sw_conn_status(ing->conn) == SW_CONN_CLOSED)
         swn_ing_cancel_frontend(ing, NULL, "the NATS connection is closed");
+    /* No stream registered: nothing to beat, time or retire, so no wake-up
+     * every SWN_TICK_MS in an idle worker (issue 17). `timer_resting` is set
+     * before the look at the due table, under its lock; a registration
+     * attaches under that lock before it reads `timer_resting`
+     * (swn_ing_timer_wake): the look sees the stream, or the registration
+     * sees the flag and kicks. */
+    __atomic_store_n(&ing->timer_resting, 1, __ATOMIC_SEQ_CST);
+    if (swi_duetab_attached(&ing->due) == 0)
+        swi_ticker_rest(&ing->timer, SWN_REST_MS);
+    else
+        __atomic_store_n(&ing->timer_resting, 0, __ATOMIC_SEQ_CST);
+}
+
+void
+swn_ing_timer_wake(sw_ingress *ing)
+{
+    if (__atomic_load_n(&ing->timer_resting, __ATOMIC_SEQ_CST) &&
+        __atomic_exchange_n(&ing->timer_resting, 0, __ATOMIC_SEQ_CST))
+        swi_ticker_kick(&ing->timer);
 }
 
 void

@@ -108,6 +108,10 @@ swn_ing_live_note(sw_ingress *ing, const char *router_id)
     if (swi_peers_find(&ing->peers, router_id) == NULL)
         (void)swi_peers_use(&ing->peers, router_id, swi_now_ms() - (int64_t)ing->peers.interval_ms);
     pthread_mutex_unlock(&ing->live_mu);
+    /* A frontend to probe: a resting ticker (below) is kicked. */
+    if (__atomic_load_n(&ing->live_resting, __ATOMIC_SEQ_CST) &&
+        __atomic_exchange_n(&ing->live_resting, 0, __ATOMIC_SEQ_CST))
+        swi_ticker_kick(&ing->live_ticker);
 }
 
 /* One probing round (the liveness ticker, every frontend_probe_ms). */
@@ -119,6 +123,7 @@ swn_ing_live_tick(void *arg, int64_t now)
     uint64_t ids[SWN_PROBES_MAX];
     swi_peer_lost lost[SWN_PROBES_MAX];
     size_t nsend, nlost;
+    int idle;
     int recount = now - ing->live_recount_ms >= SWN_LIVE_RECOUNT_MS;
     uint64_t notes0 = __atomic_load_n(&ing->live_notes, __ATOMIC_ACQUIRE);
     /* A frontend is probed from the registration of its first stream here
@@ -129,6 +134,9 @@ swn_ing_live_tick(void *arg, int64_t now)
      * 10,000 idle streams per probe round cost as much as their
      * heartbeats. A frontend noted while the count ran (its stream may
      * have registered after the snapshot) is not removed this time. */
+#ifdef SW_CHAOS
+    __atomic_fetch_add(&ing->live_ticks, 1, __ATOMIC_RELAXED);
+#endif
     ing->live_vec.n = 0;
     if (recount) {
         ing->live_recount_ms = now;
@@ -176,4 +184,18 @@ swn_ing_live_tick(void *arg, int64_t now)
     }
     for (size_t i = 0; i < nlost; i++)
         swn_ing_cancel_frontend(ing, lost[i].id, "did not answer its probes");
+    /* No frontend to probe: no wake-up every probe_ms in an idle worker
+     * (issue 17). `live_resting` is set before the look under live_mu, and
+     * swn_ing_live_note adds its frontend under live_mu before it reads the
+     * flag: the look sees the frontend, or the note sees the flag and kicks.
+     * (A registered stream's frontend is noted, so none left means no
+     * stream to recount either.) */
+    __atomic_store_n(&ing->live_resting, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&ing->live_mu);
+    idle = ing->peers.n == 0;
+    pthread_mutex_unlock(&ing->live_mu);
+    if (idle)
+        swi_ticker_rest(&ing->live_ticker, SWN_REST_MS);
+    else
+        __atomic_store_n(&ing->live_resting, 0, __ATOMIC_SEQ_CST);
 }

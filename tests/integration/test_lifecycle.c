@@ -6,6 +6,7 @@
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
 #include <streamwire/registry.h>
+#include "egress/chaos.h"
 #include "transport/chaos.h"
 #include "transport/sw_transport.h"
 
@@ -1144,12 +1145,84 @@ drain_while_disconnected(void **state)
     got_free(g2);
 }
 
+/* Ticks of the router's ticker and of the worker's timer and liveness
+ * ticker over a window of ms. */
+typedef struct ticks {
+    uint64_t router, timer, live;
+} ticks;
+
+static void
+ticks_get(env *e, ticks *t)
+{
+    t->router = swx_router_ticks(e->rt);
+    swx_ingress_tick_counts(e->ing, &t->timer, &t->live);
+}
+
+static void
+ticks_over(env *e, long ms, ticks *d)
+{
+    ticks a, b;
+    ticks_get(e, &a);
+    sleep_ms(ms);
+    ticks_get(e, &b);
+    d->router = b.router - a.router;
+    d->timer = b.timer - a.timer;
+    d->live = b.live - a.live;
+}
+
+/* Issue 17: "no sleep or poll loops in any idle path". With no stream the
+ * router's ticker (every 10 ms while streams are open), the worker's timer
+ * (25 ms) and its liveness ticker (250 ms) rest (1 s) instead of waking:
+ * at most 2 ticks each in 1.5 s, where they took about 150, 60 and 6. A
+ * stream opened on the resting pair wakes both (it completes, and the
+ * router ticks every 10 ms while it is open), and once it is over and its
+ * frontend no longer probed (the worker's 2 s recount) they rest again. */
+static void
+idle_tickers_rest(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    ticks d, a, b;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 20;
+    e->w.delay_ms = 20;
+    env_start(e, NULL, NULL);
+    sleep_ms(200); /* (the first ticks, which find nothing to do) */
+    ticks_over(e, 1500, &d);
+    assert_in_range(d.router, 0, 2);
+    assert_in_range(d.timer, 0, 2);
+    assert_in_range(d.live, 0, 2);
+
+    ticks_get(e, &a);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(10000)));
+    assert_tokens(g, 20);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    ticks_get(e, &b);
+    /* 20 tokens 20 ms apart: 400 ms, 40 router ticks at 10 ms (and the
+     * timer's at 25 ms) if nothing held them back */
+    assert_true(b.router - a.router >= 10);
+    assert_true(b.timer - a.timer >= 4);
+    env_close(e, s);
+
+    sleep_ms(T(3000)); /* the final acknowledged, the frontend's recount */
+    ticks_over(e, 1500, &d);
+    assert_in_range(d.router, 0, 2);
+    assert_in_range(d.timer, 0, 2);
+    assert_in_range(d.live, 0, 2);
+    got_free(g);
+}
+
 /* ======================================================================== */
 
 int
 main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
+        T_(idle_tickers_rest),
         T_(drain_within_grace),
         T_(drain_past_grace_instance_lost),
         T_(worker_vanishes_instance_lost),

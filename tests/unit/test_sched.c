@@ -80,6 +80,55 @@ test_ticker_period(void **state)
     assert_true(swi_now_ms() - t0 >= 10); /* three calls need at least two periods */
 }
 
+/* A ticker whose fn rests it: on call 1 (60 s: no call follows by itself),
+ * and on call 3 after kicking itself (the kick made while fn ran cuts the
+ * rest short). Calls 2, 4, ... come every period. */
+typedef struct rest_rec {
+    tick_rec rec;
+    swi_ticker *t;
+} rest_rec;
+
+static void
+on_tick_rest(void *arg, int64_t now)
+{
+    rest_rec *rr = arg;
+    on_tick(&rr->rec, now);
+    if (tick_calls(&rr->rec) == 1) {
+        swi_ticker_rest(rr->t, 60000);
+    } else if (tick_calls(&rr->rec) == 3) {
+        swi_ticker_kick(rr->t);
+        swi_ticker_rest(rr->t, 60000);
+    }
+}
+
+static void
+test_ticker_rest(void **state)
+{
+    swi_ticker t;
+    rest_rec rr = {{PTHREAD_MUTEX_INITIALIZER, 0, 0}, &t};
+    struct timespec ms = {0, 1000000};
+    int64_t t0;
+    (void)state;
+    assert_int_equal(swi_ticker_start(&t, 5, on_tick_rest, &rr), 0);
+    t0 = swi_now_ms();
+    while (tick_calls(&rr.rec) == 0 && swi_now_ms() - t0 < 10000)
+        nanosleep(&ms, NULL);
+    assert_int_equal(tick_calls(&rr.rec), 1);
+    t0 = swi_now_ms();
+    while (swi_now_ms() - t0 < 300) /* 60 periods */
+        nanosleep(&ms, NULL);
+    assert_int_equal(tick_calls(&rr.rec), 1); /* resting */
+    swi_ticker_kick(&t);
+    t0 = swi_now_ms();
+    /* call 2 (the kick), 3 (a period later: it kicks itself and rests),
+     * 4 at once (that kick), then every period again */
+    while (tick_calls(&rr.rec) < 8 && swi_now_ms() - t0 < 10000)
+        nanosleep(&ms, NULL);
+    assert_true(tick_calls(&rr.rec) >= 8);
+    assert_true(swi_now_ms() - t0 < 10000);
+    swi_ticker_stop(&t);
+}
+
 /* A zeroed ticker that never started stops as a no-op. */
 static void
 test_ticker_never_started(void **state)
@@ -927,6 +976,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ticker_kick_and_stop),
         cmocka_unit_test(test_ticker_period),
+        cmocka_unit_test(test_ticker_rest),
         cmocka_unit_test(test_ticker_never_started),
         cmocka_unit_test(test_duetab_snapshot),
         cmocka_unit_test(test_duetab_cells_stable),

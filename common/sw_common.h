@@ -113,6 +113,9 @@ int swi_idmap_put(swi_idmap *m, const uint8_t *key, void *val); /* 0 ok, -1 nome
 void *swi_idmap_del(swi_idmap *m, const uint8_t *key);
 /* Calls fn for each live entry; fn must not modify the map. */
 void swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg);
+/* Up to max of the values in the map (in slot order) into out, without
+ * allocating; how many. */
+size_t swi_idmap_some(const swi_idmap *m, void **out, size_t max);
 
 /* Asks the cache for the n bytes at p, for writing: a hint (p need not be
  * valid), for loops that visit many cold objects, fetching the next ones

@@ -337,6 +337,18 @@ swi_idmap_each(const swi_idmap *m, void (*fn)(void *val, void *arg), void *arg)
     }
 }
 
+size_t
+swi_idmap_some(const swi_idmap *m, void **out, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < m->cap && n < max; i++) {
+        void *v = m->slots[i].val;
+        if (v != NULL && v != SWI_IDMAP_TOMB)
+            out[n++] = v;
+    }
+    return n;
+}
+
 void
 swi_ptrvec_reserve(swi_ptrvec *vec, size_t n)
 {

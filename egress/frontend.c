@@ -55,6 +55,21 @@ swe_lookup_n(sw_router *r, const uint8_t *const *ids, size_t n, sw_stream **out)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* Takes s out of the table (r->mu held, s->in_table set): the table's
+ * reference becomes the caller's. */
+static void
+stream_unlink(sw_router *r, sw_stream *s)
+{
+    s->in_table = 0;
+    swi_idmap_del(&r->streams, s->id);
+    swi_duetab_detach(&r->due, s->next_tick);
+    r->st.open_streams--;
+    if (s->pooled) {
+        s->pooled = 0;
+        swi_peers_release(&r->peers, swe_instance(s));
+    }
+}
+
 void
 swe_remove(sw_stream *s)
 {
@@ -62,15 +77,8 @@ swe_remove(sw_stream *s)
     int drop = 0;
     pthread_mutex_lock(&r->mu);
     if (s->in_table) {
-        s->in_table = 0;
-        swi_idmap_del(&r->streams, s->id);
-        swi_duetab_detach(&r->due, s->next_tick);
-        r->st.open_streams--;
+        stream_unlink(r, s);
         drop = 1;
-        if (s->pooled) {
-            s->pooled = 0;
-            swi_peers_release(&r->peers, swe_instance(s));
-        }
     }
     pthread_mutex_unlock(&r->mu);
     if (drop) {
@@ -334,7 +342,6 @@ swe_end_destroyed(sw_stream *s)
 void
 sw_router_destroy(sw_router *r)
 {
-    swi_ptrvec vec = {NULL, 0, 0};
     if (r == NULL)
         return;
     pthread_mutex_lock(&r->mu);
@@ -358,13 +365,25 @@ sw_router_destroy(sw_router *r)
         swe_cancels_clear(&drop, release_stream);
     }
     swe_run_deferred(r);
-    swe_snapshot(r, &vec, NULL);
-    for (size_t i = 0; i < vec.n; i++) {
-        sw_stream *s = SWE_AT(vec, i);
-        swe_end_destroyed(s);
-        swe_stream_unref(s);
+    /* Every open stream ends, a batch at a time out of the table, with no
+     * allocation: it used to take a malloc'd snapshot of them all, and
+     * when that failed no stream got its terminal (a consumer blocked in
+     * sw_stream_next with no timeout never woke). */
+    for (;;) {
+        void *batch[64];
+        size_t n;
+        pthread_mutex_lock(&r->mu);
+        n = swi_idmap_some(&r->streams, batch, sizeof(batch) / sizeof(batch[0]));
+        for (size_t i = 0; i < n; i++)
+            stream_unlink(r, batch[i]);
+        pthread_mutex_unlock(&r->mu);
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++) {
+            swe_end_destroyed(batch[i]);
+            swe_stream_unref(batch[i]); /* the table's */
+        }
     }
-    free(vec.v);
     (void)swt_flush(r->conn, 1000);
     __atomic_store_n(&r->closed, 1, __ATOMIC_RELEASE);
     swe_router_unref(r);

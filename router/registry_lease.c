@@ -80,11 +80,13 @@ swr_reg_refresh(sw_registry *reg, const char *key)
     copy = *o;
     pthread_mutex_unlock(&reg->mu);
 
-    if (swr_reg_own_encode(reg, &copy, &buf, &len) != SW_OK) {
-        pthread_mutex_unlock(&reg->wmu);
-        return;
-    }
-    rv = reg->be->put(reg->bs, copy.key, buf, len, copy.rev, &rev);
+    /* A failed encode (no memory) ends as a failed put does: tried again
+     * after REG_TICK_MS * 4, and logged. It used to return with the entry
+     * still due, and the tick called this again at once for as long as
+     * malloc failed (a busy loop taking wmu and mu). */
+    rv = swr_reg_own_encode(reg, &copy, &buf, &len);
+    if (rv == SW_OK)
+        rv = reg->be->put(reg->bs, copy.key, buf, len, copy.rev, &rev);
     if (rv == SW_EBUSY || rv == SW_ENOTFOUND) {
         /* Someone else wrote our key: register again, as a new generation
          * (a tombstone of the old one, put back later, is then stale). */

@@ -223,8 +223,8 @@ cli_gateway_main(int argc, char **argv)
             if (rl.rlim_cur < want && !quiet)
                 fprintf(stderr,
                         "streamwire gateway: warning: open files limited to %llu, below "
-                        "--max-connections %ld + 256; connections beyond it are refused by the "
-                        "kernel (raise ulimit -n)\n",
+                        "--max-connections %ld + 256; connections beyond it wait in the listen "
+                        "backlog until a descriptor frees up (raise ulimit -n)\n",
                         (unsigned long long)rl.rlim_cur, max_conns);
         }
     }

@@ -73,6 +73,8 @@ struct swg_loop {
     int run_hold; /* the queue ran this round: it is linked again by the next round only */
     int draining, quit;
     int64_t drain_deadline, cancel_deadline;
+    int accept_paused;      /* out of descriptors: the listener is read again at the next tick */
+    int64_t accept_warn_ms; /* when that was last said */
 };
 
 struct swg_rq {

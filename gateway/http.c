@@ -271,6 +271,25 @@ on_conn_close(void *data)
     free(c);
 }
 
+/* No descriptor (or kernel memory) for the next connection: it stays in
+ * the listen backlog, so the listener stays readable, and reading it again
+ * at once would spin the loop at a full core until a descriptor frees up.
+ * The listener rests until the next tick (100 ms, on_tick). */
+static void
+accept_pause(swg_loop *lp, int err)
+{
+    int64_t now = now_ms();
+    h2o_socket_read_stop(lp->listener);
+    lp->accept_paused = 1;
+    if (!lp->o->quiet && now - lp->accept_warn_ms >= 10000) {
+        lp->accept_warn_ms = now;
+        fprintf(stderr,
+                "[gateway] warning: cannot accept a connection: %s; new connections wait in the "
+                "backlog (raise ulimit -n, or lower --max-connections)\n",
+                strerror(err));
+    }
+}
+
 static void
 on_accept(h2o_socket_t *listener, const char *err)
 {
@@ -281,8 +300,13 @@ on_accept(h2o_socket_t *listener, const char *err)
     /* Everything waiting, up to SWG_ACCEPT_BATCH: one accept per loop round
      * put a burst's last connections behind many rounds of other streams'
      * tokens (the time to first token of a burst of 1,000 grew by ~100 ms). */
-    for (int i = 0; i < SWG_ACCEPT_BATCH && (sock = h2o_evloop_socket_accept(listener)) != NULL;
-         i++) {
+    for (int i = 0; i < SWG_ACCEPT_BATCH; i++) {
+        errno = 0;
+        if ((sock = h2o_evloop_socket_accept(listener)) == NULL) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                accept_pause(lp, errno);
+            break;
+        }
         unsigned n = __atomic_add_fetch(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
         swg_conn *c = NULL;
         if ((lp->o->max_connections > 0 && n > lp->o->max_connections) ||
@@ -374,11 +398,16 @@ on_stop(h2o_socket_t *sock, const char *err)
         swg_wake(&gw->loops[i]); /* they see gw->stopping in on_wake */
 }
 
-/* Every 100 ms: the drain's progress. */
+/* Every 100 ms: a listener paused for want of descriptors (accept_pause)
+ * reads again; the drain's progress. */
 static void
 on_tick(h2o_timeout_entry_t *entry)
 {
     swg_loop *lp = (swg_loop *)((char *)entry - offsetof(swg_loop, tick));
+    if (lp->accept_paused && lp->listener != NULL && !lp->draining) {
+        lp->accept_paused = 0;
+        h2o_socket_read_start(lp->listener, on_accept);
+    }
     if (lp->draining) {
         int64_t now = now_ms();
         if (h2o_linklist_is_empty(&lp->active))

@@ -488,6 +488,25 @@ swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
     return nsend;
 }
 
+int64_t
+swi_peers_next_due(const swi_peers *p, int64_t now)
+{
+    int64_t next = INT64_MAX;
+    for (size_t i = 0; i < p->n; i++) {
+        const swi_peer *e = &p->v[i];
+        int64_t at;
+        if (e->outstanding)
+            at = e->sent_ms + (int64_t)p->timeout_ms;
+        else if (e->suspect || e->probe_soon)
+            at = now;
+        else
+            at = e->sent_ms + (int64_t)p->interval_ms;
+        if (at < next)
+            next = at;
+    }
+    return next;
+}
+
 int
 swi_peers_answer(swi_peers *p, const char *id, int no_responders, int64_t now, int64_t up_since_ms,
                  int64_t *silent_ms, int64_t *unanswered_ms)

@@ -295,6 +295,12 @@ size_t swi_peers_round(swi_peers *p, int64_t now, int64_t up_since_ms,
  * no answer in between. A probe sent before this side's connection last
  * came back and settled (up_since_ms + settle_ms > sent_ms) proves nothing.
  * Returns 0 otherwise, and for a peer not in the table. */
+/* When swi_peers_round next has something to do for some peer, given what
+ * is known at now: a probe out times out at sent_ms + timeout_ms; a suspect
+ * peer, or one to ask soon, is due now; any other is probed at sent_ms +
+ * interval_ms. INT64_MAX with no peer. */
+int64_t swi_peers_next_due(const swi_peers *p, int64_t now);
+
 /* The probe id of the last probe swi_peers_round sent to id (0 if none):
  * the caller puts it in the probe. */
 uint64_t swi_peers_probe_id(swi_peers *p, const char *id);

@@ -151,7 +151,7 @@ void
 swe_queue_final_ack(sw_stream *s)
 {
     sw_router *r = s->r;
-    int full;
+    int full, first;
     if (__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE))
         return;
     pthread_mutex_lock(&r->ack_mu);
@@ -161,12 +161,13 @@ swe_queue_final_ack(sw_stream *s)
         pthread_mutex_lock(&r->ack_mu);
     }
     (void)ctl_target(s, SWE_GEN_ANY, r->acks[r->nacks].subj, r->acks[r->nacks].id);
-    full = ++r->nacks == SWE_ACKS_MAX;
+    first = ++r->nacks == 1;
+    full = r->nacks == SWE_ACKS_MAX;
     pthread_mutex_unlock(&r->ack_mu);
     if (full)
         swe_flush_acks(r);
-    else
-        swe_timer_wake(r); /* flushed at the next tick */
+    else if (first)
+        swe_timer_wake(r, SWE_REST_IDLE); /* flushed at the next tick: within SWE_SCAN_MS */
 }
 
 /* ---------------------------------------------------------------- cancels */
@@ -195,7 +196,7 @@ swe_cancel_wait_to(sw_stream *s, const char *subj, const uint8_t id[SW_REQUEST_I
     }
     pthread_mutex_unlock(&r->mu);
     if (added)
-        swe_timer_wake(r); /* its retries ride on the ticker */
+        swe_timer_wake(r, SWE_REST_SHORT); /* its retries ride on the ticker */
 }
 
 void

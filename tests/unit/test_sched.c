@@ -540,6 +540,38 @@ test_peers_probe_schedule(void **state)
     swi_peers_fini(&p);
 }
 
+/* swi_peers_next_due: when a round next has something to do (the router's
+ * ticker waits until then): the next probe one interval after the last,
+ * a probe out's timeout, now for a suspect peer; INT64_MAX with none. A
+ * round at the due time does act; one just before does not. */
+static void
+test_peers_next_due(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
+    assert_true(swi_peers_next_due(&p, 0) == INT64_MAX);
+    swi_peers_use(&p, "a", 1000);
+    swi_peers_use(&p, "b", 1040);
+    assert_int_equal(swi_peers_next_due(&p, 1010), 1100); /* a's first probe */
+    assert_int_equal(round_at(&p, 1099, UP, send, lost, &nlost), 0);
+    assert_int_equal(round_at(&p, 1100, UP, send, lost, &nlost), 1); /* a's probe out */
+    assert_int_equal(swi_peers_next_due(&p, 1100), 1140);            /* b's first probe */
+    assert_int_equal(round_at(&p, 1140, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_next_due(&p, 1140), 1400); /* a's probe times out */
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 1150, UP, NULL, NULL), 0);
+    assert_int_equal(swi_peers_next_due(&p, 1150), 1200); /* a's next probe */
+    swi_peers_suspect(&p, "a");
+    assert_int_equal(swi_peers_next_due(&p, 1160), 1160); /* now */
+    assert_int_equal(round_at(&p, 1160, UP, send, lost, &nlost), 1);
+    assert_string_equal(send[0], "a");
+    swi_peers_fini(&p);
+}
+
 /* `misses` unanswered probes in a row: lost, with its silence. */
 static void
 test_peers_lost_after_misses(void **state)
@@ -984,6 +1016,7 @@ main(void)
         cmocka_unit_test(test_duetab_marks_race),
         cmocka_unit_test(test_peers_use_release),
         cmocka_unit_test(test_peers_probe_schedule),
+        cmocka_unit_test(test_peers_next_due),
         cmocka_unit_test(test_peers_lost_after_misses),
         cmocka_unit_test(test_peers_answer_resets),
         cmocka_unit_test(test_peers_unanswered_from_first_miss),

@@ -48,6 +48,19 @@ void swi_ticker_kick(swi_ticker *t);
  * or sooner if kicked (a kick made while fn ran included). An owner with
  * nothing to do rests its ticker so, and kicks it when work comes. */
 void swi_ticker_rest(swi_ticker *t, unsigned ms);
+/* The owner's half of a rest: *resting (an atomic the owner's tick sets to
+ * a level > 0 before it looks for work, and to 0 if it finds some) at
+ * `level` or above is taken back to 0 and t kicked. Call after the work is
+ * visible under the lock that look takes. One atomic load when not
+ * resting. */
+static inline void
+swi_ticker_wake(swi_ticker *t, int *resting, int level)
+{
+    int cur = __atomic_load_n(resting, __ATOMIC_SEQ_CST);
+    if (cur >= level &&
+        __atomic_compare_exchange_n(resting, &cur, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        swi_ticker_kick(t);
+}
 /* Stops and joins the thread; after it returns fn is not running. Safe on a
  * ticker that never started (zeroed). Not from inside fn. */
 void swi_ticker_stop(swi_ticker *t);

@@ -80,10 +80,7 @@ swe_end_all_closed(sw_router *r)
 void
 swe_timer_wake(sw_router *r, int level)
 {
-    int cur = __atomic_load_n(&r->resting, __ATOMIC_SEQ_CST);
-    if (cur >= level &&
-        __atomic_compare_exchange_n(&r->resting, &cur, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-        swi_ticker_kick(&r->ticker);
+    swi_ticker_wake(&r->ticker, &r->resting, level);
 }
 
 /* How long the ticker may wait before the next tick: until the next thing

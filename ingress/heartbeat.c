@@ -372,9 +372,7 @@ swn_ing_timer_tick(void *arg, int64_t now)
 void
 swn_ing_timer_wake(sw_ingress *ing)
 {
-    if (__atomic_load_n(&ing->timer_resting, __ATOMIC_SEQ_CST) &&
-        __atomic_exchange_n(&ing->timer_resting, 0, __ATOMIC_SEQ_CST))
-        swi_ticker_kick(&ing->timer);
+    swi_ticker_wake(&ing->timer, &ing->timer_resting, 1);
 }
 
 void

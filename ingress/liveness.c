@@ -109,9 +109,7 @@ swn_ing_live_note(sw_ingress *ing, const char *router_id)
         (void)swi_peers_use(&ing->peers, router_id, swi_now_ms() - (int64_t)ing->peers.interval_ms);
     pthread_mutex_unlock(&ing->live_mu);
     /* A frontend to probe: a resting ticker (below) is kicked. */
-    if (__atomic_load_n(&ing->live_resting, __ATOMIC_SEQ_CST) &&
-        __atomic_exchange_n(&ing->live_resting, 0, __ATOMIC_SEQ_CST))
-        swi_ticker_kick(&ing->live_ticker);
+    swi_ticker_wake(&ing->live_ticker, &ing->live_resting, 1);
 }
 
 /* One probing round (the liveness ticker, every frontend_probe_ms). */

@@ -62,6 +62,8 @@ swi_ticker_kick(swi_ticker *t)
 void
 swi_ticker_rest(swi_ticker *t, unsigned ms)
 {
+    if (ms == 0)
+        swi_ticker_resting(t, 0);
     pthread_mutex_lock(&t->mu);
     t->rest_ms = ms;
     pthread_mutex_unlock(&t->mu);

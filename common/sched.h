@@ -35,6 +35,7 @@ typedef struct swi_ticker {
     int kicked;
     unsigned period_ms;
     unsigned rest_ms; /* the next wait instead of period_ms, once (swi_ticker_rest) */
+    int resting;      /* the owner's rest level, 0 = none (atomic; swi_ticker_resting) */
     void (*fn)(void *arg, int64_t now);
     void *arg;
 } swi_ticker;
@@ -44,21 +45,32 @@ int swi_ticker_start(swi_ticker *t, unsigned period_ms, void (*fn)(void *arg, in
                      void *arg);
 /* Makes the next call come now rather than at the end of the period. */
 void swi_ticker_kick(swi_ticker *t);
-/* From inside fn: the next call comes after ms rather than period_ms (once),
- * or sooner if kicked (a kick made while fn ran included). An owner with
- * nothing to do rests its ticker so, and kicks it when work comes. */
-void swi_ticker_rest(swi_ticker *t, unsigned ms);
-/* The owner's half of a rest: *resting (an atomic the owner's tick sets to
- * a level > 0 before it looks for work, and to 0 if it finds some) at
- * `level` or above is taken back to 0 and t kicked. Call after the work is
- * visible under the lock that look takes. One atomic load when not
- * resting. */
+/* Resting, an owner's way of not waking for nothing. From inside fn:
+ *
+ *     swi_ticker_resting(t, level);     before looking for work (level > 0)
+ *     ...look, under the locks that producers of work take...
+ *     swi_ticker_rest(t, ms);           ms = how long nothing is due (0: none)
+ *
+ * and a producer, once its work is visible under such a lock, calls
+ * swi_ticker_wake(t, level): a ticker resting at `level` or above is kicked
+ * (the rest level taken back to 0). Either the look sees the work, or the
+ * producer sees the level and kicks. A kick made while fn ran cuts the rest
+ * short too. */
 static inline void
-swi_ticker_wake(swi_ticker *t, int *resting, int level)
+swi_ticker_resting(swi_ticker *t, int level)
 {
-    int cur = __atomic_load_n(resting, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&t->resting, level, __ATOMIC_SEQ_CST);
+}
+/* The next call comes after ms rather than period_ms (once), or sooner if
+ * kicked; 0 keeps the period and ends the rest level. */
+void swi_ticker_rest(swi_ticker *t, unsigned ms);
+/* One atomic load when the ticker is not resting at `level` or above. */
+static inline void
+swi_ticker_wake(swi_ticker *t, int level)
+{
+    int cur = __atomic_load_n(&t->resting, __ATOMIC_SEQ_CST);
     if (cur >= level &&
-        __atomic_compare_exchange_n(resting, &cur, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        __atomic_compare_exchange_n(&t->resting, &cur, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
         swi_ticker_kick(t);
 }
 /* Stops and joins the thread; after it returns fn is not running. Safe on a

@@ -167,7 +167,8 @@ swe_queue_final_ack(sw_stream *s)
     if (full)
         swe_flush_acks(r);
     else if (first)
-        swe_timer_wake(r, SWE_REST_IDLE); /* flushed at the next tick: within SWE_SCAN_MS */
+        swi_ticker_wake(&r->ticker,
+                        SWE_REST_IDLE); /* flushed at the next tick: within SWE_SCAN_MS */
 }
 
 /* ---------------------------------------------------------------- cancels */
@@ -196,7 +197,7 @@ swe_cancel_wait_to(sw_stream *s, const char *subj, const uint8_t id[SW_REQUEST_I
     }
     pthread_mutex_unlock(&r->mu);
     if (added)
-        swe_timer_wake(r, SWE_REST_SHORT); /* its retries ride on the ticker */
+        swi_ticker_wake(&r->ticker, SWE_REST_SHORT); /* its retries ride on the ticker */
 }
 
 void

@@ -49,8 +49,8 @@
 #define SWE_SCAN_MS 25 /* stream scans: inactivity, deadline, gap, linger */
 /* A router with nothing to tick for (no stream, cancel, final ack, probe or
  * deferred dispatch) rests its ticker this long; whatever brings work kicks
- * it (swe_timer_wake). With streams open it waits for the next scan unless
- * something is due sooner. sw_router.resting says which: */
+ * it (swi_ticker_wake). With streams open it waits for the next scan unless
+ * something is due sooner. The ticker's rest level says which: */
 #define SWE_REST_MS 1000
 #define SWE_REST_SHORT 1 /* waiting for the next scan (or probe, or cancel) */
 #define SWE_REST_IDLE 2  /* no stream: waiting up to SWE_REST_MS */
@@ -130,7 +130,6 @@ struct sw_router {
     swe_ep eps[SWE_EP_MAX + 1]; /* the last one is SWE_EP_OTHER */
     unsigned eps_used;          /* eps[0..eps_used) named (claimed under r->mu; atomic) */
     int cancels_waiting;        /* cancels.n, readable without r->mu (atomic) */
-    int resting;                /* 0, SWE_REST_SHORT or SWE_REST_IDLE (atomic; egress/timer.c) */
 };
 
 /* What a stream that may migrate keeps (allocated at open, with the
@@ -339,11 +338,6 @@ const char *swe_gen_instance(sw_stream *s, unsigned gen);
 
 /* timer.c */
 void swe_on_tick(void *arg, int64_t now);
-/* Work came for the ticker: a ticker resting at `level` or deeper
- * (SWE_REST_SHORT: any rest; SWE_REST_IDLE: an idle router's only) is
- * kicked. Call after the work is visible to the tick (after r->mu or
- * r->ack_mu is released). One atomic load when it is not resting. */
-void swe_timer_wake(sw_router *r, int level);
 /* Dispatches s from the ticker thread soon (callback mode, after open). */
 void swe_defer_dispatch(sw_stream *s);
 /* Runs the deferred dispatches now (the ticker, and destroy). */

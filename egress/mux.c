@@ -139,7 +139,7 @@ on_beats(sw_router *r, const swt_msg *msg)
         if (!take) {
             count_bad(r, &r->st.unknown_stream, b->n_beats);
             swp_free(b);
-            swe_timer_wake(r, SWE_REST_SHORT); /* (a new incarnation is asked at once) */
+            swi_ticker_wake(&r->ticker, SWE_REST_SHORT); /* (a new incarnation is asked at once) */
             return;
         }
     }

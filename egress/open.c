@@ -266,7 +266,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
         swi_duetab_attach(&r->due, s->next_tick, s); /* last: the scan may look from now on */
     }
     pthread_mutex_unlock(&r->mu);
-    swe_timer_wake(r, SWE_REST_IDLE); /* (an idle router: a stream to scan and probe now) */
+    swi_ticker_wake(&r->ticker,
+                    SWE_REST_IDLE); /* (an idle router: a stream to scan and probe now) */
     if (closing || full) {
         free(buf);
         swe_stream_unref(s);

@@ -96,7 +96,7 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
     if (lost)
         swe_instance_lost(r, id, "its subscription is gone (no responders)", silent, unanswered);
     else if (msg->no_responders)
-        swe_timer_wake(r, SWE_REST_SHORT); /* suspect: probed again at the next round */
+        swi_ticker_wake(&r->ticker, SWE_REST_SHORT); /* suspect: probed again at the next round */
 }
 
 typedef struct swe_activity {

@@ -3,7 +3,7 @@
  * inactivity, gap repair and timeout, a lingering terminal; each keeps its
  * next due time), then a probing round and the flush of acknowledgements.
  * It waits longer when nothing is due sooner: until the next scan while
- * streams are open, SWE_REST_MS with none (router_rest_ms, swe_timer_wake).
+ * streams are open, SWE_REST_MS with none (router_rest_ms, swi_ticker_wake).
  * Runs on the ticker thread with no lock held on entry. */
 #include <stdlib.h>
 
@@ -77,22 +77,16 @@ swe_end_all_closed(sw_router *r)
     }
 }
 
-void
-swe_timer_wake(sw_router *r, int level)
-{
-    swi_ticker_wake(&r->ticker, &r->resting, level);
-}
-
 /* How long the ticker may wait before the next tick: until the next thing
  * a tick would act on (the next scan while streams are open, a probe to
  * send or judge, a cancel to send again), SWE_TICK_MS if a final's ack or
  * a dispatch waits, SWE_REST_MS at most (nothing at all: an idle router).
  * Returns 0 for the usual period.
  *
- * `resting` is set (to SWE_REST_SHORT, or SWE_REST_IDLE with no stream)
- * before the look, and whatever brings work sooner makes it visible under
- * the lock looked under before it reads `resting` (swe_timer_wake): either
- * the look sees the work, or the producer sees `resting` and kicks. A new
+ * The ticker's rest level is set (SWE_REST_SHORT, or SWE_REST_IDLE with no
+ * stream) before the look, and whatever brings work sooner makes it
+ * visible under the lock looked under before it calls swi_ticker_wake:
+ * either the look sees the work, or the producer sees the level. A new
  * stream and a queued final's ack (the first of a batch) wake only an idle
  * router: with streams open the ack waits for the tick that is due anyway
  * (within SWE_SCAN_MS; a kick for each short stream's ack cost one
@@ -104,11 +98,11 @@ router_rest_ms(sw_router *r, int64_t now)
 {
     int64_t next = INT64_MAX, rest;
     int streams;
-    __atomic_store_n(&r->resting, SWE_REST_IDLE, __ATOMIC_SEQ_CST);
+    swi_ticker_resting(&r->ticker, SWE_REST_IDLE);
     pthread_mutex_lock(&r->mu);
     streams = r->st.open_streams > 0;
     if (streams)
-        __atomic_store_n(&r->resting, SWE_REST_SHORT, __ATOMIC_SEQ_CST);
+        swi_ticker_resting(&r->ticker, SWE_REST_SHORT);
     if (r->deferred.n > 0)
         next = now;
     if (streams && r->next_scan < next)
@@ -125,10 +119,8 @@ router_rest_ms(sw_router *r, int64_t now)
         next = now;
     pthread_mutex_unlock(&r->ack_mu);
     rest = next == INT64_MAX ? SWE_REST_MS : next - now;
-    if (rest <= SWE_TICK_MS) {
-        __atomic_store_n(&r->resting, 0, __ATOMIC_SEQ_CST);
+    if (rest <= SWE_TICK_MS)
         return 0;
-    }
     return rest < SWE_REST_MS ? rest : SWE_REST_MS;
 }
 
@@ -163,9 +155,5 @@ swe_on_tick(void *arg, int64_t now)
     /* No wake-up every SWE_TICK_MS when nothing is due sooner (issue 17:
      * an idle router cost ~0.3 % of a core in wake-ups alone; with idle
      * streams the ticker wakes for the scans, every SWE_SCAN_MS). */
-    {
-        int64_t rest = router_rest_ms(r, now);
-        if (rest > 0)
-            swi_ticker_rest(&r->ticker, (unsigned)rest);
-    }
+    swi_ticker_rest(&r->ticker, (unsigned)router_rest_ms(r, now));
 }

@@ -357,22 +357,11 @@ swn_ing_timer_tick(void *arg, int64_t now)
     if (sw_conn_status(ing->conn) == SW_CONN_CLOSED)
         swn_ing_cancel_frontend(ing, NULL, "the NATS connection is closed");
     /* No stream registered: nothing to beat, time or retire, so no wake-up
-     * every SWN_TICK_MS in an idle worker (issue 17). `timer_resting` is set
+     * every SWN_TICK_MS in an idle worker (issue 17). The rest level is set
      * before the look at the due table, under its lock; a registration
-     * attaches under that lock before it reads `timer_resting`
-     * (swn_ing_timer_wake): the look sees the stream, or the registration
-     * sees the flag and kicks. */
-    __atomic_store_n(&ing->timer_resting, 1, __ATOMIC_SEQ_CST);
-    if (swi_duetab_attached(&ing->due) == 0)
-        swi_ticker_rest(&ing->timer, SWN_REST_MS);
-    else
-        __atomic_store_n(&ing->timer_resting, 0, __ATOMIC_SEQ_CST);
-}
-
-void
-swn_ing_timer_wake(sw_ingress *ing)
-{
-    swi_ticker_wake(&ing->timer, &ing->timer_resting, 1);
+     * attaches under that lock before it wakes the timer (intake.c). */
+    swi_ticker_resting(&ing->timer, 1);
+    swi_ticker_rest(&ing->timer, swi_duetab_attached(&ing->due) == 0 ? SWN_REST_MS : 0);
 }
 
 void

@@ -55,7 +55,7 @@
 
 #define SWN_MAX_CONTROL_BYTES 8192 /* an ACK_FINALS of 256 ids is 4.7 KB */
 #define SWN_TICK_MS 25             /* heartbeat and deadline precision */
-#define SWN_REST_MS 1000 /* the timer's wait with no stream registered (swn_ing_timer_wake) */
+#define SWN_REST_MS 1000           /* the tickers' wait with nothing to do (swi_ticker_rest) */
 #define SWN_LINGER_MIN_MS 2000
 #define SWN_LIVE_RECOUNT_MS 2000 /* frontends with no stream here stop being probed within this */
 /* Bounds on what a peer chooses (issue 11 #4), documented in PROTOCOL.md:
@@ -206,7 +206,6 @@ struct sw_ingress {
     pthread_cond_t cv;       /* work queue (the idle handler threads wait on it) */
     pthread_cond_t dcv;      /* drain progress: inflight fell (signalled only while draining) */
     swi_ticker timer;        /* heartbeats, deadlines, retiring (heartbeat.c) */
-    int timer_resting;       /* it rests (SWN_REST_MS) unless woken (atomic; heartbeat.c) */
     swi_ptrvec timer_vec;    /* the timer's snapshot buffer */
     struct swn_beats *beats; /* the timer's heartbeat batches */
     swi_idmap streams;
@@ -239,7 +238,6 @@ struct sw_ingress {
     pthread_mutex_t live_mu;
     swi_peers peers;         /* frontends being probed (common/sched.h), under live_mu */
     swi_ticker live_ticker;  /* probing rounds (liveness.c) */
-    int live_resting;        /* it rests (SWN_REST_MS) with no frontend to probe (atomic) */
     swi_ptrvec live_vec;     /* the ticker's snapshot buffer */
     int64_t live_recount_ms; /* when the streams per frontend were last counted (live ticker) */
     uint64_t live_notes;     /* swn_ing_live_note calls (atomic; written under live_mu) */
@@ -376,9 +374,6 @@ void swn_resp_tick_soon(sw_responder *r);
  * forward to it (r->mu held; never later). */
 void swn_resp_beat_sooner(sw_responder *r);
 void swn_ing_timer_tick(void *arg, int64_t now);
-/* A stream was registered (attached to ing->due): a resting timer is
- * kicked. Call after the attach. One atomic load when it is not resting. */
-void swn_ing_timer_wake(sw_ingress *ing);
 void swn_ing_timer_fini(sw_ingress *ing);
 
 /* ingress/liveness.c */

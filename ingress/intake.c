@@ -283,7 +283,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         swi_duetab_attach(&ing->due, r->next_tick, r);
     }
     pthread_mutex_unlock(&ing->mu);
-    swn_ing_timer_wake(ing); /* (a stream to time now) */
+    swi_ticker_wake(&ing->timer, 1); /* (a resting timer: a stream to time now) */
     if (refused) {
         /* As a drain hands back a stream it ran: the frontend migrates it,
          * or its consumer sees instance_lost. */

@@ -109,7 +109,7 @@ swn_ing_live_note(sw_ingress *ing, const char *router_id)
         (void)swi_peers_use(&ing->peers, router_id, swi_now_ms() - (int64_t)ing->peers.interval_ms);
     pthread_mutex_unlock(&ing->live_mu);
     /* A frontend to probe: a resting ticker (below) is kicked. */
-    swi_ticker_wake(&ing->live_ticker, &ing->live_resting, 1);
+    swi_ticker_wake(&ing->live_ticker, 1);
 }
 
 /* One probing round (the liveness ticker, every frontend_probe_ms). */
@@ -183,17 +183,14 @@ swn_ing_live_tick(void *arg, int64_t now)
     for (size_t i = 0; i < nlost; i++)
         swn_ing_cancel_frontend(ing, lost[i].id, "did not answer its probes");
     /* No frontend to probe: no wake-up every probe_ms in an idle worker
-     * (issue 17). `live_resting` is set before the look under live_mu, and
-     * swn_ing_live_note adds its frontend under live_mu before it reads the
-     * flag: the look sees the frontend, or the note sees the flag and kicks.
+     * (issue 17). The rest level is set before the look under live_mu, and
+     * swn_ing_live_note adds its frontend under live_mu before it wakes the
+     * ticker: the look sees the frontend, or the note sees the level.
      * (A registered stream's frontend is noted, so none left means no
      * stream to recount either.) */
-    __atomic_store_n(&ing->live_resting, 1, __ATOMIC_SEQ_CST);
+    swi_ticker_resting(&ing->live_ticker, 1);
     pthread_mutex_lock(&ing->live_mu);
     idle = ing->peers.n == 0;
     pthread_mutex_unlock(&ing->live_mu);
-    if (idle)
-        swi_ticker_rest(&ing->live_ticker, SWN_REST_MS);
-    else
-        __atomic_store_n(&ing->live_resting, 0, __ATOMIC_SEQ_CST);
+    swi_ticker_rest(&ing->live_ticker, idle ? SWN_REST_MS : 0);
 }

@@ -5,9 +5,11 @@
  * (registry_lease.c), dead reports with a revision guard
  * (registry_report.c); what they share is in registry_int.h.
  *
- * Threads: the registry's ticker (common/sched.h; swr_reg_tick every
- * REG_TICK_MS, and at once when kicked) does the keep-alive writes, expires
- * entries whose lease ran out, and delivers watch events in order.
+ * Threads: the registry's ticker (common/sched.h; swr_reg_tick when the
+ * next keep-alive, lease or forgetting falls due, every REG_TICK_MS while
+ * the store or the connection is down, and at once when kicked) does the
+ * keep-alive writes, expires entries whose lease ran out, and delivers
+ * watch events in order.
  * The backend's watch callback (swr_reg_on_entry) runs on a backend thread (KV)
  * or on the writer's thread (memory backend: synchronously inside put/del,
  * possibly of another handle, which may hold that handle's wmu); it only

@@ -16,6 +16,7 @@
 #define REG_TICK_MS 50
 #define REG_FORGET_LEASES 20 /* a dead entry is forgotten after this many leases */
 #define REG_PING_MS 250      /* the store is asked at most this often while leases lapse */
+#define REG_REST_MAX_MS 1000 /* the ticker, with nothing due sooner, rests this long at most */
 #define REG_KEY_MAX (SW_MAX_ENDPOINT + SW_MAX_TOKEN + 2)
 
 typedef struct reg_view {
@@ -102,6 +103,11 @@ struct sw_registry {
     unsigned nnotes;        /* queued */
     unsigned notes_dropped; /* not queued (REG_NOTES_MAX, or no memory), not yet logged */
     swi_ticker ticker;      /* runs swr_reg_tick */
+    /* The ticker rests until then, nothing being due sooner (mu; 0: it
+     * looks again within REG_TICK_MS). A change that brings a deadline
+     * before it kicks the ticker (swr_reg_due). */
+    int64_t rest_until;
+    uint64_t ticks; /* calls of swr_reg_tick (atomic; router/chaos.h) */
     int stopping;
     /* The store's health, for leases (mu): the last time anything was seen
      * written to it (a newer revision, or one of our writes), the last
@@ -136,6 +142,11 @@ sw_err swr_reg_seal(const sw_registry *reg, const char *key, uint8_t **buf, size
 sw_err swr_reg_own_encode(sw_registry *reg, const reg_own *o, uint8_t **buf, size_t *len);
 void swr_reg_refresh(sw_registry *reg, const char *key); /* takes wmu, then mu */
 void swr_reg_tick(void *arg, int64_t now);
+/* Something falls due at `at` (monotonic ms): kicks the ticker if it rests
+ * past it (mu held). */
+void swr_reg_due(sw_registry *reg, int64_t at);
+/* The lease an entry is judged by: its worker's, else this handle's. */
+int64_t swr_reg_view_lease(const sw_registry *reg, const reg_view *v);
 
 /* registry_report.c: dead reports (no lock held on entry) */
 sw_err swr_reg_report(sw_registry *reg, const char *instance_id, uint64_t revision,

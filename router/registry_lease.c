@@ -144,14 +144,68 @@ reg_hold_max(int64_t lease)
     return m < 30000 ? 30000 : m;
 }
 
-/* One tick on the registry's ticker (every REG_TICK_MS, and at once when
- * kicked): does everything that is due, one piece at a time, then returns. */
+int64_t
+swr_reg_view_lease(const sw_registry *reg, const reg_view *v)
+{
+    return v->info->lease_ms ? (int64_t)v->info->lease_ms : (int64_t)reg->lease_ms;
+}
+
+void
+swr_reg_due(sw_registry *reg, int64_t at)
+{
+    if (reg->rest_until != 0 && at < reg->rest_until) {
+        reg->rest_until = 0;
+        swi_ticker_kick(&reg->ticker);
+    }
+}
+
+/* How long the ticker may rest after a look that found nothing to do: until
+ * the first keep-alive, lease or forgetting falls due, at most
+ * REG_REST_MAX_MS; 0 (look again within REG_TICK_MS) while the store or
+ * our connection is down or a lapsed entry is held, when the look depends
+ * on more than the clock (mu held). An idle handle used to look 20 times a
+ * second. */
+static unsigned
+reg_rest_ms(const sw_registry *reg, int64_t now, int64_t up)
+{
+    int64_t next = now + REG_REST_MAX_MS;
+    if (reg->store_down || reg->held > 0 || up < 0)
+        return 0;
+    for (size_t i = 0; i < reg->nown; i++)
+        if (reg->own[i].next_refresh_ms < next)
+            next = reg->own[i].next_refresh_ms;
+    for (size_t i = 0; i < reg->nview; i++) {
+        const reg_view *v = &reg->view[i];
+        int64_t lease = swr_reg_view_lease(reg, v), at;
+        if (v->live) {
+            /* As the look's tests: not before its lease from the last
+             * sighting, its grace, and our connection's return. */
+            at = v->seen_ms + lease;
+            if (v->grace_ms > at)
+                at = v->grace_ms;
+            if (up + lease > at)
+                at = up + lease;
+        } else {
+            at = v->seen_ms + REG_FORGET_LEASES * lease;
+        }
+        if (at < next)
+            next = at;
+    }
+    return next - now > REG_TICK_MS ? (unsigned)(next - now) : 0;
+}
+
+/* One tick on the registry's ticker (every REG_TICK_MS, or after a rest,
+ * and at once when kicked): does everything that is due, one piece at a
+ * time, then returns. */
 void
 swr_reg_tick(void *arg, int64_t now0)
 {
     sw_registry *reg = arg;
+    unsigned rest = 0;
     (void)now0;
+    __atomic_fetch_add(&reg->ticks, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&reg->mu);
+    reg->rest_until = 0; /* looking now: nothing to kick for */
     while (!reg->stopping) {
         int64_t now = swi_now_ms();
         char due[REG_KEY_MAX];
@@ -259,7 +313,7 @@ swr_reg_tick(void *arg, int64_t now0)
         for (size_t i = 0; i < reg->nview && expired[0] == '\0' && !need_ping; i++) {
             reg_view *v = &reg->view[i];
             /* Each entry by the lease its worker announced. */
-            int64_t lease = v->info->lease_ms ? (int64_t)v->info->lease_ms : (int64_t)reg->lease_ms;
+            int64_t lease = swr_reg_view_lease(reg, v);
             if (v->live && (now < v->grace_ms || up < 0 || now - up < lease))
                 continue;
             if (v->live && now - v->seen_ms >= lease && reg_store_quiet(reg, now, lease) &&
@@ -370,7 +424,12 @@ swr_reg_tick(void *arg, int64_t now0)
             pthread_mutex_lock(&reg->mu);
             continue;
         }
-        break; /* nothing due: the next tick or kick comes back */
+        /* Nothing due: rest until something is, or a kick. */
+        rest = reg_rest_ms(reg, now, up);
+        reg->rest_until = rest ? now + rest : 0;
+        break;
     }
     pthread_mutex_unlock(&reg->mu);
+    /* A kick between the unlock and this still cuts the rest short. */
+    swi_ticker_rest(&reg->ticker, rest);
 }

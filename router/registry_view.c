@@ -117,10 +117,10 @@ swr_reg_store_back(sw_registry *reg, int64_t now)
         return;
     reg->store_down = 0;
     reg->log_back = 1; /* logged by the ticker, without the lock */
+    swr_reg_due(reg, now);
     for (size_t i = 0; i < reg->nview; i++)
         if (reg->view[i].live)
-            reg->view[i].grace_ms =
-                now + (reg->view[i].info->lease_ms ? reg->view[i].info->lease_ms : reg->lease_ms);
+            reg->view[i].grace_ms = now + swr_reg_view_lease(reg, &reg->view[i]);
 }
 
 void
@@ -278,6 +278,7 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
             v->rev = e->revision;
             v->seen_ms = now;
             v->live = 0;
+            swr_reg_due(reg, now + REG_FORGET_LEASES * swr_reg_view_lease(reg, v));
         }
         if (own != NULL) {
             /* We are alive: whoever removed us was wrong. */
@@ -312,6 +313,9 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         v->rev = e->revision;
         v->seen_ms = now;
         v->live = 1;
+        /* Its lease may be shorter than the ticker's rest (a new entry, or
+         * one whose worker now announces a shorter lease). */
+        swr_reg_due(reg, now + swr_reg_view_lease(reg, v));
         if (!was_live)
             swr_reg_queue(reg, 0, SW_REGISTRY_ADDED, v->info, v->rev, 0);
         else if (drain_changed)

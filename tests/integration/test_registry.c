@@ -45,6 +45,7 @@
 
 #include "harness.h"
 #include "proto/sw_codec.h"
+#include "router/chaos.h"
 #include "router/sw_pool.h"
 #include "transport/sw_transport.h"
 
@@ -2791,6 +2792,68 @@ blind_watch_reads_the_store(void **state)
     atomic_store(&g_watch_muted, 0);
 }
 
+/* An idle handle's ticker rests until something falls due (issue 17: no
+ * poll loops in an idle path; it used to look 20 times a second, 0.275 %
+ * of a core for an empty registry), and a sighting that brings a deadline
+ * before the rest's end cuts it short: a short-leased entry that appears
+ * while a handle with no watcher rests still lapses on time. */
+static void
+idle_registry_rests(void **state)
+{
+    fx *f = *state;
+    sw_registry *rreg = fx_reg(f, 1, 3000, 0);
+    sw_registry *wreg, *sreg;
+    uint64_t a, b;
+    int64_t t0, t_gone;
+
+    /* Nothing in the store: at most a look a second. */
+    swh_sleep_ms(200);
+    a = swx_registry_ticks(rreg);
+    swh_sleep_ms(2000);
+    b = swx_registry_ticks(rreg);
+    print_message("    empty registry: %llu looks in 2 s\n", (unsigned long long)(b - a));
+    assert_in_range(b - a, 1, 4);
+
+    /* A worker refreshing every 1000 ms in a 3000 ms lease: its own handle
+     * looks for the refreshes, the router's for nothing much. */
+    wreg = fx_reg(f, 0, 3000, 1000);
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
+    swh_sleep_ms(200);
+    a = swx_registry_ticks(rreg);
+    {
+        uint64_t wa = swx_registry_ticks(wreg), wb;
+        swh_sleep_ms(3000);
+        wb = swx_registry_ticks(wreg);
+        b = swx_registry_ticks(rreg);
+        print_message("    one entry: %llu looks (worker), %llu (router) in 3 s\n",
+                      (unsigned long long)(wb - wa), (unsigned long long)(b - a));
+        assert_in_range(wb - wa, 2, 8);
+        assert_in_range(b - a, 2, 6);
+    }
+    assert_true(listed(rreg, NULL, fx_id(f, 0), NULL));
+
+    /* Just after a look, the router's handle rests ~1 s. A worker with a
+     * 300 ms lease registers and stops at once: its entry lapses ~300 ms
+     * after its one sighting, not at the end of that rest. */
+    a = swx_registry_ticks(rreg);
+    while ((b = swx_registry_ticks(rreg)) == a)
+        swh_sleep_ms(1);
+    t0 = now_ms();
+    sreg = fx_reg(f, 2, 300, 100);
+    fx_worker(f, 1, EP1);
+    assert_int_equal(sw_registry_register(sreg, &f->rg[1]), SW_OK);
+    fx_reg_close(f, 2);
+    assert_true(wait_listed(rreg, fx_id(f, 1), 1, T(2000)));
+    assert_true(wait_listed(rreg, fx_id(f, 1), 0, T(3000)));
+    t_gone = now_ms() - t0;
+    print_message("    lease 300 ms, seen in a rest: gone %lld ms after it registered\n",
+                  (long long)t_gone);
+    assert_true(t_gone >= 250);
+    assert_true(t_gone < 800);
+}
+
 /* One entry per (test, backend): "name [backend]". */
 #define RT(f, be)                                      \
     {                                                  \
@@ -2809,7 +2872,7 @@ blind_watch_reads_the_store(void **state)
         RT(foreign_key_entry_ignored, be), RT(report_silent_refused_when_refreshed, be),           \
         RT(pool_report_does_not_block, be), RT(store_outage_holds_leases, be),                     \
         RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be),     \
-        RT(recorded_tombstone_put_back_is_ignored, be)
+        RT(recorded_tombstone_put_back_is_ignored, be), RT(idle_registry_rests, be)
 
 int
 main(int argc, char **argv)

@@ -3,7 +3,6 @@
  * and a max age that garbage-collects entries nobody refreshes any more
  * (liveness itself is judged by the registry core from refresh revisions,
  * since nats-server 2.9 has no per-key TTL). */
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,16 +23,50 @@ typedef struct kv_state {
     swi_logger log;
 } kv_state;
 
+/* The watch: an ordered consumer of the whole bucket (nats.c's own
+ * kvWatcher, but asynchronous), whose messages nats.c's delivery thread
+ * hands to kv_watch_on_msg. nats.c 3.4's kvWatcher is synchronous only: a
+ * thread of ours waited in kvWatcher_Next 50 ms at a time to look at its
+ * stop flag (it cannot be stopped while it waits without leaking the
+ * message Next took), 20 wake-ups a second for an idle registry.
+ *
+ * A consumer is made again when the connection comes back (it may have
+ * died with the old node, and nats.c would notice only after missed
+ * heartbeats, ~10 s, while live entries lapse) and when it ends by itself
+ * (nats.c gave up on it). That is the watch thread's work: it sleeps on a
+ * condition until the connection's listener, a consumer's end or
+ * kv_unwatch wakes it.
+ *
+ * Lock: kw->mu (a leaf but for the registry's own callback, which
+ * kv_watch_on_msg calls without it), over every field below and each
+ * kv_sub's. */
+typedef struct kv_sub {
+    struct kv_watch *kw;
+    natsSubscription *ns;
+    int in_cb;     /* callbacks running now */
+    int retired;   /* unsubscribed by us: its messages are not delivered */
+    int completed; /* nats.c's completion ran: no callback will come */
+    int dead;      /* closed before its completion could be set: none will */
+    struct kv_sub *next;
+} kv_sub;
+
 typedef struct kv_watch {
     kv_state *st;
-    kvWatcher *w;
     sw_registry_entry_fn fn;
     void *arg;
+    char pre[SW_MAX_TOKEN + 8]; /* "$KV.<bucket>." */
+    size_t npre;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    kv_sub *subs; /* the current consumer first, then retired ones until completed */
+    int stop;
+    int remake;          /* the current consumer ended by itself */
+    uint64_t reconnects; /* the connection's count when the current one was made */
     pthread_t thread;
     int started;
-    atomic_int stop;
-    uint64_t reconnects; /* the connection's count when the watcher was made */
-    int broken;          /* the watcher failed for good: make another (watch thread) */
+    int orphaned; /* a consumer may still call back: kw is never freed */
+    swt_listener lis;
+    struct kv_watch *next_orphan; /* on g_kv_orphans */
 } kv_watch;
 
 /* 1 if a JetStream API failure may pass by itself: a clustered JetStream
@@ -203,60 +236,221 @@ kv_list(void *state, sw_registry_entry_fn fn, void *arg)
     return sw_err_from_nats(s);
 }
 
-/* How often the watch thread looks at its stop flag. We never call
- * kvWatcher_Stop while it waits in kvWatcher_Next: nats.c 3.4 leaks the
- * message that Next received if the watcher was stopped meanwhile. */
-#define KV_WATCH_POLL_MS 50
+/* Watches that a consumer may still call back (kv_sub_make, kv_unwatch):
+ * kept for the life of the process, reachable. */
+static pthread_mutex_t g_kv_orphans_mu = PTHREAD_MUTEX_INITIALIZER;
+static kv_watch *g_kv_orphans;
+
+static void
+kv_watch_orphan(kv_watch *kw)
+{
+    pthread_mutex_lock(&g_kv_orphans_mu);
+    kw->next_orphan = g_kv_orphans;
+    g_kv_orphans = kw;
+    pthread_mutex_unlock(&g_kv_orphans_mu);
+}
+
+/* A message of the bucket's stream, handed to the registry as an entry. */
+static void
+kv_emit_msg(kv_watch *kw, natsMsg *msg)
+{
+    const char *subj = natsMsg_GetSubject(msg), *op = NULL;
+    jsMsgMetaData *meta = NULL;
+    sw_registry_entry re;
+    int deleted;
+    if (subj == NULL || strncmp(subj, kw->pre, kw->npre) != 0 || subj[kw->npre] == '\0' ||
+        natsMsg_GetMetaData(&meta, msg) != NATS_OK)
+        return;
+    deleted = natsMsgHeader_Get(msg, "KV-Operation", &op) == NATS_OK && op != NULL &&
+              (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0);
+    re.key = subj + kw->npre;
+    re.value = (const uint8_t *)natsMsg_GetData(msg);
+    re.len = (size_t)natsMsg_GetDataLength(msg);
+    re.revision = meta->Sequence.Stream;
+    re.created_unix_ms = meta->Timestamp / 1000000; /* nanoseconds */
+    kw->fn(kw->arg, &re, deleted);
+    jsMsgMetaData_Destroy(meta);
+}
+
+static void
+kv_watch_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *closure)
+{
+    kv_sub *ks = closure;
+    kv_watch *kw = ks->kw;
+    int live;
+    (void)nc;
+    (void)ns;
+    pthread_mutex_lock(&kw->mu);
+    live = !ks->retired && !ks->dead;
+    ks->in_cb += live;
+    pthread_mutex_unlock(&kw->mu);
+    if (live) {
+        kv_emit_msg(kw, msg);
+        pthread_mutex_lock(&kw->mu);
+        if (--ks->in_cb == 0)
+            pthread_cond_broadcast(&kw->cv);
+        pthread_mutex_unlock(&kw->mu);
+    }
+    natsMsg_Destroy(msg);
+}
+
+/* nats.c's last word on a consumer: its callback has returned for the last
+ * time. One we did not retire ended by itself: made again. */
+static void
+kv_watch_on_complete(void *closure)
+{
+    kv_sub *ks = closure;
+    kv_watch *kw = ks->kw;
+    pthread_mutex_lock(&kw->mu);
+    ks->completed = 1;
+    if (!ks->retired)
+        kw->remake = 1;
+    pthread_cond_broadcast(&kw->cv);
+    pthread_mutex_unlock(&kw->mu);
+}
+
+/* The connection's state changed (nats.c's callback thread, its listener
+ * lock held): the watch thread looks. */
+static void
+kv_watch_on_state(void *arg, sw_conn_state st)
+{
+    kv_watch *kw = arg;
+    (void)st;
+    pthread_mutex_lock(&kw->mu);
+    pthread_cond_broadcast(&kw->cv);
+    pthread_mutex_unlock(&kw->mu);
+}
+
+/* A new consumer from the bucket's current values on, at the head of
+ * kw->subs (kw->mu not held). */
+static sw_err
+kv_sub_make(kv_watch *kw)
+{
+    kv_sub *ks = calloc(1, sizeof(*ks));
+    jsSubOptions so;
+    char subj[sizeof(kw->pre) + 1], stream[SW_MAX_TOKEN + 8];
+    natsStatus s;
+    if (ks == NULL)
+        return SW_ENOMEM;
+    ks->kw = kw;
+    snprintf(subj, sizeof(subj), "%s>", kw->pre);
+    snprintf(stream, sizeof(stream), "KV_%s", kvStore_Bucket(kw->st->kv));
+    jsSubOptions_Init(&so);
+    so.Stream = stream;
+    so.Ordered = true;
+    so.Config.DeliverPolicy = js_DeliverLastPerSubject;
+    s = js_Subscribe(&ks->ns, kw->st->js, subj, kv_watch_on_msg, ks, NULL, &so, NULL);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(ks->ns, -1, -1);
+    if (s == NATS_OK)
+        s = natsSubscription_SetOnCompleteCB(ks->ns, kv_watch_on_complete, ks);
+    if (s != NATS_OK && ks->ns != NULL) {
+        /* Closed under us (the connection closed): no completion will say
+         * when a callback nats.c already started returns. Callbacks from
+         * now on do nothing, a running one is waited for, and the consumer
+         * is kept (so is kw: kv_unwatch leaves it) for the life of the
+         * process, as transport/sub.c keeps such subscriptions. */
+        pthread_mutex_lock(&kw->mu);
+        ks->dead = 1;
+        kw->orphaned = 1;
+        while (ks->in_cb > 0)
+            pthread_cond_wait(&kw->cv, &kw->mu);
+        ks->next = kw->subs;
+        kw->subs = ks;
+        pthread_mutex_unlock(&kw->mu);
+        natsSubscription_Unsubscribe(ks->ns);
+        return sw_err_from_nats(s);
+    }
+    if (s != NATS_OK) {
+        free(ks);
+        return sw_err_from_nats(s);
+    }
+    pthread_mutex_lock(&kw->mu);
+    ks->next = kw->subs;
+    kw->subs = ks;
+    pthread_mutex_unlock(&kw->mu);
+    return SW_OK;
+}
+
+/* Retires every consumer but the first (kw->mu held); returns the ones to
+ * unsubscribe, which the caller does without the lock. */
+static size_t
+kv_subs_retire(kv_watch *kw, kv_sub *from, natsSubscription **out, size_t cap)
+{
+    size_t n = 0;
+    for (kv_sub *ks = from; ks != NULL; ks = ks->next)
+        if (!ks->retired) {
+            ks->retired = 1;
+            if (!ks->completed && n < cap)
+                out[n++] = ks->ns;
+        }
+    return n;
+}
+
+/* Frees the consumers that completed, but the current one (kw->mu held). */
+static void
+kv_subs_reap(kv_watch *kw)
+{
+    kv_sub **p = &kw->subs;
+    while (*p != NULL) {
+        kv_sub *ks = *p;
+        if (ks->completed && ks->retired && !ks->dead) {
+            *p = ks->next;
+            natsSubscription_Destroy(ks->ns);
+            free(ks);
+        } else {
+            p = &ks->next;
+        }
+    }
+}
+
+/* How long to wait before trying again to make a consumer that failed. */
+#define KV_WATCH_RETRY_MS 100
 
 static void *
 kv_watch_main(void *arg)
 {
     kv_watch *kw = arg;
+    int64_t retry_at = 0;
+    pthread_mutex_lock(&kw->mu);
     while (!kw->stop) {
-        kvEntry *e = NULL;
-        natsStatus s;
         uint64_t rc = sw_conn_reconnects(kw->st->conn);
-        if (rc != kw->reconnects || kw->broken) {
-            /* Reconnected (maybe to another node): the watcher's consumer
-             * may have died with the old one, and nats.c would notice only
-             * after missed heartbeats (about 10 s, during which the view
-             * gets no keep-alives and live entries lapse). A new watcher at
-             * once replays the current values; the core drops what it knows. */
-            kvWatcher *nw = NULL;
-            kvWatchOptions o;
-            kvWatchOptions_Init(&o);
-            if (kvStore_WatchAll(&nw, kw->st->kv, &o) == NATS_OK) {
-                kvWatcher_Destroy(kw->w);
-                kw->w = nw;
-                kw->reconnects = rc;
-                kw->broken = 0;
-            } else if (kw->broken) {
-                struct timespec ts = {0, KV_WATCH_POLL_MS * 1000000L};
-                nanosleep(&ts, NULL);
+        int want = kw->remake || rc != kw->reconnects;
+        kv_subs_reap(kw);
+        if (want && sw_conn_status(kw->st->conn) == SW_CONN_CLOSED) {
+            kw->remake = 0; /* closed for good: nothing will ever come */
+            kw->reconnects = rc;
+            want = 0;
+        }
+        if (want && sw_conn_status(kw->st->conn) == SW_CONN_CONNECTED) {
+            kv_sub *old = kw->subs;
+            natsSubscription *gone[8];
+            size_t n;
+            if (swi_now_ms() < retry_at) { /* the last try failed */
+                swi_cond_wait_until(&kw->cv, &kw->mu, retry_at);
                 continue;
             }
-        }
-        s = kvWatcher_Next(&e, kw->w, KV_WATCH_POLL_MS);
-        if (s == NATS_OK && e != NULL) {
-            kv_emit(e, kw->fn, kw->arg);
-            kvEntry_Destroy(e);
-        } else if (s != NATS_OK && s != NATS_TIMEOUT) {
-            /* Closed for good: nothing will ever come (issue 11 #6: this
-             * loop spun at 100% of a core). A watcher that broke (nats.c
-             * gave up on its consumer, e.g. after a partition) is made
-             * again; any other error (a reconnect in progress): wait a poll
-             * interval rather than spin. */
-            if (kw->stop || s == NATS_CONNECTION_CLOSED ||
-                sw_conn_status(kw->st->conn) == SW_CONN_CLOSED)
-                break;
-            if (s == NATS_ILLEGAL_STATE || s == NATS_INVALID_SUBSCRIPTION)
-                kw->broken = 1;
-            {
-                struct timespec ts = {0, KV_WATCH_POLL_MS * 1000000L};
-                nanosleep(&ts, NULL);
+            kw->remake = 0;
+            pthread_mutex_unlock(&kw->mu);
+            if (kv_sub_make(kw) != SW_OK) {
+                pthread_mutex_lock(&kw->mu);
+                kw->remake = 1;
+                retry_at = swi_now_ms() + KV_WATCH_RETRY_MS;
+                continue;
             }
+            pthread_mutex_lock(&kw->mu);
+            kw->reconnects = rc;
+            n = kv_subs_retire(kw, old, gone, 8);
+            pthread_mutex_unlock(&kw->mu);
+            for (size_t i = 0; i < n; i++)
+                natsSubscription_Unsubscribe(gone[i]);
+            pthread_mutex_lock(&kw->mu);
+            continue;
         }
+        /* Nothing to do, or down: the listener wakes us when it is back. */
+        pthread_cond_wait(&kw->cv, &kw->mu);
     }
+    pthread_mutex_unlock(&kw->mu);
     return NULL;
 }
 
@@ -265,26 +459,36 @@ kv_watch_add(void *state, sw_registry_entry_fn fn, void *arg, void **handle)
 {
     kv_state *st = state;
     kv_watch *kw = calloc(1, sizeof(*kw));
-    kvWatchOptions o;
-    natsStatus s;
+    sw_err rv;
     if (kw == NULL)
         return SW_ENOMEM;
     kw->st = st;
     kw->fn = fn;
     kw->arg = arg;
-    kvWatchOptions_Init(&o);
+    snprintf(kw->pre, sizeof(kw->pre), "$KV.%s.", kvStore_Bucket(st->kv));
+    kw->npre = strlen(kw->pre);
+    pthread_mutex_init(&kw->mu, NULL);
+    swi_cond_init(&kw->cv);
     kw->reconnects = sw_conn_reconnects(st->conn);
-    s = kvStore_WatchAll(&kw->w, st->kv, &o);
-    if (s != NATS_OK) {
-        free(kw);
-        return sw_err_from_nats(s);
+    if ((rv = kv_sub_make(kw)) != SW_OK) {
+        if (kw->orphaned) {
+            kv_watch_orphan(kw);
+        } else {
+            pthread_mutex_destroy(&kw->mu);
+            pthread_cond_destroy(&kw->cv);
+            free(kw);
+        }
+        return rv;
     }
+    kw->lis.fn = kv_watch_on_state;
+    kw->lis.arg = kw;
+    swt_conn_listen(st->conn, &kw->lis);
     if (pthread_create(&kw->thread, NULL, kv_watch_main, kw) != 0) {
-        kvWatcher_Destroy(kw->w);
-        free(kw);
-        return SW_ENOMEM;
+        /* No thread: nothing makes the consumer again after a reconnect. */
+        kw->started = 0;
+    } else {
+        kw->started = 1;
     }
-    kw->started = 1;
     *handle = kw;
     return SW_OK;
 }
@@ -293,11 +497,49 @@ static void
 kv_unwatch(void *state, void *handle)
 {
     kv_watch *kw = handle;
+    natsSubscription *gone[16];
+    size_t n;
+    int64_t until;
     (void)state;
+    swt_conn_unlisten(kw->st->conn, &kw->lis);
+    pthread_mutex_lock(&kw->mu);
     kw->stop = 1;
+    pthread_cond_broadcast(&kw->cv);
+    pthread_mutex_unlock(&kw->mu);
     if (kw->started)
-        pthread_join(kw->thread, NULL); /* within KV_WATCH_POLL_MS */
-    kvWatcher_Destroy(kw->w);
+        pthread_join(kw->thread, NULL);
+    pthread_mutex_lock(&kw->mu);
+    n = kv_subs_retire(kw, kw->subs, gone, 16);
+    pthread_mutex_unlock(&kw->mu);
+    for (size_t i = 0; i < n; i++)
+        natsSubscription_Unsubscribe(gone[i]);
+    /* The completion comes after a callback's last return. The bound only
+     * guards against one that never comes: then kw is left allocated
+     * rather than freed under a running callback. */
+    pthread_mutex_lock(&kw->mu);
+    until = swi_now_ms() + 10000;
+    for (;;) {
+        int pending = 0;
+        for (kv_sub *ks = kw->subs; ks != NULL; ks = ks->next)
+            pending |= !ks->completed && !ks->dead;
+        if (!pending || swi_now_ms() >= until) {
+            if (pending)
+                kw->orphaned = 1;
+            break;
+        }
+        swi_cond_wait_until(&kw->cv, &kw->mu, until);
+    }
+    if (kw->orphaned) {
+        pthread_mutex_unlock(&kw->mu);
+        swi_log(&kw->st->log, SW_LOG_ERROR,
+                "registry: a watch consumer did not complete; its watch is left allocated");
+        kv_watch_orphan(kw);
+        return;
+    }
+    kv_subs_reap(kw);
+    pthread_mutex_unlock(&kw->mu);
+    pthread_mutex_destroy(&kw->mu);
+    pthread_cond_destroy(&kw->cv);
     free(kw);
 }
 

@@ -101,6 +101,33 @@ swt_set_state(sw_conn *c, sw_conn_state st)
                      __ATOMIC_RELEASE);
     if (old != (int)st && c->on_state != NULL)
         c->on_state(c, st, c->on_state_arg);
+    if (old != (int)st) {
+        pthread_mutex_lock(&c->lis_mu);
+        for (swt_listener *l = c->lis; l != NULL; l = l->next)
+            l->fn(l->arg, st);
+        pthread_mutex_unlock(&c->lis_mu);
+    }
+}
+
+void
+swt_conn_listen(sw_conn *c, swt_listener *l)
+{
+    pthread_mutex_lock(&c->lis_mu);
+    l->next = c->lis;
+    c->lis = l;
+    pthread_mutex_unlock(&c->lis_mu);
+}
+
+void
+swt_conn_unlisten(sw_conn *c, swt_listener *l)
+{
+    pthread_mutex_lock(&c->lis_mu);
+    for (swt_listener **p = &c->lis; *p != NULL; p = &(*p)->next)
+        if (*p == l) {
+            *p = l->next;
+            break;
+        }
+    pthread_mutex_unlock(&c->lis_mu);
 }
 
 static void
@@ -226,6 +253,7 @@ conn_free(sw_conn *c)
     pthread_mutex_destroy(&c->cb_mu);
     pthread_cond_destroy(&c->cb_cv);
     pthread_mutex_destroy(&c->subs_mu);
+    pthread_mutex_destroy(&c->lis_mu);
     free(c);
 }
 
@@ -256,6 +284,7 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     pthread_mutex_init(&c->cb_mu, NULL);
     swi_cond_init(&c->cb_cv);
     pthread_mutex_init(&c->subs_mu, NULL);
+    pthread_mutex_init(&c->lis_mu, NULL);
 
     s = natsOptions_Create(&c->opts);
     if (s == NATS_OK)

@@ -41,6 +41,10 @@ struct sw_conn {
     int refs;       /* atomic */
     swt_tap_fn tap; /* swt_conn_set_tap (atomic: stored after tap_arg) */
     void *tap_arg;
+    /* Internal listeners of the state (swt_conn_listen), called under
+     * lis_mu, a leaf but for what the listeners take. */
+    pthread_mutex_t lis_mu;
+    swt_listener *lis;
 };
 
 /* Calls c's timing tap, if one is set (swt_conn_set_tap). */

@@ -182,6 +182,23 @@ void swt_sub_drain_start(sw_conn *c, swt_sub *sub);
  * only just come back. */
 int64_t swt_conn_up_since_ms(sw_conn *c);
 
+/* An internal listener of the connection's state, for a component that
+ * must act at once when the connection comes back (the KV registry's
+ * watch) rather than look every few milliseconds. The caller owns the node
+ * and keeps it until swt_conn_unlisten. fn(arg, state) runs on nats.c's
+ * callback thread at each change, after the application's
+ * sw_conn_state_fn, with c's listener lock held: it must only record and
+ * signal (take its own leaf lock at most), never call into c or block. */
+typedef struct swt_listener {
+    void (*fn)(void *arg, sw_conn_state st);
+    void *arg;
+    struct swt_listener *next;
+} swt_listener;
+void swt_conn_listen(sw_conn *c, swt_listener *l);
+/* Removes l; when it returns, l->fn is not running and is not called
+ * again. Not from inside fn. */
+void swt_conn_unlisten(sw_conn *c, swt_listener *l);
+
 /* 1 while the connection is up (not reconnecting, not closed). */
 int swt_connected(sw_conn *c);
 /* Flushes what was published and waits for the server's answer, if

@@ -44,18 +44,21 @@ swi_ticker_start(swi_ticker *t, unsigned period_ms, void (*fn)(void *arg, int64_
         pthread_cond_destroy(&t->cv);
         return -1;
     }
-    t->started = 1;
+    t->inited = 1;
+    __atomic_store_n(&t->started, 1, __ATOMIC_RELEASE);
     return 0;
 }
 
 void
 swi_ticker_kick(swi_ticker *t)
 {
-    if (!t->started)
+    if (!__atomic_load_n(&t->started, __ATOMIC_ACQUIRE))
         return;
     pthread_mutex_lock(&t->mu);
-    t->kicked = 1;
-    pthread_cond_broadcast(&t->cv);
+    if (!t->stop) {
+        t->kicked = 1;
+        pthread_cond_broadcast(&t->cv);
+    }
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -72,16 +75,29 @@ swi_ticker_rest(swi_ticker *t, unsigned ms)
 void
 swi_ticker_stop(swi_ticker *t)
 {
-    if (!t->started)
+    if (!__atomic_load_n(&t->started, __ATOMIC_ACQUIRE))
         return;
     pthread_mutex_lock(&t->mu);
     t->stop = 1;
     pthread_cond_broadcast(&t->cv);
     pthread_mutex_unlock(&t->mu);
     pthread_join(t->th, NULL);
-    pthread_mutex_destroy(&t->mu);
-    pthread_cond_destroy(&t->cv);
-    t->started = 0;
+    /* mu and cv stay: a kick that saw `started` a moment ago takes mu
+     * next, finds `stop` and does nothing (swi_ticker_fini frees them).
+     * They used to be destroyed here, under such a kick (a probe reply
+     * waking a router being destroyed: TSan). */
+    __atomic_store_n(&t->started, 0, __ATOMIC_RELEASE);
+}
+
+void
+swi_ticker_fini(swi_ticker *t)
+{
+    swi_ticker_stop(t);
+    if (t->inited) {
+        pthread_mutex_destroy(&t->mu);
+        pthread_cond_destroy(&t->cv);
+        t->inited = 0;
+    }
 }
 
 /* ---------------------------------------------------------------- due times */

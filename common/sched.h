@@ -30,7 +30,8 @@ typedef struct swi_ticker {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int started;
+    int started; /* the thread runs (atomic: a kick may look at any time) */
+    int inited;  /* mu and cv are initialised (until swi_ticker_fini) */
     int stop;
     int kicked;
     unsigned period_ms;
@@ -74,8 +75,14 @@ swi_ticker_wake(swi_ticker *t, int level)
         swi_ticker_kick(t);
 }
 /* Stops and joins the thread; after it returns fn is not running. Safe on a
- * ticker that never started (zeroed). Not from inside fn. */
+ * ticker that never started (zeroed). Not from inside fn. A kick from
+ * another thread from then on (a message handler still running while its
+ * owner closes) does nothing: the lock it takes stays valid until
+ * swi_ticker_fini. */
 void swi_ticker_stop(swi_ticker *t);
+/* Stops the ticker if need be and releases its lock; for its owner's free,
+ * once nothing can kick it any more. Safe on a zeroed ticker. */
+void swi_ticker_fini(swi_ticker *t);
 
 /* ---------------------------------------------------------------- due times */
 

@@ -12,6 +12,7 @@ swe_router_unref(sw_router *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
+    swi_ticker_fini(&r->ticker); /* (stopped by sw_router_destroy) */
     swi_idmap_fini(&r->streams);
     swi_duetab_fini(&r->due);
     swr_pool_destroy(r->pool);

@@ -27,6 +27,8 @@ ing_unref(sw_ingress *ing)
     swn_early_fini(ing);
     swi_peers_fini(&ing->peers);
     free(ing->live_vec.v);
+    swi_ticker_fini(&ing->timer); /* (stopped by ing_stop) */
+    swi_ticker_fini(&ing->live_ticker);
     pthread_mutex_destroy(&ing->live_mu);
     pthread_mutex_destroy(&ing->req_mu);
     pthread_mutex_destroy(&ing->smu);

@@ -219,7 +219,7 @@ swr_pool_destroy(swr_pool *p)
     if (p == NULL)
         return;
     swr_pool_detach(p);
-    swi_ticker_stop(&p->reporter);
+    swi_ticker_fini(&p->reporter);
     pool_report_tick(p, swi_now_ms()); /* what is still queued goes out now */
     pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->rmu);

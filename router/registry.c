@@ -177,7 +177,7 @@ sw_registry_close(sw_registry *reg)
     pthread_mutex_lock(&reg->mu);
     reg->stopping = 1;
     pthread_mutex_unlock(&reg->mu);
-    swi_ticker_stop(&reg->ticker); /* no-op if it never started */
+    swi_ticker_fini(&reg->ticker); /* no-op if it never started */
     if (reg->bs != NULL)
         reg->be->close(reg->bs);
     while (reg->eh != NULL) {

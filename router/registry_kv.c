@@ -23,31 +23,41 @@ typedef struct kv_state {
     swi_logger log;
 } kv_state;
 
-/* The watch: an ordered consumer of the whole bucket (nats.c's own
- * kvWatcher, but asynchronous), whose messages nats.c's delivery thread
- * hands to kv_watch_on_msg. nats.c 3.4's kvWatcher is synchronous only: a
- * thread of ours waited in kvWatcher_Next 50 ms at a time to look at its
- * stop flag (it cannot be stopped while it waits without leaking the
- * message Next took), 20 wake-ups a second for an idle registry.
+/* The watch: an ordered consumer of the whole bucket (what nats.c's own
+ * kvWatcher makes, but asynchronous), whose messages nats.c's delivery
+ * thread hands to kv_watch_on_msg. nats.c 3.4's kvWatcher is synchronous
+ * only: a thread of ours waited in kvWatcher_Next 50 ms at a time to look
+ * at its stop flag (it cannot be stopped while it waits without leaking
+ * the message Next took), 20 wake-ups a second for an idle registry.
  *
  * A consumer is made again when the connection comes back (it may have
  * died with the old node, and nats.c would notice only after missed
- * heartbeats, ~10 s, while live entries lapse) and when it ends by itself
- * (nats.c gave up on it). That is the watch thread's work: it sleeps on a
- * condition until the connection's listener, a consumer's end or
- * kv_unwatch wakes it.
+ * heartbeats, ~10 s, while live entries lapse) and when it ends by itself.
+ * That is the watch thread's work: it sleeps on a condition until the
+ * connection's listener, a consumer's end or kv_unwatch wakes it.
  *
- * Lock: kw->mu (a leaf but for the registry's own callback, which
- * kv_watch_on_msg calls without it), over every field below and each
- * kv_sub's. */
+ * nats.c is given an id, not a pointer, as each consumer's closure: its
+ * delivery thread may call back after any step we take (a message taken
+ * just before an unsubscribe, or pushed before js_Subscribe failed and
+ * destroyed the subscription itself). A callback finds its consumer by id
+ * in g_kv_subs; once it is taken out of there (and the callbacks that found
+ * it have returned, in_cb), later ones do nothing, and it can be freed.
+ *
+ * Lock: g_kv_mu, over every field of kv_sub and kv_watch's subs, stop,
+ * remake and reconnects; taken under the connection's listener lock
+ * (kv_watch_on_state); nothing of ours is taken under it, and it is never
+ * held while the registry's callback runs or across a nats.c call that
+ * waits on the server. */
 typedef struct kv_sub {
     struct kv_watch *kw;
     natsSubscription *ns;
-    int in_cb;     /* callbacks running now */
-    int retired;   /* unsubscribed by us: its messages are not delivered */
-    int completed; /* nats.c's completion ran: no callback will come */
-    int dead;      /* closed before its completion could be set: none will */
-    struct kv_sub *next;
+    uint64_t id;          /* the callbacks' closure */
+    int in_cb;            /* callbacks running our code now */
+    int retired;          /* replaced or closing: its messages are not delivered */
+    int unsubbed;         /* closed (natsSubscription_Destroy) */
+    int completed;        /* nats.c's completion ran */
+    struct kv_sub *next;  /* the watch's consumers */
+    struct kv_sub *gnext; /* g_kv_subs */
 } kv_sub;
 
 typedef struct kv_watch {
@@ -56,17 +66,13 @@ typedef struct kv_watch {
     void *arg;
     char pre[SW_MAX_TOKEN + 8]; /* "$KV.<bucket>." */
     size_t npre;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    kv_sub *subs; /* the current consumer first, then retired ones until completed */
+    pthread_cond_t cv; /* with g_kv_mu: the watch thread sleeps on it */
+    kv_sub *subs;      /* the current consumer first, then retired ones */
     int stop;
     int remake;          /* the current consumer ended by itself */
     uint64_t reconnects; /* the connection's count when the current one was made */
     pthread_t thread;
-    int started;
-    int orphaned; /* a consumer may still call back: kw is never freed */
     swt_listener lis;
-    struct kv_watch *next_orphan; /* on g_kv_orphans */
 } kv_watch;
 
 /* 1 if a JetStream API failure may pass by itself: a clustered JetStream
@@ -114,6 +120,7 @@ kv_open_replicas(void **state, sw_conn *conn, const char *bucket, uint32_t max_a
     if ((st = calloc(1, sizeof(*st))) == NULL)
         return SW_ENOMEM;
     st->conn = conn;
+    st->log = *swt_conn_log(conn);
     s = natsConnection_JetStream(&st->js, (natsConnection *)sw_conn_nats(conn), NULL);
     if (s == NATS_OK) {
         /* A cluster that has just started, or lost a node, may need a few
@@ -236,18 +243,33 @@ kv_list(void *state, sw_registry_entry_fn fn, void *arg)
     return sw_err_from_nats(s);
 }
 
-/* Watches that a consumer may still call back (kv_sub_make, kv_unwatch):
- * kept for the life of the process, reachable. */
-static pthread_mutex_t g_kv_orphans_mu = PTHREAD_MUTEX_INITIALIZER;
-static kv_watch *g_kv_orphans;
+static pthread_mutex_t g_kv_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_kv_cv = PTHREAD_COND_INITIALIZER; /* an in_cb fell to 0 */
+static kv_sub *g_kv_subs;
+static uint64_t g_kv_next_id;
 
-static void
-kv_watch_orphan(kv_watch *kw)
+/* The consumer with this id, if it is still known (g_kv_mu held). */
+static kv_sub *
+kv_sub_find(uint64_t id)
 {
-    pthread_mutex_lock(&g_kv_orphans_mu);
-    kw->next_orphan = g_kv_orphans;
-    g_kv_orphans = kw;
-    pthread_mutex_unlock(&g_kv_orphans_mu);
+    for (kv_sub *ks = g_kv_subs; ks != NULL; ks = ks->gnext)
+        if (ks->id == id)
+            return ks;
+    return NULL;
+}
+
+/* Takes ks out of g_kv_subs and waits for the callbacks that found it:
+ * then nothing of nats.c's reaches it (g_kv_mu held). */
+static void
+kv_sub_forget(kv_sub *ks)
+{
+    for (kv_sub **p = &g_kv_subs; *p != NULL; p = &(*p)->gnext)
+        if (*p == ks) {
+            *p = ks->gnext;
+            break;
+        }
+    while (ks->in_cb > 0)
+        pthread_cond_wait(&g_kv_cv, &g_kv_mu);
 }
 
 /* A message of the bucket's stream, handed to the registry as an entry. */
@@ -275,38 +297,42 @@ kv_emit_msg(kv_watch *kw, natsMsg *msg)
 static void
 kv_watch_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *closure)
 {
-    kv_sub *ks = closure;
-    kv_watch *kw = ks->kw;
-    int live;
+    kv_sub *ks;
     (void)nc;
     (void)ns;
-    pthread_mutex_lock(&kw->mu);
-    live = !ks->retired && !ks->dead;
-    ks->in_cb += live;
-    pthread_mutex_unlock(&kw->mu);
-    if (live) {
-        kv_emit_msg(kw, msg);
-        pthread_mutex_lock(&kw->mu);
+    pthread_mutex_lock(&g_kv_mu);
+    ks = kv_sub_find((uint64_t)(uintptr_t)closure);
+    if (ks != NULL && ks->retired)
+        ks = NULL;
+    if (ks != NULL)
+        ks->in_cb++;
+    pthread_mutex_unlock(&g_kv_mu);
+    if (ks != NULL) {
+        kv_emit_msg(ks->kw, msg);
+        pthread_mutex_lock(&g_kv_mu);
         if (--ks->in_cb == 0)
-            pthread_cond_broadcast(&kw->cv);
-        pthread_mutex_unlock(&kw->mu);
+            pthread_cond_broadcast(&g_kv_cv);
+        pthread_mutex_unlock(&g_kv_mu);
     }
     natsMsg_Destroy(msg);
 }
 
-/* nats.c's last word on a consumer: its callback has returned for the last
- * time. One we did not retire ended by itself: made again. */
+/* nats.c's last word on a consumer. One we did not retire ended by itself
+ * (in nats.c 3.4, only with the connection): made again if it can be. */
 static void
 kv_watch_on_complete(void *closure)
 {
-    kv_sub *ks = closure;
-    kv_watch *kw = ks->kw;
-    pthread_mutex_lock(&kw->mu);
-    ks->completed = 1;
-    if (!ks->retired)
-        kw->remake = 1;
-    pthread_cond_broadcast(&kw->cv);
-    pthread_mutex_unlock(&kw->mu);
+    kv_sub *ks;
+    pthread_mutex_lock(&g_kv_mu);
+    ks = kv_sub_find((uint64_t)(uintptr_t)closure);
+    if (ks != NULL) {
+        ks->completed = 1;
+        if (!ks->retired) {
+            ks->kw->remake = 1;
+            pthread_cond_broadcast(&ks->kw->cv);
+        }
+    }
+    pthread_mutex_unlock(&g_kv_mu);
 }
 
 /* The connection's state changed (nats.c's callback thread, its listener
@@ -316,87 +342,96 @@ kv_watch_on_state(void *arg, sw_conn_state st)
 {
     kv_watch *kw = arg;
     (void)st;
-    pthread_mutex_lock(&kw->mu);
+    pthread_mutex_lock(&g_kv_mu);
     pthread_cond_broadcast(&kw->cv);
-    pthread_mutex_unlock(&kw->mu);
+    pthread_mutex_unlock(&g_kv_mu);
 }
 
 /* A new consumer from the bucket's current values on, at the head of
- * kw->subs (kw->mu not held). */
+ * kw->subs (g_kv_mu not held). */
 static sw_err
 kv_sub_make(kv_watch *kw)
 {
     kv_sub *ks = calloc(1, sizeof(*ks));
+    natsSubscription *ns = NULL;
     jsSubOptions so;
     char subj[sizeof(kw->pre) + 1], stream[SW_MAX_TOKEN + 8];
+    void *closure;
     natsStatus s;
     if (ks == NULL)
         return SW_ENOMEM;
     ks->kw = kw;
+    pthread_mutex_lock(&g_kv_mu);
+    ks->id = ++g_kv_next_id;
+    ks->gnext = g_kv_subs;
+    g_kv_subs = ks;
+    pthread_mutex_unlock(&g_kv_mu);
+    closure = (void *)(uintptr_t)ks->id;
     snprintf(subj, sizeof(subj), "%s>", kw->pre);
     snprintf(stream, sizeof(stream), "KV_%s", kvStore_Bucket(kw->st->kv));
     jsSubOptions_Init(&so);
     so.Stream = stream;
     so.Ordered = true;
     so.Config.DeliverPolicy = js_DeliverLastPerSubject;
-    s = js_Subscribe(&ks->ns, kw->st->js, subj, kv_watch_on_msg, ks, NULL, &so, NULL);
+    s = js_Subscribe(&ns, kw->st->js, subj, kv_watch_on_msg, closure, NULL, &so, NULL);
     if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(ks->ns, -1, -1);
+        s = natsSubscription_SetPendingLimits(ns, -1, -1);
     if (s == NATS_OK)
-        s = natsSubscription_SetOnCompleteCB(ks->ns, kv_watch_on_complete, ks);
-    if (s != NATS_OK && ks->ns != NULL) {
-        /* Closed under us (the connection closed): no completion will say
-         * when a callback nats.c already started returns. Callbacks from
-         * now on do nothing, a running one is waited for, and the consumer
-         * is kept (so is kw: kv_unwatch leaves it) for the life of the
-         * process, as transport/sub.c keeps such subscriptions. */
-        pthread_mutex_lock(&kw->mu);
-        ks->dead = 1;
-        kw->orphaned = 1;
-        while (ks->in_cb > 0)
-            pthread_cond_wait(&kw->cv, &kw->mu);
-        ks->next = kw->subs;
-        kw->subs = ks;
-        pthread_mutex_unlock(&kw->mu);
-        natsSubscription_Unsubscribe(ks->ns);
-        return sw_err_from_nats(s);
-    }
+        s = natsSubscription_SetOnCompleteCB(ns, kv_watch_on_complete, closure);
     if (s != NATS_OK) {
+        /* (Closed under us, or never made: callbacks may still come, and
+         * find nothing.) */
+        natsSubscription_Destroy(ns); /* (NULL ok; see kv_subs_close_retired) */
+        pthread_mutex_lock(&g_kv_mu);
+        kv_sub_forget(ks);
+        pthread_mutex_unlock(&g_kv_mu);
         free(ks);
         return sw_err_from_nats(s);
     }
-    pthread_mutex_lock(&kw->mu);
+    pthread_mutex_lock(&g_kv_mu);
+    ks->ns = ns;
     ks->next = kw->subs;
     kw->subs = ks;
-    pthread_mutex_unlock(&kw->mu);
+    pthread_mutex_unlock(&g_kv_mu);
     return SW_OK;
 }
 
-/* Retires every consumer but the first (kw->mu held); returns the ones to
- * unsubscribe, which the caller does without the lock. */
-static size_t
-kv_subs_retire(kv_watch *kw, kv_sub *from, natsSubscription **out, size_t cap)
-{
-    size_t n = 0;
-    for (kv_sub *ks = from; ks != NULL; ks = ks->next)
-        if (!ks->retired) {
-            ks->retired = 1;
-            if (!ks->completed && n < cap)
-                out[n++] = ks->ns;
-        }
-    return n;
-}
-
-/* Frees the consumers that completed, but the current one (kw->mu held). */
+/* Closes the watch's retired consumers, one at a time without the lock,
+ * and frees those whose callbacks have returned; with `wait`, all of them,
+ * waiting for their callbacks (g_kv_mu held).
+ *
+ * natsSubscription_Destroy, not Unsubscribe: Unsubscribe also deletes the
+ * consumer on the server, and nats.c 3.4.1 reads the consumer's name for
+ * that without its lock while the ordered consumer's reset, which nats.c
+ * starts on every reconnect, frees it (a use-after-free that ASan caught in
+ * test_registry watch_survives_server_restart; nats.c's own kvWatcher_Destroy
+ * unsubscribes the same way). Destroy unsubscribes without deleting: the
+ * server drops an ephemeral consumer that has no interest by itself. */
 static void
-kv_subs_reap(kv_watch *kw)
+kv_subs_close_retired(kv_watch *kw, int wait)
 {
-    kv_sub **p = &kw->subs;
+    kv_sub **p;
+    for (;;) {
+        kv_sub *ks = NULL;
+        natsSubscription *ns;
+        for (kv_sub *k = kw->subs; k != NULL && ks == NULL; k = k->next)
+            if (k->retired && !k->unsubbed)
+                ks = k;
+        if (ks == NULL)
+            break;
+        ks->unsubbed = 1;
+        ns = ks->ns;
+        ks->ns = NULL;
+        pthread_mutex_unlock(&g_kv_mu);
+        natsSubscription_Destroy(ns); /* (nats.c's delivery thread holds its own reference) */
+        pthread_mutex_lock(&g_kv_mu);
+    }
+    p = &kw->subs;
     while (*p != NULL) {
         kv_sub *ks = *p;
-        if (ks->completed && ks->retired && !ks->dead) {
+        if (ks->unsubbed && (wait || ks->in_cb == 0)) {
             *p = ks->next;
-            natsSubscription_Destroy(ks->ns);
+            kv_sub_forget(ks);
             free(ks);
         } else {
             p = &ks->next;
@@ -412,46 +447,88 @@ kv_watch_main(void *arg)
 {
     kv_watch *kw = arg;
     int64_t retry_at = 0;
-    pthread_mutex_lock(&kw->mu);
+    int failing = 0;
+    pthread_mutex_lock(&g_kv_mu);
     while (!kw->stop) {
         uint64_t rc = sw_conn_reconnects(kw->st->conn);
         int want = kw->remake || rc != kw->reconnects;
-        kv_subs_reap(kw);
+        kv_subs_close_retired(kw, 0);
+        if (kw->stop)
+            break;
         if (want && sw_conn_status(kw->st->conn) == SW_CONN_CLOSED) {
             kw->remake = 0; /* closed for good: nothing will ever come */
             kw->reconnects = rc;
             want = 0;
         }
         if (want && sw_conn_status(kw->st->conn) == SW_CONN_CONNECTED) {
-            kv_sub *old = kw->subs;
-            natsSubscription *gone[8];
-            size_t n;
+            sw_err e;
             if (swi_now_ms() < retry_at) { /* the last try failed */
-                swi_cond_wait_until(&kw->cv, &kw->mu, retry_at);
+                swi_cond_wait_until(&kw->cv, &g_kv_mu, retry_at);
                 continue;
             }
+            /* The old consumer's messages stop here: the new one replays
+             * every current value, and the two delivering side by side
+             * could hand the registry a put after the delete that
+             * follows it. */
+            for (kv_sub *k = kw->subs; k != NULL; k = k->next)
+                k->retired = 1;
             kw->remake = 0;
-            pthread_mutex_unlock(&kw->mu);
-            if (kv_sub_make(kw) != SW_OK) {
-                pthread_mutex_lock(&kw->mu);
+            pthread_mutex_unlock(&g_kv_mu);
+            e = kv_sub_make(kw);
+            pthread_mutex_lock(&g_kv_mu);
+            if (e != SW_OK) {
+                /* The old one, if it still works, goes on meanwhile. */
+                for (kv_sub *k = kw->subs; k != NULL; k = k->next)
+                    if (!k->unsubbed && !k->completed)
+                        k->retired = 0;
                 kw->remake = 1;
                 retry_at = swi_now_ms() + KV_WATCH_RETRY_MS;
+                if (!failing++) {
+                    pthread_mutex_unlock(&g_kv_mu);
+                    swi_log(&kw->st->log, SW_LOG_WARN,
+                            "registry: the store's watch could not be made again (%s); trying "
+                            "every %d ms",
+                            sw_err_name(e), KV_WATCH_RETRY_MS);
+                    pthread_mutex_lock(&g_kv_mu);
+                }
                 continue;
             }
-            pthread_mutex_lock(&kw->mu);
             kw->reconnects = rc;
-            n = kv_subs_retire(kw, old, gone, 8);
-            pthread_mutex_unlock(&kw->mu);
-            for (size_t i = 0; i < n; i++)
-                natsSubscription_Unsubscribe(gone[i]);
-            pthread_mutex_lock(&kw->mu);
-            continue;
+            if (failing) {
+                failing = 0;
+                pthread_mutex_unlock(&g_kv_mu);
+                swi_log(&kw->st->log, SW_LOG_INFO, "registry: the store's watch is made again");
+                pthread_mutex_lock(&g_kv_mu);
+            }
+            continue; /* (closes the old one) */
         }
         /* Nothing to do, or down: the listener wakes us when it is back. */
-        pthread_cond_wait(&kw->cv, &kw->mu);
+        pthread_cond_wait(&kw->cv, &g_kv_mu);
     }
-    pthread_mutex_unlock(&kw->mu);
+    pthread_mutex_unlock(&g_kv_mu);
     return NULL;
+}
+
+/* Ends the watch: its thread, then every consumer (kw->subs empty after). */
+static void
+kv_watch_end(kv_watch *kw, int thread)
+{
+    swt_conn_unlisten(kw->st->conn, &kw->lis);
+    pthread_mutex_lock(&g_kv_mu);
+    kw->stop = 1;
+    pthread_cond_broadcast(&kw->cv);
+    pthread_mutex_unlock(&g_kv_mu);
+    if (thread)
+        pthread_join(kw->thread, NULL);
+    pthread_mutex_lock(&g_kv_mu);
+    for (kv_sub *k = kw->subs; k != NULL; k = k->next)
+        k->retired = 1;
+    /* Once retired, no callback starts our code; the running ones are
+     * waited for (kv_sub_forget), however long the registry's takes. */
+    kv_subs_close_retired(kw, 1);
+    pthread_mutex_unlock(&g_kv_mu);
+    pthread_cond_destroy(&kw->cv);
+    free(kw);
 }
 
 static sw_err
@@ -467,27 +544,18 @@ kv_watch_add(void *state, sw_registry_entry_fn fn, void *arg, void **handle)
     kw->arg = arg;
     snprintf(kw->pre, sizeof(kw->pre), "$KV.%s.", kvStore_Bucket(st->kv));
     kw->npre = strlen(kw->pre);
-    pthread_mutex_init(&kw->mu, NULL);
     swi_cond_init(&kw->cv);
     kw->reconnects = sw_conn_reconnects(st->conn);
-    if ((rv = kv_sub_make(kw)) != SW_OK) {
-        if (kw->orphaned) {
-            kv_watch_orphan(kw);
-        } else {
-            pthread_mutex_destroy(&kw->mu);
-            pthread_cond_destroy(&kw->cv);
-            free(kw);
-        }
-        return rv;
-    }
     kw->lis.fn = kv_watch_on_state;
     kw->lis.arg = kw;
     swt_conn_listen(st->conn, &kw->lis);
+    if ((rv = kv_sub_make(kw)) != SW_OK) {
+        kv_watch_end(kw, 0);
+        return rv;
+    }
     if (pthread_create(&kw->thread, NULL, kv_watch_main, kw) != 0) {
-        /* No thread: nothing makes the consumer again after a reconnect. */
-        kw->started = 0;
-    } else {
-        kw->started = 1;
+        kv_watch_end(kw, 0);
+        return SW_ENOMEM;
     }
     *handle = kw;
     return SW_OK;
@@ -496,51 +564,8 @@ kv_watch_add(void *state, sw_registry_entry_fn fn, void *arg, void **handle)
 static void
 kv_unwatch(void *state, void *handle)
 {
-    kv_watch *kw = handle;
-    natsSubscription *gone[16];
-    size_t n;
-    int64_t until;
     (void)state;
-    swt_conn_unlisten(kw->st->conn, &kw->lis);
-    pthread_mutex_lock(&kw->mu);
-    kw->stop = 1;
-    pthread_cond_broadcast(&kw->cv);
-    pthread_mutex_unlock(&kw->mu);
-    if (kw->started)
-        pthread_join(kw->thread, NULL);
-    pthread_mutex_lock(&kw->mu);
-    n = kv_subs_retire(kw, kw->subs, gone, 16);
-    pthread_mutex_unlock(&kw->mu);
-    for (size_t i = 0; i < n; i++)
-        natsSubscription_Unsubscribe(gone[i]);
-    /* The completion comes after a callback's last return. The bound only
-     * guards against one that never comes: then kw is left allocated
-     * rather than freed under a running callback. */
-    pthread_mutex_lock(&kw->mu);
-    until = swi_now_ms() + 10000;
-    for (;;) {
-        int pending = 0;
-        for (kv_sub *ks = kw->subs; ks != NULL; ks = ks->next)
-            pending |= !ks->completed && !ks->dead;
-        if (!pending || swi_now_ms() >= until) {
-            if (pending)
-                kw->orphaned = 1;
-            break;
-        }
-        swi_cond_wait_until(&kw->cv, &kw->mu, until);
-    }
-    if (kw->orphaned) {
-        pthread_mutex_unlock(&kw->mu);
-        swi_log(&kw->st->log, SW_LOG_ERROR,
-                "registry: a watch consumer did not complete; its watch is left allocated");
-        kv_watch_orphan(kw);
-        return;
-    }
-    kv_subs_reap(kw);
-    pthread_mutex_unlock(&kw->mu);
-    pthread_mutex_destroy(&kw->mu);
-    pthread_cond_destroy(&kw->cv);
-    free(kw);
+    kv_watch_end(handle, 1);
 }
 
 /* The store answers when the bucket's stream answers a STREAM.INFO: that

@@ -112,6 +112,8 @@ swr_reg_refresh(sw_registry *reg, const char *key)
         if (rv == SW_OK)
             o->rev = rev;
         o->next_refresh_ms = swi_now_ms() + (rv == SW_OK ? reg->refresh_ms : REG_TICK_MS * 4);
+        /* (From sw_registry_set_draining, the ticker may rest past it.) */
+        swr_reg_due(reg, o->next_refresh_ms);
     }
     pthread_mutex_unlock(&reg->mu);
     pthread_mutex_unlock(&reg->wmu);

@@ -429,6 +429,12 @@ sw_conn_reconnects(sw_conn *c)
     return c ? __atomic_load_n(&c->reconnects, __ATOMIC_RELAXED) : 0;
 }
 
+const swi_logger *
+swt_conn_log(sw_conn *c)
+{
+    return &c->log;
+}
+
 int64_t
 swt_conn_up_since_ms(sw_conn *c)
 {

@@ -199,6 +199,10 @@ void swt_conn_listen(sw_conn *c, swt_listener *l);
  * again. Not from inside fn. */
 void swt_conn_unlisten(sw_conn *c, swt_listener *l);
 
+/* The connection's logger (sw_conn_opts.log), for components on it that
+ * are given no logger of their own (the registry's backends). */
+const swi_logger *swt_conn_log(sw_conn *c);
+
 /* 1 while the connection is up (not reconnecting, not closed). */
 int swt_connected(sw_conn *c);
 /* Flushes what was published and waits for the server's answer, if

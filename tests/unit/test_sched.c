@@ -2,6 +2,7 @@
  * times) and the peer-liveness state machine (common/sched.c). No server;
  * the peer table is driven with explicit times. */
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -138,6 +139,55 @@ test_ticker_never_started(void **state)
     memset(&t, 0, sizeof(t));
     swi_ticker_stop(&t);
     swi_ticker_kick(&t);
+    swi_ticker_fini(&t);
+}
+
+/* Kicks from another thread while the ticker stops (a message handler
+ * waking a router being destroyed): no call after the stop, nothing used
+ * after it is released (the stop used to destroy the lock such a kick was
+ * taking: a TSan report from test_cli). */
+typedef struct kicker {
+    swi_ticker *t;
+    int done; /* atomic */
+    long kicks;
+} kicker;
+
+static void *
+kicker_main(void *arg)
+{
+    kicker *k = arg;
+    while (!__atomic_load_n(&k->done, __ATOMIC_ACQUIRE)) {
+        swi_ticker_kick(k->t);
+        k->kicks++;
+    }
+    return NULL;
+}
+
+static void
+test_ticker_kick_races_stop(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        swi_ticker t;
+        tick_rec r = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+        kicker k = {&t, 0, 0};
+        pthread_t th;
+        int calls;
+        assert_int_equal(swi_ticker_start(&t, 60000, on_tick, &r), 0);
+        assert_int_equal(pthread_create(&th, NULL, kicker_main, &k), 0);
+        while (tick_calls(&r) == 0)
+            sched_yield();
+        swi_ticker_stop(&t);
+        calls = tick_calls(&r);
+        for (int i = 0; i < 1000; i++) /* kicks after the stop */
+            sched_yield();
+        assert_int_equal(tick_calls(&r), calls);
+        __atomic_store_n(&k.done, 1, __ATOMIC_RELEASE);
+        pthread_join(th, NULL);
+        assert_true(k.kicks > 0);
+        swi_ticker_fini(&t);
+        swi_ticker_fini(&t); /* idempotent */
+    }
 }
 
 /* ---------------------------------------------------------------- due times */
@@ -1010,6 +1060,7 @@ main(void)
         cmocka_unit_test(test_ticker_period),
         cmocka_unit_test(test_ticker_rest),
         cmocka_unit_test(test_ticker_never_started),
+        cmocka_unit_test(test_ticker_kick_races_stop),
         cmocka_unit_test(test_duetab_snapshot),
         cmocka_unit_test(test_duetab_cells_stable),
         cmocka_unit_test(test_duetab_marks),

@@ -347,7 +347,7 @@ void
 swr_pool_report(swr_pool *p, const char *instance, const char *reason, int64_t silent_ms)
 {
     int queued = 0;
-    if (p->reg == NULL || !p->reporter.started)
+    if (p->reg == NULL || !__atomic_load_n(&p->reporter.started, __ATOMIC_ACQUIRE))
         return;
     pthread_mutex_lock(&p->rmu);
     if (p->nrq == p->caprq && p->caprq < 1024) {

@@ -51,7 +51,7 @@ typedef struct kv_state {
 typedef struct kv_sub {
     struct kv_watch *kw;
     natsSubscription *ns;
-    uint64_t id;          /* the callbacks' closure */
+    uintptr_t id;         /* the callbacks' closure */
     int in_cb;            /* callbacks running our code now */
     int retired;          /* replaced or closing: its messages are not delivered */
     int unsubbed;         /* closed (natsSubscription_Destroy) */
@@ -246,11 +246,11 @@ kv_list(void *state, sw_registry_entry_fn fn, void *arg)
 static pthread_mutex_t g_kv_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_kv_cv = PTHREAD_COND_INITIALIZER; /* an in_cb fell to 0 */
 static kv_sub *g_kv_subs;
-static uint64_t g_kv_next_id;
+static uintptr_t g_kv_next_id;
 
 /* The consumer with this id, if it is still known (g_kv_mu held). */
 static kv_sub *
-kv_sub_find(uint64_t id)
+kv_sub_find(uintptr_t id)
 {
     for (kv_sub *ks = g_kv_subs; ks != NULL; ks = ks->gnext)
         if (ks->id == id)
@@ -301,7 +301,7 @@ kv_watch_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *cl
     (void)nc;
     (void)ns;
     pthread_mutex_lock(&g_kv_mu);
-    ks = kv_sub_find((uint64_t)(uintptr_t)closure);
+    ks = kv_sub_find((uintptr_t)closure);
     if (ks != NULL && ks->retired)
         ks = NULL;
     if (ks != NULL)
@@ -310,8 +310,11 @@ kv_watch_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *cl
     if (ks != NULL) {
         kv_emit_msg(ks->kw, msg);
         pthread_mutex_lock(&g_kv_mu);
-        if (--ks->in_cb == 0)
+        if (--ks->in_cb == 0) {
             pthread_cond_broadcast(&g_kv_cv);
+            if (ks->retired) /* it can be freed now */
+                pthread_cond_broadcast(&ks->kw->cv);
+        }
         pthread_mutex_unlock(&g_kv_mu);
     }
     natsMsg_Destroy(msg);
@@ -324,7 +327,7 @@ kv_watch_on_complete(void *closure)
 {
     kv_sub *ks;
     pthread_mutex_lock(&g_kv_mu);
-    ks = kv_sub_find((uint64_t)(uintptr_t)closure);
+    ks = kv_sub_find((uintptr_t)closure);
     if (ks != NULL) {
         ks->completed = 1;
         if (!ks->retired) {
@@ -472,6 +475,17 @@ kv_watch_main(void *arg)
              * follows it. */
             for (kv_sub *k = kw->subs; k != NULL; k = k->next)
                 k->retired = 1;
+            /* ...and so do the ones already in the registry's callback
+             * (one stalled there could hand over its put after the new
+             * consumer's delete). */
+            for (;;) {
+                int busy = 0;
+                for (kv_sub *k = kw->subs; k != NULL; k = k->next)
+                    busy |= k->in_cb > 0;
+                if (!busy)
+                    break;
+                pthread_cond_wait(&g_kv_cv, &g_kv_mu);
+            }
             kw->remake = 0;
             pthread_mutex_unlock(&g_kv_mu);
             e = kv_sub_make(kw);

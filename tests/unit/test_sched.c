@@ -60,6 +60,7 @@ test_ticker_kick_and_stop(void **state)
     assert_true(swi_now_ms() - t0 < 10000);
     swi_ticker_stop(&t);
     swi_ticker_stop(&t); /* idempotent */
+    swi_ticker_fini(&t);
     assert_int_equal(tick_calls(&r), 1);
 }
 
@@ -77,6 +78,7 @@ test_ticker_period(void **state)
         nanosleep(&ts, NULL);
     }
     swi_ticker_stop(&t);
+    swi_ticker_fini(&t);
     assert_true(tick_calls(&r) >= 3);
     assert_true(swi_now_ms() - t0 >= 10); /* three calls need at least two periods */
 }
@@ -128,6 +130,7 @@ test_ticker_rest(void **state)
     assert_true(tick_calls(&rr.rec) >= 8);
     assert_true(swi_now_ms() - t0 < 10000);
     swi_ticker_stop(&t);
+    swi_ticker_fini(&t);
 }
 
 /* A zeroed ticker that never started stops as a no-op. */

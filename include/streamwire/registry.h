@@ -97,9 +97,10 @@ typedef struct sw_registry_backend {
     sw_err (*del)(void *state, const char *key);
     /* Calls fn for every current entry. */
     sw_err (*list)(void *state, sw_registry_entry_fn fn, void *arg);
-    /* Calls fn for every later change, from a backend thread, until
-     * unwatch (a backend may first replay current entries: the core drops
-     * revisions it already knows). Returns a handle in *watch. */
+    /* Calls fn for every later change, from a backend thread (or the
+     * writer's: calls may run at once), until unwatch, which returns once
+     * no call runs (a backend may first replay current entries: the core
+     * drops revisions it already knows). Returns a handle in *watch. */
     sw_err (*watch)(void *state, sw_registry_entry_fn fn, void *arg, void **watch);
     void (*unwatch)(void *state, void *watch);
     /* Optional (NULL: open is used): opens with the store options below.

@@ -258,6 +258,15 @@ kv_sub_find(uintptr_t id)
     return NULL;
 }
 
+/* Waits until no callback runs ks's code (g_kv_mu held; released while
+ * waiting). */
+static void
+kv_sub_wait_idle(const kv_sub *ks)
+{
+    while (ks->in_cb > 0)
+        pthread_cond_wait(&g_kv_cv, &g_kv_mu);
+}
+
 /* Takes ks out of g_kv_subs and waits for the callbacks that found it:
  * then nothing of nats.c's reaches it (g_kv_mu held). */
 static void
@@ -268,8 +277,7 @@ kv_sub_forget(kv_sub *ks)
             *p = ks->gnext;
             break;
         }
-    while (ks->in_cb > 0)
-        pthread_cond_wait(&g_kv_cv, &g_kv_mu);
+    kv_sub_wait_idle(ks);
 }
 
 /* A message of the bucket's stream, handed to the registry as an entry. */
@@ -477,15 +485,9 @@ kv_watch_main(void *arg)
                 k->retired = 1;
             /* ...and so do the ones already in the registry's callback
              * (one stalled there could hand over its put after the new
-             * consumer's delete). */
-            for (;;) {
-                int busy = 0;
-                for (kv_sub *k = kw->subs; k != NULL; k = k->next)
-                    busy |= k->in_cb > 0;
-                if (!busy)
-                    break;
-                pthread_cond_wait(&g_kv_cv, &g_kv_mu);
-            }
+             * consumer's delete). Only this thread changes kw->subs. */
+            for (kv_sub *k = kw->subs; k != NULL; k = k->next)
+                kv_sub_wait_idle(k);
             kw->remake = 0;
             pthread_mutex_unlock(&g_kv_mu);
             e = kv_sub_make(kw);

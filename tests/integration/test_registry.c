@@ -2622,17 +2622,19 @@ pool_report_does_not_block(void **state)
     swr_pool_destroy(pool); /* waits for the write in flight */
 }
 
-/* Worker 0 registered through a writer handle with `wops` (NULL: plain)
- * and watched by a reader handle with `rops`, both with lease 600 ms; waits
- * until the reader sees it. *wreg, *rreg: the handles. */
+/* Worker 0 registered through a writer handle with `wops` (NULL: plain),
+ * refreshing every refresh_ms (0: a third of the lease), and watched by a
+ * reader handle with `rops`, both with lease_ms; waits until the reader
+ * sees it. *wreg, *rreg: the handles. */
 static void
 watched_worker(fx *f, const sw_registry_backend *wops, const sw_registry_backend *rops,
-               sw_registry **wreg, sw_registry **rreg, evlog *l)
+               unsigned lease_ms, unsigned refresh_ms, sw_registry **wreg, sw_registry **rreg,
+               evlog *l)
 {
     f->ops = wops;
-    *wreg = fx_reg(f, 0, 600, 0);
+    *wreg = fx_reg(f, 0, lease_ms, refresh_ms);
     f->ops = rops;
-    *rreg = fx_reg(f, 1, 600, 0);
+    *rreg = fx_reg(f, 1, lease_ms, 0);
     f->ops = NULL;
     fx_worker(f, 0, EP1);
     assert_int_equal(sw_registry_register(*wreg, &f->rg[0]), SW_OK);
@@ -2691,7 +2693,7 @@ store_outage_holds_leases(void **state)
     flaky.put = flaky_put;
     flaky.ping = flaky_ping;
     atomic_store(&g_store_down, 0);
-    watched_worker(f, &flaky, &flaky, &wreg, &rreg, l);
+    watched_worker(f, &flaky, &flaky, 600, 0, &wreg, &rreg, l);
 
     /* Down for five leases: the entry is held, not removed. */
     atomic_store(&g_store_down, 1);
@@ -2781,7 +2783,7 @@ blind_watch_reads_the_store(void **state)
     muted.version = SW_REGISTRY_BACKEND_VERSION;
     atomic_store(&g_store_down, 0);
     atomic_store(&g_watch_muted, 0);
-    watched_worker(f, NULL, &muted, &wreg, &rreg, l);
+    watched_worker(f, NULL, &muted, 600, 0, &wreg, &rreg, l);
 
     /* Blind for five leases; the worker keeps refreshing: still live. */
     atomic_store(&g_watch_muted, 1);
@@ -2922,16 +2924,11 @@ static void
 watch_survives_server_restart(void **state)
 {
     fx *f = *state;
-    sw_registry *wreg = fx_reg(f, 0, 4000, 500);
-    sw_registry *rreg = fx_reg(f, 1, 4000, 0);
+    sw_registry *wreg, *rreg;
     evlog *l = &f->log[0];
     int i;
 
-    fx_worker(f, 0, EP1);
-    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
-    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
-    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
-
+    watched_worker(f, NULL, NULL, 4000, 500, &wreg, &rreg, l);
     assert_int_equal(swh_nats_restart(&g_nats, 500), 0);
     /* A second worker registers once the connection is back. */
     for (i = 0; i < 100 && sw_conn_status(f->conn) != SW_CONN_CONNECTED; i++)

@@ -23,57 +23,84 @@ typedef struct kv_state {
     swi_logger log;
 } kv_state;
 
-/* The watch: an ordered consumer of the whole bucket (what nats.c's own
- * kvWatcher makes, but asynchronous), whose messages nats.c's delivery
- * thread hands to kv_watch_on_msg. nats.c 3.4's kvWatcher is synchronous
- * only: a thread of ours waited in kvWatcher_Next 50 ms at a time to look
- * at its stop flag (it cannot be stopped while it waits without leaking
- * the message Next took), 20 wake-ups a second for an idle registry.
+/* The watch and the list read the bucket through a consumer of our own: a
+ * JetStream push consumer of the bucket's stream (deliver last per subject,
+ * no acks, an idle heartbeat) made with js_AddConsumer, delivering to an
+ * inbox that a plain core subscription of the transport (swt_subscribe_plain)
+ * hands to kv_on_msg. We keep its order ourselves, as an ordered consumer
+ * does: each delivery says its consumer sequence in its reply subject
+ * (swt_js_ack_parse), and each idle heartbeat the last one sent; one out of
+ * step means a message was lost, and the consumer is made again, from
+ * every current value (the registry drops what it already has by
+ * revision).
  *
- * A consumer is made again when the connection comes back (it may have
- * died with the old node, and nats.c would notice only after missed
- * heartbeats, ~10 s, while live entries lapse) and when it ends by itself.
- * That is the watch thread's work: it sleeps on a condition until the
- * connection's listener, a consumer's end or kv_unwatch wakes it.
+ * Why not nats.c's own consumers (js_Subscribe, kvWatcher): in nats.c 3.4.1
+ * the read loop looks a subscription up and then uses it without a
+ * reference, so removing one that is receiving can free it under the read
+ * loop (nats.c issue 637, fixed in 3.5). The loop then waits forever on a
+ * freed lock, and closing the connection waits for the loop: test_registry
+ * hung so under ASan in CI. Unsubscribing a JetStream subscription also
+ * deletes its consumer, reading the consumer's name without a lock while
+ * the ordered consumer's reset, which nats.c starts on every reconnect,
+ * frees it (a use-after-free ASan caught in watch_survives_server_restart).
+ * swt_sub_close drains instead: the server stops sending, and what it sent
+ * runs through the callback, before the subscription is freed; and deleting
+ * the consumer is a plain request of ours.
  *
- * nats.c is given an id, not a pointer, as each consumer's closure: its
- * delivery thread may call back after any step we take (a message taken
- * just before an unsubscribe, or pushed before js_Subscribe failed and
- * destroyed the subscription itself). A callback finds its consumer by id
- * in g_kv_subs; once it is taken out of there (and the callbacks that found
- * it have returned, in_cb), later ones do nothing, and it can be freed.
+ * The watch's consumer is made again when the connection comes back (it
+ * may have died with the old node), after a gap, and after KV_HB_MISSED
+ * idle heartbeats did not come. That is the watch thread's work: it sleeps
+ * on a condition until the connection's listener, a gap, the heartbeat
+ * deadline or kv_unwatch wakes it. The old consumer is closed (its
+ * callbacks over) before the new one is made, so the two never deliver
+ * side by side (a put of the old after the delete of the new).
  *
- * Lock: g_kv_mu, over every field of kv_sub and kv_watch's subs, stop,
- * remake and reconnects; taken under the connection's listener lock
- * (kv_watch_on_state); nothing of ours is taken under it, and it is never
- * held while the registry's callback runs or across a nats.c call that
- * waits on the server. */
-typedef struct kv_sub {
-    struct kv_watch *kw;
-    natsSubscription *ns;
-    uintptr_t id;         /* the callbacks' closure */
-    int in_cb;            /* callbacks running our code now */
-    int retired;          /* replaced or closing: its messages are not delivered */
-    int unsubbed;         /* closed (natsSubscription_Destroy) */
-    int completed;        /* nats.c's completion ran */
-    struct kv_sub *next;  /* the watch's consumers */
-    struct kv_sub *gnext; /* g_kv_subs */
-} kv_sub;
+ * Lock: kv_reader.mu, over the fields marked so; taken under the
+ * connection's listener lock (kv_watch_on_state); nothing of ours is taken
+ * under it, and it is never held while the registry's callback runs or
+ * across a call that waits on the server. */
+#define KV_HB_MS 5000         /* the consumer's idle heartbeat */
+#define KV_HB_MISSED 3        /* heartbeats not seen before the watch's consumer is made again */
+#define KV_WATCH_RETRY_MS 100 /* a consumer that could not be made is tried again after this */
+#define KV_LIST_WAIT_MS 5000  /* a list waits this long for the next value */
+#define KV_LIST_MAX_MS 30000  /* ...and this long in all */
+#define KV_LIST_TRIES 3       /* a list that meets a gap starts again, this many times at most */
+#define KV_DELETE_WAIT_MS 500 /* a closed consumer's deletion waits this long for the server */
 
-typedef struct kv_watch {
+struct kv_reader;
+typedef struct kv_cons {
+    struct kv_reader *rd;
+    swt_sub *sub;
+    char inbox[SWT_SUBJECT_MAX];
+    char name[64];      /* the consumer's, as the server named it ("" if unknown) */
+    uint64_t next_dseq; /* rd->mu: the consumer sequence the next delivery must have */
+    int retired;        /* rd->mu: its deliveries are dropped (replaced, or a gap) */
+} kv_cons;
+
+/* A reader of the bucket: the watch (its thread remakes the consumer) or
+ * one list (on the caller's thread). */
+typedef struct kv_reader {
     kv_state *st;
     sw_registry_entry_fn fn;
     void *arg;
+    int puts_only;              /* a list: deletes are not handed over */
     char pre[SW_MAX_TOKEN + 8]; /* "$KV.<bucket>." */
     size_t npre;
-    pthread_cond_t cv; /* with g_kv_mu: the watch thread sleeps on it */
-    kv_sub *subs;      /* the current consumer first, then retired ones */
-    int stop;
-    int remake;          /* the current consumer ended by itself */
-    uint64_t reconnects; /* the connection's count when the current one was made */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int remake;         /* mu: a gap, or the heartbeats say one */
+    int done;           /* mu: the last current value has come (a list's end) */
+    uint64_t received;  /* mu: deliveries so far (a list) */
+    uint64_t initial;   /* mu: how many values were current when it was made (a list;
+                           UINT64_MAX until known) */
+    int64_t last_rx_ms; /* mu: the last delivery or heartbeat */
+    /* the watch only */
+    kv_cons *cur;        /* mu: its consumer (NULL while being made) */
+    int stop;            /* mu */
+    uint64_t reconnects; /* the connection's count when cur was made (its thread only) */
     pthread_t thread;
     swt_listener lis;
-} kv_watch;
+} kv_reader;
 
 /* 1 if a JetStream API failure may pass by itself: a clustered JetStream
  * that is still electing its meta leader or the bucket's stream leader
@@ -199,151 +226,213 @@ kv_del(void *state, const char *key)
     return sw_err_from_nats(s);
 }
 
-static int64_t
-kv_created_ms(kvEntry *e)
-{
-    int64_t c = kvEntry_Created(e);
-    return c > 100000000000000LL ? c / 1000000 : c; /* nanoseconds in this nats.c */
-}
-
-/* Hands one kvEntry to fn. */
+/* The bucket's stream and its subjects' filter. */
 static void
-kv_emit(kvEntry *e, sw_registry_entry_fn fn, void *arg)
+kv_names(const kv_reader *rd, char *stream, size_t scap, char *filter, size_t fcap)
 {
-    sw_registry_entry re;
-    kvOperation op = kvEntry_Operation(e);
-    re.key = kvEntry_Key(e);
-    re.value = (const uint8_t *)kvEntry_Value(e);
-    re.len = (size_t)kvEntry_ValueLen(e);
-    re.revision = kvEntry_Revision(e);
-    re.created_unix_ms = kv_created_ms(e);
-    fn(arg, &re, op == kvOp_Delete || op == kvOp_Purge);
+    snprintf(stream, scap, "KV_%s", kvStore_Bucket(rd->st->kv));
+    snprintf(filter, fcap, "%s>", rd->pre);
 }
 
+/* A delivery of the consumer, or its heartbeat (nats.c's delivery thread of
+ * c's subscription, one at a time). */
+static void
+kv_on_msg(const swt_msg *m, void *arg)
+{
+    kv_cons *c = arg;
+    kv_reader *rd = c->rd;
+    swt_js_ack a;
+    sw_registry_entry re;
+    const char *op;
+    int deleted;
+    pthread_mutex_lock(&rd->mu);
+    if (c->retired) {
+        pthread_mutex_unlock(&rd->mu);
+        return;
+    }
+    rd->last_rx_ms = swi_now_ms();
+    if (swt_js_ack_parse(m->reply, &a) != 0) {
+        /* A status: an idle heartbeat names the last delivery it follows. */
+        const char *last = swt_msg_header(m, "Nats-Last-Consumer");
+        uint64_t n;
+        if (last != NULL && swt_u64_parse(last, &n) == 0 && n + 1 != c->next_dseq) {
+            c->retired = 1;
+            rd->remake = 1;
+            pthread_cond_broadcast(&rd->cv);
+        }
+        pthread_mutex_unlock(&rd->mu);
+        return;
+    }
+    if (a.consumer_seq != c->next_dseq) { /* one was lost: start again */
+        c->retired = 1;
+        rd->remake = 1;
+        pthread_cond_broadcast(&rd->cv);
+        pthread_mutex_unlock(&rd->mu);
+        return;
+    }
+    c->next_dseq++;
+    rd->received++;
+    /* The current values are in: the server says none is left, or as many
+     * came as were current when the consumer was made (while values are
+     * written, "left" counts the new ones too and may not reach 0). */
+    if ((a.pending == 0 || rd->received >= rd->initial) && !rd->done) {
+        rd->done = 1;
+        pthread_cond_broadcast(&rd->cv);
+    }
+    pthread_mutex_unlock(&rd->mu);
+    if (m->subject == NULL || strncmp(m->subject, rd->pre, rd->npre) != 0 ||
+        m->subject[rd->npre] == '\0')
+        return;
+    op = swt_msg_header(m, "KV-Operation");
+    deleted = op != NULL && (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0);
+    if (deleted && rd->puts_only)
+        return;
+    re.key = m->subject + rd->npre;
+    re.value = m->data;
+    re.len = m->len;
+    re.revision = a.stream_seq;
+    re.created_unix_ms = (int64_t)(a.timestamp_ns / 1000000);
+    rd->fn(rd->arg, &re, deleted);
+}
+
+/* Makes a consumer of every current value and what follows (rd->mu not
+ * held); *pending, if asked, is how many current values it has to send. */
+static sw_err
+kv_cons_make(kv_reader *rd, kv_cons **out, uint64_t *pending)
+{
+    kv_cons *c = calloc(1, sizeof(*c));
+    char stream[SW_MAX_TOKEN + 8], filter[sizeof(rd->pre) + 1];
+    jsConsumerConfig cc;
+    jsConsumerInfo *ci = NULL;
+    jsOptions jo;
+    natsStatus s;
+    sw_err e;
+    if (c == NULL)
+        return SW_ENOMEM;
+    c->rd = rd;
+    c->next_dseq = 1;
+    if ((e = swt_conn_new_inbox(rd->st->conn, c->inbox, sizeof(c->inbox))) != SW_OK ||
+        (e = swt_subscribe_plain(rd->st->conn, &c->sub, c->inbox, kv_on_msg, c)) != SW_OK) {
+        free(c);
+        return e;
+    }
+    kv_names(rd, stream, sizeof(stream), filter, sizeof(filter));
+    jsConsumerConfig_Init(&cc);
+    cc.Description = "streamwire registry watch";
+    cc.DeliverSubject = c->inbox;
+    cc.DeliverPolicy = js_DeliverLastPerSubject;
+    cc.AckPolicy = js_AckNone;
+    cc.FilterSubject = filter;
+    cc.ReplayPolicy = js_ReplayInstant;
+    cc.Heartbeat = (int64_t)KV_HB_MS * 1000000;
+    cc.MemoryStorage = true;
+    jsOptions_Init(&jo);
+    jo.Wait = 5000;
+    s = js_AddConsumer(&ci, rd->st->js, stream, &cc, &jo, NULL);
+    if (s != NATS_OK) {
+        swt_sub_close(rd->st->conn, &c->sub);
+        free(c);
+        return sw_err_from_nats(s);
+    }
+    snprintf(c->name, sizeof(c->name), "%s", ci->Name != NULL ? ci->Name : "");
+    if (pending != NULL)
+        *pending = ci->NumPending;
+    jsConsumerInfo_Destroy(ci);
+    *out = c;
+    return SW_OK;
+}
+
+/* Closes c (rd->mu not held): when this returns its callback has run for
+ * the last time. The consumer itself is deleted if the server answers soon
+ * (else it goes by itself once nobody listens). NULL ok. */
+static void
+kv_cons_free(kv_cons *c)
+{
+    kv_reader *rd;
+    if (c == NULL)
+        return;
+    rd = c->rd;
+    swt_sub_close(rd->st->conn, &c->sub);
+    if (c->name[0] != '\0' && sw_conn_status(rd->st->conn) == SW_CONN_CONNECTED) {
+        char stream[SW_MAX_TOKEN + 8], filter[sizeof(rd->pre) + 1];
+        jsOptions jo;
+        kv_names(rd, stream, sizeof(stream), filter, sizeof(filter));
+        jsOptions_Init(&jo);
+        jo.Wait = KV_DELETE_WAIT_MS;
+        (void)js_DeleteConsumer(rd->st->js, stream, c->name, &jo, NULL);
+    }
+    free(c);
+}
+
+static void
+kv_reader_init(kv_reader *rd, kv_state *st, sw_registry_entry_fn fn, void *arg)
+{
+    rd->st = st;
+    rd->fn = fn;
+    rd->arg = arg;
+    snprintf(rd->pre, sizeof(rd->pre), "$KV.%s.", kvStore_Bucket(st->kv));
+    rd->npre = strlen(rd->pre);
+    rd->initial = UINT64_MAX;
+    pthread_mutex_init(&rd->mu, NULL);
+    swi_cond_init(&rd->cv);
+}
+
+static void
+kv_reader_fini(kv_reader *rd)
+{
+    pthread_mutex_destroy(&rd->mu);
+    pthread_cond_destroy(&rd->cv);
+}
+
+/* Every current put, then returns: a consumer of its own, read until it has
+ * sent as many values as were current when it was made, or says none is
+ * left; SW_ETIMEDOUT if it goes KV_LIST_WAIT_MS without a message or takes
+ * KV_LIST_MAX_MS in all. A gap starts it again (SW_EPROTO after
+ * KV_LIST_TRIES). */
 static sw_err
 kv_list(void *state, sw_registry_entry_fn fn, void *arg)
 {
-    kv_state *st = state;
-    kvWatcher *w = NULL;
-    kvWatchOptions o;
-    natsStatus s;
-    kvWatchOptions_Init(&o);
-    o.IgnoreDeletes = true;
-    s = kvStore_WatchAll(&w, st->kv, &o);
-    while (s == NATS_OK) {
-        kvEntry *e = NULL;
-        s = kvWatcher_Next(&e, w, 5000);
-        if (s != NATS_OK || e == NULL)
-            break; /* NULL entry: initial values done */
-        if (kvEntry_Operation(e) == kvOp_Put)
-            kv_emit(e, fn, arg);
-        kvEntry_Destroy(e);
-    }
-    kvWatcher_Destroy(w);
-    return sw_err_from_nats(s);
-}
-
-static pthread_mutex_t g_kv_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_kv_cv = PTHREAD_COND_INITIALIZER; /* an in_cb fell to 0 */
-static kv_sub *g_kv_subs;
-static uintptr_t g_kv_next_id;
-
-/* The consumer with this id, if it is still known (g_kv_mu held). */
-static kv_sub *
-kv_sub_find(uintptr_t id)
-{
-    for (kv_sub *ks = g_kv_subs; ks != NULL; ks = ks->gnext)
-        if (ks->id == id)
-            return ks;
-    return NULL;
-}
-
-/* Waits until no callback runs ks's code (g_kv_mu held; released while
- * waiting). */
-static void
-kv_sub_wait_idle(const kv_sub *ks)
-{
-    while (ks->in_cb > 0)
-        pthread_cond_wait(&g_kv_cv, &g_kv_mu);
-}
-
-/* Takes ks out of g_kv_subs and waits for the callbacks that found it:
- * then nothing of nats.c's reaches it (g_kv_mu held). */
-static void
-kv_sub_forget(kv_sub *ks)
-{
-    for (kv_sub **p = &g_kv_subs; *p != NULL; p = &(*p)->gnext)
-        if (*p == ks) {
-            *p = ks->gnext;
+    kv_reader rd;
+    sw_err rv = SW_OK;
+    memset(&rd, 0, sizeof(rd));
+    kv_reader_init(&rd, state, fn, arg);
+    rd.puts_only = 1;
+    for (int tries = 0; tries < KV_LIST_TRIES; tries++) {
+        kv_cons *c = NULL;
+        uint64_t pending = 0;
+        int64_t give_up = swi_now_ms() + KV_LIST_MAX_MS;
+        int done, gap;
+        if ((rv = kv_cons_make(&rd, &c, &pending)) != SW_OK)
             break;
+        pthread_mutex_lock(&rd.mu);
+        rd.last_rx_ms = swi_now_ms();
+        rd.initial = pending;
+        if (rd.received >= rd.initial)
+            rd.done = 1; /* all came already, or an empty bucket: nothing will come */
+        for (;;) {
+            int64_t until = rd.last_rx_ms + KV_LIST_WAIT_MS;
+            if (until > give_up)
+                until = give_up;
+            if (rd.done || rd.remake || swi_now_ms() >= until)
+                break;
+            swi_cond_wait_until(&rd.cv, &rd.mu, until);
         }
-    kv_sub_wait_idle(ks);
-}
-
-/* A message of the bucket's stream, handed to the registry as an entry. */
-static void
-kv_emit_msg(kv_watch *kw, natsMsg *msg)
-{
-    const char *subj = natsMsg_GetSubject(msg), *op = NULL;
-    jsMsgMetaData *meta = NULL;
-    sw_registry_entry re;
-    int deleted;
-    if (subj == NULL || strncmp(subj, kw->pre, kw->npre) != 0 || subj[kw->npre] == '\0' ||
-        natsMsg_GetMetaData(&meta, msg) != NATS_OK)
-        return;
-    deleted = natsMsgHeader_Get(msg, "KV-Operation", &op) == NATS_OK && op != NULL &&
-              (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0);
-    re.key = subj + kw->npre;
-    re.value = (const uint8_t *)natsMsg_GetData(msg);
-    re.len = (size_t)natsMsg_GetDataLength(msg);
-    re.revision = meta->Sequence.Stream;
-    re.created_unix_ms = meta->Timestamp / 1000000; /* nanoseconds */
-    kw->fn(kw->arg, &re, deleted);
-    jsMsgMetaData_Destroy(meta);
-}
-
-static void
-kv_watch_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *closure)
-{
-    kv_sub *ks;
-    (void)nc;
-    (void)ns;
-    pthread_mutex_lock(&g_kv_mu);
-    ks = kv_sub_find((uintptr_t)closure);
-    if (ks != NULL && ks->retired)
-        ks = NULL;
-    if (ks != NULL)
-        ks->in_cb++;
-    pthread_mutex_unlock(&g_kv_mu);
-    if (ks != NULL) {
-        kv_emit_msg(ks->kw, msg);
-        pthread_mutex_lock(&g_kv_mu);
-        if (--ks->in_cb == 0) {
-            pthread_cond_broadcast(&g_kv_cv);
-            if (ks->retired) /* it can be freed now */
-                pthread_cond_broadcast(&ks->kw->cv);
-        }
-        pthread_mutex_unlock(&g_kv_mu);
+        done = rd.done && !rd.remake;
+        gap = rd.remake;
+        rd.remake = 0;
+        rd.done = 0;
+        rd.received = 0;
+        rd.initial = UINT64_MAX;
+        pthread_mutex_unlock(&rd.mu);
+        kv_cons_free(c); /* (what it had delivered runs through kv_on_msg first) */
+        if (done)
+            break;
+        rv = gap ? SW_EPROTO : SW_ETIMEDOUT;
+        if (!gap)
+            break;
     }
-    natsMsg_Destroy(msg);
-}
-
-/* nats.c's last word on a consumer. One we did not retire ended by itself
- * (in nats.c 3.4, only with the connection): made again if it can be. */
-static void
-kv_watch_on_complete(void *closure)
-{
-    kv_sub *ks;
-    pthread_mutex_lock(&g_kv_mu);
-    ks = kv_sub_find((uintptr_t)closure);
-    if (ks != NULL) {
-        ks->completed = 1;
-        if (!ks->retired) {
-            ks->kw->remake = 1;
-            pthread_cond_broadcast(&ks->kw->cv);
-        }
-    }
-    pthread_mutex_unlock(&g_kv_mu);
+    kv_reader_fini(&rd);
+    return rv;
 }
 
 /* The connection's state changed (nats.c's callback thread, its listener
@@ -351,229 +440,132 @@ kv_watch_on_complete(void *closure)
 static void
 kv_watch_on_state(void *arg, sw_conn_state st)
 {
-    kv_watch *kw = arg;
+    kv_reader *rd = arg;
     (void)st;
-    pthread_mutex_lock(&g_kv_mu);
-    pthread_cond_broadcast(&kw->cv);
-    pthread_mutex_unlock(&g_kv_mu);
+    pthread_mutex_lock(&rd->mu);
+    pthread_cond_broadcast(&rd->cv);
+    pthread_mutex_unlock(&rd->mu);
 }
-
-/* A new consumer from the bucket's current values on, at the head of
- * kw->subs (g_kv_mu not held). */
-static sw_err
-kv_sub_make(kv_watch *kw)
-{
-    kv_sub *ks = calloc(1, sizeof(*ks));
-    natsSubscription *ns = NULL;
-    jsSubOptions so;
-    char subj[sizeof(kw->pre) + 1], stream[SW_MAX_TOKEN + 8];
-    void *closure;
-    natsStatus s;
-    if (ks == NULL)
-        return SW_ENOMEM;
-    ks->kw = kw;
-    pthread_mutex_lock(&g_kv_mu);
-    ks->id = ++g_kv_next_id;
-    ks->gnext = g_kv_subs;
-    g_kv_subs = ks;
-    pthread_mutex_unlock(&g_kv_mu);
-    closure = (void *)(uintptr_t)ks->id;
-    snprintf(subj, sizeof(subj), "%s>", kw->pre);
-    snprintf(stream, sizeof(stream), "KV_%s", kvStore_Bucket(kw->st->kv));
-    jsSubOptions_Init(&so);
-    so.Stream = stream;
-    so.Ordered = true;
-    so.Config.DeliverPolicy = js_DeliverLastPerSubject;
-    s = js_Subscribe(&ns, kw->st->js, subj, kv_watch_on_msg, closure, NULL, &so, NULL);
-    if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(ns, -1, -1);
-    if (s == NATS_OK)
-        s = natsSubscription_SetOnCompleteCB(ns, kv_watch_on_complete, closure);
-    if (s != NATS_OK) {
-        /* (Closed under us, or never made: callbacks may still come, and
-         * find nothing.) */
-        natsSubscription_Destroy(ns); /* (NULL ok; see kv_subs_close_retired) */
-        pthread_mutex_lock(&g_kv_mu);
-        kv_sub_forget(ks);
-        pthread_mutex_unlock(&g_kv_mu);
-        free(ks);
-        return sw_err_from_nats(s);
-    }
-    pthread_mutex_lock(&g_kv_mu);
-    ks->ns = ns;
-    ks->next = kw->subs;
-    kw->subs = ks;
-    pthread_mutex_unlock(&g_kv_mu);
-    return SW_OK;
-}
-
-/* Closes the watch's retired consumers, one at a time without the lock,
- * and frees those whose callbacks have returned; with `wait`, all of them,
- * waiting for their callbacks (g_kv_mu held).
- *
- * natsSubscription_Destroy, not Unsubscribe: Unsubscribe also deletes the
- * consumer on the server, and nats.c 3.4.1 reads the consumer's name for
- * that without its lock while the ordered consumer's reset, which nats.c
- * starts on every reconnect, frees it (a use-after-free that ASan caught in
- * test_registry watch_survives_server_restart; nats.c's own kvWatcher_Destroy
- * unsubscribes the same way). Destroy unsubscribes without deleting: the
- * server drops an ephemeral consumer that has no interest by itself. */
-static void
-kv_subs_close_retired(kv_watch *kw, int wait)
-{
-    kv_sub **p;
-    for (;;) {
-        kv_sub *ks = NULL;
-        natsSubscription *ns;
-        for (kv_sub *k = kw->subs; k != NULL && ks == NULL; k = k->next)
-            if (k->retired && !k->unsubbed)
-                ks = k;
-        if (ks == NULL)
-            break;
-        ks->unsubbed = 1;
-        ns = ks->ns;
-        ks->ns = NULL;
-        pthread_mutex_unlock(&g_kv_mu);
-        natsSubscription_Destroy(ns); /* (nats.c's delivery thread holds its own reference) */
-        pthread_mutex_lock(&g_kv_mu);
-    }
-    p = &kw->subs;
-    while (*p != NULL) {
-        kv_sub *ks = *p;
-        if (ks->unsubbed && (wait || ks->in_cb == 0)) {
-            *p = ks->next;
-            kv_sub_forget(ks);
-            free(ks);
-        } else {
-            p = &ks->next;
-        }
-    }
-}
-
-/* How long to wait before trying again to make a consumer that failed. */
-#define KV_WATCH_RETRY_MS 100
 
 static void *
 kv_watch_main(void *arg)
 {
-    kv_watch *kw = arg;
+    kv_reader *rd = arg;
+    sw_conn *conn = rd->st->conn;
     int64_t retry_at = 0;
     int failing = 0;
-    pthread_mutex_lock(&g_kv_mu);
-    while (!kw->stop) {
-        uint64_t rc = sw_conn_reconnects(kw->st->conn);
-        int want = kw->remake || rc != kw->reconnects;
-        kv_subs_close_retired(kw, 0);
-        if (kw->stop)
-            break;
-        if (want && sw_conn_status(kw->st->conn) == SW_CONN_CLOSED) {
-            kw->remake = 0; /* closed for good: nothing will ever come */
-            kw->reconnects = rc;
+    pthread_mutex_lock(&rd->mu);
+    while (!rd->stop) {
+        uint64_t rc = sw_conn_reconnects(conn);
+        sw_conn_state cs = sw_conn_status(conn);
+        int64_t now = swi_now_ms(), hb_due = rd->last_rx_ms + (int64_t)KV_HB_MS * KV_HB_MISSED;
+        int want = rd->remake || rc != rd->reconnects || rd->cur == NULL;
+        if (cs == SW_CONN_CONNECTED && rd->cur != NULL && now >= hb_due)
+            want = 1; /* its heartbeats stopped: it is gone */
+        if (want && cs == SW_CONN_CLOSED) {
+            rd->remake = 0; /* closed for good: nothing will ever come */
+            rd->reconnects = rc;
             want = 0;
         }
-        if (want && sw_conn_status(kw->st->conn) == SW_CONN_CONNECTED) {
+        if (want && cs == SW_CONN_CONNECTED) {
+            kv_cons *old = rd->cur, *c = NULL;
             sw_err e;
-            if (swi_now_ms() < retry_at) { /* the last try failed */
-                swi_cond_wait_until(&kw->cv, &g_kv_mu, retry_at);
+            if (now < retry_at) { /* the last try failed */
+                swi_cond_wait_until(&rd->cv, &rd->mu, retry_at);
                 continue;
             }
-            /* The old consumer's messages stop here: the new one replays
-             * every current value, and the two delivering side by side
-             * could hand the registry a put after the delete that
-             * follows it. */
-            for (kv_sub *k = kw->subs; k != NULL; k = k->next)
-                k->retired = 1;
-            /* ...and so do the ones already in the registry's callback
-             * (one stalled there could hand over its put after the new
-             * consumer's delete). Only this thread changes kw->subs. */
-            for (kv_sub *k = kw->subs; k != NULL; k = k->next)
-                kv_sub_wait_idle(k);
-            kw->remake = 0;
-            pthread_mutex_unlock(&g_kv_mu);
-            e = kv_sub_make(kw);
-            pthread_mutex_lock(&g_kv_mu);
+            if (old != NULL)
+                old->retired = 1;
+            rd->cur = NULL;
+            rd->remake = 0;
+            pthread_mutex_unlock(&rd->mu);
+            kv_cons_free(old); /* its callback is over before the new one starts */
+            e = kv_cons_make(rd, &c, NULL);
+            pthread_mutex_lock(&rd->mu);
             if (e != SW_OK) {
-                /* The old one, if it still works, goes on meanwhile. */
-                for (kv_sub *k = kw->subs; k != NULL; k = k->next)
-                    if (!k->unsubbed && !k->completed)
-                        k->retired = 0;
-                kw->remake = 1;
                 retry_at = swi_now_ms() + KV_WATCH_RETRY_MS;
                 if (!failing++) {
-                    pthread_mutex_unlock(&g_kv_mu);
-                    swi_log(&kw->st->log, SW_LOG_WARN,
+                    pthread_mutex_unlock(&rd->mu);
+                    swi_log(&rd->st->log, SW_LOG_WARN,
                             "registry: the store's watch could not be made again (%s); trying "
                             "every %d ms",
                             sw_err_name(e), KV_WATCH_RETRY_MS);
-                    pthread_mutex_lock(&g_kv_mu);
+                    pthread_mutex_lock(&rd->mu);
                 }
                 continue;
             }
-            kw->reconnects = rc;
+            rd->cur = c;
+            rd->reconnects = rc;
+            rd->last_rx_ms = swi_now_ms();
             if (failing) {
                 failing = 0;
-                pthread_mutex_unlock(&g_kv_mu);
-                swi_log(&kw->st->log, SW_LOG_INFO, "registry: the store's watch is made again");
-                pthread_mutex_lock(&g_kv_mu);
+                pthread_mutex_unlock(&rd->mu);
+                swi_log(&rd->st->log, SW_LOG_INFO, "registry: the store's watch is made again");
+                pthread_mutex_lock(&rd->mu);
             }
-            continue; /* (closes the old one) */
+            continue;
         }
-        /* Nothing to do, or down: the listener wakes us when it is back. */
-        pthread_cond_wait(&kw->cv, &g_kv_mu);
+        /* Nothing to do, or down: the listener wakes us when it is back,
+         * a gap at once, and the heartbeats' deadline at the latest. */
+        if (cs == SW_CONN_CONNECTED && rd->cur != NULL)
+            swi_cond_wait_until(&rd->cv, &rd->mu, hb_due);
+        else
+            pthread_cond_wait(&rd->cv, &rd->mu);
     }
-    pthread_mutex_unlock(&g_kv_mu);
+    pthread_mutex_unlock(&rd->mu);
     return NULL;
 }
 
-/* Ends the watch: its thread, then every consumer (kw->subs empty after). */
+/* Ends the watch: its thread, then its consumer. */
 static void
-kv_watch_end(kv_watch *kw, int thread)
+kv_watch_end(kv_reader *rd, int thread)
 {
-    swt_conn_unlisten(kw->st->conn, &kw->lis);
-    pthread_mutex_lock(&g_kv_mu);
-    kw->stop = 1;
-    pthread_cond_broadcast(&kw->cv);
-    pthread_mutex_unlock(&g_kv_mu);
+    kv_cons *c;
+    swt_conn_unlisten(rd->st->conn, &rd->lis);
+    pthread_mutex_lock(&rd->mu);
+    rd->stop = 1;
+    pthread_cond_broadcast(&rd->cv);
+    pthread_mutex_unlock(&rd->mu);
     if (thread)
-        pthread_join(kw->thread, NULL);
-    pthread_mutex_lock(&g_kv_mu);
-    for (kv_sub *k = kw->subs; k != NULL; k = k->next)
-        k->retired = 1;
-    /* Once retired, no callback starts our code; the running ones are
-     * waited for (kv_sub_forget), however long the registry's takes. */
-    kv_subs_close_retired(kw, 1);
-    pthread_mutex_unlock(&g_kv_mu);
-    pthread_cond_destroy(&kw->cv);
-    free(kw);
+        pthread_join(rd->thread, NULL);
+    pthread_mutex_lock(&rd->mu);
+    c = rd->cur;
+    rd->cur = NULL;
+    if (c != NULL)
+        c->retired = 1; /* nothing more reaches the registry */
+    pthread_mutex_unlock(&rd->mu);
+    kv_cons_free(c);
+    kv_reader_fini(rd);
+    free(rd);
 }
 
 static sw_err
 kv_watch_add(void *state, sw_registry_entry_fn fn, void *arg, void **handle)
 {
     kv_state *st = state;
-    kv_watch *kw = calloc(1, sizeof(*kw));
+    kv_reader *rd = calloc(1, sizeof(*rd));
+    kv_cons *c = NULL;
     sw_err rv;
-    if (kw == NULL)
+    if (rd == NULL)
         return SW_ENOMEM;
-    kw->st = st;
-    kw->fn = fn;
-    kw->arg = arg;
-    snprintf(kw->pre, sizeof(kw->pre), "$KV.%s.", kvStore_Bucket(st->kv));
-    kw->npre = strlen(kw->pre);
-    swi_cond_init(&kw->cv);
-    kw->reconnects = sw_conn_reconnects(st->conn);
-    kw->lis.fn = kv_watch_on_state;
-    kw->lis.arg = kw;
-    swt_conn_listen(st->conn, &kw->lis);
-    if ((rv = kv_sub_make(kw)) != SW_OK) {
-        kv_watch_end(kw, 0);
+    kv_reader_init(rd, st, fn, arg);
+    rd->reconnects = sw_conn_reconnects(st->conn);
+    rd->lis.fn = kv_watch_on_state;
+    rd->lis.arg = rd;
+    swt_conn_listen(st->conn, &rd->lis);
+    if ((rv = kv_cons_make(rd, &c, NULL)) != SW_OK) {
+        kv_watch_end(rd, 0);
         return rv;
     }
-    if (pthread_create(&kw->thread, NULL, kv_watch_main, kw) != 0) {
-        kv_watch_end(kw, 0);
+    pthread_mutex_lock(&rd->mu);
+    rd->cur = c;
+    rd->last_rx_ms = swi_now_ms();
+    pthread_mutex_unlock(&rd->mu);
+    if (pthread_create(&rd->thread, NULL, kv_watch_main, rd) != 0) {
+        kv_watch_end(rd, 0);
         return SW_ENOMEM;
     }
-    *handle = kw;
+    *handle = rd;
     return SW_OK;
 }
 
@@ -583,7 +575,6 @@ kv_unwatch(void *state, void *handle)
     (void)state;
     kv_watch_end(handle, 1);
 }
-
 /* The store answers when the bucket's stream answers a STREAM.INFO: that
  * needs its leader, as every write does. Half a second at most. */
 static sw_err

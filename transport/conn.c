@@ -281,6 +281,8 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     c->up_since_ms = -1;
     c->refs = 1;
     snprintf(c->name, sizeof(c->name), "%s", o->name ? o->name : "streamwire");
+    snprintf(c->inbox_prefix, sizeof(c->inbox_prefix), "%s",
+             o->inbox_prefix ? o->inbox_prefix : "_INBOX");
     pthread_mutex_init(&c->cb_mu, NULL);
     swi_cond_init(&c->cb_cv);
     pthread_mutex_init(&c->subs_mu, NULL);
@@ -482,4 +484,18 @@ void *
 sw_conn_nats(sw_conn *c)
 {
     return c ? c->nc : NULL;
+}
+
+sw_err
+swt_conn_new_inbox(sw_conn *c, char *out, size_t cap)
+{
+    natsInbox *ib = NULL;
+    const char *tok;
+    int n;
+    if (natsInbox_Create(&ib) != NATS_OK)
+        return SW_ENOMEM;
+    tok = strchr(ib, '.'); /* "_INBOX.<unique>": the unique part */
+    n = snprintf(out, cap, "%s.%s", c->inbox_prefix, tok != NULL ? tok + 1 : ib);
+    natsInbox_Destroy(ib);
+    return n > 0 && (size_t)n < cap ? SW_OK : SW_EINVAL;
 }

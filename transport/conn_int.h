@@ -23,11 +23,12 @@ struct sw_conn {
     int cb_closed;
     sw_conn_state_fn on_state;
     void *on_state_arg;
-    int state;              /* sw_conn_state (atomic access) */
-    int64_t up_since_ms;    /* monotonic time of the last (re)connect; -1 while down (atomic) */
-    uint64_t reconnects;    /* (atomic) */
-    char name[64];          /* the connection name (metrics label) */
-    int send_asap;          /* !sw_conn_opts.no_send_asap */
+    int state;           /* sw_conn_state (atomic access) */
+    int64_t up_since_ms; /* monotonic time of the last (re)connect; -1 while down (atomic) */
+    uint64_t reconnects; /* (atomic) */
+    char name[64];       /* the connection name (metrics label) */
+    char inbox_prefix[SWT_SUBJECT_MAX]; /* sw_conn_opts.inbox_prefix, or "_INBOX" */
+    int send_asap;                      /* !sw_conn_opts.no_send_asap */
     swt_sealer *sealer;     /* sw_conn_opts.seal_key_file: seals and opens every message */
     uint64_t auth_failures; /* messages refused: did not open, or unsealed (atomic) */
     int chaos_no_complete;  /* swx_conn_fail_sub_complete (chaos build; atomic) */

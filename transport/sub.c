@@ -70,6 +70,7 @@ struct swt_sub {
     int dead;                      /* swt_subscribe failed after subscribing: handlers do nothing */
     int drain_started;             /* swt_sub_drain_start drained it (its owner's thread only) */
     int unsubscribed;              /* swt_sub_drain_start could not drain: unsubscribed at once */
+    int plain;                     /* swt_subscribe_plain: no sealing, no tap */
     struct swt_sub *next;          /* on g_orphans, when dead */
     struct swt_sub *cnext, *cprev; /* on c->subs while open (c->subs_mu) */
     pthread_t cb_thread;
@@ -196,6 +197,7 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     m.len = (size_t)natsMsg_GetDataLength(msg);
     m.no_responders = natsMsg_IsNoResponders(msg) ? 1 : 0;
     m.auth_failed = 0;
+    m.impl = msg;
     /* Dead first: an orphan (a subscribe that failed after subscribing)
      * may outlive its connection, whose keys the opening below reads; in_cb
      * from here keeps a close waiting until the callback is done. */
@@ -208,8 +210,9 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     sub->in_cb = 1;
     sub->cb_thread = pthread_self();
     pthread_mutex_unlock(&sub->mu);
-    swt_conn_tap(sub->c, SWT_TAP_RX, m.data, m.len); /* (not dead: c is there) */
-    if (!m.no_responders) {
+    if (!sub->plain)
+        swt_conn_tap(sub->c, SWT_TAP_RX, m.data, m.len); /* (not dead: c is there) */
+    if (!m.no_responders && !sub->plain) {
         /* Sealed cluster: open before anyone looks; refuse what is not
          * sealed. Unsealed: refuse what is (a sealed peer we cannot read). */
         int sealed = swt_env_is_sealed(m.data, m.len);
@@ -269,8 +272,17 @@ swt_on_complete(void *arg)
         swt_sub_free(sub);
 }
 
-sw_err
-swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg)
+const char *
+swt_msg_header(const swt_msg *m, const char *key)
+{
+    const char *v = NULL;
+    if (m->impl == NULL || natsMsgHeader_Get((natsMsg *)(uintptr_t)m->impl, key, &v) != NATS_OK)
+        return NULL;
+    return v;
+}
+
+static sw_err
+swt_subscribe_as(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg, int plain)
 {
     swt_sub *sub;
     natsStatus s;
@@ -280,6 +292,7 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
     sub->c = c;
     sub->fn = fn;
     sub->arg = arg;
+    sub->plain = plain;
     pthread_mutex_init(&sub->mu, NULL);
     swi_cond_init(&sub->cv);
     s = natsConnection_Subscribe(&sub->ns, c->nc, subj, swt_on_msg, sub);
@@ -349,6 +362,18 @@ swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *
     pthread_mutex_unlock(&c->subs_mu);
     *out = sub;
     return SW_OK;
+}
+
+sw_err
+swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg)
+{
+    return swt_subscribe_as(c, out, subj, fn, arg, 0);
+}
+
+sw_err
+swt_subscribe_plain(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg)
+{
+    return swt_subscribe_as(c, out, subj, fn, arg, 1);
 }
 
 int

@@ -239,3 +239,69 @@ swt_mux_subject(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES])
         return SWT_MUX_BEATS;
     return swt_id_n(subject, n, id) == 0 ? SWT_MUX_ID : SWT_MUX_OTHER;
 }
+
+/* A token of 1-20 decimal digits that fits 64 bits into *v: 0, or -1. */
+static int
+swt_u64_token(const char *p, size_t n, uint64_t *v)
+{
+    uint64_t x = 0;
+    if (n == 0 || n > 20)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned d = (unsigned char)p[i] - (unsigned char)'0';
+        if (d > 9 || x > (UINT64_MAX - d) / 10)
+            return -1;
+        x = x * 10 + d;
+    }
+    *v = x;
+    return 0;
+}
+
+int
+swt_u64_parse(const char *s, uint64_t *v)
+{
+    size_t n = 0;
+    if (s == NULL)
+        return -1;
+    while (n <= 20 && s[n] != '\0')
+        n++;
+    return s[n] == '\0' ? swt_u64_token(s, n, v) : -1;
+}
+
+#define SWT_ACK_TOKENS_MAX 12
+int
+swt_js_ack_parse(const char *reply, swt_js_ack *out)
+{
+    const char *tok[SWT_ACK_TOKENS_MAX];
+    size_t len[SWT_ACK_TOKENS_MAX], nt = 0, first;
+    const char *p = reply;
+    swt_js_ack a;
+    if (reply == NULL || strncmp(reply, "$JS.ACK.", 8) != 0)
+        return -1;
+    for (;;) { /* split at '.', at most SWT_ACK_TOKENS_MAX tokens */
+        const char *q = p;
+        while (*q != '\0' && *q != '.' && q - reply < SWT_SUBJECT_MAX)
+            q++;
+        if (q - reply >= SWT_SUBJECT_MAX || nt == SWT_ACK_TOKENS_MAX || q == p)
+            return -1;
+        tok[nt] = p;
+        len[nt++] = (size_t)(q - p);
+        if (*q == '\0')
+            break;
+        p = q + 1;
+    }
+    if (nt == 9)
+        first = 4; /* $JS ACK stream consumer | delivered ... */
+    else if (nt == 11 || nt == 12)
+        first = 6; /* $JS ACK domain account stream consumer | ... */
+    else
+        return -1;
+    if (swt_u64_token(tok[first], len[first], &a.delivered) != 0 ||
+        swt_u64_token(tok[first + 1], len[first + 1], &a.stream_seq) != 0 ||
+        swt_u64_token(tok[first + 2], len[first + 2], &a.consumer_seq) != 0 ||
+        swt_u64_token(tok[first + 3], len[first + 3], &a.timestamp_ns) != 0 ||
+        swt_u64_token(tok[first + 4], len[first + 4], &a.pending) != 0)
+        return -1;
+    *out = a;
+    return 0;
+}

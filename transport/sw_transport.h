@@ -48,6 +48,21 @@ int swt_is_beats_subject(const char *subject);
  * *id as swt_response_subject_id, else SWT_MUX_OTHER (id untouched). */
 typedef enum swt_mux_kind { SWT_MUX_OTHER = 0, SWT_MUX_ID = 1, SWT_MUX_BEATS = 2 } swt_mux_kind;
 swt_mux_kind swt_mux_subject(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES]);
+/* What JetStream says of a message a push consumer delivers, in its reply
+ * subject: $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
+ * seq>.<ns>.<pending> (9 tokens), or the form with a domain and an
+ * account hash after ACK and a token more or not at the end (11 or 12).
+ * 0 with *out filled, or -1 with *out untouched: not that form, a number
+ * that is not 1-20 decimal digits or overflows 64 bits, an empty token, or
+ * SWT_SUBJECT_MAX bytes or more. Reads up to the NUL and no further. */
+typedef struct swt_js_ack {
+    uint64_t delivered, stream_seq, consumer_seq, pending;
+    uint64_t timestamp_ns;
+} swt_js_ack;
+int swt_js_ack_parse(const char *reply, swt_js_ack *out);
+/* A whole string of 1-20 decimal digits that fits 64 bits (a header's
+ * number): 0 with *v set, or -1 with *v untouched. */
+int swt_u64_parse(const char *s, uint64_t *v);
 /* What a subject carries, by its form (the sealed envelope binds it). */
 typedef enum swt_subject_kind {
     SWT_SUBJ_OTHER,       /* not one of ours: e.g. a response subject of the frontend's choosing */
@@ -139,13 +154,25 @@ typedef struct swt_msg {
     int auth_failed;   /* refused by sealing (data NULL, len 0): it did not open, it was not
                           sealed on a sealing connection, or it was sealed on one that is not.
                           Already counted in swt_conn_auth_failures. */
+    const void *impl;  /* internal (swt_msg_header); NULL in a message made by hand */
 } swt_msg;
 typedef void (*swt_msg_fn)(const swt_msg *m, void *arg);
+/* The value of the message's header key (the first, if repeated), or NULL:
+ * none, no headers, or a message made by hand. Valid as m is. */
+const char *swt_msg_header(const swt_msg *m, const char *key);
 
 /* One subscription. Messages reach fn on a nats.c delivery thread, one at a
  * time and in order; the pending queue is unlimited (flow control bounds it). */
 typedef struct swt_sub swt_sub;
 sw_err swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg);
+/* The same, for traffic that is never sealed (JetStream's deliveries to the
+ * registry): nothing is opened or refused by sealing, and no tap runs. */
+/* A new unique inbox subject under c's inbox prefix (sw_conn_opts.
+ * inbox_prefix, "_INBOX" by default), as nats.c makes its own: a role that
+ * may subscribe only under its prefix can listen on it. SW_EINVAL if it
+ * does not fit cap (SWT_SUBJECT_MAX always does). */
+sw_err swt_conn_new_inbox(sw_conn *c, char *out, size_t cap);
+sw_err swt_subscribe_plain(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg);
 /* Messages received and not yet handed to the callback (0 if unknown). */
 int swt_sub_pending(swt_sub *s);
 /* Messages the client library dropped for this subscription. */

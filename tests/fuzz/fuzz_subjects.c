@@ -20,12 +20,17 @@
  *     nothing after the last one, else the byte after it;
  *   - swt_is_response_subject implies the prefix "sw.rsp.";
  *   - swt_subject_kind_of is one of the kinds, and SWT_SUBJ_BEATS only for a
- *     subject that swt_is_beats_subject accepts.
+ *     subject that swt_is_beats_subject accepts;
+ *   - swt_js_ack_parse accepts exactly a "$JS.ACK." subject shorter than
+ *     SWT_SUBJECT_MAX of 9, 11 or 12 non-empty tokens whose five numbers
+ *     (from the 5th, or the 7th) are 1-20 digits within 64 bits, gives
+ *     those numbers, and leaves its output untouched otherwise.
  * Nothing reads past the NUL (ASan in the fuzz and sanitizer builds).
  *
  * Built with -fsanitize=fuzzer (tests/fuzz/CMakeLists.txt) and with
  * fuzz_replay_main.c as a plain program that the normal suite runs
  * (tests/unit/CMakeLists.txt, test fuzz_subjects_replay). */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +131,47 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check(kind >= (int)SWT_SUBJ_OTHER && kind <= (int)SWT_SUBJ_ROUTER, "an unknown kind", s);
     if (kind == (int)SWT_SUBJ_BEATS)
         check(swt_is_beats_subject(s), "kind BEATS for a subject that is not one", s);
+    {
+        /* a JetStream reply: accepted exactly in the reference's form, and
+         * its numbers are the tokens at their places */
+        swt_js_ack a, keep;
+        const char *tok[16];
+        size_t nt = 0, first = 0;
+        int want = strncmp(s, "$JS.ACK.", 8) == 0 && strlen(s) < SWT_SUBJECT_MAX;
+        for (const char *p = s; want && nt < 16;) {
+            const char *q = strchr(p, '.');
+            tok[nt++] = p;
+            if (q == NULL)
+                break;
+            p = q + 1;
+        }
+        want = want && (nt == 9 || nt == 11 || nt == 12);
+        first = nt == 9 ? 4 : 6;
+        for (size_t i = 0; want && i < nt; i++) {
+            size_t tn = strcspn(tok[i], ".");
+            if (tn == 0)
+                want = 0;
+            if (want && i >= first && i < first + 5) {
+                want = tn <= 20 && strspn(tok[i], "0123456789") == tn;
+                errno = 0;
+                (void)strtoull(tok[i], NULL, 10);
+                want = want && errno == 0; /* (ERANGE past 64 bits) */
+            }
+        }
+        memset(&a, 0x5a, sizeof(a));
+        keep = a;
+        rv = swt_js_ack_parse(s, &a);
+        check(rv == 0 || rv == -1, "swt_js_ack_parse returned neither 0 nor -1", s);
+        check((rv == 0) == want, "swt_js_ack_parse disagrees with the reference", s);
+        if (rv == 0) {
+            check(strtoull(tok[first + 1], NULL, 10) == a.stream_seq &&
+                      strtoull(tok[first + 2], NULL, 10) == a.consumer_seq &&
+                      strtoull(tok[first + 4], NULL, 10) == a.pending,
+                  "swt_js_ack_parse's numbers are not the tokens", s);
+        } else {
+            check(memcmp(&a, &keep, sizeof(a)) == 0, "a refused reply wrote the metadata", s);
+        }
+    }
     free(s);
     return 0;
 }

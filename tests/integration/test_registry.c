@@ -2032,7 +2032,7 @@ typedef struct watchdog {
     int active;
     int done;
     int64_t until;
-    const char *what;
+    const char *what, *why;
 } watchdog;
 
 static watchdog g_wd;
@@ -2045,11 +2045,7 @@ watchdog_main(void *p)
     while (!w->done && now_ms() < w->until)
         cond_wait_until(&w->cv, &w->mu, w->until);
     if (!w->done) {
-        fprintf(stderr,
-                "FAILED: %s: still running after its deadline: a log callback that "
-                "re-enters the API deadlocked, i.e. it was called with a registry or pool "
-                "lock held\n",
-                w->what);
+        fprintf(stderr, "FAILED: %s: still running after its deadline: %s\n", w->what, w->why);
         fflush(NULL);
         _exit(1);
     }
@@ -2057,11 +2053,18 @@ watchdog_main(void *p)
     return NULL;
 }
 
+/* A log callback that re-enters the API deadlocked: it was called with a
+ * registry or pool lock held. */
+#define WD_REENTRY                                                                             \
+    "a log callback that re-enters the API deadlocked, i.e. it was called with a registry or " \
+    "pool lock held"
+
 static void
-watchdog_start(const char *what, int64_t timeout_ms)
+watchdog_start(const char *what, const char *why, int64_t timeout_ms)
 {
     watchdog *w = &g_wd;
     assert_false(w->active);
+    w->why = why;
     pthread_mutex_init(&w->mu, NULL);
     cond_init_mono(&w->cv);
     w->done = 0;
@@ -2123,7 +2126,7 @@ registry_logs_without_locks(void **state)
 
     reentry_init(&rw);
     reentry_init(&rr);
-    watchdog_start("registry_logs_without_locks", T(60000));
+    watchdog_start("registry_logs_without_locks", WD_REENTRY, T(60000));
     wreg = fx_reg_reentry(f, 0, 900, 100, &rw);
     rreg = fx_reg_reentry(f, 1, 900, 0, &rr);
     fx_worker(f, 0, EP1);
@@ -2290,7 +2293,7 @@ log_under_another_handles_lock(void **state)
     sw_registry *a, *b;
     reentry_init(&ra);
     reentry_init(&rb);
-    watchdog_start("log_under_another_handles_lock", T(30000));
+    watchdog_start("log_under_another_handles_lock", WD_REENTRY, T(30000));
     a = fx_reg_reentry(f, 0, 3000, 1000, &ra);
     b = fx_reg_reentry(f, 1, 3000, 1000, &rb);
     __atomic_store_n(&rb.reg, a, __ATOMIC_RELEASE); /* B's log re-enters A */
@@ -2350,7 +2353,7 @@ pool_logs_without_lock(void **state)
     reentry_init(&rrl);
     memset(&rc, 0, sizeof(rc));
     pthread_mutex_init(&rc.mu, NULL);
-    watchdog_start("pool_logs_without_lock", T(30000));
+    watchdog_start("pool_logs_without_lock", WD_REENTRY, T(30000));
     wreg = fx_reg(f, 0, 0, 0);
     rreg = fx_reg_reentry(f, 1, 0, 0, &rrl);
     fx_worker(f, 0, EP1);
@@ -2916,6 +2919,135 @@ idle_registry_rests(void **state)
 }
 
 #ifndef SW_REGISTRY_MEMORY_ONLY
+/* nats-kv: the watch's consumer, deleted on the server (an operator, a
+ * JetStream that lost it) while the connection stays up, sends no more
+ * heartbeats: the watch makes a new one after three missed (5 s apart),
+ * and an entry written meanwhile is seen then. */
+static void
+watch_remade_when_consumer_deleted(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 60000, 0);
+    sw_registry *rreg = fx_reg(f, 1, 60000, 0);
+    evlog *l = &f->log[0];
+    jsCtx *js = NULL;
+    jsConsumerNamesList *names = NULL;
+    char stream[SW_MAX_TOKEN + 8];
+    int64_t t0, took;
+    assert_int_equal(sw_registry_watch(rreg, on_event, l, NULL), SW_OK);
+    fx_worker(f, 0, EP1);
+    fx_worker(f, 1, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    /* Both registries' watches are the bucket's only consumers now. */
+    snprintf(stream, sizeof(stream), "KV_%s", f->bucket);
+    assert_int_equal(natsConnection_JetStream(&js, (natsConnection *)sw_conn_nats(f->conn), NULL),
+                     NATS_OK);
+    assert_int_equal(js_ConsumerNames(&names, js, stream, NULL, NULL), NATS_OK);
+    assert_int_equal(names->Count, 2);
+    for (int i = 0; i < names->Count; i++)
+        assert_int_equal(js_DeleteConsumer(js, stream, names->List[i], NULL, NULL), NATS_OK);
+    jsConsumerNamesList_Destroy(names);
+    t0 = now_ms();
+    assert_int_equal(sw_registry_register(wreg, &f->rg[1]), SW_OK);
+    /* Cut off: not seen at once... */
+    swh_sleep_ms(1000);
+    assert_int_equal(evlog_count(l, SW_REGISTRY_ADDED, fx_id(f, 1), 0), 0);
+    /* ...but once the heartbeats are missed (10-15 s after the last one). */
+    assert_true(evlog_wait(l, SW_REGISTRY_ADDED, fx_id(f, 1), 0, T(25000)) >= 0);
+    took = now_ms() - t0;
+    print_message("    seen %lld ms after its consumer was deleted\n", (long long)took);
+    assert_true(took >= 5000);
+    jsCtx_Destroy(js);
+}
+
+/* The writer of watch_closes_while_receiving: puts as fast as the store
+ * answers until told to stop. */
+typedef struct stress_writer {
+    const sw_registry_backend *be;
+    void *st;
+    atomic_int stop;
+    atomic_int puts;
+} stress_writer;
+
+static void *
+stress_writer_main(void *p)
+{
+    stress_writer *w = p;
+    char key[32];
+    for (unsigned i = 0; !atomic_load(&w->stop); i++) {
+        snprintf(key, sizeof(key), "zz.stress%u", i % 16);
+        if (w->be->put(w->st, key, (const uint8_t *)"x", 1, 0, NULL) == SW_OK)
+            atomic_fetch_add(&w->puts, 1);
+    }
+    return NULL;
+}
+
+/* nats-kv: watches and lists are opened and closed on a connection while
+ * their consumers receive, and lists end while the bucket is written. nats.c 3.4.1's read loop used
+ * a subscription it had looked up without a reference, so removing one that was receiving could
+ * free it under the loop, which then waited forever on a freed lock (the connection's close waits
+ * for the loop: test_registry hung so in CI, under ASan, with the watch on nats.c's own JetStream
+ * consumer). The watchdog covers the closes, the connection's in teardown too. */
+static void
+watch_closes_while_receiving(void **state)
+{
+    fx *f = *state;
+    stress_writer w;
+    pthread_t t;
+    int rounds = 0, puts0;
+    int64_t until;
+    memset(&w, 0, sizeof(w));
+    w.be = sw_registry_backend_find(f->be);
+    assert_non_null(w.be);
+    f->raw_be[0] = w.be;
+    assert_int_equal(w.be->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+    w.st = f->raw_state[0];
+    watchdog_start("watch_closes_while_receiving",
+                   "a watch or list closed while receiving hung the connection's read loop",
+                   T(60000));
+    assert_int_equal(pthread_create(&t, NULL, stress_writer_main, &w), 0);
+    while (atomic_load(&w.puts) < 16)
+        swh_sleep_ms(1);
+    until = now_ms() + 3000;
+    while (now_ms() < until || rounds < 20) {
+        sw_registry *reg = fx_reg(f, 1, 0, 0);
+        puts0 = atomic_load(&w.puts);
+        /* opened: it listed, and its watch receives the writer's puts */
+        while (atomic_load(&w.puts) < puts0 + 1 + rounds % 8)
+            swh_sleep_ms(1);
+        (void)reg;
+        fx_reg_close(f, 1);
+        rounds++;
+    }
+    /* A list ends while the values it reads are being written (each
+     * delivery's count of values left then includes the new ones, and
+     * need not fall to 0 while they come), with every key in it. */
+    for (int k = 0; k < 5; k++) {
+        key_chk c;
+        int64_t t0 = now_ms();
+        memset(&c, 0, sizeof(c));
+        c.key = "zz.stress15";
+        assert_int_equal(w.be->list(w.st, key_chk_cb, &c), SW_OK);
+        assert_true(c.present);
+        assert_true(now_ms() - t0 < T(3000));
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(t, NULL);
+    print_message("    %d watches opened and closed under %d puts\n", rounds, atomic_load(&w.puts));
+    assert_true(atomic_load(&w.puts) > rounds);
+    /* the store still answers, on the same connection */
+    {
+        sw_registry *reg = fx_reg(f, 1, 0, 0);
+        fx_worker(f, 0, EP1);
+        assert_int_equal(sw_registry_register(reg, &f->rg[0]), SW_OK);
+        assert_true(wait_listed(reg, fx_id(f, 0), 1, T(2000)));
+    }
+    /* teardown closes the connection; the watchdog stops after it */
+}
+#endif
+
+#ifndef SW_REGISTRY_MEMORY_ONLY
 /* nats-kv: the watch, an asynchronous ordered consumer, follows the store
  * across a restart of the server: a live worker is not lost meanwhile, and
  * an entry written after it comes back is seen. (Last: it restarts the
@@ -2982,6 +3114,8 @@ main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         REG_TESTS(SUITE_BACKEND),
 #ifndef SW_REGISTRY_MEMORY_ONLY
+        RT(watch_closes_while_receiving, SUITE_BACKEND),
+        RT(watch_remade_when_consumer_deleted, SUITE_BACKEND),
         RT(watch_survives_server_restart, SUITE_BACKEND),
 #endif
     };

@@ -256,6 +256,72 @@ test_response_subject_id(void **state)
     assert_memory_equal(id, RID, sizeof(RID));
 }
 
+/* JetStream's delivery metadata, read from a reply subject (the registry's
+ * watch keeps its consumer's order by it). */
+static void
+test_js_ack_parse(void **state)
+{
+    swt_js_ack a, keep;
+    uint64_t v;
+    char long_reply[SWT_SUBJECT_MAX + 8];
+    (void)state;
+    /* the 9-token form: stream, consumer, delivered, stream seq, consumer seq, ns, pending */
+    assert_int_equal(swt_js_ack_parse("$JS.ACK.KV_b.c1.1.42.7.1700000000123456789.3", &a), 0);
+    assert_true(a.delivered == 1 && a.stream_seq == 42 && a.consumer_seq == 7 && a.pending == 3);
+    assert_true(a.timestamp_ns == 1700000000123456789ULL);
+    /* with a domain and an account hash, and a random token at the end or not */
+    assert_int_equal(swt_js_ack_parse("$JS.ACK.dom.acchash.KV_b.c1.2.43.8.99.0.rnd", &a), 0);
+    assert_true(a.delivered == 2 && a.stream_seq == 43 && a.consumer_seq == 8 && a.pending == 0 &&
+                a.timestamp_ns == 99);
+    assert_int_equal(swt_js_ack_parse("$JS.ACK.dom.acchash.KV_b.c1.2.44.9.99.5", &a), 0);
+    assert_true(a.stream_seq == 44 && a.consumer_seq == 9 && a.pending == 5);
+    /* the largest number; one more overflows */
+    assert_int_equal(swt_js_ack_parse("$JS.ACK.s.c.1.18446744073709551615.1.1.0", &a), 0);
+    assert_true(a.stream_seq == UINT64_MAX);
+    keep = a;
+    static const char *const bad[] = {
+        NULL,
+        "",
+        "$JS.ACK",
+        "$JS.ACK.",
+        "$JS.ACk.s.c.1.2.3.4.5",
+        "_INBOX.abc",
+        "$JS.ACK.s.c.1.2.3.4",           /* 8 tokens */
+        "$JS.ACK.s.c.1.2.3.4.5.6",       /* 10 */
+        "$JS.ACK.d.h.s.c.1.2.3.4.5.6.7", /* 13 */
+        "$JS.ACK.s.c.1.18446744073709551616.1.1.0",
+        "$JS.ACK.s.c.1.000000000000000000001.1.1.0", /* 21 digits */
+        "$JS.ACK.s.c.1.2.-3.4.5",
+        "$JS.ACK.s.c.1.2.3.4.5 ",
+        "$JS.ACK.s.c.1.2.3.4.x",
+        "$JS.ACK.s.c..2.3.4.5", /* an empty token */
+        "$JS.ACK.s.c.1.2.3.4.5.",
+        "$JS.ACK..c.1.2.3.4.5",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (swt_js_ack_parse(bad[i], &a) != -1)
+            fail_msg("accepted \"%s\"", bad[i] ? bad[i] : "(null)");
+        assert_memory_equal(&a, &keep, sizeof(a)); /* untouched */
+    }
+    /* too long a subject, even if well formed */
+    memset(long_reply, 'x', sizeof(long_reply));
+    memcpy(long_reply, "$JS.ACK.", 8);
+    memcpy(long_reply + sizeof(long_reply) - 18, ".c.1.2.3.4.5", 13);
+    assert_int_equal(swt_js_ack_parse(long_reply, &a), -1);
+    /* a header's number */
+    assert_int_equal(swt_u64_parse("0", &v), 0);
+    assert_true(v == 0);
+    assert_int_equal(swt_u64_parse("18446744073709551615", &v), 0);
+    assert_true(v == UINT64_MAX);
+    assert_int_equal(swt_u64_parse("18446744073709551616", &v), -1);
+    assert_int_equal(swt_u64_parse("", &v), -1);
+    assert_int_equal(swt_u64_parse(" 1", &v), -1);
+    assert_int_equal(swt_u64_parse("1 ", &v), -1);
+    assert_int_equal(swt_u64_parse("0000000000000000000001", &v), -1);
+    assert_int_equal(swt_u64_parse(NULL, &v), -1);
+    assert_true(v == UINT64_MAX);
+}
+
 int
 main(void)
 {
@@ -267,6 +333,7 @@ main(void)
         cmocka_unit_test(test_longest_request_subject_is_valid),
         cmocka_unit_test(test_response_subject_id),
         cmocka_unit_test(test_beats_subject),
+        cmocka_unit_test(test_js_ack_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

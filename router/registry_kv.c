@@ -90,7 +90,8 @@ typedef struct kv_reader {
     pthread_cond_t cv;
     int remake;         /* mu: a gap, or the heartbeats say one */
     int done;           /* mu: the last current value has come (a list's end) */
-    uint64_t received;  /* mu: deliveries so far (a list) */
+    uint64_t received;  /* mu: distinct values so far (a list; stream sequences that grew) */
+    uint64_t last_sseq; /* mu: the highest stream sequence delivered */
     uint64_t initial;   /* mu: how many values were current when it was made (a list;
                            UINT64_MAX until known) */
     int64_t last_rx_ms; /* mu: the last delivery or heartbeat */
@@ -255,10 +256,17 @@ kv_on_msg(const swt_msg *m, void *arg)
         /* A status: an idle heartbeat names the last delivery it follows. */
         const char *last = swt_msg_header(m, "Nats-Last-Consumer");
         uint64_t n;
-        if (last != NULL && swt_u64_parse(last, &n) == 0 && n + 1 != c->next_dseq) {
-            c->retired = 1;
-            rd->remake = 1;
-            pthread_cond_broadcast(&rd->cv);
+        if (last != NULL && swt_u64_parse(last, &n) == 0) {
+            if (n + 1 != c->next_dseq) {
+                c->retired = 1;
+                rd->remake = 1;
+                pthread_cond_broadcast(&rd->cv);
+            } else if (!rd->done) {
+                /* in step, and the server had nothing left to send: a
+                 * list whose last current value went (max age) ends */
+                rd->done = 1;
+                pthread_cond_broadcast(&rd->cv);
+            }
         }
         pthread_mutex_unlock(&rd->mu);
         return;
@@ -271,7 +279,12 @@ kv_on_msg(const swt_msg *m, void *arg)
         return;
     }
     c->next_dseq++;
-    rd->received++;
+    /* A value replaced between the consumer's making and its delivery
+     * makes the server send the next subject's twice: count values. */
+    if (a.stream_seq > rd->last_sseq) {
+        rd->last_sseq = a.stream_seq;
+        rd->received++;
+    }
     /* The current values are in: the server says none is left, or as many
      * came as were current when the consumer was made (while values are
      * written, "left" counts the new ones too and may not reach 0). */
@@ -342,17 +355,20 @@ kv_cons_make(kv_reader *rd, kv_cons **out, uint64_t *pending)
     return SW_OK;
 }
 
-/* Closes c (rd->mu not held): when this returns its callback has run for
+/* Closes c (rd->mu not held): when this returns 1 its callback has run for
  * the last time. The consumer itself is deleted if the server answers soon
- * (else it goes by itself once nobody listens). NULL ok. */
-static void
+ * (else it goes by itself once nobody listens). 0: nats.c never completed
+ * the subscription, whose callback may still run: c and its reader are
+ * left allocated (logged by the transport). NULL ok. */
+static int
 kv_cons_free(kv_cons *c)
 {
     kv_reader *rd;
     if (c == NULL)
-        return;
+        return 1;
     rd = c->rd;
-    swt_sub_close(rd->st->conn, &c->sub);
+    if (!swt_sub_close(rd->st->conn, &c->sub))
+        return 0;
     if (c->name[0] != '\0' && sw_conn_status(rd->st->conn) == SW_CONN_CONNECTED) {
         char stream[SW_MAX_TOKEN + 8], filter[sizeof(rd->pre) + 1];
         jsOptions jo;
@@ -362,6 +378,7 @@ kv_cons_free(kv_cons *c)
         (void)js_DeleteConsumer(rd->st->js, stream, c->name, &jo, NULL);
     }
     free(c);
+    return 1;
 }
 
 static void
@@ -392,46 +409,52 @@ kv_reader_fini(kv_reader *rd)
 static sw_err
 kv_list(void *state, sw_registry_entry_fn fn, void *arg)
 {
-    kv_reader rd;
+    kv_reader *rd = calloc(1, sizeof(*rd)); /* (left allocated if a callback may still run) */
+    int64_t give_up = swi_now_ms() + KV_LIST_MAX_MS;
     sw_err rv = SW_OK;
-    memset(&rd, 0, sizeof(rd));
-    kv_reader_init(&rd, state, fn, arg);
-    rd.puts_only = 1;
+    if (rd == NULL)
+        return SW_ENOMEM;
+    kv_reader_init(rd, state, fn, arg);
+    rd->puts_only = 1;
     for (int tries = 0; tries < KV_LIST_TRIES; tries++) {
         kv_cons *c = NULL;
         uint64_t pending = 0;
-        int64_t give_up = swi_now_ms() + KV_LIST_MAX_MS;
         int done, gap;
-        if ((rv = kv_cons_make(&rd, &c, &pending)) != SW_OK)
+        if ((rv = kv_cons_make(rd, &c, &pending)) != SW_OK)
             break;
-        pthread_mutex_lock(&rd.mu);
-        rd.last_rx_ms = swi_now_ms();
-        rd.initial = pending;
-        if (rd.received >= rd.initial)
-            rd.done = 1; /* all came already, or an empty bucket: nothing will come */
+        pthread_mutex_lock(&rd->mu);
+        rd->last_rx_ms = swi_now_ms();
+        rd->initial = pending;
+        if (rd->received >= rd->initial)
+            rd->done = 1; /* all came already, or an empty bucket: nothing will come */
         for (;;) {
-            int64_t until = rd.last_rx_ms + KV_LIST_WAIT_MS;
+            int64_t until = rd->last_rx_ms + KV_LIST_WAIT_MS;
             if (until > give_up)
                 until = give_up;
-            if (rd.done || rd.remake || swi_now_ms() >= until)
+            if (rd->done || rd->remake || swi_now_ms() >= until)
                 break;
-            swi_cond_wait_until(&rd.cv, &rd.mu, until);
+            swi_cond_wait_until(&rd->cv, &rd->mu, until);
         }
-        done = rd.done && !rd.remake;
-        gap = rd.remake;
-        rd.remake = 0;
-        rd.done = 0;
-        rd.received = 0;
-        rd.initial = UINT64_MAX;
-        pthread_mutex_unlock(&rd.mu);
-        kv_cons_free(c); /* (what it had delivered runs through kv_on_msg first) */
+        done = rd->done && !rd->remake;
+        gap = rd->remake;
+        c->retired = !done; /* (a gap retired it already) */
+        rd->remake = 0;
+        rd->done = 0;
+        rd->received = 0;
+        rd->last_sseq = 0;
+        rd->initial = UINT64_MAX;
+        pthread_mutex_unlock(&rd->mu);
+        /* (what it had delivered runs through kv_on_msg first) */
+        if (!kv_cons_free(c))
+            return SW_EINTERNAL; /* rd stays: the callback may still run */
         if (done)
             break;
-        rv = gap ? SW_EPROTO : SW_ETIMEDOUT;
-        if (!gap)
+        rv = gap && swi_now_ms() < give_up ? SW_EPROTO : SW_ETIMEDOUT;
+        if (rv == SW_ETIMEDOUT)
             break;
     }
-    kv_reader_fini(&rd);
+    kv_reader_fini(rd);
+    free(rd);
     return rv;
 }
 
@@ -534,7 +557,8 @@ kv_watch_end(kv_reader *rd, int thread)
     if (c != NULL)
         c->retired = 1; /* nothing more reaches the registry */
     pthread_mutex_unlock(&rd->mu);
-    kv_cons_free(c);
+    if (!kv_cons_free(c))
+        return; /* rd stays: c's callback may still run */
     kv_reader_fini(rd);
     free(rd);
 }

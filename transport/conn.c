@@ -247,7 +247,10 @@ swt_conn_security(natsOptions *no, const sw_conn_opts *o)
 static void
 conn_free(sw_conn *c)
 {
-    natsConnection_Destroy(c->nc);
+    natsConnection_Destroy(c->nc); /* (closed: its read loop has ended) */
+    for (size_t i = 0; i < c->ngraves; i++)
+        natsSubscription_Destroy(c->graves[i]);
+    free(c->graves);
     natsOptions_Destroy(c->opts);
     swt_sealer_free(c->sealer);
     pthread_mutex_destroy(&c->cb_mu);
@@ -281,6 +284,10 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     c->up_since_ms = -1;
     c->refs = 1;
     snprintf(c->name, sizeof(c->name), "%s", o->name ? o->name : "streamwire");
+    if (o->inbox_prefix != NULL && strlen(o->inbox_prefix) + 24 >= sizeof(c->inbox_prefix)) {
+        free(c); /* (nothing else made yet) */
+        return SW_EINVAL;
+    }
     snprintf(c->inbox_prefix, sizeof(c->inbox_prefix), "%s",
              o->inbox_prefix ? o->inbox_prefix : "_INBOX");
     pthread_mutex_init(&c->cb_mu, NULL);

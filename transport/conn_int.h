@@ -36,6 +36,14 @@ struct sw_conn {
      * before a subscription's own mu, never after it. */
     pthread_mutex_t subs_mu;
     struct swt_sub *subs;
+    /* Subscriptions closed without a drain (the connection was down), kept
+     * until the connection is destroyed (subs_mu): nats.c 3.4.1's read
+     * loop uses a subscription it looked up without a reference (nats.c
+     * issue 637), and one freed after a reconnect it raced could be freed
+     * under the loop. A drained one cannot be: the server stopped sending
+     * before the drain ended. */
+    natsSubscription **graves;
+    size_t ngraves, capgraves;
     int64_t trim_ms; /* swt_conn_trim's last pass (atomic): several owners' timers share one */
     /* The application's handle (1 until sw_conn_close) plus one per object
      * created on the connection (swt_conn_hold); the last release frees it. */

@@ -456,19 +456,41 @@ swt_sub_drain_start(sw_conn *c, swt_sub *sub)
     }
 }
 
-void
+/* Keeps ns until c is destroyed (c->graves); destroys it now if there is
+ * no memory to keep it. */
+static void
+swt_conn_grave(sw_conn *c, natsSubscription *ns)
+{
+    pthread_mutex_lock(&c->subs_mu);
+    if (c->ngraves == c->capgraves) {
+        size_t nc = c->capgraves ? 2 * c->capgraves : 4;
+        natsSubscription **ng = realloc(c->graves, nc * sizeof(*ng));
+        if (ng != NULL) {
+            c->graves = ng;
+            c->capgraves = nc;
+        }
+    }
+    if (c->ngraves < c->capgraves) {
+        c->graves[c->ngraves++] = ns;
+        ns = NULL;
+    }
+    pthread_mutex_unlock(&c->subs_mu);
+    natsSubscription_Destroy(ns); /* (NULL: kept) */
+}
+
+int
 swt_sub_close(sw_conn *c, swt_sub **subp)
 {
     swt_sub *sub = *subp;
-    int self;
+    int self, drained = 0;
     int64_t until;
     if (sub == NULL)
-        return;
+        return 1;
     *subp = NULL;
     swt_sub_unlink(sub);
     swt_sub_drain_start(c, sub); /* (a no-op if the owner started it) */
     if (sub->drain_started)
-        natsSubscription_WaitForDrainCompletion(sub->ns, 2000);
+        drained = natsSubscription_WaitForDrainCompletion(sub->ns, 2000) == NATS_OK;
     /* Unsubscribe in any case: a drain that timed out leaves it open. */
     natsSubscription_Unsubscribe(sub->ns);
     pthread_mutex_lock(&sub->mu);
@@ -478,7 +500,7 @@ swt_sub_close(sw_conn *c, swt_sub **subp)
          * return, and frees it then. */
         sub->free_on_complete = 1;
         pthread_mutex_unlock(&sub->mu);
-        return;
+        return 0;
     }
     /* The completion comes after the handler's last return: however long a
      * user callback takes, it has returned when this does. The bound only
@@ -491,8 +513,13 @@ swt_sub_close(sw_conn *c, swt_sub **subp)
         sub->free_on_complete = 1;
         pthread_mutex_unlock(&sub->mu);
         swi_log(&c->log, SW_LOG_ERROR, "nats: a subscription did not complete in 60 s; left open");
-        return;
+        return 0;
     }
     pthread_mutex_unlock(&sub->mu);
+    if (!drained) { /* unsubscribed while down, or a drain that timed out */
+        swt_conn_grave(c, sub->ns);
+        sub->ns = NULL;
+    }
     swt_sub_free(sub);
+    return 1;
 }

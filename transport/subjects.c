@@ -268,7 +268,7 @@ swt_u64_parse(const char *s, uint64_t *v)
     return s[n] == '\0' ? swt_u64_token(s, n, v) : -1;
 }
 
-#define SWT_ACK_TOKENS_MAX 12
+#define SWT_ACK_TOKENS_MAX 16
 int
 swt_js_ack_parse(const char *reply, swt_js_ack *out)
 {
@@ -292,8 +292,8 @@ swt_js_ack_parse(const char *reply, swt_js_ack *out)
     }
     if (nt == 9)
         first = 4; /* $JS ACK stream consumer | delivered ... */
-    else if (nt == 11 || nt == 12)
-        first = 6; /* $JS ACK domain account stream consumer | ... */
+    else if (nt >= 11)
+        first = 6; /* $JS ACK domain account stream consumer | ... (the rest ignored) */
     else
         return -1;
     if (swt_u64_token(tok[first], len[first], &a.delivered) != 0 ||

@@ -51,7 +51,8 @@ swt_mux_kind swt_mux_subject(const char *subject, uint8_t id[SW_REQUEST_ID_BYTES
 /* What JetStream says of a message a push consumer delivers, in its reply
  * subject: $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
  * seq>.<ns>.<pending> (9 tokens), or the form with a domain and an
- * account hash after ACK and a token more or not at the end (11 or 12).
+ * account hash after ACK, and tokens after pending or not (11 to 16; those
+ * after pending are not read).
  * 0 with *out filled, or -1 with *out untouched: not that form, a number
  * that is not 1-20 decimal digits or overflows 64 bits, an empty token, or
  * SWT_SUBJECT_MAX bytes or more. Reads up to the NUL and no further. */
@@ -165,13 +166,14 @@ const char *swt_msg_header(const swt_msg *m, const char *key);
  * time and in order; the pending queue is unlimited (flow control bounds it). */
 typedef struct swt_sub swt_sub;
 sw_err swt_subscribe(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg);
-/* The same, for traffic that is never sealed (JetStream's deliveries to the
- * registry): nothing is opened or refused by sealing, and no tap runs. */
 /* A new unique inbox subject under c's inbox prefix (sw_conn_opts.
  * inbox_prefix, "_INBOX" by default), as nats.c makes its own: a role that
  * may subscribe only under its prefix can listen on it. SW_EINVAL if it
  * does not fit cap (SWT_SUBJECT_MAX always does). */
 sw_err swt_conn_new_inbox(sw_conn *c, char *out, size_t cap);
+/* The same as swt_subscribe, for traffic that is never sealed (JetStream's
+ * deliveries to the registry): nothing is opened or refused by sealing,
+ * and no tap runs. */
 sw_err swt_subscribe_plain(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg);
 /* Messages received and not yet handed to the callback (0 if unknown). */
 int swt_sub_pending(swt_sub *s);
@@ -191,9 +193,14 @@ unsigned swt_sub_kept(swt_sub *s);
 unsigned swt_conn_kept(sw_conn *c);
 /* Removes a subscription: lets the messages it already has run through its
  * callback (drain, up to 2 s) when connected, unsubscribes at once when
- * not, then destroys it and sets *sub to NULL. When it returns, the
- * callback is not running. NULL *sub is a no-op. */
-void swt_sub_close(sw_conn *c, swt_sub **sub);
+ * not, then destroys it and sets *sub to NULL. Returns 1 when the callback
+ * has run for the last time (its arg may be freed); 0 if it may still run:
+ * closed from inside its own callback, or nats.c never completed it in
+ * 60 s (logged), and then the caller must keep arg. NULL *sub: 1. One not
+ * drained (the connection was down, or the drain timed out) keeps nats.c's
+ * subscription object until c is destroyed: nats.c 3.4.1's read loop may
+ * still hold it (nats.c issue 637). */
+int swt_sub_close(sw_conn *c, swt_sub **sub);
 /* The first half of swt_sub_close, which does not wait: the server is told
  * at once that the subscription wants no more messages (they go to no one,
  * or to other subscribers), and the ones it already has still run through

@@ -130,7 +130,8 @@ typedef struct sw_conn_opts {
     const char *creds_file;     /* user JWT + nkey seed (a .creds file), decentralised auth */
     const char *nkey_seed_file; /* a user nkey seed file ("SU..."); the public key is derived */
     const char *inbox_prefix;   /* reply subjects (JetStream API, registry) start with this
-                                   instead of "_INBOX", so permissions can confine them */
+                                   instead of "_INBOX", so permissions can confine them
+                                   (at most 295 bytes: SW_EINVAL) */
     /* TLS. Any of the files, or tls = 1, turns TLS on; a tls:// URL does too. */
     int tls;
     const char *tls_ca_file;   /* PEM CA(s) the server's certificate must chain to */

@@ -22,7 +22,7 @@
  *   - swt_subject_kind_of is one of the kinds, and SWT_SUBJ_BEATS only for a
  *     subject that swt_is_beats_subject accepts;
  *   - swt_js_ack_parse accepts exactly a "$JS.ACK." subject shorter than
- *     SWT_SUBJECT_MAX of 9, 11 or 12 non-empty tokens whose five numbers
+ *     SWT_SUBJECT_MAX of 9 or 11-16 non-empty tokens whose five numbers
  *     (from the 5th, or the 7th) are 1-20 digits within 64 bits, gives
  *     those numbers, and leaves its output untouched otherwise.
  * Nothing reads past the NUL (ASan in the fuzz and sanitizer builds).
@@ -135,17 +135,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* a JetStream reply: accepted exactly in the reference's form, and
          * its numbers are the tokens at their places */
         swt_js_ack a, keep;
-        const char *tok[16];
+        const char *tok[17];
         size_t nt = 0, first = 0;
         int want = strncmp(s, "$JS.ACK.", 8) == 0 && strlen(s) < SWT_SUBJECT_MAX;
-        for (const char *p = s; want && nt < 16;) {
+        for (const char *p = s; want && nt < 17;) {
             const char *q = strchr(p, '.');
             tok[nt++] = p;
             if (q == NULL)
                 break;
             p = q + 1;
         }
-        want = want && (nt == 9 || nt == 11 || nt == 12);
+        want = want && (nt == 9 || (nt >= 11 && nt <= 16));
         first = nt == 9 ? 4 : 6;
         for (size_t i = 0; want && i < nt; i++) {
             size_t tn = strcspn(tok[i], ".");

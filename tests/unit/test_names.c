@@ -275,6 +275,9 @@ test_js_ack_parse(void **state)
                 a.timestamp_ns == 99);
     assert_int_equal(swt_js_ack_parse("$JS.ACK.dom.acchash.KV_b.c1.2.44.9.99.5", &a), 0);
     assert_true(a.stream_seq == 44 && a.consumer_seq == 9 && a.pending == 5);
+    /* tokens a later server may add after those are not read */
+    assert_int_equal(swt_js_ack_parse("$JS.ACK.d.h.KV_b.c1.2.45.10.99.6.r.x.y.z", &a), 0);
+    assert_true(a.stream_seq == 45 && a.consumer_seq == 10 && a.pending == 6);
     /* the largest number; one more overflows */
     assert_int_equal(swt_js_ack_parse("$JS.ACK.s.c.1.18446744073709551615.1.1.0", &a), 0);
     assert_true(a.stream_seq == UINT64_MAX);
@@ -286,9 +289,9 @@ test_js_ack_parse(void **state)
         "$JS.ACK.",
         "$JS.ACk.s.c.1.2.3.4.5",
         "_INBOX.abc",
-        "$JS.ACK.s.c.1.2.3.4",           /* 8 tokens */
-        "$JS.ACK.s.c.1.2.3.4.5.6",       /* 10 */
-        "$JS.ACK.d.h.s.c.1.2.3.4.5.6.7", /* 13 */
+        "$JS.ACK.s.c.1.2.3.4",                     /* 8 tokens */
+        "$JS.ACK.s.c.1.2.3.4.5.6",                 /* 10 */
+        "$JS.ACK.d.h.s.c.1.2.3.4.5.6.7.8.9.10.11", /* 17 */
         "$JS.ACK.s.c.1.18446744073709551616.1.1.0",
         "$JS.ACK.s.c.1.000000000000000000001.1.1.0", /* 21 digits */
         "$JS.ACK.s.c.1.2.-3.4.5",

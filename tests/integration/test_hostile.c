@@ -962,6 +962,23 @@ negative_durations_are_invalid(void **state)
     co.reconnect_wait_ms = 0;
     co.max_reconnect = -2;
     assert_int_equal(sw_conn_open(&c, &co), SW_EINVAL);
+    {
+        /* An inbox prefix leaves room for the unique part (295 bytes). */
+        char pfx[300];
+        memset(pfx, 'p', sizeof(pfx) - 1);
+        pfx[sizeof(pfx) - 1] = '\0';
+        sw_conn_opts_init(&co);
+        co.url = g_nats.url;
+        co.inbox_prefix = pfx;
+        assert_int_equal(sw_conn_open(&c, &co), SW_EINVAL);
+        assert_null(c);
+        pfx[296] = '\0';
+        assert_int_equal(sw_conn_open(&c, &co), SW_EINVAL);
+        pfx[295] = '\0';
+        assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+        sw_conn_close(c);
+        c = NULL;
+    }
     c = conn_open();
     sw_router_opts_init(&ro);
     ro.gap_timeout_ms = -1;

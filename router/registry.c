@@ -194,6 +194,7 @@ sw_registry_close(sw_registry *reg)
     for (size_t i = 0; i < reg->nview; i++)
         swp_free(reg->view[i].info);
     free(reg->view);
+    free(reg->tomb);
     free(reg->own);
     free(reg->w);
     pthread_mutex_destroy(&reg->wmu);

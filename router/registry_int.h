@@ -32,6 +32,17 @@ typedef struct reg_view {
     char report_reason[96];
 } reg_view;
 
+/* A key deleted from the store: its revision is remembered for a while, so
+ * that a value of the key from before the delete, delivered late (the
+ * list and the watch run on different threads), does not bring the entry
+ * back. */
+#define REG_TOMBS_MAX 1024 /* remembered at most; the oldest is dropped first */
+typedef struct reg_tomb {
+    char key[REG_KEY_MAX];
+    uint64_t rev;  /* the delete's revision */
+    int64_t at_ms; /* when it was seen (monotonic) */
+} reg_tomb;
+
 typedef struct reg_own {
     char key[REG_KEY_MAX];
     char instance[SW_MAX_TOKEN + 1];
@@ -91,6 +102,8 @@ struct sw_registry {
     pthread_cond_t cv;
     reg_view *view;
     size_t nview, capview;
+    reg_tomb *tomb; /* deletes (mu) */
+    size_t ntomb, captomb;
     reg_own *own;
     size_t nown, capown;
     reg_watcher *w;

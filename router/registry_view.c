@@ -98,6 +98,63 @@ view_get_or_add(sw_registry *reg, const char *key)
     return v;
 }
 
+/* How long a delete's revision is remembered: longer than a list may take
+ * to deliver (the KV backend bounds one at 30 s) and than a dead entry is
+ * kept (REG_FORGET_LEASES). */
+static int64_t
+tomb_keep_ms(const sw_registry *reg)
+{
+    int64_t keep = REG_FORGET_LEASES * (int64_t)reg->lease_ms;
+    return keep < 60000 ? 60000 : keep;
+}
+
+/* The revision key was deleted at, if that is remembered; 0 if not (mu
+ * held). */
+static uint64_t
+tomb_rev(const sw_registry *reg, const char *key, int64_t now)
+{
+    for (size_t i = 0; i < reg->ntomb; i++)
+        if (strcmp(reg->tomb[i].key, key) == 0)
+            return now - reg->tomb[i].at_ms < tomb_keep_ms(reg) ? reg->tomb[i].rev : 0;
+    return 0;
+}
+
+/* Remembers that key was deleted at rev (mu held). Drops what is past
+ * keeping and the key's older delete first; when REG_TOMBS_MAX are kept
+ * (or there is no memory for more), the oldest gives way. */
+static void
+tomb_note(sw_registry *reg, const char *key, uint64_t rev, int64_t now)
+{
+    reg_tomb *t = NULL;
+    for (size_t i = 0; i < reg->ntomb;) {
+        if (now - reg->tomb[i].at_ms >= tomb_keep_ms(reg) || strcmp(reg->tomb[i].key, key) == 0)
+            reg->tomb[i] = reg->tomb[--reg->ntomb];
+        else
+            i++;
+    }
+    if (reg->ntomb == reg->captomb && reg->captomb < REG_TOMBS_MAX) {
+        size_t ncap = reg->captomb ? 2 * reg->captomb : 8;
+        reg_tomb *nt = realloc(reg->tomb, ncap * sizeof(*nt));
+        if (nt != NULL) {
+            reg->tomb = nt;
+            reg->captomb = ncap;
+        }
+    }
+    if (reg->ntomb < reg->captomb) {
+        t = &reg->tomb[reg->ntomb++];
+    } else if (reg->ntomb > 0) {
+        t = &reg->tomb[0];
+        for (size_t i = 1; i < reg->ntomb; i++)
+            if (reg->tomb[i].at_ms < t->at_ms)
+                t = &reg->tomb[i];
+    } else {
+        return; /* no memory for the first one */
+    }
+    snprintf(t->key, sizeof(t->key), "%s", key);
+    t->rev = rev;
+    t->at_ms = now;
+}
+
 void
 swr_reg_view_remove(sw_registry *reg, reg_view *v)
 {
@@ -178,6 +235,7 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     swp_instance *info = NULL;
     reg_view *v;
     reg_own *own;
+    uint64_t tomb;
     int64_t now = swi_now_ms();
     char wronged[SW_MAX_TOKEN + 1]; /* own instance removed while alive: logged after unlock */
 
@@ -231,8 +289,11 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     pthread_mutex_lock(&reg->mu);
     v = swr_reg_view_find_key(reg, e->key);
     own = swr_reg_own_find(reg, e->key);
-    if (v != NULL && e->revision <= v->rev) {
-        /* An older revision than we know (list/watch overlap). */
+    tomb = v == NULL ? tomb_rev(reg, e->key, now) : 0;
+    if ((v != NULL && e->revision <= v->rev) || (tomb != 0 && e->revision <= tomb)) {
+        /* An older revision than we know (list/watch overlap), or one from
+         * before the key was deleted (a list's value delivered after the
+         * watch's delete). */
         pthread_mutex_unlock(&reg->mu);
         swp_free(info);
         return;
@@ -271,6 +332,7 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
         if (deleted) {
             if (v != NULL)
                 swr_reg_view_remove(reg, v);
+            tomb_note(reg, e->key, e->revision, now);
         } else if ((v = view_get_or_add(reg, e->key)) != NULL) {
             swp_free(v->info);
             v->info = info;

@@ -76,12 +76,29 @@ resp_beat_every(const sw_responder *r)
     return (int64_t)r->hb_ms;
 }
 
+/* When r's next heartbeat is due (r->mu held): resp_beat_every after the
+ * last message, except that a beat at the idle spacing (at least twice
+ * hb_ms) is brought back to the latest multiple of hb_ms on the monotonic
+ * clock, so that it is never later and never closer than hb_ms to the
+ * last. The idle streams of a worker then beat together, at most one
+ * tick in each hb_ms, in a few full HeartbeatBatches instead of a small
+ * one every tick (issue 17: the frontend's wake-ups); a stream stays on
+ * the grid from its second idle beat on. */
+static int64_t
+resp_beat_due(const sw_responder *r)
+{
+    int64_t every = resp_beat_every(r), due = r->last_pub_ms + every, g = (int64_t)r->hb_ms;
+    if (g > 0 && every >= 2 * g && due > 0)
+        due -= due % g;
+    return due;
+}
+
 void
 swn_resp_beat_sooner(sw_responder *r)
 {
     if (r->hb_ms == 0 || r->idle_hb_ms == r->hb_ms)
         return; /* the spacing never changes */
-    swi_due_sooner(r->next_tick, r->last_pub_ms + resp_beat_every(r));
+    swi_due_sooner(r->next_tick, resp_beat_due(r));
 }
 
 /* A drain stopped without memory for a message and left items queued, or
@@ -125,8 +142,8 @@ resp_plan_tick(sw_responder *r)
     } else if (!r->terminated) {
         if (r->deadline_ms >= 0 && r->deadline_ms < due)
             due = r->deadline_ms;
-        if (r->hb_ms != 0 && r->last_pub_ms + resp_beat_every(r) < due)
-            due = r->last_pub_ms + resp_beat_every(r);
+        if (r->hb_ms != 0 && resp_beat_due(r) < due)
+            due = resp_beat_due(r);
     } else {
         due = r->done_ms + resp_linger_ms(r);
         if (resp_final_unacked(r) && r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)
@@ -141,7 +158,8 @@ resp_plan_tick(sw_responder *r)
  * frontend (sw.rsp.<router>.hb) instead of a message per stream. Owned by
  * the timer thread; the groups live for one tick (a frontend that is gone
  * leaves nothing behind), the encode scratch is reused. */
-#define SWN_BEATS_PER_MSG 1024
+#define SWN_BEATS_PER_MSG 4096 /* idle beats come together (resp_beat_due): few, full batches */
+_Static_assert(SWN_BEATS_PER_MSG <= SWP_MAX_BEATS, "a batch a frontend's decoder takes");
 typedef struct swn_beatgrp {
     char router[SW_MAX_TOKEN + 1]; /* the router's id */
     char subj[SWT_SUBJECT_MAX];    /* sw.rsp.<router>.hb */
@@ -265,7 +283,7 @@ beats_free(swn_beats *b)
 static void
 resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
 {
-    if (r->hb_ms == 0 || now - r->last_pub_ms < resp_beat_every(r) || r->sending ||
+    if (r->hb_ms == 0 || now < resp_beat_due(r) || r->sending ||
         r->rg.pub_seq + 1 < r->rg.next_seq)
         return;
     if (r->beats_batched && !r->starved) {

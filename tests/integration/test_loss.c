@@ -80,6 +80,137 @@ idle_heartbeats_tight_limit(void **state)
     idle_heartbeats_run(*state, 1);
 }
 
+/* Idle beats fall on a grid of heartbeat_ms (ingress/heartbeat.c,
+ * resp_beat_due): streams opened at different moments, once idle, are
+ * beaten together, in one HeartbeatBatch per grid point at most, where
+ * they used to go in a small batch each at its own tick; and a stream's
+ * beats are still never further apart than the idle spacing (500 ms with
+ * the defaults). Watched on the frontend's connection, on the batches'
+ * subject. */
+#define GRID_K 8
+#define GRID_MAX_BEATS 64
+typedef struct grid_log {
+    pthread_mutex_t mu;
+    int64_t t0;
+    int n;     /* batches after t0 */
+    int beats; /* beats in them */
+    int64_t at[GRID_MAX_BEATS * GRID_K];
+    uint8_t id[GRID_MAX_BEATS * GRID_K][SW_REQUEST_ID_BYTES];
+    int nb;
+} grid_log;
+
+static void
+grid_on_batch(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    grid_log *l = arg;
+    swp_beats *b = NULL;
+    int64_t now = swh_now_ms();
+    (void)nc;
+    (void)sub;
+    if (swp_decode_beats((const uint8_t *)natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
+                         1 << 20, &b) == SW_OK) {
+        pthread_mutex_lock(&l->mu);
+        if (l->t0 != 0 && now >= l->t0) {
+            l->n++;
+            l->beats += (int)b->n_beats;
+        }
+        for (size_t i = 0; i < b->n_beats && l->nb < GRID_MAX_BEATS * GRID_K; i++) {
+            l->at[l->nb] = now;
+            memcpy(l->id[l->nb], b->beats[i]->request_id.data, SW_REQUEST_ID_BYTES);
+            l->nb++;
+        }
+        pthread_mutex_unlock(&l->mu);
+        swp_free(b);
+    }
+    natsMsg_Destroy(msg);
+}
+
+static void
+idle_beats_on_a_grid(void **state)
+{
+    env *e = *state;
+    sw_stream *s[GRID_K];
+    uint8_t ids[GRID_K][SW_REQUEST_ID_BYTES];
+    char subj[SWT_SUBJECT_MAX];
+    natsSubscription *sub = NULL;
+    grid_log *l = calloc(1, sizeof(*l));
+    int64_t window, max_gap = 0;
+    int batches, beats;
+
+    assert_non_null(l);
+    pthread_mutex_init(&l->mu, NULL);
+    e->w.mode = M_PAUSE;
+    e->w.k = 0;
+    e->w.n = 1;
+    e->w.delay_ms = 3000; /* idle for 3 s; defaults: beats every 250 ms, idle ones every 500 */
+    env_start(e, NULL, NULL);
+    assert_int_equal(swt_subject_beats(subj, sizeof(subj), sw_router_id(e->rt)), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&sub, sw_conn_nats(e->fc), subj, grid_on_batch, l),
+                     NATS_OK);
+    assert_int_equal(natsConnection_Flush(sw_conn_nats(e->fc)), NATS_OK);
+    for (int i = 0; i < GRID_K; i++) {
+        char rs[SWT_SUBJECT_MAX];
+        s[i] = env_open(e);
+        assert_int_equal(swt_subject_response(rs, sizeof(rs), "x", sw_stream_request_id(s[i])),
+                         SW_OK);
+        assert_int_equal(swt_response_subject_id(rs, ids[i]), 0);
+        swh_sleep_ms(60); /* each at its own phase of the grid */
+    }
+    /* From 1.2 s after the last open every stream is on the grid. */
+    swh_sleep_ms(1200);
+    pthread_mutex_lock(&l->mu);
+    l->t0 = swh_now_ms();
+    pthread_mutex_unlock(&l->mu);
+    swh_sleep_ms(1000);
+    pthread_mutex_lock(&l->mu);
+    window = swh_now_ms() - l->t0;
+    batches = l->n;
+    beats = l->beats;
+    l->t0 = INT64_MAX; /* count no more */
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < GRID_K; i++) {
+        got *g = new_got(e);
+        assert_true(collect(s[i], g, 0, T(15000)));
+        assert_tokens(g, 1);
+        assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+        got_free(g);
+    }
+    /* Drained: no callback runs once it completes (l is read, then freed). */
+    assert_int_equal(natsSubscription_Drain(sub), NATS_OK);
+    assert_int_equal(natsSubscription_WaitForDrainCompletion(sub, 5000), NATS_OK);
+    natsSubscription_Destroy(sub);
+    /* The beats of each stream, from its second on (its first comes
+     * heartbeat_ms after its request, before it is idle). */
+    for (int i = 0; i < GRID_K; i++) {
+        int64_t prev = -1;
+        int seen = 0;
+        for (int j = 0; j < l->nb; j++) {
+            if (memcmp(l->id[j], ids[i], SW_REQUEST_ID_BYTES) != 0)
+                continue;
+            if (prev >= 0 && seen >= 2 && l->at[j] - prev > max_gap)
+                max_gap = l->at[j] - prev;
+            prev = l->at[j];
+            seen++;
+        }
+        assert_true(seen >= 3);
+    }
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+    /* About K beats per 500 ms, in at most one batch per 250 ms grid point
+     * (two phases of the grid at most). Without the grid: a batch per
+     * stream per 500 ms, K times as many. */
+    if (beats < GRID_K * (int)(window / 500) - GRID_K || beats > GRID_K * (int)(window / 500 + 2))
+        fail_msg("%d beats of %d idle streams in %lld ms (want about one per stream per 500 ms)",
+                 beats, GRID_K, (long long)window);
+    if (batches > (int)(window / 250) + 2)
+        fail_msg("%d heartbeat batches in %lld ms for %d idle streams (want at most one per 250 ms "
+                 "grid point: %d)",
+                 batches, (long long)window, GRID_K, (int)(window / 250) + 2);
+    if (max_gap > 500 + T(150))
+        fail_msg("an idle stream went %lld ms between beats (the idle spacing is 500 ms)",
+                 (long long)max_gap);
+}
+
 /* Spaced idle beats never delay a repair: after a long idle spell (beats
  * every (10,000 - 500) / 2 = 4,750 ms) the worker sends token 0, which the
  * bus loses; the next beat comes heartbeat_ms (100) after it, not at the
@@ -453,6 +584,7 @@ main(int argc, char **argv)
         T_(heartbeats_keep_slow_stream_alive),
         T_(idle_heartbeats_spaced),
         T_(idle_heartbeats_tight_limit),
+        T_(idle_beats_on_a_grid),
         T_(idle_heartbeat_then_loss_repaired_soon),
         T_(heartbeat_batches),
         T_(loss_repair),

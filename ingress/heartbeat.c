@@ -283,8 +283,7 @@ beats_free(swn_beats *b)
 static void
 resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
 {
-    if (r->hb_ms == 0 || now < resp_beat_due(r) || r->sending ||
-        r->rg.pub_seq + 1 < r->rg.next_seq)
+    if (r->hb_ms == 0 || now < resp_beat_due(r) || r->sending || r->rg.pub_seq + 1 < r->rg.next_seq)
         return;
     if (r->beats_batched && !r->starved) {
         if (beats_add(beats, r->router_id, r->id, r->rg.pub_seq) == 0) {

@@ -99,8 +99,8 @@ view_get_or_add(sw_registry *reg, const char *key)
 }
 
 /* How long a delete's revision is remembered: longer than a list may take
- * to deliver (the KV backend bounds one at 30 s) and than a dead entry is
- * kept (REG_FORGET_LEASES). */
+ * to deliver (the KV backend bounds one at 30 s); 20 of the handle's own
+ * leases when that is longer. */
 static int64_t
 tomb_keep_ms(const sw_registry *reg)
 {
@@ -121,7 +121,10 @@ tomb_rev(const sw_registry *reg, const char *key, int64_t now)
 
 /* Remembers that key was deleted at rev (mu held). Drops what is past
  * keeping and the key's older delete first; when REG_TOMBS_MAX are kept
- * (or there is no memory for more), the oldest gives way. */
+ * (or there is no memory for more), the delete with the lowest revision
+ * gives way, the one being noted if it is that one: a watch made again
+ * replays every delete marker still in the store, and old ones must not
+ * push out recent ones. */
 static void
 tomb_note(sw_registry *reg, const char *key, uint64_t rev, int64_t now)
 {
@@ -145,8 +148,10 @@ tomb_note(sw_registry *reg, const char *key, uint64_t rev, int64_t now)
     } else if (reg->ntomb > 0) {
         t = &reg->tomb[0];
         for (size_t i = 1; i < reg->ntomb; i++)
-            if (reg->tomb[i].at_ms < t->at_ms)
+            if (reg->tomb[i].rev < t->rev)
                 t = &reg->tomb[i];
+        if (rev < t->rev)
+            return; /* older than every one kept */
     } else {
         return; /* no memory for the first one */
     }

@@ -3112,7 +3112,7 @@ typedef struct stale_list_acc {
     int n;
 } stale_list_acc;
 static char g_stale_key[256];
-static atomic_int g_stale_del_seen, g_stale_replayed;
+static atomic_int g_stale_del_seen, g_stale_replayed, g_stale_lists;
 
 static void
 stale_on_entry(void *arg, const sw_registry_entry *e, int deleted)
@@ -3165,6 +3165,10 @@ stale_list(void *st, sw_registry_entry_fn fn, void *arg)
     stale_list_acc *a = calloc(1, sizeof(*a));
     int64_t until = now_ms() + T(5000);
     sw_err rv;
+    if (atomic_fetch_add(&g_stale_lists, 1) > 0) {
+        free(a); /* a later list (the store's health check): as it is */
+        return g_inner->list(st, fn, arg);
+    }
     if (a == NULL)
         return SW_ENOMEM;
     if ((rv = g_inner->list(st, stale_collect, a)) != SW_OK) {
@@ -3231,6 +3235,7 @@ stale_list_after_delete(void **state)
     free(enc);
     atomic_store(&g_stale_del_seen, 0);
     atomic_store(&g_stale_replayed, 0);
+    atomic_store(&g_stale_lists, 0);
 
     reg = fx_reg(f, 0, 3000, 0); /* its list: read, delete, delete delivered, values handed over */
     assert_int_equal(atomic_load(&g_stale_del_seen), 1);
@@ -3265,7 +3270,7 @@ remembered_deletes_bounded(void **state)
     swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
     int total = REG_TOMBS_MAX + 100;
     size_t n;
-    uint64_t last_rev = 0;
+    uint64_t last_rev = 0, put_rev[REG_TOMBS_MAX + 100];
     char key[256], id[32];
 
     f->raw_be[0] = be;
@@ -3286,8 +3291,23 @@ remembered_deletes_bounded(void **state)
         assert_int_equal(be->put(f->raw_state[0], key, enc, len, 0, &rev), SW_OK);
         free(enc);
         assert_int_equal(be->del(f->raw_state[0], key), SW_OK);
+        put_rev[i] = rev;
         last_rev = rev;
     }
+    /* The first 1,024 deletes again, as a watch made again replays the
+     * markers still in the store: older than every one kept, they push
+     * none of them out. */
+    for (int i = 0; i < REG_TOMBS_MAX; i++) {
+        sw_registry_entry e;
+        snprintf(key, sizeof(key), "%s.t%d", EP1, i);
+        e.key = key;
+        e.value = NULL;
+        e.len = 0;
+        e.revision = put_rev[i] + 1; /* its delete's (nothing else writes the bucket) */
+        e.created_unix_ms = 0;
+        swr_reg_on_entry(reg, &e, 1);
+    }
+    snprintf(key, sizeof(key), "%s.%s", EP1, id);
     pthread_mutex_lock(&reg->mu);
     n = reg->ntomb;
     pthread_mutex_unlock(&reg->mu);

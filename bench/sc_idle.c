@@ -11,6 +11,7 @@ typedef struct idle_res {
     double worker_bytes_per_stream, server_bytes_per_stream;
     double cpu_front, cpu_worker, cpu_server; /* % of one core while idle */
     double se_front, se_worker;               /* their standard errors, from half-second slices */
+    double msgs_in;                           /* messages/s the frontend's connection received */
     unsigned slices;
     char note[160];
 } idle_res;
@@ -57,10 +58,28 @@ core_pct(int64_t cpu_us, int64_t wall_ns)
     return (double)cpu_us / 1e4 / ((double)wall_ns / 1e9);
 }
 
+/* Messages the connection has received so far (0 without one). */
+static uint64_t
+conn_msgs_in(natsConnection *nc)
+{
+    natsStatistics *st = NULL;
+    uint64_t in = 0;
+    if (nc != NULL && natsStatistics_Create(&st) == NATS_OK) {
+        if (natsConnection_GetStats(nc, st) != NATS_OK ||
+            natsStatistics_GetCounts(st, &in, NULL, NULL, NULL, NULL) != NATS_OK)
+            in = 0;
+        natsStatistics_Destroy(st);
+    }
+    return in;
+}
+
+/* nc: the frontend's connection, whose messages received are counted over
+ * the window (NULL: not counted). */
 static void
-idle_cpu(child *c, idle_res *r)
+idle_cpu(child *c, idle_res *r, natsConnection *nc)
 {
     cstat a, b, prev;
+    uint64_t m0 = conn_msgs_in(nc);
     int64_t f0, fp, s0, s1, t0, tp;
     double front[IDLE_SLICES_MAX], worker[IDLE_SLICES_MAX];
     unsigned slices = (unsigned)(cfg.idle_cpu_secs * 2 + 0.5);
@@ -92,6 +111,7 @@ idle_cpu(child *c, idle_res *r)
     r->cpu_front = core_pct(fp - f0, tp - t0);
     r->cpu_worker = core_pct(b.cpu_us - a.cpu_us, tp - t0);
     r->cpu_server = s0 >= 0 && s1 >= 0 ? core_pct(s1 - s0, tp - t0) : NAN;
+    r->msgs_in = (double)(conn_msgs_in(nc) - m0) / ((double)(tp - t0) / 1e9);
     r->slices = slices;
     r->se_front = std_err(front, slices);
     r->se_worker = std_err(worker, slices);
@@ -150,7 +170,7 @@ idle_open_end(child *c, idle_open *o, int sw, unsigned n, idle_res *r)
         o->srv0 > 0 && srv1 > 0 ? (double)(srv1 - o->srv0) * 1024.0 / n : NAN;
     progress("  %s: %u open, RSS %+ld KiB (peak %+ld KiB); measuring idle CPU", sw ? "sw" : "raw",
              n, after - o->base, o->peak - o->base);
-    idle_cpu(c, r);
+    idle_cpu(c, r, sw ? sw_conn_nats(g_sw_front) : raw_front());
 }
 
 static void
@@ -290,12 +310,12 @@ scen_idle(void)
      * tickers and the bench's other idle objects), before the streams and
      * after: the streams' own cost is what a row adds to the mean. */
     sleep_ms(1000); /* (the worker's start settles) */
-    idle_cpu(&c, &base[0]);
+    idle_cpu(&c, &base[0], NULL);
     idle_raw(&c, n, &r[0]);
     idle_sw(&c, n, &r[1]);
     idle_settle(&c);
     progress("  no stream open again: measuring idle CPU");
-    idle_cpu(&c, &base[1]);
+    idle_cpu(&c, &base[1], NULL);
     child_quit(&c);
     snprintf(param, sizeof(param), "%u open streams", n);
     add_row("5 idle streams", param, "frontend B/stream", r[0].bytes_per_stream,
@@ -318,6 +338,9 @@ scen_idle(void)
     add_row("5 idle streams", param, "worker CPU %", r[0].cpu_worker, r[1].cpu_worker, 1, 1, note);
     add_row("5 idle streams", param, "server CPU %", r[0].cpu_server, r[1].cpu_server, 1, 1,
             "while idle");
+    add_row("5 idle streams", param, "frontend msgs in/s", r[0].msgs_in, r[1].msgs_in, 1, 1,
+            "while idle, the frontend's connection (nats.c's count); sw: heartbeat batches, "
+            "probe answers, the worker's liveness probes");
     for (int k = 0; k < 2; k++) {
         char p2[48];
         snprintf(p2, sizeof(p2), "no stream open, %s", k ? "after" : "before");

@@ -138,6 +138,7 @@ typedef struct bench_cfg {
     unsigned rate;
     double lat_secs;
     unsigned lat_segs;    /* 0: the default */
+    unsigned lat_idle;    /* --latency-idle N: idle streams open at the frontend meanwhile */
     const char *lat_dump; /* --latency-dump FILE, or NULL */
     unsigned ttfi_n;
     unsigned idle_n;
@@ -464,6 +465,17 @@ void scen_short_fini(void);
 /* ---------------------------------------------------------- sc_idle.c */
 
 void scen_idle(void);
+/* Idle streams in the background of another scenario: n streams opened by
+ * g_router to an idle worker in a child process (sc_idle.c), which holds
+ * them and sends nothing but heartbeats; closed and the child reaped by
+ * idle_background_close. */
+typedef struct idle_bg {
+    child c;
+    sw_stream **ss;
+    unsigned n;
+} idle_bg;
+void idle_background_open(idle_bg *b, unsigned n);
+void idle_background_close(idle_bg *b);
 int idle_worker_main(const char *url, unsigned n);
 
 /* ---------------------------------------------------------- sc_loss.c */

@@ -91,6 +91,8 @@ usage(FILE *f)
            "  --rate R            latency scenario rate, items/s (default 2000)\n"
            "  --latency-secs S    latency scenario duration per side (default 5)\n"
            "  --latency-segments N  raw and streamwire alternate N times (default 10)\n"
+           "  --latency-idle N    latency: N idle streams open at the frontend meanwhile (their\n"
+           "                      heartbeats share its receive thread; default 0)\n"
            "  --latency-dump FILE write every latency sample (segment, index, raw send-asap,\n"
            "                      raw buffered, streamwire ns) to FILE\n"
            "  --ttfi-streams N    streams for time to first item (default 2000)\n"
@@ -244,6 +246,8 @@ parse_args(int argc, char **argv)
             cfg.lat_segs = (unsigned)atoi(need_arg(argc, argv, &i));
             if (cfg.lat_segs == 0)
                 goto bad;
+        } else if (!strcmp(a, "--latency-idle")) {
+            cfg.lat_idle = (unsigned)atoi(need_arg(argc, argv, &i));
         } else if (!strcmp(a, "--latency-dump")) {
             cfg.lat_dump = need_arg(argc, argv, &i);
         } else if (!strcmp(a, "--ttfi-streams")) {

@@ -247,6 +247,48 @@ idle_sw(child *c, unsigned n, idle_res *r)
         die("idle worker: release failed");
 }
 
+void
+idle_background_open(idle_bg *b, unsigned n)
+{
+    breq q = {BREQ_MAGIC, K_IDLE, 0, 0, 0, 0};
+    sw_request_opts ro;
+    cstat st0, st;
+    memset(b, 0, sizeof(*b));
+    if (n == 0)
+        return;
+    if ((b->ss = calloc(n, sizeof(*b->ss))) == NULL)
+        die("out of memory");
+    child_spawn(&b->c, n);
+    child_stat(&b->c, &st0);
+    sw_request_opts_init(&ro);
+    ro.endpoint = EP_IDLE;
+    ro.instance_id = INST_IDLE;
+    ro.credit_window = cfg.window;
+    for (unsigned i = 0; i < n; i++) {
+        sw_err e = sw_router_open(&b->ss[i], g_router, &ro, &q, sizeof(q));
+        if (e != SW_OK)
+            die("sw idle stream %u: %s", i, sw_err_name(e));
+    }
+    b->n = n;
+    idle_wait(&b->c, 1, st0.sw + n, &st);
+    sleep_ms(1500); /* past their first beats: on the idle spacing */
+}
+
+void
+idle_background_close(idle_bg *b)
+{
+    char line[64];
+    if (b->n == 0)
+        return;
+    for (unsigned i = 0; i < b->n; i++)
+        sw_stream_close(b->ss[i]);
+    free(b->ss);
+    if (child_cmd(&b->c, "release", line, sizeof(line)) != 0)
+        die("idle worker: release failed");
+    child_quit(&b->c);
+    b->n = 0;
+}
+
 /* Until the worker holds none of the streams just closed and released (a
  * cancelled stream's final waits 4 heartbeat intervals + 2 s for an
  * acknowledgement that a closed stream's router never sends), then 2.5 s

@@ -199,8 +199,10 @@ scen_latency(void)
             (st[k].wire = calloc(n, sizeof(int64_t))) == NULL)
             die("out of memory");
     memset(err, 0, sizeof(err));
-    progress("3 latency at %u items/s, %.1f s per side in %u alternating segments", cfg.rate,
-             cfg.lat_secs, segs);
+    idle_bg bg;
+    progress("3 latency at %u items/s, %.1f s per side in %u alternating segments%s", cfg.rate,
+             cfg.lat_secs, segs, cfg.lat_idle ? ", with idle streams at the frontend" : "");
+    idle_background_open(&bg, cfg.lat_idle);
     /* Each segment's samples have their own slots (per of them): a lost
      * item leaves a 0 at the end of its segment's. */
     for (unsigned seg = 0; seg < segs; seg++) {
@@ -237,6 +239,7 @@ scen_latency(void)
             }
         }
     }
+    idle_background_close(&bg);
     for (int k = 0; k < 3; k++)
         progress("  %s: %.2f context switches and %.1f us of this process's CPU per item",
                  k == 0   ? "raw send-asap"
@@ -279,7 +282,11 @@ scen_latency(void)
         }
         qsort(lat[k], got[k], sizeof(int64_t), cmp_i64);
     }
-    snprintf(param, sizeof(param), "64 B at %u/s, %lu items", cfg.rate, n);
+    if (cfg.lat_idle)
+        snprintf(param, sizeof(param), "64 B at %u/s, %lu items, %u idle", cfg.rate, n,
+                 cfg.lat_idle);
+    else
+        snprintf(param, sizeof(param), "64 B at %u/s, %lu items", cfg.rate, n);
     {
         static const double qs[4] = {0.50, 0.99, 0.999, 1.0};
         static const char *qn[4] = {"p50 us", "p99 us", "p99.9 us", "max us"};

@@ -292,9 +292,10 @@ idle_background_close(idle_bg *b)
 /* Until the worker holds none of the streams just closed and released (a
  * cancelled stream's final waits 4 heartbeat intervals + 2 s for an
  * acknowledgement that a closed stream's router never sends), then 2.5 s
- * more (the worker probes a frontend until it counts its frontends again,
- * every 2 s): the window after measures the processes with no stream open,
- * as before the first. Gives up (and says so) after 30 s. */
+ * more (before session 32 the worker probed a frontend until it counted its
+ * frontends again, every 2 s; it now stops with the last stream): the
+ * window after measures the processes with no stream open, as before the
+ * first. Gives up (and says so) after 30 s. */
 static void
 idle_settle(child *c)
 {

@@ -402,6 +402,7 @@ swi_peers_use(swi_peers *p, const char *id, int64_t now)
         e = &p->v[p->n++];
         memset(e, 0, sizeof(*e));
         swi_strlcpy(e->id, id, sizeof(e->id));
+        e->gen = ++p->gen_seq;
         e->last_ok_ms = now;
         e->sent_ms = now; /* the first probe after one interval */
     }

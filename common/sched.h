@@ -253,6 +253,7 @@ typedef struct swi_peer {
                              the counters, whose batches (incarnation 0) are taken as they come */
     int probe_soon;       /* probe at the next round (a batch named an incarnation not learned
                              yet); not a suspicion: misses count as usual */
+    uint64_t gen;         /* this entry's: a peer removed and added again gets a new one */
 } swi_peer;
 
 typedef struct swi_peers {
@@ -265,6 +266,7 @@ typedef struct swi_peers {
                              this long prove nothing (peers are still reconnecting and
                              resubscribing); SWI_PEERS_SETTLE_MS by default */
     uint64_t probe_seq;   /* the last probe id given out (starts at a random value) */
+    uint64_t gen_seq;     /* the last entry generation given out */
     int64_t nr_grace_ms;  /* "no responders" proves a peer gone only when a probe sent this
                              long after the first bounced one bounces too: a live peer whose
                              NATS node died is briefly without subscriptions while it

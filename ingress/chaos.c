@@ -178,3 +178,17 @@ swx_ingress_set_drop_rate(sw_ingress *ing, double rate)
     if (ing != NULL)
         ing->drop_rate = rate < 0 ? 0 : rate > 1 ? 1 : rate;
 }
+
+size_t
+swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users)
+{
+    size_t n;
+    pthread_mutex_lock(&ing->live_mu);
+    n = ing->peers.n;
+    if (users != NULL) {
+        const swi_peer *e = swi_peers_find(&ing->peers, router_id);
+        *users = e != NULL ? e->users : 0;
+    }
+    pthread_mutex_unlock(&ing->live_mu);
+    return n;
+}

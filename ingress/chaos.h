@@ -74,6 +74,11 @@ void swx_ingress_tick_counts(sw_ingress *ing, uint64_t *timer, uint64_t *live);
  * published (ingress/sender.c). Either pointer may be NULL. */
 void swx_ingress_send_counts(sw_ingress *ing, uint64_t *handoffs, uint64_t *timer_releases);
 
+/* The frontends the liveness probe covers now (liveness.c's table), and in
+ * *users (if not NULL) the streams counted for router_id (0 if it is not
+ * in the table). */
+size_t swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users);
+
 /* Test-only: an inline handler's hold window (ingress/sender.c resp_hold)
  * becomes us microseconds (0: no hold), whatever the connection's mode; set
  * before the first request (chaos build only). */

@@ -26,7 +26,6 @@ ing_unref(sw_ingress *ing)
     swi_duetab_fini(&ing->due);
     swn_early_fini(ing);
     swi_peers_fini(&ing->peers);
-    free(ing->live_vec.v);
     swi_ticker_fini(&ing->timer); /* (stopped by ing_stop) */
     swi_ticker_fini(&ing->live_ticker);
     pthread_mutex_destroy(&ing->live_mu);

@@ -57,7 +57,6 @@
 #define SWN_TICK_MS 25             /* heartbeat and deadline precision */
 #define SWN_REST_MS 1000           /* the tickers' wait with nothing to do (swi_ticker_rest) */
 #define SWN_LINGER_MIN_MS 2000
-#define SWN_LIVE_RECOUNT_MS 2000 /* frontends with no stream here stop being probed within this */
 /* Bounds on what a peer chooses (issue 11 #4), documented in PROTOCOL.md:
  * a request's heartbeat interval and deadline are clamped to these. */
 #define SWN_MIN_HEARTBEAT_MS 10
@@ -154,6 +153,10 @@ struct sw_responder {
     int closed; /* ingress destroyed */
     int registered;
     int counted; /* counts in ing->inflight */
+    /* Its frontend's use count in ing->peers (liveness.c; ing->live_mu):
+     * 0 not yet, 1 counted in the entry of generation live_gen, 2 over. */
+    int live_state;
+    uint64_t live_gen;
     sw_cancel_fn cancel_fn;
     void *cancel_arg;
     int cancel_fired;
@@ -236,12 +239,9 @@ struct sw_ingress {
     uint64_t live_ticks;     /* calls of swn_ing_live_tick (atomic) */
 #endif
     pthread_mutex_t live_mu;
-    swi_peers peers;         /* frontends being probed (common/sched.h), under live_mu */
-    swi_ticker live_ticker;  /* probing rounds (liveness.c) */
-    swi_ptrvec live_vec;     /* the ticker's snapshot buffer */
-    int64_t live_recount_ms; /* when the streams per frontend were last counted (live ticker) */
-    uint64_t live_notes;     /* swn_ing_live_note calls (atomic; written under live_mu) */
-    swt_sub *live_sub;       /* sw.lv.<instance>.*: probe answers */
+    swi_peers peers;        /* frontends being probed (common/sched.h), under live_mu */
+    swi_ticker live_ticker; /* probing rounds (liveness.c) */
+    swt_sub *live_sub;      /* sw.lv.<instance>.*: probe answers */
     unsigned probe_ms, probe_timeout_ms;
     int stopping;
     int draining;
@@ -381,7 +381,10 @@ void swn_ing_on_live_reply(const swt_msg *msg, void *arg);
 void swn_ing_live_tick(void *arg, int64_t now);
 /* A stream of router_id was registered: its frontend is probed from the
  * next round (no lock held). */
-void swn_ing_live_note(sw_ingress *ing, const char *router_id);
+/* A stream registered (its frontend is probed while it has one here), and
+ * unregistered; each takes live_mu alone, the caller holds a reference. */
+void swn_ing_live_note(sw_ingress *ing, sw_responder *r);
+void swn_ing_live_forget(sw_ingress *ing, sw_responder *r);
 /* Cancels the running streams of router_id (every stream if NULL) as a
  * frontend gone would (sw_responder_send: SW_ECANCELLED; the cancel
  * callback runs) and lets go of finished ones waiting for an ack that

@@ -267,6 +267,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         ing->all = r;
         r->registered = 1;
         r->counted = 1;
+        swn_resp_ref(r); /* for swn_ing_live_note below (it may be unregistered by then) */
         ing->inflight++;
         ing->st.inflight = ing->inflight;
         ing->st.requests++;
@@ -306,9 +307,10 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
      * would only block on it again. */
     if (!ing->inline_handlers)
         pthread_cond_signal(&ing->cv);
-    swn_ing_live_note(ing, req->router_id); /* (r may be gone already) */
+    swn_ing_live_note(ing, r); /* (r may be unregistered already: it is not counted then) */
     if (ing->inline_handlers)
         swn_ing_run_handler(ing, r); /* on this thread: r is held until it returns */
+    swn_resp_unref(r);
     goto done;
 
 nomem:

@@ -210,6 +210,8 @@ swn_unregister_stream(sw_responder *r)
     pthread_mutex_unlock(&ing->mu);
     /* Every caller holds a reference of its own (user hold, control or timer
      * transient), so dropping the table's cannot free r under its lock. */
-    if (drop)
+    if (drop) {
+        swn_ing_live_forget(ing, r); /* its frontend is probed for one stream less */
         swn_resp_unref(r);
+    }
 }

@@ -569,6 +569,17 @@ test_peers_use_release(void **state)
     assert_null(swi_peers_find(&p, "a"));
     swi_peers_release(&p, "zz"); /* unknown: nothing */
     assert_int_equal(p.n, 1);
+    {
+        /* A peer removed and added again is a new entry (a new generation):
+         * the ingress counts its streams per entry (liveness.c). */
+        uint64_t g1 = swi_peers_find(&p, "b")->gen, g2;
+        assert_true(g1 != 0);
+        swi_peers_release_all(&p, "b");
+        assert_int_equal(swi_peers_use(&p, "b", 0), 0);
+        g2 = swi_peers_find(&p, "b")->gen;
+        assert_true(g2 != 0 && g2 != g1);
+        assert_int_equal(swi_peers_find(&p, "b")->users, 1);
+    }
     swi_peers_fini(&p);
 }
 

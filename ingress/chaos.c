@@ -185,7 +185,9 @@ swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users)
     size_t n;
     pthread_mutex_lock(&ing->live_mu);
     n = ing->peers.n;
-    if (users != NULL) {
+    if (users != NULL)
+        *users = 0;
+    if (users != NULL && router_id != NULL) {
         const swi_peer *e = swi_peers_find(&ing->peers, router_id);
         *users = e != NULL ? e->users : 0;
     }

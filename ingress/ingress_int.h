@@ -30,8 +30,9 @@
  *   held (snapshots take references under it, atomically).
  *   ing->smu guards the sender queue; ing->smu and ing->mu are never held
  *   together.
- *   ing->live_mu guards the frontend table; nothing else is taken with it
- *   held, and it is never taken under another lock.
+ *   ing->live_mu guards the frontend table and the streams' live_state;
+ *   nothing else is taken with it held; it is taken under r->mu (a stream
+ *   unregistered as it sends its final), never under ing->mu.
  *   ing->req_mu guards the req_sub pointer for sw_ingress_stats_get (which
  *   reads nats.c's queue for it); the owner takes it only to set it NULL
  *   before closing; nothing else is taken with it held.
@@ -379,10 +380,10 @@ void swn_ing_timer_fini(sw_ingress *ing);
 /* ingress/liveness.c */
 void swn_ing_on_live_reply(const swt_msg *msg, void *arg);
 void swn_ing_live_tick(void *arg, int64_t now);
-/* A stream of router_id was registered: its frontend is probed from the
- * next round (no lock held). */
 /* A stream registered (its frontend is probed while it has one here), and
- * unregistered; each takes live_mu alone, the caller holds a reference. */
+ * unregistered (every path that takes a stream out of ing->streams calls
+ * forget after releasing ing->mu); each takes live_mu, the caller holds a
+ * reference and may hold r->mu. */
 void swn_ing_live_note(sw_ingress *ing, sw_responder *r);
 void swn_ing_live_forget(sw_ingress *ing, sw_responder *r);
 /* Cancels the running streams of router_id (every stream if NULL) as a

@@ -116,7 +116,11 @@ swn_ing_live_note(sw_ingress *ing, sw_responder *r)
     pthread_mutex_lock(&ing->live_mu);
     if (r->live_state == 0) {
         swi_peer *e;
-        r->live_state = 2; /* (no memory for the entry: not counted) */
+        /* No memory for a new frontend's entry: this stream is not counted
+         * and its frontend not probed for it (its own heartbeats and the
+         * frontend's silence limit still end it); a later stream's note
+         * tries again. */
+        r->live_state = 2;
         if (swi_peers_use(&ing->peers, r->router_id,
                           swi_now_ms() - (int64_t)ing->peers.interval_ms) == 0 &&
             (e = swi_peers_find(&ing->peers, r->router_id)) != NULL) {

@@ -53,8 +53,10 @@ swn_resp_uncount(sw_responder *r)
         }
         pthread_mutex_unlock(&ing->mu);
     }
-    if (evict != NULL)
-        swn_resp_unref(evict); /* the table's reference */
+    if (evict != NULL) {
+        swn_ing_live_forget(ing, evict); /* unregistered: its frontend counts one less */
+        swn_resp_unref(evict);           /* the table's reference */
+    }
 }
 
 /* Takes r off the list of finished streams held for an ack (ing->mu). */

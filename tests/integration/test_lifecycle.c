@@ -1235,7 +1235,7 @@ frontend_unprobed_when_its_last_stream_ends(void **state)
     e->w.mode = M_PAUSE;
     e->w.k = 1;
     e->w.n = 2;
-    e->w.delay_ms = 400;
+    e->w.delay_ms = (int)T(1500); /* both registered at once, on a slow machine too */
     env_start(e, NULL, NULL);
     rid = sw_router_id(e->rt);
     assert_int_equal(swx_ingress_frontends(e->ing, rid, &users), 0);

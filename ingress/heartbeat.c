@@ -142,8 +142,11 @@ resp_plan_tick(sw_responder *r)
     } else if (!r->terminated) {
         if (r->deadline_ms >= 0 && r->deadline_ms < due)
             due = r->deadline_ms;
-        if (r->hb_ms != 0 && resp_beat_due(r) < due)
-            due = resp_beat_due(r);
+        if (r->hb_ms != 0) {
+            int64_t beat = resp_beat_due(r);
+            if (beat < due)
+                due = beat;
+        }
     } else {
         due = r->done_ms + resp_linger_ms(r);
         if (resp_final_unacked(r) && r->hb_ms != 0 && r->last_pub_ms + (int64_t)r->hb_ms < due)

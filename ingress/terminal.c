@@ -13,6 +13,26 @@
 
 #include "ingress/ingress_int.h"
 
+/* Takes registered r out of the stream table and the timer's (ing->mu
+ * held). After ing->mu is released, resp_untabled finishes the job. */
+static void
+resp_untable(sw_ingress *ing, sw_responder *r)
+{
+    r->registered = 0;
+    swi_idmap_del(&ing->streams, r->id);
+    swi_duetab_detach(&ing->due, r->next_tick);
+}
+
+/* After resp_untable, no lock but maybe r->mu held: its frontend is probed
+ * for one stream less, and the table's reference goes (the caller holds
+ * one of its own, or the table's was the last use). */
+static void
+resp_untabled(sw_ingress *ing, sw_responder *r)
+{
+    swn_ing_live_forget(ing, r);
+    swn_resp_unref(r);
+}
+
 /* Bookkeeping once nothing more will be sent (r->mu held). */
 void
 swn_resp_uncount(sw_responder *r)
@@ -45,18 +65,14 @@ swn_resp_uncount(sw_responder *r)
             if (++ing->nfin > ing->max_held && ing->fin_head != r) {
                 evict = ing->fin_head;
                 swn_fin_unlink(ing, evict);
-                evict->registered = 0;
-                swi_idmap_del(&ing->streams, evict->id);
-                swi_duetab_detach(&ing->due, evict->next_tick);
+                resp_untable(ing, evict);
                 ing->st.finals_dropped++;
             }
         }
         pthread_mutex_unlock(&ing->mu);
     }
-    if (evict != NULL) {
-        swn_ing_live_forget(ing, evict); /* unregistered: its frontend counts one less */
-        swn_resp_unref(evict);           /* the table's reference */
-    }
+    if (evict != NULL)
+        resp_untabled(ing, evict);
 }
 
 /* Takes r off the list of finished streams held for an ack (ing->mu). */
@@ -203,17 +219,13 @@ swn_unregister_stream(sw_responder *r)
     int drop = 0;
     pthread_mutex_lock(&ing->mu);
     if (r->registered) {
-        r->registered = 0;
-        swi_idmap_del(&ing->streams, r->id);
-        swi_duetab_detach(&ing->due, r->next_tick);
+        resp_untable(ing, r);
         drop = 1;
     }
     swn_fin_unlink(ing, r);
     pthread_mutex_unlock(&ing->mu);
     /* Every caller holds a reference of its own (user hold, control or timer
      * transient), so dropping the table's cannot free r under its lock. */
-    if (drop) {
-        swn_ing_live_forget(ing, r); /* its frontend is probed for one stream less */
-        swn_resp_unref(r);
-    }
+    if (drop)
+        resp_untabled(ing, r);
 }

@@ -38,6 +38,10 @@ void swi_random(void *buf, size_t len);
 uint64_t swi_random_id64(void);
 /* Writes 2*len lowercase hex chars plus NUL into out (size >= 2*len+1). */
 void swi_hex(char *out, const uint8_t *in, size_t len);
+/* The len bytes that 2 * len hex digits at hex stand for, into out: 0, or
+ * -1 if hex does not start with that many hex digits (out is then
+ * unspecified). */
+int swi_unhex(uint8_t *out, const char *hex, size_t len);
 /* A random id of 16 lowercase hex characters into out[17]. */
 void swi_random_token(char out[17]);
 

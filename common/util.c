@@ -86,6 +86,13 @@ swi_hex(char *out, const uint8_t *in, size_t len)
     out[2 * len] = '\0';
 }
 
+int
+swi_unhex(uint8_t *out, const char *hex, size_t len)
+{
+    size_t got = 0;
+    return sodium_hex2bin(out, len, hex, 2 * len, NULL, &got, NULL) == 0 && got == len ? 0 : -1;
+}
+
 void
 swi_random_token(char out[17])
 {

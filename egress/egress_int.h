@@ -35,6 +35,7 @@
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/metrics.h"
 #include "common/sched.h"
@@ -147,26 +148,28 @@ typedef struct swe_mig {
 struct sw_stream {
     sw_router *r;
     atomic_int refs;
+    int waiters; /* blocking consumers in sw_stream_next's wait (atomic; changed under mu) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint8_t id[SW_REQUEST_ID_BYTES];
+    /* The request's trace id (binary; all zero: none, which W3C forbids as
+     * an id), written as hex only by swe_logtag. */
+    uint8_t trace[SWI_TRACE_ID_LEN / 2];
     char idhex[SW_REQUEST_ID_HEX];
-    char trace[SWI_TRACE_ID_LEN + 1]; /* the request's trace id, "" if none (swe_logtag) */
     /* Flags, one byte each (never bit-fields: they change under different
      * locks), packed where the strings leave room. */
-    uint8_t has_ready; /* opened with on_ready (set once, before the stream is shared) */
-    uint8_t in_table;  /* (r->mu) */
-    uint8_t pooled;    /* counted in the pool and the peer table (r->mu) */
-    uint8_t routed;    /* the instance was picked by the pool (no instance_id given) */
-    uint8_t rerouted;  /* already sent elsewhere once after no_responders (s->mu) */
-    uint8_t opening;   /* sw_router_open runs: item callbacks wait for the ticker (s->mu) */
+    uint8_t has_ready;      /* opened with on_ready (set once, before the stream is shared) */
+    uint8_t in_table;       /* (r->mu) */
+    uint8_t pooled;         /* counted in the pool and the peer table (r->mu) */
+    uint8_t routed;         /* the instance was picked by the pool (no instance_id given) */
+    uint8_t rerouted;       /* already sent elsewhere once after no_responders (s->mu) */
+    uint8_t opening;        /* sw_router_open runs: item callbacks wait for the ticker (s->mu) */
+    uint8_t endpoint_owned; /* endpoint is the stream's own copy (set once at open) */
     sw_item_fn on_item;
     void *on_item_arg;
     void (*on_ready)(sw_stream *s, void *arg); /* blocking mode: something to take (s->mu;
                                                   NULL after sw_stream_close) */
     void *on_ready_arg;
-    int in_ready;       /* on_ready calls running now (s->mu) */
-    int waiters;        /* blocking consumers in sw_stream_next's wait (atomic; changed under mu) */
     swe_rx rx;          /* s->mu */
     sw_item *cur;       /* the item last handed to a blocking consumer (allocated by the
                            first sw_stream_next: an idle stream needs none) */
@@ -185,9 +188,13 @@ struct sw_stream {
     uint8_t grant_held;  /* the callback's item earned a grant, sent when it returns: a
                             repeat of the grant meanwhile is not sent (written under s->mu,
                             atomic) */
+    int in_ready;        /* on_ready calls running now (s->mu) */
     char *inst_second;   /* allocated by the re-route (NULL before) */
     const char *inst_pub;
-    char *endpoint;   /* ns.component.endpoint (allocated at open) */
+    /* ns.component.endpoint, set once at open: the router's copy in its
+     * endpoint series (swe_ep_name) when it has one, else the stream's own
+     * (endpoint_owned) */
+    const char *endpoint;
     swe_ep *ep;       /* its endpoint's series (set at open, under r->mu) */
     uint8_t *req_buf; /* the encoded request, kept until the first answer (re-routing) */
     size_t req_len;
@@ -198,11 +205,14 @@ struct sw_stream {
 };
 #if defined(__x86_64__) && defined(__GLIBC__)
 /* Issue 17's budget: an idle stream costs the frontend at most 1 KiB (this
- * struct in a 912-byte malloc chunk, its endpoint string, its table slots:
- * 1,003 bytes measured, BENCHMARKS.md session 9). A field added here must
- * be paid for by one taken out (session 17: the byte window's 16 bytes by
- * swe_rx_stats). */
-_Static_assert(sizeof(struct sw_stream) <= 904, "sw_stream outgrew the idle-stream budget");
+ * struct in an 848-byte malloc chunk and its table slots: 910 bytes
+ * measured, BENCHMARKS.md session 33; 1,003 before, in a 912-byte chunk
+ * with its own copy of the endpoint). A field added here must be paid for
+ * by one taken out (session 17: the byte window's 16 bytes by
+ * swe_rx_stats); session 33 made the room: the trace id in binary, the
+ * migration history behind a pointer, swe_rx's small state in bytes, the
+ * endpoint's name shared with the router's series. */
+_Static_assert(sizeof(struct sw_stream) <= 840, "sw_stream outgrew the idle-stream budget");
 #endif
 
 /* frontend.c */
@@ -215,6 +225,10 @@ void swe_remove(sw_stream *s);
 void swe_count_terminal(sw_router *r, const sw_terminal *t);
 /* The series of endpoint `name` (r->mu held): its own, or SWE_EP_OTHER. */
 swe_ep *swe_ep_get(sw_router *r, const char *name);
+/* The router's copy of endpoint `name` if one of its own series has it
+ * (they are never removed: the copy lives as long as the router), else
+ * NULL. No lock: a series' name is written before eps_used counts it. */
+const char *swe_ep_name(const sw_router *r, const char *name);
 /* The open streams with a reference each: all (by NULL), or those with a
  * timer check due by *by. */
 void swe_snapshot(sw_router *r, swi_ptrvec *vec, const int64_t *by);
@@ -225,9 +239,14 @@ void swe_snapshot(sw_router *r, swi_ptrvec *vec, const int64_t *by);
 static inline const char *
 swe_logtag(const sw_stream *s, char buf[SWI_LOGTAG_MAX])
 {
+    static const uint8_t none[sizeof(s->trace)];
+    char trace[SWI_TRACE_ID_LEN + 1] = "";
     buf[0] = '\0';
-    if (s->r->log.fn != NULL)
-        swi_logtag(buf, s->idhex, s->trace);
+    if (s->r->log.fn != NULL) {
+        if (memcmp(s->trace, none, sizeof(none)) != 0)
+            swi_hex(trace, s->trace, sizeof(s->trace));
+        swi_logtag(buf, s->idhex, trace);
+    }
     return buf;
 }
 

@@ -94,18 +94,34 @@ swe_remove(sw_stream *s)
         swe_stream_unref(s);
 }
 
+/* Which of the first n series is named name: its index, or n. */
+static unsigned
+ep_find(const sw_router *r, unsigned n, const char *name)
+{
+    unsigned i = 0;
+    while (i < n && strcmp(r->eps[i].name, name) != 0)
+        i++;
+    return i;
+}
+
 swe_ep *
 swe_ep_get(sw_router *r, const char *name)
 {
-    unsigned n = r->eps_used;
-    for (unsigned i = 0; i < n; i++)
-        if (strcmp(r->eps[i].name, name) == 0)
-            return &r->eps[i];
+    unsigned n = r->eps_used, i = ep_find(r, n, name);
+    if (i < n)
+        return &r->eps[i];
     if (n == SWE_EP_MAX)
         return &r->eps[SWE_EP_MAX];
     snprintf(r->eps[n].name, sizeof(r->eps[n].name), "%s", name);
     __atomic_store_n(&r->eps_used, n + 1, __ATOMIC_RELEASE);
     return &r->eps[n];
+}
+
+const char *
+swe_ep_name(const sw_router *r, const char *name)
+{
+    unsigned n = __atomic_load_n(&r->eps_used, __ATOMIC_ACQUIRE), i = ep_find(r, n, name);
+    return i < n ? r->eps[i].name : NULL;
 }
 
 void

@@ -63,13 +63,13 @@ static sw_item *
 mig_items(sw_stream *s, size_t *n)
 {
     sw_item *v;
-    *n = s->rx.nhist;
+    *n = swe_rx_nhist(&s->rx);
     if (*n == 0)
         return NULL;
     if ((v = calloc(*n, sizeof(*v))) == NULL)
         return NULL;
     for (size_t i = 0; i < *n; i++) {
-        const swe_q *q = s->rx.hist[i];
+        const swe_q *q = s->rx.hist->v[i];
         v[i].kind = SW_ITEM_DATA;
         v[i].seq = q->seq;
         v[i].data = q->data;

@@ -153,14 +153,22 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     for (size_t i = 0; i < o->nheaders; i++)
         if (strcmp(o->headers[i].key, "traceparent") == 0 &&
             swi_trace_id(o->headers[i].value, trace))
-            memcpy(s->trace, trace, sizeof(s->trace));
+            (void)swi_unhex(s->trace, trace, sizeof(s->trace)); /* (32 hex digits: 0) */
     /* A named instance is taken as is; otherwise the pool picks one below,
      * under r->mu, together with counting the stream on it. */
     if (o->instance_id != NULL)
         swi_strlcpy(s->inst_first, o->instance_id, sizeof(s->inst_first));
-    if ((s->endpoint = strdup(o->endpoint)) == NULL) {
-        swe_stream_unref(s);
-        return SW_ENOMEM;
+    /* The router's copy of the endpoint, once a stream to it opened before
+     * (and it has a series of its own); the first, or one past
+     * SWE_EP_MAX endpoints, takes its own. */
+    if ((s->endpoint = swe_ep_name(r, o->endpoint)) == NULL) {
+        char *own = strdup(o->endpoint);
+        if (own == NULL) {
+            swe_stream_unref(s);
+            return SW_ENOMEM;
+        }
+        s->endpoint = own;
+        s->endpoint_owned = 1;
     }
     s->inst_pub = s->inst_first;
     s->on_item = o->on_item;

@@ -120,7 +120,7 @@ rx_worker_start(swe_rx *rx, int64_t now)
     rx->bytes_on = 0; /* until this worker answers */
     rx->in_bytes = rx->consumed_bytes = 0;
     rx->byte_sent = rx->wbytes = rx->cfg.window_bytes;
-    rx->ngrants = 1;
+    rx->ngrants = rx->gnext = 1;
     rx->gap_since_ms = 0;
     rx->last_resend_ms = 0;
     rx->last_rx_ms = now;
@@ -141,11 +141,10 @@ swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now)
 static void
 rx_drop_history(swe_rx *rx)
 {
-    for (size_t i = 0; i < rx->nhist; i++)
-        free(rx->hist[i]);
+    for (size_t i = 0; i < swe_rx_nhist(rx); i++)
+        free(rx->hist->v[i]);
     free(rx->hist);
     rx->hist = NULL;
-    rx->nhist = rx->hist_cap = rx->hist_bytes = 0;
 }
 
 void
@@ -355,18 +354,21 @@ static void
 rx_keep(swe_rx *rx, const swe_q *q)
 {
     size_t sz = sizeof(*q) + q->len + strlen(q->event) + 1;
+    swe_rx_hist *h;
     swe_q *c;
     if (rx->mig_left == 0)
         return;
-    if (rx->hist_bytes + q->len > SW_MIGRATION_HISTORY_MAX)
+    h = rx->hist;
+    if ((h != NULL ? h->bytes : 0) + q->len > SW_MIGRATION_HISTORY_MAX)
         goto off;
-    if (rx->nhist == rx->hist_cap) {
-        size_t cap = rx->hist_cap ? 2 * rx->hist_cap : 64;
-        swe_q **v = realloc(rx->hist, cap * sizeof(*v));
-        if (v == NULL)
+    if (h == NULL || h->n == h->cap) {
+        size_t cap = h != NULL ? 2 * h->cap : 64;
+        if ((h = realloc(h, sizeof(*h) + cap * sizeof(h->v[0]))) == NULL)
             goto off;
-        rx->hist = v;
-        rx->hist_cap = cap;
+        if (rx->hist == NULL)
+            h->n = h->bytes = 0;
+        h->cap = cap;
+        rx->hist = h;
     }
     if ((c = malloc(sz)) == NULL)
         goto off;
@@ -374,8 +376,8 @@ rx_keep(swe_rx *rx, const swe_q *q)
     c->event = (const char *)c->data + c->len;
     c->next = NULL;
     c->blk = NULL; /* a copy of its own (freed with free) */
-    rx->hist[rx->nhist++] = c;
-    rx->hist_bytes += q->len;
+    h->v[h->n++] = c;
+    h->bytes += q->len;
     return;
 off:
     rx_drop_history(rx);
@@ -461,7 +463,7 @@ rx_note_final(swe_rx *rx, const swe_rx_in *in)
 static int
 rx_was_granted(const swe_rx *rx, uint64_t limit)
 {
-    for (unsigned i = 0; i < rx->ngrants && i < 4; i++)
+    for (unsigned i = 0; i < rx->ngrants; i++)
         if (rx->grants[i] == limit)
             return 1;
     return 0;
@@ -793,7 +795,10 @@ rx_grant(swe_rx *rx, int64_t now, swe_rx_act *act)
         rx->credit_sent = limit;
     if (blimit > rx->byte_sent)
         rx->byte_sent = blimit;
-    rx->grants[rx->ngrants++ % 4] = rx->credit_sent;
+    rx->grants[rx->gnext] = rx->credit_sent;
+    rx->gnext = (unsigned char)((rx->gnext + 1) % 4);
+    if (rx->ngrants < 4)
+        rx->ngrants++;
     if (rx->credit_sent > rx->granted)
         rx->granted = rx->credit_sent;
     rx_credit_act(rx, act);

@@ -212,6 +212,13 @@ typedef struct swe_rx_stats {
     uint64_t items, duplicates, reordered, resend_requests, heartbeats, peak_pending, migrations;
 } swe_rx_stats;
 
+/* The migration history: n copies of data items (v[0..n), their data bytes
+ * `bytes`), room for cap. */
+typedef struct swe_rx_hist {
+    size_t n, cap, bytes;
+    swe_q *v[];
+} swe_rx_hist;
+
 typedef struct swe_rx {
     swe_rx_cfg cfg;
     uint32_t window;  /* may shrink to the worker's, and grows (tuning) */
@@ -238,11 +245,20 @@ typedef struct swe_rx {
     uint64_t credit_sent; /* the credit limit the frontend works towards */
     uint64_t granted;     /* the highest limit ever granted: the worker may send up to it */
     uint64_t grants[4];   /* the last limits granted (the worker stops at one of them) */
-    unsigned ngrants;
+    /* Small state, a byte each, together (an idle stream's bytes count:
+     * see sw_stream's budget in egress_int.h). */
+    unsigned char ngrants;        /* grants[0..ngrants) are set (<= 4) */
+    unsigned char gnext;          /* where the next grant goes (0..3) */
+    unsigned char bytes_on;       /* byte credit: the worker answered (below) */
+    unsigned char term_state;     /* SWE_TERM_* */
+    unsigned char term_from_wire; /* the queued terminal is the worker's final */
+    unsigned char answered;       /* the current worker sent something (an item or a heartbeat) */
+    unsigned char migrating;      /* between act->migrate and swe_rx_migrated or the terminal */
+    unsigned char mig_from_final; /* the worker handed the stream back with its final (no stop
+                                     needed) */
     /* byte credit, once the worker answered (bytes_on): the data bytes
      * received (distinct seqs) and consumed from the current worker, the
      * byte limit granted (consumed + window_bytes; it only grows) */
-    int bytes_on;
     uint64_t in_bytes;
     uint64_t consumed_bytes;
     uint64_t byte_sent;
@@ -252,19 +268,11 @@ typedef struct swe_rx {
     swe_q *qh, *qt;
     size_t qlen;
     swe_q *cur; /* the item last popped (its bytes stay valid until the next pop) */
-    int term_state;
-    int term_from_wire;
     int64_t term_ready_ms;
     sw_terminal term;
     uint64_t term_seq;
     /* timers */
     int64_t last_rx_ms;
-    int answered; /* the current worker sent something (an item or a heartbeat) */
-    /* (two of migration's flags, bytes here: they fill the hole before
-     * the next int64 and keep sw_stream within its budget) */
-    unsigned char migrating;      /* between act->migrate and swe_rx_migrated or the terminal */
-    unsigned char mig_from_final; /* the worker handed the stream back with its final (no stop
-                                     needed) */
     int64_t gap_since_ms;
     int64_t last_resend_ms;
     /* migration */
@@ -272,13 +280,21 @@ typedef struct swe_rx {
     unsigned mig_left;  /* migrations still allowed */
     uint64_t seq_base;  /* consumer seq = seq_base + the current worker's seq */
     uint64_t gen_items; /* data items accepted from the current worker */
-    swe_q **hist;       /* cfg.keep_history: copies of the data items received, in order */
-    size_t nhist, hist_cap, hist_bytes;
+    swe_rx_hist *hist;  /* cfg.keep_history: copies of the data items received, in order
+                           (NULL until the first: a stream that may not migrate, or has
+                           received nothing yet, carries a pointer, not the counts) */
     swe_rx_stats st;
 } swe_rx;
 
 /* Most seqs one RESEND may span (what the worker's decoder accepts). */
 #define SWE_RESEND_SPAN_MAX ((uint64_t)(1u << 20) - 1)
+
+/* How many data items the migration history holds (0 without one). */
+static inline size_t
+swe_rx_nhist(const swe_rx *rx)
+{
+    return rx->hist != NULL ? rx->hist->n : 0;
+}
 
 void swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now);
 /* Frees everything queued, held and popped. */

@@ -25,7 +25,8 @@ swe_stream_unref(sw_stream *s)
     swe_migrate_fini(s);
     swi_duetab_release(&s->r->due, s->next_tick);
     free(s->req_buf);
-    free(s->endpoint);
+    if (s->endpoint_owned)
+        free((char *)s->endpoint);
     free(s->inst_second);
     free(s->cur);
     pthread_mutex_destroy(&s->mu);

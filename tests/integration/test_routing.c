@@ -60,6 +60,7 @@
 #include <cmocka.h>
 
 #include <nats/nats.h>
+#include <streamwire/metrics.h>
 #include <streamwire/registry.h>
 #include <streamwire/streamwire.h>
 
@@ -1526,14 +1527,17 @@ graceful_drain(void **state)
  * removed, so routers see no_responders and pick another instance". A
  * request routed through the registry (no instance_id) was never delivered,
  * so the router can retry it on another live instance. */
+static void fill_endpoint_series(sw_router *rt);
+
 static void
-drained_instance_requests_go_elsewhere(void **state)
+drained_requests_run(world *w, int fill)
 {
-    world *w = *state;
     int first, bad = 0;
     char line[64];
 
     world_frontend(w, SW_POLICY_ROUND_ROBIN);
+    if (fill)
+        fill_endpoint_series(w->rt);
     world_worker(w, 0, "usr1-drain");
     world_worker(w, 1, NULL);
     swh_kill(w->wpid[0], SIGUSR1);
@@ -1555,6 +1559,54 @@ drained_instance_requests_go_elsewhere(void **state)
         fail_msg("%d of 10 requests routed by the registry ended no_responders on a drained "
                  "instance instead of going to the live one",
                  bad);
+    if (fill) { /* (the path this run is for was taken) */
+        sw_metrics *m = NULL;
+        char *text = NULL;
+        size_t len = 0;
+        assert_int_equal(sw_metrics_create(&m), SW_OK);
+        assert_int_equal(sw_metrics_add_router(m, w->rt), SW_OK);
+        assert_int_equal(sw_metrics_render(m, &text, &len), SW_OK);
+        assert_non_null(strstr(text, "streamwire_frontend_endpoint_streams_opened_total{"));
+        assert_non_null(strstr(text, "endpoint=\"_other\"} 10\n"));
+        free(text);
+        sw_metrics_destroy(m);
+    }
+}
+
+static void
+drained_instance_requests_go_elsewhere(void **state)
+{
+    drained_requests_run(*state, 0);
+}
+
+/* A router keeps a series of metrics for its first 32 endpoints
+ * (SWE_EP_MAX) and shares their names with their streams; a stream to any
+ * later endpoint keeps its own copy of the name, which the re-route after
+ * no_responders reads to pick again. The same requests as above, after
+ * streams to 32 other endpoints (no instances: they end at once). */
+static void
+fill_endpoint_series(sw_router *rt)
+{
+    for (int k = 0; k < 32; k++) {
+        char ep[64];
+        sw_request_opts q;
+        sw_stream *s = NULL;
+        const sw_item *it = NULL;
+        snprintf(ep, sizeof(ep), "fill.series.e%d", k);
+        sw_request_opts_init(&q);
+        q.endpoint = ep;
+        assert_int_equal(sw_router_open(&s, rt, &q, "x", 1), SW_OK);
+        assert_int_equal(sw_stream_next(s, &it, T(3000)), SW_OK);
+        assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+        assert_int_equal(it->terminal.error, SW_NO_INSTANCES);
+        sw_stream_close(s);
+    }
+}
+
+static void
+drained_requests_go_elsewhere_past_32_endpoints(void **state)
+{
+    drained_requests_run(*state, 1);
 }
 
 /* ======================================================================== */
@@ -1606,6 +1658,7 @@ main(int argc, char **argv)
         T_(hung_stream_not_dead),
         T_(graceful_drain),
         T_(drained_instance_requests_go_elsewhere),
+        T_(drained_requests_go_elsewhere_past_32_endpoints),
     };
     if (argc > 1 && strcmp(argv[1], "--worker") == 0)
         return worker_main(argc, argv);

@@ -2216,19 +2216,19 @@ test_migrate_history(void **state)
     assert_int_equal(swe_rx_pop(&rx, 1002, &it, &a), 1); /* delivered items stay in it */
     data(&rx, 5, 1003);
     swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1004, &a);
-    assert_int_equal(rx.nhist, 3);
+    assert_int_equal(swe_rx_nhist(&rx), 3);
     swe_rx_migrated(&rx, 1005);
     data_as(&rx, 1, 4, 1006);
-    assert_int_equal(rx.nhist, 4);
-    for (size_t i = 0; i < rx.nhist; i++) {
+    assert_int_equal(swe_rx_nhist(&rx), 4);
+    for (size_t i = 0; i < swe_rx_nhist(&rx); i++) {
         char want[32];
         snprintf(want, sizeof(want), "item-%zu", i + 1);
-        assert_int_equal(rx.hist[i]->seq, i + 1);
-        assert_int_equal(rx.hist[i]->len, strlen(want));
-        assert_memory_equal(rx.hist[i]->data, want, rx.hist[i]->len);
-        assert_string_equal(rx.hist[i]->event, "");
+        assert_int_equal(rx.hist->v[i]->seq, i + 1);
+        assert_int_equal(rx.hist->v[i]->len, strlen(want));
+        assert_memory_equal(rx.hist->v[i]->data, want, rx.hist->v[i]->len);
+        assert_string_equal(rx.hist->v[i]->event, "");
     }
-    assert_int_equal(rx.hist[3]->gen, 1);
+    assert_int_equal(rx.hist->v[3]->gen, 1);
     swe_rx_fini(&rx);
     /* past SW_MIGRATION_HISTORY_MAX bytes: no history, no migration */
     {
@@ -2248,7 +2248,7 @@ test_migrate_history(void **state)
             in.len = sizeof(big);
             swe_rx_on_item(&rx, &in, 1001, &a);
         }
-        assert_int_equal(rx.nhist, 0);
+        assert_int_equal(swe_rx_nhist(&rx), 0);
         assert_int_equal(rx.mig_left, 0);
         assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1002, &a), 1);
         assert_false(a.migrate);

@@ -330,6 +330,36 @@ test_hex(void **state)
     }
 }
 
+/* swi_unhex reads back what swi_hex wrote, takes upper case too, and
+ * refuses anything short of 2 * len hex digits. */
+static void
+test_unhex(void **state)
+{
+    uint8_t all[256], back[256];
+    char hex[513];
+    (void)state;
+    for (int i = 0; i < 256; i++)
+        all[i] = (uint8_t)(255 - i);
+    swi_hex(hex, all, sizeof(all));
+    memset(back, 0, sizeof(back));
+    assert_int_equal(swi_unhex(back, hex, sizeof(back)), 0);
+    assert_memory_equal(back, all, sizeof(all));
+
+    assert_int_equal(swi_unhex(back, "00AbfF7e", 4), 0);
+    assert_memory_equal(back, "\x00\xab\xff\x7e", 4);
+    /* only the first 2 * len characters are read */
+    assert_int_equal(swi_unhex(back, "0102zz", 2), 0);
+    assert_memory_equal(back, "\x01\x02", 2);
+    assert_int_equal(swi_unhex(back, "", 0), 0);
+
+    assert_int_equal(swi_unhex(back, "010", 2), -1);  /* too short */
+    assert_int_equal(swi_unhex(back, "", 1), -1);     /* empty */
+    assert_int_equal(swi_unhex(back, "0g", 1), -1);   /* not hex */
+    assert_int_equal(swi_unhex(back, "01 2", 2), -1); /* a space inside */
+    assert_int_equal(swi_unhex(back, "-1", 1), -1);   /* a sign */
+    assert_int_equal(swi_unhex(back, "0x", 1), -1);   /* a prefix */
+}
+
 static void
 test_valid_code(void **state)
 {
@@ -781,6 +811,7 @@ main(void)
         cmocka_unit_test(test_idmap_tombstone_churn_fresh_keys),
         cmocka_unit_test(test_idmap_tombstone_churn_same_keys),
         cmocka_unit_test(test_hex),
+        cmocka_unit_test(test_unhex),
         cmocka_unit_test(test_valid_code),
         cmocka_unit_test(test_clocks),
         cmocka_unit_test(test_cond_wait_timeout),

@@ -206,7 +206,7 @@ struct sw_stream {
 #if defined(__x86_64__) && defined(__GLIBC__)
 /* Issue 17's budget: an idle stream costs the frontend at most 1 KiB (this
  * struct in an 848-byte malloc chunk and its table slots: 910 bytes
- * measured, BENCHMARKS.md session 33; 1,003 before, in a 912-byte chunk
+ * measured, BENCHMARKS.md session 33; 1,004 before, in a 912-byte chunk
  * with its own copy of the endpoint). A field added here must be paid for
  * by one taken out (session 17: the byte window's 16 bytes by
  * swe_rx_stats); session 33 made the room: the trace id in binary, the
@@ -240,9 +240,9 @@ static inline const char *
 swe_logtag(const sw_stream *s, char buf[SWI_LOGTAG_MAX])
 {
     static const uint8_t none[sizeof(s->trace)];
-    char trace[SWI_TRACE_ID_LEN + 1] = "";
     buf[0] = '\0';
     if (s->r->log.fn != NULL) {
+        char trace[SWI_TRACE_ID_LEN + 1] = "";
         if (memcmp(s->trace, none, sizeof(none)) != 0)
             swi_hex(trace, s->trace, sizeof(s->trace));
         swi_logtag(buf, s->idhex, trace);

@@ -153,14 +153,16 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     for (size_t i = 0; i < o->nheaders; i++)
         if (strcmp(o->headers[i].key, "traceparent") == 0 &&
             swi_trace_id(o->headers[i].value, trace))
-            (void)swi_unhex(s->trace, trace, sizeof(s->trace)); /* (32 hex digits: 0) */
+            if (swi_unhex(s->trace, trace, sizeof(s->trace)) != 0) /* (32 hex digits: never) */
+                memset(s->trace, 0, sizeof(s->trace));
     /* A named instance is taken as is; otherwise the pool picks one below,
      * under r->mu, together with counting the stream on it. */
     if (o->instance_id != NULL)
         swi_strlcpy(s->inst_first, o->instance_id, sizeof(s->inst_first));
-    /* The router's copy of the endpoint, once a stream to it opened before
-     * (and it has a series of its own); the first, or one past
-     * SWE_EP_MAX endpoints, takes its own. */
+    /* The router's copy of the endpoint once a stream to it has been
+     * counted in a series of its own; a stream that opens before that (the
+     * endpoint's first, or one racing it) or past SWE_EP_MAX endpoints
+     * takes a copy of its own. */
     if ((s->endpoint = swe_ep_name(r, o->endpoint)) == NULL) {
         char *own = strdup(o->endpoint);
         if (own == NULL) {

@@ -141,7 +141,7 @@ swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now)
 static void
 rx_drop_history(swe_rx *rx)
 {
-    for (size_t i = 0; i < swe_rx_nhist(rx); i++)
+    for (size_t i = 0, n = swe_rx_nhist(rx); i < n; i++)
         free(rx->hist->v[i]);
     free(rx->hist);
     rx->hist = NULL;

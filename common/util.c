@@ -301,8 +301,8 @@ swi_idmap_grow(swi_idmap *m)
 int
 swi_idmap_put(swi_idmap *m, const uint8_t *key, void *val)
 {
-    swi_idmap_slot *s = swi_idmap_find(m, key);
-    size_t mask, i;
+    size_t h = swi_idmap_hash_of(m, key), mask, i; /* (one SipHash for the search and the slot) */
+    swi_idmap_slot *s = swi_idmap_find_at(m, key, h);
     if (s != NULL) {
         s->val = val;
         return 0;
@@ -310,7 +310,7 @@ swi_idmap_put(swi_idmap *m, const uint8_t *key, void *val)
     if ((m->used + 1) * 4 > m->cap * 3 && swi_idmap_grow(m) != 0)
         return -1;
     mask = m->cap - 1;
-    i = swi_idmap_hash_of(m, key) & mask;
+    i = h & mask;
     while (m->slots[i].val != NULL && m->slots[i].val != SWI_IDMAP_TOMB)
         i = (i + 1) & mask;
     if (m->slots[i].val == NULL)

@@ -143,6 +143,11 @@ void swr_reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp
 reg_view *swr_reg_view_find_key(sw_registry *reg, const char *key);           /* mu held */
 reg_view *swr_reg_view_find_instance(sw_registry *reg, const char *instance); /* mu held */
 void swr_reg_view_remove(sw_registry *reg, reg_view *v);                      /* mu held */
+/* Drops a dead entry the store may still hold (its worker died unreported:
+ * no delete, the value stays until the bucket's max age), remembering its
+ * revision as a delete's, so the value delivered again (a watch made again
+ * replays every key's last value) is not taken for a new sighting. */
+void swr_reg_view_forget(sw_registry *reg, reg_view *v, int64_t now); /* mu held */
 reg_own *swr_reg_own_find(sw_registry *reg, const char *key);                 /* mu held */
 void swr_reg_store_back(sw_registry *reg, int64_t now);                       /* mu held */
 void swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted);    /* backend callback */

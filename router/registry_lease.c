@@ -339,8 +339,10 @@ swr_reg_tick(void *arg, int64_t now0)
                 swr_reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
             } else if (!v->live && now - v->seen_ms >= REG_FORGET_LEASES * lease) {
                 /* The store's max age drops such entries without a delete
-                 * event: forget them too, or the view only grows. */
-                swr_reg_view_remove(reg, v);
+                 * event: forget them too, or the view only grows; their
+                 * revision is kept as a delete's, while the store may
+                 * still hold the value. */
+                swr_reg_view_forget(reg, v, now);
                 i--;
             }
         }

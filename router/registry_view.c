@@ -167,6 +167,13 @@ swr_reg_view_remove(sw_registry *reg, reg_view *v)
     *v = reg->view[--reg->nview];
 }
 
+void
+swr_reg_view_forget(sw_registry *reg, reg_view *v, int64_t now)
+{
+    tomb_note(reg, v->key, v->rev, now);
+    swr_reg_view_remove(reg, v);
+}
+
 /* The store works (again) (mu held). If it was down, every live entry
  * gets a lease from now to be refreshed in, as its worker's keep-alives go
  * through again: none is dropped in the moment between the store coming

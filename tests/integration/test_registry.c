@@ -3256,6 +3256,88 @@ stale_list_after_delete(void **state)
     assert_int_equal(l->bad, 0);
 }
 
+/* A watch that keeps the registry's callback where the test can call it:
+ * to deliver an old value again, as a KV watch made again after a gap or a
+ * reconnect does (deliver last per subject). */
+static sw_registry_entry_fn g_replay_fn;
+static void *g_replay_arg;
+static sw_err
+replay_watch(void *st, sw_registry_entry_fn fn, void *arg, void **out)
+{
+    g_replay_fn = fn;
+    g_replay_arg = arg;
+    return g_inner->watch(st, fn, arg, out);
+}
+static void
+replay_unwatch(void *st, void *w)
+{
+    g_inner->unwatch(st, w);
+}
+static const sw_registry_backend replay_backend = {
+    .name = "replay",
+    .version = SW_REGISTRY_BACKEND_VERSION,
+    .open = lag_open,
+    .close = lag_close,
+    .put = lag_put,
+    .del = lag_del,
+    .list = lag_list,
+    .watch = replay_watch,
+    .unwatch = replay_unwatch,
+};
+
+/* A worker that died unreported: its entry lapses (REMOVED) and, 20 of its
+ * leases later, the view forgets it, while its last value stays in the
+ * store until the bucket's max age (60 s here). That value delivered again
+ * (a watch made again replays the last value of every key) must not bring
+ * the dead worker back: the registry used to take it as a first sighting,
+ * live for a lease, ADDED to every watcher, routed to. */
+static void
+forgotten_entry_replayed_stays_dead(void **state)
+{
+    fx *f = *state;
+    swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
+    uint8_t *enc = NULL;
+    size_t enc_len = 0;
+    uint64_t rev = 0;
+    char key[256];
+    sw_registry *reg;
+    evlog *l = &f->log[0];
+
+    g_inner = sw_registry_backend_find(f->be);
+    g_lag_ms = 0;
+    g_main_thread = pthread_self();
+    g_replay_fn = NULL;
+    f->ops = &replay_backend;
+    f->raw_be[0] = g_inner;
+    assert_int_equal(g_inner->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
+    m.version = SW_PROTOCOL_VERSION;
+    m.instance_id = "gone1";
+    m.endpoint = EP1;
+    m.request_subject = "sw.req.gone1";
+    m.control_subject = "sw.ctl.gone1";
+    m.lease_ms = 100; /* forgotten 20 leases (2 s) after its last refresh */
+    assert_int_equal(swp_encode_alloc(&m, 65536, &enc, &enc_len), SW_OK);
+    snprintf(key, sizeof(key), "%s.gone1", EP1);
+    assert_int_equal(g_inner->put(f->raw_state[0], key, enc, enc_len, 0, &rev), SW_OK);
+
+    reg = fx_reg(f, 0, 3000, 0);
+    assert_non_null(g_replay_fn);
+    assert_int_equal(sw_registry_watch(reg, on_event, l, NULL), SW_OK);
+    assert_true(evlog_wait(l, SW_REGISTRY_REMOVED, "gone1", 0, T(3000)) >= 0);
+    swh_sleep_ms(2000 + T(1000)); /* forgotten (the ticker's pass after 2 s) */
+    {
+        sw_registry_entry e = {key, enc, enc_len, rev, 0};
+        g_replay_fn(g_replay_arg, &e, 0); /* the same value, the same revision */
+    }
+    free(enc);
+    if (listed(reg, NULL, "gone1", NULL)) /* (at once: it would lapse again in 100 ms) */
+        fail_msg("a dead worker's last value, delivered again after the view forgot the "
+                 "entry, brought it back live");
+    swh_sleep_ms(T(200)); /* (events are delivered by the ticker) */
+    assert_int_equal(evlog_count(l, SW_REGISTRY_ADDED, "gone1", 0), 1); /* the first sighting */
+    assert_int_equal(l->bad, 0);
+}
+
 #ifdef SW_REGISTRY_MEMORY_ONLY
 /* The deletes the view remembers are bounded (REG_TOMBS_MAX, the oldest
  * forgotten first), however many keys an operator or an attacker with
@@ -3351,7 +3433,7 @@ remembered_deletes_bounded(void **state)
         RT(pool_report_does_not_block, be), RT(store_outage_holds_leases, be),                     \
         RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be),     \
         RT(recorded_tombstone_put_back_is_ignored, be), RT(idle_registry_rests, be),               \
-        RT(stale_list_after_delete, be)
+        RT(stale_list_after_delete, be), RT(forgotten_entry_replayed_stays_dead, be)
 
 int
 main(int argc, char **argv)

@@ -147,10 +147,10 @@ void swr_reg_view_remove(sw_registry *reg, reg_view *v);                      /*
  * no delete, the value stays until the bucket's max age), remembering its
  * revision as a delete's, so the value delivered again (a watch made again
  * replays every key's last value) is not taken for a new sighting. */
-void swr_reg_view_forget(sw_registry *reg, reg_view *v, int64_t now); /* mu held */
-reg_own *swr_reg_own_find(sw_registry *reg, const char *key);                 /* mu held */
-void swr_reg_store_back(sw_registry *reg, int64_t now);                       /* mu held */
-void swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted);    /* backend callback */
+void swr_reg_view_forget(sw_registry *reg, reg_view *v, int64_t now);      /* mu held */
+reg_own *swr_reg_own_find(sw_registry *reg, const char *key);              /* mu held */
+void swr_reg_store_back(sw_registry *reg, int64_t now);                    /* mu held */
+void swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted); /* backend callback */
 /* Queues a log line for the ticker (takes mu; not with mu held). */
 void swr_reg_note(sw_registry *reg, sw_log_level level, const char *fmt, ...) SWI_PRINTF(3, 4);
 

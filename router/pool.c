@@ -95,6 +95,23 @@ pool_find(swr_pool *p, const char *id)
     return NULL;
 }
 
+/* Forgets instances that are gone (or were never in the registry),
+ * unused and out of quarantine (p->mu held), so that the table does not
+ * grow with every worker that ever lived: on each registry event, and on
+ * each quarantine (a router without a registry quarantines the instances
+ * it loses, and has no events). */
+static void
+pool_prune(swr_pool *p, int64_t now)
+{
+    for (size_t i = 0; i < p->n;) {
+        pool_inst *g = &p->v[i];
+        if (!g->live && (g->quarantine_until == 0 || now >= g->quarantine_until))
+            *g = p->v[--p->n];
+        else
+            i++;
+    }
+}
+
 static pool_inst *
 pool_get(swr_pool *p, const char *id)
 {
@@ -139,15 +156,7 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
             e->live = 1;
         }
     }
-    /* Forget instances that are gone, unused and out of quarantine, so the
-     * table does not grow with every worker that ever lived. */
-    for (size_t i = 0; i < p->n;) {
-        pool_inst *g = &p->v[i];
-        if (!g->live && (g->quarantine_until == 0 || swi_now_ms() >= g->quarantine_until))
-            *g = p->v[--p->n];
-        else
-            i++;
-    }
+    pool_prune(p, swi_now_ms());
     pthread_mutex_unlock(&p->mu);
     if (lifted)
         swi_log(&p->log, SW_LOG_INFO, "instance %s is back; lifting its quarantine",
@@ -286,6 +295,16 @@ swr_pool_pick(swr_pool *p, const char *endpoint, swr_load_fn load, void *load_ar
     return SW_OK;
 }
 
+size_t
+swr_pool_size(swr_pool *p)
+{
+    size_t n;
+    pthread_mutex_lock(&p->mu);
+    n = p->n;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
 int
 swr_pool_quarantined(swr_pool *p, const char *instance)
 {
@@ -305,6 +324,7 @@ swr_pool_quarantine(swr_pool *p, const char *instance)
     int64_t now = swi_now_ms();
     int report = 0;
     pthread_mutex_lock(&p->mu);
+    pool_prune(p, now);
     if ((e = pool_get(p, instance)) != NULL &&
         (e->quarantine_until == 0 || now >= e->quarantine_until)) {
         e->backoff_ms = e->backoff_ms == 0 ? p->quarantine_ms : e->backoff_ms * 2;

@@ -60,4 +60,7 @@ void swr_pool_dead(swr_pool *p, const char *instance, const char *reason);
 /* 1 if the instance is quarantined here right now. */
 int swr_pool_quarantined(swr_pool *p, const char *instance);
 
+/* The instances the table holds now (live, or quarantined): for tests. */
+size_t swr_pool_size(swr_pool *p);
+
 #endif

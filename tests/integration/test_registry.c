@@ -3339,6 +3339,38 @@ forgotten_entry_replayed_stays_dead(void **state)
 }
 
 #ifdef SW_REGISTRY_MEMORY_ONLY
+/* A router without a registry (direct routing) quarantines each instance
+ * it loses; its table forgets one whose quarantine is over, as a router
+ * with a registry forgets a gone instance on the next event. It used to
+ * keep every instance it ever lost (instance ids are new at every worker
+ * start). */
+static void
+pool_without_registry_bounded(void **state)
+{
+    swr_pool_opts o;
+    swr_pool *p = NULL;
+    char id[64];
+    (void)state;
+    memset(&o, 0, sizeof(o));
+    o.quarantine_ms = (unsigned)T(300);
+    assert_int_equal(swr_pool_create(&p, &o), SW_OK);
+    for (int i = 0; i < 1000; i++) {
+        snprintf(id, sizeof(id), "lost-%d", i);
+        (void)swr_pool_quarantine(p, id);
+    }
+    assert_int_equal(swr_pool_size(p), 1000); /* (all still quarantined) */
+    swh_sleep_ms(T(300) + 50);
+    /* The next loss: everything past its quarantine goes. */
+    assert_int_equal(swr_pool_quarantine(p, "lost-next"), 0); /* (no registry: no report) */
+    assert_int_equal(swr_pool_size(p), 1);
+    assert_true(swr_pool_quarantined(p, "lost-next"));
+    assert_false(swr_pool_quarantined(p, "lost-0"));
+    /* A quarantine still running is kept, with its backoff. */
+    assert_int_equal(swr_pool_quarantine(p, "lost-next"), 0);
+    assert_true(swr_pool_quarantined(p, "lost-next"));
+    swr_pool_destroy(p);
+}
+
 /* The deletes the view remembers are bounded (REG_TOMBS_MAX, the oldest
  * forgotten first), however many keys an operator or an attacker with
  * write access deletes. White box: the memory backend delivers each delete
@@ -3444,6 +3476,7 @@ main(int argc, char **argv)
         REG_TESTS(SUITE_BACKEND),
 #ifdef SW_REGISTRY_MEMORY_ONLY
         RT(remembered_deletes_bounded, SUITE_BACKEND),
+        RT(pool_without_registry_bounded, SUITE_BACKEND),
 #else
         RT(watch_closes_while_receiving, SUITE_BACKEND),
         RT(watch_remade_when_consumer_deleted, SUITE_BACKEND),

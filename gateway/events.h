@@ -32,6 +32,10 @@ typedef struct swg_error {
 } swg_error;
 
 /* 0 and *in filled (free with swg_input_free), or -1 and *e filled. */
+/* `metadata`'s bounds (the Responses API's): pairs, key bytes, value bytes. */
+#define SWG_META_PAIRS 16
+#define SWG_META_KEY 64
+#define SWG_META_VALUE 512
 int swg_parse_request(const char *body, size_t len, swg_input *in, swg_error *e);
 void swg_input_free(swg_input *in);
 

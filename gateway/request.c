@@ -75,6 +75,30 @@ count_words(const char *s, size_t n)
     return w;
 }
 
+/* The Responses API's bounds on metadata (at most SWG_META_PAIRS pairs,
+ * keys up to SWG_META_KEY bytes, string values up to SWG_META_VALUE): the
+ * response object echoes it in several events, so a stream's round of
+ * events stays bounded whatever the body. NULL if v is acceptable, else
+ * why not. */
+static const char *
+metadata_bad(json_t *v)
+{
+    const char *key;
+    json_t *val;
+    if (!json_is_object(v))
+        return "\"metadata\" must be an object";
+    if (json_object_size(v) > SWG_META_PAIRS)
+        return "\"metadata\" may have at most 16 keys";
+    json_object_foreach(v, key, val)
+    {
+        if (strlen(key) > SWG_META_KEY)
+            return "a \"metadata\" key may be at most 64 bytes long";
+        if (!json_is_string(val) || json_string_length(val) > SWG_META_VALUE)
+            return "a \"metadata\" value must be a string of at most 512 bytes";
+    }
+    return NULL;
+}
+
 int
 swg_parse_request(const char *body, size_t len, swg_input *in, swg_error *e)
 {
@@ -150,10 +174,12 @@ swg_parse_request(const char *body, size_t len, swg_input *in, swg_error *e)
     }
     v = json_object_get(root, "metadata");
     if (v != NULL && !json_is_null(v)) {
-        if (!json_is_object(v)) {
-            json_decref(root);
+        const char *why = metadata_bad(v);
+        if (why != NULL) {
+            const char *code = json_is_object(v) ? "invalid_value" : "invalid_type";
+            json_decref(root); /* (v with it) */
             swg_input_free(in);
-            return bad(e, 400, "invalid_type", "metadata", "\"metadata\" must be an object");
+            return bad(e, 400, code, "metadata", why);
         }
         in->metadata = json_incref(v);
     }

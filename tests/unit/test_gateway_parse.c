@@ -106,6 +106,78 @@ test_bad_bodies(void **state)
 
 /* Deep nesting is refused by jansson's depth limit, not by a stack
  * overflow. */
+/* metadata: 16 pairs, 64-byte keys and 512-byte string values pass; one
+ * more pair, a longer key or value, or a value that is not a string is 400
+ * with param "metadata" (the response echoes it in several events, so it
+ * must not carry a body's worth of bytes). */
+static char *
+meta_body(int pairs, size_t klen, size_t vlen, const char *raw_value)
+{
+    size_t cap = 256 + (size_t)pairs * (klen + vlen + 16);
+    char *b = malloc(cap), *p = b;
+    assert_non_null(b);
+    p += sprintf(p, "{\"model\":\"m\",\"input\":\"x\",\"metadata\":{");
+    for (int i = 0; i < pairs; i++) {
+        p += sprintf(p, "%s\"%02d", i ? "," : "", i);
+        memset(p, 'k', klen - 2);
+        p += klen - 2;
+        if (raw_value != NULL) {
+            p += sprintf(p, "\":%s", raw_value);
+        } else {
+            p += sprintf(p, "\":\"");
+            memset(p, 'v', vlen);
+            p += vlen;
+            *p++ = '"';
+        }
+    }
+    sprintf(p, "}}");
+    return b;
+}
+
+static void
+test_metadata_bounds(void **state)
+{
+    static const struct {
+        int pairs;
+        size_t klen, vlen;
+        const char *raw; /* a value that is not a string */
+        const char *code;
+    } cases[] = {
+        {16, 64, 512, NULL, NULL},
+        {1, 2, 0, NULL, NULL},
+        {17, 4, 1, NULL, "invalid_value"},
+        {1, 65, 1, NULL, "invalid_value"},
+        {1, 4, 513, NULL, "invalid_value"},
+        {1, 4, 0, "1", "invalid_value"},
+        {1, 4, 0, "{}", "invalid_value"},
+        {1, 4, 0, "null", "invalid_value"},
+        {16, 64, 0, "[\"x\"]", "invalid_value"},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        swg_input in;
+        swg_error e;
+        char *b = meta_body(cases[i].pairs, cases[i].klen, cases[i].vlen, cases[i].raw);
+        int rv = parse(b, &in, &e);
+        if (cases[i].code == NULL) {
+            if (rv != 0)
+                fail_msg("case %zu refused: %s", i, e.message);
+            assert_non_null(in.metadata);
+            assert_int_equal(json_object_size(in.metadata), (size_t)cases[i].pairs);
+            swg_input_free(&in);
+        } else {
+            if (rv == 0)
+                fail_msg("case %zu accepted", i);
+            assert_int_equal(e.http, 400);
+            if (strcmp(e.code, cases[i].code) != 0)
+                fail_msg("case %zu: %s (%s), wanted %s", i, e.code, e.message, cases[i].code);
+            assert_string_equal(e.param, "metadata");
+            assert_non_null(strstr(e.message, "metadata"));
+        }
+        free(b);
+    }
+}
+
 static void
 test_deep_nesting(void **state)
 {
@@ -446,7 +518,7 @@ main(void)
         cmocka_unit_test(test_deep_nesting),      cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_utf8_across_items), cmocka_unit_test(test_events_json),
         cmocka_unit_test(test_events_exact),      cmocka_unit_test(test_utf8_cut_at_the_end),
-        cmocka_unit_test(test_error_object),
+        cmocka_unit_test(test_error_object),      cmocka_unit_test(test_metadata_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

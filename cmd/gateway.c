@@ -62,7 +62,8 @@ cli_gateway_main(int argc, char **argv)
     const char *server = NULL, *listen_addr = "127.0.0.1:8080", *bucket = NULL;
     const char *policy = "round_robin", *cod = "on", *router_id = NULL, *access_log = "on";
     const char *narration = "on";
-    long keepalive = 15000, max_body = 1 << 20, max_conns = 10000, grace = 10000, replicas = 1;
+    long keepalive = 15000, stall = 30000, max_body = 1 << 20, max_conns = 10000, grace = 10000,
+         replicas = 1;
     long migration_limit = 0, loops = 0;
     int quiet = 0, rc, wake[2];
     swg_model models[GW_MAX_MODELS];
@@ -87,6 +88,10 @@ cli_gateway_main(int argc, char **argv)
          "': keep-alive' comment after this much silence on an\nSSE stream (default 15000; 0 = "
          "never)",
          &keepalive, 0, 3600000, NULL, 0},
+        {"stall-ms", CLI_INT, "MS",
+         "a streamed response whose client takes nothing of a write\nfor this long is ended and "
+         "its stream cancelled\n(client_stalled; default 30000; 0 = never)",
+         &stall, 0, 3600000, NULL, 0},
         {"max-body", CLI_INT, "BYTES", "largest request body (default 1048576): 413 beyond",
          &max_body, 1024, 64 * 1024 * 1024, NULL, 0},
         {"max-connections", CLI_INT, "N",
@@ -210,6 +215,7 @@ cli_gateway_main(int argc, char **argv)
     go.registry = reg;
     go.metrics = metrics;
     go.keepalive_ms = keepalive;
+    go.stall_ms = stall;
     go.max_body = (size_t)max_body;
     go.max_connections = (unsigned)max_conns;
     {

@@ -31,6 +31,8 @@ typedef struct swg_opts {
     sw_registry *registry; /* for /readyz; may be NULL */
     sw_metrics *metrics;   /* for /metrics; may be NULL */
     int64_t keepalive_ms;  /* ": keep-alive" after this much silence; 0 = never */
+    int64_t stall_ms;      /* a stream's write the client has not taken for this long ends it
+                              (client_stalled); 0 = never */
     size_t max_body;       /* request body bytes */
     unsigned max_connections;
     int cancel_on_disconnect;

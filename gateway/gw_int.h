@@ -43,6 +43,7 @@ typedef struct swg_gw {
     unsigned nconns;        /* open HTTP connections, all loops (atomic) */
     int stopping;           /* stop was asked (atomic): each loop drains */
     uint64_t metrics_shed;  /* metrics items not sent: the client was behind (atomic) */
+    uint64_t stalled;       /* streams ended: the client took nothing for stall_ms (atomic) */
 } swg_gw;
 
 /* One event loop and its thread. */
@@ -59,6 +60,7 @@ struct swg_loop {
     h2o_socket_t *wake_sock, *stop_sock; /* stop_sock: the first loop only */
     int wake_fd[2];
     h2o_timeout_t ka_timeout;    /* keepalive_ms */
+    h2o_timeout_t stall_timeout; /* stall_ms: a write the client has not taken */
     h2o_timeout_t tick_timeout;  /* 100 ms: drain checks */
     h2o_timeout_t watch_timeout; /* SWG_WATCH_MS: HTTP/1 clients waiting for a whole answer */
     h2o_timeout_entry_t tick;
@@ -96,6 +98,7 @@ struct swg_rq {
     h2o_linklist_t active_link; /* on lp->active */
     h2o_linklist_t all_link;    /* on gw->all (gw->mu) */
     h2o_timeout_entry_t ka;
+    h2o_timeout_entry_t stall;      /* linked while writing (stall_ms > 0): see rq_stalled */
     h2o_timeout_entry_t watch;      /* non-stream over HTTP/1: is the client still there? */
     struct swg_tok *tok;            /* in the request's pool: tells us when h2o disposes it */
     char trace_id[40];              /* of the traceparent sent to the worker */

@@ -231,9 +231,14 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
                 "shed because the client was behind (metrics items are shed first; "
                 "tokens never).\n"
                 "# TYPE streamwire_gateway_sse_dropped_total counter\n"
-                "streamwire_gateway_sse_dropped_total{event=\"metrics\"} %llu\n",
+                "streamwire_gateway_sse_dropped_total{event=\"metrics\"} %llu\n"
+                "# HELP streamwire_gateway_stalled_total Streamed responses this gateway ended "
+                "because the client took nothing of a write for --stall-ms.\n"
+                "# TYPE streamwire_gateway_stalled_total counter\n"
+                "streamwire_gateway_stalled_total %llu\n",
                 (int)len, out,
-                (unsigned long long)__atomic_load_n(&lp->gw->metrics_shed, __ATOMIC_RELAXED));
+                (unsigned long long)__atomic_load_n(&lp->gw->metrics_shed, __ATOMIC_RELAXED),
+                (unsigned long long)__atomic_load_n(&lp->gw->stalled, __ATOMIC_RELAXED));
         if (n < 0)
             swg_send_whole(req, 500, "Internal Server Error", "text/plain", "out of memory\n", 14);
         else
@@ -494,6 +499,8 @@ loop_init(swg_loop *lp, int fd)
     lp->accept_ctx.hosts = gw->config.hosts;
     h2o_timeout_init(lp->ctx.loop, &lp->ka_timeout,
                      (uint64_t)(o->keepalive_ms > 0 ? o->keepalive_ms : 1000));
+    h2o_timeout_init(lp->ctx.loop, &lp->stall_timeout,
+                     (uint64_t)(o->stall_ms > 0 ? o->stall_ms : 1000));
     h2o_timeout_init(lp->ctx.loop, &lp->tick_timeout, 100);
     h2o_timeout_init(lp->ctx.loop, &lp->watch_timeout, SWG_WATCH_MS);
     h2o_timeout_init(lp->ctx.loop, &lp->run_timeout, 0);
@@ -558,6 +565,7 @@ loop_run(swg_loop *lp)
     for (int i = 0; i < 10; i++)
         h2o_evloop_run(lp->ctx.loop, 0);
     h2o_timeout_dispose(lp->ctx.loop, &lp->ka_timeout);
+    h2o_timeout_dispose(lp->ctx.loop, &lp->stall_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->tick_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->watch_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->run_timeout);

@@ -9,7 +9,9 @@
  * called proceed (the client has not taken the bytes), nothing more is
  * taken from the stream: credits stop the worker, so a slow client costs a
  * bounded amount of memory (the credit window's items, and at most
- * SWG_ROUND_BYTES of events).
+ * SWG_ROUND_BYTES of events). A write the client takes nothing of for
+ * stall_ms ends the response (rq_stalled), so a client that never reads
+ * does not hold the stream, its worker's handler and our memory for ever.
  *
  * response.created waits for the first item, so a request that fails
  * before any response exists (no_instances, no_responders,
@@ -265,6 +267,8 @@ swg_rq_free(swg_rq *q)
     run_unlink(q);
     if (h2o_timeout_is_linked(&q->ka))
         h2o_timeout_unlink(&q->ka);
+    if (h2o_timeout_is_linked(&q->stall))
+        h2o_timeout_unlink(&q->stall);
     if (h2o_timeout_is_linked(&q->watch))
         h2o_timeout_unlink(&q->watch);
     if (h2o_linklist_is_linked(&q->active_link))
@@ -401,6 +405,26 @@ rq_ka_relink(swg_rq *q)
     h2o_timeout_link(q->lp->ctx.loop, &q->lp->ka_timeout, &q->ka);
 }
 
+/* An h2o_send goes out: nothing more is taken from the stream until h2o
+ * calls proceed (rq_write_done), and the stall clock runs. */
+static void
+rq_write_start(swg_rq *q)
+{
+    q->writing = 1;
+    rq_ka_relink(q);
+    if (q->lp->o->stall_ms > 0 && !h2o_timeout_is_linked(&q->stall))
+        h2o_timeout_link(q->lp->ctx.loop, &q->lp->stall_timeout, &q->stall);
+}
+
+static void
+rq_write_done(swg_rq *q)
+{
+    q->writing = 0;
+    q->out.len = 0;
+    if (h2o_timeout_is_linked(&q->stall))
+        h2o_timeout_unlink(&q->stall);
+}
+
 /* Takes the HTTP request from q for its last h2o_send, which q's caller
  * follows with swg_rq_free. The pool's token lets go of q first: a send
  * with nothing to write completes (and disposes the request) inside
@@ -436,8 +460,7 @@ rq_flush(swg_rq *q, int final)
     if (q->out.len == 0)
         return;
     b = h2o_iovec_init(q->out.p, q->out.len);
-    q->writing = 1;
-    rq_ka_relink(q);
+    rq_write_start(q);
     h2o_send(req, &b, 1, H2O_SEND_STATE_IN_PROGRESS);
 }
 
@@ -509,7 +532,13 @@ rq_pump(swg_rq *q, unsigned max)
             swg_end end;
             int pre, http;
             end_of(it, &end, &pre, &http);
-            pre = pre && !q->created; /* after a response exists, errors are failures */
+            if (pre && q->created) {
+                /* after a response exists, errors are failures: 200 with
+                 * the failed response object (e.g. no_instances when a
+                 * migration finds no other instance) */
+                pre = 0;
+                http = 200;
+            }
             q->ended = 1;
             rq_log(q, pre ? "error" : end.status, end.err_code ? end.err_code : end.inc_reason);
             if (!q->in.stream) {
@@ -573,8 +602,7 @@ rq_proceed(h2o_generator_t *gen, h2o_req_t *req)
 {
     swg_rq *q = (swg_rq *)gen;
     (void)req;
-    q->writing = 0;
-    q->out.len = 0;
+    rq_write_done(q);
     swg_rq_schedule(q);
 }
 
@@ -598,8 +626,7 @@ rq_gone(swg_rq *q)
     /* cancel-on-disconnect off: keep taking items until the terminal (the
      * round h2o held is dropped: a full one would stop the pump for good) */
     q->in.stream = 0;
-    q->writing = 0;
-    q->out.len = 0;
+    rq_write_done(q);
     swg_rq_schedule(q);
 }
 
@@ -637,6 +664,49 @@ rq_keepalive(h2o_timeout_entry_t *entry)
     }
     swg_sse_keepalive(&q->out);
     rq_flush(q, 0);
+}
+
+/* Shuts a connection down under h2o: its write in flight fails, and h2o
+ * closes it and stops its requests. The close resets it: the client reads
+ * nothing, and the kernel would otherwise hold the unsent bytes for
+ * minutes. */
+static void
+sock_abort(h2o_socket_t *sock)
+{
+    struct linger lg = {1, 0};
+    int fd;
+    if (sock == NULL || (fd = h2o_socket_get_fd(sock)) < 0)
+        return;
+    (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    (void)shutdown(fd, SHUT_RDWR);
+}
+
+/* A write has waited stall_ms for the client to take it (it stopped
+ * reading, or gave the stream no HTTP/2 window): the stream is cancelled
+ * (unless --cancel-on-disconnect off, as for a client that left) and the
+ * response ends as an error. h2o_send cannot end it: it asserts while a
+ * write is in flight, on both protocols. So the connection is shut down
+ * under h2o, which then ends it the way it ends one whose client left
+ * (the write fails, or the read sees the end), and calls stop: rq_gone
+ * frees q in the next loop round. Over HTTP/2 that ends the connection's
+ * other streams too: libh2o 2.2 resets a single stream only through
+ * http2_internal.h, which needs the khash.h its packages do not ship. */
+static void
+rq_stalled(h2o_timeout_entry_t *entry)
+{
+    swg_rq *q = (swg_rq *)((char *)entry - offsetof(swg_rq, stall));
+    h2o_req_t *req = q->req;
+    if (q->ended || req == NULL || !q->writing)
+        return;
+    __atomic_fetch_add(&q->lp->gw->stalled, 1, __ATOMIC_RELAXED);
+    rq_log(q, "client_stalled", q->lp->o->cancel_on_disconnect ? "cancelled" : NULL);
+    if (q->lp->o->cancel_on_disconnect) {
+        (void)sw_stream_cancel(q->s); /* the worker's handler sees it now */
+        q->ended = 1;
+    }
+    sock_abort(req->conn->callbacks->get_socket != NULL
+                   ? req->conn->callbacks->get_socket(req->conn)
+                   : NULL);
 }
 
 /* A non-stream request over HTTP/1: h2o reads nothing more from the
@@ -762,6 +832,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     q->gen.proceed = rq_proceed;
     q->gen.stop = rq_stop;
     q->ka.cb = rq_keepalive;
+    q->stall.cb = rq_stalled;
     q->watch.cb = rq_watch;
     q->r.model = m->name;
     q->r.created_at = (int64_t)time(NULL);
@@ -834,8 +905,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
                               q->request_id, strlen(q->request_id));
         h2o_start_response(req, &q->gen);
         /* the headers go out now; proceed then pumps what is ready */
-        q->writing = 1;
-        rq_ka_relink(q);
+        rq_write_start(q);
         h2o_send(req, NULL, 0, H2O_SEND_STATE_IN_PROGRESS);
         return;
     }

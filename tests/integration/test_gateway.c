@@ -1606,6 +1606,241 @@ test_out_of_descriptors(void **state)
     close(ep[0]);
 }
 
+/* ---------------------------------------------------------------- gateways of their own */
+
+/* A gateway of its own (for options the shared one has not) with these
+ * extra arguments (NULL-terminated); its host:port into hp, its stdout (the
+ * access log) into *fd. */
+static pid_t
+own_gateway(const char *const *extra, char *hp, size_t cap, int *fd)
+{
+    const char *argv[32];
+    char line[256];
+    int n = 0;
+    pid_t pid;
+    argv[n++] = "gateway";
+    argv[n++] = "--server";
+    argv[n++] = g_nats.url;
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    argv[n++] = "--loops";
+    argv[n++] = "2";
+    argv[n++] = "--quiet";
+    for (int i = 0; extra[i] != NULL && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid = swh_spawn(argv, fd);
+    assert_true(pid > 0);
+    assert_int_equal(
+        swh_wait_line(*fd, "gateway ready listen=", line, sizeof(line), 10000 * swh_slow()), 0);
+    snprintf(hp, cap, "%s", strchr(line, '=') + 1);
+    return pid;
+}
+
+/* The value of the first series of family `name` on the Prometheus page at
+ * url (any labels), or -1. */
+static double
+metric_at(const char *url, const char *name)
+{
+    char cmd[300], *page = malloc(1 << 20), want[160];
+    const char *p;
+    double v = -1;
+    assert_non_null(page);
+    snprintf(cmd, sizeof(cmd), "curl -s -m 5 '%s'", url);
+    (void)shell_read(cmd, page, 1 << 20);
+    snprintf(want, sizeof(want), "\n%s", name);
+    for (p = page; (p = strstr(p, want)) != NULL; p++) {
+        p += strlen(want);
+        if (*p == '{' && (p = strchr(p, '}')) != NULL)
+            p++;
+        if (p != NULL && *p == ' ') {
+            v = strtod(p + 1, NULL);
+            break;
+        }
+        if (p == NULL)
+            break;
+    }
+    free(page);
+    return v;
+}
+
+/* A worker of its own with a /metrics listener; its url into murl. */
+static pid_t
+own_worker(const worker_def *w, char *murl, size_t cap)
+{
+    char line[256];
+    int fd;
+    pid_t pid = start_worker(w, "127.0.0.1:0", &fd);
+    assert_true(pid > 0);
+    assert_int_equal(
+        swh_wait_line(fd, "worker metrics url=", line, sizeof(line), 10000 * swh_slow()), 0);
+    snprintf(murl, cap, "%s", strchr(line, '=') + 1);
+    assert_int_equal(swh_wait_line(fd, "worker ready", NULL, 0, 10000 * swh_slow()), 0);
+    close(fd);
+    return pid;
+}
+
+/* A client that never reads (a small receive buffer, a stream of a million
+ * tokens): once the gateway's write has waited --stall-ms, the stream is
+ * cancelled (the worker's handler sees the cancel), the request is freed
+ * (the router's open streams go back to 0), the connection is closed, the
+ * access log says client_stalled and streamwire_gateway_stalled_total
+ * counts it. Before, nothing ended it: the worker's send waited for credit
+ * for its 30 s and the gateway held the request and its stream for ever. */
+static void
+test_stalled_client_http1(void **state)
+{
+    static const worker_def w = {"gw.stall.gen", "wstall", {"--tokens", "1000000", NULL}};
+    char stall[16], hp[128], murl[200], gurl[200], req[512], buf[65536];
+    const char *extra[] = {"--model", "stall=gw.stall.gen", "--stall-ms", stall, NULL};
+    int gfd, fd, rcv = 4096, closed = 0, st;
+    double cancels = -1, stalled = -1, open = -1;
+    int64_t t0, until;
+    pid_t wp, gp;
+    json_t *j = NULL;
+    (void)state;
+    snprintf(stall, sizeof(stall), "%d", 800 * swh_slow());
+    wp = own_worker(&w, murl, sizeof(murl));
+    gp = own_gateway(extra, hp, sizeof(hp), &gfd);
+    snprintf(gurl, sizeof(gurl), "http://%s/metrics", hp);
+    swh_sleep_ms(1500); /* the registry entry reaches the gateway's router */
+    assert_true(metric_at(murl, "streamwire_worker_cancels_total") <= 0);
+
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv)), 0);
+    {
+        const char *colon = strrchr(hp, ':');
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof(a));
+        a.sin_family = AF_INET;
+        a.sin_port = htons((uint16_t)atoi(colon + 1));
+        inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+        assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    }
+    {
+        static const char body[] =
+            "{\"model\":\"stall\",\"input\":\"x\",\"stream\":true,\"max_output_tokens\":1000000}";
+        int n = snprintf(req, sizeof(req),
+                         "POST /v1/responses HTTP/1.1\r\nHost: x\r\n"
+                         "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                         sizeof(body) - 1, body);
+        assert_int_equal(write(fd, req, (size_t)n), n);
+    }
+    /* never read: the buffers fill, the gateway's write waits */
+    t0 = swh_now_ms();
+    until = t0 + (800 + 5000) * swh_slow();
+    while (swh_now_ms() < until) {
+        swh_sleep_ms(100);
+        cancels = metric_at(murl, "streamwire_worker_cancels_total");
+        stalled = metric_at(gurl, "streamwire_gateway_stalled_total");
+        open = metric_at(gurl, "streamwire_frontend_open_streams");
+        if (cancels >= 1 && stalled >= 1 && open == 0)
+            break;
+    }
+    print_message("    stalled client: worker cancels %.0f, gateway stalled %.0f, open streams "
+                  "%.0f after %lld ms (--stall-ms %s)\n",
+                  cancels, stalled, open, (long long)(swh_now_ms() - t0), stall);
+    assert_true(cancels == 1);
+    assert_true(stalled == 1);
+    assert_true(open == 0);
+    /* the connection is closed: what was buffered, then the end (or a reset) */
+    for (int64_t end = swh_now_ms() + 5000 * swh_slow(); swh_now_ms() < end;) {
+        ssize_t n = read_some(fd, buf, sizeof(buf), 500);
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+            closed = 1;
+            break;
+        }
+    }
+    close(fd);
+    assert_true(closed);
+    /* its access-log line */
+    {
+        char line[1024];
+        while (j == NULL && swh_wait_line(gfd, "{", line, sizeof(line), 5000 * swh_slow()) == 0) {
+            j = json_loads(line, 0, NULL);
+            if (j != NULL && strcmp(str_at(j, "model", NULL), "stall") != 0) {
+                json_decref(j);
+                j = NULL;
+            }
+        }
+    }
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "terminal", NULL), "client_stalled");
+    assert_string_equal(str_at(j, "reason", NULL), "cancelled");
+    assert_true(json_integer_value(json_object_get(j, "items")) > 0);
+    json_decref(j);
+    /* the gateway still serves */
+    {
+        char hz[512];
+        int k = tcp_connect(hp);
+        static const char get[] = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_true(k >= 0);
+        assert_int_equal(write(k, get, sizeof(get) - 1), (ssize_t)(sizeof(get) - 1));
+        assert_true(read_some(k, hz, sizeof(hz), 3000 * swh_slow()) > 0);
+        assert_int_equal(strncmp(hz, "HTTP/1.1 200", 12), 0);
+        close(k);
+    }
+    swh_kill(gp, SIGTERM);
+    assert_int_equal(swh_wait_exit(gp, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    close(gfd);
+    swh_terminate(wp, 3000);
+}
+
+/* A non-streamed response that fails after items with an error that,
+ * before any response, is an HTTP error: the worker dies mid-response, the
+ * gateway (--migration-limit 1) finds no other instance to move it to, and
+ * the stream ends no_instances. The answer is 200 with the failed response
+ * object, as for every failed response (it was 503 with that object). */
+static void
+test_non_stream_fails_after_items(void **state)
+{
+    static const worker_def w = {
+        "gw.mig.gen", "wmig", {"--tokens", "1000", "--token-interval-ms", "10", NULL}};
+    const char *extra[] = {"--model", "mig=gw.mig.gen", "--migration-limit", "1", NULL};
+    char hp[128], murl[200], cmd[512], *mark;
+    int gfd, st, code;
+    size_t n;
+    pid_t wp, gp;
+    FILE *p;
+    json_t *j;
+    (void)state;
+    wp = own_worker(&w, murl, sizeof(murl));
+    gp = own_gateway(extra, hp, sizeof(hp), &gfd);
+    swh_sleep_ms(1500); /* the registry entry reaches the gateway's router */
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -m 30 -w '\\n@@%%{http_code}' -X POST -H 'content-type: application/json' "
+             "--data-binary '{\"model\":\"mig\",\"input\":\"x\"}' 'http://%s/v1/responses'",
+             hp);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    /* the worker has sent some of its 1,000 tokens (10 ms apart) */
+    for (int64_t until = swh_now_ms() + 5000 * swh_slow();
+         metric_at(murl, "streamwire_worker_items_sent_total") < 20 && swh_now_ms() < until;)
+        swh_sleep_ms(50);
+    swh_kill(wp, SIGKILL);
+    n = fread(g_out, 1, sizeof(g_out) - 1, p);
+    g_out[n] = '\0';
+    pclose(p);
+    (void)swh_wait_exit(wp, 5000, &st);
+    assert_non_null(mark = strstr(g_out, "\n@@"));
+    code = atoi(mark + 3);
+    *mark = '\0';
+    print_message("    non-stream, no_instances after items: HTTP %d %.200s\n", code, g_out);
+    j = json_loads(g_out, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(str_at(j, "status", NULL), "failed");
+    assert_string_equal(str_at(j, "error", "code"), "no_instances");
+    assert_true(json_integer_value(json_object_get(json_object_get(j, "usage"), "output_tokens")) >
+                0);
+    json_decref(j);
+    assert_int_equal(code, 200);
+    swh_kill(gp, SIGTERM);
+    assert_int_equal(swh_wait_exit(gp, 20000 * swh_slow(), &st), 0);
+    close(gfd);
+}
+
 /* SIGTERM: the gateway stops accepting, lets a running stream finish, and
  * exits 0. Last: it ends the gateway. */
 static void
@@ -1654,7 +1889,7 @@ test_sigterm_drains(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_completed_http1),
@@ -1682,7 +1917,11 @@ main(void)
         cmocka_unit_test(test_non_stream_client_leaves),
         cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_out_of_descriptors),
+        cmocka_unit_test(test_stalled_client_http1),
+        cmocka_unit_test(test_non_stream_fails_after_items),
         cmocka_unit_test(test_sigterm_drains),
     };
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -59,7 +59,9 @@ typedef struct reg_own {
 
 typedef struct reg_event {
     struct reg_event *next;
-    int target; /* watcher id, 0 = every watcher */
+    int target; /* watcher id, 0 = every watcher (then only those with an id
+                   below `below`: the watchers there were when it was queued) */
+    int below;
     sw_registry_event ev;
     swp_instance *info; /* owned copy */
     uint64_t rev;

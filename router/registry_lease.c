@@ -260,7 +260,9 @@ swr_reg_tick(void *arg, int64_t now0)
             if (reg->eh == NULL)
                 reg->et = NULL;
             /* Call the watchers as they were when the event was taken; one
-             * removed meanwhile is skipped (sw_registry_unwatch). */
+             * removed meanwhile is skipped (sw_registry_unwatch), and one
+             * added after the event was queued is not called: its ADDED
+             * snapshot already has the change (ADDED first, registry.h). */
             snap = malloc((nsnap ? nsnap : 1) * sizeof(*snap));
             for (size_t i = 0; snap != NULL && i < nsnap; i++)
                 snap[i] = reg->w[i];
@@ -268,7 +270,7 @@ swr_reg_tick(void *arg, int64_t now0)
                 reg_watcher w = snap[i];
                 sw_instance inst;
                 int present = 0;
-                if (e->target != 0 && e->target != w.id)
+                if (e->target != 0 ? e->target != w.id : w.id >= e->below)
                     continue;
                 for (size_t j = 0; j < reg->nw; j++)
                     present |= reg->w[j].id == w.id;

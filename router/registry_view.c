@@ -39,6 +39,7 @@ swr_reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_inst
         return;
     }
     e->target = target;
+    e->below = reg->next_id; /* a watcher added later has its ADDED snapshot from after this */
     e->ev = ev;
     e->rev = rev;
     e->age_ms = age_ms;

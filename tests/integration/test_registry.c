@@ -3256,6 +3256,51 @@ stale_list_after_delete(void **state)
     assert_int_equal(l->bad, 0);
 }
 
+/* sw_registry_watch: "current live instances are reported as ADDED first".
+ * A watcher added while an event for the others is queued (the ticker is
+ * busy in a slow callback) must not get that event: its ADDED snapshot is
+ * taken after the change. It used to: a REMOVED for an instance it was
+ * never told of. */
+static void
+new_watcher_skips_queued_events(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 0, 0);
+    sw_registry *rreg = fx_reg(f, 1, 0, 0);
+    evlog *a = &f->log[0], *b = &f->log[1];
+
+    fx_worker(f, 0, EP1);
+    fx_worker(f, 1, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[1]), SW_OK);
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
+    assert_true(wait_listed(rreg, fx_id(f, 1), 1, T(2000)));
+    /* A's callbacks are slow: the ticker is inside the first of them. */
+    pthread_mutex_lock(&a->mu);
+    a->cb_sleep_ms = (int)T(600);
+    pthread_mutex_unlock(&a->mu);
+    assert_int_equal(sw_registry_watch(rreg, on_event, a, NULL), SW_OK);
+    assert_true(evlog_wait(a, SW_REGISTRY_ADDED, NULL, 0, T(2000)) >= 0);
+    /* Meanwhile instance 0 goes: its REMOVED waits behind A's callbacks. */
+    assert_int_equal(sw_registry_deregister(wreg, fx_id(f, 0)), SW_OK);
+    assert_true(wait_listed(rreg, fx_id(f, 0), 0, T(2000)));
+    /* B comes after the change: it is told of instance 1 only. */
+    assert_int_equal(sw_registry_watch(rreg, on_event, b, NULL), SW_OK);
+    assert_true(evlog_wait(b, SW_REGISTRY_ADDED, fx_id(f, 1), 0, T(5000)) >= 0);
+    assert_true(evlog_wait(a, SW_REGISTRY_REMOVED, fx_id(f, 0), 0, T(5000)) >= 0);
+    pthread_mutex_lock(&a->mu);
+    a->cb_sleep_ms = 0;
+    pthread_mutex_unlock(&a->mu);
+    swh_sleep_ms(T(200));
+    if (evlog_count(b, 0, fx_id(f, 0), 0) != 0)
+        fail_msg("a watcher added after instance 0 went got an event for it (a REMOVED "
+                 "queued before it watched)");
+    assert_int_equal(evlog_count(b, SW_REGISTRY_ADDED, fx_id(f, 1), 0), 1);
+    assert_int_equal(evlog_n(b), 1);
+    assert_int_equal(a->bad, 0);
+    assert_int_equal(b->bad, 0);
+}
+
 /* A watch that keeps the registry's callback where the test can call it:
  * to deliver an old value again, as a KV watch made again after a gap or a
  * reconnect does (deliver last per subject). */
@@ -3465,7 +3510,8 @@ remembered_deletes_bounded(void **state)
         RT(pool_report_does_not_block, be), RT(store_outage_holds_leases, be),                     \
         RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be),     \
         RT(recorded_tombstone_put_back_is_ignored, be), RT(idle_registry_rests, be),               \
-        RT(stale_list_after_delete, be), RT(forgotten_entry_replayed_stays_dead, be)
+        RT(stale_list_after_delete, be), RT(forgotten_entry_replayed_stays_dead, be),              \
+        RT(new_watcher_skips_queued_events, be)
 
 int
 main(int argc, char **argv)

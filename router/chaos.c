@@ -7,6 +7,16 @@
 #include "router/chaos.h"
 #include "router/registry_int.h"
 
+void (*swx_pool_seed_fn)(void *arg);
+void *swx_pool_seed_arg;
+
+void
+swx_pool_on_seed(void (*fn)(void *arg), void *arg)
+{
+    swx_pool_seed_arg = arg;
+    swx_pool_seed_fn = fn;
+}
+
 uint64_t
 swx_registry_ticks(sw_registry *reg)
 {

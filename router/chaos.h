@@ -16,4 +16,8 @@
  * stays put: router/registry_lease.c). 0 for NULL. */
 uint64_t swx_registry_ticks(sw_registry *reg);
 
+/* Test-only: fn(arg) runs inside every swr_pool_create with a registry,
+ * between its first list and the seeding of its table from it (NULL: none). */
+void swx_pool_on_seed(void (*fn)(void *arg), void *arg);
+
 #endif

@@ -5,9 +5,13 @@
  * callback, no registry lock held); every other function on the caller's.
  * Lock: one, p->mu, a leaf: nothing else is locked and no registry call is
  * made while it is held (so registry locks are never taken under it, and it
- * is taken under none of them). No user callback (the log callback, or
- * on_removed) runs with it held: what happened under it is noted and
- * logged or reported after the unlock. */
+ * is taken under none of them), except once, in swr_pool_create, before
+ * the pool is shared: it holds p->mu across its watch and its first list
+ * (which take and release the registry's lock, and call nothing), so that
+ * the registry's thread, delivering the watch's events, waits for the
+ * table to be seeded. No user callback (the log callback, or on_removed)
+ * runs with it held: what happened under it is noted and logged or
+ * reported after the unlock. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +20,11 @@
 #include "router/sw_pool.h"
 
 #define POOL_MAX_QUARANTINE_MS 30000
+
+#ifdef SW_CHAOS
+extern void (*swx_pool_seed_fn)(void *arg); /* router/chaos.c */
+extern void *swx_pool_seed_arg;
+#endif
 
 typedef struct pool_inst {
     char id[SW_MAX_TOKEN + 1];
@@ -132,31 +141,38 @@ pool_get(swr_pool *p, const char *id)
     return e;
 }
 
+/* An event's change to the table (p->mu held); *removed: it took a live
+ * instance away, *lifted: it ended a quarantine. */
 static void
-pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
+pool_apply(swr_pool *p, sw_registry_event ev, const sw_instance *inst, int *removed, int *lifted)
 {
-    swr_pool *p = arg;
-    pool_inst *e;
-    int removed = 0, lifted = 0;
-    pthread_mutex_lock(&p->mu);
-    e = pool_get(p, inst->instance_id);
+    pool_inst *e = pool_get(p, inst->instance_id);
     if (e != NULL) {
         snprintf(e->endpoint, sizeof(e->endpoint), "%s", inst->endpoint);
         e->revision = inst->revision;
         e->draining = inst->draining;
         if (ev == SW_REGISTRY_REMOVED) {
-            removed = e->live;
+            *removed = e->live;
             e->live = 0;
         } else {
             if (ev == SW_REGISTRY_ADDED && e->quarantine_until != 0) {
                 /* It registered again: proof of life beats our quarantine. */
-                lifted = 1;
+                *lifted = 1;
                 e->quarantine_until = 0;
             }
             e->live = 1;
         }
     }
     pool_prune(p, swi_now_ms());
+}
+
+static void
+pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
+{
+    swr_pool *p = arg;
+    int removed = 0, lifted = 0;
+    pthread_mutex_lock(&p->mu);
+    pool_apply(p, ev, inst, &removed, &lifted);
     pthread_mutex_unlock(&p->mu);
     if (lifted)
         swi_log(&p->log, SW_LOG_INFO, "instance %s is back; lifting its quarantine",
@@ -183,30 +199,42 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
     /* Start round robin at a random place, so that many short-lived routers
      * (one request each) still spread their load. */
     swi_random(&p->rr, sizeof(p->rr));
-    if (p->reg != NULL &&
-        (rv = sw_registry_watch(p->reg, pool_on_event, p, &p->watch_id)) != SW_OK) {
-        pthread_mutex_destroy(&p->mu);
-        pthread_mutex_destroy(&p->rmu);
-        free(p);
-        return rv;
-    }
     if (p->reg != NULL && swi_ticker_start(&p->reporter, 1000, pool_report_tick, p) != 0) {
-        sw_registry_unwatch(p->reg, p->watch_id);
         pthread_mutex_destroy(&p->mu);
         pthread_mutex_destroy(&p->rmu);
         free(p);
         return SW_ENOMEM;
     }
     if (p->reg != NULL) {
-        /* Watch events arrive on the registry thread; seed the table now so
-         * the first request after creation can be routed. Later events for
-         * the same instances are idempotent. */
+        /* Watch events arrive on the registry thread; the table is seeded
+         * now, so that the first request after creation can be routed. The
+         * seed is the view after the watch began, and p->mu is held from
+         * before the watch to after the seed, so the watch's events (its
+         * ADDED snapshot, then every change since) all come after the seed,
+         * in their order: the table ends as the last of them says. (Seeded
+         * after the unlock, a list older than an event delivered meanwhile,
+         * a REMOVED, put the instance back for good.) */
         sw_instance *v = NULL;
         size_t n = 0;
-        if (sw_registry_list(p->reg, NULL, &v, &n) == SW_OK) {
+        int removed = 0, lifted = 0; /* (a new table: nothing to take away or lift) */
+        pthread_mutex_lock(&p->mu);
+        rv = sw_registry_watch(p->reg, pool_on_event, p, &p->watch_id);
+        if (rv == SW_OK && sw_registry_list(p->reg, NULL, &v, &n) == SW_OK) {
+#ifdef SW_CHAOS
+            if (swx_pool_seed_fn != NULL)
+                swx_pool_seed_fn(swx_pool_seed_arg);
+#endif
             for (size_t i = 0; i < n; i++)
-                pool_on_event(p, SW_REGISTRY_ADDED, &v[i]);
+                pool_apply(p, SW_REGISTRY_ADDED, &v[i], &removed, &lifted);
             sw_instances_free(v, n);
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (rv != SW_OK) {
+            swi_ticker_fini(&p->reporter);
+            pthread_mutex_destroy(&p->mu);
+            pthread_mutex_destroy(&p->rmu);
+            free(p);
+            return rv;
         }
     }
     *out = p;

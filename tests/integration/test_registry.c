@@ -3256,6 +3256,51 @@ stale_list_after_delete(void **state)
     assert_int_equal(l->bad, 0);
 }
 
+/* A router's pool seeds its table from a list taken after its watch began.
+ * An instance that goes after that list (its REMOVED queued for the pool)
+ * must stay gone: the pool used to seed after letting go of its lock, so
+ * the registry's thread could deliver the REMOVED first and the seed then
+ * put the instance back for good (routed to until a quarantine). The hook
+ * runs between the list and the seed: the instance is deregistered there,
+ * and the registry's thread is given time to deliver. */
+typedef struct seed_race {
+    fx *f;
+    sw_registry *wreg, *rreg;
+    int ran;
+} seed_race;
+static void
+seed_race_hook(void *arg)
+{
+    seed_race *x = arg;
+    x->ran = 1;
+    assert_int_equal(sw_registry_deregister(x->wreg, fx_id(x->f, 0)), SW_OK);
+    (void)wait_listed(x->rreg, fx_id(x->f, 0), 0, T(2000));
+    swh_sleep_ms(T(300)); /* (the old code: the REMOVED reaches the table now) */
+}
+static void
+pool_seed_not_undone_by_events(void **state)
+{
+    fx *f = *state;
+    seed_race x = {f, fx_reg(f, 0, 0, 0), fx_reg(f, 1, 0, 0), 0};
+    swr_pool_opts o;
+    swr_pool *p = NULL;
+    char out[SW_MAX_TOKEN + 1];
+
+    fx_worker(f, 0, EP1);
+    assert_int_equal(sw_registry_register(x.wreg, &f->rg[0]), SW_OK);
+    assert_true(wait_listed(x.rreg, fx_id(f, 0), 1, T(2000)));
+    memset(&o, 0, sizeof(o));
+    o.registry = x.rreg;
+    swx_pool_on_seed(seed_race_hook, &x);
+    assert_int_equal(swr_pool_create(&p, &o), SW_OK);
+    swx_pool_on_seed(NULL, NULL);
+    assert_true(x.ran);
+    swh_sleep_ms(T(300)); /* every queued event delivered */
+    if (swr_pool_pick(p, EP1, NULL, NULL, out) == SW_OK)
+        fail_msg("the pool routes to %s, deregistered before the pool was seeded", out);
+    swr_pool_destroy(p);
+}
+
 /* sw_registry_watch: "current live instances are reported as ADDED first".
  * A watcher added while an event for the others is queued (the ticker is
  * busy in a slow callback) must not get that event: its ADDED snapshot is
@@ -3511,7 +3556,7 @@ remembered_deletes_bounded(void **state)
         RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be),     \
         RT(recorded_tombstone_put_back_is_ignored, be), RT(idle_registry_rests, be),               \
         RT(stale_list_after_delete, be), RT(forgotten_entry_replayed_stays_dead, be),              \
-        RT(new_watcher_skips_queued_events, be)
+        RT(new_watcher_skips_queued_events, be), RT(pool_seed_not_undone_by_events, be)
 
 int
 main(int argc, char **argv)

@@ -50,10 +50,14 @@ swn_resp_uncount(sw_responder *r)
          * woken by every stream's end. */
         if (ing->draining)
             pthread_cond_broadcast(&ing->dcv);
-        if (r->registered && !r->in_fin) {
+        if (r->registered && !r->in_fin && r->final_seq != 0 && swn_ring_keeps(&r->rg)) {
             /* Finished, and held for its ack: at most max_held of those; the
              * oldest goes first (issue 11 #4: peers that never ack held
-             * state without bound). */
+             * state without bound). Only a stream whose final went out
+             * with flow control waits for an ack: a killed one (no final)
+             * or one without flow control leaves the table right after
+             * this, and must not push out another's held final meanwhile
+             * (session 33). */
             r->in_fin = 1;
             r->fin_prev = ing->fin_tail;
             r->fin_next = NULL;

@@ -677,6 +677,81 @@ unacked_finals_are_bounded(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* A stream killed while the held list is full (a frontend that never
+ * acknowledges, or a lost frontend's streams killed all at once) must not
+ * push out another stream's held final: a killed stream has no final to
+ * resend and leaves the table at once. It used to join the list for that
+ * moment, and each kill let go of the oldest held final (finals_dropped:
+ * one per kill), whose frontend could then not have it sent again. */
+static void
+kills_do_not_push_out_held_finals(void **state)
+{
+    /* KILLED: the handler pool's 4 threads (the default), each held by a
+     * stream waiting for credit */
+    enum { HELD = SW_INGRESS_MAX_HELD_DEFAULT, KILLED = 4 };
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    engine e, snap;
+    sw_ingress *ing;
+    sw_ingress_stats st;
+    uint8_t ids[KILLED][SW_REQUEST_ID_BYTES];
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 2;
+    ing = ingress_new(wc, "w-kills", &e, (unsigned)T(10000));
+    /* The held list filled: finished streams whose finals nobody acks. */
+    for (int i = 0; i < HELD; i++) {
+        uint8_t id[SW_REQUEST_ID_BYTES];
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+        new_id(id, hex);
+        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
+        raw_request(nc, "w-kills", id, resp, "rawfe", 16, 1000);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(20000);
+    do {
+        swh_sleep_ms(20);
+        sw_ingress_stats_get(ing, &st);
+    } while ((st.streams_held < HELD || st.inflight > 0) && swh_now_ms() < until);
+    assert_int_equal(st.streams_held, HELD);
+    assert_int_equal(st.finals_dropped, 0);
+    /* Streams waiting for credit (a window of 1, two items), then killed. */
+    for (int i = 0; i < KILLED; i++) {
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+        new_id(ids[i], hex);
+        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
+        raw_request(nc, "w-kills", ids[i], resp, "rawfe", 1, 1000);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(5000);
+    do {
+        swh_sleep_ms(20);
+        engine_snapshot(&e, &snap);
+    } while (snap.started < HELD + KILLED && swh_now_ms() < until);
+    assert_int_equal(snap.started, HELD + KILLED);
+    for (int i = 0; i < KILLED; i++)
+        raw_control(nc, "w-kills", ids[i], "rawfe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0,
+                    0);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    do {
+        swh_sleep_ms(20);
+        engine_snapshot(&e, &snap);
+    } while (snap.ended < HELD + KILLED && swh_now_ms() < until);
+    assert_int_equal(snap.ended, HELD + KILLED);
+    assert_int_equal(snap.cancelled, KILLED);
+    sw_ingress_stats_get(ing, &st);
+    print_message("after %d kills: held finals %llu, let go for room %llu\n", KILLED,
+                  (unsigned long long)st.streams_held, (unsigned long long)st.finals_dropped);
+    assert_int_equal(st.finals_dropped, 0);
+    assert_int_equal(st.streams_held, HELD);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
 /* ------------------------------------------------ #12 checked controls */
 
 /* A CANCEL that names another router than the stream's is ignored: the
@@ -1313,6 +1388,7 @@ main(void)
         cmocka_unit_test(items_in_order_across_gap_fill_and_duplicate),
         cmocka_unit_test(immediate_cancel_reaches_or_prevents),
         cmocka_unit_test(unacked_finals_are_bounded),
+        cmocka_unit_test(kills_do_not_push_out_held_finals),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(foreign_response_subject_is_refused),
         cmocka_unit_test(stale_request_is_refused),

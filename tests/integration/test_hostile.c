@@ -1096,6 +1096,41 @@ negative_durations_are_invalid(void **state)
         assert_int_equal(sw_registry_open(&reg, NULL, &go), SW_EINVAL);
         assert_null(reg);
     }
+    {
+        /* The ingress's: negative, or past INT32_MAX (2^32 wrapped to a
+         * zero timeout). Before: taken, -1 as 49.7 days. */
+        engine e;
+        sw_ingress *ing = NULL;
+        sw_ingress_opts io;
+        sw_duration bad[] = {-1, (sw_duration)INT32_MAX + 1, (sw_duration)1 << 32};
+        memset(&e, 0, sizeof(e));
+        c = conn_open();
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+            for (int field = 0; field < 3; field++) {
+                sw_ingress_opts_init(&io);
+                io.endpoint = EP;
+                io.handler = engine_handler;
+                io.handler_arg = &e;
+                if (field == 0)
+                    io.send_timeout_ms = bad[i];
+                else if (field == 1)
+                    io.frontend_probe_ms = bad[i];
+                else
+                    io.frontend_timeout_ms = bad[i];
+                assert_int_equal(sw_ingress_start(&ing, c, &io), SW_EINVAL);
+                assert_null(ing);
+            }
+        sw_ingress_opts_init(&io); /* the bounds themselves are taken */
+        io.endpoint = EP;
+        io.handler = engine_handler;
+        io.handler_arg = &e;
+        io.send_timeout_ms = INT32_MAX;
+        io.frontend_probe_ms = INT32_MAX;
+        io.frontend_timeout_ms = INT32_MAX;
+        assert_int_equal(sw_ingress_start(&ing, c, &io), SW_OK);
+        sw_ingress_destroy(ing);
+        sw_conn_close(c);
+    }
 }
 
 /* ------------------------------------------------ #13 open and callbacks */

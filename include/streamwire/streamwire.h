@@ -457,13 +457,21 @@ SW_API sw_err sw_responder_send_event(sw_responder *r, const char *event, const 
                                       size_t len, unsigned flags);
 
 /* Ends the stream with COMPLETED or INCOMPLETE and a finish reason
- * (NULL = "stop" for completed; required for incomplete, e.g. "max_tokens").
- * Errors: SW_EINVAL (other status), SW_ECLOSED (already terminated). */
+ * (NULL = "stop" for completed; required for incomplete, e.g. "max_tokens";
+ * at most 256 bytes).
+ * Errors: SW_EINVAL (other status, or the reason); SW_ECANCELLED (the stream
+ * was cancelled or killed: by its frontend, its deadline or a drain's
+ * hand-back, which decided how it ends; nothing is sent now); SW_ECLOSED (already
+ * terminated, or the ingress closed); SW_ENOMEM (nothing was sent: the call
+ * may be made again). A NATS error, or one an earlier send's publish left
+ * (sw_err_is_nats): the final was queued, and is resent if the frontend
+ * asks, but a publish failed; the stream is terminated all the same (a
+ * second call is SW_ECLOSED). */
 SW_API sw_err sw_responder_finish(sw_responder *r, sw_status status, const char *reason);
 
 /* Ends the stream with FAILED, an application error code token (1..64 chars
  * of [a-z0-9_.-], e.g. "engine_error") and a human message (may be NULL).
- * Errors: SW_EINVAL (bad code), SW_ECLOSED. */
+ * Errors: SW_EINVAL (bad code), and the others of sw_responder_finish. */
 SW_API sw_err sw_responder_fail(sw_responder *r, const char *code, const char *message);
 
 /* 1 once the frontend cancelled (or vanished, or the deadline passed, or

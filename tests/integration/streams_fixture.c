@@ -349,6 +349,12 @@ test_handler(sw_responder *r, void *arg)
         pthread_mutex_unlock(&w->mu);
         if (sw_responder_cancelled(r)) {
             sw_err rv = sw_responder_send(r, "token-x", 7);
+            sw_err frv = sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+            sw_err xrv = sw_responder_fail(r, "engine_error", "after the cancel");
+            pthread_mutex_lock(&w->mu);
+            w->cancelled_finish_rv = frv;
+            w->cancelled_fail_rv = xrv;
+            pthread_mutex_unlock(&w->mu);
             w_stop(w, r, rv);
         } else if (w_send_tokens(w, r, w->k, w->n, w->delay_ms)) {
             w_finished(w, sw_responder_finish(r, SW_STATUS_COMPLETED, NULL));

@@ -109,9 +109,11 @@ typedef struct wctx {
     int cancel_cb;     /* sw_responder_on_cancel callbacks */
     int finished;      /* finish/fail calls that returned SW_OK */
     sw_err finish_rv;  /* the last finish/fail/after-final result */
-    sw_err rv[16];     /* M_TRY / M_API results */
-    size_t big_len;    /* M_API: a data item this long exceeds the max payload; M_BIG: the
-                          padded items' length */
+    sw_err cancelled_finish_rv, cancelled_fail_rv; /* M_BLOCK: finish and fail called after the
+                                                      cancel (set before `stopped` counts) */
+    sw_err rv[16];                                 /* M_TRY / M_API results */
+    size_t big_len; /* M_API: a data item this long exceeds the max payload; M_BIG: the
+                       padded items' length */
     int nrv;
     int try_done;
     int thr_done;

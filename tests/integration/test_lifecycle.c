@@ -67,6 +67,9 @@ drain_past_grace_instance_lost(void **state)
     assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(3000)));
     assert_int_equal(e->w.stop_saw_flag, 1);
     assert_int_equal(e->w.stop_rv, SW_ECANCELLED);
+    /* finish and fail after it: SW_ECANCELLED (the header's), nothing sent */
+    assert_int_equal(e->w.cancelled_finish_rv, SW_ECANCELLED);
+    assert_int_equal(e->w.cancelled_fail_rv, SW_ECANCELLED);
     assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
     assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
     assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(3000)));

@@ -359,7 +359,9 @@ rx_keep(swe_rx *rx, const swe_q *q)
     if (rx->mig_left == 0)
         return;
     h = rx->hist;
-    if ((h != NULL ? h->bytes : 0) + q->len > SW_MIGRATION_HISTORY_MAX)
+    /* What the copy costs, its node and its slot, not only its data: items
+     * of no data would keep a node each without bound. */
+    if ((h != NULL ? h->bytes : 0) + sz + sizeof(h->v[0]) > SW_MIGRATION_HISTORY_MAX)
         goto off;
     if (h == NULL || h->n == h->cap) {
         size_t cap = h != NULL ? 2 * h->cap : 64;
@@ -377,7 +379,7 @@ rx_keep(swe_rx *rx, const swe_q *q)
     c->next = NULL;
     c->blk = NULL; /* a copy of its own (freed with free) */
     h->v[h->n++] = c;
-    h->bytes += q->len;
+    h->bytes += sz + sizeof(h->v[0]);
     return;
 off:
     rx_drop_history(rx);

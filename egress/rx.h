@@ -212,8 +212,8 @@ typedef struct swe_rx_stats {
     uint64_t items, duplicates, reordered, resend_requests, heartbeats, peak_pending, migrations;
 } swe_rx_stats;
 
-/* The migration history: n copies of data items (v[0..n), their data bytes
- * `bytes`), room for cap. */
+/* The migration history: n copies of data items (v[0..n); `bytes`: their
+ * nodes and slots, held to SW_MIGRATION_HISTORY_MAX), room for cap. */
 typedef struct swe_rx_hist {
     size_t n, cap, bytes;
     swe_q *v[];

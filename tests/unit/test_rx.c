@@ -2254,6 +2254,32 @@ test_migrate_history(void **state)
         assert_false(a.migrate);
         swe_rx_fini(&rx);
     }
+    /* Items of no data count too (each keeps a node): the bound holds for
+     * them. They used to count 0 bytes, kept without bound. */
+    {
+        swe_rx_cfg c = cfg_default();
+        uint64_t n = SW_MIGRATION_HISTORY_MAX / (sizeof(swe_q) + 1) + 1;
+        size_t most = 0;
+        c.window = (uint32_t)n + 8;
+        c.migrations = 3;
+        c.keep_history = 1;
+        swe_rx_init(&rx, &c, 1000);
+        for (uint64_t i = 1; i <= n; i++) {
+            swe_rx_in in;
+            memset(&in, 0, sizeof(in));
+            in.kind = SWE_IN_DATA;
+            in.seq = i;
+            in.data = (const uint8_t *)"";
+            in.len = 0;
+            swe_rx_on_item(&rx, &in, 1001, &a);
+            if (rx.hist != NULL && rx.hist->bytes > most)
+                most = rx.hist->bytes;
+        }
+        assert_true(most <= SW_MIGRATION_HISTORY_MAX);
+        assert_int_equal(swe_rx_nhist(&rx), 0);
+        assert_int_equal(rx.mig_left, 0);
+        swe_rx_fini(&rx);
+    }
 }
 
 /* ---------------------------------------------------------------- byte credit */

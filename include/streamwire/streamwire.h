@@ -556,7 +556,7 @@ typedef void (*sw_item_fn)(sw_stream *s, const sw_item *item, void *arg);
 /* Migration: what the router knows when it re-issues a request, and what
  * the rebuild callback may change. */
 #define SW_MAX_MIGRATIONS 16
-/* Beyond this many bytes kept (the items' data and about 100 bytes of
+/* Beyond this many bytes kept (the items' data and about 70 bytes of
  * bookkeeping each), a stream with a migrate callback no longer keeps its
  * items for it, and is no longer migrated. */
 #define SW_MIGRATION_HISTORY_MAX (4u << 20)

@@ -30,3 +30,26 @@ swx_router_ticks(sw_router *r)
 {
     return r ? __atomic_load_n(&r->ticks, __ATOMIC_RELAXED) : 0;
 }
+
+void
+swx_stream_id(sw_stream *s, uint8_t out[16])
+{
+    pthread_mutex_lock(&s->mu);
+    memcpy(out, s->id, SW_REQUEST_ID_BYTES);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void
+swx_stream_feed(sw_stream *s, const uint8_t id[16], uint64_t seq, const char *data)
+{
+    swe_rx_in in;
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_DATA;
+    in.seq = seq;
+    in.data = (const uint8_t *)data;
+    in.len = strlen(data);
+    in.event = "";
+    swe_stream_ref(s);
+    swe_stream_on_item(s, id, &in);
+    swe_stream_unref(s);
+}

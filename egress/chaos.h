@@ -28,4 +28,11 @@ void swx_router_on_open_sent(sw_router *r, void (*fn)(sw_stream *s, void *arg), 
  * put: egress/timer.c). */
 uint64_t swx_router_ticks(sw_router *r);
 
+/* Test-only: s's current request id (16 bytes; a migration changes it). */
+void swx_stream_id(sw_stream *s, uint8_t out[16]);
+/* Test-only: hands s one data item (seq, the string data) as the mux does
+ * an item of a message received under request id `id`, with the
+ * reference its lookup would hold. */
+void swx_stream_feed(sw_stream *s, const uint8_t id[16], uint64_t seq, const char *data);
+
 #endif

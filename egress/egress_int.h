@@ -276,12 +276,16 @@ void swe_stream_unref(sw_stream *s);
  * caller holds a reference to s (its lookup's) for the whole call: a
  * callback consumer's items may be delivered inside it, and the callback
  * may close the stream. Also for the two below. */
-void swe_stream_on_item(sw_stream *s, const swe_rx_in *in);
+void swe_stream_on_item(sw_stream *s, const uint8_t *id, const swe_rx_in *in);
 /* n items of one message, in order, under one lock where nothing must be
- * sent between them. */
-void swe_stream_on_items(sw_stream *s, const swe_rx_in *in, size_t n);
+ * sent between them. id: the request id the stream was looked up by; the
+ * items are dropped if it is no longer the stream's (a migration, on
+ * another thread, moved it to a new request and worker meanwhile: they
+ * are the old worker's, and would be taken for the new one's). */
+void swe_stream_on_items(sw_stream *s, const uint8_t *id, const swe_rx_in *in, size_t n);
 /* As swe_stream_on_items, received at `now` (one clock read for a batch). */
-void swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now);
+void swe_stream_on_items_at(sw_stream *s, const uint8_t *id, const swe_rx_in *in, size_t n,
+                            int64_t now);
 /* Ends a stream with a synthesized error; kill: tell the worker to stop. */
 void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
 /* "No responders" for request id of s: a migrated stream moves on

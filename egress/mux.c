@@ -82,7 +82,7 @@ item_to_in(const swp_item *w, uint64_t seq, int final, const swp_terminal *t,
  * Returns 1 if the message carried a final. */
 #define FEED_CHUNK 64
 static int
-feed_message(sw_stream *s, const swp_item *w)
+feed_message(sw_stream *s, const uint8_t *id, const swp_item *w)
 {
     swe_rx_in in[FEED_CHUNK];
     size_t n = 0;
@@ -92,14 +92,14 @@ feed_message(sw_stream *s, const swp_item *w)
         const swp_batched *b = w->batch[i];
         if (n == FEED_CHUNK) {
             swe_rx_runs(in, n);
-            swe_stream_on_items(s, in, n);
+            swe_stream_on_items(s, id, in, n);
             n = 0;
         }
         item_to_in(w, b->seq, b->complete_final, b->terminal, b->data, b->droppable, b->event,
                    &in[n++]);
     }
     swe_rx_runs(in, n);
-    swe_stream_on_items(s, in, n);
+    swe_stream_on_items(s, id, in, n);
     return in[n - 1].kind == SWE_IN_FINAL; /* (a final is only ever the last item) */
 }
 
@@ -172,7 +172,7 @@ on_beats(sw_router *r, const swt_msg *msg)
                 continue;
             }
             beat_in(&in, b->beats[at + j]->last_seq, 0); /* (a stalled stream's comes alone) */
-            swe_stream_on_items_at(s, &in, 1, now);
+            swe_stream_on_items_at(s, ids[j], &in, 1, now);
             swe_stream_unref(s);
         }
     }
@@ -250,12 +250,12 @@ swe_on_msg(const swt_msg *msg, void *arg)
     } else if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT) {
         swe_rx_in in;
         beat_in(&in, w->heartbeat->last_seq, w->heartbeat->stalled);
-        swe_stream_on_item(s, &in);
+        swe_stream_on_item(s, id, &in);
     } else {
         /* With a batch: the items the worker had queued behind the first.
          * A final answers a cancel that waits for it, even if the stream
          * dropped it (cancelled meanwhile). */
-        if (feed_message(s, w))
+        if (feed_message(s, id, w))
             swe_cancels_settle(r, id);
     }
     swp_free_arena(w, &arena);

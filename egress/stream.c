@@ -84,25 +84,29 @@ st_unlock_apply(sw_stream *s, const swe_rx_act *act)
 }
 
 void
-swe_stream_on_item(sw_stream *s, const swe_rx_in *in)
+swe_stream_on_item(sw_stream *s, const uint8_t *id, const swe_rx_in *in)
 {
-    swe_stream_on_items(s, in, 1);
+    swe_stream_on_items(s, id, in, 1);
 }
 
 void
-swe_stream_on_items(sw_stream *s, const swe_rx_in *in, size_t n)
+swe_stream_on_items(sw_stream *s, const uint8_t *id, const swe_rx_in *in, size_t n)
 {
-    swe_stream_on_items_at(s, in, n, swi_now_ms());
+    swe_stream_on_items_at(s, id, in, n, swi_now_ms());
 }
 
 void
-swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now)
+swe_stream_on_items_at(sw_stream *s, const uint8_t *id, const swe_rx_in *in, size_t n, int64_t now)
 {
     swe_rx_act act;
     int wake = 0;
     if (n == 0)
         return;
     pthread_mutex_lock(&s->mu);
+    if (memcmp(s->id, id, SW_REQUEST_ID_BYTES) != 0) { /* (s->id changes under s->mu) */
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
     if (s->req_buf != NULL) { /* the instance answered: no re-routing any more */
         free(s->req_buf);
         s->req_buf = NULL;
@@ -149,6 +153,12 @@ swe_stream_on_items_at(sw_stream *s, const swe_rx_in *in, size_t n, int64_t now)
         if (i == n)
             return;
         pthread_mutex_lock(&s->mu);
+        if (memcmp(s->id, id, SW_REQUEST_ID_BYTES) != 0) {
+            /* what was applied moved the stream (a drain's final handed it
+             * over): the rest of the message is the old worker's */
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
     }
 }
 

@@ -80,6 +80,43 @@ close_before_terminal_cancels(void **state)
     cancel_common(*state, 2);
 }
 
+/* An item the mux looked the stream up for under a request id the stream
+ * has since left is dropped. That is a migration, on another thread,
+ * moving the stream to a new request and worker between the lookup and
+ * the feed: the item is the old worker's, and was taken for the new
+ * worker's item of that seq (its bytes delivered in the new worker's
+ * place, the new worker's dropped as a duplicate; an old final ended the
+ * move as item_after_final). The same item under the current id is
+ * delivered: the feed itself works. */
+static void
+item_under_a_left_id_is_dropped(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    uint8_t id[16], left[16];
+    e->w.mode = M_BLOCK; /* token-0, token-1, then waits */
+    e->w.k = 2;
+    e->w.n = 4;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_false(collect(s, g, 2, T(5000)));
+    assert_int_equal(g->n, 2);
+    swx_stream_id(s, id);
+    memcpy(left, id, sizeof(left));
+    left[0] ^= 0xff;
+    swx_stream_feed(s, left, 3, "the-old-worker-3");
+    assert_false(collect(s, g, 3, T(300)));
+    if (g->n != 2)
+        fail_msg("an item looked up under an id the stream left was delivered: %s", g->data[2]);
+    swx_stream_feed(s, id, 3, "current-3");
+    assert_false(collect(s, g, 3, T(3000)));
+    assert_int_equal(g->n, 3);
+    assert_string_equal(g->data[2], "current-3");
+    assert_int_equal(g->seq[2], 3);
+    got_free(g);
+}
+
 /* Cancel while the worker is blocked on credit (window 4, nobody reading). */
 static void
 cancel_wakes_blocked_send(void **state)
@@ -868,6 +905,7 @@ main(int argc, char **argv)
         T_(kill_mid_stream),
         T_(close_before_terminal_cancels),
         T_(cancel_wakes_blocked_send),
+        T_(item_under_a_left_id_is_dropped),
         T_(slow_consumer_flow_control),
         T_(try_send_and_droppable),
         T_(window_grows_and_still_bounds),

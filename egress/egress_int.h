@@ -26,7 +26,9 @@
  *   s->mu     one stream (its swe_rx);
  *   r->ack_mu the queue of acknowledgements; r->flush_mu one flusher.
  * r->mu may be taken before s->mu (re-routing, instance loss read a
- * stream's instance under both); never s->mu then r->mu. flush_mu is taken
+ * stream's instance under both; a re-route picks its instance under both);
+ * never s->mu then r->mu. The pool's lock (router/pool.c) is a leaf, taken
+ * under either. flush_mu is taken
  * before ack_mu; ack_mu before s->mu (queueing an ack copies the control
  * subject). No user callback and no log call runs with any of them held. */
 #ifndef SW_EGRESS_INT_H

@@ -56,19 +56,26 @@ swe_reroute(sw_stream *s)
     pthread_mutex_unlock(&s->mu);
 
     (void)swr_pool_quarantine(r->pool, old); /* local only: it may be alive and draining */
+    /* Checked again, with s->mu held from the check to the switch: a
+     * migration (the probe thread, the ticker) may have begun or even moved
+     * the stream to another request and instance since the check above; it
+     * owns the stream's instance then. (Switching anyway released the old
+     * instance twice, and pointed the stream's controls at an instance its
+     * request never went to.) Lock order: r->mu, s->mu, the pool's. */
     pthread_mutex_lock(&r->mu);
-    if (s->in_table && s->pooled &&
+    pthread_mutex_lock(&s->mu);
+    if (s->in_table && s->pooled && !s->rx.migrating && s->rx.gen == 0 &&
+        s->rx.term_state == SWE_TERM_NONE && strcmp(swe_instance(s), old) == 0 &&
         swr_pool_pick(r->pool, s->endpoint, swe_instance_load, r, next) == SW_OK &&
         swi_peers_use(&r->peers, next, swi_now_ms()) == 0) {
         swi_peers_release(&r->peers, old);
-        pthread_mutex_lock(&s->mu);
         memcpy(second, next, sizeof(next));
         s->inst_second = second;
         second = NULL;
         __atomic_store_n(&s->inst_pub, s->inst_second, __ATOMIC_RELEASE);
-        pthread_mutex_unlock(&s->mu);
         moved = 1;
     }
+    pthread_mutex_unlock(&s->mu);
     pthread_mutex_unlock(&r->mu);
     free(second);
     if (!moved) {

@@ -68,6 +68,15 @@ typedef struct swi_logger {
 } swi_logger;
 void swi_log(const swi_logger *lg, sw_log_level lvl, const char *fmt, ...) SWI_PRINTF(3, 4);
 
+/* 1 if a duration option fits the unsigned milliseconds it is kept in:
+ * 0..INT32_MAX (negative is SW_EINVAL, streamwire.h; past INT32_MAX it
+ * would wrap). */
+static inline int
+swi_ms_ok(sw_duration ms)
+{
+    return ms >= 0 && ms <= INT32_MAX;
+}
+
 /* Validates an application error code token: 1..64 chars of [a-z0-9_.-]. */
 int swi_valid_code(const char *code);
 

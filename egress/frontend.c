@@ -196,12 +196,10 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     if (o->router_id != NULL && sw_validate_token(o->router_id) != SW_OK)
         return SW_EINVAL;
     if (o->credit_window > SWP_MAX_WINDOW || o->credit_window_max > SWP_MAX_WINDOW ||
-        o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS || o->heartbeat_ms < 0 || o->inactivity_ms < 0 ||
-        o->gap_timeout_ms < 0 || o->final_linger_ms < 0 || o->probe_interval_ms < 0 ||
-        o->probe_timeout_ms < 0 || o->quarantine_ms < 0 || o->inactivity_ms > INT32_MAX ||
-        o->gap_timeout_ms > INT32_MAX || o->final_linger_ms > INT32_MAX ||
-        o->probe_interval_ms > INT32_MAX || o->probe_timeout_ms > INT32_MAX ||
-        o->quarantine_ms > INT32_MAX || o->migration_limit < 0 ||
+        o->heartbeat_ms > SWP_MAX_HEARTBEAT_MS || o->heartbeat_ms < 0 ||
+        !swi_ms_ok(o->inactivity_ms) || !swi_ms_ok(o->gap_timeout_ms) ||
+        !swi_ms_ok(o->final_linger_ms) || !swi_ms_ok(o->probe_interval_ms) ||
+        !swi_ms_ok(o->probe_timeout_ms) || !swi_ms_ok(o->quarantine_ms) || o->migration_limit < 0 ||
         o->migration_limit > SW_MAX_MIGRATIONS ||
         (o->credit_bytes_max != 0 &&
          o->credit_bytes_max < (o->credit_bytes ? o->credit_bytes : SW_CREDIT_BYTES_DEFAULT)))

@@ -83,6 +83,19 @@ st_unlock_apply(sw_stream *s, const swe_rx_act *act)
     swe_apply(s, act);
 }
 
+/* Locks s->mu if s still has request id `id` (the one a message was looked
+ * up by; a migration on another thread may have moved s to a new one
+ * since, under s->mu): 1, locked; 0, not locked. */
+static int
+st_lock_as(sw_stream *s, const uint8_t *id)
+{
+    pthread_mutex_lock(&s->mu);
+    if (memcmp(s->id, id, SW_REQUEST_ID_BYTES) == 0)
+        return 1;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
 void
 swe_stream_on_item(sw_stream *s, const uint8_t *id, const swe_rx_in *in)
 {
@@ -100,13 +113,8 @@ swe_stream_on_items_at(sw_stream *s, const uint8_t *id, const swe_rx_in *in, siz
 {
     swe_rx_act act;
     int wake = 0;
-    if (n == 0)
+    if (n == 0 || !st_lock_as(s, id))
         return;
-    pthread_mutex_lock(&s->mu);
-    if (memcmp(s->id, id, SW_REQUEST_ID_BYTES) != 0) { /* (s->id changes under s->mu) */
-        pthread_mutex_unlock(&s->mu);
-        return;
-    }
     if (s->req_buf != NULL) { /* the instance answered: no re-routing any more */
         free(s->req_buf);
         s->req_buf = NULL;
@@ -150,15 +158,10 @@ swe_stream_on_items_at(sw_stream *s, const uint8_t *id, const swe_rx_in *in, siz
         wake = 0;
         __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
         st_unlock_apply(s, &act);
-        if (i == n)
+        /* (what was applied may have moved the stream, a drain's final
+         * handing it over: then the rest is the old worker's) */
+        if (i == n || !st_lock_as(s, id))
             return;
-        pthread_mutex_lock(&s->mu);
-        if (memcmp(s->id, id, SW_REQUEST_ID_BYTES) != 0) {
-            /* what was applied moved the stream (a drain's final handed it
-             * over): the rest of the message is the old worker's */
-            pthread_mutex_unlock(&s->mu);
-            return;
-        }
     }
 }
 

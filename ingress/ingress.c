@@ -122,12 +122,10 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
         return SW_EINVAL;
     if (o->max_request_age_ms < 0 || o->max_request_age_ms > SW_MAX_REQUEST_AGE_MS)
         return SW_EINVAL;
-    /* Kept in unsigned milliseconds: a negative value, or one past INT32_MAX
-     * (which would wrap, 2^32 to 0: a zero timeout), is refused as the
-     * router's are. */
-    if (o->send_timeout_ms < 0 || o->send_timeout_ms > INT32_MAX || o->frontend_probe_ms < 0 ||
-        o->frontend_probe_ms > INT32_MAX || o->frontend_timeout_ms < 0 ||
-        o->frontend_timeout_ms > INT32_MAX)
+    /* Kept in unsigned milliseconds (2^32 would wrap to a zero timeout), as
+     * the router's are. */
+    if (!swi_ms_ok(o->send_timeout_ms) || !swi_ms_ok(o->frontend_probe_ms) ||
+        !swi_ms_ok(o->frontend_timeout_ms))
         return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;

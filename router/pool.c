@@ -142,7 +142,7 @@ pool_get(swr_pool *p, const char *id)
 }
 
 /* An event's change to the table (p->mu held); *removed: it took a live
- * instance away, *lifted: it ended a quarantine. */
+ * instance away, *lifted: it ended a quarantine. The caller prunes. */
 static void
 pool_apply(swr_pool *p, sw_registry_event ev, const sw_instance *inst, int *removed, int *lifted)
 {
@@ -163,7 +163,6 @@ pool_apply(swr_pool *p, sw_registry_event ev, const sw_instance *inst, int *remo
             e->live = 1;
         }
     }
-    pool_prune(p, swi_now_ms());
 }
 
 static void
@@ -173,6 +172,7 @@ pool_on_event(void *arg, sw_registry_event ev, const sw_instance *inst)
     int removed = 0, lifted = 0;
     pthread_mutex_lock(&p->mu);
     pool_apply(p, ev, inst, &removed, &lifted);
+    pool_prune(p, swi_now_ms());
     pthread_mutex_unlock(&p->mu);
     if (lifted)
         swi_log(&p->log, SW_LOG_INFO, "instance %s is back; lifting its quarantine",
@@ -200,10 +200,8 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
      * (one request each) still spread their load. */
     swi_random(&p->rr, sizeof(p->rr));
     if (p->reg != NULL && swi_ticker_start(&p->reporter, 1000, pool_report_tick, p) != 0) {
-        pthread_mutex_destroy(&p->mu);
-        pthread_mutex_destroy(&p->rmu);
-        free(p);
-        return SW_ENOMEM;
+        rv = SW_ENOMEM;
+        goto fail;
     }
     if (p->reg != NULL) {
         /* Watch events arrive on the registry thread; the table is seeded
@@ -216,7 +214,8 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
          * a REMOVED, put the instance back for good.) */
         sw_instance *v = NULL;
         size_t n = 0;
-        int removed = 0, lifted = 0; /* (a new table: nothing to take away or lift) */
+        int removed = 0, lifted = 0; /* (ADDED to a new table: nothing to take away, lift or
+                                        prune) */
         pthread_mutex_lock(&p->mu);
         rv = sw_registry_watch(p->reg, pool_on_event, p, &p->watch_id);
         if (rv == SW_OK && sw_registry_list(p->reg, NULL, &v, &n) == SW_OK) {
@@ -231,14 +230,16 @@ swr_pool_create(swr_pool **out, const swr_pool_opts *o)
         pthread_mutex_unlock(&p->mu);
         if (rv != SW_OK) {
             swi_ticker_fini(&p->reporter);
-            pthread_mutex_destroy(&p->mu);
-            pthread_mutex_destroy(&p->rmu);
-            free(p);
-            return rv;
+            goto fail;
         }
     }
     *out = p;
     return SW_OK;
+fail:
+    pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->rmu);
+    free(p);
+    return rv;
 }
 
 void

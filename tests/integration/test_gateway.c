@@ -1071,18 +1071,37 @@ test_cancel_across_loops(void **state)
 }
 
 /* Worker's cancels_total from its /metrics. */
+/* The value of the first series of family `name` on the Prometheus page at
+ * url (any labels), or -1. */
+static double
+metric_at(const char *url, const char *name)
+{
+    char cmd[300], *page = malloc(1 << 20), want[160];
+    const char *p;
+    double v = -1;
+    assert_non_null(page);
+    snprintf(cmd, sizeof(cmd), "curl -s -m 5 '%s'", url);
+    (void)shell_read(cmd, page, 1 << 20);
+    snprintf(want, sizeof(want), "\n%s", name);
+    for (p = page; (p = strstr(p, want)) != NULL; p++) {
+        p += strlen(want);
+        if (*p == '{' && (p = strchr(p, '}')) != NULL)
+            p++;
+        if (p != NULL && *p == ' ') {
+            v = strtod(p + 1, NULL);
+            break;
+        }
+        if (p == NULL)
+            break;
+    }
+    free(page);
+    return v;
+}
+
 static double
 worker_cancels(void)
 {
-    char cmd[300], buf[65536];
-    const char *at;
-    snprintf(cmd, sizeof(cmd), "curl -s -m 5 '%s'", g_wmetrics);
-    (void)shell_read(cmd, buf, sizeof(buf));
-    at = strstr(buf, "\nstreamwire_worker_cancels_total{");
-    if (at == NULL)
-        return -1;
-    at = strchr(at, '}');
-    return strtod(at + 1, NULL);
+    return metric_at(g_wmetrics, "streamwire_worker_cancels_total");
 }
 
 /* A client that leaves mid-stream cancels it: the worker sees the cancel
@@ -1224,8 +1243,10 @@ test_models_health_ready_metrics(void **state)
 
 /* ---------------------------------------------------------------- hostile HTTP */
 
+/* With rcvbuf > 0: that receive buffer (set before the connect, so that
+ * the window the server sees is small). */
 static int
-tcp_connect(const char *hostport)
+tcp_connect_rcvbuf(const char *hostport, int rcvbuf)
 {
     char host[64];
     const char *colon = strrchr(hostport, ':');
@@ -1236,12 +1257,23 @@ tcp_connect(const char *hostport)
     a.sin_family = AF_INET;
     a.sin_port = htons((uint16_t)atoi(colon + 1));
     inet_pton(AF_INET, host, &a.sin_addr);
+    if (fd >= 0 && rcvbuf > 0 &&
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)) != 0) {
+        close(fd);
+        return -1;
+    }
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
         if (fd >= 0)
             close(fd);
         return -1;
     }
     return fd;
+}
+
+static int
+tcp_connect(const char *hostport)
+{
+    return tcp_connect_rcvbuf(hostport, 0);
 }
 
 /* Reads what the server answers within ms; returns the bytes (0: it closed
@@ -1472,6 +1504,27 @@ test_header_floods(void **state)
     stream_completed("--http1.1");
 }
 
+/* Waits until the gateway whose stdout is fd listens: its host:port into
+ * hp. spawn_gateway: runs the gateway of argv (the CLI's arguments,
+ * NULL-terminated) and waits so, its stdout (the access log) into *fd. */
+static void
+gateway_ready(int fd, char *hp, size_t cap)
+{
+    char line[256];
+    assert_int_equal(
+        swh_wait_line(fd, "gateway ready listen=", line, sizeof(line), 10000 * swh_slow()), 0);
+    snprintf(hp, cap, "%s", strchr(line, '=') + 1);
+}
+
+static pid_t
+spawn_gateway(const char *const *argv, char *hp, size_t cap, int *fd)
+{
+    pid_t pid = swh_spawn(argv, fd);
+    assert_true(pid > 0);
+    gateway_ready(*fd, hp, cap);
+    return pid;
+}
+
 /* --max-connections: a gateway allowed 5 connections closes the 6th at
  * once, and takes new ones when others leave. */
 static void
@@ -1481,15 +1534,11 @@ test_max_connections(void **state)
                           "127.0.0.1:0", "--model",  "ok=gw.ok.gen", "--max-connections",
                           "5",           "--quiet",  "--access-log", "off",
                           NULL};
-    char line[256], hp[128], buf[256];
+    char hp[128], buf[256];
     int fd, c[6], st;
     pid_t pid;
     (void)state;
-    pid = swh_spawn(argv, &fd);
-    assert_true(pid > 0);
-    assert_int_equal(
-        swh_wait_line(fd, "gateway ready listen=", line, sizeof(line), 10000 * swh_slow()), 0);
-    snprintf(hp, sizeof(hp), "%s", strchr(line, '=') + 1);
+    pid = spawn_gateway(argv, hp, sizeof(hp), &fd);
     for (int i = 0; i < 5; i++) {
         c[i] = tcp_connect(hp);
         assert_true(c[i] >= 0);
@@ -1567,9 +1616,7 @@ test_out_of_descriptors(void **state)
     pid = swh_spawn_path("/bin/sh", argv, &fd, ep[1]);
     close(ep[1]);
     assert_true(pid > 0);
-    assert_int_equal(
-        swh_wait_line(fd, "gateway ready listen=", line, sizeof(line), 10000 * swh_slow()), 0);
-    snprintf(hp, sizeof(hp), "%s", strchr(line, '=') + 1);
+    gateway_ready(fd, hp, sizeof(hp));
     for (int i = 0; i < NC; i++) {
         c[i] = tcp_connect(hp); /* the handshake completes in the backlog */
         assert_true(c[i] >= 0);
@@ -1616,9 +1663,7 @@ static pid_t
 own_gateway(const char *const *extra, char *hp, size_t cap, int *fd)
 {
     const char *argv[32];
-    char line[256];
     int n = 0;
-    pid_t pid;
     argv[n++] = "gateway";
     argv[n++] = "--server";
     argv[n++] = g_nats.url;
@@ -1630,39 +1675,7 @@ own_gateway(const char *const *extra, char *hp, size_t cap, int *fd)
     for (int i = 0; extra[i] != NULL && n < 31; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    pid = swh_spawn(argv, fd);
-    assert_true(pid > 0);
-    assert_int_equal(
-        swh_wait_line(*fd, "gateway ready listen=", line, sizeof(line), 10000 * swh_slow()), 0);
-    snprintf(hp, cap, "%s", strchr(line, '=') + 1);
-    return pid;
-}
-
-/* The value of the first series of family `name` on the Prometheus page at
- * url (any labels), or -1. */
-static double
-metric_at(const char *url, const char *name)
-{
-    char cmd[300], *page = malloc(1 << 20), want[160];
-    const char *p;
-    double v = -1;
-    assert_non_null(page);
-    snprintf(cmd, sizeof(cmd), "curl -s -m 5 '%s'", url);
-    (void)shell_read(cmd, page, 1 << 20);
-    snprintf(want, sizeof(want), "\n%s", name);
-    for (p = page; (p = strstr(p, want)) != NULL; p++) {
-        p += strlen(want);
-        if (*p == '{' && (p = strchr(p, '}')) != NULL)
-            p++;
-        if (p != NULL && *p == ' ') {
-            v = strtod(p + 1, NULL);
-            break;
-        }
-        if (p == NULL)
-            break;
-    }
-    free(page);
-    return v;
+    return spawn_gateway(argv, hp, cap, fd);
 }
 
 /* A worker of its own with a /metrics listener; its url into murl. */
@@ -1681,13 +1694,6 @@ own_worker(const worker_def *w, char *murl, size_t cap)
     return pid;
 }
 
-/* A client that never reads (a small receive buffer, a stream of a million
- * tokens): once the gateway's write has waited --stall-ms, the stream is
- * cancelled (the worker's handler sees the cancel), the request is freed
- * (the router's open streams go back to 0), the connection is closed, the
- * access log says client_stalled and streamwire_gateway_stalled_total
- * counts it. Before, nothing ended it: the worker's send waited for credit
- * for its 30 s and the gateway held the request and its stream for ever. */
 /* The client of stalled_client: HTTP/1.1 on a socket with a small receive
  * buffer that is never read (returns the socket), or h2c by nghttp with a
  * stream window of 0 (SETTINGS_INITIAL_WINDOW_SIZE 0, never raised: not
@@ -1697,7 +1703,7 @@ stall_client(const char *hp, int http2, pid_t *pid, char *path, size_t cap)
 {
     static const char body[] =
         "{\"model\":\"stall\",\"input\":\"x\",\"stream\":true,\"max_output_tokens\":1000000}";
-    int fd, rcv = 4096;
+    int fd;
     *pid = -1;
     if (http2) {
         char url[200];
@@ -1722,18 +1728,8 @@ stall_client(const char *hp, int http2, pid_t *pid, char *path, size_t cap)
         return -1;
     }
     path[0] = '\0';
-    fd = socket(AF_INET, SOCK_STREAM, 0);
+    fd = tcp_connect_rcvbuf(hp, 4096);
     assert_true(fd >= 0);
-    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv)), 0);
-    {
-        const char *colon = strrchr(hp, ':');
-        struct sockaddr_in a;
-        memset(&a, 0, sizeof(a));
-        a.sin_family = AF_INET;
-        a.sin_port = htons((uint16_t)atoi(colon + 1));
-        inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-        assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    }
     {
         char req[512];
         int n = snprintf(req, sizeof(req),
@@ -1745,6 +1741,13 @@ stall_client(const char *hp, int http2, pid_t *pid, char *path, size_t cap)
     return fd;
 }
 
+/* A client that never reads (a small receive buffer, a stream of a million
+ * tokens): once the gateway's write has waited --stall-ms, the stream is
+ * cancelled (the worker's handler sees the cancel), the request is freed
+ * (the router's open streams go back to 0), the connection is closed, the
+ * access log says client_stalled and streamwire_gateway_stalled_total
+ * counts it. Before, nothing ended it: the worker's send waited for credit
+ * for its 30 s and the gateway held the request and its stream for ever. */
 static void
 stalled_client(int http2)
 {

@@ -1668,6 +1668,36 @@ lag_setup(fx *f, int lag_ms)
     assert_int_equal(g_inner->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
 }
 
+/* Writes, straight to the store (lag_setup's raw handle), the entry a
+ * worker `id` on EP1 announcing lease_ms would write; its revision into
+ * *rev, and with enc != NULL its encoded value (the caller frees it). */
+static void
+raw_put_entry(fx *f, const char *id, unsigned lease_ms, uint64_t *rev, uint8_t **enc,
+              size_t *enc_len)
+{
+    swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
+    char key[256], req[128], ctl[128];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    snprintf(req, sizeof(req), "sw.req.%s", id);
+    snprintf(ctl, sizeof(ctl), "sw.ctl.%s", id);
+    snprintf(key, sizeof(key), "%s.%s", EP1, id);
+    m.version = SW_PROTOCOL_VERSION;
+    m.instance_id = (char *)id;
+    m.endpoint = EP1;
+    m.request_subject = req;
+    m.control_subject = ctl;
+    m.lease_ms = lease_ms;
+    assert_int_equal(swp_encode_alloc(&m, 65536, &buf, &len), SW_OK);
+    assert_int_equal(g_inner->put(f->raw_state[0], key, buf, len, 0, rev), SW_OK);
+    if (enc != NULL) {
+        *enc = buf;
+        *enc_len = len;
+    } else {
+        free(buf);
+    }
+}
+
 /* Deregister racing the keep-alive: once deregister returns, the entry must
  * stay gone. A refresh in flight (it copied the entry before deregister
  * deleted it) fails its guarded put with "not found", and reg_refresh then
@@ -3210,29 +3240,14 @@ static void
 stale_list_after_delete(void **state)
 {
     fx *f = *state;
-    swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
-    uint8_t *enc = NULL;
-    size_t enc_len = 0;
     uint64_t rev = 0;
     sw_registry *reg;
     evlog *l = &f->log[0];
 
-    g_inner = sw_registry_backend_find(f->be);
-    g_lag_ms = 0;
-    g_main_thread = pthread_self();
+    lag_setup(f, 0);
     f->ops = &stale_backend;
-    f->raw_be[0] = g_inner;
-    assert_int_equal(g_inner->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
-    m.version = SW_PROTOCOL_VERSION;
-    m.instance_id = "stale1";
-    m.endpoint = EP1;
-    m.request_subject = "sw.req.stale1";
-    m.control_subject = "sw.ctl.stale1";
-    m.lease_ms = 60000; /* so that only the delete can end it within the test */
-    assert_int_equal(swp_encode_alloc(&m, 65536, &enc, &enc_len), SW_OK);
     snprintf(g_stale_key, sizeof(g_stale_key), "%s.stale1", EP1);
-    assert_int_equal(g_inner->put(f->raw_state[0], g_stale_key, enc, enc_len, 0, &rev), SW_OK);
-    free(enc);
+    raw_put_entry(f, "stale1", 60000, &rev, NULL, NULL); /* (only the delete ends it in time) */
     atomic_store(&g_stale_del_seen, 0);
     atomic_store(&g_stale_replayed, 0);
     atomic_store(&g_stale_lists, 0);
@@ -3247,10 +3262,7 @@ stale_list_after_delete(void **state)
                  "brought the entry back");
     assert_int_equal(evlog_count(l, SW_REGISTRY_ADDED, "stale1", 0), 0);
     /* A later registration under the key (a newer revision) still counts. */
-    m.lease_ms = 60000;
-    assert_int_equal(swp_encode_alloc(&m, 65536, &enc, &enc_len), SW_OK);
-    assert_int_equal(g_inner->put(f->raw_state[0], g_stale_key, enc, enc_len, 0, &rev), SW_OK);
-    free(enc);
+    raw_put_entry(f, "stale1", 60000, &rev, NULL, NULL);
     assert_true(evlog_wait(l, SW_REGISTRY_ADDED, "stale1", 0, T(2000)) >= 0);
     assert_true(wait_listed(reg, "stale1", 1, T(2000)));
     assert_int_equal(l->bad, 0);
@@ -3358,11 +3370,6 @@ replay_watch(void *st, sw_registry_entry_fn fn, void *arg, void **out)
     g_replay_arg = arg;
     return g_inner->watch(st, fn, arg, out);
 }
-static void
-replay_unwatch(void *st, void *w)
-{
-    g_inner->unwatch(st, w);
-}
 static const sw_registry_backend replay_backend = {
     .name = "replay",
     .version = SW_REGISTRY_BACKEND_VERSION,
@@ -3372,7 +3379,7 @@ static const sw_registry_backend replay_backend = {
     .del = lag_del,
     .list = lag_list,
     .watch = replay_watch,
-    .unwatch = replay_unwatch,
+    .unwatch = lag_unwatch,
 };
 
 /* A worker that died unreported: its entry lapses (REMOVED) and, 20 of its
@@ -3385,7 +3392,6 @@ static void
 forgotten_entry_replayed_stays_dead(void **state)
 {
     fx *f = *state;
-    swp_instance m = STREAMWIRE__V1__INSTANCE_INFO__INIT;
     uint8_t *enc = NULL;
     size_t enc_len = 0;
     uint64_t rev = 0;
@@ -3393,22 +3399,12 @@ forgotten_entry_replayed_stays_dead(void **state)
     sw_registry *reg;
     evlog *l = &f->log[0];
 
-    g_inner = sw_registry_backend_find(f->be);
-    g_lag_ms = 0;
-    g_main_thread = pthread_self();
+    lag_setup(f, 0);
     g_replay_fn = NULL;
     f->ops = &replay_backend;
-    f->raw_be[0] = g_inner;
-    assert_int_equal(g_inner->open(&f->raw_state[0], f->conn, f->bucket, 60000), SW_OK);
-    m.version = SW_PROTOCOL_VERSION;
-    m.instance_id = "gone1";
-    m.endpoint = EP1;
-    m.request_subject = "sw.req.gone1";
-    m.control_subject = "sw.ctl.gone1";
-    m.lease_ms = 100; /* forgotten 20 leases (2 s) after its last refresh */
-    assert_int_equal(swp_encode_alloc(&m, 65536, &enc, &enc_len), SW_OK);
     snprintf(key, sizeof(key), "%s.gone1", EP1);
-    assert_int_equal(g_inner->put(f->raw_state[0], key, enc, enc_len, 0, &rev), SW_OK);
+    /* forgotten 20 leases (2 s) after its last refresh */
+    raw_put_entry(f, "gone1", 100, &rev, &enc, &enc_len);
 
     reg = fx_reg(f, 0, 3000, 0);
     assert_non_null(g_replay_fn);

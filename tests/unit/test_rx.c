@@ -2202,6 +2202,33 @@ test_migrate_credit_bound(void **state)
 
 /* The history a migrate callback reads: every data item once, in the
  * consumer's numbering, across moves; too much of it turns migration off. */
+/* A stream that keeps its history for up to 3 migrations (its window room
+ * for all) fed n data items of len bytes each, in order; the most bytes
+ * its history held at any point. */
+static size_t
+keep_history_of(swe_rx *rx, uint64_t n, const uint8_t *data, size_t len)
+{
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    size_t most = 0;
+    c.window = (uint32_t)n + 8;
+    c.migrations = 3;
+    c.keep_history = 1;
+    swe_rx_init(rx, &c, 1000);
+    for (uint64_t i = 1; i <= n; i++) {
+        swe_rx_in in;
+        memset(&in, 0, sizeof(in));
+        in.kind = SWE_IN_DATA;
+        in.seq = i;
+        in.data = data;
+        in.len = len;
+        swe_rx_on_item(rx, &in, 1001, &a);
+        if (rx->hist != NULL && rx->hist->bytes > most)
+            most = rx->hist->bytes;
+    }
+    return most;
+}
+
 static void
 test_migrate_history(void **state)
 {
@@ -2232,22 +2259,8 @@ test_migrate_history(void **state)
     swe_rx_fini(&rx);
     /* past SW_MIGRATION_HISTORY_MAX bytes: no history, no migration */
     {
-        swe_rx_cfg c = cfg_default();
         static uint8_t big[65536];
-        uint64_t n = SW_MIGRATION_HISTORY_MAX / sizeof(big) + 1;
-        c.window = (uint32_t)n + 8;
-        c.migrations = 3;
-        c.keep_history = 1;
-        swe_rx_init(&rx, &c, 1000);
-        for (uint64_t i = 1; i <= n; i++) {
-            swe_rx_in in;
-            memset(&in, 0, sizeof(in));
-            in.kind = SWE_IN_DATA;
-            in.seq = i;
-            in.data = big;
-            in.len = sizeof(big);
-            swe_rx_on_item(&rx, &in, 1001, &a);
-        }
+        (void)keep_history_of(&rx, SW_MIGRATION_HISTORY_MAX / sizeof(big) + 1, big, sizeof(big));
         assert_int_equal(swe_rx_nhist(&rx), 0);
         assert_int_equal(rx.mig_left, 0);
         assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1002, &a), 1);
@@ -2257,24 +2270,8 @@ test_migrate_history(void **state)
     /* Items of no data count too (each keeps a node): the bound holds for
      * them. They used to count 0 bytes, kept without bound. */
     {
-        swe_rx_cfg c = cfg_default();
-        uint64_t n = SW_MIGRATION_HISTORY_MAX / (sizeof(swe_q) + 1) + 1;
-        size_t most = 0;
-        c.window = (uint32_t)n + 8;
-        c.migrations = 3;
-        c.keep_history = 1;
-        swe_rx_init(&rx, &c, 1000);
-        for (uint64_t i = 1; i <= n; i++) {
-            swe_rx_in in;
-            memset(&in, 0, sizeof(in));
-            in.kind = SWE_IN_DATA;
-            in.seq = i;
-            in.data = (const uint8_t *)"";
-            in.len = 0;
-            swe_rx_on_item(&rx, &in, 1001, &a);
-            if (rx.hist != NULL && rx.hist->bytes > most)
-                most = rx.hist->bytes;
-        }
+        size_t most = keep_history_of(&rx, SW_MIGRATION_HISTORY_MAX / (sizeof(swe_q) + 1) + 1,
+                                      (const uint8_t *)"", 0);
         assert_true(most <= SW_MIGRATION_HISTORY_MAX);
         assert_int_equal(swe_rx_nhist(&rx), 0);
         assert_int_equal(rx.mig_left, 0);

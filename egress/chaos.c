@@ -25,6 +25,15 @@ swx_router_on_open_sent(sw_router *r, void (*fn)(sw_stream *s, void *arg), void 
     r->open_hook = fn;
 }
 
+void
+swx_router_on_reroute(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg)
+{
+    if (r == NULL)
+        return;
+    r->reroute_hook_arg = arg;
+    r->reroute_hook = fn;
+}
+
 uint64_t
 swx_router_ticks(sw_router *r)
 {

@@ -24,6 +24,13 @@ void swx_router_on_credit(sw_router *r, void (*fn)(sw_stream *s, void *arg), voi
  * before any stream is open. */
 void swx_router_on_open_sent(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg);
 
+/* Test-only: fn(s, arg) runs on the thread re-routing a stream of r whose
+ * request met "no responders" (the mux's delivery thread), after the
+ * stream was checked and the instance quarantined, before the stream is
+ * checked again and switched: a test can hold that thread there while the
+ * stream migrates. NULL removes it. Set it before any stream is open. */
+void swx_router_on_reroute(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg);
+
 /* Test-only: how many times r's ticker has run (a resting router's stays
  * put: egress/timer.c). */
 uint64_t swx_router_ticks(sw_router *r);

@@ -86,6 +86,8 @@ struct sw_router {
     void *credit_hook_arg;
     void (*open_hook)(sw_stream *s, void *arg); /* swx_router_on_open_sent */
     void *open_hook_arg;
+    void (*reroute_hook)(sw_stream *s, void *arg); /* swx_router_on_reroute */
+    void *reroute_hook_arg;
     uint64_t ticks; /* calls of swe_on_tick (atomic) */
 #endif
     sw_conn *conn;

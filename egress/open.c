@@ -56,6 +56,10 @@ swe_reroute(sw_stream *s)
     pthread_mutex_unlock(&s->mu);
 
     (void)swr_pool_quarantine(r->pool, old); /* local only: it may be alive and draining */
+#ifdef SW_CHAOS
+    if (r->reroute_hook != NULL) /* swx_router_on_reroute */
+        r->reroute_hook(s, r->reroute_hook_arg);
+#endif
     /* Checked again, with s->mu held from the check to the switch: a
      * migration (the probe thread, the ticker) may have begun or even moved
      * the stream to another request and instance since the check above; it

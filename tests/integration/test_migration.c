@@ -703,6 +703,126 @@ dead_pick_migrates_again(void **state)
     assert_int_equal(g.why[1], SW_NO_RESPONDERS);
 }
 
+/* Holds the re-route of a stream whose request met "no responders" until
+ * the stream has migrated (its request id changed), as a preemption of
+ * the mux thread between swe_reroute's check and its switch would. */
+typedef struct reroute_hold {
+    pthread_mutex_t mu;
+    int entered, migrated;
+} reroute_hold;
+
+static void
+hold_reroute(sw_stream *s, void *arg)
+{
+    reroute_hold *h = arg;
+    uint8_t id0[16], id[16];
+    int moved = 0;
+    swx_stream_id(s, id0);
+    for (int64_t until = swh_now_ms() + T(5000); !moved && swh_now_ms() < until;) {
+        swh_sleep_ms(5);
+        swx_stream_id(s, id);
+        moved = memcmp(id, id0, sizeof(id)) != 0;
+    }
+    if (moved)
+        swh_sleep_ms(50); /* the new request is out and answered meanwhile */
+    pthread_mutex_lock(&h->mu);
+    h->entered++;
+    h->migrated += moved;
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* How many requests worker i served, from its drain summary (SIGTERM). */
+static long
+served(world *w, int i)
+{
+    char log[16384], *p;
+    FILE *f;
+    size_t n;
+    int st = -1;
+    swh_kill(w->pid[i], SIGTERM);
+    assert_int_equal(swh_wait_exit(w->pid[i], (int)T(30000), &st), 0);
+    w->pid[i] = 0;
+    f = fopen(w->err_path[i], "r");
+    assert_non_null(f);
+    n = fread(log, 1, sizeof(log) - 1, f);
+    fclose(f);
+    log[n] = '\0';
+    p = strstr(log, "drained (");
+    assert_non_null(p);
+    p = strstr(p, "): ");
+    assert_non_null(p);
+    return strtol(p + 3, NULL, 10);
+}
+
+/* A request routed to a killed worker (still listed) meets "no
+ * responders", and its one re-route begins; meanwhile the probe thread
+ * finds the same worker lost and migrates the stream. The migration owns
+ * the stream then: the re-route, resumed, must not switch it again. It
+ * did (swe_reroute checked only before quarantining): the stream's
+ * instance was overwritten, the dead one released twice, and a second
+ * worker was sent the old request, whose answers no stream took. The
+ * stream runs on a, a second (unread) one on b, so the router (least
+ * loaded) picks k, killed. */
+static void
+reroute_yields_to_migration(void **state)
+{
+    world *w = *state;
+    coll c;
+    reroute_hold h;
+    sw_request_opts o;
+    sw_stream *s, *s2 = NULL, *s3 = NULL;
+    int a, b, k, to;
+    char want[64];
+    memset(&h, 0, sizeof(h));
+    pthread_mutex_init(&h.mu, NULL);
+    w->least = 1;
+    w->interval = "50"; /* the two held streams stay in flight for 3 s */
+    w->probe_ms = 200;
+    for (int i = 0; i < 3; i++)
+        world_worker(w, NULL);
+    world_frontend(w, NULL);
+    swx_router_on_reroute(w->rt, hold_reroute, &h);
+    sw_request_opts_init(&o);
+    o.endpoint = EP;
+    assert_int_equal(sw_router_open(&s2, w->rt, &o, "hello", 5), SW_OK);
+    assert_int_equal(sw_router_open(&s3, w->rt, &o, "hello", 5), SW_OK);
+    a = world_index(w, sw_stream_instance_id(s2));
+    b = world_index(w, sw_stream_instance_id(s3));
+    assert_true(a >= 0 && b >= 0 && a != b);
+    k = 3 - a - b;
+    swh_kill(w->pid[k], SIGKILL);
+    assert_int_equal(swh_wait_exit(w->pid[k], (int)T(5000), NULL), 0);
+    w->pid[k] = 0;
+    swh_sleep_ms(100); /* the server has dropped its subscriptions */
+    coll_init(&c);
+    s = open_stream(w, &c, 2, 0, NULL, NULL);
+    assert_string_equal(sw_stream_instance_id(s), w->id[k]);
+    coll_wait(&c, -1, T(20000));
+    swh_sleep_ms(100);
+    pthread_mutex_lock(&h.mu);
+    assert_int_equal(h.entered, 1);
+    assert_int_equal(h.migrated, 1); /* the race did happen */
+    pthread_mutex_unlock(&h.mu);
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.bad, 0);
+    assert_int_equal(c.n, TOKENS);
+    assert_int_equal(c.terminals, 1);
+    assert_int_equal(c.status, SW_STATUS_COMPLETED);
+    assert_int_equal(c.migrations, 1);
+    to = world_index(w, c.last_inst);
+    assert_true(to == a || to == b);
+    snprintf(want, sizeof(want), "%s,%s", w->id[k], w->id[to]);
+    assert_string_equal(c.instances, want);
+    pthread_mutex_unlock(&c.mu);
+    sw_stream_close(s);
+    sw_stream_close(s2);
+    sw_stream_close(s3);
+    /* s2, s3 and the migrated request: no fourth went out. */
+    assert_int_equal(served(w, a) + served(w, b), 3);
+    swx_router_on_reroute(w->rt, NULL, NULL);
+    pthread_mutex_destroy(&h.mu);
+}
+
 /* A "no responders" status published by anyone to a migrated stream's
  * response subject after its new worker answered: the server sends that
  * status only at once, for a request nobody took, so it is ignored (and
@@ -1100,6 +1220,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(cancel_during_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(destroy_during_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(dead_pick_migrates_again, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(reroute_yields_to_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(forged_no_responders_ignored, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(stale_credit_after_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),

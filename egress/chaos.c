@@ -48,6 +48,15 @@ swx_stream_id(sw_stream *s, uint8_t out[16])
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Feeds in to s as the mux does, with the reference its lookup would hold. */
+static void
+feed(sw_stream *s, const uint8_t id[16], const swe_rx_in *in)
+{
+    swe_stream_ref(s);
+    swe_stream_on_item(s, id, in);
+    swe_stream_unref(s);
+}
+
 void
 swx_stream_feed(sw_stream *s, const uint8_t id[16], uint64_t seq, const char *data)
 {
@@ -58,7 +67,28 @@ swx_stream_feed(sw_stream *s, const uint8_t id[16], uint64_t seq, const char *da
     in.data = (const uint8_t *)data;
     in.len = strlen(data);
     in.event = "";
-    swe_stream_ref(s);
-    swe_stream_on_item(s, id, &in);
-    swe_stream_unref(s);
+    feed(s, id, &in);
+}
+
+void
+swx_stream_feed_final(sw_stream *s, const uint8_t id[16], uint64_t seq, sw_status status,
+                      const char *reason)
+{
+    swe_rx_in in;
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_FINAL;
+    in.seq = seq;
+    in.status = status;
+    in.reason = reason;
+    in.message = "";
+    feed(s, id, &in);
+}
+
+void
+swx_router_on_dispatch(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg)
+{
+    if (r == NULL)
+        return;
+    r->dispatch_hook_arg = arg;
+    r->dispatch_hook = fn;
 }

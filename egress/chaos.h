@@ -41,5 +41,16 @@ void swx_stream_id(sw_stream *s, uint8_t out[16]);
  * an item of a message received under request id `id`, with the
  * reference its lookup would hold. */
 void swx_stream_feed(sw_stream *s, const uint8_t id[16], uint64_t seq, const char *data);
+/* Test-only: the same with the worker's final (seq, status, reason). */
+void swx_stream_feed_final(sw_stream *s, const uint8_t id[16], uint64_t seq, sw_status status,
+                           const char *reason);
+
+/* Test-only: fn(s, arg) runs on every thread about to deliver what is ready
+ * for a callback-mode stream of r through swe_dispatch (a decision made and
+ * its lock released: a terminal decided on the probe thread, a final
+ * whose acknowledgement is queued), before it takes the stream's lock: a
+ * test can hold that thread there, as a preemption would, while the
+ * stream is closed. NULL removes it. Set it before any stream is open. */
+void swx_router_on_dispatch(sw_router *r, void (*fn)(sw_stream *s, void *arg), void *arg);
 
 #endif

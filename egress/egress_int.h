@@ -88,6 +88,8 @@ struct sw_router {
     void *open_hook_arg;
     void (*reroute_hook)(sw_stream *s, void *arg); /* swx_router_on_reroute */
     void *reroute_hook_arg;
+    void (*dispatch_hook)(sw_stream *s, void *arg); /* swx_router_on_dispatch */
+    void *dispatch_hook_arg;
     uint64_t ticks; /* calls of swe_on_tick (atomic) */
 #endif
     sw_conn *conn;
@@ -192,7 +194,8 @@ struct sw_stream {
     uint8_t grant_held;  /* the callback's item earned a grant, sent when it returns: a
                             repeat of the grant meanwhile is not sent (written under s->mu,
                             atomic) */
-    int in_ready;        /* on_ready calls running now (s->mu) */
+    uint8_t closed;      /* sw_stream_close: no item callback starts any more (s->mu) */
+    uint16_t in_ready;   /* on_ready calls running now, one a library thread at most (s->mu) */
     char *inst_second;   /* allocated by the re-route (NULL before) */
     const char *inst_pub;
     /* ns.component.endpoint, set once at open: the router's copy in its

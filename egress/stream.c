@@ -305,6 +305,10 @@ swe_dispatch(sw_stream *s)
         }
         return;
     }
+#ifdef SW_CHAOS
+    if (s->r->dispatch_hook != NULL) /* swx_router_on_dispatch */
+        s->r->dispatch_hook(s, s->r->dispatch_hook_arg);
+#endif
     swe_stream_ref(s);
     pthread_mutex_lock(&s->mu);
     if (s->dispatching || s->opening) {
@@ -327,7 +331,10 @@ st_deliver_one(sw_stream *s)
 {
     swe_rx_act credit;
     sw_item item;
-    int got = st_pop(s, &item, &credit);
+    int got;
+    if (s->closed) /* sw_stream_close returned, or is about to */
+        return 0;
+    got = st_pop(s, &item, &credit);
     if (got == 0)
         return 0;
     s->in_cb = 1;
@@ -471,6 +478,17 @@ sw_stream_close(sw_stream *s)
         pthread_mutex_unlock(&s->mu);
     }
     (void)st_cancel(s, 0);
+    if (s->on_item != NULL) {
+        /* No item callback after close returns (its argument may be
+         * freed): another thread may have decided the terminal (or an
+         * item) before the cancel and not delivered it yet; it delivers
+         * nothing now. One under way on another thread finishes first. */
+        pthread_mutex_lock(&s->mu);
+        s->closed = 1;
+        while (s->in_cb && !pthread_equal(s->cb_thread, pthread_self()))
+            pthread_cond_wait(&s->cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
     swe_remove(s);
     swe_stream_unref(s);
 }

@@ -770,7 +770,12 @@ SW_API sw_err sw_stream_cancel(sw_stream *s);
 SW_API sw_err sw_stream_kill(sw_stream *s);
 
 /* Closes and frees. A stream closed before its terminal is cancelled first.
- * In callback mode it may be called from the stream's own callback. NULL ok. */
+ * In callback mode it may be called from the stream's own callback; the
+ * callback may see the CANCELLED terminal during this call; called from
+ * another thread, it waits for a callback in progress. Once it returns, the
+ * item callback is never called again (its argument may be freed): a
+ * terminal another thread had decided but not yet delivered is then not
+ * delivered. NULL ok. */
 SW_API void sw_stream_close(sw_stream *s);
 
 /* Owned by s; valid until close. Safe to call from any thread at any time.

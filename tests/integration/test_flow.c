@@ -117,6 +117,127 @@ item_under_a_left_id_is_dropped(void **state)
     got_free(g);
 }
 
+/* Holds the feeder thread's swe_dispatch (a decision made, the stream's
+ * lock released, nothing delivered yet) until released. */
+typedef struct dispatch_hold {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t feeder;
+    int armed, entered, released;
+} dispatch_hold;
+
+static void
+hold_dispatch(sw_stream *s, void *arg)
+{
+    dispatch_hold *h = arg;
+    (void)s;
+    pthread_mutex_lock(&h->mu);
+    if (h->armed && pthread_equal(h->feeder, pthread_self())) {
+        int64_t until = now_ms() + T(5000);
+        h->entered = 1;
+        pthread_cond_broadcast(&h->cv);
+        while (!h->released && now_ms() < until)
+            cond_wait_until(&h->cv, &h->mu, until);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+typedef struct final_feed {
+    sw_stream *s;
+    uint8_t id[16];
+    dispatch_hold *h;
+} final_feed;
+
+static void *
+feed_final_main(void *arg)
+{
+    final_feed *f = arg;
+    pthread_mutex_lock(&f->h->mu);
+    f->h->feeder = pthread_self();
+    f->h->armed = 1;
+    pthread_mutex_unlock(&f->h->mu);
+    swx_stream_feed_final(f->s, f->id, 3, SW_STATUS_COMPLETED, "stop");
+    return NULL;
+}
+
+/* Once sw_stream_close returns, the item callback is never called again,
+ * even when another thread had decided the stream's terminal and not yet
+ * delivered it (the final arrived; its delivery waits for the lock the
+ * closer holds, or is preempted): the callback's argument may be freed
+ * right after close. That thread delivered the terminal after close
+ * returned. Here the final is fed on a thread held between its decision
+ * and its delivery while the stream is closed. */
+static void
+no_callback_after_close(void **state)
+{
+    env *e = *state;
+    cbgot *c = new_cbgot(e);
+    sw_request_opts o;
+    sw_stream *s;
+    dispatch_hold h;
+    final_feed f;
+    pthread_t t;
+    int64_t until;
+    size_t n_at_close;
+    int terms_at_close;
+    memset(&h, 0, sizeof(h));
+    pthread_mutex_init(&h.mu, NULL);
+    cond_init_mono(&h.cv);
+    e->w.mode = M_BLOCK; /* token-0, token-1, then waits */
+    e->w.k = 2;
+    e->w.n = 4;
+    env_start(e, NULL, NULL);
+    swx_router_on_dispatch(e->rt, hold_dispatch, &h);
+    ropts(e, &o);
+    o.on_item = cb_item;
+    o.on_item_arg = c;
+    s = env_open_with(e, &o, "p", 1);
+    for (until = now_ms() + T(5000);;) {
+        size_t n;
+        pthread_mutex_lock(&c->mu);
+        n = c->g.n;
+        pthread_mutex_unlock(&c->mu);
+        if (n >= 2)
+            break;
+        assert_true(now_ms() < until);
+        sleep_ms(5);
+    }
+    f.s = s;
+    f.h = &h;
+    swx_stream_id(s, f.id);
+    assert_int_equal(pthread_create(&t, NULL, feed_final_main, &f), 0);
+    pthread_mutex_lock(&h.mu);
+    until = now_ms() + T(5000);
+    while (!h.entered && now_ms() < until)
+        cond_wait_until(&h.cv, &h.mu, until);
+    pthread_mutex_unlock(&h.mu);
+    if (!h.entered) {
+        pthread_join(t, NULL);
+        fail_msg("the final's delivery did not go through swe_dispatch");
+    }
+    env_close(e, s);
+    pthread_mutex_lock(&c->mu);
+    n_at_close = c->g.n;
+    terms_at_close = c->g.terminals;
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&h.mu);
+    h.released = 1;
+    pthread_cond_broadcast(&h.cv);
+    pthread_mutex_unlock(&h.mu);
+    pthread_join(t, NULL);
+    sleep_ms(100);
+    swx_router_on_dispatch(e->rt, NULL, NULL);
+    pthread_mutex_lock(&c->mu);
+    assert_int_equal(n_at_close, 2);
+    assert_int_equal(terms_at_close, 0); /* the final was decided, not delivered */
+    if (c->g.n != n_at_close || c->g.terminals != terms_at_close)
+        fail_msg("the item callback ran after sw_stream_close returned (%d terminal(s))",
+                 c->g.terminals);
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_destroy(&h.mu);
+    pthread_cond_destroy(&h.cv);
+}
+
 /* Cancel while the worker is blocked on credit (window 4, nobody reading). */
 static void
 cancel_wakes_blocked_send(void **state)
@@ -906,6 +1027,7 @@ main(int argc, char **argv)
         T_(close_before_terminal_cancels),
         T_(cancel_wakes_blocked_send),
         T_(item_under_a_left_id_is_dropped),
+        T_(no_callback_after_close),
         T_(slow_consumer_flow_control),
         T_(try_send_and_droppable),
         T_(window_grows_and_still_bounds),

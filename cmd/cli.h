@@ -184,7 +184,7 @@ typedef struct cli_stream_result {
     int64_t elapsed_us;    /* the same in microseconds */
     int64_t first_item_us; /* from just before sw_router_open to the first data item; -1: none */
     unsigned migrations;   /* the terminal's */
-    char instances[(SW_MAX_TOKEN + 1) * (SW_MAX_MIGRATIONS + 1)];
+    char instances[(SW_MAX_TOKEN + 1) * (SW_MAX_MIGRATIONS + 2)]; /* a re-route's first too */
 } cli_stream_result;
 
 /* Returns the sw_router_open error (SW_OK when the stream was opened and

@@ -151,6 +151,9 @@ typedef struct swe_mig {
     uint8_t req[]; /* (set once at open, before the stream is shared) */
 } swe_mig;
 
+/* A re-route's allocation: its instance, and the list of both. */
+#define SWE_SECOND_BYTES (3 * (SW_MAX_TOKEN + 1))
+
 struct sw_stream {
     sw_router *r;
     atomic_int refs;
@@ -196,7 +199,8 @@ struct sw_stream {
                             atomic) */
     uint8_t closed;      /* sw_stream_close: no item callback starts any more (s->mu) */
     uint16_t in_ready;   /* on_ready calls running now, one a library thread at most (s->mu) */
-    char *inst_second;   /* allocated by the re-route (NULL before) */
+    char *inst_second;   /* allocated by the re-route (NULL before): the second instance,
+                            then at SW_MAX_TOKEN + 1 "first,second" (SWE_SECOND_BYTES) */
     const char *inst_pub;
     /* ns.component.endpoint, set once at open: the router's copy in its
      * endpoint series (swe_ep_name) when it has one, else the stream's own

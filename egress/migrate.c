@@ -87,7 +87,10 @@ static int
 mig_commit(sw_stream *s, const uint8_t *new_id, const char *next, int64_t now)
 {
     unsigned gen = s->rx.gen, cap = s->rx.cfg.migrations + 1;
-    size_t need = 0;
+    /* the instance a re-route left comes first in the list (it was sent
+     * the request too), though it is no generation of the stream */
+    const char *bounced = s->inst_second != NULL ? s->inst_first : NULL;
+    size_t need = bounced != NULL ? strlen(bounced) + 1 : 0;
     char *list;
     if (s->mig->insts == NULL) {
         if ((s->mig->insts = calloc(cap, sizeof(*s->mig->insts))) == NULL)
@@ -101,6 +104,10 @@ mig_commit(sw_stream *s, const uint8_t *new_id, const char *next, int64_t now)
     if ((list = malloc(need)) == NULL)
         return -1;
     list[0] = '\0';
+    if (bounced != NULL) {
+        strcat(list, bounced);
+        strcat(list, ",");
+    }
     for (unsigned i = 0; i <= gen + 1; i++) {
         if (i > 0)
             strcat(list, ",");

@@ -44,7 +44,7 @@ swe_reroute(sw_stream *s)
      * the instance lost meanwhile): that move owns the stream's instance */
     if (!s->routed || s->rerouted || s->req_buf == NULL || s->rx.term_state != SWE_TERM_NONE ||
         s->rx.migrating || (buf = malloc(s->req_len)) == NULL ||
-        (second = malloc(SW_MAX_TOKEN + 1)) == NULL) {
+        (second = malloc(SWE_SECOND_BYTES)) == NULL) {
         pthread_mutex_unlock(&s->mu);
         free(buf);
         return 0;
@@ -74,6 +74,9 @@ swe_reroute(sw_stream *s)
         swi_peers_use(&r->peers, next, swi_now_ms()) == 0) {
         swi_peers_release(&r->peers, old);
         memcpy(second, next, sizeof(next));
+        /* the terminal's instances: both (swe_instances) */
+        snprintf(second + SW_MAX_TOKEN + 1, SWE_SECOND_BYTES - (SW_MAX_TOKEN + 1), "%s,%s", old,
+                 next);
         s->inst_second = second;
         second = NULL;
         __atomic_store_n(&s->inst_pub, s->inst_second, __ATOMIC_RELEASE);

@@ -255,8 +255,10 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
             out->instance_id = swe_gen_instance(s, s->rx.cur->gen);
         } else {
             out->instance_id = swe_instance(s);
-            out->terminal.instances =
-                s->mig != NULL && s->mig->inst_list != NULL ? s->mig->inst_list : out->instance_id;
+            out->terminal.instances = s->mig != NULL && s->mig->inst_list != NULL
+                                          ? s->mig->inst_list
+                                      : s->inst_second != NULL ? s->inst_second + SW_MAX_TOKEN + 1
+                                                               : out->instance_id;
         }
         if (got == 1)
             __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);

@@ -521,8 +521,8 @@ typedef struct sw_terminal {
     const char *message;   /* human text; "" when none */
     unsigned migrations;   /* times the stream moved to another instance (migration_limit) */
     const char *instances; /* the instances it was sent to, in order, comma-separated ("" if
-                              none), including one a migration picked that had gone (no
-                              responders); valid as long as the item */
+                              none), including one that had gone (no responders) when a
+                              re-route or a migration picked it; valid as long as the item */
 } sw_terminal;
 
 typedef struct sw_item {

@@ -187,8 +187,8 @@ class Terminal:
     "cancelled" or "error"), .reason ("stop", "max_tokens", an application
     code, "cancelled", or the error's name), .message, .error (the
     error's name for status "error", else None), .migrations (times the
-    stream moved to another instance) and .instances (those that served it,
-    in order)."""
+    stream moved to another instance) and .instances (those it was sent to,
+    in order: one that had gone when picked included)."""
 
     def __init__(self, status, reason, message, error, migrations=0, instances=()):
         self.status = status

@@ -449,6 +449,7 @@ typedef struct coll {
     sw_err err;
     char reason[96];
     char inst[SW_MAX_TOKEN + 1];
+    char instances[3 * (SW_MAX_TOKEN + 1)]; /* the terminal's */
     int64_t t_open, t_first, t_last, t_term;
 } coll;
 
@@ -475,6 +476,7 @@ coll_cb(sw_stream *s, const sw_item *it, void *arg)
         c->err = it->terminal.error;
         snprintf(c->reason, sizeof(c->reason), "%s",
                  it->terminal.reason ? it->terminal.reason : "");
+        snprintf(c->instances, sizeof(c->instances), "%s", it->terminal.instances);
         c->t_term = now_ms();
     }
     if (it->instance_id != NULL && it->instance_id[0] != '\0')
@@ -1532,8 +1534,8 @@ static void fill_endpoint_series(sw_router *rt);
 static void
 drained_requests_run(world *w, int fill)
 {
-    int first, bad = 0;
-    char line[64];
+    int first, bad = 0, rerouted = 0;
+    char line[64], both[2 * (SW_MAX_TOKEN + 1)];
 
     world_frontend(w, SW_POLICY_ROUND_ROBIN);
     if (fill)
@@ -1554,7 +1556,18 @@ drained_requests_run(world *w, int fill)
             print_message("    request %d on %s: %s/%s\n", i - first, stream_inst(w, i),
                           sw_status_name((int)c.status), c.reason);
         }
+        /* The terminal names every instance the request was sent to: a
+         * re-routed one, the drained instance first. */
+        assert_string_equal(c.inst, w->wid[1]);
+        if (strcmp(c.instances, w->wid[1]) != 0) {
+            snprintf(both, sizeof(both), "%s,%s", w->wid[0], w->wid[1]);
+            assert_string_equal(c.instances, both);
+            rerouted++;
+        }
     }
+    /* Round robin sent about half of them to the drained instance first. */
+    if (rerouted == 0)
+        fail_msg("no terminal named the drained instance a request was sent to first");
     if (bad > 0)
         fail_msg("%d of 10 requests routed by the registry ended no_responders on a drained "
                  "instance instead of going to the live one",

@@ -59,7 +59,8 @@ typedef struct kv_state {
  * connection's listener lock (kv_watch_on_state); nothing of ours is taken
  * under it, and it is never held while the registry's callback runs or
  * across a call that waits on the server. */
-#define KV_HB_MS 5000         /* the consumer's idle heartbeat */
+#define KV_HB_MS 5000         /* the watch's consumer's idle heartbeat */
+#define KV_LIST_HB_MS 1000    /* a list's: its in-step heartbeat may be what ends it */
 #define KV_HB_MISSED 3        /* heartbeats not seen before the watch's consumer is made again */
 #define KV_WATCH_RETRY_MS 100 /* a consumer that could not be made is tried again after this */
 #define KV_LIST_WAIT_MS 5000  /* a list waits this long for the next value */
@@ -337,7 +338,12 @@ kv_cons_make(kv_reader *rd, kv_cons **out, uint64_t *pending)
     cc.AckPolicy = js_AckNone;
     cc.FilterSubject = filter;
     cc.ReplayPolicy = js_ReplayInstant;
-    cc.Heartbeat = (int64_t)KV_HB_MS * 1000000;
+    /* A list that cannot count its way to the end (a value went, max age,
+     * between the consumer's making and its delivery) ends on an in-step
+     * heartbeat: sent every KV_LIST_HB_MS, well inside the list's
+     * KV_LIST_WAIT_MS of silence. (At KV_HB_MS, equal to that wait, the
+     * two raced, and such a list could time out.) */
+    cc.Heartbeat = (int64_t)(rd->puts_only ? KV_LIST_HB_MS : KV_HB_MS) * 1000000;
     cc.MemoryStorage = true;
     jsOptions_Init(&jo);
     jo.Wait = 5000;

@@ -44,12 +44,36 @@ static int swi_sodium_ok;
  * ids, so an unkeyed hash would let them build collision chains. */
 static unsigned char swi_hash_key[crypto_shorthash_KEYBYTES];
 
+/* swi_random's buffer of the kernel's random bytes, one per thread: a
+ * getrandom call per SWI_RNG_BYTES instead of one per request id (1 % of
+ * the frontend's CPU at concurrency 64, BENCHMARKS.md session 33). Bytes
+ * handed out are zeroed. A fork's child starts from a copy of the forking
+ * thread's buffer: the child handler moves swi_rng_epoch on, and a buffer
+ * of an older epoch is refilled before use, so parent and child never hand
+ * out the same bytes (test_util test_random_after_fork). */
+#define SWI_RNG_BYTES 256
+#define SWI_RNG_DIRECT 32 /* longer requests go to the kernel directly */
+typedef struct swi_rng {
+    uint8_t buf[SWI_RNG_BYTES];
+    uint32_t pos; /* bytes of buf handed out */
+    uint32_t epoch;
+} swi_rng;
+static _Thread_local swi_rng swi_rng_tl; /* epoch 0: never filled */
+static uint32_t swi_rng_epoch = 1;       /* atomic */
+
+static void
+swi_rng_after_fork(void)
+{
+    __atomic_add_fetch(&swi_rng_epoch, 1, __ATOMIC_RELAXED);
+}
+
 static void
 swi_init_once(void)
 {
     swi_sodium_ok = sodium_init() >= 0;
     if (swi_sodium_ok)
         crypto_shorthash_keygen(swi_hash_key);
+    (void)pthread_atfork(NULL, NULL, swi_rng_after_fork);
 }
 
 sw_err
@@ -62,7 +86,21 @@ swi_init(void)
 void
 swi_random(void *buf, size_t len)
 {
-    randombytes_buf(buf, len);
+    swi_rng *g = &swi_rng_tl;
+    if (len > SWI_RNG_DIRECT) {
+        randombytes_buf(buf, len);
+        return;
+    }
+    if (g->epoch != __atomic_load_n(&swi_rng_epoch, __ATOMIC_RELAXED) ||
+        SWI_RNG_BYTES - g->pos < len) {
+        pthread_once(&swi_once, swi_init_once); /* (the fork handler) */
+        randombytes_buf(g->buf, sizeof(g->buf));
+        g->pos = 0;
+        g->epoch = __atomic_load_n(&swi_rng_epoch, __ATOMIC_RELAXED);
+    }
+    memcpy(buf, g->buf + g->pos, len);
+    sodium_memzero(g->buf + g->pos, len);
+    g->pos += (uint32_t)len;
 }
 
 uint64_t

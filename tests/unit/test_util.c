@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -519,6 +521,41 @@ test_random_token(void **state)
     assert_memory_not_equal(r1, r2, sizeof(r1));
 }
 
+/* swi_random hands out a thread's buffer of the kernel's bytes: a fork's
+ * child starts from a copy of it, and must not hand out what the parent
+ * hands out next (two processes would make the same request ids). The
+ * draws cross the buffer's end (256 bytes) and take the direct path (> 32
+ * bytes) too; none repeats. */
+static void
+test_random_after_fork(void **state)
+{
+    uint8_t ids[64][16], parent[16], child[16], big[64];
+    int fd[2], st = -1;
+    pid_t pid;
+    (void)state;
+    assert_int_equal(swi_init(), SW_OK);
+    for (int i = 0; i < 64; i++) {
+        swi_random(ids[i], sizeof(ids[i]));
+        for (int j = 0; j < i; j++)
+            assert_memory_not_equal(ids[i], ids[j], sizeof(ids[i]));
+    }
+    swi_random(big, sizeof(big));
+    assert_int_equal(pipe(fd), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        swi_random(child, sizeof(child));
+        _exit(write(fd[1], child, sizeof(child)) == (ssize_t)sizeof(child) ? 0 : 1);
+    }
+    swi_random(parent, sizeof(parent));
+    assert_int_equal(read(fd[0], child, sizeof(child)), (ssize_t)sizeof(child));
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(fd[0]);
+    close(fd[1]);
+    assert_memory_not_equal(parent, child, sizeof(parent));
+}
+
 static void
 test_strdup(void **state)
 {
@@ -817,6 +854,7 @@ main(void)
         cmocka_unit_test(test_cond_wait_timeout),
         cmocka_unit_test(test_cond_wait_signalled),
         cmocka_unit_test(test_random_token),
+        cmocka_unit_test(test_random_after_fork),
         cmocka_unit_test(test_strdup),
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_log),

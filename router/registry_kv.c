@@ -443,7 +443,13 @@ kv_list(void *state, sw_registry_entry_fn fn, void *arg)
         }
         done = rd->done && !rd->remake;
         gap = rd->remake;
-        c->retired = !done; /* (a gap retired it already) */
+        /* Retired even when done: whatever it delivers after the value
+         * that ended the list (new writes, which the watch carries) is not
+         * the list's, and should its subscription not complete below (c
+         * and rd then stay allocated), a late delivery must not reach fn,
+         * whose argument is the caller's and gone. The value that ended it
+         * is past this check already (kv_on_msg tests it first). */
+        c->retired = 1;
         rd->remake = 0;
         rd->done = 0;
         rd->received = 0;

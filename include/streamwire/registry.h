@@ -195,9 +195,10 @@ SW_API sw_err sw_registry_deregister(sw_registry *reg, const char *instance_id);
 /* Router side: reports an instance dead. `revision` is the revision the
  * reporter last saw; 0 = the newest revision this handle's view has seen.
  * The write is guarded by it either way. Returns SW_OK when
- * the tombstone was written, SW_EBUSY when the entry has a newer revision
- * (the instance refreshed: it is alive), SW_ENOTFOUND when there is no
- * entry. */
+ * the tombstone was written, or when this handle's view already holds one
+ * for the instance (nothing is written: it is reported dead already),
+ * SW_EBUSY when the entry has a newer revision (the instance refreshed: it
+ * is alive), SW_ENOTFOUND when there is no entry. */
 SW_API sw_err sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revision,
                                       const char *reason);
 

@@ -171,7 +171,6 @@ int64_t swr_reg_view_lease(const sw_registry *reg, const reg_view *v);
 /* registry_report.c: dead reports (no lock held on entry) */
 sw_err swr_reg_report(sw_registry *reg, const char *instance_id, uint64_t revision,
                       int64_t silent_ms, const char *reason);
-sw_err swr_reg_report_counted(sw_registry *reg, sw_err rv);
 void swr_reg_report_later(sw_registry *reg, const char *instance_id, const char *reason);
 
 #endif

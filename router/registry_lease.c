@@ -405,7 +405,7 @@ swr_reg_tick(void *arg, int64_t now0)
             if (late_reason[0] != '\0') {
                 /* A whole lease without a refresh, after our report was
                  * refused: reported now, against the last revision seen. */
-                (void)swr_reg_report_counted(reg, swr_reg_report(reg, expired, 0, -1, late_reason));
+                (void)swr_reg_report(reg, expired, 0, -1, late_reason);
             }
             pthread_mutex_lock(&reg->mu);
             continue;

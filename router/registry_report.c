@@ -25,9 +25,21 @@ swr_reg_report_later(sw_registry *reg, const char *instance_id, const char *reas
     pthread_mutex_unlock(&reg->mu);
 }
 
+/* Counts a report's outcome: written, or refused (newer entry or gone). */
+static sw_err
+report_counted(sw_registry *reg, sw_err rv)
+{
+    if (rv == SW_OK || rv == SW_EBUSY || rv == SW_ENOTFOUND)
+        swr_reg_count(reg,
+                      rv == SW_OK ? &reg->st.dead_reports_sent : &reg->st.dead_reports_refused);
+    return rv;
+}
+
 /* Writes the tombstone of instance_id, guarded by `revision` (0: the
  * view's), refused with SW_EBUSY if silent_ms >= 0 and this handle saw the
- * entry refreshed within the last silent_ms. */
+ * entry refreshed within the last silent_ms; SW_OK, nothing written or
+ * counted, if the view holds its tombstone already. The outcome is counted
+ * in the handle's stats. */
 sw_err
 swr_reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int64_t silent_ms,
                const char *reason)
@@ -46,11 +58,11 @@ swr_reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int
     v = swr_reg_view_find_instance(reg, instance_id);
     if (v == NULL) {
         pthread_mutex_unlock(&reg->mu);
-        return SW_ENOTFOUND;
+        return report_counted(reg, SW_ENOTFOUND);
     }
     if (v->info->dead) {
         pthread_mutex_unlock(&reg->mu);
-        return SW_OK;
+        return SW_OK; /* reported already: not a tombstone this handle wrote */
     }
     if (silent_ms >= 0 && swi_now_ms() - v->seen_ms < silent_ms) {
         /* Refreshed while the reporter heard nothing: its keep-alive runs,
@@ -59,7 +71,7 @@ swr_reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int
          * go a whole lease without a refresh here, it is reported then. */
         pthread_mutex_unlock(&reg->mu);
         swr_reg_report_later(reg, instance_id, reason);
-        return SW_EBUSY;
+        return report_counted(reg, SW_EBUSY);
     }
     rev = revision ? revision : v->rev;
     snprintf(key, sizeof(key), "%s", v->key);
@@ -87,24 +99,14 @@ swr_reg_report(sw_registry *reg, const char *instance_id, uint64_t revision, int
                 reason ? reason : "reported dead");
     else if (rv == SW_EBUSY)
         swr_reg_report_later(reg, instance_id, reason); /* our view was behind the store */
-    return rv;
-}
-
-/* Counts a report's outcome: written, or refused (newer entry or gone). */
-sw_err
-swr_reg_report_counted(sw_registry *reg, sw_err rv)
-{
-    if (reg != NULL && (rv == SW_OK || rv == SW_EBUSY || rv == SW_ENOTFOUND))
-        swr_reg_count(reg,
-                      rv == SW_OK ? &reg->st.dead_reports_sent : &reg->st.dead_reports_refused);
-    return rv;
+    return report_counted(reg, rv);
 }
 
 sw_err
 sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revision,
                         const char *reason)
 {
-    return swr_reg_report_counted(reg, swr_reg_report(reg, instance_id, revision, -1, reason));
+    return swr_reg_report(reg, instance_id, revision, -1, reason);
 }
 
 sw_err
@@ -113,5 +115,5 @@ sw_registry_report_silent(sw_registry *reg, const char *instance_id, sw_duration
 {
     if (silent_ms < 0)
         return SW_EINVAL;
-    return swr_reg_report_counted(reg, swr_reg_report(reg, instance_id, 0, silent_ms, reason));
+    return swr_reg_report(reg, instance_id, 0, silent_ms, reason);
 }

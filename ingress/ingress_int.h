@@ -79,6 +79,9 @@
 #define SWN_BATCH_ITEMS 128
 #define SWN_BATCH_BYTES (32 * 1024)
 #define SWN_MSG_STACK 4096
+/* A final's body is encoded on the stack up to this size (terminal.c): any
+ * terminal without its message fits, with room for most messages. */
+#define SWN_FINAL_STACK 1024
 
 struct sw_responder {
     sw_ingress *ing;
@@ -341,6 +344,12 @@ void swn_resp_mark_terminated(sw_responder *r);
  * another stream's items. */
 #define SWN_BY_OTHER 0
 #define SWN_BY_PRODUCER 1
+/* Or'd into by: the caller may try again (sw_responder_finish/fail, which
+ * then return SW_ENOMEM), so a final too long for the stack whose memory
+ * cannot be had is not sent; without it, the final goes without its
+ * message instead. Every other caller ends the stream for good: its final
+ * never fails for lack of memory. */
+#define SWN_MAY_RETRY 2
 sw_err swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as, int by);
 void swn_term_failed(swp_terminal *t, swp_error *e, sw_err sw_code, const char *app_code,
                      const char *message);

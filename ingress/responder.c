@@ -273,7 +273,7 @@ sw_responder_finish(sw_responder *r, sw_status status, const char *reason)
     pthread_mutex_lock(&r->mu);
     rv = resp_check_open(r);
     if (rv == SW_OK)
-        rv = swn_resp_send_final(r, &t, status, SWN_BY_PRODUCER);
+        rv = swn_resp_send_final(r, &t, status, SWN_BY_PRODUCER | SWN_MAY_RETRY);
     pthread_mutex_unlock(&r->mu);
     return rv;
 }
@@ -287,7 +287,7 @@ sw_responder_fail(sw_responder *r, const char *code, const char *message)
     pthread_mutex_lock(&r->mu);
     rv = resp_check_open(r);
     if (rv == SW_OK)
-        rv = swn_resp_send_failed(r, SW_OK, code, message, SWN_BY_PRODUCER);
+        rv = swn_resp_send_failed(r, SW_OK, code, message, SWN_BY_PRODUCER | SWN_MAY_RETRY);
     pthread_mutex_unlock(&r->mu);
     return rv;
 }

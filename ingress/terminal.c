@@ -112,12 +112,57 @@ swn_resp_mark_terminated(sw_responder *r)
         swn_resp_uncount(r);
 }
 
+/* Encodes a final's body (seq, complete_final, terminal) of at most max
+ * bytes: into stack (SWN_FINAL_STACK bytes) when it fits, else into a
+ * malloc'd *buf. Every final the library makes itself (cancelled,
+ * deadline, hand-back, handler_returned) fits the stack, and so do most of
+ * the application's: ending a stream needs no memory, or a stream that
+ * could not get its final for lack of it would stay open and counted, its
+ * heartbeats keeping its frontend waiting (test_oom). A terminal whose
+ * message is too long for the bus, or for the memory left unless the
+ * caller may try again (may_retry), goes without its message. */
+static sw_err
+resp_final_body(uint64_t seq, const swp_terminal *t, size_t max, int may_retry, uint8_t *stack,
+                uint8_t **buf, size_t *len)
+{
+    swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+    swp_terminal t2;
+    swp_error e2;
+    size_t n;
+    sw_err rv;
+    b.seq = seq;
+    b.complete_final = 1;
+    b.terminal = (swp_terminal *)t;
+    *buf = stack;
+    n = swp_encoded_size(&b);
+    if (n > max)
+        rv = SW_EMSGSIZE;
+    else if (n <= SWN_FINAL_STACK)
+        return swp_encode(&b, stack, SWN_FINAL_STACK, len);
+    else if ((rv = swp_encode_alloc(&b, max, buf, len)) == SW_OK)
+        return SW_OK;
+    *buf = stack;
+    if ((rv == SW_ENOMEM && may_retry) || t->error == NULL || t->error->message == NULL ||
+        t->error->message[0] == '\0')
+        return rv;
+    t2 = *t;
+    e2 = *t->error;
+    e2.message = (char *)"";
+    t2.error = &e2;
+    b.terminal = &t2;
+    if (swp_encoded_size(&b) > max)
+        return SW_EMSGSIZE;
+    /* (fits: a reason of at most 256 bytes, sw_responder_finish; a code of
+     * at most 64, swi_valid_code) */
+    return swp_encode(&b, stack, SWN_FINAL_STACK, len);
+}
+
 /* Sends the final wrapper (r->mu held, not terminated). */
 sw_err
 swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as, int by)
 {
     sw_ingress *ing = r->ing;
-    uint8_t *buf = NULL;
+    uint8_t stack[SWN_FINAL_STACK], *buf = stack;
     size_t len = 0;
     uint64_t seq = r->rg.next_seq;
     size_t max = swn_resp_max_body(r);
@@ -126,18 +171,7 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
 
     if (r->closed)
         return SW_ECLOSED;
-    rv = swp_final_body_alloc(seq, t, max, &buf, &len);
-    if (rv == SW_EMSGSIZE) {
-        /* A message too long for the bus: send the terminal without it. */
-        swp_terminal t2 = *t;
-        swp_error e2;
-        if (t->error != NULL) {
-            e2 = *t->error;
-            e2.message = (char *)"";
-            t2.error = &e2;
-        }
-        rv = swp_final_body_alloc(seq, &t2, max, &buf, &len);
-    }
+    rv = resp_final_body(seq, t, max, (by & SWN_MAY_RETRY) != 0, stack, &buf, &len);
     if (rv != SW_OK)
         return rv;
 #ifdef SW_CHAOS
@@ -157,12 +191,13 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
     } else if (r->pub_err != SW_OK) {
         rv = swn_resp_take_pub_err(r); /* the final is kept, and resent if asked for */
     }
-    free(buf); /* kept: the ring has its copy */
+    if (buf != stack)
+        free(buf); /* kept: the ring has its copy */
     swn_resp_mark_terminated(r);
     /* Last: it may drop mu while publishing. With nothing more to come the
      * producer has nothing to coalesce with: it publishes now rather than
      * hand the stream to the sender thread. */
-    if (kept && by == SWN_BY_PRODUCER && !r->sending)
+    if (kept && (by & SWN_BY_PRODUCER) && !r->sending)
         swn_resp_run_drain(r);
     else if (kept)
         swn_resp_kick(r);

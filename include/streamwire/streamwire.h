@@ -462,8 +462,9 @@ SW_API sw_err sw_responder_send_event(sw_responder *r, const char *event, const 
  * Errors: SW_EINVAL (other status, or the reason); SW_ECANCELLED (the stream
  * was cancelled or killed: by its frontend, its deadline or a drain's
  * hand-back, which decided how it ends; nothing is sent now); SW_ECLOSED (already
- * terminated, or the ingress closed); SW_ENOMEM (nothing was sent: the call
- * may be made again). A NATS error, or one an earlier send's publish left
+ * terminated, or the ingress closed). Ending a stream needs no memory (the
+ * final is built on the stack), so SW_ENOMEM never comes from here. A NATS
+ * error, or one an earlier send's publish left
  * (sw_err_is_nats): the final was queued, and is resent if the frontend
  * asks, but a publish failed; the stream is terminated all the same (a
  * second call is SW_ECLOSED). */
@@ -471,7 +472,12 @@ SW_API sw_err sw_responder_finish(sw_responder *r, sw_status status, const char 
 
 /* Ends the stream with FAILED, an application error code token (1..64 chars
  * of [a-z0-9_.-], e.g. "engine_error") and a human message (may be NULL).
- * Errors: SW_EINVAL (bad code), and the others of sw_responder_finish. */
+ * Errors: SW_EINVAL (bad code), the others of sw_responder_finish, and
+ * SW_ENOMEM: the final with its message takes more than the 1 KiB built on
+ * the stack (a message of more than about 900 bytes) and there is no memory
+ * for it; nothing was sent, and the call may be made again (with a shorter
+ * message, or none, it needs no memory). A responder released without a
+ * terminal gets its FAILED "handler_returned" final without memory too. */
 SW_API sw_err sw_responder_fail(sw_responder *r, const char *code, const char *message);
 
 /* 1 once the frontend cancelled (or vanished, or the deadline passed, or

@@ -1,12 +1,19 @@
 /* tests/integration/test_oom.c -- allocation failure on the paths that used
  * to loop or hang for as long as malloc failed (a review of session 28:
- * loops whose exit needs progress that a failed allocation prevents).
+ * loops whose exit needs progress that a failed allocation prevents), and
+ * on the worker's ends of a stream (a final that needed memory).
  *
  * The test binary interposes malloc and realloc (glibc's __libc_malloc and
- * __libc_realloc do the work): a switch makes them fail on the test's main
- * thread, or on every other thread, and counts the failures. Built only
- * without sanitizers (their runtimes own malloc). Threads: the switches are
- * atomics; everything else runs on the test's thread. */
+ * __libc_realloc do the work): switches make them fail on the test's main
+ * thread (realloc(NULL, n), or malloc alone), on every other thread, or on
+ * the threads that marked themselves (a worker's handler thread, so that
+ * nats.c's threads and the timer go on), and count the failures. Built
+ * only without sanitizers (their runtimes own malloc). Threads: the
+ * switches are atomics; the handler records what it saw in globals the
+ * main thread reads after it has returned; everything else runs on the
+ * test's thread.
+ *
+ * Run some tests: test_oom [<glob>]. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,24 +36,29 @@ extern void *__libc_realloc(void *p, size_t n);
 
 static int g_fail_others;       /* malloc and realloc fail on threads other than main */
 static int g_fail_main_realloc; /* realloc(NULL, n) fails on the main thread */
+static int g_fail_main_malloc;  /* malloc (not realloc) fails on the main thread */
+static int g_fail_marked;       /* malloc and realloc fail on the threads that marked themselves */
 static unsigned long g_failed;  /* failures so far */
 static __thread int t_main;
+static __thread int t_marked; /* this thread fails while g_fail_marked (a handler's own) */
 
 void *malloc(size_t n);
 void *realloc(void *p, size_t n);
 
 static int
-should_fail(int is_realloc_null)
+should_fail(int is_realloc, int is_realloc_null)
 {
     if (t_main)
-        return is_realloc_null && __atomic_load_n(&g_fail_main_realloc, __ATOMIC_RELAXED);
-    return __atomic_load_n(&g_fail_others, __ATOMIC_RELAXED);
+        return (is_realloc_null && __atomic_load_n(&g_fail_main_realloc, __ATOMIC_RELAXED)) ||
+               (!is_realloc && __atomic_load_n(&g_fail_main_malloc, __ATOMIC_RELAXED));
+    return __atomic_load_n(&g_fail_others, __ATOMIC_RELAXED) ||
+           (t_marked && __atomic_load_n(&g_fail_marked, __ATOMIC_RELAXED));
 }
 
 void *
 malloc(size_t n)
 {
-    if (should_fail(0)) {
+    if (should_fail(0, 0)) {
         __atomic_fetch_add(&g_failed, 1, __ATOMIC_RELAXED);
         return NULL;
     }
@@ -56,7 +68,7 @@ malloc(size_t n)
 void *
 realloc(void *p, size_t n)
 {
-    if (should_fail(p == NULL)) {
+    if (should_fail(1, p == NULL)) {
         __atomic_fetch_add(&g_failed, 1, __ATOMIC_RELAXED);
         return NULL;
     }
@@ -183,6 +195,169 @@ router_destroy_without_memory(void **state)
     sw_conn_close(c);
 }
 
+/* ---------------------------------------------------------------- worker finals */
+
+#define WEP "ns.oom.work"
+#define WID "oom-w1"
+
+enum { H_RETURN = 1, H_RETAIN };
+static int g_hmode;
+static sw_err g_hrv;         /* what the handler's sw_responder_fail returned */
+static int g_hdone;          /* the handler returned (atomic) */
+static sw_responder *g_kept; /* H_RETAIN's responder, released by its cancel callback */
+
+static void
+oom_on_cancel(sw_responder *r, void *arg)
+{
+    (void)arg;
+    /* on whichever thread cancels it: with the drain below, the test's own */
+    sw_responder_release(r);
+}
+
+/* Three items, then: H_RETURN fails the stream with a message too long
+ * for any scratch on the stack while this thread finds no memory, and
+ * returns (the library then ends the stream itself, still without
+ * memory); H_RETAIN keeps the responder until it is cancelled. */
+static void
+oom_handler(sw_responder *r, void *arg)
+{
+    static char msg[3000];
+    (void)arg;
+    for (int i = 0; i < 3; i++)
+        (void)sw_responder_send(r, "tok", 3);
+    if (g_hmode == H_RETAIN) {
+        g_kept = r;
+        sw_responder_retain(r);
+        sw_responder_on_cancel(r, oom_on_cancel, NULL);
+    } else {
+        memset(msg, 'x', sizeof(msg) - 1);
+        t_marked = 1;
+        g_hrv = sw_responder_fail(r, "engine_error", msg);
+    }
+    __atomic_store_n(&g_hdone, 1, __ATOMIC_RELEASE);
+}
+
+typedef struct world {
+    sw_conn *wc, *fc;
+    sw_ingress *ing;
+    sw_router *rt;
+    sw_stream *s;
+} world;
+
+static void
+world_open(world *w, int mode)
+{
+    sw_conn_opts co;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_request_opts q;
+    const sw_item *it = NULL;
+    memset(w, 0, sizeof(*w));
+    g_hmode = mode;
+    g_hrv = SW_OK;
+    g_hdone = 0;
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    assert_int_equal(sw_conn_open(&w->wc, &co), SW_OK);
+    assert_int_equal(sw_conn_open(&w->fc, &co), SW_OK);
+    sw_ingress_opts_init(&io);
+    io.endpoint = WEP;
+    io.instance_id = WID;
+    io.handler = oom_handler;
+    io.handler_threads = 1;
+    assert_int_equal(sw_ingress_start(&w->ing, w->wc, &io), SW_OK);
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(&w->rt, w->fc, &ro), SW_OK);
+    sw_request_opts_init(&q);
+    q.endpoint = WEP;
+    q.instance_id = WID;
+    assert_int_equal(sw_router_open(&w->s, w->rt, &q, "hi", 2), SW_OK);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(sw_stream_next(w->s, &it, 5000), SW_OK);
+        assert_int_equal(it->kind, SW_ITEM_DATA);
+    }
+    for (int k = 0; k < 500 && !__atomic_load_n(&g_hdone, __ATOMIC_ACQUIRE); k++)
+        swh_sleep_ms(10);
+    assert_true(__atomic_load_n(&g_hdone, __ATOMIC_ACQUIRE));
+}
+
+/* The worker's books come back to zero: nothing in flight, nothing held. */
+static void
+world_settles(world *w)
+{
+    sw_ingress_stats st;
+    for (int k = 0; k < 300; k++) {
+        sw_ingress_stats_get(w->ing, &st);
+        if (st.inflight == 0 && st.streams_held == 0)
+            break;
+        swh_sleep_ms(10);
+    }
+    sw_ingress_stats_get(w->ing, &st);
+    assert_int_equal(st.inflight, 0);
+    assert_int_equal(st.streams_held, 0);
+}
+
+static void
+world_close(world *w)
+{
+    sw_stream_close(w->s);
+    sw_router_destroy(w->rt);
+    sw_ingress_destroy(w->ing);
+    sw_conn_close(w->fc);
+    sw_conn_close(w->wc);
+}
+
+/* A handler out of memory: its sw_responder_fail says SW_ENOMEM (nothing
+ * sent, it may try again), it returns, and the library's own FAILED
+ * "handler_returned" final must still go out without memory. It used to
+ * need an allocation too: when that failed, the stream stayed open and
+ * counted for ever, its heartbeats keeping the frontend waiting with no
+ * terminal. */
+static void
+handler_return_without_memory(void **state)
+{
+    world w;
+    const sw_item *it = NULL;
+    (void)state;
+    __atomic_store_n(&g_fail_marked, 1, __ATOMIC_RELAXED);
+    world_open(&w, H_RETURN);
+    assert_int_equal(g_hrv, SW_ENOMEM);
+    /* well past the frontend's silence limit (1.5 s): only a terminal ends the wait */
+    assert_int_equal(sw_stream_next(w.s, &it, 4000), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+    assert_int_equal(it->terminal.status, SW_STATUS_FAILED);
+    assert_string_equal(it->terminal.reason, "handler_returned");
+    __atomic_store_n(&g_fail_marked, 0, __ATOMIC_RELAXED);
+    world_settles(&w);
+    world_close(&w);
+}
+
+/* A drain out of memory (malloc fails on the draining thread; realloc, of
+ * the drain's list of streams, does not): the stream it cancels (its
+ * handler retained the responder and releases it when cancelled, here on
+ * the draining thread) still gets its instance_lost final. It used to be
+ * left cancelled but not terminated: counted for ever, heartbeats going
+ * on, no terminal. */
+static void
+drain_without_memory(void **state)
+{
+    world w;
+    const sw_item *it = NULL;
+    sw_err rv;
+    (void)state;
+    world_open(&w, H_RETAIN);
+    __atomic_store_n(&g_fail_main_malloc, 1, __ATOMIC_RELAXED);
+    rv = sw_ingress_drain(w.ing, 0);
+    __atomic_store_n(&g_fail_main_malloc, 0, __ATOMIC_RELAXED);
+    assert_int_equal(rv, SW_ETIMEDOUT);
+    assert_int_equal(sw_stream_next(w.s, &it, 4000), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+    assert_int_equal(it->terminal.status, SW_STATUS_ERROR);
+    assert_int_equal(it->terminal.error, SW_INSTANCE_LOST);
+    world_settles(&w);
+    world_close(&w);
+}
+
 static int
 group_setup(void **state)
 {
@@ -199,12 +374,17 @@ group_teardown(void **state)
     return 0;
 }
 
+/* test_oom [<glob>]: only the tests whose names match. */
 int
-main(void)
+main(int argc, char **argv)
 {
+    if (argc > 1 && argv[1][0] != '\0')
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(registry_refresh_without_memory),
         cmocka_unit_test(router_destroy_without_memory),
+        cmocka_unit_test(handler_return_without_memory),
+        cmocka_unit_test(drain_without_memory),
     };
     return cmocka_run_group_tests_name("oom", tests, group_setup, group_teardown);
 }

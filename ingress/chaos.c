@@ -194,3 +194,29 @@ swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users)
     pthread_mutex_unlock(&ing->live_mu);
     return n;
 }
+
+static pthread_mutex_t g_subscribed_mu = PTHREAD_MUTEX_INITIALIZER;
+static swx_ingress_subscribed_fn g_subscribed_fn;
+static void *g_subscribed_arg;
+
+void
+swx_ingress_on_subscribed(swx_ingress_subscribed_fn fn, void *arg)
+{
+    pthread_mutex_lock(&g_subscribed_mu);
+    g_subscribed_fn = fn;
+    g_subscribed_arg = arg;
+    pthread_mutex_unlock(&g_subscribed_mu);
+}
+
+void
+swn_chaos_subscribed(sw_ingress *ing)
+{
+    swx_ingress_subscribed_fn fn;
+    void *arg;
+    pthread_mutex_lock(&g_subscribed_mu);
+    fn = g_subscribed_fn;
+    arg = g_subscribed_arg;
+    pthread_mutex_unlock(&g_subscribed_mu);
+    if (fn != NULL)
+        fn(ing->conn, ing->req_subj, arg);
+}

@@ -12,6 +12,13 @@
 
 #ifndef SW_CHAOS
 #error "ingress/chaos.h is for the chaos build only (link sw_internal, which defines SW_CHAOS)"
+/* Test-only: every sw_ingress_start of this process calls fn(conn,
+ * request subject, arg) once its request subscription is made, before it
+ * has the server's answer to its subscriptions (a request may arrive in
+ * between, and start may still fail). NULL: none (chaos build only). */
+typedef void (*swx_ingress_subscribed_fn)(sw_conn *conn, const char *req_subj, void *arg);
+void swx_ingress_on_subscribed(swx_ingress_subscribed_fn fn, void *arg);
+
 #endif
 
 #include <streamwire/streamwire.h>
@@ -83,5 +90,12 @@ size_t swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *u
  * becomes us microseconds (0: no hold), whatever the connection's mode; set
  * before the first request (chaos build only). */
 void swx_ingress_set_hold_us(sw_ingress *ing, int64_t us);
+
+/* Test-only: every sw_ingress_start of this process calls fn(conn,
+ * request subject, arg) once its request subscription is made, before it
+ * has the server's answer to its subscriptions (a request may arrive in
+ * between, and start may still fail). NULL: none (chaos build only). */
+typedef void (*swx_ingress_subscribed_fn)(sw_conn *conn, const char *req_subj, void *arg);
+void swx_ingress_on_subscribed(swx_ingress_subscribed_fn fn, void *arg);
 
 #endif

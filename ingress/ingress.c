@@ -224,6 +224,9 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     if ((rv = ing_subscribe(ing, &ing->ctl_sub, ing->ctl_subj, swn_ing_on_control)) != SW_OK ||
         (rv = ing_subscribe(ing, &ing->req_sub, ing->req_subj, swn_ing_on_request)) != SW_OK)
         goto fail;
+#ifdef SW_CHAOS
+    swn_chaos_subscribed(ing);
+#endif
     /* Make sure the server has the interest before anyone is told we exist. */
     (void)swt_flush(conn, 5000);
     {
@@ -238,6 +241,12 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
             goto fail;
         }
     }
+    /* Only now may a handler run: a request that came before was handed
+     * back unrun (intake.c), for a start that fails after subscribing must
+     * run none. */
+    pthread_mutex_lock(&ing->mu);
+    ing->started = 1;
+    pthread_mutex_unlock(&ing->mu);
     swi_log(&ing->log, SW_LOG_INFO, "serving %s as instance %s on %s", ing->endpoint,
             ing->instance_id, ing->req_subj);
     *out = ing;

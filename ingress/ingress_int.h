@@ -247,6 +247,10 @@ struct sw_ingress {
     swi_ticker live_ticker; /* probing rounds (liveness.c) */
     swt_sub *live_sub;      /* sw.lv.<instance>.*: probe answers */
     unsigned probe_ms, probe_timeout_ms;
+    /* sw_ingress_start has succeeded: requests run from then on. One that
+     * comes before (start may yet fail, and its caller free what the
+     * handler uses) is handed back unrun (intake.c). */
+    int started;
     int stopping;
     int draining;
     int destroyed;
@@ -373,6 +377,9 @@ void swn_resp_cancel(sw_responder *r, int kill);
 #ifdef SW_CHAOS
 /* ingress/chaos.c: 1 if this CANCEL/KILL is to be dropped (test hook). */
 int swn_chaos_drop_cancel(sw_ingress *ing);
+/* ingress/chaos.c: sw_ingress_start made its request subscription (calls
+ * the swx_ingress_on_subscribed hook, if any). */
+void swn_chaos_subscribed(sw_ingress *ing);
 #endif
 void swn_ing_on_control(const swt_msg *msg, void *arg);
 

@@ -238,7 +238,11 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         goto nomem;
 
     pthread_mutex_lock(&ing->mu);
-    if (ing->draining || ing->stopping) {
+    if (!ing->started) {
+        /* Delivered while sw_ingress_start is under way, which may still
+         * fail (and its caller free what the handler uses): never run. */
+        refused = 2;
+    } else if (ing->draining || ing->stopping) {
         refused = 1; /* delivered before the drain told the server (inline: queued behind a
                         handler); never run */
     } else if (swi_idmap_get(&ing->streams, r->id) != NULL) {
@@ -288,10 +292,11 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     if (refused) {
         /* As a drain hands back a stream it ran: the frontend migrates it,
          * or its consumer sees instance_lost. */
-        swi_log(&ing->log, SW_LOG_INFO, "request %s handed back: the worker is draining",
-                r->logtag);
-        ing_reject(ing, req->response_subject, r->id, SW_INSTANCE_LOST,
-                   "the worker is draining; the request did not run");
+        const char *why = refused == 2 ? "is starting" : "is draining";
+        char text[80];
+        swi_log(&ing->log, SW_LOG_INFO, "request %s handed back: the worker %s", r->logtag, why);
+        snprintf(text, sizeof(text), "the worker %s; the request did not run", why);
+        ing_reject(ing, req->response_subject, r->id, SW_INSTANCE_LOST, text);
         goto free_r;
     }
     if (overloaded) {

@@ -323,7 +323,13 @@ SW_API void sw_ingress_opts_init(sw_ingress_opts *opts);
  * Errors: SW_EINVAL (missing handler, invalid endpoint or instance id),
  * SW_EPERM (the server's permissions for this connection's user do not let
  * it subscribe to the instance's request, control or liveness subjects),
- * SW_ENOMEM, wrapped NATS status. conn must outlive the ingress. */
+ * SW_ENOMEM, wrapped NATS status. conn must outlive the ingress.
+ * The handler runs only for requests that arrive once start has succeeded
+ * (the first may be called just before start returns SW_OK): one that
+ * reaches the instance while start is under way (sent to the instance by
+ * name: it is not registered yet) is handed back unrun with instance_lost
+ * ("the worker is starting"), whether start then succeeds or fails; a
+ * failed start never calls the handler. */
 SW_API SW_NODISCARD sw_err sw_ingress_start(sw_ingress **out, sw_conn *conn,
                                             const sw_ingress_opts *opts);
 

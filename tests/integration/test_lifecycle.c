@@ -1275,6 +1275,152 @@ frontend_unprobed_when_its_last_stream_ends(void **state)
 }
 
 /* ======================================================================== */
+/* sw_ingress_start's own window                                             */
+
+/* A request that reaches an instance while sw_ingress_start is under way
+ * (its request subscription made, the server's answer to its
+ * subscriptions not checked yet) never runs: start may still fail (here:
+ * the server refuses the liveness subscription, SW_EPERM), and the caller
+ * of a failed start frees what the handler would use. It is handed back
+ * unrun (instance_lost), whether start fails or not; a request after a
+ * successful start runs as usual. The handler used to run on it, start's
+ * failure notwithstanding. */
+typedef struct startrace {
+    sw_router *rt;
+    sw_stream *s;
+    sw_err open_rv;
+    atomic_int calls; /* handler calls */
+    int hooked;       /* the hook ran (main thread only) */
+} startrace;
+
+static void
+startrace_handler(sw_responder *r, void *arg)
+{
+    startrace *sr = arg;
+    atomic_fetch_add(&sr->calls, 1);
+    (void)sw_responder_send(r, "x", 1);
+    (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+}
+
+static sw_stream *
+startrace_open(startrace *sr, sw_err *rv)
+{
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "startrace-1";
+    *rv = sw_router_open(&s, sr->rt, &q, "hi", 2);
+    return s;
+}
+
+/* In sw_ingress_start, on its thread: a request to the instance, given
+ * time to reach a handler. */
+static void
+startrace_hook(sw_conn *conn, const char *req_subj, void *arg)
+{
+    startrace *sr = arg;
+    (void)req_subj;
+    sr->hooked = 1;
+    (void)swt_flush(conn, 5000); /* the server has the subscription */
+    sr->s = startrace_open(sr, &sr->open_rv);
+    for (int64_t until = now_ms() + T(500); atomic_load(&sr->calls) == 0 && now_ms() < until;)
+        sleep_ms(5);
+}
+
+static void
+startrace_conn(const swh_nats *n, const char *user, sw_conn **c)
+{
+    sw_conn_opts co;
+    sw_conn_opts_init(&co);
+    co.url = n->url;
+    co.user = user;
+    co.password = user;
+    assert_int_equal(sw_conn_open(c, &co), SW_OK);
+}
+
+static void
+startrace_expect_handed_back(startrace *sr)
+{
+    const sw_item *it = NULL;
+    assert_true(sr->hooked);
+    assert_int_equal(sr->open_rv, SW_OK);
+    assert_int_equal(atomic_load(&sr->calls), 0);
+    sleep_ms((long)T(200)); /* (nor later) */
+    assert_int_equal(atomic_load(&sr->calls), 0);
+    assert_int_equal(sw_stream_next(sr->s, &it, T(5000)), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+    assert_int_equal(it->terminal.status, SW_STATUS_ERROR);
+    assert_int_equal(it->terminal.error, SW_INSTANCE_LOST);
+    sw_stream_close(sr->s);
+    sr->s = NULL;
+}
+
+static void
+request_in_start_window_never_runs(void **state)
+{
+    swh_nats n;
+    sw_conn *wc = NULL, *fc = NULL;
+    sw_ingress *ing = NULL;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    startrace sr;
+    sw_stream *s;
+    sw_err rv;
+    const sw_item *it = NULL;
+    (void)state;
+    memset(&sr, 0, sizeof(sr));
+    assert_int_equal(swh_nats_start(&n, "authorization {\n"
+                                        "  users = [\n"
+                                        "    { user: nolive, password: nolive, permissions: {\n"
+                                        "        subscribe: { deny: [\"sw.lv.>\"] } } }\n"
+                                        "    { user: any, password: any }\n"
+                                        "  ]\n"
+                                        "}\n"),
+                     0);
+    startrace_conn(&n, "any", &fc);
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(&sr.rt, fc, &ro), SW_OK);
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP;
+    io.instance_id = "startrace-1";
+    io.handler = startrace_handler;
+    io.handler_arg = &sr;
+    swx_ingress_on_subscribed(startrace_hook, &sr);
+
+    /* start fails */
+    startrace_conn(&n, "nolive", &wc);
+    rv = sw_ingress_start(&ing, wc, &io);
+    assert_int_equal(rv, SW_EPERM);
+    assert_null(ing);
+    startrace_expect_handed_back(&sr);
+    sw_conn_close(wc);
+
+    /* start succeeds: the request of the window is handed back all the same */
+    sr.hooked = 0;
+    startrace_conn(&n, "any", &wc);
+    rv = sw_ingress_start(&ing, wc, &io);
+    swx_ingress_on_subscribed(NULL, NULL);
+    assert_int_equal(rv, SW_OK);
+    startrace_expect_handed_back(&sr);
+    /* and the next one is served */
+    s = startrace_open(&sr, &rv);
+    assert_int_equal(rv, SW_OK);
+    assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+    assert_int_equal(it->terminal.status, SW_STATUS_COMPLETED);
+    assert_int_equal(atomic_load(&sr.calls), 1);
+    sw_stream_close(s);
+    sw_ingress_destroy(ing);
+    sw_router_destroy(sr.rt);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+    swh_nats_stop(&n);
+}
+
+/* ======================================================================== */
 
 int
 main(int argc, char **argv)
@@ -1305,6 +1451,7 @@ main(int argc, char **argv)
         T_(inline_drain_hands_back_the_queued),
         T_(inline_requests_waiting_counted),
         T_(drain_while_disconnected),
+        T_(request_in_start_window_never_runs),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,

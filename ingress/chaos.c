@@ -195,6 +195,15 @@ swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users)
     return n;
 }
 
+void
+swx_ingress_on_frontend_gone(sw_ingress *ing, swx_ingress_gone_fn fn, void *arg)
+{
+    pthread_mutex_lock(&ing->live_mu);
+    ing->gone_fn = fn;
+    ing->gone_arg = arg;
+    pthread_mutex_unlock(&ing->live_mu);
+}
+
 static pthread_mutex_t g_subscribed_mu = PTHREAD_MUTEX_INITIALIZER;
 static swx_ingress_subscribed_fn g_subscribed_fn;
 static void *g_subscribed_arg;

@@ -12,6 +12,13 @@
 
 #ifndef SW_CHAOS
 #error "ingress/chaos.h is for the chaos build only (link sw_internal, which defines SW_CHAOS)"
+/* Test-only: fn(router_id, arg) is called on the thread that judged a
+ * frontend gone (ingress/liveness.c: a probe answered "no responders", or
+ * probes unanswered), once its entry has left the table of frontends and
+ * before its streams are cancelled. NULL: none (chaos build only). */
+typedef void (*swx_ingress_gone_fn)(const char *router_id, void *arg);
+void swx_ingress_on_frontend_gone(sw_ingress *ing, swx_ingress_gone_fn fn, void *arg);
+
 /* Test-only: every sw_ingress_start of this process calls fn(conn,
  * request subject, arg) once its request subscription is made, before it
  * has the server's answer to its subscriptions (a request may arrive in
@@ -90,6 +97,13 @@ size_t swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *u
  * becomes us microseconds (0: no hold), whatever the connection's mode; set
  * before the first request (chaos build only). */
 void swx_ingress_set_hold_us(sw_ingress *ing, int64_t us);
+
+/* Test-only: fn(router_id, arg) is called on the thread that judged a
+ * frontend gone (ingress/liveness.c: a probe answered "no responders", or
+ * probes unanswered), once its entry has left the table of frontends and
+ * before its streams are cancelled. NULL: none (chaos build only). */
+typedef void (*swx_ingress_gone_fn)(const char *router_id, void *arg);
+void swx_ingress_on_frontend_gone(sw_ingress *ing, swx_ingress_gone_fn fn, void *arg);
 
 /* Test-only: every sw_ingress_start of this process calls fn(conn,
  * request subject, arg) once its request subscription is made, before it

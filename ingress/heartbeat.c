@@ -375,7 +375,7 @@ swn_ing_timer_tick(void *arg, int64_t now)
      * connection is down, so a send waiting for credit would wait out its
      * send_timeout_ms: they are cancelled as if their frontends were gone. */
     if (sw_conn_status(ing->conn) == SW_CONN_CLOSED)
-        swn_ing_cancel_frontend(ing, NULL, "the NATS connection is closed");
+        swn_ing_cancel_frontend(ing, NULL, 0, 0, "the NATS connection is closed");
     /* No stream registered: nothing to beat, time or retire, so no wake-up
      * every SWN_TICK_MS in an idle worker (issue 17). The rest level is set
      * before the look at the due table, under its lock; a registration

@@ -158,9 +158,11 @@ struct sw_responder {
     int registered;
     int counted; /* counts in ing->inflight */
     /* Its frontend's use count in ing->peers (liveness.c; ing->live_mu):
-     * 0 not yet, 1 counted in the entry of generation live_gen, 2 over. */
+     * 0 not yet, 1 counted in the entry of generation live_gen since
+     * live_ms, 2 over (or not counted: no memory for an entry). */
     int live_state;
     uint64_t live_gen;
+    int64_t live_ms;
     sw_cancel_fn cancel_fn;
     void *cancel_arg;
     int cancel_fired;
@@ -258,6 +260,8 @@ struct sw_ingress {
 #ifdef SW_CHAOS
     double drop_rate; /* chaos: loss injection of first publishes */
     int drop_cancels; /* chaos: CANCEL/KILL controls still to drop (atomic) */
+    void (*gone_fn)(const char *router_id, void *arg); /* swx_ingress_on_frontend_gone (live_mu) */
+    void *gone_arg;
 #endif
     sw_ingress_stats st;
 };
@@ -402,11 +406,15 @@ void swn_ing_live_tick(void *arg, int64_t now);
  * reference and may hold r->mu. */
 void swn_ing_live_note(sw_ingress *ing, sw_responder *r);
 void swn_ing_live_forget(sw_ingress *ing, sw_responder *r);
-/* Cancels the running streams of router_id (every stream if NULL) as a
- * frontend gone would (sw_responder_send: SW_ECANCELLED; the cancel
- * callback runs) and lets go of finished ones waiting for an ack that
- * cannot come; logged with why. Counted in frontends_lost unless NULL. No
- * lock held. */
-void swn_ing_cancel_frontend(sw_ingress *ing, const char *router_id, const char *why);
+/* Cancels the running streams of router_id, judged gone, as a frontend
+ * gone would (sw_responder_send: SW_ECANCELLED; the cancel callback runs)
+ * and lets go of finished ones waiting for an ack that cannot come; logged
+ * with why. Only the streams the verdict covers: those counted in its
+ * entry of generation gen (taken out of the table) and noted before the
+ * deciding probe went out at probe_ms (liveness.c live_judged). Every
+ * stream if router_id is NULL (gen and probe_ms unused). Counted in
+ * frontends_lost unless NULL. No lock held. */
+void swn_ing_cancel_frontend(sw_ingress *ing, const char *router_id, uint64_t gen, int64_t probe_ms,
+                             const char *why);
 
 #endif

@@ -1274,6 +1274,106 @@ frontend_unprobed_when_its_last_stream_ends(void **state)
         fail_msg("the frontend is still probed after its last stream left the worker");
 }
 
+/* A frontend judged gone has its streams cancelled, and only those: a
+ * router that comes back under the same id (a restarted gateway) and sends
+ * a request while the worker is cancelling the streams of the one gone
+ * keeps its new stream. The chaos hook holds the thread that judged the
+ * frontend gone between the judgment (its entry out of the table of
+ * frontends) and the cancels, while the new router's request registers.
+ * The new stream used to be killed with the old ones (they were found by
+ * router id alone): its handler saw a cancel, its frontend no more items
+ * and no terminal until its silence limit. */
+typedef struct gonerace {
+    env *e;
+    atomic_int fired, done;
+    sw_err create_rv, open_rv;
+    int noted; /* the new stream counted for its frontend before the cancels */
+    sw_stream *s2;
+} gonerace;
+
+#define GONE_RID "fe-gone"
+
+static void
+gonerace_hook(const char *router_id, void *arg)
+{
+    gonerace *g = arg;
+    env *e = g->e;
+    sw_router_opts ro;
+    sw_request_opts q;
+    unsigned users = 0;
+    if (strcmp(router_id, GONE_RID) != 0 || atomic_exchange(&g->fired, 1))
+        return;
+    sw_router_opts_init(&ro);
+    ro.router_id = GONE_RID;
+    g->create_rv = sw_router_create(&e->rt2, e->fc2, &ro);
+    if (g->create_rv == SW_OK) {
+        ropts(e, &q);
+        g->open_rv = sw_router_open(&g->s2, e->rt2, &q, "hi", 2);
+        /* its handler runs, and the stream is counted for its frontend */
+        (void)wctx_wait(&e->w, &e->w.started, 2, T(5000));
+        for (int64_t until = now_ms() + T(2000); now_ms() < until; sleep_ms(2))
+            if (swx_ingress_frontends(e->ing, GONE_RID, &users) == 1 && users == 1)
+                break;
+        g->noted = users == 1;
+    }
+    atomic_store(&g->done, 1);
+}
+
+static void
+frontend_back_under_its_id_keeps_its_stream(void **state)
+{
+    env *e = *state;
+    static gonerace g; /* (the hook may outlive a failed test's frame) */
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_stream *s1;
+    got *g1, *g2;
+    memset(&g, 0, sizeof(g));
+    g.e = e;
+    e->w.mode = M_BLOCK;
+    e->w.k = 1;
+    e->w.n = 3;
+    sw_ingress_opts_init(&io);
+    io.frontend_probe_ms = 50;
+    io.frontend_timeout_ms = 300;
+    sw_router_opts_init(&ro);
+    ro.router_id = GONE_RID;
+    env_start(e, &io, &ro);
+    e->fc2 = conn_open("itest-frontend2");
+    s1 = env_open(e);
+    g1 = new_got(e);
+    assert_false(collect(s1, g1, 1, T(5000)));
+    assert_tokens(g1, 1);
+    /* No probe proves anything in the worker connection's first 2 s
+     * (SWI_PEERS_SETTLE_MS). */
+    sleep_ms(2200);
+    swx_ingress_on_frontend_gone(e->ing, gonerace_hook, &g);
+    /* The frontend vanishes without a word: its cancels are lost. */
+    swx_ingress_drop_cancels(e->ing, 1000);
+    sw_router_destroy(e->rt);
+    e->rt = NULL;
+    for (int64_t until = now_ms() + T(5000); !atomic_load(&g.done) && now_ms() < until;)
+        sleep_ms(5);
+    swx_ingress_drop_cancels(e->ing, 0);
+    assert_true(atomic_load(&g.done));
+    assert_int_equal(g.create_rv, SW_OK);
+    assert_int_equal(g.open_rv, SW_OK);
+    assert_true(g.noted);
+    /* The stream of the frontend gone is cancelled ... */
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(3000)));
+    /* ... and the new one is not. */
+    sleep_ms((long)T(300));
+    assert_int_equal(wctx_get(&e->w, &e->w.stopped), 1);
+    wctx_open_gate(&e->w);
+    g2 = new_got(e);
+    assert_true(collect(g.s2, g2, 0, T(10000)));
+    assert_tokens(g2, 3);
+    assert_terminal(g2, SW_STATUS_COMPLETED, SW_OK, "stop");
+    sw_stream_close(g.s2);
+    g.s2 = NULL;
+    swx_ingress_on_frontend_gone(e->ing, NULL, NULL);
+}
+
 /* ======================================================================== */
 /* sw_ingress_start's own window                                             */
 
@@ -1452,6 +1552,7 @@ main(int argc, char **argv)
         T_(inline_requests_waiting_counted),
         T_(drain_while_disconnected),
         T_(request_in_start_window_never_runs),
+        T_(frontend_back_under_its_id_keeps_its_stream),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.lifecycle", tests, sf_group_setup,

@@ -791,11 +791,13 @@ SW_API sw_err sw_stream_kill(sw_stream *s);
 SW_API void sw_stream_close(sw_stream *s);
 
 /* Owned by s; valid until close. Safe to call from any thread at any time.
- * The instance id is final once the first item arrived: before that, a
- * request routed by the registry that finds no responder on its instance
- * (draining, or just died) is sent once to another instance, and a later
- * call returns the new id (a string returned earlier stays valid and
- * unchanged). */
+ * The request id is the first request's for the stream's whole life (a
+ * migration's new requests do not change it). The instance id changes when
+ * the stream moves: before its first item, a request routed by the
+ * registry that finds no responder on its instance (draining, or just
+ * died) is sent once to another instance; at any time, a migration
+ * (migration_limit) moves it. A later call returns the new id; a string
+ * returned earlier stays valid and unchanged until close. */
 SW_API const char *sw_stream_request_id(const sw_stream *s);
 SW_API const char *sw_stream_instance_id(const sw_stream *s);
 

@@ -361,9 +361,22 @@ sigkill_migrates(void **state)
     sw_stream_stats st;
     sw_router_stats rst;
     int from;
+    const char *inst0, *req0;
+    char inst0_copy[64], req0_copy[64];
     s = begin(w, &c, 2, NULL, 0 /* the router's: 2 */, 0, NULL, NULL, &from);
+    inst0 = sw_stream_instance_id(s);
+    req0 = sw_stream_request_id(s);
+    snprintf(inst0_copy, sizeof(inst0_copy), "%s", inst0);
+    snprintf(req0_copy, sizeof(req0_copy), "%s", req0);
     swh_kill(w->pid[from], SIGKILL);
     assert_migrated_once(w, &c, from);
+    /* The instance id moved with the stream; the string returned before is
+     * unchanged (and valid: ASan), the request id is the first request's. */
+    assert_string_equal(inst0, inst0_copy);
+    assert_string_equal(inst0, w->id[from]);
+    assert_string_equal(sw_stream_instance_id(s), w->id[from == 0 ? 1 : 0]);
+    assert_string_equal(req0, req0_copy);
+    assert_string_equal(sw_stream_request_id(s), req0_copy);
     sw_stream_stats_get(s, &st);
     assert_int_equal(st.migrations, 1);
     sw_router_stats_get(w->rt, &rst);

@@ -693,6 +693,8 @@ typedef struct world {
     evlog rlog, olog;
     sw_stream *s[MAXS];
     coll c[MAXS];
+    const char *inst_open[MAXS]; /* sw_stream_instance_id as sw_router_open returned */
+    char inst_open_copy[MAXS][SW_MAX_TOKEN + 1];
     int ns;
 } world;
 
@@ -855,6 +857,8 @@ world_open(world *w, sw_router *rt, const char *payload, const char *instance)
     q.on_item_arg = &w->c[i];
     w->c[i].t_open = now_ms();
     assert_int_equal(sw_router_open(&w->s[i], rt, &q, payload, strlen(payload)), SW_OK);
+    w->inst_open[i] = sw_stream_instance_id(w->s[i]);
+    snprintf(w->inst_open_copy[i], sizeof(w->inst_open_copy[i]), "%s", w->inst_open[i]);
     w->ns++;
     return i;
 }
@@ -1292,6 +1296,7 @@ policy_direct(void **state)
     for (int i = first; i < w->ns; i++) {
         expect_terminal(w, i, SW_STATUS_COMPLETED, SW_OK, T(5000));
         assert_string_equal(stream_inst(w, i), w->wid[1]);
+        assert_string_equal(w->inst_open[i], w->inst_open_copy[i]);
         assert_string_equal(coll_get(&w->c[i]).inst, w->wid[1]);
     }
     /* Direct to an instance nobody serves: nobody answers the request
@@ -1557,8 +1562,12 @@ drained_requests_run(world *w, int fill)
                           sw_status_name((int)c.status), c.reason);
         }
         /* The terminal names every instance the request was sent to: a
-         * re-routed one, the drained instance first. */
+         * re-routed one, the drained instance first. The id string
+         * returned at open (the drained instance's, if the re-route had not
+         * run yet) is unchanged. */
         assert_string_equal(c.inst, w->wid[1]);
+        assert_string_equal(stream_inst(w, i), w->wid[1]);
+        assert_string_equal(w->inst_open[i], w->inst_open_copy[i]);
         if (strcmp(c.instances, w->wid[1]) != 0) {
             snprintf(both, sizeof(both), "%s,%s", w->wid[0], w->wid[1]);
             assert_string_equal(c.instances, both);

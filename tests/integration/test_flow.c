@@ -921,6 +921,64 @@ grant_held_from_repeats(void **state)
     env_close(e, s);
 }
 
+typedef struct cancel_call {
+    sw_stream *s;
+    cbgot *c;
+    sw_err rv;
+    size_t n_at_return; /* data items the consumer had when cancel returned */
+    int returned;       /* (atomic) */
+} cancel_call;
+
+static void *
+cancel_main(void *arg)
+{
+    cancel_call *k = arg;
+    k->rv = sw_stream_cancel(k->s);
+    pthread_mutex_lock(&k->c->mu);
+    k->n_at_return = k->c->g.n;
+    pthread_mutex_unlock(&k->c->mu);
+    __atomic_store_n(&k->returned, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* sw_stream_cancel from another thread while an item callback of the
+ * stream runs (streamwire.h): it waits for that callback to return, and no
+ * data item is delivered after it returns; the next is the terminal
+ * CANCELLED. Item 8's callback is held; 16 items are in (the first
+ * credit), so 9..16 are queued when the cancel comes. */
+static void
+cancel_from_another_thread_waits_for_callback(void **state)
+{
+    env *e = *state;
+    gatecb *x = (gatecb *)new_cbgot_sized(e, sizeof(gatecb));
+    cancel_call k;
+    pthread_t t;
+    sw_stream *s = gate_open(e, x, NULL);
+    (void)ist_wait(e, f_items_sent, 16, T(5000));
+    memset(&k, 0, sizeof(k));
+    k.s = s;
+    k.c = &x->c;
+    assert_int_equal(pthread_create(&t, NULL, cancel_main, &k), 0);
+    sleep_ms(300);
+    if (__atomic_load_n(&k.returned, __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&x->release, 1, __ATOMIC_RELEASE);
+        pthread_join(t, NULL);
+        fail_msg("sw_stream_cancel returned while item 8's callback still ran");
+    }
+    __atomic_store_n(&x->release, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    assert_int_equal(k.rv, SW_OK);
+    assert_int_equal(k.n_at_return, 8); /* item 8's callback had returned */
+    assert_true(cb_wait(&x->c, T(5000)));
+    cb_assert_clean(&x->c);
+    pthread_mutex_lock(&x->c.mu);
+    assert_int_equal(x->c.g.n, 8); /* nothing after the cancel returned */
+    pthread_mutex_unlock(&x->c.mu);
+    assert_tokens(&x->c.g, 8);
+    assert_terminal(&x->c.g, SW_STATUS_CANCELLED, SW_OK, "cancelled");
+    env_close(e, s);
+}
+
 static void
 router_backlog_no_spurious_incomplete(void **state)
 {
@@ -1028,6 +1086,7 @@ main(int argc, char **argv)
         T_(cancel_wakes_blocked_send),
         T_(item_under_a_left_id_is_dropped),
         T_(no_callback_after_close),
+        T_(cancel_from_another_thread_waits_for_callback),
         T_(slow_consumer_flow_control),
         T_(try_send_and_droppable),
         T_(window_grows_and_still_bounds),

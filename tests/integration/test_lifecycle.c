@@ -277,6 +277,53 @@ router_destroy_during_final_linger(void **state)
     env_close(e, s);
 }
 
+/* A failed sw_router_open never calls its callbacks (streamwire.h: "When
+ * a function that takes a callback returns an error, the callback is never
+ * called"). Opens in callback mode and in blocking mode with on_ready,
+ * each with a heap argument freed right after the refusal, and checks that
+ * nothing ran (under ASan a late call is a use after free). */
+static int g_refused_calls; /* (atomic) */
+
+static void
+refused_item(sw_stream *s, const sw_item *it, void *arg)
+{
+    (void)s;
+    (void)it;
+    (void)arg;
+    __atomic_add_fetch(&g_refused_calls, 1, __ATOMIC_RELAXED);
+}
+
+static void
+refused_ready(sw_stream *s, void *arg)
+{
+    (void)s;
+    (void)arg;
+    __atomic_add_fetch(&g_refused_calls, 1, __ATOMIC_RELAXED);
+}
+
+static void
+assert_open_refused(env *e, const sw_request_opts *base, sw_err want)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        sw_request_opts o = *base;
+        sw_stream *s = NULL;
+        int *arg = calloc(1, sizeof(*arg));
+        assert_non_null(arg);
+        if (mode == 0) {
+            o.on_item = refused_item;
+            o.on_item_arg = arg;
+        } else {
+            o.on_ready = refused_ready;
+            o.on_ready_arg = arg;
+        }
+        assert_int_equal(sw_router_open(&s, e->rt, &o, "p", 1), want);
+        assert_null(s);
+        free(arg);
+    }
+    sleep_ms(200);
+    assert_int_equal(__atomic_load_n(&g_refused_calls, __ATOMIC_RELAXED), 0);
+}
+
 /* max_streams: the next open is SW_EBUSY; a slot frees when a stream ends. */
 static void
 router_max_streams_busy(void **state)
@@ -298,6 +345,10 @@ router_max_streams_busy(void **state)
     ropts(e, &o);
     assert_int_equal(sw_router_open(&s3, e->rt, &o, "p", 1), SW_EBUSY);
     assert_null(s3);
+    assert_open_refused(e, &o, SW_EBUSY);
+    o.migration_limit = -2; /* and an invalid option */
+    assert_open_refused(e, &o, SW_EINVAL);
+    o.migration_limit = 0;
     env_close(e, s1); /* cancel: frees the slot */
     s3 = env_open(e);
     wctx_open_gate(&e->w);
@@ -471,6 +522,7 @@ conn_closed_before_its_router(void **state)
     ropts(e, &o);
     assert_int_equal(sw_router_open(&s2, e->rt, &o, "p", 1), SW_ECLOSED);
     assert_null(s2);
+    assert_open_refused(e, &o, SW_ECLOSED);
 }
 
 /* The worker's connection closed under an ingress whose handler waits for

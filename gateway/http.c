@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -130,6 +131,69 @@ errjson_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
     h2o_setup_next_ostream(req, slot);
 }
 
+/* ---------------------------------------------------------------- request framing */
+
+/* 1 if the header line at p (up to end) is the header `name` (lowercase):
+ * h2o's parser took it, so its name is a token followed by ':' at once. */
+static int
+header_line_is(const char *p, const char *end, const char *name)
+{
+    size_t n = strlen(name);
+    return (size_t)(end - p) > n && p[n] == ':' && strncasecmp(p, name, n) == 0;
+}
+
+/* HTTP/1.1 frames a request body by one Content-Length, or by
+ * Transfer-Encoding. h2o 2.2 reads the body by the first Content-Length and
+ * ignores any other (and a Content-Length next to Transfer-Encoding), and
+ * keeps neither in req->headers. A proxy in front that went by another one
+ * sees the body end elsewhere: the bytes between the two ends are, to one
+ * of them, the next request on the connection, which the other never saw
+ * (request smuggling: RFC 9112 6.3 and 11.2 say to answer 400 and close).
+ * So the header block is read again where h2o parsed it: in place, at the
+ * start of the connection's input buffer, which keeps it until the response
+ * is sent (h2o consumes a request before it parses the next). If the
+ * buffer does not begin with this request's method (not HTTP/1, or an h2o
+ * that keeps it elsewhere), nothing is said. Returns why the length is
+ * ambiguous, or NULL. */
+static const char *
+length_ambiguous(h2o_req_t *req)
+{
+    h2o_socket_t *sock;
+    const char *p, *end, *nl;
+    unsigned ncl = 0, nte = 0;
+    size_t mlen = req->input.method.len;
+    if (req->version >= 0x200 || req->conn->callbacks->get_socket == NULL ||
+        (sock = req->conn->callbacks->get_socket(req->conn)) == NULL || sock->input == NULL)
+        return NULL;
+    p = sock->input->bytes;
+    end = p + sock->input->size;
+    /* the parser skips one empty line before the request line */
+    if (p < end && *p == '\r')
+        p++;
+    if (p < end && *p == '\n')
+        p++;
+    if ((size_t)(end - p) <= mlen || memcmp(p, req->input.method.base, mlen) != 0 || p[mlen] != ' ')
+        return NULL;
+    /* line by line (the parser ended each with LF or CRLF), up to the empty
+     * line; the first is the request line */
+    while ((nl = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        p = nl + 1;
+        if (p < end && (*p == '\n' || *p == '\r'))
+            break; /* the empty line (a CR is only ever followed by LF) */
+        if (header_line_is(p, end, "content-length"))
+            ncl++;
+        else if (header_line_is(p, end, "transfer-encoding"))
+            nte++;
+    }
+    if (ncl > 1)
+        return "the request has more than one Content-Length header: its body's length is "
+               "ambiguous";
+    if (ncl > 0 && nte > 0)
+        return "the request has both Content-Length and Transfer-Encoding headers: its body's "
+               "length is ambiguous";
+    return NULL;
+}
+
 /* 1 if every model has a live instance in the registry. */
 static int
 models_ready(swg_loop *lp)
@@ -158,7 +222,14 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
     h2o_iovec_t p = req->path_normalized;
     int get = is(req->method, "GET") || is(req->method, "HEAD"), post = is(req->method, "POST");
     static const char pre[] = "/v1/responses/";
+    const char *ambiguous;
 
+    if ((ambiguous = length_ambiguous(req)) != NULL) {
+        /* the bytes after the body h2o read must not be taken as a request */
+        req->http1_is_persistent = 0;
+        send_err(req, 400, "invalid_request_error", "bad_request", ambiguous);
+        return 0;
+    }
     if (is(p, "/v1/responses")) {
         if (!post)
             send_err(req, 405, "invalid_request_error", "method_not_allowed", "use POST");

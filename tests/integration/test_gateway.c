@@ -1504,6 +1504,110 @@ test_header_floods(void **state)
     stream_completed("--http1.1");
 }
 
+/* Sends the raw bytes req on a new connection and reads until the server
+ * closes it or 3 s pass; what came back, NUL-terminated, into buf. *closed:
+ * 1 if the server closed the connection. */
+static size_t
+raw_until_close(const char *req, size_t len, char *buf, size_t cap, int *closed)
+{
+    size_t got = 0;
+    int fd = tcp_connect(g_gw);
+    int64_t until = swh_now_ms() + 3000 * swh_slow();
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, req, len), (ssize_t)len);
+    *closed = 0;
+    while (got + 1 < cap && swh_now_ms() < until) {
+        ssize_t n = read_some(fd, buf + got, cap - got, 200);
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+            *closed = 1;
+            break;
+        }
+        if (n > 0)
+            got += (size_t)n;
+    }
+    buf[got] = '\0';
+    close(fd);
+    return got;
+}
+
+/* A request whose body length is ambiguous -- two Content-Length headers
+ * (equal or not), or Content-Length next to Transfer-Encoding -- gets 400
+ * bad_request in the JSON error shape, and the connection is closed: the
+ * bytes after the body h2o read are not taken as another request. h2o 2.2
+ * reads a body by the first Content-Length and ignores the rest, so a
+ * proxy in front that went by the last one forwarded a request ("smuggled"
+ * in the body) that the gateway then served as the next one on the
+ * connection. One Content-Length is served as before. */
+static void
+test_ambiguous_length(void **state)
+{
+    static char buf[1 << 16];
+    static const char smuggled[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char body[] = "{\"model\":\"ok\",\"input\":\"x\",\"stream\":true}";
+    char req[1024];
+    const char *p;
+    int n, closed;
+    json_t *j;
+    (void)state;
+    for (int k = 0; k < 4; k++) {
+        switch (k) {
+        case 0: /* the first says no body; the second covers the smuggled request */
+            n = snprintf(req, sizeof(req),
+                         "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                         "Content-Length: %zu\r\n\r\n%s",
+                         sizeof(smuggled) - 1, smuggled);
+            break;
+        case 1: /* conflicting, on the streaming route: the body, then the smuggled one */
+            n = snprintf(
+                req, sizeof(req),
+                "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                "application/json\r\ncontent-length: %zu\r\nContent-Length: %zu\r\n\r\n%s%s",
+                sizeof(body) - 1, sizeof(body) - 1 + sizeof(smuggled) - 1, body, smuggled);
+            break;
+        case 2: /* equal values: refused too (there is no reason to send two) */
+            n = snprintf(req, sizeof(req),
+                         "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
+                         "Content-Length: %zu\r\n\r\n%s",
+                         sizeof(body) - 1, sizeof(body) - 1, body);
+            break;
+        default: /* Transfer-Encoding wins in h2o; a proxy may go by the length */
+            n = snprintf(req, sizeof(req),
+                         "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
+                         "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n%s",
+                         sizeof(body) - 1, sizeof(body) - 1, body, smuggled);
+            break;
+        }
+        raw_until_close(req, (size_t)n, buf, sizeof(buf), &closed);
+        print_message("    ambiguous length %d: %.*s, closed %d\n", k, (int)strcspn(buf, "\r\n"),
+                      buf, closed);
+        assert_memory_equal(buf, "HTTP/1.1 400 Bad Request\r\n", 26);
+        assert_non_null(strstr(buf, "\r\nConnection: close\r\n"));
+        assert_non_null(p = strstr(buf, "\r\n\r\n"));
+        j = json_loads(p + 4, 0, NULL);
+        assert_non_null(j);
+        assert_string_equal(str_at(j, "error", "type"), "invalid_request_error");
+        assert_string_equal(str_at(j, "error", "code"), "bad_request");
+        assert_non_null(
+            strstr(str_at(j, "error", "message"), k < 3 ? "Content-Length" : "Transfer-Encoding"));
+        json_decref(j);
+        /* nothing after it: the smuggled request went unserved */
+        assert_null(strstr(p, "HTTP/1.1 "));
+        assert_true(closed);
+    }
+    /* one Content-Length: served, and the connection kept */
+    n = snprintf(req, sizeof(req),
+                 "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n%s", smuggled);
+    {
+        int fd = tcp_connect(g_gw);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, req, (size_t)n), n);
+        read_responses(fd, buf, sizeof(buf), 2);
+        close(fd);
+    }
+    assert_memory_equal(buf, "HTTP/1.1 200 OK\r\n", 17);
+    assert_non_null(p = strstr(buf + 17, "HTTP/1.1 200 OK\r\n"));
+}
+
 /* Waits until the gateway whose stdout is fd listens: its host:port into
  * hp. spawn_gateway: runs the gateway of argv (the CLI's arguments,
  * NULL-terminated) and waits so, its stdout (the access log) into *fd. */
@@ -1980,6 +2084,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_models_health_ready_metrics),
         cmocka_unit_test(test_idle_and_slowloris),
         cmocka_unit_test(test_header_floods),
+        cmocka_unit_test(test_ambiguous_length),
         cmocka_unit_test(test_head_and_methods),
         cmocka_unit_test(test_non_stream_client_leaves),
         cmocka_unit_test(test_max_connections),

@@ -44,6 +44,7 @@ typedef struct swg_gw {
     int stopping;           /* stop was asked (atomic): each loop drains */
     uint64_t metrics_shed;  /* metrics items not sent: the client was behind (atomic) */
     uint64_t stalled;       /* streams ended: the client took nothing for stall_ms (atomic) */
+    uint64_t reset_closed;  /* HTTP/2 connections closed for resetting responses (atomic) */
 } swg_gw;
 
 /* One event loop and its thread. */
@@ -77,6 +78,7 @@ struct swg_loop {
     int64_t drain_deadline, cancel_deadline;
     int accept_paused;      /* out of descriptors: the listener is read again at the next tick */
     int64_t accept_warn_ms; /* when that was last said */
+    int64_t reset_warn_ms;  /* when a connection closed for rapid reset was last said */
 };
 
 struct swg_rq {
@@ -110,6 +112,23 @@ struct swg_rq {
 /* How often a non-stream request over HTTP/1 looks whether its client
  * closed the connection (h2o reads nothing more from it meanwhile). */
 #define SWG_WATCH_MS 250
+
+/* http.c: HTTP/2 rapid reset (CVE-2023-44487), which libh2o 2.2 does not
+ * limit: a client may open a stream and reset it at once, over and over,
+ * and each POST /v1/responses among them costs a worker a request. So a
+ * connection may have at most SWG_UNFINISHED_MAX responses started and not
+ * finished (their terminal not yet sent to it: open, or reset before it):
+ * 100 open at once (h2o runs at most that many requests of a connection),
+ * and 100 more reset than let finish. Past that the response is refused
+ * and the connection closed (h2o 2.2 sends no GOAWAY on our behalf: the
+ * socket is shut down under it, as for a stalled client). Counted when a
+ * response starts, not when h2o reports the reset: h2o runs every request
+ * of what it read at once, and reports the resets of those it had answered
+ * only after its next write. HTTP/1 has nothing to count: a client that
+ * leaves closes its connection. */
+#define SWG_UNFINISHED_MAX 200
+int swg_conn_start(h2o_req_t *req);     /* a response starts: 0, or -1 refuse it */
+void swg_conn_finished(h2o_req_t *req); /* it sent its terminal (or its error) */
 
 /* response.c */
 void swg_rq_start(swg_loop *lp, h2o_req_t *req); /* POST /v1/responses */

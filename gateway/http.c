@@ -306,10 +306,16 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
                 "# HELP streamwire_gateway_stalled_total Streamed responses this gateway ended "
                 "because the client took nothing of a write for --stall-ms.\n"
                 "# TYPE streamwire_gateway_stalled_total counter\n"
-                "streamwire_gateway_stalled_total %llu\n",
+                "streamwire_gateway_stalled_total %llu\n"
+                "# HELP streamwire_gateway_rapid_reset_closed_total HTTP/2 connections this "
+                "gateway closed because they reset more responses before their end than they "
+                "let finish (rapid reset).\n"
+                "# TYPE streamwire_gateway_rapid_reset_closed_total counter\n"
+                "streamwire_gateway_rapid_reset_closed_total %llu\n",
                 (int)len, out,
                 (unsigned long long)__atomic_load_n(&lp->gw->metrics_shed, __ATOMIC_RELAXED),
-                (unsigned long long)__atomic_load_n(&lp->gw->stalled, __ATOMIC_RELAXED));
+                (unsigned long long)__atomic_load_n(&lp->gw->stalled, __ATOMIC_RELAXED),
+                (unsigned long long)__atomic_load_n(&lp->gw->reset_closed, __ATOMIC_RELAXED));
         if (n < 0)
             swg_send_whole(req, 500, "Internal Server Error", "text/plain", "out of memory\n", 14);
         else
@@ -335,6 +341,8 @@ typedef struct swg_conn {
     h2o_socket_t *sock;
     swg_loop *lp;
     h2o_linklist_t link; /* on lp->conns */
+    unsigned unfinished; /* responses started, their terminal not sent (HTTP/2) */
+    int reset_closed;    /* past SWG_UNFINISHED_MAX: shut down */
 } swg_conn;
 
 static void
@@ -345,6 +353,59 @@ on_conn_close(void *data)
     __atomic_fetch_sub(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
     h2o_linklist_unlink(&c->link);
     free(c);
+}
+
+/* req's connection, found through its socket (whose on_close is ours:
+ * h2o's server side leaves it to the application); NULL if none. */
+static swg_conn *
+conn_of(h2o_req_t *req)
+{
+    h2o_socket_t *sock = req->conn->callbacks->get_socket != NULL
+                             ? req->conn->callbacks->get_socket(req->conn)
+                             : NULL;
+    return sock != NULL && sock->on_close.cb == on_conn_close ? sock->on_close.data : NULL;
+}
+
+int
+swg_conn_start(h2o_req_t *req)
+{
+    swg_conn *c;
+    swg_loop *lp;
+    struct linger lg = {1, 0};
+    int fd;
+    if (req->version < 0x200 || (c = conn_of(req)) == NULL)
+        return 0;
+    if (c->reset_closed)
+        return -1;
+    if (c->unfinished < SWG_UNFINISHED_MAX) {
+        c->unfinished++;
+        return 0;
+    }
+    lp = c->lp;
+    c->reset_closed = 1;
+    __atomic_fetch_add(&lp->gw->reset_closed, 1, __ATOMIC_RELAXED);
+    if (!lp->o->quiet && now_ms() - lp->reset_warn_ms >= 10000) {
+        lp->reset_warn_ms = now_ms();
+        fprintf(stderr,
+                "[gateway] warning: closing an HTTP/2 connection with %d responses started and "
+                "not finished (reset by the client: rapid reset)\n",
+                SWG_UNFINISHED_MAX);
+    }
+    /* h2o reads the end and closes the connection, stopping its other
+     * responses (reset: what is unsent is dropped) */
+    if ((fd = h2o_socket_get_fd(c->sock)) >= 0) {
+        (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        (void)shutdown(fd, SHUT_RDWR);
+    }
+    return -1;
+}
+
+void
+swg_conn_finished(h2o_req_t *req)
+{
+    swg_conn *c;
+    if (req->version >= 0x200 && (c = conn_of(req)) != NULL && c->unfinished > 0)
+        c->unfinished--;
 }
 
 /* No descriptor (or kernel memory) for the next connection: it stays in

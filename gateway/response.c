@@ -540,6 +540,8 @@ rq_pump(swg_rq *q, unsigned max)
                 http = 200;
             }
             q->ended = 1;
+            if (q->req != NULL)
+                swg_conn_finished(q->req);
             rq_log(q, pre ? "error" : end.status, end.err_code ? end.err_code : end.inc_reason);
             if (!q->in.stream) {
                 if (q->req != NULL)
@@ -579,6 +581,7 @@ rq_pump(swg_rq *q, unsigned max)
             q->ended = 1;
             if (q->req != NULL) {
                 h2o_req_t *req = rq_take_req(q);
+                swg_conn_finished(req); /* our failure, not the client's reset */
                 h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
             }
             swg_rq_free(q);
@@ -824,6 +827,18 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         free(q);
         return;
     }
+    if (swg_conn_start(req) != 0) {
+        memset(&e, 0, sizeof(e));
+        e.http = 429;
+        e.type = "rate_limit_error";
+        e.code = "too_many_resets";
+        snprintf(e.message, sizeof(e.message),
+                 "this connection reset too many responses before their end; it is being closed");
+        swg_send_error(req, &e);
+        swg_input_free(&q->in);
+        free(q);
+        return;
+    }
     q->lp = lp;
     q->req = req;
     q->tok = h2o_mem_alloc_shared(&req->pool, sizeof(*q->tok), rq_on_dispose);
@@ -882,6 +897,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         e.code = rv == SW_EBUSY ? "overloaded" : sw_err_name(rv);
         snprintf(e.message, sizeof(e.message), "%s", sw_strerror(rv));
         (void)rq_take_req(q);
+        swg_conn_finished(req);
         swg_send_error(req, &e);
         swg_rq_free(q);
         return;

@@ -1959,6 +1959,149 @@ test_stalled_client_http2(void **state)
     stalled_client(1);
 }
 
+/* An HTTP/2 frame header into b: length, type, flags, stream id. */
+static size_t
+h2_frame(uint8_t *b, size_t len, uint8_t type, uint8_t flags, uint32_t id)
+{
+    b[0] = (uint8_t)(len >> 16);
+    b[1] = (uint8_t)(len >> 8);
+    b[2] = (uint8_t)len;
+    b[3] = type;
+    b[4] = flags;
+    b[5] = (uint8_t)(id >> 24);
+    b[6] = (uint8_t)(id >> 16);
+    b[7] = (uint8_t)(id >> 8);
+    b[8] = (uint8_t)id;
+    return 9;
+}
+
+/* One stream of a rapid reset into b: HEADERS (POST /v1/responses, HPACK
+ * by hand: static-table names, literal values, no Huffman), the body in
+ * one DATA frame that ends the stream, then RST_STREAM (CANCEL) at once. */
+static size_t
+h2_rapid_reset(uint8_t *b, uint32_t id, const char *body)
+{
+    static const uint8_t hdr[] = {
+        0x83, /* :method POST */
+        0x86, /* :scheme http */
+        0x04, 13, '/', 'v', '1', '/', 'r', 'e', 's', 'p', 'o', 'n', 's', 'e', 's', /* :path */
+        0x01, 1,  'x',                                                             /* :authority */
+    };
+    size_t n = 0, blen = strlen(body);
+    n += h2_frame(b + n, sizeof(hdr), 1 /* HEADERS */, 0x4 /* END_HEADERS */, id);
+    memcpy(b + n, hdr, sizeof(hdr));
+    n += sizeof(hdr);
+    n += h2_frame(b + n, blen, 0 /* DATA */, 0x1 /* END_STREAM */, id);
+    memcpy(b + n, body, blen);
+    n += blen;
+    n += h2_frame(b + n, 4, 3 /* RST_STREAM */, 0, id);
+    b[n++] = 0;
+    b[n++] = 0;
+    b[n++] = 0;
+    b[n++] = 8; /* CANCEL */
+    return n;
+}
+
+/* HTTP/2 rapid reset (CVE-2023-44487): one h2c connection opens 1,000
+ * streaming responses, each reset at once in the same packet, 250 to a
+ * write. libh2o 2.2 has no limit on that: every one of them reached the
+ * handler, which opened a stream to a worker (its handler started, then was
+ * cancelled) -- a client made the workers start requests as fast as it
+ * could write frames, from one connection, which stayed open. Now a
+ * connection may have 200 responses started and not finished (100 open,
+ * 100 more reset than let finish): at most 200 reach the workers, the
+ * rest are refused, and the connection is closed. A client that lets its
+ * responses finish is not touched: 300 streamed responses over one h2c
+ * connection (nghttp, 32 at a time: the worker takes 64) all complete. */
+static void
+test_rapid_reset(void **state)
+{
+    enum { NSTREAMS = 1000, BATCH = 250, NFAIR = 300 };
+    static const char body[] = "{\"model\":\"ok\",\"input\":\"x\",\"stream\":true}";
+    static uint8_t out[BATCH * 128];
+    static char in[1 << 16];
+    /* (no access log: nobody reads this gateway's stdout, whose pipe
+     * would fill and stop the gateway) */
+    const char *extra[] = {"--model", "ok=gw.ok.gen", "--access-log", "off", NULL};
+    char hp[128], gurl[200], path[64], cmd[1024];
+    int gfd, fd, st, closed = 0, sent = 0;
+    double opened0, opened, closes;
+    pid_t gp;
+    FILE *f;
+    (void)state;
+    gp = own_gateway(extra, hp, sizeof(hp), &gfd);
+    snprintf(gurl, sizeof(gurl), "http://%s/metrics", hp);
+    swh_sleep_ms(1500); /* the registry entry reaches the gateway's router */
+
+    /* a fair client: 300 responses on one connection, each to its end */
+    snprintf(path, sizeof(path), "/tmp/swgw-rr-%d.json", (int)getpid());
+    assert_non_null(f = fopen(path, "w"));
+    assert_int_equal(fwrite(body, 1, sizeof(body) - 1, f), sizeof(body) - 1);
+    assert_int_equal(fclose(f), 0);
+    snprintf(cmd, sizeof(cmd),
+             "nghttp -n -M 32 -d %s -m %d -H 'content-type: application/json' "
+             "'http://%s/v1/responses' >/dev/null 2>&1; curl -s -m 5 '%s' | grep -c "
+             "'^streamwire_frontend_streams_total{.*status=\"completed\".*} %d$'",
+             path, NFAIR, hp, gurl, NFAIR);
+    assert_int_equal(shell_read(cmd, in, sizeof(in)), 0);
+    unlink(path);
+    assert_int_equal(atoi(in), 1); /* all 300 completed */
+    assert_true(metric_at(gurl, "streamwire_gateway_rapid_reset_closed_total") <= 0);
+    opened0 = metric_at(gurl, "streamwire_frontend_streams_opened_total");
+    assert_true(opened0 == NFAIR);
+
+    /* the rapid reset */
+    fd = tcp_connect(hp);
+    assert_true(fd >= 0);
+    {
+        static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        size_t n = sizeof(preface) - 1;
+        memcpy(out, preface, n);
+        n += h2_frame(out + n, 0, 4 /* SETTINGS */, 0, 0);
+        assert_int_equal(send(fd, out, n, MSG_NOSIGNAL), (ssize_t)n);
+    }
+    while (sent < NSTREAMS && !closed) {
+        size_t n = 0;
+        ssize_t r;
+        for (int i = 0; i < BATCH && sent < NSTREAMS; i++, sent++)
+            n += h2_rapid_reset(out + n, 2 * (uint32_t)sent + 1, body);
+        if (send(fd, out, n, MSG_NOSIGNAL) != (ssize_t)n)
+            closed = 1;
+        /* take what the gateway wrote (so that it never waits for us) */
+        while ((r = recv(fd, in, sizeof(in), MSG_DONTWAIT)) > 0) {
+        }
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            closed = 1;
+        swh_sleep_ms(10);
+    }
+    for (int64_t until = swh_now_ms() + 3000 * swh_slow(); !closed && swh_now_ms() < until;) {
+        ssize_t r = read_some(fd, in, sizeof(in), 200);
+        if (r == 0 || (r < 0 && errno == ECONNRESET))
+            closed = 1;
+    }
+    close(fd);
+    swh_sleep_ms(300);
+    opened = metric_at(gurl, "streamwire_frontend_streams_opened_total") - opened0;
+    closes = metric_at(gurl, "streamwire_gateway_rapid_reset_closed_total");
+    print_message("    rapid reset: %d streams sent, %.0f reached the workers, connection "
+                  "closed %d, gateway closes %.0f\n",
+                  sent, opened, closed, closes);
+    assert_true(closed);
+    assert_true(opened >= 1 && opened <= 200);
+    assert_true(closes == 1);
+    /* the gateway still serves, over h2c too */
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -m 10 --http2-prior-knowledge -o /dev/null -w '%%{http_code}' "
+             "'http://%s/healthz'",
+             hp);
+    assert_int_equal(shell_read(cmd, in, sizeof(in)), 0);
+    assert_string_equal(in, "200");
+    swh_kill(gp, SIGTERM);
+    assert_int_equal(swh_wait_exit(gp, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    close(gfd);
+}
+
 /* A non-streamed response that fails after items with an error that,
  * before any response, is an HTTP error: the worker dies mid-response, the
  * gateway (--migration-limit 1) finds no other instance to move it to, and
@@ -2092,6 +2235,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_stalled_client_http1),
         cmocka_unit_test(test_stalled_client_http2),
         cmocka_unit_test(test_non_stream_fails_after_items),
+        cmocka_unit_test(test_rapid_reset),
         cmocka_unit_test(test_sigterm_drains),
     };
     if (argc > 1)

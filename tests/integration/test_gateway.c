@@ -2155,6 +2155,92 @@ test_non_stream_fails_after_items(void **state)
     close(gfd);
 }
 
+/* SIGTERM while streams whose worker hangs are open (the audit's "no
+ * terminal ever came"): --grace-ms passes, the gateway cancels them, and
+ * each gets its terminal -- a streamed HTTP/1.1 client reading the events
+ * gets response.incomplete with status cancelled, a non-streamed one the
+ * cancelled response object -- while an h2c client that gave its stream no
+ * window (nothing can be written to it; --stall-ms 0) is closed when the
+ * drain ends; a client that had left is dropped. The gateway exits 0 (under
+ * ASan: no request freed while h2o could still call it back). With
+ * --cancel-on-disconnect on and off. */
+static void
+sigterm_hung(const char *cod)
+{
+    /* (stall_client's h2c request asks for the model "stall") */
+    const char *extra[] = {"--model",
+                           "hang=gw.hang.gen",
+                           "--model",
+                           "stall=gw.hang.gen",
+                           "--grace-ms",
+                           "300",
+                           "--keepalive-ms",
+                           "0",
+                           "--stall-ms",
+                           "0",
+                           "--access-log",
+                           "off",
+                           "--cancel-on-disconnect",
+                           cod,
+                           NULL};
+    static const char sbody[] = "{\"model\":\"hang\",\"input\":\"x\",\"stream\":true}";
+    static const char nbody[] = "{\"model\":\"hang\",\"input\":\"x\"}";
+    static char buf[1 << 16];
+    char hp[128], req[512], path[64];
+    int gfd, st, fd[3], h2closed;
+    int64_t t0;
+    pid_t gp, cp;
+    gp = own_gateway(extra, hp, sizeof(hp), &gfd);
+    swh_sleep_ms(1500); /* the registry entry reaches the gateway's router */
+    for (int k = 0; k < 3; k++) {
+        const char *b = k == 1 ? nbody : sbody;
+        int n = snprintf(req, sizeof(req),
+                         "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                         strlen(b), b);
+        fd[k] = tcp_connect(hp);
+        assert_true(fd[k] >= 0);
+        assert_int_equal(write(fd[k], req, (size_t)n), n);
+    }
+    (void)stall_client(hp, 1, &cp, path, sizeof(path));
+    swh_sleep_ms(500); /* the worker sent its 2 tokens and hangs */
+    close(fd[2]);      /* a client that leaves */
+    swh_sleep_ms(100);
+    t0 = swh_now_ms();
+    swh_kill(gp, SIGTERM);
+    assert_int_equal(swh_wait_exit(gp, 20000 * swh_slow(), &st), 0);
+    print_message("    SIGTERM with hung streams (--cancel-on-disconnect %s): exit status %d "
+                  "after %lld ms\n",
+                  cod, st, (long long)(swh_now_ms() - t0));
+    assert_int_equal(st, 0);
+    h2closed = swh_wait_exit(cp, 5000 * swh_slow(), &st) == 0; /* nghttp saw the end */
+    if (!h2closed)
+        swh_terminate(cp, 1000);
+    unlink(path);
+    assert_true(h2closed);
+    for (int k = 0; k < 2; k++) {
+        size_t got = 0;
+        ssize_t n;
+        while (got + 1 < sizeof(buf) &&
+               (n = read_some(fd[k], buf + got, sizeof(buf) - got, 2000 * swh_slow())) > 0)
+            got += (size_t)n;
+        buf[got] = '\0';
+        close(fd[k]);
+        assert_memory_equal(buf, "HTTP/1.1 200 OK\r\n", 17);
+        if (k == 0)
+            assert_non_null(strstr(buf, "event: response.incomplete\n"));
+        assert_non_null(strstr(buf, "\"status\":\"cancelled\""));
+    }
+    close(gfd);
+}
+
+static void
+test_sigterm_cancels_hung_streams(void **state)
+{
+    (void)state;
+    sigterm_hung("on");
+    sigterm_hung("off");
+}
+
 /* SIGTERM: the gateway stops accepting, lets a running stream finish, and
  * exits 0. Last: it ends the gateway. */
 static void
@@ -2236,6 +2322,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_stalled_client_http2),
         cmocka_unit_test(test_non_stream_fails_after_items),
         cmocka_unit_test(test_rapid_reset),
+        cmocka_unit_test(test_sigterm_cancels_hung_streams),
         cmocka_unit_test(test_sigterm_drains),
     };
     if (argc > 1)

@@ -81,9 +81,12 @@ struct swg_loop {
     int64_t reset_warn_ms;  /* when a connection closed for rapid reset was last said */
 };
 
+typedef struct swg_conn swg_conn; /* http.c */
+
 struct swg_rq {
     h2o_generator_t gen; /* first: h2o calls back with a pointer to it */
     swg_loop *lp;
+    swg_conn *conn; /* its HTTP/2 connection's count (swg_conn_start), NULL if none */
     h2o_req_t *req; /* NULL once the response is final or the client left */
     sw_stream *s;
     swg_input in;
@@ -116,19 +119,25 @@ struct swg_rq {
 /* http.c: HTTP/2 rapid reset (CVE-2023-44487), which libh2o 2.2 does not
  * limit: a client may open a stream and reset it at once, over and over,
  * and each POST /v1/responses among them costs a worker a request. So a
- * connection may have at most SWG_UNFINISHED_MAX responses started and not
- * finished (their terminal not yet sent to it: open, or reset before it):
- * 100 open at once (h2o runs at most that many requests of a connection),
- * and 100 more reset than let finish. Past that the response is refused
- * and the connection closed (h2o 2.2 sends no GOAWAY on our behalf: the
- * socket is shut down under it, as for a stalled client). Counted when a
- * response starts, not when h2o reports the reset: h2o runs every request
- * of what it read at once, and reports the resets of those it had answered
- * only after its next write. HTTP/1 has nothing to count: a client that
- * leaves closes its connection. */
+ * connection may have at most SWG_UNFINISHED_MAX responses whose streams
+ * run at once, the client's or not (reset: the stream runs on until the
+ * worker has stopped): 100 open (h2o runs at most that many requests of a
+ * connection), and 100 more reset and not yet ended. Past that the
+ * response is refused and the connection closed (h2o 2.2 sends no GOAWAY
+ * on our behalf: the socket is shut down under it, as for a stalled
+ * client). Counted when a response starts, not when h2o reports the reset:
+ * h2o runs every request of what it read at once, and reports the resets
+ * of those it had answered only after its next write. A response counts
+ * until it is freed (swg_rq_free), whether its client is still there or
+ * not: a client that resets now and then, over a long-lived connection,
+ * is never closed (a count of resets would close it at its 200th); the
+ * bound is on the work a connection has the workers do at once. HTTP/1 has
+ * nothing to count: a client that leaves closes its connection. */
 #define SWG_UNFINISHED_MAX 200
-int swg_conn_start(h2o_req_t *req);     /* a response starts: 0, or -1 refuse it */
-void swg_conn_finished(h2o_req_t *req); /* it sent its terminal (or its error) */
+/* A response of req starts: 0 (*conn: its connection to hand to
+ * swg_conn_finished, NULL if not counted), or -1: refuse it. */
+int swg_conn_start(h2o_req_t *req, swg_conn **conn);
+void swg_conn_finished(swg_conn *conn); /* its stream ended; NULL ok */
 
 /* response.c */
 void swg_rq_start(swg_loop *lp, h2o_req_t *req); /* POST /v1/responses */

@@ -308,8 +308,8 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
                 "# TYPE streamwire_gateway_stalled_total counter\n"
                 "streamwire_gateway_stalled_total %llu\n"
                 "# HELP streamwire_gateway_rapid_reset_closed_total HTTP/2 connections this "
-                "gateway closed because they reset more responses before their end than they "
-                "let finish (rapid reset).\n"
+                "gateway closed because more than 200 of their responses' streams ran at once, "
+                "most reset by the client (rapid reset).\n"
                 "# TYPE streamwire_gateway_rapid_reset_closed_total counter\n"
                 "streamwire_gateway_rapid_reset_closed_total %llu\n",
                 (int)len, out,
@@ -336,14 +336,16 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
 
 #define SWG_ACCEPT_BATCH 256 /* connections accepted per readiness of the listener */
 
-/* One open connection, on its loop's list (for the shutdown). */
-typedef struct swg_conn {
-    h2o_socket_t *sock;
+/* One open connection, on its loop's list (for the shutdown). Freed when
+ * its socket closes, or, if responses it started are still running then
+ * (their streams not ended), when the last of them is freed. */
+struct swg_conn {
+    h2o_socket_t *sock; /* NULL once closed */
     swg_loop *lp;
-    h2o_linklist_t link; /* on lp->conns */
-    unsigned unfinished; /* responses started, their terminal not sent (HTTP/2) */
+    h2o_linklist_t link; /* on lp->conns while open */
+    unsigned unfinished; /* responses started whose stream has not ended (HTTP/2) */
     int reset_closed;    /* past SWG_UNFINISHED_MAX: shut down */
-} swg_conn;
+};
 
 static void
 on_conn_close(void *data)
@@ -352,7 +354,9 @@ on_conn_close(void *data)
     swg_loop *lp = c->lp;
     __atomic_fetch_sub(&lp->gw->nconns, 1, __ATOMIC_RELAXED);
     h2o_linklist_unlink(&c->link);
-    free(c);
+    c->sock = NULL;
+    if (c->unfinished == 0)
+        free(c);
 }
 
 /* req's connection, found through its socket (whose on_close is ours:
@@ -367,18 +371,20 @@ conn_of(h2o_req_t *req)
 }
 
 int
-swg_conn_start(h2o_req_t *req)
+swg_conn_start(h2o_req_t *req, swg_conn **out)
 {
     swg_conn *c;
     swg_loop *lp;
     struct linger lg = {1, 0};
     int fd;
+    *out = NULL;
     if (req->version < 0x200 || (c = conn_of(req)) == NULL)
         return 0;
     if (c->reset_closed)
         return -1;
     if (c->unfinished < SWG_UNFINISHED_MAX) {
         c->unfinished++;
+        *out = c;
         return 0;
     }
     lp = c->lp;
@@ -401,11 +407,14 @@ swg_conn_start(h2o_req_t *req)
 }
 
 void
-swg_conn_finished(h2o_req_t *req)
+swg_conn_finished(swg_conn *c)
 {
-    swg_conn *c;
-    if (req->version >= 0x200 && (c = conn_of(req)) != NULL && c->unfinished > 0)
+    if (c == NULL)
+        return;
+    if (c->unfinished > 0)
         c->unfinished--;
+    if (c->sock == NULL && c->unfinished == 0)
+        free(c); /* closed before its last response ended */
 }
 
 /* No descriptor (or kernel memory) for the next connection: it stays in

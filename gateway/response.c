@@ -257,6 +257,8 @@ swg_rq_free(swg_rq *q)
     pthread_mutex_unlock(&gw->mu);
     sw_stream_close(q->s);
     q->s = NULL;
+    swg_conn_finished(q->conn); /* its stream ended: it no longer counts */
+    q->conn = NULL;
     pthread_mutex_lock(&lp->mu);
     for (swg_rq **pp = &lp->ready; *pp != NULL; pp = &(*pp)->next_ready)
         if (*pp == q) {
@@ -540,8 +542,6 @@ rq_pump(swg_rq *q, unsigned max)
                 http = 200;
             }
             q->ended = 1;
-            if (q->req != NULL)
-                swg_conn_finished(q->req);
             rq_log(q, pre ? "error" : end.status, end.err_code ? end.err_code : end.inc_reason);
             if (!q->in.stream) {
                 if (q->req != NULL)
@@ -581,7 +581,6 @@ rq_pump(swg_rq *q, unsigned max)
             q->ended = 1;
             if (q->req != NULL) {
                 h2o_req_t *req = rq_take_req(q);
-                swg_conn_finished(req); /* our failure, not the client's reset */
                 h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
             }
             swg_rq_free(q);
@@ -827,7 +826,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         free(q);
         return;
     }
-    if (swg_conn_start(req) != 0) {
+    if (swg_conn_start(req, &q->conn) != 0) {
         memset(&e, 0, sizeof(e));
         e.http = 429;
         e.type = "rate_limit_error";
@@ -897,7 +896,6 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         e.code = rv == SW_EBUSY ? "overloaded" : sw_err_name(rv);
         snprintf(e.message, sizeof(e.message), "%s", sw_strerror(rv));
         (void)rq_take_req(q);
-        swg_conn_finished(req);
         swg_send_error(req, &e);
         swg_rq_free(q);
         return;

@@ -75,7 +75,18 @@ sw_err_from_name(const char *name, sw_err *out)
 int
 sw_err_is_stream_reason(int err)
 {
-    return err >= 100 && err < 200;
+    /* a defined code of the range only: an undefined one is no reason (the
+     * router's metrics wrote one "unknown_error" series for each of the 90
+     * undefined values, the same series over and over in one scrape) */
+    switch (err) {
+#define SW__ERR_REASON(name, val, str, msg) \
+    case val:                               \
+        return val >= 100 && val < 200;
+        SW_ERR_MAP(SW__ERR_REASON)
+#undef SW__ERR_REASON
+    default:
+        return 0;
+    }
 }
 
 const char *

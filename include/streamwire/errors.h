@@ -87,7 +87,8 @@ SW_API int sw_err_nats_status(int err);
 /* Wraps a natsStatus (NATS_OK gives SW_OK). */
 SW_API sw_err sw_err_from_nats(int nats_status);
 
-/* 1 if err is one of the stream error reasons (values 100..199). */
+/* 1 if err is one of the stream error reasons (the defined values of
+ * 100..199; an undefined value in that range is not). */
 SW_API int sw_err_is_stream_reason(int err);
 
 #ifdef __cplusplus

@@ -101,6 +101,32 @@ drain(sw_stream *s, int cancel_after, int *items)
     }
 }
 
+/* Fails if two sample lines of text name the same series (the name and
+ * labels: all before the value). */
+static void
+assert_no_duplicate_series(const char *text)
+{
+    const char *lines[4096];
+    size_t len[4096], n = 0;
+    for (const char *p = text; *p != '\0';) {
+        const char *eol = strchr(p, '\n'), *sp;
+        size_t l = eol ? (size_t)(eol - p) : strlen(p);
+        if (l > 0 && p[0] != '#') {
+            for (sp = p + l; sp > p && sp[-1] != ' '; sp--)
+                ;
+            assert_true(n < sizeof(lines) / sizeof(lines[0]));
+            lines[n] = p;
+            len[n] = sp > p ? (size_t)(sp - p) : l;
+            for (size_t i = 0; i < n; i++)
+                if (len[i] == len[n] && memcmp(lines[i], p, len[n]) == 0)
+                    fail_msg("the series %.*s is written twice", (int)len[n], p);
+            n++;
+        }
+        p += l + (eol != NULL);
+    }
+    assert_true(n > 100);
+}
+
 /* The value of the sample line that starts with `head` (name and labels). */
 static double
 sample(const char *text, const char *head)
@@ -222,6 +248,12 @@ test_values(void **state)
     snprintf(head, sizeof(head), "streamwire_nats_connected{conn=\"met-frontend\"}");
     assert_true(sample(text, head) == 1);
     assert_true(sample(text, "streamwire_nats_reconnects_total{conn=\"met-worker\"}") == 0);
+
+    /* Each series once (promtool does not check it; a scrape with one
+     * twice is refused by Prometheus): the router wrote
+     * streams_total{status="error",reason="unknown_error"} 90 times, once
+     * for each undefined code in the range of the stream reasons. */
+    assert_no_duplicate_series(text);
 
     /* promtool accepts the exposition (format and naming lint) */
     snprintf(path, sizeof(path), "/tmp/sw-metrics-%d.txt", (int)getpid());

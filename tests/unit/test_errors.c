@@ -294,6 +294,8 @@ test_stream_reasons(void **state)
     assert_int_equal(sw_err_is_stream_reason(SW_ETIMEDOUT), 0);
     assert_int_equal(sw_err_is_stream_reason(99), 0);
     assert_int_equal(sw_err_is_stream_reason(200), 0);
+    assert_int_equal(sw_err_is_stream_reason(110), 0); /* undefined, in the range */
+    assert_int_equal(sw_err_is_stream_reason(199), 0);
     assert_int_equal(sw_err_is_stream_reason(-100), 0);
     assert_int_equal(sw_err_is_stream_reason(INT_MIN), 0);
     assert_int_equal(sw_err_is_stream_reason(SW_ENATS_BASE + 100), 0);

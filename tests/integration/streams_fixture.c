@@ -147,12 +147,17 @@ w_send_tokens(wctx *w, sw_responder *r, int from, int to, int delay_ms)
     char buf[32];
     for (int i = from; i < to; i++) {
         int len;
+        int64_t t0;
         sw_err rv;
         if (delay_ms > 0)
             sleep_ms(delay_ms);
         len = snprintf(buf, sizeof(buf), "token-%d", i);
+        t0 = now_ms();
         rv = sw_responder_send(r, buf, (size_t)len);
         if (rv != SW_OK) {
+            pthread_mutex_lock(&w->mu);
+            w->stop_ms = now_ms() - t0; /* set before w_stop counts it */
+            pthread_mutex_unlock(&w->mu);
             w_stop(w, r, rv);
             return 0;
         }

@@ -105,6 +105,7 @@ typedef struct wctx {
     int sent;          /* successful data sends, all streams */
     int stopped;       /* sends that failed and ended a stream's loop */
     sw_err stop_rv;    /* the last such failure */
+    int64_t stop_ms;   /* how long it took (w_send_tokens) */
     int stop_saw_flag; /* sw_responder_cancelled() was 1 at that point */
     int cancel_cb;     /* sw_responder_on_cancel callbacks */
     int finished;      /* finish/fail calls that returned SW_OK */

@@ -268,6 +268,67 @@ cancel_wakes_blocked_send(void **state)
     got_free(g);
 }
 
+/* sw_responder_send "blocks while the stream has no credit, until credit
+ * arrives, the stream is cancelled, or the ingress send timeout passes":
+ * SW_ETIMEDOUT (no credit in time). Window 4, send_timeout_ms 300, nobody
+ * reads: the fifth send returns SW_ETIMEDOUT after the timeout and long
+ * before anything else would end it, the stream is not cancelled by it, and
+ * the handler, returning after it without a terminal, gets the FAILED
+ * "handler_returned" final sent for it (sw_handler_fn): the consumer then
+ * finds the 4 items and that terminal, nothing else. */
+static void
+send_times_out_without_credit(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    sw_request_opts o;
+    sw_ingress_stats st;
+    got *g = new_got(e);
+    sw_stream *s;
+    int64_t waited;
+
+    sw_ingress_opts_init(&io);
+    io.send_timeout_ms = 300;
+    e->w.mode = M_STREAM;
+    e->w.n = 1000;
+    env_start(e, &io, NULL);
+    ropts(e, &o);
+    o.credit_window = 4;
+    s = env_open_with(e, &o, "p", 1);
+    assert_true(wctx_wait(&e->w, &e->w.sent, 4, T(5000)));
+    assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(2000)));
+    pthread_mutex_lock(&e->w.mu);
+    waited = e->w.stop_ms;
+    pthread_mutex_unlock(&e->w.mu);
+    if (e->w.stop_rv != SW_ETIMEDOUT)
+        fail_msg("the send without credit returned %s, want timed_out", sw_err_name(e->w.stop_rv));
+    if (waited < 290 || waited >= T(1000))
+        fail_msg("the send without credit returned after %lld ms, want 300 (send_timeout_ms)",
+                 (long long)waited);
+    assert_int_equal(e->w.stop_saw_flag, 0); /* a timeout is not a cancel */
+    assert_int_equal(wctx_get(&e->w, &e->w.sent), 4);
+    assert_true(wctx_wait(&e->w, &e->w.returned, 1, T(2000)));
+    assert_int_equal(wctx_get(&e->w, &e->w.finished), 0);
+    /* Now read: the 4 items in order, then the one terminal. */
+    assert_true(collect(s, g, 0, T(5000)));
+    assert_tokens(g, 4);
+    assert_terminal(g, SW_STATUS_FAILED, SW_OK, "handler_returned");
+    assert_int_equal(g->term_seq, 5);
+    assert_done(g);
+    sleep_ms(100);
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 0);
+    assert_int_equal(wctx_get(&e->w, &e->w.stopped), 1);
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, 4);
+    assert_int_equal(st.credit_stalls, 1);
+    assert_int_equal(st.cancels, 0);
+    assert_int_equal(st.finished[SW_STATUS_FAILED], 1);
+    for (int i = 1; i <= 5; i++)
+        if (i != SW_STATUS_FAILED)
+            assert_int_equal(st.finished[i], 0);
+    got_free(g);
+}
+
 /* ======================================================================== */
 /* 5. Flow control                                                           */
 
@@ -1084,6 +1145,7 @@ main(int argc, char **argv)
         T_(kill_mid_stream),
         T_(close_before_terminal_cancels),
         T_(cancel_wakes_blocked_send),
+        T_(send_times_out_without_credit),
         T_(item_under_a_left_id_is_dropped),
         T_(no_callback_after_close),
         T_(cancel_from_another_thread_waits_for_callback),

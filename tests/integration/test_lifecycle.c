@@ -1139,6 +1139,56 @@ inline_requests_waiting_counted(void **state)
     assert_int_equal(st.requests_waiting, 0);
 }
 
+/* handler_inline: "Once the handlers ahead of a request have run longer,
+ * in all, than its frontend's inactivity_ms ..., it ends with
+ * stream_incomplete". The first handler sends one item and blocks (the
+ * gate) for 2.5 s; a request behind it, from a router with inactivity_ms
+ * 1000, ends with stream_incomplete (no item) about 1 s after it was
+ * opened, while the first handler still runs -- not once that one returns.
+ * The first stream, heartbeaten meanwhile, completes when the gate opens. */
+static void
+inline_queued_request_ends_incomplete(void **state)
+{
+    env *e = *state;
+    sw_router_opts ro;
+    got *g1 = new_got(e), *g2 = new_got(e);
+    sw_stream *s1, *s2;
+    int64_t t0, t1, took;
+
+    sw_router_opts_init(&ro);
+    ro.inactivity_ms = 1000;
+    e->w.mode = M_BLOCK;
+    e->w.k = 1;
+    e->w.n = 2;
+    env_start_inline(e, &ro);
+    t1 = now_ms();
+    s1 = env_open(e);
+    assert_true(wctx_wait(&e->w, &e->w.sent, 1, T(5000)));
+    t0 = now_ms();
+    s2 = env_open(e);
+    assert_int_equal(ist_wait(e, f_requests_waiting, 1, T(1000)), 1);
+    assert_true(collect(s2, g2, 0, T(2400)));
+    took = now_ms() - t0;
+    assert_int_equal(g2->n, 0);
+    assert_terminal(g2, SW_STATUS_ERROR, SW_STREAM_INCOMPLETE, "stream_incomplete");
+    assert_done(g2);
+    if (took < 950 || took > T(1800))
+        fail_msg("the queued request ended %lld ms after its open, want 1000..1800 "
+                 "(inactivity_ms 1000)",
+                 (long long)took);
+    assert_int_equal(wctx_get(&e->w, &e->w.started), 1); /* it never ran */
+    assert_int_equal(wctx_get(&e->w, &e->w.returned), 0);
+    /* The first handler ran for 2.5 s in all; its stream is unharmed. */
+    sleep_ms((long)(t1 + T(2500) - now_ms()));
+    wctx_open_gate(&e->w);
+    assert_true(collect(s1, g1, 0, T(5000)));
+    assert_tokens(g1, 2);
+    assert_terminal(g1, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g1);
+    got_free(g1);
+    got_free(g2);
+}
+
 typedef struct drain_bg {
     env *e;
     sw_err rv;
@@ -1602,6 +1652,7 @@ main(int argc, char **argv)
         T_(inline_handler_blocked_destroy),
         T_(inline_drain_hands_back_the_queued),
         T_(inline_requests_waiting_counted),
+        T_(inline_queued_request_ends_incomplete),
         T_(drain_while_disconnected),
         T_(request_in_start_window_never_runs),
         T_(frontend_back_under_its_id_keeps_its_stream),

@@ -491,7 +491,10 @@ SW_API sw_err sw_responder_fail(sw_responder *r, const char *code, const char *m
 SW_API int sw_responder_cancelled(const sw_responder *r);
 
 /* Called once, from a library thread, when the stream is cancelled. If the
- * stream is already cancelled, called at once on the calling thread. It runs
+ * stream is already cancelled, called at once on the calling thread. Each
+ * call registers fn in place of the callback before it (NULL: none), and
+ * each registration is called at most once: one made on a cancelled stream
+ * runs at once even if the one it replaced has run. It runs
  * on a thread that serves the whole instance (the one that handles control
  * messages; the liveness prober; the timer, for a deadline or a connection
  * closed for good): keep it short (set a flag, signal the engine), or

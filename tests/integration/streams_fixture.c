@@ -456,6 +456,8 @@ teardown(void **state)
     sw_ingress_destroy(e->ing);
     if (e->w.thr_started)
         pthread_join(e->w.thr, NULL);
+    if (e->w.mode == M_KEEP && e->w.kept != NULL) /* a test that failed before its release */
+        sw_responder_release(e->w.kept);
     env_free_collectors(e);
     sw_conn_close(e->fc2);
     sw_conn_close(e->fc);

@@ -75,7 +75,8 @@ enum {
     M_GAP,            /* k tokens, skip a seq, tokens k..n-1, finish */
     M_BLOCK,          /* k tokens, block until the gate opens (then n-k more, finish) or cancel */
     M_TRY,            /* try_send / droppable probe against a small window */
-    M_KEEP,           /* retain and return; the test owns the responder */
+    M_KEEP,           /* retain and return; the test owns the responder (w.kept: teardown
+                         releases one still there; a test that releases it sets it NULL) */
     M_PAUSE,          /* k tokens, sleep delay_ms, the rest, finish */
     M_API,            /* responder API misuse and edge cases (results in rv[]) */
     M_LOSE_FINAL,     /* n tokens, swx_responder_lose_next, finish COMPLETED */

@@ -150,6 +150,129 @@ responder_api_edges(void **state)
     assert_done(g);
 }
 
+/* M_KEEP: waits for the handler to return and hands its responder over. */
+static sw_responder *
+kept_responder(env *e, int nth)
+{
+    sw_responder *r;
+    assert_true(wctx_wait(&e->w, &e->w.returned, nth, T(5000)));
+    pthread_mutex_lock(&e->w.mu);
+    r = e->w.kept;
+    pthread_mutex_unlock(&e->w.mu);
+    assert_non_null(r);
+    return r;
+}
+
+/* Gives the test's M_KEEP responder back (teardown no longer does). */
+static void
+kept_release(env *e, sw_responder *r)
+{
+    pthread_mutex_lock(&e->w.mu);
+    if (e->w.kept == r)
+        e->w.kept = NULL;
+    pthread_mutex_unlock(&e->w.mu);
+    sw_responder_release(r);
+}
+
+/* A cancel callback registered by the test thread: who called it, how often. */
+typedef struct late_cancel {
+    pthread_mutex_t mu;
+    pthread_t caller;
+    sw_responder *r;
+    int calls;
+    int on_caller; /* calls made on the registering thread */
+    int other_r;   /* calls for another responder */
+} late_cancel;
+
+static void
+late_on_cancel(sw_responder *r, void *arg)
+{
+    late_cancel *lc = arg;
+    pthread_mutex_lock(&lc->mu);
+    lc->calls++;
+    lc->on_caller += pthread_equal(pthread_self(), lc->caller) != 0;
+    lc->other_r += r != lc->r;
+    pthread_mutex_unlock(&lc->mu);
+}
+
+static int
+late_calls(late_cancel *lc, int *on_caller)
+{
+    int n;
+    pthread_mutex_lock(&lc->mu);
+    n = lc->calls;
+    if (on_caller != NULL)
+        *on_caller = lc->on_caller;
+    pthread_mutex_unlock(&lc->mu);
+    return n;
+}
+
+/* sw_responder_on_cancel: "Called once ... If the stream is already
+ * cancelled, called at once on the calling thread." The handler registered
+ * w_on_cancel; the stream is cancelled and it runs once, from a library
+ * thread. A callback registered afterwards runs before on_cancel returns,
+ * on the registering thread, once -- not again while the router's cancel
+ * resends arrive -- and the one it replaced is not called again. Each call
+ * registers anew: registering once more on the cancelled stream calls the
+ * new registration at once too (once each); NULL registers none. */
+static void
+on_cancel_after_the_cancel(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    late_cancel lc;
+    sw_ingress_stats st;
+    sw_responder *r;
+    sw_stream *s;
+    int on_caller = 0;
+
+    memset(&lc, 0, sizeof(lc));
+    pthread_mutex_init(&lc.mu, NULL);
+    lc.caller = pthread_self();
+    e->w.mode = M_KEEP;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    lc.r = r = kept_responder(e, 1);
+    assert_int_equal(sw_responder_cancelled(r), 0);
+    assert_int_equal(sw_stream_cancel(s), SW_OK);
+    assert_true(collect(s, g, 0, T(5000)));
+    assert_int_equal(g->n, 0);
+    assert_terminal(g, SW_STATUS_CANCELLED, SW_OK, "cancelled");
+    for (int64_t until = now_ms() + T(2000); !sw_responder_cancelled(r) && now_ms() < until;)
+        sleep_ms(2);
+    assert_int_equal(sw_responder_cancelled(r), 1);
+    assert_true(wctx_wait(&e->w, &e->w.cancel_cb, 1, T(2000)));
+
+    sw_responder_on_cancel(r, late_on_cancel, &lc);
+    assert_int_equal(late_calls(&lc, &on_caller), 1); /* before it returned */
+    assert_int_equal(on_caller, 1);
+    sleep_ms(400); /* cancel resends (100, 200 ms) and ticks come and go */
+    assert_int_equal(late_calls(&lc, NULL), 1);
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
+
+    sw_responder_on_cancel(r, late_on_cancel, &lc); /* a new registration */
+    assert_int_equal(late_calls(&lc, &on_caller), 2);
+    assert_int_equal(on_caller, 2);
+    sw_responder_on_cancel(r, NULL, NULL); /* none: nothing to call */
+    sleep_ms(100);
+    assert_int_equal(late_calls(&lc, NULL), 2);
+    assert_int_equal(wctx_get(&e->w, &e->w.cancel_cb), 1);
+    pthread_mutex_lock(&lc.mu);
+    assert_int_equal(lc.other_r, 0);
+    pthread_mutex_unlock(&lc.mu);
+
+    assert_int_equal(sw_responder_finish(r, SW_STATUS_COMPLETED, NULL), SW_ECANCELLED);
+    kept_release(e, r);
+    assert_int_equal(ist_wait(e, f_inflight_zero, 1, T(2000)), 1);
+    ingress_stats(e, &st);
+    assert_int_equal(st.cancels, 1);
+    assert_int_equal(st.finished[SW_STATUS_CANCELLED], 1);
+    assert_int_equal(st.finished[SW_STATUS_FAILED], 0); /* the release sent nothing more */
+    assert_int_equal(late_calls(&lc, NULL), 2);
+    pthread_mutex_destroy(&lc.mu);
+    got_free(g);
+}
+
 /* ======================================================================== */
 /* 2. Worker terminals                                                       */
 
@@ -616,6 +739,7 @@ main(int argc, char **argv)
         T_(sequential_streams),
         T_(router_stats_count_items),
         T_(responder_api_edges),
+        T_(on_cancel_after_the_cancel),
         T_(incomplete_max_tokens),
         T_(failed_engine_error),
         T_(handler_returned_without_terminal),

@@ -597,6 +597,68 @@ overloaded(void **state)
     got_free(g3);
 }
 
+/* max_inflight counts "live streams (incl. retained responders)": with
+ * max_inflight 1, a responder retained by a handler that has returned
+ * (M_KEEP) keeps the slot, and a second request gets the overloaded
+ * terminal. Once the first is finished and released the slot is free: a
+ * third request (kept and finished by the test too) completes. */
+static void
+overloaded_by_a_retained_responder(void **state)
+{
+    env *e = *state;
+    sw_ingress_opts io;
+    got *g1 = new_got(e), *g2 = new_got(e), *g3 = new_got(e);
+    sw_ingress_stats st;
+    sw_responder *r1, *r3;
+    sw_stream *s1, *s2, *s3;
+    const sw_item *it;
+
+    sw_ingress_opts_init(&io);
+    io.max_inflight = 1;
+    e->w.mode = M_KEEP;
+    env_start(e, &io, NULL);
+    s1 = env_open(e);
+    r1 = kept_responder(e, 1); /* its handler has returned; r1 is the test's */
+    assert_int_equal(sw_responder_send(r1, "token-0", 7), SW_OK);
+    s2 = env_open(e);
+    assert_true(collect(s2, g2, 0, T(10000)));
+    assert_int_equal(g2->n, 0);
+    assert_terminal(g2, SW_STATUS_ERROR, SW_EOVERLOADED, "overloaded");
+    assert_done(g2);
+    ingress_stats(e, &st);
+    assert_int_equal(st.rejected_overload, 1);
+    assert_int_equal(st.requests, 1);
+    assert_int_equal(st.inflight, 1);
+    assert_int_equal(wctx_get(&e->w, &e->w.started), 1);
+    assert_int_equal(sw_stream_next(s1, &it, 0), SW_OK); /* the first stream lives on */
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    /* The first finishes and is released: the slot frees up. */
+    assert_int_equal(sw_responder_send(r1, "token-1", 7), SW_OK);
+    assert_int_equal(sw_responder_finish(r1, SW_STATUS_COMPLETED, NULL), SW_OK);
+    kept_release(e, r1);
+    got_add(g1, it);
+    assert_true(collect(s1, g1, 0, T(10000)));
+    assert_tokens(g1, 2);
+    assert_terminal(g1, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g1);
+    assert_int_equal(ist_wait(e, f_inflight_zero, 1, T(5000)), 1);
+    s3 = env_open(e);
+    r3 = kept_responder(e, 2);
+    assert_int_equal(sw_responder_send(r3, "token-0", 7), SW_OK);
+    assert_int_equal(sw_responder_finish(r3, SW_STATUS_COMPLETED, NULL), SW_OK);
+    kept_release(e, r3);
+    assert_true(collect(s3, g3, 0, T(10000)));
+    assert_tokens(g3, 1);
+    assert_terminal(g3, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g3);
+    ingress_stats(e, &st);
+    assert_int_equal(st.rejected_overload, 1);
+    assert_int_equal(st.requests, 2);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 2);
+    got_free(g1);
+    got_free(g2);
+    got_free(g3);
+}
 /* ======================================================================== */
 /* 4. Callback mode                                                          */
 
@@ -752,6 +814,7 @@ main(int argc, char **argv)
         T_(deadline_exceeded),
         T_(stream_incomplete),
         T_(overloaded),
+        T_(overloaded_by_a_retained_responder),
         T_(callback_completed),
         T_(callback_failed),
         T_(callback_close_from_terminal),

@@ -494,6 +494,63 @@ no_instances_without_registry(void **state)
     assert_int_equal(wctx_get(&e->w, &e->w.started), 0);
 }
 
+/* Opens a request with deadline_ms d (0: none) to an M_KEEP worker, reads
+ * the kept responder's sw_responder_deadline_left_ms at once, then finishes
+ * it (one token) and checks its consumer got that. */
+static int64_t
+deadline_left_of(env *e, int nth, sw_duration d)
+{
+    sw_request_opts o;
+    got *g = new_got(e);
+    sw_responder *r;
+    sw_stream *s;
+    int64_t left;
+
+    ropts(e, &o);
+    o.deadline_ms = d;
+    s = env_open_with(e, &o, "p", 1);
+    r = kept_responder(e, nth);
+    left = sw_responder_deadline_left_ms(r);
+    assert_int_equal(sw_responder_send(r, "token-0", 7), SW_OK);
+    assert_int_equal(sw_responder_finish(r, SW_STATUS_COMPLETED, NULL), SW_OK);
+    kept_release(e, r);
+    assert_true(collect(s, g, 0, T(5000)));
+    assert_tokens(g, 1);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    env_close(e, s);
+    got_free(g);
+    return left;
+}
+
+/* sw_responder_deadline_left_ms: "-1 = no deadline"; the milliseconds left
+ * of a request's deadline; and (README, docs/PROTOCOL.md "Request.deadline_ms
+ * clamped to 24 h") a peer's deadline is clamped to 24 h: 10 days, and the
+ * most the wire carries (UINT32_MAX ms, 49.7 days), leave at most
+ * 86,400,000 ms. The router sends deadline_ms as given. */
+static void
+deadline_left(void **state)
+{
+    env *e = *state;
+    const int64_t day = 24 * 3600 * 1000;
+    int64_t left;
+
+    e->w.mode = M_KEEP;
+    env_start(e, NULL, NULL);
+    assert_int_equal(deadline_left_of(e, 1, 0), -1);
+    left = deadline_left_of(e, 2, 5000);
+    if (left <= 5000 - T(1000) || left > 5000)
+        fail_msg("deadline 5000 ms: %lld ms left, want (%lld, 5000]", (long long)left,
+                 (long long)(5000 - T(1000)));
+    left = deadline_left_of(e, 3, (sw_duration)10 * day);
+    if (left <= day - T(1000) || left > day)
+        fail_msg("deadline 10 days: %lld ms left, want (%lld, %lld] (clamped to 24 h)",
+                 (long long)left, (long long)(day - T(1000)), (long long)day);
+    left = deadline_left_of(e, 4, (sw_duration)UINT32_MAX);
+    if (left <= day - T(1000) || left > day)
+        fail_msg("deadline UINT32_MAX ms: %lld ms left, want (%lld, %lld] (clamped to 24 h)",
+                 (long long)left, (long long)(day - T(1000)), (long long)day);
+}
+
 static void
 deadline_exceeded(void **state)
 {
@@ -812,6 +869,7 @@ main(int argc, char **argv)
         T_(payload_too_large_callback_close),
         T_(no_instances_without_registry),
         T_(deadline_exceeded),
+        T_(deadline_left),
         T_(stream_incomplete),
         T_(overloaded),
         T_(overloaded_by_a_retained_responder),

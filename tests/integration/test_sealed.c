@@ -236,6 +236,134 @@ sealed_cluster_streams(void **state)
     sw_conn_close(wc);
 }
 
+/* ------------------------------------------- items at the size limit */
+
+/* The handler of items_at_the_size_limit: sends g_sizes' items (byte i of
+ * item k is 'a' + (k + i) % 26), records each send's result, finishes. */
+#define NSIZES 8
+static size_t g_sizes[NSIZES];
+static sw_err g_sent[NSIZES];
+
+static void
+fill_item(char *buf, size_t len, int k)
+{
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (char)('a' + (k + i) % 26);
+}
+
+static void
+size_handler(sw_responder *r, void *arg)
+{
+    char *buf = malloc(1 << 16);
+    (void)arg;
+    for (int k = 0; k < NSIZES && buf != NULL; k++) {
+        fill_item(buf, g_sizes[k], k);
+        g_sent[k] = sw_responder_send(r, buf, g_sizes[k]);
+    }
+    free(buf);
+    (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+}
+
+/* Items at the edge of the server's max payload, sealed and not
+ * (streamwire.h): sw_conn_max_payload is the server's less the sealed
+ * envelope's 78 bytes when sealing; an item of up to that less 128 bytes
+ * is sent and delivered byte for byte, one of that less 112 or more is
+ * SW_EMSGSIZE with nothing sent and the stream usable: the items that
+ * went out arrive in order, their seqs 1, 2, ... without a gap, and the
+ * stream completes. (The header said "a wrapper of up to 94 bytes", from
+ * before instance ids could be 64 bytes long: an item of 95 bytes less
+ * than the max was refused.) */
+static void
+items_at_the_size_limit(void **state)
+{
+    swh_nats n;
+    size_t plain_max = 0;
+    (void)state;
+    assert_int_equal(swh_nats_start(&n, "max_payload: 4096\n"), 0);
+    for (int sealed = 0; sealed < 2; sealed++) {
+        sw_conn_opts co;
+        sw_conn *wc = NULL, *fc = NULL;
+        sw_ingress_opts io;
+        sw_ingress *ing = NULL;
+        sw_router *r;
+        sw_request_opts q;
+        sw_stream *s = NULL;
+        const sw_item *it;
+        char *want = malloc(1 << 16);
+        size_t max;
+        uint64_t seq = 0;
+        int k = 0;
+        assert_non_null(want);
+        sw_conn_opts_init(&co);
+        co.url = n.url;
+        co.seal_key_file = sealed ? g_key1 : NULL;
+        assert_int_equal(sw_conn_open(&wc, &co), SW_OK);
+        assert_int_equal(sw_conn_open(&fc, &co), SW_OK);
+        max = sw_conn_max_payload(wc);
+        if (!sealed) {
+            assert_int_equal(max, 4096);
+            plain_max = max;
+        } else {
+            assert_int_equal(max, plain_max - 78);
+        }
+        g_sizes[0] = 100;
+        g_sizes[1] = max - 128;
+        g_sizes[2] = max - 120; /* (fits here: a small seq, a 2-byte length) */
+        g_sizes[3] = max - 112;
+        g_sizes[4] = max - 1;
+        g_sizes[5] = max;
+        g_sizes[6] = max + 1;
+        g_sizes[7] = 1;
+        sw_ingress_opts_init(&io);
+        io.endpoint = EP;
+        io.instance_id = "sz1";
+        io.handler = size_handler;
+        assert_int_equal(sw_ingress_start(&ing, wc, &io), SW_OK);
+        r = router(fc);
+        sw_request_opts_init(&q);
+        q.endpoint = EP;
+        q.instance_id = "sz1";
+        assert_int_equal(sw_router_open(&s, r, &q, "x", 1), SW_OK);
+        for (;;) {
+            assert_int_equal(sw_stream_next(s, &it, T(10000)), SW_OK);
+            if (it->kind == SW_ITEM_TERMINAL)
+                break;
+            /* the next item that was sent */
+            while (k < NSIZES && g_sent[k] != SW_OK)
+                k++;
+            assert_true(k < NSIZES);
+            assert_int_equal(it->seq, ++seq);
+            assert_int_equal(it->len, g_sizes[k]);
+            fill_item(want, g_sizes[k], k);
+            if (memcmp(it->data, want, it->len) != 0)
+                fail_msg("item %d (%zu bytes, sealed %d) arrived changed", k, g_sizes[k], sealed);
+            k++;
+        }
+        print_message("    sealed %d: max %zu, sent %d %d %d %d %d %d %d %d\n", sealed, max,
+                      g_sent[0], g_sent[1], g_sent[2], g_sent[3], g_sent[4], g_sent[5], g_sent[6],
+                      g_sent[7]);
+        assert_int_equal(it->terminal.status, SW_STATUS_COMPLETED);
+        for (int j = 0; j < NSIZES; j++) {
+            if (g_sizes[j] + 128 <= max)
+                assert_int_equal(g_sent[j], SW_OK);
+            else if (g_sizes[j] + 112 >= max)
+                assert_int_equal(g_sent[j], SW_EMSGSIZE);
+            else
+                assert_true(g_sent[j] == SW_OK || g_sent[j] == SW_EMSGSIZE);
+        }
+        while (k < NSIZES && g_sent[k] != SW_OK)
+            k++;
+        assert_int_equal(k, NSIZES); /* every item sent arrived */
+        sw_stream_close(s);
+        sw_router_destroy(r);
+        sw_ingress_destroy(ing);
+        sw_conn_close(fc);
+        sw_conn_close(wc);
+        free(want);
+    }
+    swh_nats_stop(&n);
+}
+
 /* A mixed cluster: auth_failed at once, never a hang or a garbled stream. */
 static void
 mixed_cluster_fails_fast(void **state)
@@ -1200,6 +1328,7 @@ main(void)
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
         cmocka_unit_test(sealed_registry),
         cmocka_unit_test(taps_see_sealed_bytes),
+        cmocka_unit_test(items_at_the_size_limit),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

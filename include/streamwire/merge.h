@@ -81,7 +81,7 @@ SW_API void sw_merge_request_opts(sw_merge *m, sw_request_opts *q);
  * owns it from now on (it closes it in sw_merge_destroy): do not call
  * sw_stream_next on it. Streams are numbered 0, 1, ... in the order added.
  * SW_EINVAL (NULL, or after the first sw_merge_next), SW_EBUSY (max_streams
- * reached), SW_ENOMEM. */
+ * reached), SW_ENOMEM; on an error the stream stays the caller's. */
 SW_API sw_err sw_merge_add(sw_merge *m, sw_stream *s);
 
 /* One item of one stream in a frame. */

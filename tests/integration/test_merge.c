@@ -29,17 +29,18 @@ static sw_router *g_r;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_cancelled;
 
-/* Payload "chunk total ms fail hang": items "<i>:<text>" for each chunk
- * boundary i (chunk, 2 chunk, ... up to total), ms apart; fail >= 0: fail
- * after that many items; hang: send nothing until cancelled. "raw:<a>|<b>|"
- * sends the listed items as they are. */
+/* Payload "chunk total ms fail hang incomplete": items "<i>:<text>" for
+ * each chunk boundary i (chunk, 2 chunk, ... up to total), ms apart; fail
+ * >= 0: fail after that many items; hang: send nothing until cancelled;
+ * incomplete >= 0: finish INCOMPLETE ("max_tokens") after that many items.
+ * "raw:<a>|<b>|" sends the listed items as they are. */
 static void
 handler(sw_responder *r, void *arg)
 {
     size_t len;
     const char *p = sw_responder_payload(r, &len);
     char buf[256];
-    int chunk = 1, total = 0, ms = 0, fail = -1, hang = 0, sent = 0;
+    int chunk = 1, total = 0, ms = 0, fail = -1, hang = 0, incomplete = -1, sent = 0;
     (void)arg;
     if (len >= sizeof(buf))
         len = sizeof(buf) - 1;
@@ -53,7 +54,7 @@ handler(sw_responder *r, void *arg)
         (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
         return;
     }
-    sscanf(buf, "%d %d %d %d %d", &chunk, &total, &ms, &fail, &hang);
+    sscanf(buf, "%d %d %d %d %d %d", &chunk, &total, &ms, &fail, &hang, &incomplete);
     if (hang) {
         while (!sw_responder_cancelled(r))
             swh_sleep_ms(5);
@@ -67,6 +68,10 @@ handler(sw_responder *r, void *arg)
         int n;
         if (fail >= 0 && sent == fail) {
             (void)sw_responder_fail(r, "detector_error", "the detector broke");
+            return;
+        }
+        if (incomplete >= 0 && sent == incomplete) {
+            (void)sw_responder_finish(r, SW_STATUS_INCOMPLETE, "max_tokens");
             return;
         }
         if (ms > 0 && sent > 0)
@@ -218,6 +223,45 @@ test_failing_stream_cancels_the_others(void **state)
     assert_int_equal(wait_cancelled(2), 2);
 }
 
+/* A stream that ends INCOMPLETE (max_tokens) early does not end the
+ * merge (merge.h: only a terminal other than completed or incomplete
+ * does, and cancels the others): the frames go on with the other stream
+ * up to its end, nobody is cancelled, and the merged terminal is that
+ * stream's INCOMPLETE (the first terminal that was not completed). */
+static void
+test_incomplete_stream_does_not_end_the_merge(void **state)
+{
+    const char *p[2] = {"1 40 0 -1 0 -1", "5 40 0 -1 0 2"};
+    sw_merge *m;
+    result r;
+    (void)state;
+    pthread_mutex_lock(&g_mu);
+    g_cancelled = 0;
+    pthread_mutex_unlock(&g_mu);
+    m = merge_of(p, 2, 0);
+    read_all(m, &r);
+    assert_true(r.nframes >= 2);
+    assert_int_equal(r.refs[r.nframes - 1], 40); /* the other stream to its end */
+    {
+        size_t got0 = 0, got1 = 0;
+        for (size_t i = 0; i < r.nframes; i++) {
+            got0 += r.counts[i][0];
+            got1 += r.counts[i][1];
+        }
+        assert_int_equal(got0, 40);
+        assert_int_equal(got1, 2); /* 5:, 10: then INCOMPLETE */
+    }
+    assert_int_equal(r.term.terminal.status, SW_STATUS_INCOMPLETE);
+    assert_string_equal(r.reason, "max_tokens");
+    assert_int_equal(r.term.failed_stream, 1);
+    assert_int_equal(r.term.frames, r.nframes);
+    sw_merge_destroy(m);
+    swh_sleep_ms(200);
+    pthread_mutex_lock(&g_mu);
+    assert_int_equal(g_cancelled, 0);
+    pthread_mutex_unlock(&g_mu);
+}
+
 /* A stream whose first index is 10^9 while another counts up from 1: the
  * merge must hold every item of the second until it reaches 10^9, which
  * max_queued_bytes does not allow -- the merged result ends with
@@ -345,6 +389,31 @@ test_api_errors(void **state)
     assert_int_equal(sw_merge_add(m, NULL), SW_EINVAL);
     sw_merge_destroy(m);
     sw_merge_destroy(NULL);
+
+    /* max_streams reached: SW_EBUSY; an add after the first sw_merge_next:
+     * SW_EINVAL. A refused stream stays the caller's (closed here). */
+    {
+        sw_merge_opts mo;
+        sw_request_opts q;
+        sw_stream *s[3] = {NULL, NULL, NULL};
+        sw_merge_opts_init(&mo);
+        mo.max_streams = 1;
+        assert_int_equal(sw_merge_create(&m, &mo), SW_OK);
+        for (int i = 0; i < 3; i++) {
+            sw_request_opts_init(&q);
+            q.endpoint = EP;
+            q.instance_id = "mw1";
+            sw_merge_request_opts(m, &q);
+            assert_int_equal(sw_router_open(&s[i], g_r, &q, "1 3 0 -1 0", 10), SW_OK);
+        }
+        assert_int_equal(sw_merge_add(m, s[0]), SW_OK);
+        assert_int_equal(sw_merge_add(m, s[1]), SW_EBUSY);
+        sw_stream_close(s[1]);
+        assert_int_equal(sw_merge_next(m, &f, T(5000)), SW_OK);
+        assert_int_equal(sw_merge_add(m, s[2]), SW_EINVAL);
+        sw_stream_close(s[2]);
+        sw_merge_destroy(m);
+    }
 }
 
 static int
@@ -390,6 +459,7 @@ main(void)
         cmocka_unit_test(test_chunk_sizes),
         cmocka_unit_test(test_empty_and_slow),
         cmocka_unit_test(test_failing_stream_cancels_the_others),
+        cmocka_unit_test(test_incomplete_stream_does_not_end_the_merge),
         cmocka_unit_test(test_silent_stream_ends_at_its_deadline),
         cmocka_unit_test(test_far_index_is_bounded),
         cmocka_unit_test(test_overlapping_and_ranges),

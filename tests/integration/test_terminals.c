@@ -411,6 +411,24 @@ no_responders(void **state)
     got_free(g);
 }
 
+/* The router's error terminals by code (sw_router_error_count): exactly
+ * one, `err`, and the wrapped-NATS rule and NULL (streamwire.h). */
+static void
+assert_one_error_counted(env *e, sw_err err)
+{
+    sw_router_stats st;
+    uint64_t sum = 0;
+    sw_router_stats_get(e->rt, &st);
+    assert_int_equal(sw_router_error_count(e->rt, err), 1);
+    for (int c = 1; c < 256; c++)
+        sum += sw_router_error_count(e->rt, c);
+    assert_int_equal(sum, 1);
+    assert_int_equal(st.terminals[SW_STATUS_ERROR], 1);
+    assert_int_equal(sw_router_error_count(NULL, err), 0);
+    assert_int_equal(sw_router_error_count(e->rt, SW_ENATS_BASE | 5),
+                     sw_router_error_count(e->rt, SW_ENATS));
+}
+
 static void
 payload_too_large(void **state)
 {
@@ -436,6 +454,7 @@ payload_too_large(void **state)
     assert_terminal(g, SW_STATUS_ERROR, SW_EMSGSIZE, "payload_too_large");
     assert_int_equal(g->term_seq, 0);
     assert_done(g);
+    assert_one_error_counted(e, SW_EMSGSIZE);
     /* Checked before publishing: the worker never saw it. */
     natsConnection_Flush((natsConnection *)sw_conn_nats(e->fc));
     sleep_ms(100);
@@ -572,6 +591,7 @@ deadline_exceeded(void **state)
     assert_terminal(g, SW_STATUS_ERROR, SW_DEADLINE_EXCEEDED, "deadline_exceeded");
     assert_done(g);
     assert_token_prefix(g);
+    assert_one_error_counted(e, SW_DEADLINE_EXCEEDED);
     assert_true(now_ms() - t0 >= 190); /* not before the deadline */
     /* The worker stops: send returns SW_ECANCELLED, the flag is set. */
     assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(3000)));
@@ -633,6 +653,7 @@ overloaded(void **state)
     assert_int_equal(g2->n, 0);
     assert_terminal(g2, SW_STATUS_ERROR, SW_EOVERLOADED, "overloaded");
     assert_done(g2);
+    assert_one_error_counted(e, SW_EOVERLOADED);
     assert_string_equal(g2->instance, sw_ingress_instance_id(e->ing));
     ingress_stats(e, &st);
     assert_int_equal(st.rejected_overload, 1);

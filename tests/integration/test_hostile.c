@@ -1064,13 +1064,30 @@ negative_durations_are_invalid(void **state)
         c = NULL;
     }
     c = conn_open();
-    sw_router_opts_init(&ro);
-    ro.gap_timeout_ms = -1;
-    assert_int_equal(sw_router_create(&r, c, &ro), SW_EINVAL);
-    sw_router_opts_init(&ro);
-    ro.probe_timeout_ms = (sw_duration)INT32_MAX + 1;
-    assert_int_equal(sw_router_create(&r, c, &ro), SW_EINVAL);
-    assert_null(r);
+    {
+        /* every duration of sw_router_opts: -1 and INT32_MAX + 1 refused,
+         * INT32_MAX taken (a default kept for 0 is no test of the bound) */
+        static const size_t off[] = {
+            offsetof(sw_router_opts, heartbeat_ms),      offsetof(sw_router_opts, inactivity_ms),
+            offsetof(sw_router_opts, gap_timeout_ms),    offsetof(sw_router_opts, final_linger_ms),
+            offsetof(sw_router_opts, probe_interval_ms), offsetof(sw_router_opts, probe_timeout_ms),
+            offsetof(sw_router_opts, quarantine_ms),
+        };
+        static const sw_duration bad[] = {-1, (sw_duration)INT32_MAX + 1, INT64_MIN};
+        for (size_t i = 0; i < sizeof(off) / sizeof(off[0]); i++)
+            for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+                sw_router_opts_init(&ro);
+                *(sw_duration *)((char *)&ro + off[i]) = bad[k];
+                if (sw_router_create(&r, c, &ro) != SW_EINVAL)
+                    fail_msg("sw_router_opts field at offset %zu = %lld: not SW_EINVAL", off[i],
+                             (long long)bad[k]);
+                assert_null(r);
+            }
+        sw_router_opts_init(&ro);
+        ro.credit_window_max = (1u << 20) + 1; /* "at most 1<<20" */
+        assert_int_equal(sw_router_create(&r, c, &ro), SW_EINVAL);
+        assert_null(r);
+    }
     r = router_new(c, 16);
     sw_request_opts_init(&q);
     q.endpoint = EP;

@@ -12,20 +12,6 @@
 
 #ifndef SW_CHAOS
 #error "ingress/chaos.h is for the chaos build only (link sw_internal, which defines SW_CHAOS)"
-/* Test-only: fn(router_id, arg) is called on the thread that judged a
- * frontend gone (ingress/liveness.c: a probe answered "no responders", or
- * probes unanswered), once its entry has left the table of frontends and
- * before its streams are cancelled. NULL: none (chaos build only). */
-typedef void (*swx_ingress_gone_fn)(const char *router_id, void *arg);
-void swx_ingress_on_frontend_gone(sw_ingress *ing, swx_ingress_gone_fn fn, void *arg);
-
-/* Test-only: every sw_ingress_start of this process calls fn(conn,
- * request subject, arg) once its request subscription is made, before it
- * has the server's answer to its subscriptions (a request may arrive in
- * between, and start may still fail). NULL: none (chaos build only). */
-typedef void (*swx_ingress_subscribed_fn)(sw_conn *conn, const char *req_subj, void *arg);
-void swx_ingress_on_subscribed(swx_ingress_subscribed_fn fn, void *arg);
-
 #endif
 
 #include <streamwire/streamwire.h>

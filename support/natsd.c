@@ -467,9 +467,11 @@ swh_nats_spawn(swh_nats *n, const char *bin, const char *js, const char *conf, c
     argv[argc++] = "127.0.0.1";
     argv[argc++] = "-p";
     argv[argc++] = portstr;
-    argv[argc++] = "-js";
-    argv[argc++] = "-sd";
-    argv[argc++] = js;
+    if (!n->no_js) {
+        argv[argc++] = "-js";
+        argv[argc++] = "-sd";
+        argv[argc++] = js;
+    }
     if (conf != NULL) {
         argv[argc++] = "-c";
         argv[argc++] = conf;
@@ -624,13 +626,14 @@ swh_sweep_stale(void)
     closedir(d);
 }
 
-int
-swh_nats_start(swh_nats *n, const char *extra_conf)
+static int
+swh_nats_start_mode(swh_nats *n, const char *extra_conf, int jetstream)
 {
     char bin[1024];
     int i;
 
     memset(n, 0, sizeof(*n));
+    n->no_js = !jetstream;
     swh_sweep_stale();
     if (swh_find_nats_server(bin, sizeof(bin)) != 0)
         return -1;
@@ -645,6 +648,18 @@ swh_nats_start(swh_nats *n, const char *extra_conf)
     fprintf(stderr, "could not start nats-server (%s)\n", bin);
     memset(n, 0, sizeof(*n));
     return -1;
+}
+
+int
+swh_nats_start(swh_nats *n, const char *extra_conf)
+{
+    return swh_nats_start_mode(n, extra_conf, 1);
+}
+
+int
+swh_nats_start_no_js(swh_nats *n, const char *extra_conf)
+{
+    return swh_nats_start_mode(n, extra_conf, 0);
 }
 
 void

@@ -22,6 +22,7 @@ typedef struct swh_nats {
     int lock_fd;   /* > 0: holds an flock on dir/owner.lock while this process owns dir, so
                       that another process's sweep of stale dirs never removes it (even while
                       the server is down for a restart) */
+    int no_js;     /* started by swh_nats_start_no_js: no JetStream */
 } swh_nats;
 
 /* Starts nats-server (binary: env SW_NATS_SERVER, else `nats-server` on PATH,
@@ -34,6 +35,8 @@ typedef struct swh_nats {
  * Returns 0 and fills *n, or -1 (reason printed to stderr, nothing left
  * running, temp dir removed). */
 int swh_nats_start(swh_nats *n, const char *extra_conf);
+/* The same without JetStream (no -js): what a registry must refuse. */
+int swh_nats_start_no_js(swh_nats *n, const char *extra_conf);
 
 /* SIGTERM, SIGKILL after 2 s, reaps it, removes the temp dir. Idempotent;
  * safe on a zeroed swh_nats. */

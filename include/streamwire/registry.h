@@ -149,11 +149,12 @@ SW_API void sw_registry_opts_init(sw_registry_opts *opts);
 /* Opens (and for nats-kv creates if missing) the registry and starts
  * watching it. conn may be NULL for the memory backend.
  * Errors: SW_EINVAL (unknown backend, bad bucket name, backend table of the
- * wrong version or missing entries), SW_ENOMEM, SW_ENATS... (JetStream not
- * enabled shows as a wrapped NATS status). The nats-kv backend retries, for
- * up to 20 s, failures that pass by themselves in a JetStream cluster that
- * is still electing leaders (a timeout, "temporarily unavailable"), so the
- * call may block that long; a server without JetStream fails at once. */
+ * wrong version or missing entries), SW_ENOMEM, SW_NO_RESPONDERS (the
+ * server has no JetStream: nobody answers its API), SW_ENATS... (other NATS
+ * errors, wrapped). The nats-kv backend retries, for up to 20 s, failures
+ * that pass by themselves in a JetStream cluster that is still electing
+ * leaders (a timeout, "temporarily unavailable"), so the call may block
+ * that long; a server without JetStream fails at once. */
 SW_API SW_NODISCARD sw_err sw_registry_open(sw_registry **out, sw_conn *conn,
                                             const sw_registry_opts *opts);
 

@@ -3561,6 +3561,41 @@ remembered_deletes_bounded(void **state)
 }
 #endif
 
+#ifndef SW_REGISTRY_MEMORY_ONLY
+/* A server without JetStream: sw_registry_open (nats-kv) fails at once
+ * with SW_NO_RESPONDERS (registry.h: "a server without JetStream fails at
+ * once", where failures that pass by themselves are retried for up to 20
+ * s; the header said a wrapped NATS status, which it never was). */
+static void
+open_without_jetstream_fails_at_once(void **state)
+{
+    swh_nats n;
+    sw_conn_opts co;
+    sw_conn *c = NULL;
+    sw_registry_opts go;
+    sw_registry *reg = NULL;
+    int64_t t0, took;
+    sw_err rv;
+    (void)state;
+    assert_int_equal(swh_nats_start_no_js(&n, NULL), 0);
+    sw_conn_opts_init(&co);
+    co.url = n.url;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    sw_registry_opts_init(&go);
+    go.backend = "nats-kv";
+    go.bucket = "nojs";
+    t0 = now_ms();
+    rv = sw_registry_open(&reg, c, &go);
+    took = now_ms() - t0;
+    print_message("    without JetStream: %s after %lld ms\n", sw_err_name(rv), (long long)took);
+    assert_int_equal(rv, SW_NO_RESPONDERS);
+    assert_null(reg);
+    assert_true(took < T(3000));
+    sw_conn_close(c);
+    swh_nats_stop(&n);
+}
+#endif
+
 #define RT(f, be)                                      \
     {                                                  \
 #f " [" be "]", f, setup, teardown, (void *)be \
@@ -3596,6 +3631,7 @@ main(int argc, char **argv)
         RT(watch_closes_while_receiving, SUITE_BACKEND),
         RT(watch_remade_when_consumer_deleted, SUITE_BACKEND),
         RT(watch_survives_server_restart, SUITE_BACKEND),
+        cmocka_unit_test(open_without_jetstream_fails_at_once),
 #endif
     };
     if (argc > 1)

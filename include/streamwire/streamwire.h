@@ -437,7 +437,8 @@ SW_API int sw_responder_migratable(const sw_responder *r);
  * exceed sw_conn_max_payload: an item of up to that less 128 bytes always
  * fits (less 130 if droppable, and less the event name's length + 2 more
  * with sw_responder_send_event); one of that less 112 bytes or more never
- * does; nothing sent, the stream stays usable), SW_ENOMEM, a NATS error (SW_ENATS_BASE | status), SW_EINVAL. */
+ * does; nothing sent, the stream stays usable), SW_ENOMEM, a NATS error
+ * (SW_ENATS_BASE | status), SW_EINVAL. */
 SW_API sw_err sw_responder_send(sw_responder *r, const void *data, size_t len);
 
 /* As send, but returns SW_EAGAIN at once instead of blocking for credit. */

@@ -105,16 +105,22 @@ pool_find(swr_pool *p, const char *id)
 }
 
 /* Forgets instances that are gone (or were never in the registry),
- * unused and out of quarantine (p->mu held), so that the table does not
- * grow with every worker that ever lived: on each registry event, and on
- * each quarantine (a router without a registry quarantines the instances
- * it loses, and has no events). */
+ * unused and out of quarantine for as long as their last quarantine lasted
+ * (p->mu held), so that the table does not grow with every worker that
+ * ever lived: on each registry event, and on each quarantine (a router
+ * without a registry quarantines the instances it loses, and has no
+ * events). The wait keeps the backoff of an instance lost again soon
+ * after its quarantine (a direct route's, which no registry lists): it was
+ * forgotten the moment its quarantine ended, and its next one started
+ * again from quarantine_ms, never doubling (test_registry_mem
+ * pool_quarantine_doubles). */
 static void
 pool_prune(swr_pool *p, int64_t now)
 {
     for (size_t i = 0; i < p->n;) {
         pool_inst *g = &p->v[i];
-        if (!g->live && (g->quarantine_until == 0 || now >= g->quarantine_until))
+        if (!g->live &&
+            (g->quarantine_until == 0 || now >= g->quarantine_until + (int64_t)g->backoff_ms))
             *g = p->v[--p->n];
         else
             i++;

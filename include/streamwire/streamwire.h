@@ -631,7 +631,8 @@ typedef struct sw_router_opts {
                                      one answers "no responders" at once; default 100 */
     sw_duration probe_timeout_ms;  /* an unanswered probe is a miss; default 300 */
     unsigned probe_misses;         /* misses in a row that make a frozen instance dead; default 2 */
-    sw_duration quarantine_ms;     /* local quarantine of a dead instance, doubling on repeats up
+    sw_duration quarantine_ms;     /* local quarantine of a dead instance, doubling on repeats
+                                      (a loss within as long after the last quarantine ended) up
                                       to 30 s, lifted early when it registers again; default 1000 */
     sw_log_fn log;
     void *log_arg;

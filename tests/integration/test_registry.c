@@ -3473,8 +3473,9 @@ pool_without_registry_bounded(void **state)
         (void)swr_pool_quarantine(p, id);
     }
     assert_int_equal(swr_pool_size(p), 1000); /* (all still quarantined) */
-    swh_sleep_ms(T(300) + 50);
-    /* The next loss: everything past its quarantine goes. */
+    swh_sleep_ms(2 * T(300) + 50);
+    /* The next loss: everything out of quarantine as long as it lasted
+     * goes (until then an entry keeps its backoff, for a repeat). */
     assert_int_equal(swr_pool_quarantine(p, "lost-next"), 0); /* (no registry: no report) */
     assert_int_equal(swr_pool_size(p), 1);
     assert_true(swr_pool_quarantined(p, "lost-next"));
@@ -3482,6 +3483,34 @@ pool_without_registry_bounded(void **state)
     /* A quarantine still running is kept, with its backoff. */
     assert_int_equal(swr_pool_quarantine(p, "lost-next"), 0);
     assert_true(swr_pool_quarantined(p, "lost-next"));
+    swr_pool_destroy(p);
+}
+
+/* A repeated quarantine doubles (streamwire.h quarantine_ms: "doubling on
+ * repeats"): the first lasts quarantine_ms, the next, begun after it
+ * lapsed, twice that. A second quarantine while one runs changes nothing. */
+static void
+pool_quarantine_doubles(void **state)
+{
+    swr_pool_opts o;
+    swr_pool *p = NULL;
+    int64_t q = T(200), t0;
+    (void)state;
+    memset(&o, 0, sizeof(o));
+    o.quarantine_ms = (unsigned)q;
+    assert_int_equal(swr_pool_create(&p, &o), SW_OK);
+    t0 = now_ms();
+    (void)swr_pool_quarantine(p, "twice");
+    (void)swr_pool_quarantine(p, "twice"); /* while it runs: no change */
+    assert_true(swr_pool_quarantined(p, "twice"));
+    swh_sleep_ms(q + q / 4 - (now_ms() - t0));
+    assert_false(swr_pool_quarantined(p, "twice")); /* the first: q */
+    t0 = now_ms();
+    (void)swr_pool_quarantine(p, "twice");
+    swh_sleep_ms(q + q / 2 - (now_ms() - t0));
+    assert_true(swr_pool_quarantined(p, "twice")); /* the second: 2 q */
+    swh_sleep_ms(2 * q + q / 4 - (now_ms() - t0));
+    assert_false(swr_pool_quarantined(p, "twice"));
     swr_pool_destroy(p);
 }
 
@@ -3627,6 +3656,7 @@ main(int argc, char **argv)
 #ifdef SW_REGISTRY_MEMORY_ONLY
         RT(remembered_deletes_bounded, SUITE_BACKEND),
         RT(pool_without_registry_bounded, SUITE_BACKEND),
+        RT(pool_quarantine_doubles, SUITE_BACKEND),
 #else
         RT(watch_closes_while_receiving, SUITE_BACKEND),
         RT(watch_remade_when_consumer_deleted, SUITE_BACKEND),

@@ -5,6 +5,7 @@
 #define SW_CMD_CLI_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -81,8 +82,11 @@ int cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                   */
 
-/* Set by the SIGINT/SIGTERM handler installed with cli_catch_signals. */
-extern volatile sig_atomic_t cli_signalled;
+/* Set by the SIGINT/SIGTERM handler installed with cli_catch_signals. An
+ * atomic, not a volatile sig_atomic_t: the signal may land on any thread
+ * (nats.c's among them) while the main thread reads it (TSan saw that
+ * race); a lock-free atomic is as safe in a handler. */
+extern atomic_int cli_signalled;
 
 /* Installs a SIGINT/SIGTERM handler that sets cli_signalled and, when
  * wake_fd >= 0, writes one byte to wake_fd. SIGPIPE is ignored. */

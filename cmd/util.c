@@ -6,7 +6,7 @@
 
 #include "cli.h"
 
-volatile sig_atomic_t cli_signalled = 0;
+atomic_int cli_signalled = 0;
 static int cli_wake_fd = -1;
 
 static void

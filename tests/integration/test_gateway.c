@@ -2020,6 +2020,21 @@ h2_rapid_reset(uint8_t *b, uint32_t id, const char *body)
     return n;
 }
 
+/* An h2c connection to hp with its preface and empty SETTINGS sent. */
+static int
+h2c_connect(const char *hp)
+{
+    static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    uint8_t b[64];
+    size_t n = sizeof(preface) - 1;
+    int fd = tcp_connect(hp);
+    assert_true(fd >= 0);
+    memcpy(b, preface, n);
+    n += h2_frame(b + n, 0, 4 /* SETTINGS */, 0, 0);
+    assert_int_equal(send(fd, b, n, MSG_NOSIGNAL), (ssize_t)n);
+    return fd;
+}
+
 /* HTTP/2 rapid reset (CVE-2023-44487): one h2c connection opens 1,000
  * streaming responses, each reset at once in the same packet, 250 to a
  * write. libh2o 2.2 has no limit on that: every one of them reached the
@@ -2086,15 +2101,7 @@ test_rapid_reset(void **state)
      * connection, 50 at a time, each batch's streams ended before the next
      * (the bound is on what runs at once, not on resets ever made: a count
      * of resets closed this connection at its 200th) */
-    fd = tcp_connect(hp);
-    assert_true(fd >= 0);
-    {
-        static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-        size_t n = sizeof(preface) - 1;
-        memcpy(out, preface, n);
-        n += h2_frame(out + n, 0, 4 /* SETTINGS */, 0, 0);
-        assert_int_equal(send(fd, out, n, MSG_NOSIGNAL), (ssize_t)n);
-    }
+    fd = h2c_connect(hp);
     for (int b = 0; b < NFAIR / 50 && !closed; b++) {
         size_t n = 0;
         ssize_t r = -1;
@@ -2124,15 +2131,7 @@ test_rapid_reset(void **state)
     sent = 0;
 
     /* the rapid reset */
-    fd = tcp_connect(hp);
-    assert_true(fd >= 0);
-    {
-        static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-        size_t n = sizeof(preface) - 1;
-        memcpy(out, preface, n);
-        n += h2_frame(out + n, 0, 4 /* SETTINGS */, 0, 0);
-        assert_int_equal(send(fd, out, n, MSG_NOSIGNAL), (ssize_t)n);
-    }
+    fd = h2c_connect(hp);
     while (sent < NSTREAMS && !closed) {
         size_t n = 0;
         ssize_t r;

@@ -104,6 +104,14 @@ wait_cancelled(int n)
     return c;
 }
 
+static void
+reset_cancelled(void)
+{
+    pthread_mutex_lock(&g_mu);
+    g_cancelled = 0;
+    pthread_mutex_unlock(&g_mu);
+}
+
 static sw_merge *
 merge_of(const char *const *payloads, size_t n, int64_t deadline_ms)
 {
@@ -210,9 +218,7 @@ test_failing_stream_cancels_the_others(void **state)
     sw_merge *m;
     result r;
     (void)state;
-    pthread_mutex_lock(&g_mu);
-    g_cancelled = 0;
-    pthread_mutex_unlock(&g_mu);
+    reset_cancelled();
     m = merge_of(p, 3, 0);
     read_all(m, &r);
     assert_int_equal(r.term.terminal.status, SW_STATUS_FAILED);
@@ -235,9 +241,7 @@ test_incomplete_stream_does_not_end_the_merge(void **state)
     sw_merge *m;
     result r;
     (void)state;
-    pthread_mutex_lock(&g_mu);
-    g_cancelled = 0;
-    pthread_mutex_unlock(&g_mu);
+    reset_cancelled();
     m = merge_of(p, 2, 0);
     read_all(m, &r);
     assert_true(r.nframes >= 2);
@@ -276,9 +280,7 @@ test_far_index_is_bounded(void **state)
     sw_merge *m = NULL;
     const sw_merge_frame *f;
     (void)state;
-    pthread_mutex_lock(&g_mu);
-    g_cancelled = 0;
-    pthread_mutex_unlock(&g_mu);
+    reset_cancelled();
     sw_merge_opts_init(&mo);
     assert_int_equal(mo.max_queued_bytes, SW_MERGE_MAX_QUEUED_DEFAULT);
     mo.max_queued_bytes = 64 * 1024;

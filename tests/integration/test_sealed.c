@@ -242,7 +242,24 @@ sealed_cluster_streams(void **state)
  * item k is 'a' + (k + i) % 26), records each send's result, finishes. */
 #define NSIZES 8
 static size_t g_sizes[NSIZES];
-static sw_err g_sent[NSIZES];
+static int g_sent[NSIZES]; /* an sw_err, -1 before the send returned (g_sent_mu) */
+static pthread_mutex_t g_sent_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The result of the send of item k, once the handler has it (an item may
+ * arrive before its send returned). */
+static int
+sent_result(int k)
+{
+    int rv;
+    for (int64_t until = swh_now_ms() + T(10000);;) {
+        pthread_mutex_lock(&g_sent_mu);
+        rv = g_sent[k];
+        pthread_mutex_unlock(&g_sent_mu);
+        if (rv != -1 || swh_now_ms() >= until)
+            return rv;
+        swh_sleep_ms(1);
+    }
+}
 
 static void
 fill_item(char *buf, size_t len, int k)
@@ -257,8 +274,12 @@ size_handler(sw_responder *r, void *arg)
     char *buf = malloc(1 << 16);
     (void)arg;
     for (int k = 0; k < NSIZES && buf != NULL; k++) {
+        sw_err rv;
         fill_item(buf, g_sizes[k], k);
-        g_sent[k] = sw_responder_send(r, buf, g_sizes[k]);
+        rv = sw_responder_send(r, buf, g_sizes[k]);
+        pthread_mutex_lock(&g_sent_mu);
+        g_sent[k] = (int)rv;
+        pthread_mutex_unlock(&g_sent_mu);
     }
     free(buf);
     (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
@@ -314,6 +335,10 @@ items_at_the_size_limit(void **state)
         g_sizes[5] = max;
         g_sizes[6] = max + 1;
         g_sizes[7] = 1;
+        pthread_mutex_lock(&g_sent_mu);
+        for (int j = 0; j < NSIZES; j++)
+            g_sent[j] = -1;
+        pthread_mutex_unlock(&g_sent_mu);
         sw_ingress_opts_init(&io);
         io.endpoint = EP;
         io.instance_id = "sz1";
@@ -329,7 +354,7 @@ items_at_the_size_limit(void **state)
             if (it->kind == SW_ITEM_TERMINAL)
                 break;
             /* the next item that was sent */
-            while (k < NSIZES && g_sent[k] != SW_OK)
+            while (k < NSIZES && sent_result(k) != SW_OK)
                 k++;
             assert_true(k < NSIZES);
             assert_int_equal(it->seq, ++seq);
@@ -340,18 +365,18 @@ items_at_the_size_limit(void **state)
             k++;
         }
         print_message("    sealed %d: max %zu, sent %d %d %d %d %d %d %d %d\n", sealed, max,
-                      g_sent[0], g_sent[1], g_sent[2], g_sent[3], g_sent[4], g_sent[5], g_sent[6],
-                      g_sent[7]);
+                      sent_result(0), sent_result(1), sent_result(2), sent_result(3),
+                      sent_result(4), sent_result(5), sent_result(6), sent_result(7));
         assert_int_equal(it->terminal.status, SW_STATUS_COMPLETED);
         for (int j = 0; j < NSIZES; j++) {
             if (g_sizes[j] + 128 <= max)
-                assert_int_equal(g_sent[j], SW_OK);
+                assert_int_equal(sent_result(j), SW_OK);
             else if (g_sizes[j] + 112 >= max)
-                assert_int_equal(g_sent[j], SW_EMSGSIZE);
+                assert_int_equal(sent_result(j), SW_EMSGSIZE);
             else
-                assert_true(g_sent[j] == SW_OK || g_sent[j] == SW_EMSGSIZE);
+                assert_true(sent_result(j) == SW_OK || sent_result(j) == SW_EMSGSIZE);
         }
-        while (k < NSIZES && g_sent[k] != SW_OK)
+        while (k < NSIZES && sent_result(k) != SW_OK)
             k++;
         assert_int_equal(k, NSIZES); /* every item sent arrived */
         sw_stream_close(s);

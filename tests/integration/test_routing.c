@@ -99,9 +99,13 @@ cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t until_ms)
     (void)pthread_cond_timedwait(cv, mu, &ts);
 }
 
+static int g_reroutes; /* "re-routed to" lines the routers logged (atomic) */
+
 static void
 log_stderr(void *arg, sw_log_level level, const char *msg)
 {
+    if (strstr(msg, "; re-routed to ") != NULL)
+        __atomic_add_fetch(&g_reroutes, 1, __ATOMIC_RELAXED);
     if (g_verbose || level <= SW_LOG_ERROR)
         fprintf(stderr, "[%d %s] %s: %s\n", (int)getpid(), arg ? (const char *)arg : "",
                 sw_log_level_name(level), msg);
@@ -1605,6 +1609,50 @@ drained_instance_requests_go_elsewhere(void **state)
     drained_requests_run(*state, 0);
 }
 
+/* A request meets "no responders" on every instance it is sent to (three
+ * workers, all drained while still listed): it is re-routed once
+ * (streamwire.h: "sent once to another instance"), not a second time, and
+ * ends no_responders; its terminal names the two instances it was sent
+ * to, two different ones. */
+static void
+rerouted_once_only(void **state)
+{
+    world *w = *state;
+    char line[64];
+    coll c;
+    int i, named = 0;
+    world_frontend(w, SW_POLICY_ROUND_ROBIN);
+    __atomic_store_n(&g_reroutes, 0, __ATOMIC_RELAXED);
+    for (int k = 0; k < 3; k++) {
+        world_worker(w, k, "usr1-drain");
+        swh_kill(w->wpid[k], SIGUSR1);
+        assert_int_equal(swh_wait_line(w->wfd[k], "drained-only", line, sizeof(line), (int)T(5000)),
+                         0);
+    }
+    i = world_open(w, w->rt, "n=3,ms=0", NULL);
+    assert_true(coll_wait(&w->c[i], -1, T(5000)));
+    c = coll_get(&w->c[i]);
+    assert_int_equal(c.status, SW_STATUS_ERROR);
+    assert_int_equal(c.err, SW_NO_RESPONDERS);
+    assert_int_equal(c.n, 0);
+    assert_int_equal(c.terminals, 1);
+    {
+        const char *comma = strchr(c.instances, ',');
+        assert_non_null(comma);
+        assert_null(strchr(comma + 1, ',')); /* two, not three */
+        assert_true(strncmp(c.instances, comma + 1, (size_t)(comma - c.instances)) != 0 ||
+                    strlen(comma + 1) != (size_t)(comma - c.instances));
+        for (int k = 0; k < 3; k++)
+            named += strstr(c.instances, w->wid[k]) != NULL;
+        assert_int_equal(named, 2);
+    }
+    /* one re-route: the second "no responders" ended the stream (the
+     * terminal's list names only the last move's two instances, so the
+     * router's log is what counts the moves) */
+    swh_sleep_ms(100);
+    assert_int_equal(__atomic_load_n(&g_reroutes, __ATOMIC_RELAXED), 1);
+}
+
 /* A router keeps a series of metrics for its first 32 endpoints
  * (SWE_EP_MAX) and shares their names with their streams; a stream to any
  * later endpoint keeps its own copy of the name, which the re-route after
@@ -1685,6 +1733,7 @@ main(int argc, char **argv)
         T_(graceful_drain),
         T_(drained_instance_requests_go_elsewhere),
         T_(drained_requests_go_elsewhere_past_32_endpoints),
+        T_(rerouted_once_only),
     };
     if (argc > 1 && strcmp(argv[1], "--worker") == 0)
         return worker_main(argc, argv);

@@ -138,6 +138,13 @@ struct swg_rq {
  * swg_conn_finished, NULL if not counted), or -1: refuse it. */
 int swg_conn_start(h2o_req_t *req, swg_conn **conn);
 void swg_conn_finished(swg_conn *conn); /* its stream ended; NULL ok */
+/* Shuts a connection down under h2o: its write in flight fails, and h2o
+ * closes it and stops its requests. The close resets it: the client reads
+ * nothing, and the kernel would otherwise hold the unsent bytes for
+ * minutes. NULL ok. */
+void swg_sock_abort(h2o_socket_t *sock);
+/* req's connection's socket (HTTP/1 and HTTP/2 over TCP), or NULL. */
+h2o_socket_t *swg_req_socket(h2o_req_t *req);
 
 /* response.c */
 void swg_rq_start(swg_loop *lp, h2o_req_t *req); /* POST /v1/responses */

@@ -133,6 +133,13 @@ errjson_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
 
 /* ---------------------------------------------------------------- request framing */
 
+h2o_socket_t *
+swg_req_socket(h2o_req_t *req)
+{
+    return req->conn->callbacks->get_socket != NULL ? req->conn->callbacks->get_socket(req->conn)
+                                                    : NULL;
+}
+
 /* 1 if the header line at p (up to end) is the header `name` (lowercase):
  * h2o's parser took it, so its name is a token followed by ':' at once. */
 static int
@@ -162,8 +169,7 @@ length_ambiguous(h2o_req_t *req)
     const char *p, *end, *nl;
     unsigned ncl = 0, nte = 0;
     size_t mlen = req->input.method.len;
-    if (req->version >= 0x200 || req->conn->callbacks->get_socket == NULL ||
-        (sock = req->conn->callbacks->get_socket(req->conn)) == NULL || sock->input == NULL)
+    if (req->version >= 0x200 || (sock = swg_req_socket(req)) == NULL || sock->input == NULL)
         return NULL;
     p = sock->input->bytes;
     end = p + sock->input->size;
@@ -364,10 +370,19 @@ on_conn_close(void *data)
 static swg_conn *
 conn_of(h2o_req_t *req)
 {
-    h2o_socket_t *sock = req->conn->callbacks->get_socket != NULL
-                             ? req->conn->callbacks->get_socket(req->conn)
-                             : NULL;
+    h2o_socket_t *sock = swg_req_socket(req);
     return sock != NULL && sock->on_close.cb == on_conn_close ? sock->on_close.data : NULL;
+}
+
+void
+swg_sock_abort(h2o_socket_t *sock)
+{
+    struct linger lg = {1, 0};
+    int fd;
+    if (sock == NULL || (fd = h2o_socket_get_fd(sock)) < 0)
+        return;
+    (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    (void)shutdown(fd, SHUT_RDWR);
 }
 
 int
@@ -375,8 +390,6 @@ swg_conn_start(h2o_req_t *req, swg_conn **out)
 {
     swg_conn *c;
     swg_loop *lp;
-    struct linger lg = {1, 0};
-    int fd;
     *out = NULL;
     if (req->version < 0x200 || (c = conn_of(req)) == NULL)
         return 0;
@@ -399,10 +412,7 @@ swg_conn_start(h2o_req_t *req, swg_conn **out)
     }
     /* h2o reads the end and closes the connection, stopping its other
      * responses (reset: what is unsent is dropped) */
-    if ((fd = h2o_socket_get_fd(c->sock)) >= 0) {
-        (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-        (void)shutdown(fd, SHUT_RDWR);
-    }
+    swg_sock_abort(c->sock);
     return -1;
 }
 

@@ -668,21 +668,6 @@ rq_keepalive(h2o_timeout_entry_t *entry)
     rq_flush(q, 0);
 }
 
-/* Shuts a connection down under h2o: its write in flight fails, and h2o
- * closes it and stops its requests. The close resets it: the client reads
- * nothing, and the kernel would otherwise hold the unsent bytes for
- * minutes. */
-static void
-sock_abort(h2o_socket_t *sock)
-{
-    struct linger lg = {1, 0};
-    int fd;
-    if (sock == NULL || (fd = h2o_socket_get_fd(sock)) < 0)
-        return;
-    (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-    (void)shutdown(fd, SHUT_RDWR);
-}
-
 /* A write has waited stall_ms for the client to take it (it stopped
  * reading, or gave the stream no HTTP/2 window): the stream is cancelled
  * (unless --cancel-on-disconnect off, as for a client that left) and the
@@ -706,9 +691,7 @@ rq_stalled(h2o_timeout_entry_t *entry)
         (void)sw_stream_cancel(q->s); /* the worker's handler sees it now */
         q->ended = 1;
     }
-    sock_abort(req->conn->callbacks->get_socket != NULL
-                   ? req->conn->callbacks->get_socket(req->conn)
-                   : NULL);
+    swg_sock_abort(swg_req_socket(req));
 }
 
 /* A non-stream request over HTTP/1: h2o reads nothing more from the
@@ -725,10 +708,7 @@ rq_watch(h2o_timeout_entry_t *entry)
     ssize_t n;
     if (q->ended || q->req == NULL)
         return;
-    sock = q->req->conn->callbacks->get_socket != NULL
-               ? q->req->conn->callbacks->get_socket(q->req->conn)
-               : NULL;
-    if (sock == NULL)
+    if ((sock = swg_req_socket(q->req)) == NULL)
         return;
     n = recv(h2o_socket_get_fd(sock), &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {

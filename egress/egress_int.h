@@ -270,6 +270,20 @@ swe_instance(const sw_stream *s)
     return __atomic_load_n(&s->inst_pub, __ATOMIC_ACQUIRE);
 }
 
+/* Every instance the stream's request was sent to, comma-separated, for
+ * its terminal (s->mu held): a migration's list, else a re-route's pair
+ * (kept after the second instance's name, SWE_SECOND_BYTES), else the one
+ * instance. */
+static inline const char *
+swe_instances(const sw_stream *s)
+{
+    if (s->mig != NULL && s->mig->inst_list != NULL)
+        return s->mig->inst_list;
+    if (s->inst_second != NULL)
+        return s->inst_second + SW_MAX_TOKEN + 1;
+    return swe_instance(s);
+}
+
 /* Asks the cache for the lines of s that a received heartbeat or item
  * touches (its receive state, instance and timer fields): a batch of beats
  * visits thousands of cold streams, and fetching the next ones while one is

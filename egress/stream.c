@@ -255,10 +255,7 @@ st_pop(sw_stream *s, sw_item *out, swe_rx_act *act)
             out->instance_id = swe_gen_instance(s, s->rx.cur->gen);
         } else {
             out->instance_id = swe_instance(s);
-            out->terminal.instances = s->mig != NULL && s->mig->inst_list != NULL
-                                          ? s->mig->inst_list
-                                      : s->inst_second != NULL ? s->inst_second + SW_MAX_TOKEN + 1
-                                                               : out->instance_id;
+            out->terminal.instances = swe_instances(s);
         }
         if (got == 1)
             __atomic_fetch_add(&s->r->items, 1, __ATOMIC_RELAXED);
@@ -428,6 +425,15 @@ sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
 
 /* ---------------------------------------------------------------- cancel, close */
 
+/* Waits for an item callback of s running on another thread to return (s->mu
+ * held; one on this thread, which called us from it, is not waited for). */
+static void
+st_wait_callback(sw_stream *s)
+{
+    while (s->in_cb && !pthread_equal(s->cb_thread, pthread_self()))
+        pthread_cond_wait(&s->cv, &s->mu);
+}
+
 static sw_err
 st_cancel(sw_stream *s, int kill)
 {
@@ -439,8 +445,7 @@ st_cancel(sw_stream *s, int kill)
     st_plan_tick(s);
     /* A data callback already under way on another thread finishes before
      * we return: after this call, no data item reaches the consumer. */
-    while (s->in_cb && !pthread_equal(s->cb_thread, pthread_self()))
-        pthread_cond_wait(&s->cv, &s->mu);
+    st_wait_callback(s);
     pthread_mutex_unlock(&s->mu);
     if (!set)
         return SW_EEOF;
@@ -487,8 +492,7 @@ sw_stream_close(sw_stream *s)
          * nothing now. One under way on another thread finishes first. */
         pthread_mutex_lock(&s->mu);
         s->closed = 1;
-        while (s->in_cb && !pthread_equal(s->cb_thread, pthread_self()))
-            pthread_cond_wait(&s->cv, &s->mu);
+        st_wait_callback(s);
         pthread_mutex_unlock(&s->mu);
     }
     swe_remove(s);

@@ -125,21 +125,10 @@ static sw_err
 resp_final_body(uint64_t seq, const swp_terminal *t, size_t max, int may_retry, uint8_t *stack,
                 uint8_t **buf, size_t *len)
 {
-    swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;
     swp_terminal t2;
     swp_error e2;
-    size_t n;
-    sw_err rv;
-    b.seq = seq;
-    b.complete_final = 1;
-    b.terminal = (swp_terminal *)t;
-    *buf = stack;
-    n = swp_encoded_size(&b);
-    if (n > max)
-        rv = SW_EMSGSIZE;
-    else if (n <= SWN_FINAL_STACK)
-        return swp_encode(&b, stack, SWN_FINAL_STACK, len);
-    else if ((rv = swp_encode_alloc(&b, max, buf, len)) == SW_OK)
+    sw_err rv = swp_final_body(seq, t, max, stack, SWN_FINAL_STACK, buf, len);
+    if (rv == SW_OK)
         return SW_OK;
     *buf = stack;
     if ((rv == SW_ENOMEM && may_retry) || t->error == NULL || t->error->message == NULL ||
@@ -149,12 +138,9 @@ resp_final_body(uint64_t seq, const swp_terminal *t, size_t max, int may_retry, 
     e2 = *t->error;
     e2.message = (char *)"";
     t2.error = &e2;
-    b.terminal = &t2;
-    if (swp_encoded_size(&b) > max)
-        return SW_EMSGSIZE;
-    /* (fits: a reason of at most 256 bytes, sw_responder_finish; a code of
-     * at most 64, swi_valid_code) */
-    return swp_encode(&b, stack, SWN_FINAL_STACK, len);
+    /* (fits the stack: a reason of at most 256 bytes, sw_responder_finish;
+     * a code of at most 64, swi_valid_code) */
+    return swp_final_body(seq, &t2, max, stack, SWN_FINAL_STACK, buf, len);
 }
 
 /* Sends the final wrapper (r->mu held, not terminated). */

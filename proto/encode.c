@@ -158,13 +158,28 @@ swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t len, in
 }
 
 sw_err
-swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out, size_t *len)
+swp_final_body(uint64_t seq, const swp_terminal *t, size_t max, uint8_t *buf, size_t cap,
+               uint8_t **out, size_t *len)
 {
     swp_batched b = STREAMWIRE__V1__BATCHED_ITEM__INIT;
+    size_t n;
     b.seq = seq;
     b.complete_final = 1;
     b.terminal = (swp_terminal *)t;
+    *out = NULL;
+    if ((n = swp_encoded_size(&b)) > max)
+        return SW_EMSGSIZE;
+    if (n <= cap) {
+        *out = buf;
+        return swp_encode(&b, buf, cap, len);
+    }
     return swp_encode_alloc(&b, max, out, len);
+}
+
+sw_err
+swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out, size_t *len)
+{
+    return swp_final_body(seq, t, max, NULL, 0, out, len);
 }
 
 size_t

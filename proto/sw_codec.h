@@ -159,8 +159,12 @@ size_t swp_data_body_write(uint8_t *out, uint64_t seq, const void *data, size_t 
  * [A-Za-z0-9._:-]. Every decoder refuses (SW_EPROTO) an item whose event
  * is not, or that is typed but is not a data item. */
 int swp_valid_event(const char *s, size_t n);
-/* Packs a final's body (seq, complete_final, terminal) into a fresh malloc'd
- * buffer if it is <= max bytes: SW_OK, SW_EMSGSIZE, SW_ENOMEM. */
+/* Packs a final's body (seq, complete_final, terminal) if it is <= max
+ * bytes: into buf (cap bytes; *out = buf) when it fits there, else into a
+ * fresh malloc'd *out: SW_OK, SW_EMSGSIZE, SW_ENOMEM (*out NULL). */
+sw_err swp_final_body(uint64_t seq, const swp_terminal *t, size_t max, uint8_t *buf, size_t cap,
+                      uint8_t **out, size_t *len);
+/* The same, always into a fresh malloc'd buffer. */
 sw_err swp_final_body_alloc(uint64_t seq, const swp_terminal *t, size_t max, uint8_t **out,
                             size_t *len);
 /* Packs a Request, as the frontend builds one (no `sealed`, no unknown

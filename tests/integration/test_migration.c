@@ -620,6 +620,30 @@ gate_release(gate *g)
     pthread_mutex_unlock(&g->mu);
 }
 
+/* How many requests worker i served, from its drain summary (SIGTERM;
+ * it has wait_ms to exit). */
+static long
+served(world *w, int i, int64_t wait_ms)
+{
+    char log[16384], *p;
+    FILE *f;
+    size_t n;
+    int st = -1;
+    swh_kill(w->pid[i], SIGTERM);
+    assert_int_equal(swh_wait_exit(w->pid[i], (int)wait_ms, &st), 0);
+    w->pid[i] = 0;
+    f = fopen(w->err_path[i], "r");
+    assert_non_null(f);
+    n = fread(log, 1, sizeof(log) - 1, f);
+    fclose(f);
+    log[n] = '\0';
+    p = strstr(log, "drained (");
+    assert_non_null(p);
+    p = strstr(p, "): ");
+    assert_non_null(p);
+    return strtol(p + 3, NULL, 10);
+}
+
 static void
 cancel_during_migration(void **state)
 {
@@ -627,10 +651,7 @@ cancel_during_migration(void **state)
     coll c;
     gate g;
     sw_stream *s;
-    int from, other, st = -1;
-    char log[8192];
-    FILE *f;
-    size_t n;
+    int from, other;
     gate_init(&g);
     s = begin(w, &c, 2, NULL, 2, 0, gate_migrate, &g, &from);
     other = from == 0 ? 1 : 0;
@@ -647,15 +668,7 @@ cancel_during_migration(void **state)
     pthread_mutex_unlock(&c.mu);
     assert_int_equal(g.calls, 1);
     /* The other worker served nothing: its drain summary says so. */
-    swh_kill(w->pid[other], SIGTERM);
-    assert_int_equal(swh_wait_exit(w->pid[other], (int)T(10000), &st), 0);
-    w->pid[other] = 0;
-    f = fopen(w->err_path[other], "r");
-    assert_non_null(f);
-    n = fread(log, 1, sizeof(log) - 1, f);
-    fclose(f);
-    log[n] = '\0';
-    assert_non_null(strstr(log, "): 0 requests,"));
+    assert_int_equal(served(w, other, T(10000)), 0);
     sw_stream_close(s);
 }
 
@@ -744,29 +757,6 @@ hold_reroute(sw_stream *s, void *arg)
     pthread_mutex_unlock(&h->mu);
 }
 
-/* How many requests worker i served, from its drain summary (SIGTERM). */
-static long
-served(world *w, int i)
-{
-    char log[16384], *p;
-    FILE *f;
-    size_t n;
-    int st = -1;
-    swh_kill(w->pid[i], SIGTERM);
-    assert_int_equal(swh_wait_exit(w->pid[i], (int)T(30000), &st), 0);
-    w->pid[i] = 0;
-    f = fopen(w->err_path[i], "r");
-    assert_non_null(f);
-    n = fread(log, 1, sizeof(log) - 1, f);
-    fclose(f);
-    log[n] = '\0';
-    p = strstr(log, "drained (");
-    assert_non_null(p);
-    p = strstr(p, "): ");
-    assert_non_null(p);
-    return strtol(p + 3, NULL, 10);
-}
-
 /* A request routed to a killed worker (still listed) meets "no
  * responders", and its one re-route begins; meanwhile the probe thread
  * finds the same worker lost and migrates the stream. The migration owns
@@ -831,7 +821,7 @@ reroute_yields_to_migration(void **state)
     sw_stream_close(s2);
     sw_stream_close(s3);
     /* s2, s3 and the migrated request: no fourth went out. */
-    assert_int_equal(served(w, a) + served(w, b), 3);
+    assert_int_equal(served(w, a, T(30000)) + served(w, b, T(30000)), 3);
     swx_router_on_reroute(w->rt, NULL, NULL);
     pthread_mutex_destroy(&h.mu);
 }

@@ -152,7 +152,8 @@ header_line_is(const char *p, const char *end, const char *name)
 /* HTTP/1.1 frames a request body by one Content-Length, or by
  * Transfer-Encoding. h2o 2.2 reads the body by the first Content-Length and
  * ignores any other (and a Content-Length next to Transfer-Encoding), and
- * keeps neither in req->headers. A proxy in front that went by another one
+ * keeps neither in req->headers; of two Transfer-Encodings it goes by the
+ * last (400 unless it says "chunked"). A proxy in front that went by another one
  * sees the body end elsewhere: the bytes between the two ends are, to one
  * of them, the next request on the connection, which the other never saw
  * (request smuggling: RFC 9112 6.3 and 11.2 say to answer 400 and close).
@@ -193,6 +194,9 @@ length_ambiguous(h2o_req_t *req)
     }
     if (ncl > 1)
         return "the request has more than one Content-Length header: its body's length is "
+               "ambiguous";
+    if (nte > 1)
+        return "the request has more than one Transfer-Encoding header: its body's length is "
                "ambiguous";
     if (ncl > 0 && nte > 0)
         return "the request has both Content-Length and Transfer-Encoding headers: its body's "

@@ -1531,7 +1531,8 @@ raw_until_close(const char *req, size_t len, char *buf, size_t cap, int *closed)
 }
 
 /* A request whose body length is ambiguous -- two Content-Length headers
- * (equal or not), or Content-Length next to Transfer-Encoding -- gets 400
+ * (equal or not), Content-Length next to Transfer-Encoding, or two
+ * Transfer-Encoding headers -- gets 400
  * bad_request in the JSON error shape, and the connection is closed: the
  * bytes after the body h2o read are not taken as another request. h2o 2.2
  * reads a body by the first Content-Length and ignores the rest, so a
@@ -1549,7 +1550,7 @@ test_ambiguous_length(void **state)
     int n, closed;
     json_t *j;
     (void)state;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         switch (k) {
         case 0: /* the first says no body; the second covers the smuggled request */
             n = snprintf(req, sizeof(req),
@@ -1570,11 +1571,19 @@ test_ambiguous_length(void **state)
                          "Content-Length: %zu\r\n\r\n%s",
                          sizeof(body) - 1, sizeof(body) - 1, body);
             break;
-        default: /* Transfer-Encoding wins in h2o; a proxy may go by the length */
+        case 3: /* Transfer-Encoding wins in h2o; a proxy may go by the length */
             n = snprintf(req, sizeof(req),
                          "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
                          "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n%s",
                          sizeof(body) - 1, sizeof(body) - 1, body, smuggled);
+            break;
+        default: /* two Transfer-Encodings: h2o goes by the last (chunked), a proxy
+                    that went by the first saw no body, and the chunks as the next
+                    request (whose own end it then took for a third) */
+            n = snprintf(req, sizeof(req),
+                         "POST /v1/responses HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n"
+                         "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n%s",
+                         sizeof(body) - 1, body, smuggled);
             break;
         }
         raw_until_close(req, (size_t)n, buf, sizeof(buf), &closed);
@@ -1589,6 +1598,8 @@ test_ambiguous_length(void **state)
         assert_string_equal(str_at(j, "error", "code"), "bad_request");
         assert_non_null(
             strstr(str_at(j, "error", "message"), k < 3 ? "Content-Length" : "Transfer-Encoding"));
+        if (k == 4)
+            assert_non_null(strstr(str_at(j, "error", "message"), "more than one"));
         json_decref(j);
         /* nothing after it: the smuggled request went unserved */
         assert_null(strstr(p, "HTTP/1.1 "));

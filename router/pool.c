@@ -19,8 +19,6 @@
 #include "common/sched.h"
 #include "router/sw_pool.h"
 
-#define POOL_MAX_QUARANTINE_MS 30000
-
 #ifdef SW_CHAOS
 extern void (*swx_pool_seed_fn)(void *arg); /* router/chaos.c */
 extern void *swx_pool_seed_arg;
@@ -352,6 +350,15 @@ swr_pool_quarantined(swr_pool *p, const char *instance)
     return q;
 }
 
+unsigned
+swr_pool_backoff(unsigned prev_ms, unsigned base_ms)
+{
+    unsigned next = prev_ms == 0                          ? base_ms
+                    : prev_ms > SWR_QUARANTINE_MAX_MS / 2 ? SWR_QUARANTINE_MAX_MS
+                                                          : 2 * prev_ms;
+    return next < SWR_QUARANTINE_MAX_MS ? next : SWR_QUARANTINE_MAX_MS;
+}
+
 int
 swr_pool_quarantine(swr_pool *p, const char *instance)
 {
@@ -362,9 +369,7 @@ swr_pool_quarantine(swr_pool *p, const char *instance)
     pool_prune(p, now);
     if ((e = pool_get(p, instance)) != NULL &&
         (e->quarantine_until == 0 || now >= e->quarantine_until)) {
-        e->backoff_ms = e->backoff_ms == 0 ? p->quarantine_ms : e->backoff_ms * 2;
-        if (e->backoff_ms > POOL_MAX_QUARANTINE_MS)
-            e->backoff_ms = POOL_MAX_QUARANTINE_MS;
+        e->backoff_ms = swr_pool_backoff(e->backoff_ms, p->quarantine_ms);
         e->quarantine_until = now + e->backoff_ms;
         report = e->live;
     }

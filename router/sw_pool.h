@@ -42,6 +42,13 @@ typedef unsigned (*swr_load_fn)(void *arg, const char *instance);
 sw_err swr_pool_pick(swr_pool *p, const char *endpoint, swr_load_fn load, void *load_arg,
                      char out[SW_MAX_TOKEN + 1]);
 
+/* The longest local quarantine: sw_router_opts.quarantine_ms doubles on
+ * repeats up to this (and a longer quarantine_ms is cut to it). */
+#define SWR_QUARANTINE_MAX_MS 30000
+/* The length of a quarantine that follows one of prev_ms (0: the first):
+ * base_ms, then twice the last, never above SWR_QUARANTINE_MAX_MS. Pure. */
+unsigned swr_pool_backoff(unsigned prev_ms, unsigned base_ms);
+
 /* Quarantines the instance here (with backoff). Returns 1 when this starts
  * a new quarantine of an instance the registry lists as live: then the
  * caller should swr_pool_report it. */

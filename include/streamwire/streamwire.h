@@ -633,7 +633,8 @@ typedef struct sw_router_opts {
     unsigned probe_misses;         /* misses in a row that make a frozen instance dead; default 2 */
     sw_duration quarantine_ms;     /* local quarantine of a dead instance, doubling on repeats
                                       (a loss within as long after the last quarantine ended) up
-                                      to 30 s, lifted early when it registers again; default 1000 */
+                                      to 30 s (a longer value is cut to 30 s), lifted early when it
+                                      registers again; default 1000 */
     sw_log_fn log;
     void *log_arg;
     int migration_limit; /* default for sw_request_opts.migration_limit; 0 (the default) = no

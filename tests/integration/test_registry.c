@@ -3514,6 +3514,32 @@ pool_quarantine_doubles(void **state)
     swr_pool_destroy(p);
 }
 
+/* The doubling stops at 30 s (streamwire.h quarantine_ms: "up to 30 s"):
+ * the rule itself, since the cap takes a dozen lapsed quarantines to reach
+ * (pool_quarantine_doubles shows the pool applies it). */
+static void
+pool_quarantine_capped(void **state)
+{
+    unsigned b = 0, n = 0;
+    (void)state;
+    assert_int_equal(SWR_QUARANTINE_MAX_MS, 30000);
+    assert_int_equal(swr_pool_backoff(0, 1000), 1000);
+    assert_int_equal(swr_pool_backoff(1000, 1000), 2000);
+    assert_int_equal(swr_pool_backoff(16000, 1000), 30000); /* not 32 s */
+    assert_int_equal(swr_pool_backoff(30000, 1000), 30000);
+    assert_int_equal(swr_pool_backoff(0, 45000), 30000);       /* a longer option is cut */
+    assert_int_equal(swr_pool_backoff(0xffffffffu, 1), 30000); /* no overflow */
+    /* from the default: 1, 2, 4, 8, 16, then 30 s for good */
+    for (int i = 0; i < 40; i++) {
+        unsigned nb = swr_pool_backoff(b, 1000);
+        assert_true(nb >= b && nb <= 30000);
+        n += nb != b;
+        b = nb;
+    }
+    assert_int_equal(b, 30000);
+    assert_int_equal(n, 6);
+}
+
 /* The deletes the view remembers are bounded (REG_TOMBS_MAX, the oldest
  * forgotten first), however many keys an operator or an attacker with
  * write access deletes. White box: the memory backend delivers each delete
@@ -3657,6 +3683,7 @@ main(int argc, char **argv)
         RT(remembered_deletes_bounded, SUITE_BACKEND),
         RT(pool_without_registry_bounded, SUITE_BACKEND),
         RT(pool_quarantine_doubles, SUITE_BACKEND),
+        RT(pool_quarantine_capped, SUITE_BACKEND),
 #else
         RT(watch_closes_while_receiving, SUITE_BACKEND),
         RT(watch_remade_when_consumer_deleted, SUITE_BACKEND),

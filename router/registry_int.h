@@ -165,6 +165,9 @@ void swr_reg_tick(void *arg, int64_t now);
 /* Something falls due at `at` (monotonic ms): kicks the ticker if it rests
  * past it (mu held). */
 void swr_reg_due(sw_registry *reg, int64_t at);
+/* How long a lapsed entry may be held while the store does not answer
+ * (registry.h: SW_REGISTRY_HOLD_MAX_LEASES leases, 30 s at least). Pure. */
+int64_t swr_reg_hold_max(int64_t lease);
 /* The lease an entry is judged by: its worker's, else this handle's. */
 int64_t swr_reg_view_lease(const sw_registry *reg, const reg_view *v);
 

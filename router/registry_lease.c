@@ -138,9 +138,8 @@ reg_store_quiet(const sw_registry *reg, int64_t now, int64_t lease)
     return reg->be->version >= 2 && reg->be->ping != NULL && now - reg->activity_ms >= lease / 2;
 }
 
-/* How long a lapsed entry may be held while the store does not answer. */
-static int64_t
-reg_hold_max(int64_t lease)
+int64_t
+swr_reg_hold_max(int64_t lease)
 {
     int64_t m = SW_REGISTRY_HOLD_MAX_LEASES * lease;
     return m < 30000 ? 30000 : m;
@@ -321,7 +320,7 @@ swr_reg_tick(void *arg, int64_t now0)
             if (v->live && (now < v->grace_ms || up < 0 || now - up < lease))
                 continue;
             if (v->live && now - v->seen_ms >= lease && reg_store_quiet(reg, now, lease) &&
-                now - v->seen_ms < reg_hold_max(lease)) {
+                now - v->seen_ms < swr_reg_hold_max(lease)) {
                 if (now - reg->ping_ms >= REG_PING_MS) {
                     need_ping = 1;
                     break;

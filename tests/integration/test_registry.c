@@ -3540,6 +3540,25 @@ pool_quarantine_capped(void **state)
     assert_int_equal(n, 6);
 }
 
+/* A lapsed entry is held while the store does not answer for at most
+ * SW_REGISTRY_HOLD_MAX_LEASES leases and 30 s at least (registry.h): the
+ * rule the ticker applies, since its floor takes 30 s to watch
+ * (store_outage_holds_leases shows the hold itself, for five leases). */
+static void
+hold_bounded(void **state)
+{
+    (void)state;
+    assert_int_equal(SW_REGISTRY_HOLD_MAX_LEASES, 10);
+    assert_int_equal(swr_reg_hold_max(600), 30000); /* 6 s: the floor */
+    assert_int_equal(swr_reg_hold_max(3000), 30000);
+    assert_int_equal(swr_reg_hold_max(3001), 30010);
+    assert_int_equal(swr_reg_hold_max(10000), 100000);
+    for (int64_t lease = 1; lease <= 1000000; lease *= 3) {
+        int64_t h = swr_reg_hold_max(lease);
+        assert_true(h >= 30000 && h >= lease && h <= (lease * 10 > 30000 ? lease * 10 : 30000));
+    }
+}
+
 /* The deletes the view remembers are bounded (REG_TOMBS_MAX, the oldest
  * forgotten first), however many keys an operator or an attacker with
  * write access deletes. White box: the memory backend delivers each delete
@@ -3684,6 +3703,7 @@ main(int argc, char **argv)
         RT(pool_without_registry_bounded, SUITE_BACKEND),
         RT(pool_quarantine_doubles, SUITE_BACKEND),
         RT(pool_quarantine_capped, SUITE_BACKEND),
+        RT(hold_bounded, SUITE_BACKEND),
 #else
         RT(watch_closes_while_receiving, SUITE_BACKEND),
         RT(watch_remade_when_consumer_deleted, SUITE_BACKEND),

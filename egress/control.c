@@ -196,8 +196,12 @@ swe_cancel_wait_to(sw_stream *s, const char *subj, const uint8_t id[SW_REQUEST_I
         __atomic_store_n(&r->cancels_waiting, (int)r->cancels.n, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&r->mu);
+    /* Its resends ride on the ticker, the first SWE_CANCEL_FIRST_MS from
+     * now: only a ticker resting longer than that (no stream open, so not
+     * waiting for the next scan) needs waking. Closing many streams used
+     * to wake it for each one. */
     if (added)
-        swi_ticker_wake(&r->ticker, SWE_REST_SHORT); /* its retries ride on the ticker */
+        swi_ticker_wake(&r->ticker, SWE_REST_IDLE);
 }
 
 void

@@ -55,7 +55,7 @@
  * it (swi_ticker_wake). With streams open it waits for the next scan unless
  * something is due sooner. The ticker's rest level says which: */
 #define SWE_REST_MS 1000
-#define SWE_REST_SHORT 1 /* waiting for the next scan (or probe, or cancel) */
+#define SWE_REST_SHORT 1 /* waiting for the next scan (or probe, or cancel resend) */
 #define SWE_REST_IDLE 2  /* no stream: waiting up to SWE_REST_MS */
 /* Acknowledgements of finals wait up to a tick and go out together, one
  * ACK_FINALS per worker, at most SWE_ACKS_MAX per flush. */

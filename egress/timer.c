@@ -91,8 +91,9 @@ swe_end_all_closed(sw_router *r)
  * router: with streams open the ack waits for the tick that is due anyway
  * (within SWE_SCAN_MS; a kick for each short stream's ack cost one
  * wake-up of this thread per stream, 10 % of the short streams' rate at
- * concurrency 1). A cancel, and a probe answer that makes an instance
- * suspect, wake either. */
+ * concurrency 1). So does a cancel kept for resends (the first is
+ * SWE_CANCEL_FIRST_MS away; closing many streams woke the ticker for each
+ * one). A probe answer that makes an instance suspect wakes either. */
 static int64_t
 router_rest_ms(sw_router *r, int64_t now)
 {

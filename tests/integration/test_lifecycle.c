@@ -1322,6 +1322,50 @@ idle_tickers_rest(void **state)
     got_free(g);
 }
 
+/* Closing many open streams at once (a gateway shutting down, a client
+ * dropping its requests) sends each one's cancel and keeps it for resends
+ * on the router's ticker, the first SWE_CANCEL_FIRST_MS (100 ms) later.
+ * With streams open the ticker comes within SWE_SCAN_MS (25 ms) anyway,
+ * so adding a cancel wakes only a ticker resting longer (no stream open).
+ * It used to wake it for each cancel: closing 200 streams a millisecond
+ * apart made a tick each. Ticks are counted, with the loop's own time
+ * allowed for at a tick each SWE_TICK_MS (10 ms). */
+static void
+mass_close_ticks_on_schedule(void **state)
+{
+    env *e = *state;
+    enum { N = 200 };
+    sw_stream *s[N];
+    sw_ingress_opts io;
+    sw_request_opts o;
+    ticks a, b;
+    int64_t t0, took;
+
+    e->w.mode = M_BLOCK;
+    e->w.k = 0;
+    e->w.n = 1;
+    sw_ingress_opts_init(&io);
+    io.max_inflight = 2 * N;
+    env_start(e, &io, NULL);
+    ropts(e, &o);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(sw_router_open(&s[i], e->rt, &o, "prompt", 6), SW_OK);
+    assert_true(wctx_wait(&e->w, &e->w.started, 1, T(5000)));
+    sleep_ms(T(300)); /* every request in at the worker */
+    ticks_get(e, &a);
+    t0 = now_ms();
+    for (int i = 0; i < N; i++) {
+        sw_stream_close(s[i]);
+        sleep_ms(1); /* (one at a time: each finds the ticker at rest) */
+    }
+    took = now_ms() - t0;
+    ticks_get(e, &b);
+    print_message("    %d closes in %lld ms: %llu router ticks\n", N, (long long)took,
+                  (unsigned long long)(b.router - a.router));
+    assert_true(b.router - a.router <= (uint64_t)(took / 10 + 3));
+    wctx_open_gate(&e->w);
+}
+
 /* A frontend is probed while it has a stream here, and no longer as soon
  * as its last one is unregistered (counted per stream at registration and
  * unregistration; it was a recount of every stream each 2 s, which cost
@@ -1629,6 +1673,7 @@ main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         T_(idle_tickers_rest),
+        T_(mass_close_ticks_on_schedule),
         T_(frontend_unprobed_when_its_last_stream_ends),
         T_(drain_within_grace),
         T_(drain_past_grace_instance_lost),

@@ -257,28 +257,58 @@ fail:
     return rv;
 }
 
+size_t
+swn_ing_sweep_take(sw_ingress *ing, swn_sweep *w, sw_responder **out, size_t max)
+{
+    sw_responder *prev = w->at, *r;
+    size_t n = 0;
+    if (w->done)
+        return 0;
+    pthread_mutex_lock(&ing->mu);
+    for (r = prev != NULL ? prev->all_next : ing->all; r != NULL; r = r->all_next) {
+        if ((w->all || r->registered) && resp_tryref(r)) {
+            out[n++] = r;
+            if (n == max)
+                break;
+        }
+    }
+    if (r != NULL) {
+        swn_resp_ref(r); /* the sweep's place: r stays in the list until it is let go */
+        w->at = r;
+    } else {
+        w->at = NULL;
+        w->done = 1;
+    }
+    pthread_mutex_unlock(&ing->mu);
+    if (prev != NULL)
+        swn_resp_unref(prev); /* (may free it, taking ing->mu) */
+    return n;
+}
+
 /* Ends the streams still open (all, or the migratable ones) with a final
  * instance_lost: their frontends migrate them, or report the loss. */
 static void
 ing_hand_back(sw_ingress *ing, int only_migratable, const char *msg)
 {
-    swi_ptrvec vec = {NULL, 0, 0};
-    swn_ing_snapshot(ing, &vec, NULL);
-    for (size_t i = 0; i < vec.n; i++) {
-        sw_responder *r = SWN_RESP_AT(vec, i);
-        int newly = 0;
-        pthread_mutex_lock(&r->mu);
-        if (!r->terminated && (r->migratable || !only_migratable)) {
-            newly = !r->cancelled;
-            r->cancelled = 1;
-            (void)swn_resp_send_failed(r, SW_INSTANCE_LOST, NULL, msg, SWN_BY_OTHER);
+    sw_responder *batch[SWN_SWEEP_BATCH];
+    swn_sweep w = {NULL, 0, 0};
+    size_t n;
+    while ((n = swn_ing_sweep_take(ing, &w, batch, SWN_SWEEP_BATCH)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            sw_responder *r = batch[i];
+            int newly = 0;
+            pthread_mutex_lock(&r->mu);
+            if (!r->terminated && (r->migratable || !only_migratable)) {
+                newly = !r->cancelled;
+                r->cancelled = 1;
+                (void)swn_resp_send_failed(r, SW_INSTANCE_LOST, NULL, msg, SWN_BY_OTHER);
+            }
+            pthread_mutex_unlock(&r->mu);
+            if (newly)
+                swn_resp_fire_cancel(r);
+            swn_resp_unref(r);
         }
-        pthread_mutex_unlock(&r->mu);
-        if (newly)
-            swn_resp_fire_cancel(r);
-        swn_resp_unref(r);
     }
-    free(vec.v);
 }
 
 /* Closes the request subscription (once sw_ingress_stats_get cannot be
@@ -359,7 +389,9 @@ ing_stop(sw_ingress *ing)
 void
 sw_ingress_destroy(sw_ingress *ing)
 {
-    swi_ptrvec vec = {NULL, 0, 0};
+    sw_responder *batch[SWN_SWEEP_BATCH];
+    swn_sweep w = {NULL, 1, 0};
+    size_t n;
     if (ing == NULL)
         return;
     (void)sw_ingress_drain(ing, 0);
@@ -380,29 +412,24 @@ sw_ingress_destroy(sw_ingress *ing)
         swn_resp_drop_hold(r, "handler_returned", "shutting down");
     }
     /* Every responder still alive, registered or not (a retained one whose
-     * final was acknowledged is no longer registered): closed from now on. */
-    pthread_mutex_lock(&ing->mu);
-    for (sw_responder *r = ing->all; r != NULL; r = r->all_next)
-        vec.cap++;
-    vec.v = calloc(vec.cap ? vec.cap : 1, sizeof(*vec.v));
-    for (sw_responder *r = ing->all; vec.v != NULL && r != NULL; r = r->all_next)
-        if (resp_tryref(r))
-            vec.v[vec.n++] = r;
-    pthread_mutex_unlock(&ing->mu);
-    for (size_t i = 0; i < vec.n; i++) {
-        sw_responder *r = SWN_RESP_AT(vec, i);
-        pthread_mutex_lock(&r->mu);
-        r->closed = 1;
-        pthread_cond_broadcast(&r->cv);
-        /* A thread publishing r's items (mu dropped) finishes before the
-         * caller may close the connection. */
-        while (r->sending)
-            (void)swi_cond_wait_until(&r->cv, &r->mu, swi_now_ms() + 100);
-        pthread_mutex_unlock(&r->mu);
-        swn_unregister_stream(r);
-        swn_resp_unref(r);
+     * final was acknowledged is no longer registered): closed from now on.
+     * A sweep, which needs no memory: a user's handler thread may still
+     * hold one, and must find it closed. */
+    while ((n = swn_ing_sweep_take(ing, &w, batch, SWN_SWEEP_BATCH)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            sw_responder *r = batch[i];
+            pthread_mutex_lock(&r->mu);
+            r->closed = 1;
+            pthread_cond_broadcast(&r->cv);
+            /* A thread publishing r's items (mu dropped) finishes before the
+             * caller may close the connection. */
+            while (r->sending)
+                (void)swi_cond_wait_until(&r->cv, &r->mu, swi_now_ms() + 100);
+            pthread_mutex_unlock(&r->mu);
+            swn_unregister_stream(r);
+            swn_resp_unref(r);
+        }
     }
-    free(vec.v);
     swi_log(&ing->log, SW_LOG_INFO, "instance %s stopped", ing->instance_id);
     ing_unref(ing);
 }

@@ -387,6 +387,24 @@ void swn_chaos_subscribed(sw_ingress *ing);
 #endif
 void swn_ing_on_control(const swt_msg *msg, void *arg);
 
+/* ingress/ingress.c: sweeps, a pass over the responders that needs no
+ * memory (a drain, a destroy or a frontend's loss must not skip streams
+ * when malloc fails: a snapshot that found no memory used to hand back or
+ * cancel nothing). Each swn_ing_sweep_take returns up to max responders,
+ * each with a reference, in the order of ing->all from where the last
+ * call stopped (the sweep keeps a reference on that one, so it stays in
+ * the list), and 0 once the list is done, having let its place go: call
+ * it until then. all: every responder alive (registered or not), else the
+ * registered ones. Responders that arrive meanwhile (at the list's head)
+ * are not visited; sweeps running at once do not disturb each other.
+ * SWN_SWEEP_BATCH at a time on the caller's stack. Takes ing->mu. */
+#define SWN_SWEEP_BATCH 64
+typedef struct swn_sweep {
+    sw_responder *at; /* where the last call stopped (a reference of the sweep's), or NULL */
+    int all, done;
+} swn_sweep;
+size_t swn_ing_sweep_take(sw_ingress *ing, swn_sweep *w, sw_responder **out, size_t max);
+
 /* ingress/heartbeat.c */
 void swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by);
 void swn_resp_tick_soon(sw_responder *r);

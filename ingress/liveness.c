@@ -55,13 +55,22 @@ void
 swn_ing_cancel_frontend(sw_ingress *ing, const char *router_id, uint64_t gen, int64_t probe_ms,
                         const char *why)
 {
-    swi_ptrvec vec = {NULL, 0, 0};
+    sw_responder *batch[SWN_SWEEP_BATCH];
+    swn_sweep w = {NULL, 0, 0};
     unsigned n = 0, kept = 0;
     int64_t now = swi_now_ms();
-    swn_ing_snapshot(ing, &vec, NULL);
-    for (size_t i = 0; i < vec.n; i++) {
-        sw_responder *r = SWN_RESP_AT(vec, i);
+    size_t nb = 0, i = 0;
+    /* A sweep, not a snapshot: without memory for one, the streams of a
+     * frontend judged gone (no longer probed) were never cancelled. */
+    for (;;) {
+        sw_responder *r;
         int judged = router_id == NULL;
+        if (i == nb) {
+            if ((nb = swn_ing_sweep_take(ing, &w, batch, SWN_SWEEP_BATCH)) == 0)
+                break;
+            i = 0;
+        }
+        r = batch[i++];
         if (!judged && strcmp(r->router_id, router_id) == 0) {
             pthread_mutex_lock(&ing->live_mu);
             judged = live_judged(ing, r, gen, probe_ms, now);
@@ -83,7 +92,6 @@ swn_ing_cancel_frontend(sw_ingress *ing, const char *router_id, uint64_t gen, in
         }
         swn_resp_unref(r);
     }
-    free(vec.v);
     if (kept > 0) {
         swi_ticker_wake(&ing->live_ticker, 1); /* (a new entry to probe) */
         swi_log(&ing->log, SW_LOG_INFO,

@@ -358,6 +358,33 @@ drain_without_memory(void **state)
     world_close(&w);
 }
 
+/* A drain that cannot allocate the list of streams to hand back (realloc
+ * from nothing fails on the draining thread): the stream still gets its
+ * instance_lost final, and a destroy after it closes every responder. The
+ * drain took a snapshot of the streams, and one that found no memory
+ * handed nothing back: the stream stayed open, its handler waiting for a
+ * cancel, its heartbeats keeping the frontend waiting with no terminal.
+ * Streams are now taken in batches of a fixed size, on the stack. */
+static void
+drain_without_list(void **state)
+{
+    world w;
+    const sw_item *it = NULL;
+    sw_err rv;
+    (void)state;
+    world_open(&w, H_RETAIN);
+    __atomic_store_n(&g_fail_main_realloc, 1, __ATOMIC_RELAXED);
+    rv = sw_ingress_drain(w.ing, 0);
+    __atomic_store_n(&g_fail_main_realloc, 0, __ATOMIC_RELAXED);
+    assert_int_equal(rv, SW_ETIMEDOUT);
+    assert_int_equal(sw_stream_next(w.s, &it, 4000), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+    assert_int_equal(it->terminal.status, SW_STATUS_ERROR);
+    assert_int_equal(it->terminal.error, SW_INSTANCE_LOST);
+    world_settles(&w);
+    world_close(&w);
+}
+
 static int
 group_setup(void **state)
 {
@@ -385,6 +412,7 @@ main(int argc, char **argv)
         cmocka_unit_test(router_destroy_without_memory),
         cmocka_unit_test(handler_return_without_memory),
         cmocka_unit_test(drain_without_memory),
+        cmocka_unit_test(drain_without_list),
     };
     return cmocka_run_group_tests_name("oom", tests, group_setup, group_teardown);
 }

@@ -3,9 +3,10 @@
  * frontend in HeartbeatBatch messages, or a wrapper of their own), and
  * retiring finished streams whose final was never acknowledged.
  *
- * Threads: the timer (the shared ticker, swn_ing_timer_tick); swn_ing_snapshot and
- * swn_resp_tick_soon are called from others too. Locks: ing->mu for the
- * tick wait and snapshots (released before any r->mu), r->mu per stream.
+ * Threads: the timer (the shared ticker, swn_ing_timer_tick);
+ * swn_resp_tick_soon and swn_resp_beat_sooner are called from others too.
+ * Locks: the due table's own for the snapshot (released before any r->mu),
+ * r->mu per stream.
  * Heartbeat batches are published and logged with no lock held. */
 #include <stdio.h>
 #include <stddef.h>
@@ -14,27 +15,11 @@
 
 #include "ingress/ingress_int.h"
 
-/* Takes a reference on r for a snapshot: always (arg NULL), or only if the
- * timer has something to check on it by *(int64_t *)arg. */
+/* Takes a reference on r for the due-time snapshot (common/sched.h). */
 static void
 resp_take_ref(void *v)
 {
     swn_resp_ref(v);
-}
-
-/* Snapshot of the registered responders, each with a reference: all
- * (due_by NULL), or those with a timer check due by *due_by (the shared
- * due-time snapshot, common/sched.h). */
-void
-swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by)
-{
-    if (due_by != NULL) {
-        swi_duetab_snapshot(&ing->due, vec, *due_by, resp_take_ref);
-        return;
-    }
-    pthread_mutex_lock(&ing->mu);
-    swi_idmap_snapshot_all(&ing->streams, vec, resp_take_ref);
-    pthread_mutex_unlock(&ing->mu);
 }
 
 /* Makes the timer look at r at its next tick (a state change may have made
@@ -359,7 +344,8 @@ swn_ing_timer_tick(void *arg, int64_t now)
 #endif
     if (ing->beats == NULL && (ing->beats = calloc(1, sizeof(*ing->beats))) == NULL)
         return; /* no memory this tick: the next one tries again */
-    swn_ing_snapshot(ing, &ing->timer_vec, &now); /* only streams with something due */
+    swi_duetab_snapshot(&ing->due, &ing->timer_vec, now,
+                        resp_take_ref); /* only streams with something due */
     for (size_t i = 0; i < ing->timer_vec.n && i < SWN_TICK_AHEAD; i++)
         swi_prefetch(SWN_RESP_AT(ing->timer_vec, i), sizeof(sw_responder));
     for (size_t i = 0; i < ing->timer_vec.n; i++) {

@@ -27,7 +27,7 @@
  *   the wire), except the drain, which drops it around the publish.
  *   ing->mu guards the stream table, ing->all, the work queue, counters and
  *   the stop/drain flags; it is innermost: r->mu is never taken with it
- *   held (snapshots take references under it, atomically).
+ *   held (sweeps take references under it, atomically).
  *   ing->smu guards the sender queue; ing->smu and ing->mu are never held
  *   together.
  *   ing->live_mu guards the frontend table and the streams' live_state;
@@ -406,7 +406,6 @@ typedef struct swn_sweep {
 size_t swn_ing_sweep_take(sw_ingress *ing, swn_sweep *w, sw_responder **out, size_t max);
 
 /* ingress/heartbeat.c */
-void swn_ing_snapshot(sw_ingress *ing, swi_ptrvec *vec, const int64_t *due_by);
 void swn_resp_tick_soon(sw_responder *r);
 /* A heartbeat may be due sooner than planned (new items went out after an
  * idle spell, or the stream now waits for credit): brings r's due time

@@ -11,7 +11,8 @@
  * guards the peer table and the streams' counts in it, alone (probes are
  * published and streams cancelled after it is released; the cancels take
  * it per stream to judge whether the verdict covers it); ing->mu only for
- * snapshots; r->mu per stream when cancelling. */
+ * the sweep's batches (swn_ing_sweep_take); r->mu per stream when
+ * cancelling. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

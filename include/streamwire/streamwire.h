@@ -240,8 +240,11 @@ typedef struct sw_ingress_opts {
     const char *instance_id; /* default: 16 random hex characters */
     sw_handler_fn handler;   /* required */
     void *handler_arg;
-    unsigned max_inflight;       /* live streams (incl. retained responders); default 64.
-                                    A request beyond it gets an "overloaded" terminal. */
+    unsigned max_inflight;       /* live streams, retained responders included: a stream
+                                    counts from its request's arrival until its final is on
+                                    the wire (a finished responder not yet released no longer
+                                    counts); default 64. A request beyond it gets an
+                                    "overloaded" terminal. */
     unsigned handler_threads;    /* default 4 */
     size_t max_request_bytes;    /* default: the server's max payload */
     sw_duration send_timeout_ms; /* how long send() waits for credit; default 30000 */

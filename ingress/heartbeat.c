@@ -344,8 +344,8 @@ swn_ing_timer_tick(void *arg, int64_t now)
 #endif
     if (ing->beats == NULL && (ing->beats = calloc(1, sizeof(*ing->beats))) == NULL)
         return; /* no memory this tick: the next one tries again */
-    swi_duetab_snapshot(&ing->due, &ing->timer_vec, now,
-                        resp_take_ref); /* only streams with something due */
+    /* only streams with something due */
+    swi_duetab_snapshot(&ing->due, &ing->timer_vec, now, resp_take_ref);
     for (size_t i = 0; i < ing->timer_vec.n && i < SWN_TICK_AHEAD; i++)
         swi_prefetch(SWN_RESP_AT(ing->timer_vec, i), sizeof(sw_responder));
     for (size_t i = 0; i < ing->timer_vec.n; i++) {

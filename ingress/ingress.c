@@ -291,7 +291,7 @@ static void
 ing_hand_back(sw_ingress *ing, int only_migratable, const char *msg)
 {
     sw_responder *batch[SWN_SWEEP_BATCH];
-    swn_sweep w = {NULL, 0, 0};
+    swn_sweep w = {.all = 0}; /* the registered ones */
     size_t n;
     while ((n = swn_ing_sweep_take(ing, &w, batch, SWN_SWEEP_BATCH)) > 0) {
         for (size_t i = 0; i < n; i++) {
@@ -390,7 +390,7 @@ void
 sw_ingress_destroy(sw_ingress *ing)
 {
     sw_responder *batch[SWN_SWEEP_BATCH];
-    swn_sweep w = {NULL, 1, 0};
+    swn_sweep w = {.all = 1}; /* every responder alive */
     size_t n;
     if (ing == NULL)
         return;

@@ -57,41 +57,37 @@ swn_ing_cancel_frontend(sw_ingress *ing, const char *router_id, uint64_t gen, in
                         const char *why)
 {
     sw_responder *batch[SWN_SWEEP_BATCH];
-    swn_sweep w = {NULL, 0, 0};
+    swn_sweep w = {.all = 0};
     unsigned n = 0, kept = 0;
     int64_t now = swi_now_ms();
-    size_t nb = 0, i = 0;
+    size_t nb;
     /* A sweep, not a snapshot: without memory for one, the streams of a
      * frontend judged gone (no longer probed) were never cancelled. */
-    for (;;) {
-        sw_responder *r;
-        int judged = router_id == NULL;
-        if (i == nb) {
-            if ((nb = swn_ing_sweep_take(ing, &w, batch, SWN_SWEEP_BATCH)) == 0)
-                break;
-            i = 0;
-        }
-        r = batch[i++];
-        if (!judged && strcmp(r->router_id, router_id) == 0) {
-            pthread_mutex_lock(&ing->live_mu);
-            judged = live_judged(ing, r, gen, probe_ms, now);
-            pthread_mutex_unlock(&ing->live_mu);
-            kept += !judged;
-        }
-        if (judged) {
-            int finished;
-            pthread_mutex_lock(&r->mu);
-            finished = r->terminated;
-            pthread_mutex_unlock(&r->mu);
-            if (!finished && !sw_responder_cancelled(r)) {
-                swn_resp_cancel(r, 1);
-                n++;
-            } else if (finished) {
-                /* A final waiting for an ack that will never come. */
-                swn_unregister_stream(r);
+    while ((nb = swn_ing_sweep_take(ing, &w, batch, SWN_SWEEP_BATCH)) > 0) {
+        for (size_t i = 0; i < nb; i++) {
+            sw_responder *r = batch[i];
+            int judged = router_id == NULL;
+            if (!judged && strcmp(r->router_id, router_id) == 0) {
+                pthread_mutex_lock(&ing->live_mu);
+                judged = live_judged(ing, r, gen, probe_ms, now);
+                pthread_mutex_unlock(&ing->live_mu);
+                kept += !judged;
             }
+            if (judged) {
+                int finished;
+                pthread_mutex_lock(&r->mu);
+                finished = r->terminated;
+                pthread_mutex_unlock(&r->mu);
+                if (!finished && !sw_responder_cancelled(r)) {
+                    swn_resp_cancel(r, 1);
+                    n++;
+                } else if (finished) {
+                    /* A final waiting for an ack that will never come. */
+                    swn_unregister_stream(r);
+                }
+            }
+            swn_resp_unref(r);
         }
-        swn_resp_unref(r);
     }
     if (kept > 0) {
         swi_ticker_wake(&ing->live_ticker, 1); /* (a new entry to probe) */

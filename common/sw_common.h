@@ -51,6 +51,9 @@ char *swi_strdup(const char *s);
  * always terminated, as snprintf(dst, cap, "%s", src) does without the
  * format walk. Returns strlen(src) (>= cap: it was cut). */
 size_t swi_strlcpy(char *dst, const char *src, size_t cap);
+/* As swi_strlcpy, but a text cut short is cut before the UTF-8 character
+ * the cut would split (a character never arrives in part). */
+size_t swi_textlcpy(char *dst, const char *src, size_t cap);
 /* The length of t if it is a valid subject token (sw_validate_token), else
  * 0. */
 size_t swi_token_len(const char *t);

@@ -149,6 +149,22 @@ swi_strlcpy(char *dst, const char *src, size_t cap)
     return n;
 }
 
+size_t
+swi_textlcpy(char *dst, const char *src, size_t cap)
+{
+    size_t n = strlen(src);
+    size_t k = n < cap ? n : cap - 1;
+    if (k < n) {
+        /* Back to the first byte of the character at the cut (continuation
+         * bytes are 10xxxxxx): that character is left out whole. */
+        while (k > 0 && ((unsigned char)src[k] & 0xC0) == 0x80)
+            k--;
+    }
+    memcpy(dst, src, k);
+    dst[k] = '\0';
+    return n;
+}
+
 char *
 swi_strdup(const char *s)
 {

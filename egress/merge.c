@@ -29,11 +29,11 @@ struct sw_merge {
     sw_merge_part *parts;
     sw_merge_item **items; /* per part */
     swm_item **taken;      /* per part: the queued items behind items[] (freed on next call) */
-    char reason[128], message[256];
+    char reason[257], message[1025]; /* (as a stream's terminal carries them) */
     uint64_t frames;
     int eof;              /* the terminal was handed out */
     long incomplete;      /* the first stream that ended incomplete, or -1 */
-    char inc_reason[128]; /* its reason */
+    char inc_reason[257]; /* its reason */
 };
 
 void
@@ -206,8 +206,8 @@ merge_end(sw_merge *m, const sw_terminal *t, long who)
     memset(&m->frame, 0, sizeof(m->frame));
     m->frame.kind = SW_MERGE_TERMINAL;
     m->frame.terminal = *t;
-    snprintf(m->reason, sizeof(m->reason), "%s", t->reason ? t->reason : "");
-    snprintf(m->message, sizeof(m->message), "%s", t->message ? t->message : "");
+    swi_textlcpy(m->reason, t->reason ? t->reason : "", sizeof(m->reason));
+    swi_textlcpy(m->message, t->message ? t->message : "", sizeof(m->message));
     m->frame.terminal.reason = m->reason;
     m->frame.terminal.message = m->message;
     m->frame.failed_stream = who;
@@ -235,8 +235,8 @@ pull(sw_merge *m, size_t i)
             it->terminal.status == SW_STATUS_INCOMPLETE) {
             if (it->terminal.status == SW_STATUS_INCOMPLETE && m->incomplete < 0) {
                 m->incomplete = (long)i;
-                snprintf(m->inc_reason, sizeof(m->inc_reason), "%s",
-                         it->terminal.reason ? it->terminal.reason : "");
+                swi_textlcpy(m->inc_reason, it->terminal.reason ? it->terminal.reason : "",
+                             sizeof(m->inc_reason));
             }
             swm_core_end(&m->core, i);
             return 1;

@@ -147,15 +147,22 @@ rx_drop_history(swe_rx *rx)
     rx->hist = NULL;
 }
 
+/* Drops the data queued for the consumer (not the item it holds). */
+static void
+rx_drop_queue(swe_rx *rx)
+{
+    q_free_list(rx->qh);
+    rx->qh = rx->qt = NULL;
+    rx->qlen = 0;
+}
+
 void
 swe_rx_fini(swe_rx *rx)
 {
     rx_clear_hold(rx);
     free(rx->hold);
     rx->hold = NULL;
-    q_free_list(rx->qh);
-    rx->qh = rx->qt = NULL;
-    rx->qlen = 0;
+    rx_drop_queue(rx);
     q_free(rx->cur);
     rx->cur = NULL;
     rx_drop_history(rx);
@@ -167,8 +174,11 @@ swe_rx_fini(swe_rx *rx)
 static swe_rx_text *
 rx_text(swe_rx *rx)
 {
-    if (rx->txt == NULL && (rx->txt = calloc(1, sizeof(*rx->txt))) == NULL)
-        return NULL;
+    if (rx->txt == NULL) {
+        if ((rx->txt = malloc(sizeof(*rx->txt))) == NULL)
+            return NULL;
+        rx->txt->w_reason[0] = rx->txt->w_msg[0] = rx->txt->term_msg[0] = '\0';
+    }
     return rx->txt;
 }
 
@@ -193,36 +203,24 @@ rx_set_terminal(swe_rx *rx, sw_status status, sw_err err, const char *reason, co
      * given, and for everything when there is no memory for the texts. */
     rx->term.reason = status == SW_STATUS_ERROR ? sw_err_name(err) : "";
     rx->term.message = status == SW_STATUS_ERROR ? sw_strerror(err) : "";
-    if (reason == NULL || *reason == '\0')
-        reason = reason == NULL ? rx->term.reason : ""; /* static: nothing to copy */
-    if (msg == NULL || *msg == '\0')
-        msg = msg == NULL ? rx->term.message : "";
-    if (reason == rx->term.reason || *reason == '\0') {
-        if (msg == rx->term.message || *msg == '\0') {
-            /* A completed stream's final carries no texts: no allocation. */
-            rx->term.reason = reason;
+    /* A reason is static or the worker's (rx->txt->w_reason): pointed at,
+     * as is the worker's message. Any other message is copied; without
+     * memory for it, the error's own text (static) stands in. */
+    if (reason != NULL)
+        rx->term.reason = reason;
+    if (msg != NULL) {
+        if (*msg == '\0' || (rx->txt != NULL && msg == rx->txt->w_msg)) {
             rx->term.message = msg;
         } else if (rx_text(rx) != NULL) {
-            rx->term.reason = reason;
+            swi_textlcpy(rx->txt->term_msg, msg, sizeof(rx->txt->term_msg));
             rx->term.message = rx->txt->term_msg;
-            swi_strlcpy(rx->txt->term_msg, msg, sizeof(rx->txt->term_msg));
         }
-    } else if (rx_text(rx) != NULL) {
-        swi_strlcpy(rx->txt->term_reason, reason, sizeof(rx->txt->term_reason));
-        swi_strlcpy(rx->txt->term_msg, msg, sizeof(rx->txt->term_msg));
-        rx->term.reason = rx->txt->term_reason;
-        rx->term.message = rx->txt->term_msg;
     }
     rx->term_seq = seq;
     rx->gap_since_ms = 0;
     rx_clear_hold(rx);
-    if (status == SW_STATUS_CANCELLED && !from_wire) {
-        /* No data after the consumer's cancel. (A worker's CANCELLED final
-         * comes after its items, which are delivered first.) */
-        q_free_list(rx->qh);
-        rx->qh = rx->qt = NULL;
-        rx->qlen = 0;
-    }
+    if (status == SW_STATUS_CANCELLED && !from_wire)
+        rx_drop_queue(rx); /* (a worker's CANCELLED final comes after its items, delivered first) */
     return 1;
 }
 
@@ -454,8 +452,8 @@ rx_note_final(swe_rx *rx, const swe_rx_in *in)
         if (rx->txt != NULL) /* (no texts: none kept, none allocated) */
             rx->txt->w_reason[0] = rx->txt->w_msg[0] = '\0';
     } else if (rx_text(rx) != NULL) {
-        swi_strlcpy(rx->txt->w_reason, in->reason ? in->reason : "", sizeof(rx->txt->w_reason));
-        swi_strlcpy(rx->txt->w_msg, in->message ? in->message : "", sizeof(rx->txt->w_msg));
+        swi_textlcpy(rx->txt->w_reason, in->reason ? in->reason : "", sizeof(rx->txt->w_reason));
+        swi_textlcpy(rx->txt->w_msg, in->message ? in->message : "", sizeof(rx->txt->w_msg));
     }
     /* (not a scan of the hold: with a window of 1<<20 that was a million
      * slots at every final after a gap) */

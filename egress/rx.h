@@ -79,7 +79,12 @@
 
 #include <streamwire/streamwire.h>
 
-#define SWE_REASON_MAX 96
+/* The texts a terminal carries: a worker's finish reason whole (at most
+ * 256 bytes, sw_responder_finish's limit), the first SWE_WMSG_MAX - 1 bytes
+ * of a worker's message, and a message the router makes up (library text)
+ * in SWE_MSG_MAX. A text cut short is cut at a UTF-8 character boundary. */
+#define SWE_REASON_MAX 257
+#define SWE_WMSG_MAX 1025
 #define SWE_MSG_MAX 256
 
 /* The queue nodes of a run of a message's items, allocated together: one
@@ -118,12 +123,13 @@ typedef struct swe_q {
 enum { SWE_TERM_NONE = 0, SWE_TERM_QUEUED = 1, SWE_TERM_DELIVERED = 2 };
 
 /* The texts of a worker's final and of the terminal: allocated when the
- * first of them is needed, so that an open stream does not carry 700
- * bytes it uses once, at its end. */
+ * first of them is needed, so that an open stream does not carry 1.5 KiB
+ * it uses once, at its end. A terminal from the worker's final points at
+ * w_reason and w_msg; term_msg holds a message the router made up (its
+ * reasons are static). */
 typedef struct swe_rx_text {
     char w_reason[SWE_REASON_MAX];
-    char w_msg[SWE_MSG_MAX];
-    char term_reason[SWE_REASON_MAX];
+    char w_msg[SWE_WMSG_MAX];
     char term_msg[SWE_MSG_MAX];
 } swe_rx_text;
 

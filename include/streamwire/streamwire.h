@@ -538,8 +538,10 @@ typedef enum sw_item_kind { SW_ITEM_DATA = 1, SW_ITEM_TERMINAL = 2 } sw_item_kin
 typedef struct sw_terminal {
     sw_status status;
     sw_err error;          /* SW_OK unless status == SW_STATUS_ERROR */
-    const char *reason;    /* "stop", "max_tokens", app code, "cancelled", or sw_err_name(error) */
-    const char *message;   /* human text; "" when none */
+    const char *reason;    /* "stop", "max_tokens", app code, "cancelled", or sw_err_name(error);
+                              a worker's finish reason arrives whole (at most 256 bytes) */
+    const char *message;   /* human text; "" when none. A worker's message arrives up to its
+                              first 1,024 bytes (cut before a UTF-8 character it would split) */
     unsigned migrations;   /* times the stream moved to another instance (migration_limit) */
     const char *instances; /* the instances it was sent to, in order, comma-separated ("" if
                               none), including one that had gone (no responders) when a

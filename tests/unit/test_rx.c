@@ -1355,6 +1355,55 @@ test_cancel_drops_queued(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A worker's texts: a finish reason of 256 bytes (sw_responder_finish's
+ * limit) arrives whole, a message up to 1,024 bytes, and a longer one is cut
+ * before the character the cut would split (here 2-byte characters from
+ * an odd offset). Before, the reason was cut at 95 bytes and the message at
+ * 255, mid-character. */
+static void
+test_final_texts_whole(void **state)
+{
+    static char reason[257], msg[2002], want[1025]; /* (msg: 2,001 bytes and its NUL) */
+    swe_rx rx;
+    swe_rx_in in;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    size_t i;
+    (void)state;
+    memset(reason, 'r', 256);
+    msg[0] = 'm'; /* then "\xc3\xa9" (U+00E9) x 1000 */
+    for (i = 0; i < 1000; i++) {
+        msg[1 + 2 * i] = (char)0xc3;
+        msg[2 + 2 * i] = (char)0xa9;
+    }
+    start(&rx);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_FINAL;
+    in.seq = 1;
+    in.status = SW_STATUS_INCOMPLETE;
+    in.reason = reason;
+    in.message = msg;
+    swe_rx_on_item(&rx, &in, 1, &a);
+    assert_int_equal(drain(&rx, 2, seqs, 4, &t), 0);
+    assert_int_equal(t.status, SW_STATUS_INCOMPLETE);
+    assert_string_equal(t.reason, reason);
+    /* 1,024 bytes would end in the first byte of a character: 1,023 */
+    memcpy(want, msg, 1023);
+    want[1023] = '\0';
+    assert_int_equal(strlen(t.message), 1023);
+    assert_string_equal(t.message, want);
+    swe_rx_fini(&rx);
+
+    /* a message of exactly 1,024 bytes arrives whole */
+    msg[1024] = '\0';
+    start(&rx);
+    swe_rx_on_item(&rx, &in, 1, &a);
+    drain(&rx, 2, seqs, 4, &t);
+    assert_string_equal(t.message, msg);
+    swe_rx_fini(&rx);
+}
+
 /* A worker's CANCELLED final (it cancelled, e.g. while draining) comes
  * after its items: they are delivered first. Only the consumer's own cancel
  * drops what is queued. */
@@ -2579,6 +2628,7 @@ main(void)
         cmocka_unit_test(test_quiet_bounded),
         cmocka_unit_test(test_terminal_decided_once),
         cmocka_unit_test(test_cancel_drops_queued),
+        cmocka_unit_test(test_final_texts_whole),
         cmocka_unit_test(test_wire_cancelled_final_keeps_data),
         cmocka_unit_test(test_nothing_after_terminal_delivered),
         cmocka_unit_test(test_failed_final),

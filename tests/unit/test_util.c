@@ -831,6 +831,33 @@ test_strlcpy(void **state)
     assert_int_equal(b[1], '#'); /* nothing past cap */
 }
 
+/* swi_textlcpy: as swi_strlcpy, but a cut never splits a UTF-8
+ * character (2-, 3- and 4-byte ones; one that fits exactly stays). */
+static void
+test_textlcpy(void **state)
+{
+    char b[6];
+    (void)state;
+    assert_int_equal(swi_textlcpy(b, "abcde", sizeof(b)), 5);
+    assert_string_equal(b, "abcde");
+    assert_int_equal(swi_textlcpy(b, "abcdefgh", sizeof(b)), 8);
+    assert_string_equal(b, "abcde");
+    assert_int_equal(swi_textlcpy(b, "abcd\xc3\xa9", sizeof(b)), 6); /* 2 bytes at 4: out */
+    assert_string_equal(b, "abcd");
+    assert_int_equal(swi_textlcpy(b, "abc\xc3\xa9x", sizeof(b)), 6); /* fits exactly */
+    assert_string_equal(b, "abc\xc3\xa9");
+    assert_int_equal(swi_textlcpy(b, "ab\xe2\x82\xac", sizeof(b)), 5); /* 3 bytes fit */
+    assert_string_equal(b, "ab\xe2\x82\xac");
+    assert_int_equal(swi_textlcpy(b, "abc\xe2\x82\xac", sizeof(b)), 6);
+    assert_string_equal(b, "abc");
+    assert_int_equal(swi_textlcpy(b, "a\360\237\230\200b", sizeof(b)), 6); /* 4 bytes fit */
+    assert_string_equal(b, "a\xf0\x9f\x98\x80");
+    assert_int_equal(swi_textlcpy(b, "ab\xf0\x9f\x98\x80", sizeof(b)), 6);
+    assert_string_equal(b, "ab");
+    assert_int_equal(swi_textlcpy(b, "\x80\x80\x80\x80\x80\x80", sizeof(b)), 6);
+    assert_string_equal(b, ""); /* not text at all: nothing of it */
+}
+
 int
 main(void)
 {
@@ -841,6 +868,7 @@ main(void)
         cmocka_unit_test(test_validate_token_charset),
         cmocka_unit_test(test_trace_id),
         cmocka_unit_test(test_strlcpy),
+        cmocka_unit_test(test_textlcpy),
         cmocka_unit_test(test_idmap_basic),
         cmocka_unit_test(test_idmap_initial_capacity),
         cmocka_unit_test(test_idmap_many_keys),

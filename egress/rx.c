@@ -293,6 +293,19 @@ swe_rx_no_responders(swe_rx *rx, int may_move, const char *msg, int64_t now, swe
 int
 swe_rx_cancel(swe_rx *rx, int kill)
 {
+    if (rx->term_state == SWE_TERM_QUEUED && rx->qh != NULL) {
+        /* A terminal decided while items still wait for the consumer (the
+         * worker's final came inside the window): no data after the
+         * consumer's cancel, and the stream it gets is not the one that
+         * terminal describes, so it ends CANCELLED. The worker has finished
+         * (or was told when the terminal was decided): nothing to send. */
+        rx_drop_queue(rx);
+        rx->term_state = SWE_TERM_NONE;
+        (void)rx_set_terminal(rx, SW_STATUS_CANCELLED, SW_OK, "cancelled",
+                              kill ? "killed by the frontend" : "cancelled by the frontend", 0, 0,
+                              0);
+        return 2;
+    }
     if (rx->term_state != SWE_TERM_NONE)
         return 0;
     return rx_set_terminal(rx, SW_STATUS_CANCELLED, SW_OK, "cancelled",

@@ -326,7 +326,11 @@ int swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, 
 int swe_rx_no_responders(swe_rx *rx, int may_move, const char *msg, int64_t now, swe_rx_act *act);
 
 /* The consumer cancels (kill: and asks the worker to drop everything).
- * Queued data is dropped. Returns 1 if this decided the terminal. */
+ * Queued data is dropped. Returns 1 if this decided the terminal, 2 if it
+ * replaced one already queued behind data (the data is dropped, the
+ * terminal is CANCELLED; the worker is not to be told), 0 if the stream
+ * already had its terminal (delivered, or queued with nothing before it:
+ * it comes next). */
 int swe_rx_cancel(swe_rx *rx, int kill);
 
 /* The new request is out (the caller re-keyed the stream): reassembly,

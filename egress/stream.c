@@ -449,6 +449,10 @@ st_cancel(sw_stream *s, int kill)
     pthread_mutex_unlock(&s->mu);
     if (!set)
         return SW_EEOF;
+    if (set == 2) {
+        swe_dispatch(s); /* (CANCELLED replaced a terminal queued behind data) */
+        return SW_OK;
+    }
     swe_remove(s);
     swe_send_control(s, SWE_GEN_ANY,
                      kill ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL

@@ -781,14 +781,17 @@ SW_API SW_NODISCARD sw_err sw_router_open(sw_stream **out, sw_router *r,
 SW_API sw_err sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms);
 
 /* Cancels: no data item is delivered after this call returns; the next item
- * is the terminal CANCELLED (unless a terminal was already queued). The
+ * is the terminal CANCELLED (also when the worker's final had arrived while
+ * items still waited for the consumer: those items are dropped), unless a
+ * terminal with nothing before it was already queued (that one comes next). The
  * worker is told (CANCEL) and its handler sees the cancellation: if the bus
  * loses the CANCEL, the router sends it again after 100 ms, then doubling,
  * until the worker's final for the stream arrives, 5 sends in all (at most
  * 4,096 cancels wait for an answer at once; past that, one send). In callback
  * mode, called from another thread while an item callback of this stream
  * runs, it waits for that callback to return. Returns SW_OK, or SW_EEOF if
- * the stream already has its terminal. Thread-safe. */
+ * the stream already has its terminal (delivered, or queued with nothing
+ * before it). Thread-safe. */
 SW_API sw_err sw_stream_cancel(sw_stream *s);
 
 /* As cancel, but the worker drops the stream without a terminal (KILL). */

@@ -238,6 +238,39 @@ no_callback_after_close(void **state)
     pthread_cond_destroy(&h.cv);
 }
 
+/* Cancel after the worker's final arrived, with items still queued (a short
+ * stream inside the window, read slowly): no data after the call, and the
+ * stream ends CANCELLED, not COMPLETED with items missing (streamwire.h,
+ * sw_stream_cancel). Before, cancel returned SW_EEOF and the other 49 items
+ * and COMPLETED followed it. */
+static void
+cancel_after_final_arrived(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_stream *s;
+    sw_stream_stats ss;
+
+    e->w.mode = M_STREAM;
+    e->w.n = 50;
+    e->w.delay_ms = 0;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    assert_true(wctx_wait(&e->w, &e->w.finished, 1, T(5000)));
+    sleep_ms(200); /* the final reaches the router */
+    sw_stream_stats_get(s, &ss);
+    assert_int_equal(ss.pending, 50);
+    assert_false(collect(s, g, 1, T(5000)));
+    assert_int_equal(g->n, 1);
+    assert_int_equal(sw_stream_cancel(s), SW_OK);
+    assert_true(collect(s, g, 0, T(5000)));
+    assert_tokens(g, 1); /* the one read before the cancel, nothing after */
+    assert_terminal(g, SW_STATUS_CANCELLED, SW_OK, "cancelled");
+    assert_done(g);
+    assert_int_equal(sw_stream_cancel(s), SW_EEOF);
+    got_free(g);
+}
+
 /* Cancel while the worker is blocked on credit (window 4, nobody reading). */
 static void
 cancel_wakes_blocked_send(void **state)
@@ -1145,6 +1178,7 @@ main(int argc, char **argv)
         T_(kill_mid_stream),
         T_(close_before_terminal_cancels),
         T_(cancel_wakes_blocked_send),
+        T_(cancel_after_final_arrived),
         T_(send_times_out_without_credit),
         T_(item_under_a_left_id_is_dropped),
         T_(no_callback_after_close),

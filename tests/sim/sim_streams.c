@@ -72,7 +72,11 @@
  *      item's own bytes, and nothing kept and unacknowledged is missing; the
  *      ring's chunks never exceed 2 x the unacknowledged bytes +
  *      2 x SWN_CHUNK_MAX, and a ring with nothing unacknowledged holds no
- *      chunk. The run must see resends answered from the ring.
+ *      chunk. The run must see resends answered from the ring;
+ *   I15 no data item reaches the consumer after its cancel call, also when
+ *      the worker's final had come while items waited (the stream then ends
+ *      CANCELLED, not with the final's terminal). The run must see such a
+ *      cancel.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +164,7 @@ typedef struct fstream {
     int faulty;         /* its worker was killed, frozen, hostile; or it was cancelled */
     int after_final_rx; /* an item past the final reached the frontend before the terminal */
     int cancel_sent;    /* the frontend cancelled (or killed) it */
+    int cancel_called;  /* the consumer called cancel (I15), whatever it returned */
     int worker_killed;  /* its worker's node was killed */
     int done_pops;
     uint8_t wid[16];     /* the request id on the wire now (id until the first move) */
@@ -199,6 +204,7 @@ static uint64_t g_block_nodes;
 
 /* I14: items a RESEND found in a worker's resend ring, over the whole run. */
 static uint64_t g_ring_resent;
+static uint64_t g_cancel_behind_final; /* cancels that replaced a terminal queued behind data */
 
 /* What a bus node points to: its world and its node index. */
 typedef struct node_box {
@@ -946,6 +952,8 @@ fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b)
                 wd->errors_by[it.terminal.error & 0xff]++;
             break;
         }
+        if (f->cancel_called)
+            FAIL(wd, "I15: item %llu after the consumer's cancel", (unsigned long long)it.seq);
         {
             char want[PAYLOAD_MAX];
             payload_of(f->id, it.seq, want, sizeof(want));
@@ -982,7 +990,11 @@ fe_cancel(sim *s, void *arg, uint64_t idx, uint64_t b)
     world *wd = arg;
     fstream *f = &wd->st[idx];
     (void)s;
-    if (swe_rx_cancel(&f->rx, (int)b)) {
+    int set = swe_rx_cancel(&f->rx, (int)b);
+    f->cancel_called = 1;
+    if (set == 2)
+        g_cancel_behind_final++;
+    if (set == 1) {
         fe_send_ctl(wd, f,
                     b ? STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL
                       : STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL,
@@ -1153,6 +1165,7 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
      * zeroed rx before it opened: let go of what that allocated. */
     swe_rx_fini(&f->rx);
     swe_rx_init(&f->rx, &cfg, sim_now(s));
+    f->cancel_called = 0; /* (such a cancel had nothing to cancel) */
     fe_send_request(wd, f, 0);
     sim_at(s, TICK_MS, fe_tick, wd, idx, 0);
     sim_at(s, 1, fe_pop, wd, idx, 0);
@@ -1415,9 +1428,14 @@ main(int argc, char **argv)
                         "exercised\n");
         return 1;
     }
+    if (total > 0 && g_cancel_behind_final == 0) {
+        fprintf(stderr, "sim_streams: no cancel came behind a queued final: I15 was not "
+                        "exercised\n");
+        return 1;
+    }
     printf("sim_streams: %llu simulated messages in all (queue nodes seen in blocks: %llu, items "
-           "resent from rings: %llu): ok\n",
+           "resent from rings: %llu, cancels behind a queued final: %llu): ok\n",
            (unsigned long long)total, (unsigned long long)g_block_nodes,
-           (unsigned long long)g_ring_resent);
+           (unsigned long long)g_ring_resent, (unsigned long long)g_cancel_behind_final);
     return total > 0 ? 0 : 1;
 }

@@ -1355,6 +1355,50 @@ test_cancel_drops_queued(void **state)
     swe_rx_fini(&rx);
 }
 
+/* The worker's final came while items still waited for the consumer (a
+ * short stream inside its window): a cancel then drops those items too
+ * (streamwire.h: no data item after the call returns), and the stream ends
+ * CANCELLED, not with the final's COMPLETED (the consumer did not get the
+ * stream it describes); nothing is to be sent to the worker (2). With
+ * nothing queued before it, the final's terminal stands (0: SW_EEOF).
+ * Before, the consumer got the rest of the data after its cancel. */
+static void
+test_cancel_after_final_queued(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[4];
+    sw_terminal t;
+    sw_item it;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    data(&rx, 2, 1);
+    data(&rx, 3, 1);
+    final_at(&rx, 4, SW_STATUS_COMPLETED, "stop", 1);
+    assert_int_equal(swe_rx_pop(&rx, 2, &it, &a), 1); /* the consumer read one */
+    assert_int_equal(it.seq, 1);
+    assert_int_equal(swe_rx_cancel(&rx, 0), 2);
+    assert_int_equal(drain(&rx, 3, seqs, 4, &t), 0);
+    assert_int_equal(t.status, SW_STATUS_CANCELLED);
+    assert_string_equal(t.reason, "cancelled");
+    assert_string_equal(t.message, "cancelled by the frontend");
+    assert_int_equal(swe_rx_pop(&rx, 4, &it, &a), 0); /* exactly one terminal */
+    assert_int_equal(swe_rx_cancel(&rx, 0), 0);       /* delivered: SW_EEOF */
+    swe_rx_fini(&rx);
+
+    /* everything read: the final's terminal is all that is left, and stays */
+    start(&rx);
+    data(&rx, 1, 1);
+    final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 1);
+    assert_int_equal(swe_rx_pop(&rx, 2, &it, &a), 1);
+    assert_int_equal(swe_rx_cancel(&rx, 1), 0);
+    assert_int_equal(drain(&rx, 3, seqs, 4, &t), 0);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_string_equal(t.reason, "stop");
+    swe_rx_fini(&rx);
+}
+
 /* A worker's texts: a finish reason of 256 bytes (sw_responder_finish's
  * limit) arrives whole, a message up to 1,024 bytes, and a longer one is cut
  * before the character the cut would split (here 2-byte characters from
@@ -2628,6 +2672,7 @@ main(void)
         cmocka_unit_test(test_quiet_bounded),
         cmocka_unit_test(test_terminal_decided_once),
         cmocka_unit_test(test_cancel_drops_queued),
+        cmocka_unit_test(test_cancel_after_final_queued),
         cmocka_unit_test(test_final_texts_whole),
         cmocka_unit_test(test_wire_cancelled_final_keeps_data),
         cmocka_unit_test(test_nothing_after_terminal_delivered),

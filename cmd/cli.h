@@ -157,7 +157,6 @@ typedef struct cli_stream_req {
     const char *instance_id;
     uint32_t deadline_ms;
     uint32_t max_tokens;
-    unsigned credit_window;
     unsigned heartbeat_ms;
     const void *payload;
     size_t len;

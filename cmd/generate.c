@@ -164,8 +164,8 @@ cli_generate_main(int argc, char **argv)
          "--window-max",
          &window, 0, 1000000, NULL, 0},
         {"window-max", CLI_INT, "N",
-         "the most the window grows to (default 16384, and at\nmost 1 MiB of items); = --window "
-         "for a fixed window",
+         "the most the window grows to (default 16384, at most\n1000000; the worker may cap it "
+         "lower); = --window for\na fixed window",
          &window_max, 0, 1000000, NULL, 0},
         {"credit-bytes", CLI_INT, "N",
          "byte credit: the data bytes the worker may send past\nwhat this consumer took at first, "
@@ -235,7 +235,6 @@ cli_generate_main(int argc, char **argv)
     req.instance_id = instance;
     req.deadline_ms = (uint32_t)timeout;
     req.max_tokens = (uint32_t)max_tokens;
-    req.credit_window = (unsigned)window;
     req.heartbeat_ms = (unsigned)heartbeat;
     req.cancel_after = cancel_after;
     req.read_delay_ms = read_delay;

@@ -152,7 +152,6 @@ cli_run_stream(sw_router *router, const cli_stream_req *req, cli_stream_result *
     o.instance_id = req->instance_id;
     o.deadline_ms = req->deadline_ms;
     o.max_tokens = req->max_tokens;
-    o.credit_window = req->credit_window;
     o.heartbeat_ms = req->heartbeat_ms;
     o.migration_limit = req->migration_limit;
 

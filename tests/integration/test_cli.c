@@ -1452,6 +1452,90 @@ test_slow_consumer(void **state)
               "completed", "stop", "wslowreader", atol(tokens), 0);
 }
 
+/* Starts a worker as worker_start does, with --metrics-listen 127.0.0.1:0;
+ * its metrics URL into url. */
+static pid_t
+worker_start_metrics(const char *ep, const char *id, const char *const *extra, char *url,
+                     size_t cap)
+{
+    const char *argv[MAX_ARGS];
+    char line[512];
+    int fd = -1;
+    pid_t pid;
+
+    args_join(argv,
+              ARGS("worker", "--server", g_nats.url, "--endpoint", ep, "--instance-id", id,
+                   "--quiet", "--metrics-listen", "127.0.0.1:0"),
+              extra);
+    pid = swh_spawn(argv, &fd);
+    assert_true(pid > 0);
+    kid_add(pid, fd, 0);
+    if (swh_wait_line(fd, "worker metrics url=", line, sizeof(line), T(15000)) != 0)
+        fail_msg("worker %s on %s did not print its metrics url", id, ep);
+    snprintf(url, cap, "%s", strchr(line, '=') + 1);
+    if (swh_wait_line(fd, "worker ready", NULL, 0, T(15000)) != 0)
+        fail_msg("worker %s on %s did not print its ready line", id, ep);
+    return pid;
+}
+
+/* The value of the first sample of the metric name (no labels given) that
+ * url serves (fetched with curl), or fails the test. */
+static long long
+scrape(const char *url, const char *name)
+{
+    char cmd[512], *body = g_err; /* OUT_CAP bytes, free between cli_run2 calls */
+    const char *p;
+    size_t n;
+    FILE *f;
+
+    snprintf(cmd, sizeof(cmd), "curl -s -f -m 5 '%s'", url);
+    f = popen(cmd, "r");
+    assert_non_null(f);
+    n = fread(body, 1, OUT_CAP - 1, f);
+    body[n] = '\0';
+    if (pclose(f) != 0)
+        fail_msg("GET %s failed", url);
+    for (p = body; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p != NULL ? p + 1 : NULL) {
+        if (strncmp(p, name, strlen(name)) == 0 &&
+            (p[strlen(name)] == '{' || p[strlen(name)] == ' '))
+            return atoll(strchr(p, ' ') + 1);
+    }
+    fail_msg("%s does not serve %s:\n%s", url, name, body);
+    return -1;
+}
+
+/* --window is only the first window: with --window-max above it the
+ * window grows for a fast reader (the worker waits for credit far less
+ * often than with a window fixed at --window-max = --window). */
+static void
+test_window_grows_to_window_max(void **state)
+{
+    static const char stalls[] = "streamwire_worker_credit_stalls_total";
+    const char *tokens = g_slow > 1 ? "2000" : "5000";
+    char url[256];
+    long long s0, fixed, grown;
+
+    (void)state;
+    worker_start_metrics("cli.window.gen", "wwindow",
+                         ARGS("--registry", "none", "--tokens", tokens), url, sizeof(url));
+    s0 = scrape(url, stalls);
+    check_gen(gen_run("cli.window.gen", ARGS("--instance-id", "wwindow", "--window", "16",
+                                             "--window-max", "16", "--json")),
+              "completed", "stop", "wwindow", atol(tokens), 0);
+    fixed = scrape(url, stalls) - s0;
+    s0 += fixed;
+    check_gen(gen_run("cli.window.gen", ARGS("--instance-id", "wwindow", "--window", "16",
+                                             "--window-max", "4096", "--json")),
+              "completed", "stop", "wwindow", atol(tokens), 0);
+    grown = scrape(url, stalls) - s0;
+    print_message("%s items: %lld credit stalls with a fixed window of 16, %lld growing from 16\n",
+                  tokens, fixed, grown);
+    if (grown * 4 > fixed)
+        fail_msg("--window 16 --window-max 4096: %lld credit stalls, not far fewer than the %lld "
+                 "of a fixed window of 16: the window did not grow",
+                 grown, fixed);
+}
+
 /* ======================================================================== */
 /* 6. SIGTERM to a worker mid-stream.                                         */
 
@@ -1759,6 +1843,7 @@ main(int argc, char **argv)
         T_(test_instances_and_drain),
         T_(test_bucket_and_registry_none),
         T_(test_slow_consumer),
+        T_(test_window_grows_to_window_max),
         T_(test_fanout_demo),
         T_(test_sigterm_mid_stream_completes),
         T_(test_worker_reconnects_or_exits),

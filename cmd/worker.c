@@ -307,7 +307,7 @@ cli_worker_main(int argc, char **argv)
          &lease, 100, 3600000, NULL, 0},
         {"max-reconnect", CLI_INT, "N",
          "reconnect attempts after the server is lost; -1 = no\nlimit (default: a worker in a "
-         "cluster outlives a NATS\nrestart). When they run out the worker exits 3",
+         "cluster outlives a NATS\nrestart); 0 = none. When they run out the worker exits 3",
          &max_reconnect, -1, 1000000000, NULL, 0},
         {"metrics-listen", CLI_STRING, "HOST:PORT",
          "serve Prometheus metrics at http://HOST:PORT/metrics\n(port 0 picks one; the line "
@@ -390,7 +390,7 @@ cli_worker_main(int argc, char **argv)
     cli_conn_apply(&conn_flags, &copts);
     copts.log = quiet ? NULL : cli_log_stderr;
     copts.log_arg = (void *)"worker";
-    copts.max_reconnect = (int)max_reconnect;
+    copts.max_reconnect = max_reconnect == 0 ? SW_RECONNECT_NONE : (int)max_reconnect;
     copts.on_state = worker_on_conn_state;
     copts.on_state_arg = &wake[1];
     err = sw_conn_open(&conn, &copts);
@@ -469,10 +469,14 @@ cli_worker_main(int argc, char **argv)
             break;
     }
     if (!cli_signalled && sw_conn_status(conn) == SW_CONN_CLOSED) {
-        fprintf(stderr,
-                "streamwire worker: the connection to the NATS server closed for good "
-                "(%llu reconnect(s), --max-reconnect %ld ran out); exiting\n",
-                (unsigned long long)sw_conn_reconnects(conn), max_reconnect);
+        if (max_reconnect == 0)
+            fprintf(stderr, "streamwire worker: the NATS server is lost (--max-reconnect 0: no "
+                            "reconnect); exiting\n");
+        else
+            fprintf(stderr,
+                    "streamwire worker: the connection to the NATS server closed for good "
+                    "(%llu reconnect(s), --max-reconnect %ld ran out); exiting\n",
+                    (unsigned long long)sw_conn_reconnects(conn), max_reconnect);
         rc = CLI_EXIT_CONNECT;
         goto out;
     }

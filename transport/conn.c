@@ -136,8 +136,8 @@ swt_on_disconnect(natsConnection *nc, void *arg)
     sw_conn *c = arg;
     if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
         swi_log(&c->log, SW_LOG_WARN, "nats: disconnected");
-    if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != SW_CONN_CLOSED)
-        swt_set_state(c, SW_CONN_RECONNECTING);
+    if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != SW_CONN_CLOSED && !c->no_reconnect)
+        swt_set_state(c, SW_CONN_RECONNECTING); /* (without reconnects: closed comes next) */
 }
 
 static void
@@ -156,7 +156,9 @@ swt_on_closed(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
     if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
-        swi_log(&c->log, SW_LOG_ERROR, "nats: connection closed for good (reconnects ran out)");
+        swi_log(&c->log, SW_LOG_ERROR, "nats: connection closed for good (%s)",
+                c->no_reconnect ? "the server is lost and reconnects are off"
+                                : "reconnects ran out");
     swt_set_state(c, SW_CONN_CLOSED);
     pthread_mutex_lock(&c->cb_mu);
     c->cb_closed = 1;
@@ -271,7 +273,8 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
         return SW_EINVAL;
     *out = NULL;
     if (o->connect_timeout_ms < 0 || o->connect_timeout_ms > INT32_MAX ||
-        o->reconnect_wait_ms < 0 || o->reconnect_wait_ms > INT32_MAX || o->max_reconnect < -1)
+        o->reconnect_wait_ms < 0 || o->reconnect_wait_ms > INT32_MAX ||
+        o->max_reconnect < SW_RECONNECT_NONE)
         return SW_EINVAL;
     if ((rv = swi_init()) != SW_OK)
         return rv;
@@ -303,7 +306,10 @@ sw_conn_open(sw_conn **out, const sw_conn_opts *o)
     if (s == NATS_OK)
         s = natsOptions_SetTimeout(c->opts,
                                    o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 2000);
-    if (s == NATS_OK)
+    c->no_reconnect = o->max_reconnect == SW_RECONNECT_NONE;
+    if (s == NATS_OK && c->no_reconnect)
+        s = natsOptions_SetAllowReconnect(c->opts, false);
+    else if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(c->opts, o->max_reconnect != 0 ? o->max_reconnect : 60);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(c->opts,

@@ -29,6 +29,7 @@ struct sw_conn {
     char name[64];       /* the connection name (metrics label) */
     char inbox_prefix[SWT_SUBJECT_MAX]; /* sw_conn_opts.inbox_prefix, or "_INBOX" */
     int send_asap;                      /* !sw_conn_opts.no_send_asap */
+    int no_reconnect;                   /* max_reconnect SW_RECONNECT_NONE */
     swt_sealer *sealer;     /* sw_conn_opts.seal_key_file: seals and opens every message */
     uint64_t auth_failures; /* messages refused: did not open, or unsealed (atomic) */
     int chaos_no_complete;  /* swx_conn_fail_sub_complete (chaos build; atomic) */

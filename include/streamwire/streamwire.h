@@ -109,7 +109,9 @@ typedef struct sw_conn_opts {
     const char *url;                /* default "nats://127.0.0.1:4222"; comma list allowed */
     const char *name;               /* connection name shown by the server; default "streamwire" */
     sw_duration connect_timeout_ms; /* default 2000 */
-    int max_reconnect;              /* default 60; -1 = forever */
+    int max_reconnect;              /* default 60 (also what 0 means); -1 = forever;
+                                       SW_RECONNECT_NONE: none, a lost server closes the
+                                       connection at once (SW_CONN_CLOSED, no reconnecting) */
     sw_duration reconnect_wait_ms;  /* default 250 */
     int no_send_asap;               /* 0 (default): flush every publish at once (lowest latency).
                                        1: nats.c's flusher writes what was published up to 1 ms
@@ -149,6 +151,9 @@ typedef struct sw_conn_opts {
                                        Needs seal_key_file, the same file rules, and a key id
                                        other than seal_key_file's (else invalid_argument). */
 } sw_conn_opts;
+
+/* sw_conn_opts.max_reconnect: no reconnect attempt at all. */
+#define SW_RECONNECT_NONE (-2)
 
 SW_API void sw_conn_opts_init(sw_conn_opts *opts);
 

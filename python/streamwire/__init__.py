@@ -213,7 +213,7 @@ class Connection:
     """A NATS connection (sw_conn). Keyword options follow sw_conn_opts:
     name, user, password, token, creds_file, nkey_seed_file, inbox_prefix,
     tls, tls_ca_file, tls_cert_file, tls_key_file, connect_timeout_ms,
-    max_reconnect (-1 = forever). Raises ConnectionFailedError,
+    max_reconnect (-1 = forever, -2 = never). Raises ConnectionFailedError,
     NotAuthorizedError, TlsError, ..."""
 
     def __init__(self, url="nats://127.0.0.1:4222", **opts):

@@ -1584,19 +1584,33 @@ drain_mid_stream(const char *ep, const char *id, const char *const *extra)
 
 /* Issue 11 #6: a worker outlives a NATS restart by default (it reconnects
  * without limit) and serves again; with --max-reconnect it exits 3 once the
- * attempts run out. (Last of the file's cases that need the server: it
- * stops and restarts the shared one.) */
+ * attempts run out, and with --max-reconnect 0 (no attempt) at once.
+ * (Last of the file's cases that need the server: it stops and restarts
+ * the shared one.) */
 static void
 test_worker_reconnects_or_exits(void **state)
 {
-    pid_t keep, quit;
+    pid_t keep, quit, quit0;
+    long long t0;
     int st;
 
     (void)state;
     keep = worker_start("cli.reconnect.gen", "wkeep", ARGS("--registry", "none"));
     quit = worker_start("cli.reconnect.gen", "wquit",
                         ARGS("--registry", "none", "--max-reconnect", "1"));
+    quit0 = worker_start("cli.reconnect.gen", "wquit0",
+                         ARGS("--registry", "none", "--max-reconnect", "0"));
     swh_nats_stop_keep(&g_nats);
+    t0 = swh_now_ms();
+    st = kid_wait(quit0, T(2000));
+    if (st == -1)
+        fail_msg("the worker with --max-reconnect 0 did not exit within %d ms of the server "
+                 "going away",
+                 T(2000));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 3);
+    print_message("--max-reconnect 0: exit 3 %lld ms after the server stopped\n",
+                  swh_now_ms() - t0);
     st = kid_wait(quit, T(15000));
     if (st == -1)
         fail_msg("the worker with --max-reconnect 1 did not exit after the server went away");

@@ -1044,7 +1044,7 @@ negative_durations_are_invalid(void **state)
     co.reconnect_wait_ms = -5;
     assert_int_equal(sw_conn_open(&c, &co), SW_EINVAL);
     co.reconnect_wait_ms = 0;
-    co.max_reconnect = -2;
+    co.max_reconnect = SW_RECONNECT_NONE - 1;
     assert_int_equal(sw_conn_open(&c, &co), SW_EINVAL);
     {
         /* An inbox prefix leaves room for the unique part (295 bytes). */
@@ -1351,6 +1351,43 @@ connection_states_and_destroy_while_down(void **state)
     pthread_mutex_destroy(&sr.mu);
 }
 
+/* max_reconnect SW_RECONNECT_NONE: a lost server closes the connection at
+ * once, with no reconnect attempt and no reconnecting state in between. */
+static void
+no_reconnect_closes_at_once(void **state)
+{
+    sw_conn_opts o;
+    sw_conn *c = NULL;
+    state_rec sr;
+    int64_t t0;
+    (void)state;
+    memset(&sr, 0, sizeof(sr));
+    pthread_mutex_init(&sr.mu, NULL);
+    sw_conn_opts_init(&o);
+    o.url = g_nats.url;
+    o.max_reconnect = SW_RECONNECT_NONE;
+    o.on_state = on_state;
+    o.on_state_arg = &sr;
+    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
+    assert_int_equal(sw_conn_status(c), SW_CONN_CONNECTED);
+    swh_nats_stop_keep(&g_nats);
+    t0 = swh_now_ms();
+    while (sw_conn_status(c) != SW_CONN_CLOSED && swh_now_ms() - t0 < T(2000))
+        swh_sleep_ms(10);
+    assert_int_equal(sw_conn_status(c), SW_CONN_CLOSED);
+    printf("    closed %lld ms after the server stopped\n", (long long)(swh_now_ms() - t0));
+    assert_int_equal(swh_nats_restart(&g_nats, 0), 0);
+    swh_sleep_ms(300); /* nothing reconnects a closed connection */
+    assert_int_equal(sw_conn_status(c), SW_CONN_CLOSED);
+    assert_int_equal(sw_conn_reconnects(c), 0);
+    pthread_mutex_lock(&sr.mu);
+    assert_int_equal(sr.seen[SW_CONN_RECONNECTING], 0);
+    assert_int_equal(sr.seen[SW_CONN_CLOSED], 1);
+    pthread_mutex_unlock(&sr.mu);
+    sw_conn_close(c);
+    pthread_mutex_destroy(&sr.mu);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static int
@@ -1449,6 +1486,7 @@ main(void)
         cmocka_unit_test(no_callback_inside_open),
         cmocka_unit_test(stream_survives_nats_restart),
         cmocka_unit_test(connection_states_and_destroy_while_down),
+        cmocka_unit_test(no_reconnect_closes_at_once),
         cmocka_unit_test(lost_cancel_is_sent_again),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -142,6 +142,8 @@ void cli_conn_error(const char *cmd, const char *url, const cli_conn_flags *f, s
 /* --metrics-listen (cmd/metrics_http.c): GET /metrics from one thread.       */
 
 typedef struct cli_metrics_http cli_metrics_http;
+/* 1 if addr is HOST:PORT (a host of at most 127 bytes, a port of 0..65535). */
+int cli_metrics_addr_ok(const char *addr);
 /* Listens on addr ("HOST:PORT"; port 0 picks one) and serves m. 0, or -1
  * with the reason printed to stderr. */
 int cli_metrics_http_start(cli_metrics_http **out, const char *addr, sw_metrics *m);

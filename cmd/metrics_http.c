@@ -132,6 +132,20 @@ mh_main(void *arg)
 }
 
 int
+cli_metrics_addr_ok(const char *addr)
+{
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
+    long port = 0;
+    if (colon == NULL || colon == addr || colon - addr >= 128 || colon[1] == '\0')
+        return 0;
+    for (const char *p = colon + 1; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9' || (port = port * 10 + (*p - '0')) > 65535)
+            return 0;
+    }
+    return 1;
+}
+
+int
 cli_metrics_http_start(cli_metrics_http **out, const char *addr, sw_metrics *m)
 {
     struct cli_metrics_http *h;
@@ -140,8 +154,7 @@ cli_metrics_http_start(cli_metrics_http **out, const char *addr, sw_metrics *m)
     struct addrinfo hints, *ai = NULL;
     int one = 1;
     *out = NULL;
-    if (colon == NULL || colon == addr || (size_t)(colon - addr) >= sizeof(host) ||
-        colon[1] == '\0') {
+    if (!cli_metrics_addr_ok(addr)) {
         fprintf(stderr, "--metrics-listen: expected HOST:PORT, got '%s'\n", addr ? addr : "");
         return -1;
     }

@@ -355,6 +355,9 @@ cli_worker_main(int argc, char **argv)
         return rc;
     if ((rc = cli_check_names(&cmd, server, endpoint, 1, instance)) != CLI_EXIT_OK)
         return rc;
+    if (metrics_listen != NULL && !cli_metrics_addr_ok(metrics_listen))
+        return cli_usage_error(
+            &cmd, "--metrics-listen: expected HOST:PORT (port 0..65535), got '%s'", metrics_listen);
 
     memset(&cfg, 0, sizeof(cfg));
     cfg.tokens = tokens;
@@ -418,6 +421,15 @@ cli_worker_main(int argc, char **argv)
         rc = CLI_EXIT_FAIL;
         goto out;
     }
+    /* Listening first: a worker that cannot serve its metrics exits
+     * before it registers (an entry left behind would outlive it). */
+    if (metrics_listen != NULL &&
+        (sw_metrics_create(&metrics) != SW_OK || sw_metrics_add_conn(metrics, conn) != SW_OK ||
+         sw_metrics_add_ingress(metrics, ing) != SW_OK ||
+         cli_metrics_http_start(&mhttp, metrics_listen, metrics) != 0)) {
+        rc = CLI_EXIT_FAIL;
+        goto out;
+    }
     if (strcmp(registry, "none") != 0) {
         sw_registry_opts ropts;
         sw_registry_opts_init(&ropts);
@@ -445,11 +457,9 @@ cli_worker_main(int argc, char **argv)
             goto out;
         }
     }
-    if (metrics_listen != NULL) {
-        if (sw_metrics_create(&metrics) != SW_OK || sw_metrics_add_conn(metrics, conn) != SW_OK ||
-            sw_metrics_add_ingress(metrics, ing) != SW_OK ||
-            (reg != NULL && sw_metrics_add_registry(metrics, reg) != SW_OK) ||
-            cli_metrics_http_start(&mhttp, metrics_listen, metrics) != 0) {
+    if (metrics != NULL) {
+        if (reg != NULL && sw_metrics_add_registry(metrics, reg) != SW_OK) {
+            (void)sw_registry_deregister(reg, sw_ingress_instance_id(ing));
             rc = CLI_EXIT_FAIL;
             goto out;
         }

@@ -33,8 +33,10 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -44,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1106,6 +1109,18 @@ test_usage_errors(void **state)
     expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--credit-bytes",
                       "9000000", "--credit-bytes-max", "8999999"),
                  "--credit-bytes-max is less than --credit-bytes");
+    /* A malformed --metrics-listen address (found before connecting). */
+    expect_usage(ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--metrics-listen", "9100"),
+                 "--metrics-listen");
+    expect_usage(
+        ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--metrics-listen", "127.0.0.1:"),
+        "--metrics-listen");
+    expect_usage(ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--metrics-listen",
+                      "127.0.0.1:99999"),
+                 "--metrics-listen");
+    expect_usage(
+        ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--metrics-listen", ":9100"),
+        "--metrics-listen");
     /* A second cluster key without the first (key rotation, --open-key-file). */
     expect_usage(
         ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--open-key-file", "/nonexistent"),
@@ -1429,6 +1444,43 @@ test_bucket_and_registry_none(void **state)
                 NULL, T(20000));
     assert_int_equal(rc, 0);
     assert_string_equal(g_out, "");
+}
+
+/* A worker whose --metrics-listen address is taken exits 1 (a runtime
+ * error) without leaving a registry entry behind: it binds before it
+ * registers. */
+static void
+test_metrics_listen_fails_unregistered(void **state)
+{
+    const char *ep = "cli.mbusy.gen";
+    struct sockaddr_in a;
+    socklen_t alen = sizeof(a);
+    char addr[64];
+    inst_row rows[4];
+    int fd, rc, n;
+
+    (void)state;
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", ntohs(a.sin_port));
+    rc = cli_run2(ARGS("worker", "--server", g_nats.url, "--endpoint", ep, "--instance-id",
+                       "wmbusy", "--lease-ms", "60000", "--metrics-listen", addr),
+                  T(15000));
+    close(fd);
+    if (rc != 1 || strstr(g_err, "--metrics-listen") == NULL)
+        fail_msg("worker --metrics-listen %s (in use): exit %d, want 1; stderr: %s", addr, rc,
+                 g_err);
+    assert_null(strstr(g_out, "worker ready"));
+    n = instances_json(ep, rows, 4);
+    if (n != 0)
+        fail_msg("the worker that could not listen left %d registry entr%s behind: %s", n,
+                 n == 1 ? "y" : "ies", rows[0].instance);
 }
 
 /* ======================================================================== */
@@ -1856,6 +1908,7 @@ main(int argc, char **argv)
         T_(test_unreachable_server),
         T_(test_instances_and_drain),
         T_(test_bucket_and_registry_none),
+        T_(test_metrics_listen_fails_unregistered),
         T_(test_slow_consumer),
         T_(test_window_grows_to_window_max),
         T_(test_fanout_demo),

@@ -988,8 +988,8 @@ static void
 test_help(void **state)
 {
     (void)state;
-    expect_help(ARGS("--help"),
-                ARGS("worker", "generate", "instances", "demo", "--help", "--version", "Usage"));
+    expect_help(ARGS("--help"), ARGS("worker", "generate", "instances", "demo", "gateway", "keygen",
+                                     "--help", "--version", "Usage"));
     expect_help(ARGS("help"), ARGS("worker", "generate", "instances", "demo"));
     expect_help(ARGS("worker", "--help"),
                 ARGS("--server", "--endpoint", "--instance-id", "--tokens", "--token-interval-ms",
@@ -1006,6 +1006,11 @@ test_help(void **state)
     expect_help(ARGS("instances", "--help"),
                 ARGS("--server", "--endpoint", "--json", "--bucket", "Exit status"));
     expect_help(ARGS("demo", "--help"), ARGS("--server", "--keep", "--verbose", "Exit status"));
+    expect_help(ARGS("gateway", "--help"),
+                ARGS("--server", "--listen", "--model", "--bucket", "--policy", "--keepalive-ms",
+                     "--stall-ms", "--max-body", "--max-connections", "--cancel-on-disconnect",
+                     "--narration", "--grace-ms", "--access-log", "--migration-limit", "--loops",
+                     "--quiet", "--creds", "--tls-ca", "Exit status"));
     /* -h and `help COMMAND` too. */
     expect_help(ARGS("generate", "-h"), ARGS("--json", "--cancel-after"));
     expect_help(ARGS("help", "worker"), ARGS("--chaos", "--drain-grace-ms"));
@@ -1121,6 +1126,24 @@ test_usage_errors(void **state)
     expect_usage(
         ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--metrics-listen", ":9100"),
         "--metrics-listen");
+    /* The gateway: no --model, or a malformed one. */
+    expect_usage(ARGS("gateway", "--server", url), "--model");
+    expect_usage(ARGS("gateway", "--server", url, "--model", "m"), "--model");
+    expect_usage(ARGS("gateway", "--server", url, "--model", "m=a.b"), "--model");
+    /* A credential file that cannot be read names its flag (docs/SECURITY.md). */
+    expect_usage(
+        ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--creds", "/nonexistent/u.creds"),
+        "--creds");
+    expect_usage(
+        ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--nkey", "/nonexistent/u.nk"),
+        "--nkey");
+    expect_usage(ARGS("instances", "--server", url, "--tls-ca", "/nonexistent/ca.pem"), "--tls-ca");
+    expect_usage(
+        ARGS("gateway", "--server", url, "--model", "m=a.b.c", "--tls-ca", "/nonexistent/ca.pem"),
+        "--tls-ca");
+    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--tls-cert",
+                      "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"),
+                 "--tls-cert");
     /* A second cluster key without the first (key rotation, --open-key-file). */
     expect_usage(
         ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--open-key-file", "/nonexistent"),
@@ -1157,6 +1180,11 @@ test_unreachable_server(void **state)
     assert_int_equal(rc, 3);
     assert_non_null(strstr(g_err, "cannot connect"));
     assert_null(strstr(g_out, "worker ready"));
+    rc = cli_run2(ARGS("gateway", "--server", bad, "--model", "m=a.b.c", "--listen", "127.0.0.1:0"),
+                  T(30000));
+    assert_int_equal(rc, 3);
+    assert_non_null(strstr(g_err, "cannot connect"));
+    assert_null(strstr(g_out, "gateway ready"));
 }
 
 /* ======================================================================== */

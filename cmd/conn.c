@@ -87,12 +87,18 @@ cli_conn_check(const cli_cmd *cmd, const cli_conn_flags *f)
         const char *file[5] = {f->creds, f->nkey, f->tls_ca, f->tls_cert, f->tls_key};
         for (int i = 0; i < 5; i++) {
             FILE *fp;
+            int err;
             if (file[i] == NULL)
                 continue;
             if ((fp = fopen(file[i], "r")) == NULL)
                 return cli_usage_error(cmd, "--%s: cannot read %s: %s", flag[i], file[i],
                                        strerror(errno));
+            /* a directory opens, and only a read says EISDIR */
+            err = getc(fp) == EOF && ferror(fp) ? errno : 0;
             fclose(fp);
+            if (err != 0)
+                return cli_usage_error(cmd, "--%s: cannot read %s: %s", flag[i], file[i],
+                                       strerror(err));
         }
     }
     if (f->open_key_file != NULL && f->key_file == NULL)

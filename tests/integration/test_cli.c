@@ -1144,6 +1144,13 @@ test_usage_errors(void **state)
     expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--tls-cert",
                       "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"),
                  "--tls-cert");
+    /* A directory opens but cannot be read: --creds / was taken as no
+     * credentials at all. */
+    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--instance-id", "w",
+                      "--creds", "/"),
+                 "--creds");
+    expect_usage(ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--tls-ca", "/"),
+                 "--tls-ca");
     /* A second cluster key without the first (key rotation, --open-key-file). */
     expect_usage(
         ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--open-key-file", "/nonexistent"),

@@ -175,7 +175,15 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
         rv = r->closed ? SW_ECLOSED : swn_resp_publish_one(r, seq, buf, len, &d);
         r->rg.pub_seq = seq;
     } else if (r->pub_err != SW_OK) {
-        rv = swn_resp_take_pub_err(r); /* the final is kept, and resent if asked for */
+        /* The final is kept, and resent if asked for; so are the items
+         * whose publish failed. An earlier publish's failure is told only
+         * if it was NATS's: one for lack of memory (sealing a message of
+         * more than about 2 KB, transport/sub.c) would read as "nothing
+         * sent, try again" (sw_responder_fail) from a call that ended the
+         * stream, and finish promises no SW_ENOMEM at all. */
+        rv = swn_resp_take_pub_err(r);
+        if (!sw_err_is_nats(rv))
+            rv = SW_OK;
     }
     if (buf != stack)
         free(buf); /* kept: the ring has its copy */

@@ -436,8 +436,10 @@ SW_API int sw_responder_migratable(const sw_responder *r);
  * credit arrives, the stream is cancelled, or the ingress send timeout passes.
  * With flow control the item may be queued and published an instant later
  * by the ingress's sender thread, together with the items queued after it
- * (see docs/PROTOCOL.md "Coalescing"); a publish that failed there is
- * returned by the next send or finish.
+ * (see docs/PROTOCOL.md "Coalescing"). A publish of queued items that
+ * failed leaves them kept (the frontend asks for them again); its error is
+ * returned by the next send (which then takes nothing), or by finish or
+ * fail if it is a NATS error.
  * Errors: SW_ECANCELLED (frontend cancelled or gone, deadline passed, or the
  * connection closed for good),
  * SW_ECLOSED (a terminal was already sent, or the ingress is gone),
@@ -480,8 +482,9 @@ SW_API sw_err sw_responder_send_event(sw_responder *r, const char *event, const 
  * was cancelled or killed: by its frontend, its deadline or a drain's
  * hand-back, which decided how it ends; nothing is sent now); SW_ECLOSED (already
  * terminated, or the ingress closed). Ending a stream needs no memory (the
- * final is built on the stack), so SW_ENOMEM never comes from here. A NATS
- * error, or one an earlier send's publish left
+ * final is built on the stack), so SW_ENOMEM never comes from here (nor
+ * from an earlier send's publish that found no memory: its items are kept
+ * and resent). A NATS error, or one an earlier send's publish left
  * (sw_err_is_nats): the final was queued, and is resent if the frontend
  * asks, but a publish failed; the stream is terminated all the same (a
  * second call is SW_ECLOSED). */

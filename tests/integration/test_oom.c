@@ -1,13 +1,15 @@
 /* tests/integration/test_oom.c -- allocation failure on the paths that used
  * to loop or hang for as long as malloc failed (a review of session 28:
  * loops whose exit needs progress that a failed allocation prevents), and
- * on the worker's ends of a stream (a final that needed memory).
+ * on the worker's ends of a stream (a final that needed memory; what finish
+ * and fail return after a sealed publish found no memory).
  *
  * The test binary interposes malloc and realloc (glibc's __libc_malloc and
  * __libc_realloc do the work): switches make them fail on the test's main
  * thread (realloc(NULL, n), or malloc alone), on every other thread, or on
  * the threads that marked themselves (a worker's handler thread, so that
- * nats.c's threads and the timer go on), and count the failures. Built
+ * nats.c's threads and the timer go on; optionally only allocations of some
+ * size, after letting the first few through), and count the failures. Built
  * only without sanitizers (their runtimes own malloc). Threads: the
  * switches are atomics; the handler records what it saw in globals the
  * main thread reads after it has returned; everything else runs on the
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -30,6 +33,7 @@
 #include <streamwire/streamwire.h>
 
 #include "harness.h"
+#include "transport/seal.h"
 
 extern void *__libc_malloc(size_t n);
 extern void *__libc_realloc(void *p, size_t n);
@@ -38,6 +42,9 @@ static int g_fail_others;       /* malloc and realloc fail on threads other than
 static int g_fail_main_realloc; /* realloc(NULL, n) fails on the main thread */
 static int g_fail_main_malloc;  /* malloc (not realloc) fails on the main thread */
 static int g_fail_marked;       /* malloc and realloc fail on the threads that marked themselves */
+static size_t g_marked_min;     /* nonzero: g_fail_marked fails only allocations of this many bytes
+                                   or more */
+static int g_marked_pass;       /* the first this many that g_fail_marked would fail go through */
 static unsigned long g_failed;  /* failures so far */
 static __thread int t_main;
 static __thread int t_marked; /* this thread fails while g_fail_marked (a handler's own) */
@@ -46,19 +53,28 @@ void *malloc(size_t n);
 void *realloc(void *p, size_t n);
 
 static int
-should_fail(int is_realloc, int is_realloc_null)
+should_fail(int is_realloc, int is_realloc_null, size_t n)
 {
     if (t_main)
         return (is_realloc_null && __atomic_load_n(&g_fail_main_realloc, __ATOMIC_RELAXED)) ||
                (!is_realloc && __atomic_load_n(&g_fail_main_malloc, __ATOMIC_RELAXED));
-    return __atomic_load_n(&g_fail_others, __ATOMIC_RELAXED) ||
-           (t_marked && __atomic_load_n(&g_fail_marked, __ATOMIC_RELAXED));
+    if (__atomic_load_n(&g_fail_others, __ATOMIC_RELAXED))
+        return 1;
+    if (!t_marked || !__atomic_load_n(&g_fail_marked, __ATOMIC_RELAXED) ||
+        n < __atomic_load_n(&g_marked_min, __ATOMIC_RELAXED))
+        return 0;
+    /* (the marked thread alone reaches here: no race on the count) */
+    if (__atomic_load_n(&g_marked_pass, __ATOMIC_RELAXED) > 0) {
+        __atomic_fetch_sub(&g_marked_pass, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    return 1;
 }
 
 void *
 malloc(size_t n)
 {
-    if (should_fail(0, 0)) {
+    if (should_fail(0, 0, n)) {
         __atomic_fetch_add(&g_failed, 1, __ATOMIC_RELAXED);
         return NULL;
     }
@@ -68,7 +84,7 @@ malloc(size_t n)
 void *
 realloc(void *p, size_t n)
 {
-    if (should_fail(1, p == NULL)) {
+    if (should_fail(1, p == NULL, n)) {
         __atomic_fetch_add(&g_failed, 1, __ATOMIC_RELAXED);
         return NULL;
     }
@@ -380,12 +396,154 @@ drain_without_list(void **state)
     drain_failing(&g_fail_main_realloc);
 }
 
+/* ---------------------------------------------------- a sealed publish without memory */
+
+#define BIG 3000
+enum { H_FINISH = 1, H_FAIL };
+static sw_err g_bsend;         /* what the handler's send of BIG bytes returned */
+static unsigned long g_bfail;  /* the allocations that failed during that send */
+static sw_err g_bend, g_bend2; /* what its finish (or fail) returned, and a second one */
+static char g_key[320];
+
+/* Sends BIG bytes while the publish cannot seal them (the allocation for a
+ * sealed message of more than about 1.97 KB fails: the second of at least
+ * 2048 bytes on this thread, after the ring's chunk for the body), then,
+ * with memory back, ends the stream (H_FINISH: finish; H_FAIL: fail) and
+ * tries to end it again. */
+static void
+big_handler(sw_responder *r, void *arg)
+{
+    static char big[BIG];
+    (void)arg;
+    memset(big, 'b', sizeof(big));
+    __atomic_store_n(&g_failed, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_marked_min, 2048, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_marked_pass, 1, __ATOMIC_RELAXED);
+    t_marked = 1;
+    __atomic_store_n(&g_fail_marked, 1, __ATOMIC_RELAXED);
+    g_bsend = sw_responder_send(r, big, sizeof(big));
+    __atomic_store_n(&g_fail_marked, 0, __ATOMIC_RELAXED);
+    t_marked = 0;
+    __atomic_store_n(&g_marked_min, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_marked_pass, 0, __ATOMIC_RELAXED);
+    g_bfail = __atomic_load_n(&g_failed, __ATOMIC_RELAXED);
+    if (g_hmode == H_FINISH) {
+        g_bend = sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+        g_bend2 = sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+    } else {
+        g_bend = sw_responder_fail(r, "engine_error", "gave up");
+        g_bend2 = sw_responder_fail(r, "engine_error", "gave up");
+    }
+    __atomic_store_n(&g_hdone, 1, __ATOMIC_RELEASE);
+}
+
+/* A sealed worker, coalescing off (its handler's thread publishes each
+ * item itself), runs big_handler in `mode`; its frontend, sealed too,
+ * must get the BIG bytes and then the terminal. Returns the terminal's
+ * item in *term. */
+static void
+sealed_big(int mode, world *w, const sw_item **term)
+{
+    sw_conn_opts co;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_request_opts q;
+    const sw_item *it = NULL;
+    memset(w, 0, sizeof(*w));
+    g_hmode = mode;
+    g_bsend = g_bend = g_bend2 = SW_EINVAL;
+    g_bfail = 0;
+    g_hdone = 0;
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    co.seal_key_file = g_key;
+    assert_int_equal(sw_conn_open(&w->wc, &co), SW_OK);
+    assert_int_equal(sw_conn_open(&w->fc, &co), SW_OK);
+    assert_true(sw_conn_sealed(w->wc));
+    sw_ingress_opts_init(&io);
+    io.endpoint = WEP;
+    io.instance_id = WID;
+    io.handler = big_handler;
+    io.handler_threads = 1;
+    io.coalesce_us = SW_COALESCE_OFF;
+    assert_int_equal(sw_ingress_start(&w->ing, w->wc, &io), SW_OK);
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(&w->rt, w->fc, &ro), SW_OK);
+    sw_request_opts_init(&q);
+    q.endpoint = WEP;
+    q.instance_id = WID;
+    assert_int_equal(sw_router_open(&w->s, w->rt, &q, "hi", 2), SW_OK);
+    for (int k = 0; k < 500 && !__atomic_load_n(&g_hdone, __ATOMIC_ACQUIRE); k++)
+        swh_sleep_ms(10);
+    assert_true(__atomic_load_n(&g_hdone, __ATOMIC_ACQUIRE));
+    assert_int_equal(g_bsend, SW_OK); /* kept: its publish is what failed */
+    assert_int_equal(g_bfail, 1);     /* the sealed message's allocation, and nothing else */
+    /* the item comes all the same (the frontend asks for it again), then the terminal */
+    assert_int_equal(sw_stream_next(w->s, &it, 4000), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    assert_int_equal(it->len, BIG);
+    assert_int_equal(((const char *)it->data)[BIG - 1], 'b');
+    assert_int_equal(sw_stream_next(w->s, term, 4000), SW_OK);
+    assert_int_equal((*term)->kind, SW_ITEM_TERMINAL);
+}
+
+/* finish after a send whose sealed publish found no memory: the final is
+ * accepted and the stream ends, so finish says SW_OK (the header: SW_ENOMEM
+ * never comes from finish; an earlier publish's failure is told only if it
+ * is a NATS error), and a second finish SW_ECLOSED. finish used to return
+ * the send's SW_ENOMEM after the stream had ended, as if it might be tried
+ * again. */
+static void
+finish_after_sealed_publish_without_memory(void **state)
+{
+    world w;
+    const sw_item *it = NULL;
+    (void)state;
+    sealed_big(H_FINISH, &w, &it);
+    assert_int_equal(it->terminal.status, SW_STATUS_COMPLETED);
+    assert_string_equal(it->terminal.reason, "stop");
+    assert_int_equal(g_bend, SW_OK);
+    assert_int_equal(g_bend2, SW_ECLOSED);
+    world_settles(&w);
+    world_close(&w);
+}
+
+/* The same with fail: it used to return SW_ENOMEM, which for fail means
+ * "nothing was sent, try again", after its final had gone; the retry was
+ * SW_ECLOSED. */
+static void
+fail_after_sealed_publish_without_memory(void **state)
+{
+    world w;
+    const sw_item *it = NULL;
+    (void)state;
+    sealed_big(H_FAIL, &w, &it);
+    assert_int_equal(it->terminal.status, SW_STATUS_FAILED);
+    assert_string_equal(it->terminal.reason, "engine_error");
+    assert_int_equal(g_bend, SW_OK);
+    assert_int_equal(g_bend2, SW_ECLOSED);
+    world_settles(&w);
+    world_close(&w);
+}
+
 static int
 group_setup(void **state)
 {
+    swt_seal_key k;
+    char hex[SWT_SEAL_KEY_HEX + 1];
+    FILE *f;
     (void)state;
     t_main = 1;
-    return swh_nats_start(&g_nats, NULL);
+    if (swh_nats_start(&g_nats, NULL) != 0)
+        return -1;
+    snprintf(g_key, sizeof(g_key), "%s/oom.key", g_nats.dir);
+    if (swt_seal_key_generate(&k) != SW_OK || (f = fopen(g_key, "w")) == NULL)
+        return -1;
+    swt_seal_key_hex(&k, hex);
+    fprintf(f, "%s\n", hex);
+    fclose(f);
+    swt_seal_key_wipe(&k);
+    return chmod(g_key, 0600);
 }
 
 static int
@@ -408,6 +566,8 @@ main(int argc, char **argv)
         cmocka_unit_test(handler_return_without_memory),
         cmocka_unit_test(drain_without_memory),
         cmocka_unit_test(drain_without_list),
+        cmocka_unit_test(finish_after_sealed_publish_without_memory),
+        cmocka_unit_test(fail_after_sealed_publish_without_memory),
     };
     return cmocka_run_group_tests_name("oom", tests, group_setup, group_teardown);
 }

@@ -173,6 +173,18 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
     if (!kept) { /* published now, not kept (without flow control nothing is) */
         swn_sent d = {0, 1, 0, 0};
         rv = r->closed ? SW_ECLOSED : swn_resp_publish_one(r, seq, buf, len, &d);
+        if (rv == SW_ENOMEM && (by & SWN_MAY_RETRY)) {
+            /* A final too long for the stack, with no memory to keep it
+             * or to build or seal its message: nothing went out, and the
+             * caller may try again (sw_responder_fail). Every final of
+             * the library's own fits the stack, and its publish needs no
+             * memory. */
+            r->rg.next_seq--;
+            r->final_seq = 0;
+            if (buf != stack)
+                free(buf);
+            return rv;
+        }
         r->rg.pub_seq = seq;
     } else if (r->pub_err != SW_OK) {
         /* The final is kept, and resent if asked for; so are the items

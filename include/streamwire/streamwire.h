@@ -495,7 +495,8 @@ SW_API sw_err sw_responder_finish(sw_responder *r, sw_status status, const char 
  * Errors: SW_EINVAL (bad code), the others of sw_responder_finish, and
  * SW_ENOMEM: the final with its message takes more than the 1 KiB built on
  * the stack (a message of more than about 900 bytes) and there is no memory
- * for it; nothing was sent, and the call may be made again (with a shorter
+ * for it (to build it, or to both keep and publish it); nothing was sent,
+ * and the call may be made again (with a shorter
  * message, or none, it needs no memory). A responder released without a
  * terminal gets its FAILED "handler_returned" final without memory too. */
 SW_API sw_err sw_responder_fail(sw_responder *r, const char *code, const char *message);

@@ -526,6 +526,81 @@ fail_after_sealed_publish_without_memory(void **state)
     world_close(&w);
 }
 
+/* A fail whose message is too long for the stack (BIG bytes), while this
+ * thread finds memory for the final's body (the first allocation of at
+ * least 2048 bytes) but none to keep it (the ring's chunk) nor to seal it
+ * for its publish: SW_ENOMEM, and the header's promise for it holds:
+ * nothing was sent and the call may be made again. The second call, with
+ * memory back, ends the stream with the whole message. The first used to
+ * end the stream all the same, its final neither kept nor published: the
+ * second said SW_ECLOSED. */
+static void
+long_fail_handler(sw_responder *r, void *arg)
+{
+    static char msg[BIG];
+    (void)arg;
+    memset(msg, 'm', sizeof(msg) - 1);
+    __atomic_store_n(&g_failed, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_marked_min, 2048, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_marked_pass, 1, __ATOMIC_RELAXED);
+    t_marked = 1;
+    __atomic_store_n(&g_fail_marked, 1, __ATOMIC_RELAXED);
+    g_bend = sw_responder_fail(r, "engine_error", msg);
+    __atomic_store_n(&g_fail_marked, 0, __ATOMIC_RELAXED);
+    t_marked = 0;
+    __atomic_store_n(&g_marked_min, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_marked_pass, 0, __ATOMIC_RELAXED);
+    g_bfail = __atomic_load_n(&g_failed, __ATOMIC_RELAXED);
+    g_bend2 = sw_responder_fail(r, "engine_error", msg);
+    __atomic_store_n(&g_hdone, 1, __ATOMIC_RELEASE);
+}
+
+static void
+long_fail_without_memory_to_send_it(void **state)
+{
+    world w;
+    sw_conn_opts co;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_request_opts q;
+    const sw_item *it = NULL;
+    (void)state;
+    memset(&w, 0, sizeof(w));
+    g_bend = g_bend2 = SW_EINVAL;
+    g_bfail = 0;
+    g_hdone = 0;
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    co.seal_key_file = g_key;
+    assert_int_equal(sw_conn_open(&w.wc, &co), SW_OK);
+    assert_int_equal(sw_conn_open(&w.fc, &co), SW_OK);
+    sw_ingress_opts_init(&io);
+    io.endpoint = WEP;
+    io.instance_id = WID;
+    io.handler = long_fail_handler;
+    io.handler_threads = 1;
+    assert_int_equal(sw_ingress_start(&w.ing, w.wc, &io), SW_OK);
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(&w.rt, w.fc, &ro), SW_OK);
+    sw_request_opts_init(&q);
+    q.endpoint = WEP;
+    q.instance_id = WID;
+    assert_int_equal(sw_router_open(&w.s, w.rt, &q, "hi", 2), SW_OK);
+    for (int k = 0; k < 500 && !__atomic_load_n(&g_hdone, __ATOMIC_ACQUIRE); k++)
+        swh_sleep_ms(10);
+    assert_true(__atomic_load_n(&g_hdone, __ATOMIC_ACQUIRE));
+    assert_int_equal(g_bfail, 2); /* the ring's chunk, then the sealed message */
+    assert_int_equal(g_bend, SW_ENOMEM);
+    assert_int_equal(g_bend2, SW_OK);
+    assert_int_equal(sw_stream_next(w.s, &it, 4000), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+    assert_int_equal(it->terminal.status, SW_STATUS_FAILED);
+    assert_string_equal(it->terminal.reason, "engine_error");
+    assert_int_equal(it->terminal.message[0], 'm'); /* with its message (the frontend cuts it) */
+    world_settles(&w);
+    world_close(&w);
+}
+
 static int
 group_setup(void **state)
 {
@@ -568,6 +643,7 @@ main(int argc, char **argv)
         cmocka_unit_test(drain_without_list),
         cmocka_unit_test(finish_after_sealed_publish_without_memory),
         cmocka_unit_test(fail_after_sealed_publish_without_memory),
+        cmocka_unit_test(long_fail_without_memory_to_send_it),
     };
     return cmocka_run_group_tests_name("oom", tests, group_setup, group_teardown);
 }

@@ -97,17 +97,45 @@ ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r, uint64_t p
         (void)swt_publish(ing->conn, reply, NULL, buf, len);
 }
 
+/* 1 if a CANCEL or KILL is to be lost on the bus (the chaos build's test
+ * hook, swx_ingress_drop_cancels); 0 otherwise. */
+static int
+ing_cancel_lost(sw_ingress *ing)
+{
+#ifdef SW_CHAOS
+    return swn_chaos_drop_cancel(ing);
+#else
+    (void)ing;
+    return 0;
+#endif
+}
+
 /* The registered stream with this request id, with a reference; NULL if
- * none. */
+ * none. With early_for (a CANCEL or KILL from that router), one for no
+ * stream is remembered under the same lock: its request may still be on
+ * its way (another subscription), and is then never started (issue 11 #2).
+ * One lookup, so a stream that registers meanwhile is found here and its
+ * router checked as any other's. */
 static sw_responder *
-ing_find(sw_ingress *ing, const uint8_t *id)
+ing_find(sw_ingress *ing, const uint8_t *id, const char *early_for)
 {
     sw_responder *r;
     pthread_mutex_lock(&ing->mu);
     if ((r = swi_idmap_get(&ing->streams, id)) != NULL)
         swn_resp_ref(r);
+    else if (early_for != NULL && !ing_cancel_lost(ing))
+        swn_early_add(ing, id, early_for, swi_now_ms());
     pthread_mutex_unlock(&ing->mu);
     return r;
+}
+
+/* Counts a control that names another frontend than its stream's. */
+static void
+ing_bad_control(sw_ingress *ing)
+{
+    pthread_mutex_lock(&ing->mu);
+    ing->st.bad_controls++;
+    pthread_mutex_unlock(&ing->mu);
 }
 
 /* A CREDIT (limit, ack, byte limit), or with `final` the frontend's word
@@ -147,6 +175,7 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
     sw_ingress *ing = arg;
     swp_control *c = NULL;
     sw_responder *r = NULL;
+    int cancel;
     sw_err rv;
     if (msg->auth_failed) { /* forged, replayed elsewhere, or of another cluster: never acted on */
         pthread_mutex_lock(&ing->mu);
@@ -159,13 +188,13 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
         swi_log(&ing->log, SW_LOG_WARN, "bad control message: %s", sw_err_name(rv));
         goto done;
     }
+    cancel = c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL ||
+             c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL;
     if (c->request_id.len == SW_REQUEST_ID_BYTES)
-        r = ing_find(ing, c->request_id.data);
+        r = ing_find(ing, c->request_id.data, cancel ? c->router_id : NULL);
     if (r != NULL && strcmp(c->router_id, r->router_id) != 0) {
         /* Not from the stream's own frontend (issue 11 #12): ignored. */
-        pthread_mutex_lock(&ing->mu);
-        ing->st.bad_controls++;
-        pthread_mutex_unlock(&ing->mu);
+        ing_bad_control(ing);
         if (c->kind != STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE)
             goto done;
         swn_resp_unref(r);
@@ -177,41 +206,30 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:
-#ifdef SW_CHAOS
-        if (swn_chaos_drop_cancel(ing))
-            break; /* lost on the bus (test hook) */
-#endif
-        if (r != NULL) {
+        /* (for no stream: remembered by ing_find, or lost) */
+        if (r != NULL && !ing_cancel_lost(ing))
             swn_resp_cancel(r, c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL);
-        } else {
-            /* The request may still be on its way (another subscription):
-             * remember the cancel so that it is never started (issue 11 #2).
-             * Checked again under the lock: it may have registered since. */
-            pthread_mutex_lock(&ing->mu);
-            r = swi_idmap_get(&ing->streams, c->request_id.data);
-            if (r != NULL)
-                swn_resp_ref(r);
-            else
-                swn_early_add(ing, c->request_id.data, c->router_id, swi_now_ms());
-            pthread_mutex_unlock(&ing->mu);
-            if (r != NULL && strcmp(c->router_id, r->router_id) == 0)
-                swn_resp_cancel(r, c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL);
-        }
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT:
         if (r != NULL)
             resp_credit(r, c->credit_limit, c->ack_seq, c->byte_limit, 0);
         break;
-    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS:
+    case STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS: {
+        int foreign = 0; /* the acks for another frontend's streams are ignored */
         for (size_t i = 0; i < c->n_final_acks; i++) {
-            sw_responder *a = ing_find(ing, c->final_acks[i].data);
+            sw_responder *a = ing_find(ing, c->final_acks[i].data, NULL);
             if (a != NULL) {
                 if (strcmp(c->router_id, a->router_id) == 0)
                     resp_credit(a, 0, 0, 0, 1);
+                else
+                    foreign = 1;
                 swn_resp_unref(a);
             }
         }
+        if (foreign)
+            ing_bad_control(ing); /* one message, however many it named */
         break;
+    }
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND:
         if (r != NULL)
             resp_resend(r, c->resend_from, c->resend_to);

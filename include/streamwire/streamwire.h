@@ -386,7 +386,9 @@ typedef struct sw_ingress_stats {
     uint64_t streams_held;     /* gauge: streams in the worker's table, live ones and finished
                                   ones whose final the frontend has not acknowledged yet */
     uint64_t bad_controls;     /* control messages for a stream naming another frontend
-                                  (router_id) than the stream's: ignored */
+                                  (router_id) than the stream's: ignored (an ACK_FINALS
+                                  counts once however many such streams it names, and its
+                                  acks for the sender's own streams are taken) */
     uint64_t finals_dropped;   /* finished streams let go before their final was
                                   acknowledged, to keep at most max_held_finals */
     uint64_t auth_failures;    /* requests, controls and probes refused by sealing: they did not

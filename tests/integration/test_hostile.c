@@ -752,6 +752,99 @@ kills_do_not_push_out_held_finals(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* Waits (a few seconds) until n handlers have started; the count. */
+static int
+wait_started(engine *e, int n)
+{
+    int started = 0;
+    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
+        pthread_mutex_lock(&e->mu);
+        started = e->started;
+        pthread_mutex_unlock(&e->mu);
+        if (started >= n)
+            break;
+        swh_sleep_ms(10);
+    }
+    return started;
+}
+
+/* Answers the worker's probes of frontend `router` as a router does (the
+ * answer echoes the probe's id), so that its streams outlive its first
+ * probe: a raw frontend that answers none is gone at once (no responders),
+ * and its held finals with it. */
+static void
+answer_probe(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    swp_control *c = NULL;
+    swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
+    uint8_t buf[128];
+    size_t len;
+    (void)sub;
+    p.version = SW_PROTOCOL_VERSION;
+    p.instance_id = (char *)arg;
+    if (swp_decode_control((const uint8_t *)natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
+                           4096, &c) == SW_OK)
+        p.probe_id = c->probe_id;
+    swp_free(c);
+    if (natsMsg_GetReply(m) != NULL && swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
+        (void)natsConnection_Publish(nc, natsMsg_GetReply(m), buf, (int)len);
+    natsMsg_Destroy(m);
+}
+
+static natsSubscription *
+probe_answerer(natsConnection *nc, const char *router)
+{
+    natsSubscription *sub = NULL;
+    char subj[SWT_SUBJECT_MAX];
+    assert_int_equal(swt_subject_router(subj, sizeof(subj), router), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&sub, nc, subj, answer_probe, (void *)router),
+                     NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    return sub;
+}
+
+/* An ACK_FINALS from `router` for the stream with this id. */
+static void
+raw_ack_finals(natsConnection *nc, const char *inst, const uint8_t *id, const char *router)
+{
+    swp_control c = STREAMWIRE__V1__CONTROL__INIT;
+    ProtobufCBinaryData ids[1];
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t buf[256];
+    size_t len;
+    ids[0].data = (uint8_t *)(uintptr_t)id;
+    ids[0].len = SW_REQUEST_ID_BYTES;
+    c.version = SW_PROTOCOL_VERSION;
+    c.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_ACK_FINALS;
+    c.router_id = (char *)router;
+    c.n_final_acks = 1;
+    c.final_acks = ids;
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), inst), SW_OK);
+    assert_int_equal(swp_encode(&c, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+}
+
+/* Returns once `inst` has handled the controls published on nc before: a
+ * PROBE naming no stream, answered by the control subscription, which
+ * takes its messages one at a time, in order. */
+static void
+controls_handled(natsConnection *nc, const char *inst)
+{
+    swp_control c = STREAMWIRE__V1__CONTROL__INIT;
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t buf[128];
+    size_t len;
+    natsMsg *m = NULL;
+    c.version = SW_PROTOCOL_VERSION;
+    c.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
+    c.router_id = (char *)"sync";
+    c.probe_id = 7;
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), inst), SW_OK);
+    assert_int_equal(swp_encode(&c, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_Request(&m, nc, subj, buf, (int)len, T(5000)), NATS_OK);
+    natsMsg_Destroy(m);
+}
+
 /* ------------------------------------------------ #12 checked controls */
 
 /* A CANCEL that names another router than the stream's is ignored: the
@@ -769,6 +862,7 @@ forged_cancel_from_other_router_is_ignored(void **state)
     uint64_t seqs[64];
     size_t n;
     sw_terminal term;
+    sw_ingress_stats st;
     (void)state;
     memset(&e, 0, sizeof(e));
     pthread_mutex_init(&e.mu, NULL);
@@ -780,7 +874,7 @@ forged_cancel_from_other_router_is_ignored(void **state)
     q.instance_id = "w-forge";
     assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
     hex_to_id(sw_stream_request_id(s), id);
-    swh_sleep_ms(30);
+    assert_int_equal(wait_started(&e, 1), 1); /* (registered: the forgeries find it) */
     raw_control(sw_conn_nats(ac), "w-forge", id, "evil",
                 STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
     raw_control(sw_conn_nats(ac), "w-forge", id, "evil", STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL,
@@ -789,12 +883,82 @@ forged_cancel_from_other_router_is_ignored(void **state)
     read_all(s, seqs, 64, &n, &term);
     assert_int_equal(term.status, SW_STATUS_COMPLETED);
     assert_int_equal(n, 40);
+    sw_ingress_stats_get(ing, &st);
+    assert_int_equal(st.bad_controls, 2);
+    assert_int_equal(st.cancels, 0);
     sw_stream_close(s);
     sw_router_destroy(r);
     sw_ingress_destroy(ing);
     sw_conn_close(ac);
     sw_conn_close(wc);
     sw_conn_close(fc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* Every control that names another frontend than its stream's is ignored
+ * and counted in bad_controls, once: a CANCEL, a KILL, a CREDIT and a PROBE
+ * naming a live stream, and an ACK_FINALS naming it once its final waits
+ * for an ack (the stream stays held until its own frontend's ACK_FINALS).
+ * The foreign ACK_FINALS used to go uncounted. */
+static void
+forged_controls_are_counted(void **state)
+{
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    natsSubscription *ans = probe_answerer(nc, "rawfc");
+    engine e, snap;
+    sw_ingress *ing;
+    sw_ingress_stats st;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 2;
+    ing = ingress_new(wc, "w-count", &e, (unsigned)T(10000));
+    new_id(id, hex);
+    assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfc", hex), SW_OK);
+    /* a window of 1: the handler waits for credit after its first item */
+    raw_request(nc, "w-count", id, resp, "rawfc", 1, 1000);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(wait_started(&e, 1), 1);
+    raw_control(nc, "w-count", id, "evil", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+    raw_control(nc, "w-count", id, "evil", STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0, 0);
+    raw_control(nc, "w-count", id, "evil", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, 100, 1);
+    raw_control(nc, "w-count", id, "evil", STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE, 0, 0);
+    controls_handled(nc, "w-count");
+    sw_ingress_stats_get(ing, &st);
+    assert_int_equal(st.bad_controls, 4);
+    assert_int_equal(st.cancels, 0);
+    engine_snapshot(&e, &snap);
+    assert_int_equal(snap.ended, 0); /* still waiting: the forged credit was not taken */
+    /* Its own frontend's credit: it finishes, its final held for an ack. */
+    raw_control(nc, "w-count", id, "rawfc", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, 10, 1);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(5000);
+    do {
+        swh_sleep_ms(10);
+        sw_ingress_stats_get(ing, &st);
+    } while ((st.finished[SW_STATUS_COMPLETED] < 1 || st.inflight > 0) && swh_now_ms() < until);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 1);
+    assert_int_equal(st.inflight, 0);
+    assert_int_equal(st.streams_held, 1);
+    raw_ack_finals(nc, "w-count", id, "evil");
+    controls_handled(nc, "w-count");
+    sw_ingress_stats_get(ing, &st);
+    assert_int_equal(st.bad_controls, 5);
+    assert_int_equal(st.streams_held, 1); /* not released by another's ack */
+    raw_ack_finals(nc, "w-count", id, "rawfc");
+    controls_handled(nc, "w-count");
+    sw_ingress_stats_get(ing, &st);
+    assert_int_equal(st.bad_controls, 5);
+    assert_int_equal(st.streams_held, 0);
+    assert_int_equal(st.finals_dropped, 0);
+    sw_ingress_destroy(ing);
+    natsSubscription_Destroy(ans);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
     pthread_mutex_destroy(&e.mu);
 }
 
@@ -844,22 +1008,6 @@ foreign_response_subject_is_refused(void **state)
     sw_conn_close(ac);
     sw_conn_close(wc);
     pthread_mutex_destroy(&e.mu);
-}
-
-/* Waits (a few seconds) until n handlers have started; the count. */
-static int
-wait_started(engine *e, int n)
-{
-    int started = 0;
-    for (int i = 0; i < 5 * 200 * swh_slow(); i++) {
-        pthread_mutex_lock(&e->mu);
-        started = e->started;
-        pthread_mutex_unlock(&e->mu);
-        if (started >= n)
-            break;
-        swh_sleep_ms(10);
-    }
-    return started;
 }
 
 /* With max_request_age_ms (5 minutes here), a request issued longer ago
@@ -1467,9 +1615,12 @@ lost_cancel_is_sent_again(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* test_hostile [<glob>]: only the tests whose names match. */
 int
-main(void)
+main(int argc, char **argv)
 {
+    if (argc > 1 && argv[1][0] != '\0')
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(credit_overrun_ends_with_flow_violation),
         cmocka_unit_test(held_item_beyond_final_is_item_after_final),
@@ -1479,6 +1630,7 @@ main(void)
         cmocka_unit_test(unacked_finals_are_bounded),
         cmocka_unit_test(kills_do_not_push_out_held_finals),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
+        cmocka_unit_test(forged_controls_are_counted),
         cmocka_unit_test(foreign_response_subject_is_refused),
         cmocka_unit_test(stale_request_is_refused),
         cmocka_unit_test(huge_credit_does_not_break_send),

@@ -616,142 +616,6 @@ new_id(uint8_t id[SW_REQUEST_ID_BYTES], char hex[SW_REQUEST_ID_HEX])
     swi_hex(hex, id, SW_REQUEST_ID_BYTES);
 }
 
-/* ------------------------------------------------ #4 held streams bounded */
-
-/* 3,000 requests ask for a 1-hour heartbeat and never acknowledge their
- * finals. Before: each finished stream was held for 4 hours, +102 MB, and
- * nothing capped their number. Now the heartbeat is clamped and the number
- * of finished streams held for an acknowledgement is capped. */
-static void
-unacked_finals_are_bounded(void **state)
-{
-    sw_conn *wc = conn_open(), *fc = conn_open();
-    natsConnection *nc = sw_conn_nats(fc);
-    engine e;
-    sw_ingress *ing;
-    sw_ingress_stats st;
-    int64_t until;
-    (void)state;
-    memset(&e, 0, sizeof(e));
-    pthread_mutex_init(&e.mu, NULL);
-    e.tokens = 1;
-    ing = ingress_new(wc, "w-held", &e, 1000);
-    for (int i = 0; i < 3000; i++) {
-        uint8_t id[SW_REQUEST_ID_BYTES];
-        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
-        new_id(id, hex);
-        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
-        raw_request(nc, "w-held", id, resp, "rawfe", 16, SWP_MAX_HEARTBEAT_MS);
-    }
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    until = swh_now_ms() + T(20000);
-    do {
-        swh_sleep_ms(50);
-        sw_ingress_stats_get(ing, &st);
-    } while (st.finished[SW_STATUS_COMPLETED] < 3000 && swh_now_ms() < until);
-    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 3000);
-    /* Once every final is on the wire (none in flight), all the streams the
-     * worker still holds are finished ones waiting for an ack: capped. */
-    do {
-        sw_ingress_stats_get(ing, &st);
-        if (st.inflight == 0)
-            break;
-        swh_sleep_ms(20);
-    } while (swh_now_ms() < until);
-    assert_int_equal(st.inflight, 0);
-    print_message("finished streams held for an ack: %llu\n", (unsigned long long)st.streams_held);
-    assert_true(st.streams_held <= SW_INGRESS_MAX_HELD_DEFAULT);
-    assert_int_equal(st.finals_dropped + st.streams_held, 3000); /* each let go is counted */
-    {
-        /* The frontend's use count in the liveness table follows: a final
-         * let go for room counts down like any stream unregistered (or the
-         * frontend, which answers no probe, was dropped whole: 0). */
-        unsigned users = 0;
-        (void)swx_ingress_frontends(ing, "rawfe", &users);
-        print_message("streams counted for the frontend: %u\n", users);
-        assert_true(users <= st.streams_held);
-    }
-    sw_ingress_destroy(ing);
-    sw_conn_close(fc);
-    sw_conn_close(wc);
-    pthread_mutex_destroy(&e.mu);
-}
-
-/* A stream killed while the held list is full (a frontend that never
- * acknowledges, or a lost frontend's streams killed all at once) must not
- * push out another stream's held final: a killed stream has no final to
- * resend and leaves the table at once. It used to join the list for that
- * moment, and each kill let go of the oldest held final (finals_dropped:
- * one per kill), whose frontend could then not have it sent again. */
-static void
-kills_do_not_push_out_held_finals(void **state)
-{
-    /* KILLED: the handler pool's 4 threads (the default), each held by a
-     * stream waiting for credit */
-    enum { HELD = SW_INGRESS_MAX_HELD_DEFAULT, KILLED = 4 };
-    sw_conn *wc = conn_open(), *fc = conn_open();
-    natsConnection *nc = sw_conn_nats(fc);
-    engine e, snap;
-    sw_ingress *ing;
-    sw_ingress_stats st;
-    uint8_t ids[KILLED][SW_REQUEST_ID_BYTES];
-    int64_t until;
-    (void)state;
-    memset(&e, 0, sizeof(e));
-    pthread_mutex_init(&e.mu, NULL);
-    e.tokens = 2;
-    ing = ingress_new(wc, "w-kills", &e, (unsigned)T(10000));
-    /* The held list filled: finished streams whose finals nobody acks. */
-    for (int i = 0; i < HELD; i++) {
-        uint8_t id[SW_REQUEST_ID_BYTES];
-        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
-        new_id(id, hex);
-        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
-        raw_request(nc, "w-kills", id, resp, "rawfe", 16, 1000);
-    }
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    until = swh_now_ms() + T(20000);
-    do {
-        swh_sleep_ms(20);
-        sw_ingress_stats_get(ing, &st);
-    } while ((st.streams_held < HELD || st.inflight > 0) && swh_now_ms() < until);
-    assert_int_equal(st.streams_held, HELD);
-    assert_int_equal(st.finals_dropped, 0);
-    /* Streams waiting for credit (a window of 1, two items), then killed. */
-    for (int i = 0; i < KILLED; i++) {
-        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
-        new_id(ids[i], hex);
-        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
-        raw_request(nc, "w-kills", ids[i], resp, "rawfe", 1, 1000);
-    }
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    until = swh_now_ms() + T(5000);
-    do {
-        swh_sleep_ms(20);
-        engine_snapshot(&e, &snap);
-    } while (snap.started < HELD + KILLED && swh_now_ms() < until);
-    assert_int_equal(snap.started, HELD + KILLED);
-    for (int i = 0; i < KILLED; i++)
-        raw_control(nc, "w-kills", ids[i], "rawfe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0,
-                    0);
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    do {
-        swh_sleep_ms(20);
-        engine_snapshot(&e, &snap);
-    } while (snap.ended < HELD + KILLED && swh_now_ms() < until);
-    assert_int_equal(snap.ended, HELD + KILLED);
-    assert_int_equal(snap.cancelled, KILLED);
-    sw_ingress_stats_get(ing, &st);
-    print_message("after %d kills: held finals %llu, let go for room %llu\n", KILLED,
-                  (unsigned long long)st.streams_held, (unsigned long long)st.finals_dropped);
-    assert_int_equal(st.finals_dropped, 0);
-    assert_int_equal(st.streams_held, HELD);
-    sw_ingress_destroy(ing);
-    sw_conn_close(fc);
-    sw_conn_close(wc);
-    pthread_mutex_destroy(&e.mu);
-}
-
 /* Waits (a few seconds) until n handlers have started; the count. */
 static int
 wait_started(engine *e, int n)
@@ -843,6 +707,202 @@ controls_handled(natsConnection *nc, const char *inst)
     assert_int_equal(swp_encode(&c, buf, sizeof(buf), &len), SW_OK);
     assert_int_equal(natsConnection_Request(&m, nc, subj, buf, (int)len, T(5000)), NATS_OK);
     natsMsg_Destroy(m);
+}
+
+/* ------------------------------------------------ #4 held streams bounded */
+
+/* 3,000 requests ask for a 1-hour heartbeat and never acknowledge their
+ * finals. Before: each finished stream was held for 4 hours, +102 MB, and
+ * nothing capped their number. Now the heartbeat is clamped and the number
+ * of finished streams held for an acknowledgement is capped. */
+static void
+unacked_finals_are_bounded(void **state)
+{
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    engine e;
+    sw_ingress *ing;
+    sw_ingress_stats st;
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 1;
+    ing = ingress_new(wc, "w-held", &e, 1000);
+    for (int i = 0; i < 3000; i++) {
+        uint8_t id[SW_REQUEST_ID_BYTES];
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+        new_id(id, hex);
+        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
+        raw_request(nc, "w-held", id, resp, "rawfe", 16, SWP_MAX_HEARTBEAT_MS);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(20000);
+    do {
+        swh_sleep_ms(50);
+        sw_ingress_stats_get(ing, &st);
+    } while (st.finished[SW_STATUS_COMPLETED] < 3000 && swh_now_ms() < until);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 3000);
+    /* Once every final is on the wire (none in flight), all the streams the
+     * worker still holds are finished ones waiting for an ack: capped. */
+    do {
+        sw_ingress_stats_get(ing, &st);
+        if (st.inflight == 0)
+            break;
+        swh_sleep_ms(20);
+    } while (swh_now_ms() < until);
+    assert_int_equal(st.inflight, 0);
+    print_message("finished streams held for an ack: %llu\n", (unsigned long long)st.streams_held);
+    assert_true(st.streams_held <= SW_INGRESS_MAX_HELD_DEFAULT);
+    assert_int_equal(st.finals_dropped + st.streams_held, 3000); /* each let go is counted */
+    {
+        /* The frontend's use count in the liveness table follows: a final
+         * let go for room counts down like any stream unregistered (or the
+         * frontend, which answers no probe, was dropped whole: 0). */
+        unsigned users = 0;
+        (void)swx_ingress_frontends(ing, "rawfe", &users);
+        print_message("streams counted for the frontend: %u\n", users);
+        assert_true(users <= st.streams_held);
+    }
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* The same with max_held_finals set (10): at most that many finished
+ * streams are held for an ack, and every one let go is counted, exactly.
+ * The frontend answers the worker's probes, so none is let go with it:
+ * once the last final is out, 10 are held and 2,990 were dropped. */
+static void
+held_finals_follow_max_held_finals(void **state)
+{
+    enum { N = 3000, MAX_HELD = 10 };
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    natsSubscription *ans = probe_answerer(nc, "rawhf");
+    engine e;
+    sw_ingress_opts o;
+    sw_ingress *ing = NULL;
+    sw_ingress_stats st;
+    unsigned users = 0;
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 1;
+    sw_ingress_opts_init(&o);
+    o.endpoint = EP;
+    o.instance_id = "w-held10";
+    o.handler = engine_handler;
+    o.handler_arg = &e;
+    o.send_timeout_ms = 1000;
+    o.max_inflight = 4096;
+    o.max_held_finals = MAX_HELD;
+    assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_OK);
+    for (int i = 0; i < N; i++) {
+        uint8_t id[SW_REQUEST_ID_BYTES];
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+        new_id(id, hex);
+        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawhf", hex), SW_OK);
+        raw_request(nc, "w-held10", id, resp, "rawhf", 16, SWP_MAX_HEARTBEAT_MS);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(20000);
+    do {
+        swh_sleep_ms(50);
+        sw_ingress_stats_get(ing, &st);
+        assert_true(st.streams_held <= st.inflight + MAX_HELD); /* never more finished ones */
+    } while ((st.finished[SW_STATUS_COMPLETED] < N || st.inflight > 0) && swh_now_ms() < until);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], N);
+    assert_int_equal(st.inflight, 0);
+    print_message("held for an ack: %llu, let go for room: %llu\n",
+                  (unsigned long long)st.streams_held, (unsigned long long)st.finals_dropped);
+    assert_int_equal(st.streams_held, MAX_HELD);
+    assert_int_equal(st.finals_dropped, N - MAX_HELD);
+    assert_int_equal(st.frontends_lost, 0);
+    (void)swx_ingress_frontends(ing, "rawhf", &users);
+    assert_int_equal(users, MAX_HELD); /* probed for the held ones alone */
+    sw_ingress_destroy(ing);
+    natsSubscription_Destroy(ans);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* A stream killed while the held list is full (a frontend that never
+ * acknowledges, or a lost frontend's streams killed all at once) must not
+ * push out another stream's held final: a killed stream has no final to
+ * resend and leaves the table at once. It used to join the list for that
+ * moment, and each kill let go of the oldest held final (finals_dropped:
+ * one per kill), whose frontend could then not have it sent again. */
+static void
+kills_do_not_push_out_held_finals(void **state)
+{
+    /* KILLED: the handler pool's 4 threads (the default), each held by a
+     * stream waiting for credit */
+    enum { HELD = SW_INGRESS_MAX_HELD_DEFAULT, KILLED = 4 };
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    engine e, snap;
+    sw_ingress *ing;
+    sw_ingress_stats st;
+    uint8_t ids[KILLED][SW_REQUEST_ID_BYTES];
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 2;
+    ing = ingress_new(wc, "w-kills", &e, (unsigned)T(10000));
+    /* The held list filled: finished streams whose finals nobody acks. */
+    for (int i = 0; i < HELD; i++) {
+        uint8_t id[SW_REQUEST_ID_BYTES];
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+        new_id(id, hex);
+        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
+        raw_request(nc, "w-kills", id, resp, "rawfe", 16, 1000);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(20000);
+    do {
+        swh_sleep_ms(20);
+        sw_ingress_stats_get(ing, &st);
+    } while ((st.streams_held < HELD || st.inflight > 0) && swh_now_ms() < until);
+    assert_int_equal(st.streams_held, HELD);
+    assert_int_equal(st.finals_dropped, 0);
+    /* Streams waiting for credit (a window of 1, two items), then killed. */
+    for (int i = 0; i < KILLED; i++) {
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+        new_id(ids[i], hex);
+        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
+        raw_request(nc, "w-kills", ids[i], resp, "rawfe", 1, 1000);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(5000);
+    do {
+        swh_sleep_ms(20);
+        engine_snapshot(&e, &snap);
+    } while (snap.started < HELD + KILLED && swh_now_ms() < until);
+    assert_int_equal(snap.started, HELD + KILLED);
+    for (int i = 0; i < KILLED; i++)
+        raw_control(nc, "w-kills", ids[i], "rawfe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0,
+                    0);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    do {
+        swh_sleep_ms(20);
+        engine_snapshot(&e, &snap);
+    } while (snap.ended < HELD + KILLED && swh_now_ms() < until);
+    assert_int_equal(snap.ended, HELD + KILLED);
+    assert_int_equal(snap.cancelled, KILLED);
+    sw_ingress_stats_get(ing, &st);
+    print_message("after %d kills: held finals %llu, let go for room %llu\n", KILLED,
+                  (unsigned long long)st.streams_held, (unsigned long long)st.finals_dropped);
+    assert_int_equal(st.finals_dropped, 0);
+    assert_int_equal(st.streams_held, HELD);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
 }
 
 /* ------------------------------------------------ #12 checked controls */
@@ -1628,6 +1688,7 @@ main(int argc, char **argv)
         cmocka_unit_test(items_in_order_across_gap_fill_and_duplicate),
         cmocka_unit_test(immediate_cancel_reaches_or_prevents),
         cmocka_unit_test(unacked_finals_are_bounded),
+        cmocka_unit_test(held_finals_follow_max_held_finals),
         cmocka_unit_test(kills_do_not_push_out_held_finals),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(forged_controls_are_counted),

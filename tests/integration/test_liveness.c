@@ -1,6 +1,9 @@
 /* tests/integration/test_liveness.c -- a frontend that dies or freezes
  * mid-stream is noticed by the worker, which cancels the stream so the engine
- * stops (issue 5). The frontend is a real process: `streamwire generate`. */
+ * stops (issue 5), after as many unanswered probes as frontend_probe_misses
+ * says. The frontend is a real process: `streamwire generate`.
+ *
+ * Run some tests: test_liveness [<glob>]. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -117,17 +120,23 @@ live_reset(live_engine *e)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Starts `streamwire generate` against the worker and waits for its third
- * data item. Returns the pid; *fd is its stdout. */
+/* Starts `streamwire generate` against worker `inst` and waits for its
+ * third data item. Returns the pid; *fd is its stdout. */
 static pid_t
-live_start_frontend(live_fixture *f, int *fd)
+live_start_frontend_to(live_fixture *f, const char *inst, int *fd)
 {
     const char *argv[] = {"generate",      "--server", f->nats.url, "--endpoint", "live.engine.gen",
-                          "--instance-id", "wlive",    "--json",    NULL};
+                          "--instance-id", inst,       "--json",    NULL};
     pid_t pid = swh_spawn(argv, fd);
     assert_true(pid > 0);
     assert_int_equal(swh_wait_line(*fd, "{\"seq\":3,", NULL, 0, 10000 * swh_slow()), 0);
     return pid;
+}
+
+static pid_t
+live_start_frontend(live_fixture *f, int *fd)
+{
+    return live_start_frontend_to(f, "wlive", fd);
 }
 
 /* Waits until the engine saw the cancellation; returns ms from t0. */
@@ -252,13 +261,97 @@ test_frontend_alive_not_cancelled(void **state)
     assert_int_equal(after.frontends_lost - before.frontends_lost, 0);
 }
 
-int
-main(void)
+/* frontend_probe_misses: a silent frontend's streams are cancelled after
+ * that many unanswered probes in a row. Two workers of their own, misses 1
+ * and 4 (probes every 100 ms, each a miss once unanswered for 500 ms), each
+ * streaming to a frontend of its own; both frontends are stopped at once.
+ * Expected: about one timeout for misses 1, about four for misses 4. The
+ * bounds are loose (a noisy machine): misses 1 no sooner than a timeout
+ * less a probe interval (a probe out just before the stop, unanswered), and
+ * well within a few seconds; misses 4 no sooner than three timeouts, and at
+ * least two timeouts after misses 1. */
+static void
+test_probe_misses_set_the_delay(void **state)
 {
+    enum { PROBE_MS = 100, TIMEOUT_MS = 500 };
+    static const unsigned misses[2] = {1, 4};
+    static const char *const inst[2] = {"wmiss1", "wmiss4"};
+    live_fixture *f = *state;
+    live_engine eng[2];
+    sw_ingress *ing[2];
+    sw_ingress_stats st[2];
+    sw_conn_opts co;
+    sw_conn *c = NULL;
+    int fd[2], ws;
+    pid_t pid[2];
+    int64_t opened, t0, lat[2];
+
+    memset(eng, 0, sizeof(eng));
+    sw_conn_opts_init(&co);
+    co.url = f->nats.url;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    opened = swh_now_ms();
+    for (int i = 0; i < 2; i++) {
+        sw_ingress_opts io;
+        pthread_mutex_init(&eng[i].mu, NULL);
+        sw_ingress_opts_init(&io);
+        io.endpoint = "live.engine.gen";
+        io.instance_id = inst[i];
+        io.handler = live_handler;
+        io.handler_arg = &eng[i];
+        io.frontend_probe_ms = PROBE_MS;
+        io.frontend_timeout_ms = TIMEOUT_MS;
+        io.frontend_probe_misses = misses[i];
+        assert_int_equal(sw_ingress_start(&ing[i], c, &io), SW_OK);
+    }
+    for (int i = 0; i < 2; i++)
+        pid[i] = live_start_frontend_to(f, inst[i], &fd[i]);
+    /* No probe proves anything in the worker connection's first 2 s
+     * (common/sched.h SWI_PEERS_SETTLE_MS). */
+    while (swh_now_ms() < opened + 2500)
+        swh_sleep_ms(20);
+    t0 = swh_now_ms();
+    swh_kill(pid[0], SIGSTOP);
+    swh_kill(pid[1], SIGSTOP);
+    for (int i = 0; i < 2; i++)
+        lat[i] = live_wait_cancel(&eng[i], t0, 10000 * swh_slow());
+    for (int i = 0; i < 2; i++) {
+        swh_kill(pid[i], SIGKILL);
+        swh_kill(pid[i], SIGCONT);
+        assert_int_equal(swh_wait_exit(pid[i], 5000, &ws), 0);
+        close(fd[i]);
+    }
+    print_message("frontend SIGSTOP -> handler cancelled: misses 1 %lld ms, misses 4 %lld ms\n",
+                  (long long)lat[0], (long long)lat[1]);
+    assert_true(lat[0] >= 0);
+    assert_true(lat[1] >= 0);
+    assert_true(lat[0] >= TIMEOUT_MS - PROBE_MS);
+    assert_true(lat[0] <= (PROBE_MS + TIMEOUT_MS + 1000) * swh_slow());
+    assert_true(lat[1] >= 3 * TIMEOUT_MS);
+    assert_true(lat[1] >= lat[0] + 2 * TIMEOUT_MS);
+    for (int i = 0; i < 2; i++) {
+        sw_ingress_stats_get(ing[i], &st[i]);
+        assert_int_equal(st[i].frontends_lost, 1);
+        assert_int_equal(eng[i].started, 1);
+        assert_int_equal(eng[i].cancel_cb, 1);
+        assert_int_equal(eng[i].send_cancelled, 1);
+        sw_ingress_destroy(ing[i]);
+        pthread_mutex_destroy(&eng[i].mu);
+    }
+    sw_conn_close(c);
+}
+
+/* test_liveness [<glob>]: only the tests whose names match. */
+int
+main(int argc, char **argv)
+{
+    if (argc > 1 && argv[1][0] != '\0')
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_frontend_killed),
         cmocka_unit_test(test_frontend_frozen),
         cmocka_unit_test(test_frontend_alive_not_cancelled),
+        cmocka_unit_test(test_probe_misses_set_the_delay),
     };
     return cmocka_run_group_tests_name("liveness", tests, live_setup, live_teardown);
 }

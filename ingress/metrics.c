@@ -63,8 +63,10 @@ ingress_render(swi_prom *p, void *obj)
         swi_prom_value(p, F("streams_finished_total"), "counter", "Terminals sent, by status.", l,
                        3, (double)st.finished[s]);
     }
-    swi_prom_value(p, F("inflight_streams"), "gauge", "Streams whose handler runs now.", l, 2,
-                   (double)st.inflight);
+    swi_prom_value(p, F("inflight_streams"), "gauge",
+                   "Streams in flight: from the request's arrival until its final is on the "
+                   "wire, retained responders included (what max_inflight counts).",
+                   l, 2, (double)st.inflight);
     swi_prom_value(p, F("requests_waiting"), "gauge",
                    "Requests received but not taken in yet (with handler_inline: behind a running "
                    "handler).",

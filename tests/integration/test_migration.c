@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <streamwire/metrics.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -382,6 +383,26 @@ sigkill_migrates(void **state)
     sw_router_stats_get(w->rt, &rst);
     assert_int_equal(rst.migrations, 1);
     assert_int_equal(rst.migration_failures, 0);
+    /* and the router's metrics say so (docs/METRICS.md) */
+    {
+        sw_metrics *m = NULL;
+        char *text = NULL, want[256];
+        size_t len = 0;
+        assert_int_equal(sw_metrics_create(&m), SW_OK);
+        assert_int_equal(sw_metrics_add_router(m, w->rt), SW_OK);
+        assert_int_equal(sw_metrics_render(m, &text, &len), SW_OK);
+        snprintf(want, sizeof(want), "\nstreamwire_frontend_migrations_total{router=\"%s\"} 1\n",
+                 sw_router_id(w->rt));
+        if (strstr(text, want) == NULL)
+            fail_msg("no%s in:\n%s", want, text);
+        snprintf(want, sizeof(want),
+                 "\nstreamwire_frontend_migration_failures_total{router=\"%s\"} 0\n",
+                 sw_router_id(w->rt));
+        if (strstr(text, want) == NULL)
+            fail_msg("no%s in:\n%s", want, text);
+        free(text);
+        sw_metrics_destroy(m);
+    }
     sw_stream_close(s);
 }
 

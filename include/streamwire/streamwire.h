@@ -196,8 +196,10 @@ SW_API sw_conn_state sw_conn_status(sw_conn *conn);
 SW_API uint64_t sw_conn_reconnects(sw_conn *conn);
 
 /* The largest message the library will publish, in bytes: the server's max
- * payload, less the sealed envelope (78 bytes) when the connection seals; 0
- * if not connected. Thread-safe. */
+ * payload, less the sealed envelope (78 bytes) when the connection seals.
+ * While the connection reconnects, and after it closed, the last server's
+ * (a value, never 0, for a connection that was ever up); 0 for NULL.
+ * Thread-safe. */
 SW_API size_t sw_conn_max_payload(sw_conn *conn);
 
 /* 1 if the connection seals (sw_conn_opts.seal_key_file). */
@@ -380,7 +382,7 @@ typedef struct sw_ingress_stats {
                                   connection's closing for good) */
     uint64_t frontends_lost;   /* frontends declared gone by the liveness probe */
     uint64_t finished[6];      /* terminals sent, indexed by sw_status (1..5) */
-    uint64_t inflight;         /* gauge */
+    uint64_t inflight;         /* gauge: what max_inflight counts */
     uint64_t messages_sent;    /* NATS messages that carried first sends of items and finals:
                                   items queued while the previous message went out share one */
     uint64_t streams_held;     /* gauge: streams in the worker's table, live ones and finished

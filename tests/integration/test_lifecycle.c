@@ -597,6 +597,7 @@ reconnects_run_out_streams_end(void **state)
     sw_router_opts ro;
     sw_request_opts o;
     int64_t t0;
+    size_t maxp;
 
     assert_int_equal(swh_nats_start(&n, NULL), 0);
     sw_conn_opts_init(&co);
@@ -621,6 +622,8 @@ reconnects_run_out_streams_end(void **state)
     s = env_open_with(e, &o, "prompt", 6);
     assert_int_equal(ist_wait(e, f_credit_stalls, 1, T(5000)), 1);
     assert_true(wait_pending(s, 4, T(5000)));
+    maxp = sw_conn_max_payload(e->wc);
+    assert_int_equal(maxp, 1024 * 1024); /* nats-server's default */
     t0 = now_ms();
     swh_nats_stop(&n);
     assert_true(wctx_wait(&e->w, &e->w.stopped, 1, T(10000)));
@@ -632,6 +635,9 @@ reconnects_run_out_streams_end(void **state)
     assert_int_equal(sw_conn_status(e->fc), SW_CONN_CLOSED);
     assert_true(now_ms() - t0 < T(10000));
     assert_done(g);
+    /* closed for good: the last server's limit, not 0 (streamwire.h) */
+    assert_int_equal(sw_conn_max_payload(e->wc), maxp);
+    assert_int_equal(sw_conn_max_payload(NULL), 0);
 }
 
 /* A subscription whose completion callback cannot be set (the connection

@@ -616,6 +616,21 @@ new_id(uint8_t id[SW_REQUEST_ID_BYTES], char hex[SW_REQUEST_ID_HEX])
     swi_hex(hex, id, SW_REQUEST_ID_BYTES);
 }
 
+/* n requests of new ids from router fe (window 16), each answered on
+ * fe's response subject, flushed. */
+static void
+raw_requests(natsConnection *nc, const char *inst, const char *fe, int n, uint32_t hb_ms)
+{
+    for (int i = 0; i < n; i++) {
+        uint8_t id[SW_REQUEST_ID_BYTES];
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+        new_id(id, hex);
+        assert_int_equal(swt_subject_response(resp, sizeof(resp), fe, hex), SW_OK);
+        raw_request(nc, inst, id, resp, fe, 16, hb_ms);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+}
+
 /* Waits (a few seconds) until n handlers have started; the count. */
 static int
 wait_started(engine *e, int n)
@@ -729,14 +744,7 @@ unacked_finals_are_bounded(void **state)
     pthread_mutex_init(&e.mu, NULL);
     e.tokens = 1;
     ing = ingress_new(wc, "w-held", &e, 1000);
-    for (int i = 0; i < 3000; i++) {
-        uint8_t id[SW_REQUEST_ID_BYTES];
-        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
-        new_id(id, hex);
-        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
-        raw_request(nc, "w-held", id, resp, "rawfe", 16, SWP_MAX_HEARTBEAT_MS);
-    }
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    raw_requests(nc, "w-held", "rawfe", 3000, SWP_MAX_HEARTBEAT_MS);
     until = swh_now_ms() + T(20000);
     do {
         swh_sleep_ms(50);
@@ -800,14 +808,7 @@ held_finals_follow_max_held_finals(void **state)
     o.max_inflight = 4096;
     o.max_held_finals = MAX_HELD;
     assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_OK);
-    for (int i = 0; i < N; i++) {
-        uint8_t id[SW_REQUEST_ID_BYTES];
-        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
-        new_id(id, hex);
-        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawhf", hex), SW_OK);
-        raw_request(nc, "w-held10", id, resp, "rawhf", 16, SWP_MAX_HEARTBEAT_MS);
-    }
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    raw_requests(nc, "w-held10", "rawhf", N, SWP_MAX_HEARTBEAT_MS);
     until = swh_now_ms() + T(20000);
     do {
         swh_sleep_ms(50);
@@ -855,14 +856,7 @@ kills_do_not_push_out_held_finals(void **state)
     e.tokens = 2;
     ing = ingress_new(wc, "w-kills", &e, (unsigned)T(10000));
     /* The held list filled: finished streams whose finals nobody acks. */
-    for (int i = 0; i < HELD; i++) {
-        uint8_t id[SW_REQUEST_ID_BYTES];
-        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
-        new_id(id, hex);
-        assert_int_equal(swt_subject_response(resp, sizeof(resp), "rawfe", hex), SW_OK);
-        raw_request(nc, "w-kills", id, resp, "rawfe", 16, 1000);
-    }
-    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    raw_requests(nc, "w-kills", "rawfe", HELD, 1000);
     until = swh_now_ms() + T(20000);
     do {
         swh_sleep_ms(20);

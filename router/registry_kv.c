@@ -191,6 +191,16 @@ kv_close(void *state)
     free(st);
 }
 
+/* 1 if a JetStream API error's text is the server's answer to a guarded
+ * write whose guard failed ("wrong last sequence: N", JetStream error
+ * 10071; nats.c 3.4.1 returns NATS_ERR with the text and keeps the code to
+ * itself). */
+static int
+kv_wrong_last(const char *text)
+{
+    return text != NULL && strstr(text, "wrong last sequence") != NULL;
+}
+
 static sw_err
 kv_put(void *state, const char *key, const uint8_t *val, size_t len, uint64_t expect_rev,
        uint64_t *rev)
@@ -204,13 +214,17 @@ kv_put(void *state, const char *key, const uint8_t *val, size_t len, uint64_t ex
         s = kvStore_Put(&r, st->kv, key, val, (int)len);
     } else {
         s = kvStore_Update(&r, st->kv, key, val, (int)len, expect_rev);
-        if (s != NATS_OK) {
-            /* Wrong last sequence: tell "someone else wrote" from "gone". */
+        if (s == NATS_ERR && kv_wrong_last(nats_GetLastError(NULL))) {
+            /* The guard failed: tell "someone else wrote" from "gone". Any
+             * other failure (a timeout, no JetStream, the connection
+             * down, another API error) is the store's, and said as such:
+             * it is no word on the entry. */
             kvEntry *e = NULL;
-            if (kvStore_Get(&e, st->kv, key) == NATS_NOT_FOUND)
-                return SW_ENOTFOUND;
+            natsStatus g = kvStore_Get(&e, st->kv, key);
             kvEntry_Destroy(e);
-            return SW_EBUSY;
+            if (g == NATS_NOT_FOUND)
+                return SW_ENOTFOUND;
+            return g == NATS_OK ? SW_EBUSY : sw_err_from_nats(g);
         }
     }
     if (s != NATS_OK)

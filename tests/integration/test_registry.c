@@ -29,6 +29,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -3668,6 +3669,55 @@ open_without_jetstream_fails_at_once(void **state)
     sw_conn_close(c);
     swh_nats_stop(&n);
 }
+
+/* A store that does not answer (its server frozen) is no word on an entry:
+ * a dead report then fails with the store's error (SW_ETIMEDOUT after
+ * JetStream's 5 s), and is not counted as refused. The KV backend used to
+ * take any failed guarded write for "someone else wrote" and said SW_EBUSY
+ * ("the instance refreshed: it is alive") after 10 s (the write's timeout,
+ * then the read's), counting a refusal and keeping the report for later. */
+static void
+report_dead_while_the_store_is_down(void **state)
+{
+    swh_nats n;
+    sw_conn_opts co;
+    sw_conn *c = NULL;
+    sw_registry_opts go;
+    sw_registry *wreg = NULL, *rreg = NULL;
+    sw_registration rg = {"w-out", "ns.comp.ep", "sw.req.ns.comp.ep.w-out", "sw.ctl.w-out"};
+    sw_registry_stats st;
+    int64_t t0, took;
+    sw_err rv;
+    (void)state;
+    assert_int_equal(swh_nats_start(&n, NULL), 0);
+    sw_conn_opts_init(&co);
+    co.url = n.url;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    sw_registry_opts_init(&go);
+    go.backend = "nats-kv";
+    go.bucket = "outage";
+    assert_int_equal(sw_registry_open(&wreg, c, &go), SW_OK);
+    assert_int_equal(sw_registry_open(&rreg, c, &go), SW_OK);
+    assert_int_equal(sw_registry_register(wreg, &rg), SW_OK);
+    assert_true(wait_listed(rreg, "w-out", 1, T(5000)));
+    assert_int_equal(kill(n.pid, SIGSTOP), 0);
+    t0 = now_ms();
+    rv = sw_registry_report_dead(rreg, "w-out", 0, "test");
+    took = now_ms() - t0;
+    assert_int_equal(kill(n.pid, SIGCONT), 0);
+    print_message("    report with the store frozen: %s after %lld ms\n", sw_err_name(rv),
+                  (long long)took);
+    assert_int_equal(rv, SW_ETIMEDOUT);
+    sw_registry_stats_get(rreg, &st);
+    assert_int_equal(st.dead_reports_refused, 0);
+    assert_int_equal(st.dead_reports_sent, 0);
+    /* (what the frozen server does with the write once it runs again is
+     * its own: a timeout says nothing either way) */
+    sw_registry_close(rreg);
+    sw_registry_close(wreg);
+    sw_conn_close(c);
+    swh_nats_stop(&n);
+}
 #endif
 
 #define RT(f, be)                                      \
@@ -3709,6 +3759,7 @@ main(int argc, char **argv)
         RT(watch_remade_when_consumer_deleted, SUITE_BACKEND),
         RT(watch_survives_server_restart, SUITE_BACKEND),
         cmocka_unit_test(open_without_jetstream_fails_at_once),
+        cmocka_unit_test(report_dead_while_the_store_is_down),
 #endif
     };
     if (argc > 1)

@@ -395,11 +395,15 @@ pool_report_tick(void *arg, int64_t now)
         p->nrq--;
         pthread_mutex_unlock(&p->rmu);
         /* Guarded by the silence: refused if the registry saw the instance
-         * refresh its entry since (issue 11 #7). */
-        rv = sw_registry_report_silent(p->reg, r.id, now - r.silent_since, r.reason);
+         * refresh its entry since (issue 11 #7). The clock is read after the
+         * report was taken: one queued after the ticker's own read (a "no
+         * responders", silent from now) would have a silence below 0, which
+         * the registry refuses (SW_EINVAL) and the report was lost. */
+        now = swi_now_ms();
+        rv = sw_registry_report_silent(p->reg, r.id,
+                                       now > r.silent_since ? now - r.silent_since : 0, r.reason);
         swi_log(&p->log, rv == SW_OK ? SW_LOG_INFO : SW_LOG_WARN,
                 "reported instance %s dead (%s): %s", r.id, r.reason, sw_err_name(rv));
-        now = swi_now_ms();
     }
 }
 

@@ -160,7 +160,8 @@ SW_API SW_NODISCARD sw_err sw_registry_open(sw_registry **out, sw_conn *conn,
 
 /* Stops keep-alives (entries registered through this handle are NOT
  * deregistered: call sw_registry_deregister first for a clean exit), stops
- * watching, frees. NULL ok. */
+ * watching, frees. NULL ok. Must not be called from a watch callback
+ * (it waits for the thread that runs them). */
 SW_API void sw_registry_close(sw_registry *reg);
 
 /* What a worker registers: one instance serving one endpoint. The registry
@@ -199,7 +200,9 @@ SW_API sw_err sw_registry_deregister(sw_registry *reg, const char *instance_id);
  * the tombstone was written, or when this handle's view already holds one
  * for the instance (nothing is written: it is reported dead already),
  * SW_EBUSY when the entry has a newer revision (the instance refreshed: it
- * is alive), SW_ENOTFOUND when there is no entry. */
+ * is alive), SW_ENOTFOUND when there is no entry; when the store fails
+ * (SW_ETIMEDOUT, SW_NO_RESPONDERS, a NATS error), its error: that says
+ * nothing of the entry, and the write may or may not have been made. */
 SW_API sw_err sw_registry_report_dead(sw_registry *reg, const char *instance_id, uint64_t revision,
                                       const char *reason);
 

@@ -18,8 +18,9 @@
  *     count, the terminal line in its exact format (terminal, reason,
  *     instance, items, elapsed_ms, "message" when there is one), and the exit
  *     status (0 only for completed);
- *   - the readable output, --help of every command, usage errors (exit 2 and
- *     a message on stderr), an unreachable server (exit 3);
+ *   - the readable output, --help of every command (and every flag it shows
+ *     is in README.md), usage errors (exit 2 and a message on stderr), an
+ *     unreachable server (exit 3);
  *   - `instances` (JSON and table), drain and deregistration on SIGTERM, the
  *     same mid-stream with the default and a short drain grace;
  *   - a slow consumer (flow control), and `streamwire demo` end to end.
@@ -34,6 +35,7 @@
 #endif
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -1016,6 +1018,112 @@ test_help(void **state)
     expect_help(ARGS("help", "worker"), ARGS("--chaos", "--drain-grace-ms"));
 }
 
+/* Whether flag ("--name") occurs in text[0..len) as a whole flag: --window
+ * does not count as --window-max. */
+static int
+flag_in(const char *text, size_t len, const char *flag)
+{
+    size_t fl = strlen(flag);
+
+    for (size_t i = 0; i + fl <= len; i++) {
+        unsigned char after = i + fl < len ? (unsigned char)text[i + fl] : ' ';
+
+        if (memcmp(text + i, flag, fl) == 0 && !islower(after) && !isdigit(after) && after != '-')
+            return 1;
+    }
+    return 0;
+}
+
+/* Each command's --help against README.md ("The CLI"): every flag in its
+ * own option list is in its synopsis (the lines from "streamwire CMD " to
+ * the next unindented one), and every other flag the help names (the NATS
+ * connection flags, flags named in descriptions) is somewhere in the README.
+ * The gateway is left out: docs/GATEWAY.md is its manual. */
+static void
+test_help_flags_in_readme(void **state)
+{
+    static const char *const cmds[] = {"worker", "generate", "instances", "demo", "keygen"};
+    char path[1024];
+    char *readme;
+    size_t n;
+    long size;
+    FILE *f;
+    int missing = 0;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/README.md", SW_SOURCE_DIR);
+    f = fopen(path, "r");
+    if (f == NULL)
+        fail_msg("cannot read %s", path);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    size = ftell(f);
+    assert_true(size > 0);
+    rewind(f);
+    readme = malloc((size_t)size + 1);
+    assert_non_null(readme);
+    n = fread(readme, 1, (size_t)size, f);
+    fclose(f);
+    readme[n] = '\0';
+    for (size_t c = 0; c < sizeof(cmds) / sizeof(cmds[0]); c++) {
+        char head[64];
+        const char *syn, *syn_end, *own_end;
+        int rc = cli_run2(ARGS(cmds[c], "--help"), T(10000));
+
+        if (rc != 0) {
+            free(readme);
+            fail_msg("streamwire %s --help: exit %d", cmds[c], rc);
+        }
+        snprintf(head, sizeof(head), "\nstreamwire %s ", cmds[c]);
+        syn = strstr(readme, head);
+        if (syn == NULL) {
+            free(readme);
+            fail_msg("README.md has no synopsis line 'streamwire %s ...'", cmds[c]);
+        }
+        syn++;
+        for (syn_end = strchr(syn, '\n'); syn_end != NULL && syn_end[1] == ' ';
+             syn_end = strchr(syn_end + 1, '\n'))
+            ;
+        if (syn_end == NULL)
+            syn_end = syn + strlen(syn);
+        /* the command's own options end where the connection options start */
+        own_end = strstr(g_out, "NATS connection options");
+        if (own_end == NULL)
+            own_end = g_out + strlen(g_out);
+        for (const char *p = g_out; (p = strstr(p, "--")) != NULL;) {
+            char flag[64];
+            size_t len = 2;
+            int own;
+
+            if (p[2] < 'a' || p[2] > 'z' ||
+                (p > g_out && (isalnum((unsigned char)p[-1]) || p[-1] == '-'))) {
+                p += 2;
+                continue; /* not a long flag: "--", "---", "a--b" */
+            }
+            while (len < sizeof(flag) - 1 && (islower((unsigned char)p[len]) ||
+                                              isdigit((unsigned char)p[len]) || p[len] == '-'))
+                len++;
+            memcpy(flag, p, len);
+            flag[len] = '\0';
+            /* an option row: "  --name ..." at the start of a line */
+            own = p < own_end && p - g_out >= 3 && memcmp(p - 3, "\n  ", 3) == 0 &&
+                  strcmp(flag, "--help") != 0;
+            p += len;
+            if (own && !flag_in(syn, (size_t)(syn_end - syn), flag)) {
+                print_message("streamwire %s --help lists %s, which its README.md synopsis "
+                              "does not\n",
+                              cmds[c], flag);
+                missing++;
+            } else if (!own && !flag_in(readme, n, flag)) {
+                print_message("streamwire %s --help names %s, which README.md does not\n", cmds[c],
+                              flag);
+                missing++;
+            }
+        }
+    }
+    free(readme);
+    assert_int_equal(missing, 0);
+}
+
 /* Exit status 2, nothing on stdout, a message on stderr that names the
  * command and contains `what`. */
 static void
@@ -1939,6 +2047,7 @@ main(int argc, char **argv)
         T_(test_overloaded_and_sigint),
         T_(test_readable_output),
         T_(test_help),
+        T_(test_help_flags_in_readme),
         T_(test_usage_errors),
         T_(test_unreachable_server),
         T_(test_instances_and_drain),

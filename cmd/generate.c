@@ -177,7 +177,7 @@ cli_generate_main(int argc, char **argv)
          &credit_bytes_max, 256, 1073741824, NULL, 0},
         {"migration-limit", CLI_INT, "N",
          "move the stream to another instance up to N times\nwhen its worker is lost or drains "
-         "(default 0;\nneeds the registry: no --instance-id)",
+         "(default 0;\nneeds the registry: no --instance-id or --fanout)",
          &migration_limit, 0, SW_MAX_MIGRATIONS, NULL, 0},
         {"verbose", CLI_FLAG, NULL, "print library log lines to stderr", &verbose, 0, 0, NULL, 0},
     };
@@ -222,6 +222,12 @@ cli_generate_main(int argc, char **argv)
         (size_t)credit_bytes_max < (credit_bytes ? (size_t)credit_bytes : SW_CREDIT_BYTES_DEFAULT))
         return cli_usage_error(&cmd, "--credit-bytes-max is less than --credit-bytes (default "
                                      "1048576): the byte credit would start above its most");
+    /* Migration moves the stream to an instance the registry picks. */
+    if (migration_limit > 0 && instance != NULL)
+        return cli_usage_error(&cmd,
+                               "--migration-limit needs the registry: not with --instance-id");
+    if (migration_limit > 0 && fanout > 0)
+        return cli_usage_error(&cmd, "--migration-limit needs the registry: not with --fanout");
     if (fanout > 0) {
         if ((nchunks = cli_fanout_parse_chunks(chunk_list, chunks, CLI_FANOUT_MAX)) < 0)
             return cli_usage_error(&cmd, "--chunks: a comma list of 1..16 sizes of 1..1000");

@@ -1259,6 +1259,14 @@ test_usage_errors(void **state)
                  "--creds");
     expect_usage(ARGS("worker", "--server", url, "--endpoint", "a.b.c", "--tls-ca", "/"),
                  "--tls-ca");
+    /* Migration moves a stream to an instance the registry picks: not with a
+     * fixed instance, nor with --fanout's detectors (addressed directly). */
+    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--instance-id", "w",
+                      "--migration-limit", "1"),
+                 "--migration-limit needs the registry: not with --instance-id");
+    expect_usage(ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--fanout", "2",
+                      "--migration-limit", "1"),
+                 "--migration-limit needs the registry: not with --fanout");
     /* A second cluster key without the first (key rotation, --open-key-file). */
     expect_usage(
         ARGS("generate", "--server", url, "--endpoint", "a.b.c", "--open-key-file", "/nonexistent"),

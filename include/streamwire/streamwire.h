@@ -143,9 +143,11 @@ typedef struct sw_conn_opts {
     const char *seal_key_file;      /* a cluster key (streamwire keygen): every message this
                                        connection publishes is sealed and every message it receives
                                        must open (docs/PROTOCOL.md "Security: sealing"); NULL = off.
-                                       The file must be mode 0600 (or stricter), owned by this user
-                                       or root: sw_conn_open fails with not_permitted, not_found or
-                                       invalid_argument, and logs why. */
+                                       The file must be a regular file with no group or other
+                                       permission bits (mode & 077 == 0: 0600, 0400, 0700),
+                                       owned by this user (euid) or root, else sw_conn_open fails
+                                       with not_permitted, not_found or invalid_argument, and logs
+                                       why. */
     const char *seal_open_key_file; /* a second cluster key that opens what it sealed but never
                                        seals: for a key rotation (docs/PROTOCOL.md "Rotation").
                                        Needs seal_key_file, the same file rules, and a key id

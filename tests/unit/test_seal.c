@@ -564,6 +564,10 @@ test_key_file_ok(void **state)
                    0400);
     assert_int_equal(swt_seal_key_load(g_path, &k, why, sizeof(why)), SW_OK);
     assert_memory_equal(k.k, expect.k, 32);
+    /* any owner-only mode passes (docs/SECURITY.md): 0700 too */
+    write_key_file(HEX64 "\n", 0700);
+    assert_int_equal(swt_seal_key_load(g_path, &k, why, sizeof(why)), SW_OK);
+    assert_memory_equal(k.k, expect.k, 32);
     /* hex round trip through a generated key */
     assert_int_equal(swt_seal_key_generate(&g), SW_OK);
     swt_seal_key_hex(&g, hex);

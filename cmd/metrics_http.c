@@ -4,9 +4,10 @@
  * It answers one connection at a time: a scrape is small and rare. Every
  * connection gets at most CLI_MH_TIMEOUT_MS to send its request line (a
  * slow or idle client costs nothing after that), requests are read into a
- * bounded buffer, and anything but GET /metrics gets 404 (405 for other
- * methods). The HTTP gateway (`streamwire gateway`) serves /metrics through
- * its own HTTP server. */
+ * bounded buffer, and anything but GET or HEAD /metrics gets 404 (405 for
+ * other methods). A HEAD gets the head a GET would (Content-Length too),
+ * without the body. The HTTP gateway (`streamwire gateway`) serves /metrics
+ * through its own HTTP server. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -46,8 +47,10 @@ mh_write_all(int fd, const char *p, size_t n)
     }
 }
 
+/* head_only (a HEAD request): the same head, Content-Length included, and
+ * no body. */
 static void
-mh_reply(int fd, const char *status, const char *type, const char *body, size_t len)
+mh_reply(int fd, int head_only, const char *status, const char *type, const char *body, size_t len)
 {
     char head[256];
     int n = snprintf(head, sizeof(head),
@@ -55,7 +58,8 @@ mh_reply(int fd, const char *status, const char *type, const char *body, size_t 
                      "Connection: close\r\n\r\n",
                      status, type, len);
     mh_write_all(fd, head, (size_t)n);
-    mh_write_all(fd, body, len);
+    if (!head_only)
+        mh_write_all(fd, body, len);
 }
 
 /* Reads until the end of the request head, the buffer is full, or the
@@ -88,22 +92,30 @@ mh_serve(struct cli_metrics_http *h, int fd)
 {
     char req[CLI_MH_REQ_MAX];
     char *out = NULL;
+    const char *target;
     size_t len = 0;
+    int head_only;
     if (mh_read_head(fd, req, sizeof(req)) == 0)
         return;
-    if (strncmp(req, "GET ", 4) != 0 && strncmp(req, "HEAD ", 5) != 0) {
-        mh_reply(fd, "405 Method Not Allowed", "text/plain", "method not allowed\n", 19);
+    if (strncmp(req, "GET ", 4) == 0) {
+        head_only = 0;
+        target = req + 4;
+    } else if (strncmp(req, "HEAD ", 5) == 0) {
+        head_only = 1;
+        target = req + 5;
+    } else {
+        mh_reply(fd, 0, "405 Method Not Allowed", "text/plain", "method not allowed\n", 19);
         return;
     }
-    if (strncmp(req, "GET /metrics ", 13) != 0 && strncmp(req, "GET /metrics?", 13) != 0) {
-        mh_reply(fd, "404 Not Found", "text/plain", "not found: try /metrics\n", 24);
+    if (strncmp(target, "/metrics ", 9) != 0 && strncmp(target, "/metrics?", 9) != 0) {
+        mh_reply(fd, head_only, "404 Not Found", "text/plain", "not found: try /metrics\n", 24);
         return;
     }
     if (sw_metrics_render(h->m, &out, &len) != SW_OK) {
-        mh_reply(fd, "500 Internal Server Error", "text/plain", "out of memory\n", 14);
+        mh_reply(fd, head_only, "500 Internal Server Error", "text/plain", "out of memory\n", 14);
         return;
     }
-    mh_reply(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", out, len);
+    mh_reply(fd, head_only, "200 OK", "text/plain; version=0.0.4; charset=utf-8", out, len);
     free(out);
 }
 

@@ -6,12 +6,17 @@
  *               cancelled after 1; the rendered counters and histogram counts
  *               are exactly what those streams imply, and `promtool check
  *               metrics` accepts the text;
+ *   worker_metrics_http  `worker --metrics-listen`'s HTTP server: GET and
+ *               HEAD /metrics (the same head, no body), 404 and 405;
  *   prometheus  `streamwire worker --metrics-listen 127.0.0.1:0` scraped by a
  *               real prometheus server (Debian's package) every second; its
  *               HTTP API returns the worker's series with the values the
  *               requests sent imply.
  */
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -20,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -324,6 +331,126 @@ http_get(const char *url, char *out, size_t cap)
     return pclose(p) == 0 ? 0 : -1;
 }
 
+/* Sends req to 127.0.0.1:port and reads the answer until the server closes
+ * the connection. Returns the bytes read, or -1. */
+static long
+http_raw(int port, const char *req, char *out, size_t cap)
+{
+    struct sockaddr_in a;
+    size_t got = 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
+        close(fd);
+        return -1;
+    }
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t r;
+        if (poll(&p, 1, 5000 * swh_slow()) <= 0)
+            break;
+        r = recv(fd, out + got, cap - 1 - got, 0);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+        if (got == cap - 1)
+            break;
+    }
+    out[got] = '\0';
+    close(fd);
+    return (long)got;
+}
+
+/* The answer's head (up to and with the blank line) into head; returns the
+ * body's length after it, or -1 without a head. */
+static long
+http_split(const char *resp, long n, char *head, size_t cap)
+{
+    const char *end = strstr(resp, "\r\n\r\n");
+    size_t hl;
+    if (end == NULL)
+        return -1;
+    hl = (size_t)(end + 4 - resp);
+    assert_true(hl < cap);
+    memcpy(head, resp, hl);
+    head[hl] = '\0';
+    return n - (long)hl;
+}
+
+/* `worker --metrics-listen`'s own HTTP server: GET /metrics is 200 with the
+ * text format; HEAD /metrics the same head (Content-Length the GET body's
+ * length) and no body; a HEAD elsewhere 404 with no body; a GET elsewhere
+ * 404; another method 405. */
+static void
+test_worker_metrics_http(void **state)
+{
+    static char get[65536], head_resp[65536];
+    char line[256], ghead[1024], hhead[1024];
+    int fd = -1, st = 0, port, same = 0;
+    long n;
+    pid_t worker;
+    const char *wargv[] = {
+        "worker",      "--server", g_nats.url, "--endpoint", EP,     "--instance-id",
+        "mh1",         "--tokens", "4",        "--registry", "none", "--metrics-listen",
+        "127.0.0.1:0", "--quiet",  NULL};
+    (void)state;
+    worker = swh_spawn(wargv, &fd);
+    assert_true(worker > 0);
+    assert_int_equal(
+        swh_wait_line(fd, "worker metrics url=", line, sizeof(line), 10000 * swh_slow()), 0);
+    {
+        const char *colon = strrchr(strstr(line, "//") + 2, ':');
+        assert_non_null(colon);
+        port = atoi(colon + 1);
+        assert_true(port > 0);
+    }
+    assert_int_equal(swh_wait_line(fd, "worker ready", NULL, 0, 10000 * swh_slow()), 0);
+    /* GET then HEAD, until nothing changed the text between them (a counter
+     * that moved would change the length) */
+    for (int i = 0; i < 5 && !same; i++) {
+        long glen, hlen;
+        char want[64];
+        n = http_raw(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", get, sizeof(get));
+        glen = http_split(get, n, ghead, sizeof(ghead));
+        assert_true(glen > 0);
+        assert_non_null(strstr(ghead, "HTTP/1.1 200 OK\r\n"));
+        assert_non_null(strstr(get, "streamwire_worker_requests_total"));
+        snprintf(want, sizeof(want), "\r\nContent-Length: %ld\r\n", glen);
+        assert_non_null(strstr(ghead, want));
+        n = http_raw(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n", head_resp,
+                     sizeof(head_resp));
+        hlen = http_split(head_resp, n, hhead, sizeof(hhead));
+        if (hlen != 0)
+            fail_msg("HEAD /metrics: %ld bytes after the head, or no head: %s", hlen, head_resp);
+        same = strcmp(ghead, hhead) == 0;
+        if (!same && strncmp(hhead, "HTTP/1.1 200 OK\r\n", 17) != 0)
+            fail_msg("HEAD /metrics answered\n%s\nwhere GET answered\n%s", hhead, ghead);
+    }
+    if (!same)
+        fail_msg("HEAD /metrics never had GET's head:\n%s\nGET:\n%s", hhead, ghead);
+    /* elsewhere: 404 (no body for HEAD), and 405 for another method */
+    n = http_raw(port, "HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n", head_resp, sizeof(head_resp));
+    assert_int_equal(http_split(head_resp, n, hhead, sizeof(hhead)), 0);
+    assert_non_null(strstr(hhead, "HTTP/1.1 404 "));
+    assert_non_null(strstr(hhead, "\r\nContent-Length: 24\r\n"));
+    n = http_raw(port, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", get, sizeof(get));
+    assert_int_equal(http_split(get, n, ghead, sizeof(ghead)), 24);
+    assert_non_null(strstr(ghead, "HTTP/1.1 404 "));
+    n = http_raw(port, "POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n", get, sizeof(get));
+    assert_true(http_split(get, n, ghead, sizeof(ghead)) > 0);
+    assert_non_null(strstr(ghead, "HTTP/1.1 405 "));
+    swh_kill(worker, SIGTERM);
+    assert_int_equal(swh_wait_exit(worker, 10000 * swh_slow(), &st), 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(fd);
+}
+
 static void
 test_prometheus_scrapes_worker(void **state)
 {
@@ -412,11 +539,14 @@ test_prometheus_scrapes_worker(void **state)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values),
+        cmocka_unit_test(test_worker_metrics_http),
         cmocka_unit_test(test_prometheus_scrapes_worker),
     };
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,5 +1,7 @@
-/* cmd/instances.c -- `streamwire instances`: the live instances in the
- * discovery registry, as a table or as JSON lines. */
+/* cmd/instances.c -- `streamwire instances`: the entries of the discovery
+ * registry's bucket (not tombstoned or deleted), as a table or as JSON
+ * lines. One look: a first sighting counts as seen now (registry.h), so a
+ * listing shows every such entry, refreshed or not. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +22,10 @@ cli_instances_main(int argc, char **argv)
         {"bucket", CLI_STRING, "NAME", "registry bucket (default streamwire_instances)", &bucket, 0,
          0, NULL, 0},
         {"lease-ms", CLI_INT, "MS",
-         "count an entry dead when not refreshed for this long\n(default 3000, as the workers')",
+         "the lease of an entry that announces none (workers\n"
+         "announce theirs; default 3000). One look never lapses\n"
+         "an entry. If this command creates the bucket, its\n"
+         "max age is 20 times this, at least 60 s",
          &lease, 100, 3600000, NULL, 0},
         {"json", CLI_FLAG, NULL,
          "one JSON object per line:\n{\"instance\":\"...\",\"endpoint\":\"...\",\"age_ms\":N,...}",
@@ -30,9 +35,16 @@ cli_instances_main(int argc, char **argv)
     cli_opt conn_rows[CLI_CONN_NOPTS];
     const cli_cmd cmd = {
         "instances",
-        "List the live instances in the discovery registry (JetStream KV). An entry\n"
-        "counts as live while it is refreshed within its lease and not reported dead.",
-        NULL,
+        "List the instances in the discovery registry (JetStream KV): every entry in\n"
+        "the bucket that is not a tombstone (reported dead) or deleted (deregistered),\n"
+        "draining ones included.",
+        "This is one look at the bucket, not a router's watch: every entry counts as\n"
+        "seen now (liveness never uses the store's timestamps), so age_ms is about 0\n"
+        "and an entry is listed whether or not its worker still refreshes it. A worker\n"
+        "that died without deregistering stays listed until a router that finds it\n"
+        "lost reports it dead, or until its entry expires from the bucket (max age:\n"
+        "20 leases of the process that created the bucket, at least 60 s; 60 s with\n"
+        "the default 3000 ms lease).",
         "Exit status: 0 listed (even none); 1 registry error; 2 usage error;\n"
         "3 cannot connect to the NATS server.",
         opts,

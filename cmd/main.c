@@ -15,7 +15,7 @@ static const cli_sub cli_subs[] = {
     {"worker", "serve an endpoint with the demo engine (and optional fault injection)",
      cli_worker_main},
     {"generate", "send one request and print its response stream and terminal", cli_generate_main},
-    {"instances", "list the live instances in the discovery registry", cli_instances_main},
+    {"instances", "list the instances in the discovery registry", cli_instances_main},
     {"gateway", "HTTP front door: OpenAI Responses API with server-sent events", cli_gateway_main},
     {"keygen", "write a new cluster key for sealing (mode 0600)", cli_keygen_main},
 };

@@ -362,8 +362,10 @@ sw_router_destroy(sw_router *r)
     pthread_mutex_lock(&r->mu);
     r->closing = 1;
     pthread_mutex_unlock(&r->mu);
-    /* No registry event may kick the ticker once it is stopped. */
-    swr_pool_detach(r->pool);
+    /* No registry event may kick the ticker once it is stopped, and the
+     * registry is not used once this returns (it may be closed while the
+     * application still holds streams, which keep the router's memory). */
+    swr_pool_stop(r->pool);
     swi_ticker_stop(&r->ticker);
     swt_sub_close(r->conn, &r->live);
     swt_sub_close(r->conn, &r->prb);

@@ -54,6 +54,8 @@ struct swr_pool {
     struct pool_report *rq;
     size_t nrq, caprq;
     swi_ticker reporter;
+    int stopping; /* swr_pool_stop began: the reporter thread leaves the rest (atomic) */
+    int stopped;  /* swr_pool_stop ran */
 };
 
 typedef struct pool_report {
@@ -63,6 +65,7 @@ typedef struct pool_report {
 } pool_report;
 
 static void pool_report_tick(void *arg, int64_t now);
+static void pool_report_run(swr_pool *p, int last);
 
 const char *
 sw_policy_name(sw_policy p)
@@ -256,13 +259,27 @@ swr_pool_detach(swr_pool *p)
 }
 
 void
+swr_pool_stop(swr_pool *p)
+{
+    if (p == NULL || p->stopped)
+        return;
+    swr_pool_detach(p);
+    /* The reporter thread leaves after the report it is writing (a store
+     * that does not answer holds it for JetStream's timeout, once); what
+     * is still queued goes out now, unless the store fails. */
+    __atomic_store_n(&p->stopping, 1, __ATOMIC_RELEASE);
+    swi_ticker_stop(&p->reporter);
+    pool_report_run(p, 1);
+    p->stopped = 1;
+}
+
+void
 swr_pool_destroy(swr_pool *p)
 {
     if (p == NULL)
         return;
-    swr_pool_detach(p);
+    swr_pool_stop(p);
     swi_ticker_fini(&p->reporter);
-    pool_report_tick(p, swi_now_ms()); /* what is still queued goes out now */
     pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->rmu);
     free(p->rq);
@@ -377,16 +394,20 @@ swr_pool_quarantine(swr_pool *p, const char *instance)
     return report && p->reg != NULL;
 }
 
-/* The reporter thread: sends the queued dead reports. */
+/* Sends the queued dead reports: on the reporter thread until the pool
+ * stops, then (last) once more from swr_pool_stop, which gives up on the
+ * rest at the store's first failure: each would wait out JetStream's
+ * timeout, and a router's destroy waited for them all (20 reports in a
+ * store outage: minutes). */
 static void
-pool_report_tick(void *arg, int64_t now)
+pool_report_run(swr_pool *p, int last)
 {
-    swr_pool *p = arg;
     for (;;) {
         pool_report r;
         sw_err rv;
+        int64_t now;
         pthread_mutex_lock(&p->rmu);
-        if (p->nrq == 0) {
+        if (p->nrq == 0 || (!last && __atomic_load_n(&p->stopping, __ATOMIC_ACQUIRE))) {
             pthread_mutex_unlock(&p->rmu);
             return;
         }
@@ -404,7 +425,27 @@ pool_report_tick(void *arg, int64_t now)
                                        now > r.silent_since ? now - r.silent_since : 0, r.reason);
         swi_log(&p->log, rv == SW_OK ? SW_LOG_INFO : SW_LOG_WARN,
                 "reported instance %s dead (%s): %s", r.id, r.reason, sw_err_name(rv));
+        if (last && rv != SW_OK && rv != SW_EBUSY && rv != SW_ENOTFOUND && rv != SW_EINVAL) {
+            size_t dropped;
+            pthread_mutex_lock(&p->rmu);
+            dropped = p->nrq;
+            p->nrq = 0;
+            pthread_mutex_unlock(&p->rmu);
+            if (dropped > 0)
+                swi_log(&p->log, SW_LOG_WARN,
+                        "the registry fails (%s): %zu dead reports not sent at close",
+                        sw_err_name(rv), dropped);
+            return;
+        }
     }
+}
+
+/* The reporter thread's tick. */
+static void
+pool_report_tick(void *arg, int64_t now)
+{
+    (void)now;
+    pool_report_run(arg, 0);
 }
 
 void

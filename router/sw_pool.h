@@ -27,6 +27,13 @@ sw_err swr_pool_create(swr_pool **out, const swr_pool_opts *o);
  * callback in progress has finished. Owner's thread only; idempotent.
  * swr_pool_destroy calls it too. */
 void swr_pool_detach(swr_pool *p);
+/* Detaches, stops the reporter thread, and sends the dead reports still
+ * queued from this thread, giving up on the rest at the store's first
+ * failure (so it blocks for one JetStream timeout at most beyond the
+ * report the reporter was writing). After it returns the pool uses its
+ * registry no more: the registry may be closed. Reports made later are
+ * dropped. Owner's thread only; idempotent; swr_pool_destroy calls it. */
+void swr_pool_stop(swr_pool *p);
 void swr_pool_destroy(swr_pool *p);
 
 /* The number of streams the caller has open to an instance. The pool keeps

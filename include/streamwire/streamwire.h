@@ -645,7 +645,9 @@ typedef struct sw_router_opts {
     unsigned max_streams;          /* open streams; default 65536 */
     sw_registry *registry;         /* optional. Enables routing by endpoint (requests with no
                                       instance_id) and shares dead-instance reports with every
-                                      other router. Must outlive the router. */
+                                      other router. Must outlive the router: it may be
+                                      closed once sw_router_destroy returns, streams of
+                                      the router still held or not. */
     sw_policy policy;              /* default round robin */
     sw_duration probe_interval_ms; /* instances with open streams are probed this often; a dead
                                      one answers "no responders" at once; default 100 */

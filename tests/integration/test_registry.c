@@ -2724,12 +2724,16 @@ five_leases_still_live(fx *f, sw_registry *rreg, evlog *l)
  * wrapper fails writes and pings while g_store_down. */
 static const sw_registry_backend *g_flaky_inner;
 static atomic_int g_store_down;
+static atomic_int g_down_put_ms; /* how long a write takes to fail while down */
 
 static sw_err
 flaky_put(void *st, const char *key, const uint8_t *val, size_t len, uint64_t exp, uint64_t *rev)
 {
-    if (atomic_load(&g_store_down))
+    if (atomic_load(&g_store_down)) {
+        if (atomic_load(&g_down_put_ms) > 0)
+            swh_sleep_ms(atomic_load(&g_down_put_ms));
         return SW_ETIMEDOUT;
+    }
     return g_flaky_inner->put(st, key, val, len, exp, rev);
 }
 
@@ -2783,6 +2787,50 @@ store_outage_holds_leases(void **state)
     print_message("    store up: removed %lld ms after the writer closed\n",
                   (long long)(evlog_get(l, i).t - t_close));
     assert_false(listed(rreg, NULL, fx_id(f, 0), NULL));
+}
+
+/* A pool stopped (its router destroyed) while dead reports wait and the
+ * store fails, each write after 1.5 s: the stop waits for the write in
+ * flight and tries one more, then gives up on the rest (logged), and the
+ * registry is not used after it returns. Before, the destroy waited for
+ * every queued report to fail in turn: 8 x 1.5 s here (minutes for a
+ * router that lost 20 instances in a JetStream outage). */
+static void
+pool_stop_gives_up_on_a_failing_store(void **state)
+{
+    fx *f = *state;
+    static sw_registry_backend flaky;
+    sw_registry *wreg, *rreg;
+    swr_pool *pool = NULL;
+    swr_pool_opts po;
+    evlog *l = &f->log[0];
+    int64_t t0, took;
+
+    g_flaky_inner = sw_registry_backend_find(f->be);
+    flaky = *g_flaky_inner;
+    flaky.name = "flaky";
+    flaky.put = flaky_put;
+    flaky.ping = flaky_ping;
+    atomic_store(&g_store_down, 0);
+    atomic_store(&g_down_put_ms, 1500);
+    watched_worker(f, &flaky, &flaky, 3000, 0, &wreg, &rreg, l);
+    memset(&po, 0, sizeof(po));
+    po.registry = rreg;
+    po.quarantine_ms = 1000;
+    assert_int_equal(swr_pool_create(&pool, &po), SW_OK);
+    atomic_store(&g_store_down, 1);
+    for (int i = 0; i < 8; i++)
+        swr_pool_report(pool, fx_id(f, 0), "failing store test", 0);
+    swh_sleep_ms(100); /* the reporter thread is writing the first */
+    t0 = now_ms();
+    swr_pool_destroy(pool);
+    took = now_ms() - t0;
+    atomic_store(&g_store_down, 0);
+    atomic_store(&g_down_put_ms, 0);
+    print_message("    pool destroyed after %lld ms (8 reports queued, writes fail after 1500 "
+                  "ms)\n",
+                  (long long)took);
+    assert_true(took < 6000); /* (two writes: ~3 s; all eight: 12 s) */
 }
 
 /* Our own watch goes blind (after a reconnect, a new KV watcher can take
@@ -3736,6 +3784,7 @@ report_dead_while_the_store_is_down(void **state)
         RT(pool_logs_without_lock, be), RT(lease_ignores_clock_skew, be),                          \
         RT(foreign_key_entry_ignored, be), RT(report_silent_refused_when_refreshed, be),           \
         RT(pool_report_does_not_block, be), RT(store_outage_holds_leases, be),                     \
+        RT(pool_stop_gives_up_on_a_failing_store, be),                                             \
         RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be),     \
         RT(recorded_tombstone_put_back_is_ignored, be), RT(idle_registry_rests, be),               \
         RT(stale_list_after_delete, be), RT(forgotten_entry_replayed_stays_dead, be),              \

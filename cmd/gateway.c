@@ -108,8 +108,9 @@ cli_gateway_main(int argc, char **argv)
          "them (default 10000)",
          &grace, 0, 3600000, NULL, 0},
         {"access-log", CLI_CHOICE, "on|off",
-         "one JSON line per finished request on stdout: trace_id,\nresponse_id, model, instance, "
-         "terminal, reason, items,\nttfi_ms, duration_ms (default on)",
+         "one JSON line per request to /v1/responses on stdout,\nrefused ones too: trace_id, "
+         "response_id, model,\ninstance, status, terminal, reason, items, ttfi_ms,\n"
+         "duration_ms (default on)",
          &access_log, 0, 0, "on|off", 0},
         {"migration-limit", CLI_INT, "N",
          "a stream whose worker dies, freezes or drains moves to\nanother instance, up to N "

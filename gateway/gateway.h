@@ -39,7 +39,7 @@ typedef struct swg_opts {
     int narration;    /* `narration` events at start, cancel and end of a stream */
     int64_t grace_ms; /* on stop: how long open streams may finish */
     int quiet;
-    int access_log; /* one JSON line per finished request on stdout */
+    int access_log; /* one JSON line per request to /v1/responses on stdout */
     int stop_fd;    /* readable: stop (the CLI's signal pipe) */
     unsigned loops; /* event-loop threads; 0 = one per online CPU (at most 16) */
     void (*on_ready)(const char *listen, void *arg); /* listening; may be NULL */

@@ -170,5 +170,13 @@ void swg_send_whole(h2o_req_t *req, int status, const char *reason, const char *
 void swg_send_error(h2o_req_t *req, const swg_error *e);
 /* e: 413 request_too_large, for a body over max_body bytes */
 void swg_error_too_large(swg_error *e, size_t max_body);
+/* The access-log line (unless --access-log off) of a request to
+ * /v1/responses answered with an error before any stream opened: its HTTP
+ * status, the error code its body carries, the model it asked for (NULL:
+ * none known) and the trace id of its traceparent (if well formed).
+ * t_start_ms: monotonic, when handling began (0: just now). A request
+ * whose stream opened has its line from response.c (rq_log) instead. */
+void swg_log_refused(const swg_opts *o, h2o_req_t *req, int status, const char *code,
+                     const char *model, int64_t t_start_ms);
 
 #endif

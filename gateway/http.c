@@ -78,6 +78,20 @@ errjson_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t n, h
     }
 }
 
+/* 1 if req is to /v1/responses: its access-log line is written here for
+ * an answer h2o gives itself (say, a 413 for a body far over --max-body),
+ * since on_req never sees the request. h2o may not have normalized the
+ * path yet: the request line's, without its query. */
+static int
+responses_path(h2o_req_t *req)
+{
+    h2o_iovec_t p = req->path_normalized.len != 0 ? req->path_normalized : req->input.path;
+    const char *q = p.base != NULL ? memchr(p.base, '?', p.len) : NULL;
+    if (q != NULL)
+        p.len = (size_t)(q - p.base);
+    return is(p, "/v1/responses");
+}
+
 typedef struct errjson_filter {
     h2o_filter_t super;
     const swg_opts *o;
@@ -113,6 +127,8 @@ errjson_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
                      req->res.reason != NULL ? req->res.reason : "error");
             break;
         }
+        if (responses_path(req))
+            swg_log_refused(o, req, st, e.code, NULL, 0);
         swg_error_write(&b, &e);
         if (!b.oom) { /* h2o_add_ostream allocates from the pool: never NULL */
             os = (errjson_os *)h2o_add_ostream(req, sizeof(*os), slot);
@@ -237,16 +253,23 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
     if ((ambiguous = length_ambiguous(req)) != NULL) {
         /* the bytes after the body h2o read must not be taken as a request */
         req->http1_is_persistent = 0;
+        if (is(p, "/v1/responses"))
+            swg_log_refused(lp->o, req, 400, "bad_request", NULL, 0);
         send_err(req, 400, "invalid_request_error", "bad_request", ambiguous);
         return 0;
     }
     if (is(p, "/v1/responses")) {
-        if (!post)
+        /* every request here has its access-log line: these two, and
+         * swg_rq_start's */
+        if (!post) {
+            swg_log_refused(lp->o, req, 405, "method_not_allowed", NULL, 0);
             send_err(req, 405, "invalid_request_error", "method_not_allowed", "use POST");
-        else if (lp->draining)
+        } else if (lp->draining) {
+            swg_log_refused(lp->o, req, 503, "shutting_down", NULL, 0);
             send_err(req, 503, "server_error", "shutting_down", "the gateway is shutting down");
-        else
+        } else {
             swg_rq_start(lp, req);
+        }
         return 0;
     }
     if (p.len > sizeof(pre) - 1 && memcmp(p.base, pre, sizeof(pre) - 1) == 0 &&

@@ -137,24 +137,33 @@ mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* One JSON line per finished request on stdout (unless --access-log off): trace
- * id, model, instance, terminal, reason, items, time to first item and
- * duration, in milliseconds. */
+/* At most 100 bytes of a model name, cut at a character's start (a name
+ * the client gave is valid UTF-8, and may be as long as the body). */
+static size_t
+model_len(const char *m)
+{
+    size_t n = strlen(m);
+    if (n > 100)
+        for (n = 100; n > 0 && ((unsigned char)m[n] & 0xc0) == 0x80; n--)
+            ;
+    return n;
+}
+
+/* One JSON line on stdout: trace id, response id, model, instance, the
+ * HTTP status, terminal, reason, items, time to first item and duration,
+ * in milliseconds. */
 static void
-rq_log(swg_rq *q, const char *terminal, const char *reason)
+log_line(const char *trace_id, const char *response_id, const char *model, const char *instance,
+         int status, const char *terminal, const char *reason, unsigned items, int64_t ttfi_ms,
+         int64_t duration_ms)
 {
     json_t *j;
     char *s;
-    int64_t now = mono_ms();
-    if (q->logged || !q->lp->o->access_log)
-        return;
-    q->logged = 1;
-    j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s?, s:i, s:I, s:I}", "trace_id", q->trace_id,
-                  "response_id", q->r.id, "model", q->r.model ? q->r.model : "", "instance",
-                  q->s != NULL ? sw_stream_instance_id(q->s) : "", "terminal", terminal, "reason",
-                  reason, "items", (int)q->r.items, "ttfi_ms",
-                  (json_int_t)(q->t_first_ms ? q->t_first_ms - q->t_start_ms : -1), "duration_ms",
-                  (json_int_t)(now - q->t_start_ms));
+    j = json_pack("{s:s, s:s, s:s%, s:s, s:i, s:s, s:s?, s:i, s:I, s:I}", "trace_id", trace_id,
+                  "response_id", response_id, "model", model, model_len(model), "instance",
+                  instance, "status", status, "terminal", terminal, "reason", reason, "items",
+                  (int)items, "ttfi_ms", (json_int_t)ttfi_ms, "duration_ms",
+                  (json_int_t)duration_ms);
     if (j == NULL)
         return;
     if ((s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER)) != NULL) {
@@ -163,6 +172,37 @@ rq_log(swg_rq *q, const char *terminal, const char *reason)
         free(s);
     }
     json_decref(j);
+}
+
+/* The access-log line of a request whose stream opened (unless --access-log
+ * off), once: when its terminal is taken, or its client left or stalled.
+ * status: the HTTP status it was (or is being) answered with -- 200 once a
+ * stream's headers went out. */
+static void
+rq_log(swg_rq *q, int status, const char *terminal, const char *reason)
+{
+    if (q->logged || !q->lp->o->access_log)
+        return;
+    q->logged = 1;
+    log_line(q->trace_id, q->r.id, q->r.model ? q->r.model : "",
+             q->s != NULL ? sw_stream_instance_id(q->s) : "", status, terminal, reason, q->r.items,
+             q->t_first_ms ? q->t_first_ms - q->t_start_ms : -1, mono_ms() - q->t_start_ms);
+}
+
+static const char *header(h2o_req_t *req, const char *name);
+
+void
+swg_log_refused(const swg_opts *o, h2o_req_t *req, int status, const char *code, const char *model,
+                int64_t t_start_ms)
+{
+    char tid[SWI_TRACE_ID_LEN + 1];
+    const char *tp;
+    if (!o->access_log)
+        return;
+    if ((tp = header(req, "traceparent")) == NULL || !swi_trace_id(tp, tid))
+        tid[0] = '\0';
+    log_line(tid, "", model != NULL ? model : "", "", status, "error", code, 0, -1,
+             t_start_ms > 0 ? mono_ms() - t_start_ms : 0);
 }
 
 /* ---------------------------------------------------------------- run queue */
@@ -542,7 +582,8 @@ rq_pump(swg_rq *q, unsigned max)
                 http = 200;
             }
             q->ended = 1;
-            rq_log(q, pre ? "error" : end.status, end.err_code ? end.err_code : end.inc_reason);
+            rq_log(q, q->in.stream ? 200 : http, pre ? "error" : end.status,
+                   end.err_code ? end.err_code : end.inc_reason);
             if (!q->in.stream) {
                 if (q->req != NULL)
                     rq_answer(q, &end, pre, http);
@@ -579,6 +620,7 @@ rq_pump(swg_rq *q, unsigned max)
         if (q->out.oom) {
             /* cannot say more: end the HTTP response */
             q->ended = 1;
+            rq_log(q, 200, "error", "out_of_memory");
             if (q->req != NULL) {
                 h2o_req_t *req = rq_take_req(q);
                 h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
@@ -616,7 +658,8 @@ rq_gone(swg_rq *q)
 {
     q->req = NULL;
     if (!q->ended)
-        rq_log(q, "client_gone", q->lp->o->cancel_on_disconnect ? "cancelled" : NULL);
+        rq_log(q, q->in.stream ? 200 : 499, "client_gone",
+               q->lp->o->cancel_on_disconnect ? "cancelled" : NULL);
     if (!q->ended && q->lp->o->cancel_on_disconnect) {
         (void)sw_stream_cancel(q->s);
         q->ended = 1;
@@ -686,7 +729,7 @@ rq_stalled(h2o_timeout_entry_t *entry)
     if (q->ended || req == NULL || !q->writing)
         return;
     __atomic_fetch_add(&q->lp->gw->stalled, 1, __ATOMIC_RELAXED);
-    rq_log(q, "client_stalled", q->lp->o->cancel_on_disconnect ? "cancelled" : NULL);
+    rq_log(q, 200, "client_stalled", q->lp->o->cancel_on_disconnect ? "cancelled" : NULL);
     if (q->lp->o->cancel_on_disconnect) {
         (void)sw_stream_cancel(q->s); /* the worker's handler sees it now */
         q->ended = 1;
@@ -776,19 +819,25 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     const char *tp, *rid;
     size_t nh = 0;
     sw_err rv;
+    int64_t t0 = mono_ms();
+    /* Every refusal below has its access-log line, written before the
+     * answer goes out (as a stream's is before its last bytes). */
     if (q == NULL) {
+        swg_log_refused(o, req, 503, "out_of_memory", NULL, t0);
         h2o_send_error_503(req, "Service Unavailable", "out of memory\n", 0);
         return;
     }
     if (req->entity.len > o->max_body) {
         /* h2o lets one byte more through (see swg_run) */
         swg_error_too_large(&e, o->max_body);
+        swg_log_refused(o, req, e.http, e.code, NULL, t0);
         swg_send_error(req, &e);
         free(q);
         return;
     }
     if (swg_parse_request(req->entity.base ? req->entity.base : "", req->entity.len, &q->in, &e) !=
         0) {
+        swg_log_refused(o, req, e.http, e.code, NULL, t0);
         swg_send_error(req, &e);
         free(q);
         return;
@@ -801,6 +850,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         e.param = "model";
         snprintf(e.message, sizeof(e.message), "the model '%.100s' does not exist (GET /v1/models)",
                  q->in.model);
+        swg_log_refused(o, req, e.http, e.code, q->in.model, t0);
         swg_send_error(req, &e);
         swg_input_free(&q->in);
         free(q);
@@ -813,6 +863,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         e.code = "too_many_resets";
         snprintf(e.message, sizeof(e.message),
                  "this connection reset too many responses before their end; it is being closed");
+        swg_log_refused(o, req, e.http, e.code, m->name, t0);
         swg_send_error(req, &e);
         swg_input_free(&q->in);
         free(q);
@@ -832,7 +883,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
     q->r.created_at = (int64_t)time(NULL);
     q->r.input_tokens = q->in.input_tokens;
     q->r.metadata = q->in.metadata;
-    q->t_start_ms = mono_ms();
+    q->t_start_ms = t0;
     /* W3C trace context: the client's if well formed (swi_trace_id: the
      * specification's parsing), else a new one, as the specification says
      * for a traceparent that does not parse. A later version is passed on
@@ -876,6 +927,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
         e.code = rv == SW_EBUSY ? "overloaded" : sw_err_name(rv);
         snprintf(e.message, sizeof(e.message), "%s", sw_strerror(rv));
         (void)rq_take_req(q);
+        swg_log_refused(o, req, e.http, e.code, m->name, t0);
         swg_send_error(req, &e);
         swg_rq_free(q);
         return;

@@ -193,14 +193,15 @@ shell_read(const char *cmd, char *out, size_t cap)
  * (from -w), or -1. extra: more curl arguments, space separated, quoted
  * by the caller where needed. */
 static int
-curl(const char *extra, const char *path, const char *body, char *out, size_t cap)
+curl_at(const char *hp, const char *extra, const char *path, const char *body, char *out,
+        size_t cap)
 {
     char cmd[2048], tail[16];
     char *mark;
     snprintf(cmd, sizeof(cmd),
              "curl -s -N -m 60 %s -w '\\n@@%%{http_code}' %s%s%s%s 'http://%s%s' 2>/dev/null",
              extra ? extra : "", body ? "-X POST -H 'content-type: application/json' " : "",
-             body ? "--data-binary '" : "", body ? body : "", body ? "'" : "", g_gw, path);
+             body ? "--data-binary '" : "", body ? body : "", body ? "'" : "", hp, path);
     /* a body "@FILE" is read from the file by curl */
     if (shell_read(cmd, out, cap) != 0)
         return -1;
@@ -209,6 +210,13 @@ curl(const char *extra, const char *path, const char *body, char *out, size_t ca
     snprintf(tail, sizeof(tail), "%s", mark + 3);
     *mark = '\0';
     return atoi(tail);
+}
+
+/* curl_at the shared gateway. */
+static int
+curl(const char *extra, const char *path, const char *body, char *out, size_t cap)
+{
+    return curl_at(g_gw, extra, path, body, out, cap);
 }
 
 typedef struct sse {
@@ -492,6 +500,95 @@ test_trace_headers(void **state)
             json_decref(j);
         }
     }
+}
+
+static pid_t own_gateway(const char *const *extra, char *hp, size_t cap, int *fd);
+static void wait_readyz(const char *hp);
+static void body_of_size(size_t n, char *arg, size_t cap);
+
+/* The access log has one line for every request to /v1/responses, in the
+ * order they were answered, with its HTTP status and, for an error, the
+ * code its body carries (reason); other endpoints have none. Before, only
+ * requests whose stream opened were logged: a 404 model_not_found, a 400,
+ * a 405 and a 413 (and a 429 or 503 from the handler) left no line, and no
+ * line said its HTTP status. */
+static void
+test_access_log_every_request(void **state)
+{
+    static const struct {
+        int status;
+        const char *terminal, *reason, *model;
+    } want[] = {
+        {404, "error", "model_not_found", "nope"},
+        {400, "error", "invalid_json", ""},
+        {200, "completed", NULL, "ok"},                   /* streamed */
+        {200, "completed", NULL, "ok"},                   /* one JSON answer */
+        {413, "error", "request_too_large", ""},          /* one byte over: the handler's */
+        {413, "error", "request_too_large", ""},          /* far over: h2o's own answer */
+        {405, "error", "method_not_allowed", ""},         /* GET */
+        {400, "error", "missing_required_parameter", ""}, /* no model */
+    };
+    const char *extra[] = {"--model", "ok=gw.ok.gen", "--max-body", "1024", NULL};
+    char hp[128], over[96], far[96], line[4096];
+    int fd, st;
+    pid_t pid;
+    (void)state;
+    body_of_size(1025, over, sizeof(over));
+    body_of_size(5000, far, sizeof(far));
+    pid = own_gateway(extra, hp, sizeof(hp), &fd);
+    wait_readyz(hp); /* (not logged: /readyz is not /v1/responses) */
+    assert_int_equal(
+        curl_at(hp, "-H 'traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'",
+                "/v1/responses", "{\"model\":\"nope\",\"input\":\"x\"}", g_out, sizeof(g_out)),
+        404);
+    assert_int_equal(curl_at(hp, NULL, "/healthz", NULL, g_out, sizeof(g_out)), 200);
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses", "{not json", g_out, sizeof(g_out)), 400);
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses",
+                             "{\"model\":\"ok\",\"input\":\"x\",\"stream\":true}", g_out,
+                             sizeof(g_out)),
+                     200);
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses", "{\"model\":\"ok\",\"input\":\"x\"}", g_out,
+                             sizeof(g_out)),
+                     200);
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses", over, g_out, sizeof(g_out)), 413);
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses", far, g_out, sizeof(g_out)), 413);
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses", NULL, g_out, sizeof(g_out)), 405);
+    assert_int_equal(curl_at(hp, NULL, "/v1/models", NULL, g_out, sizeof(g_out)), 200);
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses", "{\"input\":\"x\"}", g_out, sizeof(g_out)),
+                     400);
+    unlink(strchr(over, '@') + 1);
+    unlink(strchr(far, '@') + 1);
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        json_t *j;
+        const char *reason;
+        if (swh_wait_line(fd, "{", line, sizeof(line), 5000 * swh_slow()) != 0)
+            fail_msg("no access-log line for request %zu (HTTP %d)", i, want[i].status);
+        assert_non_null(j = json_loads(line, 0, NULL));
+        print_message("    %s\n", line);
+        assert_int_equal(json_integer_value(json_object_get(j, "status")), want[i].status);
+        assert_string_equal(str_at(j, "terminal", NULL), want[i].terminal);
+        assert_string_equal(str_at(j, "model", NULL), want[i].model);
+        if (want[i].status == 200) {
+            assert_true(hex32(str_at(j, "trace_id", NULL)));
+            assert_memory_equal(str_at(j, "response_id", NULL), "resp_", 5);
+        } else { /* refused: its traceparent's trace id, if it had one */
+            assert_string_equal(str_at(j, "trace_id", NULL),
+                                i == 0 ? "0af7651916cd43dd8448eb211c80319c" : "");
+            assert_string_equal(str_at(j, "response_id", NULL), "");
+        }
+        reason = str_at(j, "reason", NULL);
+        if (want[i].reason == NULL)
+            assert_null(reason);
+        else
+            assert_string_equal(reason, want[i].reason);
+        json_decref(j);
+    }
+    /* and no more: the rest of its stdout, to its end, has no line */
+    swh_kill(pid, SIGTERM);
+    assert_int_equal(swh_wait_exit(pid, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    assert_int_not_equal(swh_wait_line(fd, "{", line, sizeof(line), 5000 * swh_slow()), 0);
+    close(fd);
 }
 
 static void
@@ -2378,6 +2475,7 @@ main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_completed_http1),
         cmocka_unit_test(test_completed_http2),
+        cmocka_unit_test(test_access_log_every_request),
         cmocka_unit_test(test_trace_headers),
         cmocka_unit_test(test_incomplete_max_tokens),
         cmocka_unit_test(test_failed),

@@ -26,6 +26,8 @@
 
 #include <cmocka.h>
 #include <jansson.h>
+#include <streamwire/registry.h>
+#include <streamwire/streamwire.h>
 
 #include "harness.h"
 
@@ -1338,6 +1340,74 @@ test_models_health_ready_metrics(void **state)
     assert_non_null(strstr(g_out, "<title>streamwire playground</title>"));
 }
 
+/* Polls the gateway at hp's /readyz until it answers want (10 s at most);
+ * its last answer into g_out. Returns its last status. */
+static int
+readyz_becomes(const char *hp, int want)
+{
+    int code = -1;
+    for (int64_t until = swh_now_ms() + 10000 * swh_slow(); swh_now_ms() < until;) {
+        if ((code = curl_at(hp, NULL, "/readyz", NULL, g_out, sizeof(g_out))) == want)
+            break;
+        swh_sleep_ms(50);
+    }
+    return code;
+}
+
+/* /readyz is 503 while a model's only instance is draining, though its
+ * entry is still in the registry and its lease alive; 200 with a live one
+ * beside it, and again once the drained one is registered anew (a restarted
+ * worker: the API has no way back from draining). The instances are this
+ * test's own registrations (sw_registry_set_draining acts on the handle
+ * that registered), never picked: nothing asks for their model. */
+static void
+test_readyz_draining(void **state)
+{
+    const char *extra[] = {"--model", "drain=gw.drain.gen", NULL};
+    sw_registration r[2] = {
+        {"wdrain", "gw.drain.gen", "gw.drain.req.wdrain", "gw.drain.ctl.wdrain"},
+        {"wdrain2", "gw.drain.gen", "gw.drain.req.wdrain2", "gw.drain.ctl.wdrain2"}};
+    sw_conn_opts co;
+    sw_registry_opts ro;
+    sw_conn *c = NULL;
+    sw_registry *reg = NULL;
+    char hp[128];
+    int fd, st;
+    pid_t pid;
+    (void)state;
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    sw_registry_opts_init(&ro);
+    assert_int_equal(sw_registry_open(&reg, c, &ro), SW_OK);
+    assert_int_equal(sw_registry_register(reg, &r[0]), SW_OK);
+    pid = own_gateway(extra, hp, sizeof(hp), &fd);
+    wait_readyz(hp);
+    /* its only instance drains */
+    assert_int_equal(sw_registry_set_draining(reg, "wdrain"), SW_OK);
+    assert_int_equal(readyz_becomes(hp, 503), 503);
+    assert_non_null(strstr(g_out, "no live instance"));
+    /* a live one beside it */
+    assert_int_equal(sw_registry_register(reg, &r[1]), SW_OK);
+    assert_int_equal(readyz_becomes(hp, 200), 200);
+    assert_int_equal(sw_registry_deregister(reg, "wdrain2"), SW_OK);
+    assert_int_equal(readyz_becomes(hp, 503), 503);
+    assert_non_null(strstr(g_out, "no live instance"));
+    /* the drained one stays draining until it leaves and comes back */
+    swh_sleep_ms(500);
+    assert_int_equal(curl_at(hp, NULL, "/readyz", NULL, g_out, sizeof(g_out)), 503);
+    assert_int_equal(sw_registry_deregister(reg, "wdrain"), SW_OK);
+    assert_int_equal(sw_registry_register(reg, &r[0]), SW_OK);
+    assert_int_equal(readyz_becomes(hp, 200), 200);
+    assert_int_equal(sw_registry_deregister(reg, "wdrain"), SW_OK);
+    swh_kill(pid, SIGTERM);
+    assert_int_equal(swh_wait_exit(pid, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    close(fd);
+    sw_registry_close(reg);
+    sw_conn_close(c);
+}
+
 /* ---------------------------------------------------------------- hostile HTTP */
 
 /* With rcvbuf > 0: that receive buffer (set before the connect, so that
@@ -2493,6 +2563,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_instance_lost),
         cmocka_unit_test(test_overloaded),
         cmocka_unit_test(test_models_health_ready_metrics),
+        cmocka_unit_test(test_readyz_draining),
         cmocka_unit_test(test_idle_and_slowloris),
         cmocka_unit_test(test_header_floods),
         cmocka_unit_test(test_ambiguous_length),

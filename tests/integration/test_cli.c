@@ -1124,6 +1124,48 @@ test_help_flags_in_readme(void **state)
     assert_int_equal(missing, 0);
 }
 
+/* Every option `gateway --help` lists (its own, not the NATS connection
+ * ones) is in docs/GATEWAY.md's synopsis, the block after "streamwire
+ * gateway --server URL". Before, --replicas was not. */
+static void
+test_gateway_flags_documented(void **state)
+{
+    static char doc[1 << 17];
+    char path[512], *block, *end, *line;
+    size_t n, nflags = 0;
+    FILE *f;
+    (void)state;
+    snprintf(path, sizeof(path), "%s/docs/GATEWAY.md", SW_SOURCE_DIR);
+    assert_non_null(f = fopen(path, "r"));
+    n = fread(doc, 1, sizeof(doc) - 1, f);
+    fclose(f);
+    doc[n] = '\0';
+    assert_non_null(block = strstr(doc, "streamwire gateway --server URL"));
+    assert_non_null(end = strstr(block, "```"));
+    *end = '\0';
+    assert_int_equal(cli_run2(ARGS("gateway", "--help"), T(10000)), 0);
+    assert_non_null(line = strstr(g_out, "\nOptions:\n"));
+    /* one option a line ("  --name ..."), up to the first blank line */
+    for (line = strchr(line + 1, '\n') + 1; *line != '\0' && *line != '\n';
+         line = strchr(line, '\n') + 1) {
+        char flag[64];
+        const char *at;
+        int found = 0;
+        if (strncmp(line, "  --", 4) == 0 && sscanf(line, " %63s", flag) == 1) {
+            nflags++;
+            for (at = strstr(block, flag); at != NULL && !found; at = strstr(at + 1, flag)) {
+                char after = at[strlen(flag)];
+                found = !(after == '-' || (after >= 'a' && after <= 'z'));
+            }
+            if (!found)
+                fail_msg("gateway --help lists %s; docs/GATEWAY.md's synopsis does not", flag);
+        }
+        if (strchr(line, '\n') == NULL)
+            break;
+    }
+    assert_true(nflags >= 18); /* the parse found them: --server ... --quiet */
+}
+
 /* Exit status 2, nothing on stdout, a message on stderr that names the
  * command and contains `what`. */
 static void
@@ -2056,6 +2098,7 @@ main(int argc, char **argv)
         T_(test_readable_output),
         T_(test_help),
         T_(test_help_flags_in_readme),
+        T_(test_gateway_flags_documented),
         T_(test_usage_errors),
         T_(test_unreachable_server),
         T_(test_instances_and_drain),

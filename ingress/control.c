@@ -17,12 +17,16 @@ swn_resp_cancel(sw_responder *r, int kill)
     sw_ingress *ing = r->ing;
     int newly = 0;
     pthread_mutex_lock(&r->mu);
-    if (!r->cancelled) {
-        r->cancelled = 1;
-        newly = 1;
-    }
     r->fe_cancelled = 1;
+    /* A stream whose terminal was sent is not cancelled by a CANCEL that
+     * crossed its final (its handler may have freed the callback's
+     * argument after finish); a KILL, or its frontend's loss, still lets
+     * its final go. */
     if (!r->terminated) {
+        if (!r->cancelled) {
+            r->cancelled = 1;
+            newly = 1;
+        }
         if (kill) {
             r->rg.pub_seq = r->rg.next_seq - 1; /* nothing queued goes out any more */
             swn_resp_mark_terminated(r);

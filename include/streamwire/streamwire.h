@@ -508,7 +508,9 @@ SW_API sw_err sw_responder_finish(sw_responder *r, sw_status status, const char 
 SW_API sw_err sw_responder_fail(sw_responder *r, const char *code, const char *message);
 
 /* 1 once the frontend cancelled (or vanished, or the deadline passed, or
- * the worker's connection closed for good). */
+ * the worker's connection closed for good) before the stream's terminal was
+ * sent; a cancel that comes after it (finish or fail returned SW_OK) does
+ * not cancel the stream, and fires no callback. */
 SW_API int sw_responder_cancelled(const sw_responder *r);
 
 /* Called once, from a library thread, when the stream is cancelled. If the

@@ -395,7 +395,18 @@ typedef struct engine {
     sw_err last_err;
     int tokens; /* per stream */
     int delay_ms;
+    int cancel_cbs; /* cancel callbacks fired (each handler registers one) */
 } engine;
+
+static void
+engine_on_cancel(sw_responder *r, void *arg)
+{
+    engine *e = arg;
+    (void)r;
+    pthread_mutex_lock(&e->mu);
+    e->cancel_cbs++;
+    pthread_mutex_unlock(&e->mu);
+}
 
 static void
 engine_handler(sw_responder *r, void *arg)
@@ -406,6 +417,7 @@ engine_handler(sw_responder *r, void *arg)
     pthread_mutex_lock(&e->mu);
     e->started++;
     pthread_mutex_unlock(&e->mu);
+    sw_responder_on_cancel(r, engine_on_cancel, e);
     for (int i = 0; i < e->tokens; i++) {
         char tok[32];
         int len = snprintf(tok, sizeof(tok), "token-%d", i);
@@ -998,6 +1010,17 @@ forged_controls_are_counted(void **state)
     assert_int_equal(st.finished[SW_STATUS_COMPLETED], 1);
     assert_int_equal(st.inflight, 0);
     assert_int_equal(st.streams_held, 1);
+    /* Its own frontend's CANCEL, crossing the final on the wire: the
+     * stream has finished, so nothing is cancelled, counted or called
+     * back (the handler may have freed its callback's argument). Before,
+     * the callback fired after finish and cancels counted 1. */
+    raw_control(nc, "w-count", id, "rawfc", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+    controls_handled(nc, "w-count");
+    sw_ingress_stats_get(ing, &st);
+    assert_int_equal(st.cancels, 0);
+    engine_snapshot(&e, &snap);
+    assert_int_equal(snap.cancel_cbs, 0);
+    assert_int_equal(snap.cancelled, 0);
     raw_ack_finals(nc, "w-count", id, "evil");
     controls_handled(nc, "w-count");
     sw_ingress_stats_get(ing, &st);

@@ -250,6 +250,10 @@ swe_migrate(sw_stream *s)
         } else {
             s->pooled = 1;
             migratable = s->rx.mig_left > 0;
+            /* Silence counts again (only the deadline did while it moved):
+             * planned from the move, or a request that the new instance
+             * never answers would wait for ever without a deadline. */
+            swi_due_set(s->next_tick, swe_rx_next_due(&s->rx));
         }
         deadline = s->rx.cfg.deadline_ms;
         pthread_mutex_unlock(&s->mu);

@@ -86,6 +86,7 @@ typedef struct world {
     const char *interval; /* the workers' --token-interval-ms (NULL: 20) */
     int least;            /* the router picks least_inflight (else round_robin) */
     sw_duration probe_ms; /* the router's probe_interval_ms (0: its default) */
+    const char *extra[3]; /* the next worker's extra arguments (NULL-ended; then cleared) */
     sw_conn *conn;
     sw_registry *reg;
     sw_router *rt;
@@ -138,6 +139,9 @@ world_worker(world *w, const char *key)
         argv[a++] = "--key-file";
         argv[a++] = key;
     }
+    for (int k = 0; k < 2 && w->extra[k] != NULL; k++)
+        argv[a++] = w->extra[k];
+    w->extra[0] = w->extra[1] = NULL;
     argv[a] = NULL;
     w->pid[i] = swh_spawn_err(argv, &w->out[i], w->err_fd[i]);
     assert_true(w->pid[i] > 0);
@@ -403,6 +407,61 @@ sigkill_migrates(void **state)
         free(text);
         sw_metrics_destroy(m);
     }
+    sw_stream_close(s);
+}
+
+/* The stream moves to a worker that never says anything for it (it takes
+ * the request and abandons it: no item, heartbeat or final; as a request
+ * lost on its way, or a handler that went astray): silence ends it, as it
+ * ends a first request. Before, the move left the stream's timer unplanned
+ * (only the deadline counts while a stream moves, and nothing planned it
+ * again after the move): with no deadline it waited for ever. */
+static sw_err
+from_the_start(sw_migration *m, void *arg)
+{
+    (void)arg;
+    m->resume_from_seq = 0; /* (the payload says where: none of it here) */
+    return SW_OK;
+}
+
+static void
+silence_after_a_move_ends_the_stream(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    int64_t t0;
+    world_worker(w, NULL); /* w1 serves the stream */
+    world_frontend(w, NULL);
+    coll_init(&c);
+    /* (from the start: the new worker's --hang-after 0 counts from 0) */
+    s = open_stream(w, &c, 1, 0, from_the_start, NULL);
+    coll_wait(&c, 10, T(10000));
+    assert_int_equal(serving(w, &c), 0);
+    w->extra[0] = "--hang-after";
+    w->extra[1] = "0";
+    world_worker(w, NULL); /* w2 abandons every stream at once */
+    for (int64_t until = swh_now_ms() + T(10000);;) {
+        sw_instance *v = NULL;
+        size_t n = 0;
+        assert_int_equal(sw_registry_list(w->reg, EP, &v, &n), SW_OK);
+        sw_instances_free(v, n);
+        if (n == 2)
+            break;
+        assert_true(swh_now_ms() < until);
+        swh_sleep_ms(20);
+    }
+    swh_sleep_ms(100); /* the router's pool watches the same registry */
+    t0 = swh_now_ms();
+    swh_kill(w->pid[0], SIGKILL);
+    coll_wait(&c, -1, T(10000)); /* lost (~0.2 s), moved, then 1.5 s of silence */
+    print_message("    terminal %lld ms after the kill\n", (long long)(swh_now_ms() - t0));
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.terminals, 1);
+    assert_int_equal(c.status, SW_STATUS_ERROR);
+    assert_string_equal(c.reason, "stream_incomplete");
+    assert_int_equal(c.migrations, 1);
+    pthread_mutex_unlock(&c.mu);
     sw_stream_close(s);
 }
 
@@ -1235,6 +1294,8 @@ main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(sigkill_migrates, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(silence_after_a_move_ends_the_stream, world_setup,
+                                        world_teardown),
         cmocka_unit_test_setup_teardown(sigstop_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(frozen_after_refresh_reported_at_once, world_setup,
                                         world_teardown),

@@ -114,6 +114,7 @@ struct sw_router {
     int64_t next_scan;          /* ticker thread only */
     swi_ptrvec scan_vec;        /* ticker thread only: reused by every scan */
     swi_ptrvec deferred;        /* streams to dispatch from the ticker, a reference each (r->mu) */
+    int no_defer;               /* the ticker is gone (destroy): dispatch at once (r->mu) */
     int closing;                /* no new streams */
     int closed;                 /* no more publishing (atomic) */
     int64_t mux_idle_ms;        /* last time the mux had nothing queued (ticker thread only) */

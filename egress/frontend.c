@@ -401,6 +401,13 @@ sw_router_destroy(sw_router *r)
             swe_stream_unref(batch[i]); /* the table's */
         }
     }
+    /* An sw_router_open that raced this has its stream ended by the sweep
+     * and leaves its dispatch to the ticker, stopped above: from now on it
+     * dispatches itself, and what it left already goes now. */
+    pthread_mutex_lock(&r->mu);
+    r->no_defer = 1;
+    pthread_mutex_unlock(&r->mu);
+    swe_run_deferred(r);
     (void)swt_flush(r->conn, 1000);
     __atomic_store_n(&r->closed, 1, __ATOMIC_RELEASE);
     swe_router_unref(r);

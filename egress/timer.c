@@ -22,6 +22,14 @@ swe_defer_dispatch(sw_stream *s)
     int queued = 0;
     swe_stream_ref(s);
     pthread_mutex_lock(&r->mu);
+    if (r->no_defer) {
+        /* sw_router_destroy has run its last deferred dispatches, and the
+         * ticker is stopped: an open that raced it delivers here. */
+        pthread_mutex_unlock(&r->mu);
+        swe_dispatch(s);
+        swe_stream_unref(s);
+        return;
+    }
     if (r->deferred.n == r->deferred.cap) {
         size_t ncap = r->deferred.cap ? r->deferred.cap * 2 : 16;
         void **nv = realloc(r->deferred.v, ncap * sizeof(*nv));

@@ -110,6 +110,71 @@ worker_vanishes_instance_lost(void **state)
 /* ======================================================================== */
 /* 10. Destroying things under open streams                                  */
 
+/* sw_router_open racing sw_router_destroy: the open has published (the
+ * chaos hook holds it there) when destroy ends every stream and returns;
+ * the stream's terminal, decided by the destroy, is delivered once the
+ * open returns. Before, the open left it for the router's ticker, stopped
+ * by then: the item callback never got it, and the stream, the router and
+ * the connection leaked. */
+typedef struct openhold {
+    env *e;
+    sw_request_opts o;
+    sw_stream *s;
+    sw_err rv;
+    atomic_int entered, release;
+} openhold;
+
+static void
+hold_in_open(sw_stream *s, void *arg)
+{
+    openhold *h = arg;
+    (void)s;
+    atomic_store(&h->entered, 1);
+    for (int64_t until = now_ms() + T(10000); !atomic_load(&h->release) && now_ms() < until;)
+        sleep_ms(1);
+}
+
+static void *
+open_thread(void *arg)
+{
+    openhold *h = arg;
+    h->rv = sw_router_open(&h->s, h->e->rt, &h->o, "p", 1);
+    return NULL;
+}
+
+static void
+router_destroy_during_open(void **state)
+{
+    env *e = *state;
+    cbgot *c = new_cbgot(e);
+    openhold h;
+    pthread_t th;
+
+    memset(&h, 0, sizeof(h));
+    e->w.mode = M_STREAM;
+    e->w.n = 1000;
+    e->w.delay_ms = 10;
+    env_start(e, NULL, NULL);
+    h.e = e;
+    ropts(e, &h.o);
+    h.o.on_item = cb_item;
+    h.o.on_item_arg = c;
+    swx_router_on_open_sent(e->rt, hold_in_open, &h);
+    assert_int_equal(pthread_create(&th, NULL, open_thread, &h), 0);
+    for (int64_t until = now_ms() + T(5000); !atomic_load(&h.entered) && now_ms() < until;)
+        sleep_ms(1);
+    assert_true(atomic_load(&h.entered));
+    sw_router_destroy(e->rt); /* the stream ends "closed"; the open still runs */
+    e->rt = NULL;
+    atomic_store(&h.release, 1);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(h.rv, SW_OK);
+    assert_true(cb_wait(c, T(5000)));
+    assert_terminal(&c->g, SW_STATUS_ERROR, SW_ECLOSED, "closed");
+    cb_assert_clean(c);
+    sw_stream_close(h.s);
+}
+
 static void
 router_destroy_with_open_streams(void **state)
 {
@@ -1685,6 +1750,7 @@ main(int argc, char **argv)
         T_(drain_past_grace_instance_lost),
         T_(worker_vanishes_instance_lost),
         T_(router_destroy_with_open_streams),
+        T_(router_destroy_during_open),
         T_(two_routers_one_instance),
         T_(router_destroy_during_final_linger),
         T_(router_max_streams_busy),

@@ -165,11 +165,17 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
     r->fail_final_keep = 0;
 #endif
     kept = swn_ring_keeps(&r->rg) && !nokeep && swn_resp_keep(r, seq, buf, len) == SW_OK;
-    if (swn_ring_keeps(&r->rg) && !kept)
-        swn_resp_flush_now(r); /* no room to keep it: still end the stream, after what
-                              was queued before it */
-    r->rg.next_seq++;
     r->final_seq = seq;
+    if (swn_ring_keeps(&r->rg) && !kept) {
+        /* No room to keep it: the stream still ends, after what was
+         * queued before it. The flush may drop mu (while it publishes):
+         * the stream counts as ended from now, so that no send takes the
+         * final's number and no cancel, deadline or hand-back sends a
+         * final of its own meanwhile (final_seq set: the flush goes on). */
+        r->terminated = 1;
+        swn_resp_flush_now(r);
+    }
+    r->rg.next_seq++;
     if (!kept) { /* published now, not kept (without flow control nothing is) */
         swn_sent d = {0, 1, 0, 0};
         rv = r->closed ? SW_ECLOSED : swn_resp_publish_one(r, seq, buf, len, &d);
@@ -181,6 +187,7 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
              * memory. */
             r->rg.next_seq--;
             r->final_seq = 0;
+            r->terminated = 0; /* (nothing could start meanwhile: see above) */
             if (buf != stack)
                 free(buf);
             return rv;

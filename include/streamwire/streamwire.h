@@ -520,9 +520,11 @@ SW_API int sw_responder_cancelled(const sw_responder *r);
  * runs at once even if the one it replaced has run. It runs
  * on a thread that serves the whole instance (the one that handles control
  * messages; the liveness prober; the timer, for a deadline or a connection
- * closed for good): keep it short (set a flag, signal the engine), or
- * credits and probe answers for every stream wait behind it, and never
- * destroy the ingress from it. */
+ * closed for good), or on the thread that calls sw_ingress_drain or
+ * sw_ingress_destroy (the streams they hand back or end): keep it short
+ * (set a flag, signal the engine), or credits and probe answers for every
+ * stream wait behind it; never destroy the ingress from it, and do not
+ * call drain or destroy holding a lock the callback takes. */
 typedef void (*sw_cancel_fn)(sw_responder *r, void *arg);
 SW_API void sw_responder_on_cancel(sw_responder *r, sw_cancel_fn fn, void *arg);
 

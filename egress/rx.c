@@ -687,7 +687,7 @@ swe_rx_next_due(const swe_rx *rx)
             if (rx->last_resend_ms + gap / 4 < due)
                 due = rx->last_resend_ms + gap / 4;
         }
-    } else if (rx->term_state == SWE_TERM_QUEUED) {
+    } else if (rx->term_state == SWE_TERM_QUEUED && rx->term_ready_ms != SWE_TERM_WOKEN) {
         due = rx->term_ready_ms;
     }
     return due;
@@ -717,8 +717,14 @@ swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
                 to = rx->granted + 1;
             rx_ask_resend(rx, rx->expected, to, now, act);
         }
-    } else if (rx->term_state == SWE_TERM_QUEUED && now >= rx->term_ready_ms) {
-        act->wake = 1; /* a lingering terminal is ready */
+    } else if (rx->term_state == SWE_TERM_QUEUED && now >= rx->term_ready_ms &&
+               rx->term_ready_ms != SWE_TERM_WOKEN) {
+        /* A lingering terminal is ready: the consumer is woken once (a
+         * consumer that is behind takes it when it comes to it; a waiting
+         * sw_stream_next waits to term_ready_ms by itself). It used to be
+         * woken at every scan, 40 times a second, until it took it. */
+        act->wake = 1;
+        rx->term_ready_ms = SWE_TERM_WOKEN;
     }
 }
 

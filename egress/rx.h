@@ -121,6 +121,10 @@ typedef struct swe_q {
 } swe_q;
 
 enum { SWE_TERM_NONE = 0, SWE_TERM_QUEUED = 1, SWE_TERM_DELIVERED = 2 };
+/* term_ready_ms once the timer woke the consumer for the queued terminal
+ * (ready, and nothing more for the timer to do; a time, not a flag: the
+ * stream has no room for one, egress_int.h). */
+#define SWE_TERM_WOKEN INT64_MIN
 
 /* The texts of a worker's final and of the terminal: allocated when the
  * first of them is needed, so that an open stream does not carry 1.5 KiB

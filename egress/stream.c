@@ -404,7 +404,8 @@ sw_stream_next(sw_stream *s, const sw_item **item, int64_t timeout_ms)
         }
         if (until == INT64_MIN)
             until = wake = timeout_ms < 0 ? -1 : swi_now_ms() + timeout_ms;
-        if (s->rx.term_state == SWE_TERM_QUEUED && (wake < 0 || s->rx.term_ready_ms < wake))
+        if (s->rx.term_state == SWE_TERM_QUEUED && s->rx.term_ready_ms != SWE_TERM_WOKEN &&
+            (wake < 0 || s->rx.term_ready_ms < wake))
             wake = s->rx.term_ready_ms;
         if (until >= 0 && swi_now_ms() >= until) {
             pthread_mutex_unlock(&s->mu);

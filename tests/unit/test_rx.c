@@ -567,6 +567,34 @@ test_linger(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A terminal queued behind data a slow consumer has not taken: the timer
+ * wakes the consumer once for it, and then has nothing due for the stream
+ * (before, every scan woke the consumer again, 40 times a second, until it
+ * took the terminal). */
+static void
+test_queued_terminal_wakes_once(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    data(&rx, 2, 1);
+    final_at(&rx, 3, SW_STATUS_COMPLETED, "stop", 2);
+    swe_rx_tick(&rx, 30, 30, &a);
+    assert_true(a.wake);
+    assert_int_equal(swe_rx_next_due(&rx), INT64_MAX);
+    for (int64_t now = 55; now < 1000; now += 25) {
+        swe_rx_tick(&rx, now, now, &a);
+        assert_false(a.wake);
+    }
+    assert_int_equal(drain(&rx, 1000, seqs, 4, &t), 2);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
 /* A late item during the linger turns the terminal into item_after_final. */
 static void
 test_linger_catches_late_item(void **state)
@@ -2673,6 +2701,7 @@ main(void)
         cmocka_unit_test(test_terminal_decided_once),
         cmocka_unit_test(test_cancel_drops_queued),
         cmocka_unit_test(test_cancel_after_final_queued),
+        cmocka_unit_test(test_queued_terminal_wakes_once),
         cmocka_unit_test(test_final_texts_whole),
         cmocka_unit_test(test_wire_cancelled_final_keeps_data),
         cmocka_unit_test(test_nothing_after_terminal_delivered),

@@ -320,6 +320,11 @@ void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
 int swe_stream_no_responders(sw_stream *s, const uint8_t *id, int may_move, const char *msg);
 /* The timer's look at one stream. */
 void swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet);
+/* 1 if the next item s hands its consumer is a terminal other than
+ * completed or incomplete (nothing queued before it): sw_merge looks, so
+ * that a stream that failed ends the merged result without the merge
+ * reading any stream's data ahead of need. */
+int swe_stream_fails_next(sw_stream *s);
 void swe_dispatch(sw_stream *s);
 /* Ends s as sw_router_destroy ends every open stream: error "closed", a
  * terminal held back by final_linger_ms released, delivered now (no lock

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/sw_common.h"
+#include "egress/egress_int.h"
 #include "egress/merge_core.h"
 #include <streamwire/merge.h>
 
@@ -363,6 +364,16 @@ sw_merge_next(sw_merge *m, const sw_merge_frame **frame, int64_t timeout_ms)
         }
         if ((r = pull(m, need)) != 0)
             continue; /* an item, an end, or the merged terminal */
+        /* Nothing yet from the stream it needs: a stream it does not need
+         * now whose next item is its failure ends the merged result now
+         * (only that terminal is taken: no stream is read ahead). Before,
+         * it waited for the needed stream, for ever if that one only beat. */
+        for (size_t i = 0; i < m->n; i++)
+            if (i != need && !m->core.lanes[i].ended && swe_stream_fails_next(m->streams[i]) &&
+                pull(m, i) != 0)
+                break;
+        if (m->done)
+            continue;
         /* nothing yet from the stream it needs: wait for a wake-up (and look
          * again every 100 ms, so a missed hook cannot stall it) */
         pthread_mutex_lock(&m->mu);

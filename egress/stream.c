@@ -516,6 +516,17 @@ sw_stream_instance_id(const sw_stream *s)
     return s ? swe_instance(s) : "";
 }
 
+int
+swe_stream_fails_next(sw_stream *s)
+{
+    int fails;
+    pthread_mutex_lock(&s->mu);
+    fails = s->rx.qh == NULL && s->rx.term_state == SWE_TERM_QUEUED &&
+            s->rx.term.status != SW_STATUS_COMPLETED && s->rx.term.status != SW_STATUS_INCOMPLETE;
+    pthread_mutex_unlock(&s->mu);
+    return fails;
+}
+
 void
 sw_stream_stats_get(sw_stream *s, sw_stream_stats *out)
 {

@@ -229,6 +229,33 @@ test_failing_stream_cancels_the_others(void **state)
     assert_int_equal(wait_cancelled(2), 2);
 }
 
+/* A stream fails before its first item while the merge waits for another
+ * one, silent (a detector still thinking): the failure ends the merged
+ * result at once, and the silent stream is cancelled. Before, the merge
+ * only read the stream it needed, and the failure waited for that one's
+ * first item (here, for ever: no terminal within 5 s). */
+static void
+test_failure_seen_while_waiting_for_another(void **state)
+{
+    const char *p[2] = {"1 10 0 -1 1", "10 100 0 0 0"}; /* hangs; fails at once */
+    const sw_merge_frame *f = NULL;
+    sw_merge *m;
+    int64_t t0;
+    (void)state;
+    reset_cancelled();
+    m = merge_of(p, 2, 0);
+    t0 = swh_now_ms();
+    assert_int_equal(sw_merge_next(m, &f, T(5000)), SW_OK);
+    print_message("    merged terminal after %lld ms\n", (long long)(swh_now_ms() - t0));
+    assert_int_equal(f->kind, SW_MERGE_TERMINAL);
+    assert_int_equal(f->terminal.status, SW_STATUS_FAILED);
+    assert_string_equal(f->terminal.reason, "detector_error");
+    assert_int_equal(f->failed_stream, 1);
+    assert_int_equal(sw_merge_next(m, &f, 0), SW_EEOF);
+    assert_int_equal(wait_cancelled(1), 1); /* the silent one */
+    sw_merge_destroy(m);
+}
+
 /* A stream that ends INCOMPLETE (max_tokens) early does not end the
  * merge (merge.h: only a terminal other than completed or incomplete
  * does, and cancels the others): the frames go on with the other stream
@@ -461,6 +488,7 @@ main(void)
         cmocka_unit_test(test_chunk_sizes),
         cmocka_unit_test(test_empty_and_slow),
         cmocka_unit_test(test_failing_stream_cancels_the_others),
+        cmocka_unit_test(test_failure_seen_while_waiting_for_another),
         cmocka_unit_test(test_incomplete_stream_does_not_end_the_merge),
         cmocka_unit_test(test_silent_stream_ends_at_its_deadline),
         cmocka_unit_test(test_far_index_is_bounded),

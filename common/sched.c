@@ -357,9 +357,9 @@ swi_peers_beats_take(swi_peers *p, const char *id, uint64_t incarnation, uint64_
     swi_peer *e = swi_peers_find(p, id);
     if (e != NULL && e->beat_legacy && incarnation == 0)
         return 1;
-    if (e == NULL)
-        return 0;
-    if (incarnation != 0 && incarnation != e->beat_inc) {
+    if (e == NULL || incarnation == 0)
+        return 0; /* (none named by a worker whose answer named one: not its process's) */
+    if (incarnation != e->beat_inc) {
         e->probe_soon = 1; /* not learned yet: ask now (one probe out at a time) */
         return 0;
     }

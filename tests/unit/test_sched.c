@@ -1011,6 +1011,11 @@ test_peers_beats_replay(void **state)
     assert_false(swi_peers_beats_take(&p, "a", 7, 10)); /* the same batch again */
     assert_true(swi_peers_beats_take(&p, "a", 7, 12));  /* gaps: batches to other routers */
     assert_false(swi_peers_beats_take(&p, "a", 7, 11));
+    /* A batch that names no incarnation from a worker whose answer named
+     * one (a forger with a worker's credentials): not taken, and it does
+     * not raise the counter over the worker's own batches (before, a
+     * counter of 2^64 - 1 here refused every later one). */
+    assert_false(swi_peers_beats_take(&p, "a", 0, UINT64_MAX));
     assert_false(swi_peers_beats_take(&p, "a", 8, 13)); /* another incarnation */
     swi_peers_beats_learn(&p, "a", 7, 5);               /* an older answer lowers nothing */
     assert_false(swi_peers_beats_take(&p, "a", 7, 12));

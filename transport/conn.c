@@ -134,8 +134,12 @@ static void
 swt_on_disconnect(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
-    if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
-        swi_log(&c->log, SW_LOG_WARN, "nats: disconnected");
+    /* A close's own disconnect (nats.c reports one when the socket was up)
+     * is no lost server: not RECONNECTING (streamwire.h), closed comes
+     * next. */
+    if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+        return;
+    swi_log(&c->log, SW_LOG_WARN, "nats: disconnected");
     if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != SW_CONN_CLOSED && !c->no_reconnect)
         swt_set_state(c, SW_CONN_RECONNECTING); /* (without reconnects: closed comes next) */
 }
@@ -144,6 +148,8 @@ static void
 swt_on_reconnect(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
+    if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+        return;
     /* The new server may have another max payload. */
     __atomic_store_n(&c->max_payload, natsConnection_GetMaxPayload(nc), __ATOMIC_RELEASE);
     __atomic_fetch_add(&c->reconnects, 1, __ATOMIC_RELAXED);
@@ -155,6 +161,8 @@ static void
 swt_on_closed(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
+    if (__atomic_load_n(&c->abandoned, __ATOMIC_ACQUIRE))
+        return; /* sw_conn_close returned long ago: nothing to tell */
     if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
         swi_log(&c->log, SW_LOG_ERROR, "nats: connection closed for good (%s)",
                 c->no_reconnect ? "the server is lost and reconnects are off"
@@ -170,6 +178,8 @@ static void
 swt_on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *arg)
 {
     sw_conn *c = arg;
+    if (__atomic_load_n(&c->abandoned, __ATOMIC_ACQUIRE))
+        return;
     swi_log(&c->log, SW_LOG_ERROR, "nats: async error: %s", natsStatus_GetText(err));
 }
 
@@ -422,6 +432,20 @@ sw_conn_close(sw_conn *c)
             int64_t until = swi_now_ms() + 5000;
             while (!c->cb_closed && swi_now_ms() < until)
                 swi_cond_wait_until(&c->cb_cv, &c->cb_mu, until);
+        }
+        if (!c->cb_closed) {
+            /* nats.c runs every connection's callbacks on one thread, and
+             * one of them (ours or another connection's) is slow: ours are
+             * still queued behind it. They would run on freed memory, and
+             * tell the application after this call returned: the struct is
+             * kept (a leak, once), and they do nothing. */
+            __atomic_store_n(&c->abandoned, 1, __ATOMIC_RELEASE);
+            pthread_mutex_unlock(&c->cb_mu);
+            swi_log(&c->log, SW_LOG_WARN,
+                    "nats: the connection's closed callback did not come within 5 s (a slow "
+                    "callback ahead of it): its memory is kept for it");
+            swt_set_state(c, SW_CONN_CLOSED); /* (what that callback would have said) */
+            return;
         }
         pthread_mutex_unlock(&c->cb_mu);
     }

@@ -482,8 +482,7 @@ static void
 sleepy_disconnected(natsConnection *nc, void *arg)
 {
     (void)nc;
-    (void)arg;
-    sleep_ms(300);
+    sleep_ms(arg != NULL ? *(const int *)arg : 300);
 }
 
 /* Every call the application gets from the connection (state changes and
@@ -535,6 +534,59 @@ conn_close_no_callback_after_free(void **state)
     assert_true(at_close >= 1); /* the CLOSED state, at least, came before the return */
     sleep_ms((long)T(600));     /* ...anything late would run now */
     assert_int_equal(atomic_load(&close_cb_calls), at_close);
+    natsConnection_Destroy(blocker);
+    natsOptions_Destroy(no);
+}
+
+/* The same with the shared callback thread held past sw_conn_close's 5 s
+ * wait for its closed callback: the close returns without it, and the
+ * callbacks that run later find the connection's memory (kept) and tell
+ * the application nothing. Before, the connection was freed under them
+ * (ASan: use after free), and a deliberate close reported RECONNECTING
+ * first (streamwire.h: "the server is lost"). */
+static atomic_int close_saw_reconnecting;
+
+static void
+close_on_state_no_reconnecting(sw_conn *conn, sw_conn_state st, void *arg)
+{
+    if (st == SW_CONN_RECONNECTING)
+        atomic_fetch_add(&close_saw_reconnecting, 1);
+    close_on_state(conn, st, arg);
+}
+
+static void
+conn_close_outwaited_by_a_slow_callback(void **state)
+{
+    static const int hold_ms = 6000;
+    natsOptions *no = NULL;
+    natsConnection *blocker = NULL;
+    sw_conn_opts co;
+    sw_conn *c = NULL;
+    int at_close;
+    int64_t t0;
+    (void)state;
+
+    atomic_store(&close_cb_calls, 0);
+    atomic_store(&close_saw_reconnecting, 0);
+    assert_int_equal(natsOptions_Create(&no), NATS_OK);
+    assert_int_equal(natsOptions_SetURL(no, g_nats.url), NATS_OK);
+    assert_int_equal(natsOptions_SetDisconnectedCB(no, sleepy_disconnected, (void *)&hold_ms),
+                     NATS_OK);
+    assert_int_equal(natsConnection_Connect(&blocker, no), NATS_OK);
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    co.name = "itest-close-slow";
+    co.on_state = close_on_state_no_reconnecting;
+    co.log = close_on_log;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    natsConnection_Close(blocker); /* the shared callback thread sleeps 6 s */
+    t0 = now_ms();
+    sw_conn_close(c); /* gives up on its closed callback after 5 s */
+    print_message("    sw_conn_close returned after %lld ms\n", (long long)(now_ms() - t0));
+    at_close = atomic_load(&close_cb_calls);
+    sleep_ms(1500); /* the late callbacks run now */
+    assert_int_equal(atomic_load(&close_cb_calls), at_close);
+    assert_int_equal(atomic_load(&close_saw_reconnecting), 0);
     natsConnection_Destroy(blocker);
     natsOptions_Destroy(no);
 }
@@ -1756,6 +1808,7 @@ main(int argc, char **argv)
         T_(router_max_streams_busy),
         T_(ingress_destroy_with_retained_responder),
         T_(conn_close_no_callback_after_free),
+        T_(conn_close_outwaited_by_a_slow_callback),
         T_(conn_closed_before_its_router),
         T_(conn_closed_before_its_ingress),
         T_(reconnects_run_out_streams_end),

@@ -161,8 +161,16 @@ static void
 swt_on_closed(natsConnection *nc, void *arg)
 {
     sw_conn *c = arg;
-    if (__atomic_load_n(&c->abandoned, __ATOMIC_ACQUIRE))
-        return; /* sw_conn_close returned long ago: nothing to tell */
+    int abandoned;
+    pthread_mutex_lock(&c->cb_mu);
+    abandoned = c->abandoned;
+    pthread_mutex_unlock(&c->cb_mu);
+    if (abandoned) {
+        /* sw_conn_close returned long ago, keeping its reference for this
+         * last callback: nothing to tell, the reference goes now. */
+        swt_conn_release(c);
+        return;
+    }
     if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
         swi_log(&c->log, SW_LOG_ERROR, "nats: connection closed for good (%s)",
                 c->no_reconnect ? "the server is lost and reconnects are off"
@@ -170,8 +178,11 @@ swt_on_closed(natsConnection *nc, void *arg)
     swt_set_state(c, SW_CONN_CLOSED);
     pthread_mutex_lock(&c->cb_mu);
     c->cb_closed = 1;
+    abandoned = c->abandoned; /* the close gave up while this ran */
     pthread_cond_broadcast(&c->cb_cv);
     pthread_mutex_unlock(&c->cb_mu);
+    if (abandoned)
+        swt_conn_release(c);
 }
 
 static void
@@ -437,14 +448,17 @@ sw_conn_close(sw_conn *c)
             /* nats.c runs every connection's callbacks on one thread, and
              * one of them (ours or another connection's) is slow: ours are
              * still queued behind it. They would run on freed memory, and
-             * tell the application after this call returned: the struct is
-             * kept (a leak, once), and they do nothing. */
+             * tell the application after this call returned: they do
+             * nothing, and this call's reference goes with the last of
+             * them (the closed callback) instead of now. */
+            swt_conn_hold(c); /* for the lines below: the callback may come now */
             __atomic_store_n(&c->abandoned, 1, __ATOMIC_RELEASE);
             pthread_mutex_unlock(&c->cb_mu);
             swi_log(&c->log, SW_LOG_WARN,
                     "nats: the connection's closed callback did not come within 5 s (a slow "
-                    "callback ahead of it): its memory is kept for it");
+                    "callback ahead of it): its memory is kept until it comes");
             swt_set_state(c, SW_CONN_CLOSED); /* (what that callback would have said) */
+            swt_conn_release(c);
             return;
         }
         pthread_mutex_unlock(&c->cb_mu);

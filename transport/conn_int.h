@@ -14,8 +14,9 @@ struct sw_conn {
     natsOptions *opts;
     swi_logger log;
     int closing;         /* sw_conn_close started: the disconnect is expected */
-    int abandoned;       /* sw_conn_close gave up waiting for nats.c's closed callback: the
-                            struct is kept (never freed) and late callbacks do nothing */
+    int abandoned;       /* sw_conn_close gave up waiting for nats.c's closed callback (cb_mu):
+                            late callbacks do nothing, and the closed one drops the close's
+                            reference */
     int64_t max_payload; /* cached; refreshed on (re)connect (atomic access) */
     /* nats.c calls the connection callbacks on its own thread, possibly after
      * natsConnection_Close returned; the closed callback is the last one, so

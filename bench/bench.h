@@ -412,6 +412,9 @@ extern double g_goal_long64_rng[2], g_goal_long1k_rng[2], g_goal_short64_rng[2],
  * its mode with the lower sum */
 extern double g_goal_cpu64_sw, g_goal_cpu64_raw;
 extern double g_goal_cli; /* the CLI end to end, sw / raw at its best */
+/* "" or the raw mode whose every rep lost items: raw's best is then not
+ * known, and the CLI goal is not called met */
+extern const char *g_goal_cli_raw_failed;
 extern double g_goal_p99_raw, g_goal_p99_sw, g_goal_p99_seg;
 extern double g_goal_p99_lib;     /* p99 of streamwire's own time per item (bench/stages.c) */
 extern double g_goal_p99_own_gap; /* the p99 gap that own time makes on raw's samples */

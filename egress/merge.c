@@ -30,11 +30,11 @@ struct sw_merge {
     sw_merge_part *parts;
     sw_merge_item **items; /* per part */
     swm_item **taken;      /* per part: the queued items behind items[] (freed on next call) */
-    char reason[257], message[1025]; /* (as a stream's terminal carries them) */
+    char reason[SWE_REASON_MAX], message[SWE_WMSG_MAX]; /* (as a stream's terminal carries them) */
     uint64_t frames;
-    int eof;              /* the terminal was handed out */
-    long incomplete;      /* the first stream that ended incomplete, or -1 */
-    char inc_reason[257]; /* its reason */
+    int eof;                         /* the terminal was handed out */
+    long incomplete;                 /* the first stream that ended incomplete, or -1 */
+    char inc_reason[SWE_REASON_MAX]; /* its reason */
 };
 
 void

@@ -22,15 +22,7 @@ swe_defer_dispatch(sw_stream *s)
     int queued = 0;
     swe_stream_ref(s);
     pthread_mutex_lock(&r->mu);
-    if (r->no_defer) {
-        /* sw_router_destroy has run its last deferred dispatches, and the
-         * ticker is stopped: an open that raced it delivers here. */
-        pthread_mutex_unlock(&r->mu);
-        swe_dispatch(s);
-        swe_stream_unref(s);
-        return;
-    }
-    if (r->deferred.n == r->deferred.cap) {
+    if (!r->no_defer && r->deferred.n == r->deferred.cap) {
         size_t ncap = r->deferred.cap ? r->deferred.cap * 2 : 16;
         void **nv = realloc(r->deferred.v, ncap * sizeof(*nv));
         if (nv != NULL) {
@@ -38,7 +30,7 @@ swe_defer_dispatch(sw_stream *s)
             r->deferred.cap = ncap;
         }
     }
-    if (r->deferred.n < r->deferred.cap) {
+    if (!r->no_defer && r->deferred.n < r->deferred.cap) {
         r->deferred.v[r->deferred.n++] = s;
         queued = 1;
     }
@@ -47,8 +39,10 @@ swe_defer_dispatch(sw_stream *s)
         swi_ticker_kick(&r->ticker);
         return;
     }
-    /* No memory to defer it: dispatch here, inside sw_router_open (the one
-     * case in which an item callback runs before open returns). */
+    /* No memory to defer it, or no ticker any more (sw_router_destroy has
+     * run its last deferred dispatches: an open that raced it): dispatch
+     * here, inside sw_router_open (the one case in which an item callback
+     * runs before open returns). */
     swe_dispatch(s);
     swe_stream_unref(s);
 }

@@ -482,20 +482,22 @@ static void
 sleepy_disconnected(natsConnection *nc, void *arg)
 {
     (void)nc;
-    sleep_ms(arg != NULL ? *(const int *)arg : 300);
+    sleep_ms(*(const int *)arg);
 }
 
 /* Every call the application gets from the connection (state changes and
  * log lines): none may come once sw_conn_close has returned. This makes the
- * test able to fail without ASan too (it used to assert nothing). */
-static atomic_int close_cb_calls;
+ * test able to fail without ASan too (it used to assert nothing). A close
+ * reports no RECONNECTING either (streamwire.h: "the server is lost"). */
+static atomic_int close_cb_calls, close_saw_reconnecting;
 
 static void
 close_on_state(sw_conn *conn, sw_conn_state st, void *arg)
 {
     (void)conn;
-    (void)st;
     (void)arg;
+    if (st == SW_CONN_RECONNECTING)
+        atomic_fetch_add(&close_saw_reconnecting, 1);
     atomic_fetch_add(&close_cb_calls, 1);
 }
 
@@ -508,19 +510,26 @@ close_on_log(void *arg, sw_log_level lvl, const char *msg)
     atomic_fetch_add(&close_cb_calls, 1);
 }
 
-static void
-conn_close_no_callback_after_free(void **state)
+/* Closes a connection of its own while another connection's disconnected
+ * callback holds nats.c's shared callback thread for *hold_ms, then waits
+ * late_ms for callbacks that come after the close returned. Returns the
+ * application's calls in all; *at_close: those made before the return. */
+static int
+close_behind_a_slow_callback(const int *hold_ms, long late_ms, int *at_close)
 {
     natsOptions *no = NULL;
     natsConnection *blocker = NULL;
     sw_conn_opts co;
     sw_conn *c = NULL;
-    int at_close;
-    (void)state;
+    int64_t t0;
+    int total;
 
+    atomic_store(&close_cb_calls, 0);
+    atomic_store(&close_saw_reconnecting, 0);
     assert_int_equal(natsOptions_Create(&no), NATS_OK);
     assert_int_equal(natsOptions_SetURL(no, g_nats.url), NATS_OK);
-    assert_int_equal(natsOptions_SetDisconnectedCB(no, sleepy_disconnected, NULL), NATS_OK);
+    assert_int_equal(natsOptions_SetDisconnectedCB(no, sleepy_disconnected, (void *)hold_ms),
+                     NATS_OK);
     assert_int_equal(natsConnection_Connect(&blocker, no), NATS_OK);
     sw_conn_opts_init(&co);
     co.url = g_nats.url;
@@ -528,67 +537,45 @@ conn_close_no_callback_after_free(void **state)
     co.on_state = close_on_state;
     co.log = close_on_log;
     assert_int_equal(sw_conn_open(&c, &co), SW_OK);
-    natsConnection_Close(blocker); /* the async-callback thread sleeps 300 ms */
-    sw_conn_close(c);              /* its callbacks queue behind; c is freed */
-    at_close = atomic_load(&close_cb_calls);
-    assert_true(at_close >= 1); /* the CLOSED state, at least, came before the return */
-    sleep_ms((long)T(600));     /* ...anything late would run now */
-    assert_int_equal(atomic_load(&close_cb_calls), at_close);
+    natsConnection_Close(blocker); /* the shared callback thread sleeps */
+    t0 = now_ms();
+    sw_conn_close(c); /* its callbacks queue behind */
+    print_message("    sw_conn_close returned after %lld ms\n", (long long)(now_ms() - t0));
+    *at_close = atomic_load(&close_cb_calls);
+    sleep_ms(late_ms); /* ...anything late would run now */
+    total = atomic_load(&close_cb_calls);
     natsConnection_Destroy(blocker);
     natsOptions_Destroy(no);
+    return total;
+}
+
+static void
+conn_close_no_callback_after_free(void **state)
+{
+    static const int hold_ms = 300;
+    int at_close, total;
+    (void)state;
+    total = close_behind_a_slow_callback(&hold_ms, (long)T(600), &at_close);
+    assert_int_equal(total, at_close);
+    assert_true(at_close >= 1); /* the CLOSED state, at least, came before the return */
+    assert_int_equal(atomic_load(&close_saw_reconnecting), 0);
 }
 
 /* The same with the shared callback thread held past sw_conn_close's 5 s
- * wait for its closed callback: the close returns without it, and the
- * callbacks that run later find the connection's memory (kept) and tell
- * the application nothing. Before, the connection was freed under them
- * (ASan: use after free), and a deliberate close reported RECONNECTING
- * first (streamwire.h: "the server is lost"). */
-static atomic_int close_saw_reconnecting;
-
-static void
-close_on_state_no_reconnecting(sw_conn *conn, sw_conn_state st, void *arg)
-{
-    if (st == SW_CONN_RECONNECTING)
-        atomic_fetch_add(&close_saw_reconnecting, 1);
-    close_on_state(conn, st, arg);
-}
-
+ * wait for its closed callback: the close returns without it (reporting
+ * CLOSED itself), and the callbacks that run later find the connection's
+ * memory (kept until the closed one) and tell the application nothing.
+ * Before, the connection was freed under them (ASan: use after free), and
+ * a deliberate close reported RECONNECTING first. */
 static void
 conn_close_outwaited_by_a_slow_callback(void **state)
 {
     static const int hold_ms = 6000;
-    natsOptions *no = NULL;
-    natsConnection *blocker = NULL;
-    sw_conn_opts co;
-    sw_conn *c = NULL;
-    int at_close;
-    int64_t t0;
+    int at_close, total;
     (void)state;
-
-    atomic_store(&close_cb_calls, 0);
-    atomic_store(&close_saw_reconnecting, 0);
-    assert_int_equal(natsOptions_Create(&no), NATS_OK);
-    assert_int_equal(natsOptions_SetURL(no, g_nats.url), NATS_OK);
-    assert_int_equal(natsOptions_SetDisconnectedCB(no, sleepy_disconnected, (void *)&hold_ms),
-                     NATS_OK);
-    assert_int_equal(natsConnection_Connect(&blocker, no), NATS_OK);
-    sw_conn_opts_init(&co);
-    co.url = g_nats.url;
-    co.name = "itest-close-slow";
-    co.on_state = close_on_state_no_reconnecting;
-    co.log = close_on_log;
-    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
-    natsConnection_Close(blocker); /* the shared callback thread sleeps 6 s */
-    t0 = now_ms();
-    sw_conn_close(c); /* gives up on its closed callback after 5 s */
-    print_message("    sw_conn_close returned after %lld ms\n", (long long)(now_ms() - t0));
-    at_close = atomic_load(&close_cb_calls);
-    sleep_ms(1500); /* the late callbacks run now */
-    assert_int_equal(atomic_load(&close_cb_calls), at_close);
+    total = close_behind_a_slow_callback(&hold_ms, 1500, &at_close);
+    assert_int_equal(total, at_close);
     assert_int_equal(atomic_load(&close_saw_reconnecting), 0);
-    natsConnection_Destroy(blocker);
-    natsOptions_Destroy(no);
 }
 
 /* Waits until n items are queued for s's consumer (they reached the

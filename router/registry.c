@@ -8,17 +8,20 @@
  * Threads: the registry's ticker (common/sched.h; swr_reg_tick when the
  * next keep-alive, lease or forgetting falls due, every REG_TICK_MS while
  * the store or the connection is down, and at once when kicked) does the
- * keep-alive writes, expires entries whose lease ran out, and delivers
- * watch events in order.
+ * keep-alive writes, expires entries whose lease ran out, and tells the
+ * watchers of changes, in order: a change is marked on its view entry
+ * (`dirty`) and told from there, with no allocation, so none is lost for
+ * lack of memory; a new watcher's snapshot (sw_registry_watch, on its
+ * caller's thread) is the one queue of allocated events.
  * The backend's watch callback (swr_reg_on_entry) runs on a backend thread (KV)
  * or on the writer's thread (memory backend: synchronously inside put/del,
  * possibly of another handle, which may hold that handle's wmu); it only
- * updates the view and queues events.
+ * updates the view and marks what changed.
  *
  * Locks, in this order (a thread holding one never takes an earlier one):
  *   wmu  serialises every write of our own entries (register, keep-alive,
  *        draining, deregister); held across the backend put/del.
- *   mu   the view, our own entries, the watchers and the event queue; never
+ *   mu   the view, our own entries, the watchers and the snapshot queue; never
  *        held across a backend call.
  * Then the backend's own lock (registry_mem.c: its bucket lock, taken
  * inside put/del/list, under wmu but never under mu).
@@ -191,8 +194,11 @@ sw_registry_close(sw_registry *reg)
         reg->nh = n->next;
         free(n);
     }
-    for (size_t i = 0; i < reg->nview; i++)
+    for (size_t i = 0; i < reg->nview; i++) {
+        if (reg->view[i].told != reg->view[i].info)
+            swp_free(reg->view[i].told);
         swp_free(reg->view[i].info);
+    }
     free(reg->view);
     free(reg->tomb);
     free(reg->own);
@@ -402,10 +408,37 @@ sw_registry_list(sw_registry *reg, const char *endpoint, sw_instance **out, size
     return SW_OK;
 }
 
+/* Appends an event for the watchers in [lo, hi) with a copy of info;
+ * 0 on no memory. */
+static int
+watch_queue(reg_event **head, reg_event **tail, sw_registry_event ev, const swp_instance *info,
+            uint64_t rev, int64_t age_ms, int lo, int hi)
+{
+    reg_event *e = malloc(sizeof(*e));
+    if (e == NULL || (e->info = swr_reg_info_copy(info)) == NULL) {
+        free(e);
+        return 0;
+    }
+    e->next = NULL;
+    e->lo = lo;
+    e->hi = hi;
+    e->ev = ev;
+    e->rev = rev;
+    e->age_ms = age_ms;
+    if (*tail != NULL)
+        (*tail)->next = e;
+    else
+        *head = e;
+    *tail = e;
+    return 1;
+}
+
 sw_err
 sw_registry_watch(sw_registry *reg, sw_registry_watch_fn fn, void *arg, int *id)
 {
     int64_t now = swi_now_ms();
+    reg_event *head = NULL, *tail = NULL;
+    int me, ok = 1;
     if (reg == NULL || fn == NULL)
         return SW_EINVAL;
     pthread_mutex_lock(&reg->mu);
@@ -419,16 +452,57 @@ sw_registry_watch(sw_registry *reg, sw_registry_watch_fn fn, void *arg, int *id)
         reg->w = nv;
         reg->capw = ncap;
     }
+    me = reg->next_id;
+    /* First the changes not yet told, for the watchers there are (the
+     * ticker's steps, registry_lease.c), so that every watcher then knows
+     * the view as it is; then the new one's snapshot of it: the live
+     * instances, as sw_registry_list has them. All or nothing. */
+    for (size_t i = 0; ok && reg->nw > 0 && i < reg->nview; i++) {
+        const reg_view *v = &reg->view[i];
+        const swp_instance *want = v->live ? v->info : NULL, *told = v->told;
+        if (!v->dirty)
+            continue;
+        if (told != NULL && (want == NULL || v->lapsed)) {
+            ok = watch_queue(&head, &tail, SW_REGISTRY_REMOVED, told, v->told_rev, now - v->seen_ms,
+                             1, me);
+            told = NULL;
+        }
+        if (ok && told == NULL && want != NULL)
+            ok = watch_queue(&head, &tail, SW_REGISTRY_ADDED, want, v->rev, 0, 1, me);
+        else if (ok && told != NULL && want != NULL && told->draining != want->draining)
+            ok = watch_queue(&head, &tail, SW_REGISTRY_UPDATED, want, v->rev, 0, 1, me);
+    }
+    for (size_t i = 0; ok && i < reg->nview; i++)
+        if (reg->view[i].live)
+            ok = watch_queue(&head, &tail, SW_REGISTRY_ADDED, reg->view[i].info, reg->view[i].rev,
+                             now - reg->view[i].seen_ms, me, me + 1);
+    if (!ok) {
+        while (head != NULL) {
+            reg_event *e = head;
+            head = e->next;
+            swp_free(e->info);
+            free(e);
+        }
+        pthread_mutex_unlock(&reg->mu);
+        return SW_ENOMEM;
+    }
+    for (size_t i = reg->nview; i-- > 0;) /* (backwards: a settled entry may be dropped) */
+        if (reg->view[i].dirty)
+            swr_reg_settle(reg, &reg->view[i]);
     reg->w[reg->nw].id = reg->next_id++;
     reg->w[reg->nw].fn = fn;
     reg->w[reg->nw].arg = arg;
     if (id != NULL)
-        *id = reg->w[reg->nw].id;
+        *id = me;
     reg->nw++;
-    for (size_t i = 0; i < reg->nview; i++)
-        if (reg->view[i].live)
-            swr_reg_queue(reg, reg->w[reg->nw - 1].id, SW_REGISTRY_ADDED, reg->view[i].info,
-                          reg->view[i].rev, now - reg->view[i].seen_ms);
+    if (head != NULL) {
+        if (reg->et != NULL)
+            reg->et->next = head;
+        else
+            reg->eh = head;
+        reg->et = tail;
+        swi_ticker_kick(&reg->ticker);
+    }
     pthread_mutex_unlock(&reg->mu);
     return SW_OK;
 }

@@ -26,6 +26,18 @@ typedef struct reg_view {
     int64_t seen_ms;  /* monotonic time this revision counts from */
     int64_t grace_ms; /* its lease does not lapse before this (the store came back) */
     int live;
+    /* What the watchers were told (mu): `told` is the info they last heard
+     * of as live (NULL: absent), with its revision; it may be `info` or an
+     * older one kept for them. A change sets `dirty` and the ticker tells
+     * it (swr_reg_tick): telling needs no memory, so no change is lost
+     * for lack of it. `lapsed`: the entry stopped being live since it was
+     * told (REMOVED is owed even if it is live again). `gone`: deleted
+     * from the store, kept only until its REMOVED is told. Every watcher
+     * knows the same: a new one is given the changes not yet told along
+     * with the others, then the view (sw_registry_watch). */
+    swp_instance *told;
+    uint64_t told_rev;
+    int dirty, lapsed, gone;
     /* A dead report of ours was refused (the entry looked refreshed, or
      * our view was behind the store): written when its lease lapses here. */
     int report_pending;
@@ -57,11 +69,13 @@ typedef struct reg_own {
     uint64_t generation;  /* +1 each time it registers again after a removal */
 } reg_own;
 
+/* What sw_registry_watch queues, all or nothing, on its caller's thread:
+ * the changes not yet told, for the watchers there were, then the new
+ * watcher's ADDED snapshot of the view. Changes after it are told to every
+ * watcher from the view (reg_view's `told`). */
 typedef struct reg_event {
     struct reg_event *next;
-    int target; /* watcher id, 0 = every watcher (then only those with an id
-                   below `below`: the watchers there were when it was queued) */
-    int below;
+    int lo, hi; /* for the watchers with an id in [lo, hi) */
     sw_registry_event ev;
     swp_instance *info; /* owned copy */
     uint64_t rev;
@@ -111,9 +125,12 @@ struct sw_registry {
     reg_watcher *w;
     size_t nw, capw;
     int next_id;
-    int dispatching;      /* watcher id whose callback runs now */
-    unsigned lost_events; /* events not queued for lack of memory, not yet logged */
-    reg_event *eh, *et;
+    int dispatching; /* watcher id whose callback runs now */
+    unsigned ndirty; /* view entries with a change not yet told (mu) */
+    /* The info a callback is being given right now (mu): not freed while
+     * it runs, whatever the view does meanwhile (swr_reg_info_drop). */
+    swp_instance *delivering;
+    reg_event *eh, *et;     /* snapshots for new watchers */
     reg_note *nh, *nt;      /* log lines for the ticker to write (mu) */
     unsigned nnotes;        /* queued */
     unsigned notes_dropped; /* not queued (REG_NOTES_MAX, or no memory), not yet logged */
@@ -140,11 +157,22 @@ const char *swr_registry_bucket(const sw_registry *reg); /* for router/metrics.c
 /* registry_view.c: the view of the store, fed by the backend's list and
  * watch */
 swp_instance *swr_reg_info_copy(const swp_instance *in);
-void swr_reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_instance *info,
-                   uint64_t rev, int64_t age_ms);                             /* mu held */
+/* Marks v changed, for the ticker to tell the watchers (mu held). */
+void swr_reg_dirty(sw_registry *reg, reg_view *v);
+/* Frees p unless v (NULL: none) or a running callback still holds it (mu
+ * held). */
+void swr_reg_info_drop(sw_registry *reg, const reg_view *v, swp_instance *p);
+/* Takes v's state as told (mu held): sw_registry_watch has queued the
+ * steps for the watchers. A deleted entry (gone) is then dropped. */
+void swr_reg_settle(sw_registry *reg, reg_view *v);
+/* v stops being live (lease, delete, dead report): REMOVED is owed if it
+ * was told (mu held). */
+void swr_reg_view_lapse(sw_registry *reg, reg_view *v);
 reg_view *swr_reg_view_find_key(sw_registry *reg, const char *key);           /* mu held */
 reg_view *swr_reg_view_find_instance(sw_registry *reg, const char *instance); /* mu held */
-void swr_reg_view_remove(sw_registry *reg, reg_view *v);                      /* mu held */
+/* Drops v from the view; one whose REMOVED is still owed is kept, as
+ * `gone`, until the ticker has told it (mu held). */
+void swr_reg_view_remove(sw_registry *reg, reg_view *v); /* mu held */
 /* Drops a dead entry the store may still hold (its worker died unreported:
  * no delete, the value stays until the bucket's max age), remembering its
  * revision as a delete's, so the value delivered again (a watch made again

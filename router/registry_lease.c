@@ -1,8 +1,8 @@
 /* router/registry_lease.c -- the registry's ticker (common/sched.h):
  * keep-alive writes of our own entries, expiry of entries whose lease ran
  * out (held while the store itself does not answer), refused dead reports
- * written once their entry lapses, and watch events delivered in order
- * with no lock held. Locks: registry.c. */
+ * written once their entry lapses, and watchers told of changes in order
+ * with no lock held (reg_tell). Locks: registry.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,6 +195,110 @@ reg_rest_ms(const sw_registry *reg, int64_t now, int64_t up)
     return next - now > REG_TICK_MS ? (unsigned)(next - now) : 0;
 }
 
+/* Calls the watchers whose id is in [lo, hi), in the order of their ids,
+ * with ev for info (mu held; dropped around each call). One removed
+ * meanwhile is skipped (sw_registry_unwatch); nothing here allocates. */
+static void
+reg_deliver(sw_registry *reg, int lo, int hi, sw_registry_event ev, const swp_instance *info,
+            uint64_t rev, int64_t age_ms)
+{
+    sw_instance inst;
+    int last = lo - 1;
+    inst.instance_id = info->instance_id;
+    inst.endpoint = info->endpoint;
+    inst.request_subject = info->request_subject;
+    inst.control_subject = info->control_subject;
+    inst.host = info->host;
+    inst.pid = info->pid;
+    inst.started_unix_ms = (int64_t)info->started_unix_ms;
+    inst.lease_ms = info->lease_ms;
+    inst.revision = rev;
+    inst.age_ms = age_ms;
+    inst.draining = info->draining;
+    for (;;) {
+        reg_watcher w = {0, NULL, NULL};
+        for (size_t j = 0; j < reg->nw; j++)
+            if (reg->w[j].id > last && reg->w[j].id < hi && (w.fn == NULL || reg->w[j].id < w.id))
+                w = reg->w[j];
+        if (w.fn == NULL)
+            return;
+        last = w.id;
+        reg->dispatching = w.id;
+        pthread_mutex_unlock(&reg->mu);
+        w.fn(w.arg, ev, &inst);
+        pthread_mutex_lock(&reg->mu);
+        reg->dispatching = 0;
+        pthread_cond_broadcast(&reg->cv);
+    }
+}
+
+/* Tells the watchers one step of a changed entry (mu held): what they
+ * were told (`told`) is brought one step towards what the entry is --
+ * REMOVED if it stopped being live since (even if live again), then ADDED,
+ * or UPDATED when only its draining flag differs. The entry is clean once
+ * they match; a deleted one (gone) is then dropped. The watchers there are
+ * now are called, none added later: their snapshot has the step. */
+static void
+reg_tell(sw_registry *reg, int64_t now)
+{
+    reg_view *v = NULL;
+    swp_instance *want, *what = NULL, *old = NULL;
+    sw_registry_event ev = SW_REGISTRY_ADDED;
+    uint64_t rev = 0;
+    int64_t age = 0;
+    int hi = reg->next_id;
+    char key[REG_KEY_MAX];
+
+    for (size_t i = 0; i < reg->nview && v == NULL; i++)
+        if (reg->view[i].dirty)
+            v = &reg->view[i];
+    if (v == NULL) { /* (not reached: ndirty counts the dirty entries) */
+        reg->ndirty = 0;
+        return;
+    }
+    want = v->live ? v->info : NULL;
+    if (v->told != NULL && (want == NULL || v->lapsed)) {
+        ev = SW_REGISTRY_REMOVED;
+        what = v->told;
+        rev = v->told_rev;
+        age = now - v->seen_ms;
+        v->told = NULL;
+    } else if (v->told == NULL && want != NULL) {
+        what = want;
+        rev = v->rev;
+        v->told = want;
+        v->told_rev = v->rev;
+    } else if (v->told != NULL && want != NULL) {
+        old = v->told;
+        if (old->draining != want->draining) {
+            ev = SW_REGISTRY_UPDATED;
+            what = want;
+            rev = v->rev;
+        }
+        v->told = want;
+        v->told_rev = v->rev;
+    }
+    if (v->told == NULL)
+        v->lapsed = 0;
+    reg->delivering = what; /* kept, whatever the view does during the calls */
+    snprintf(key, sizeof(key), "%s", v->key);
+    if (v->told == want && !v->lapsed) {
+        v->dirty = 0;
+        reg->ndirty--;
+        if (v->gone)
+            swr_reg_view_remove(reg, v); /* (told is NULL: not live) */
+        else
+            swr_reg_info_drop(reg, v, old);
+    } else {
+        swr_reg_info_drop(reg, v, old);
+    }
+    if (what == NULL)
+        return;
+    reg_deliver(reg, 1, hi, ev, what, rev, age);
+    reg->delivering = NULL;
+    swr_reg_info_drop(reg, swr_reg_view_find_key(reg, key), what);
+}
+
 /* One tick on the registry's ticker (every REG_TICK_MS, or after a rest,
  * and at once when kicked): does everything that is due, one piece at a
  * time, then returns. */
@@ -215,17 +319,6 @@ swr_reg_tick(void *arg, int64_t now0)
         int need_ping;
         int64_t up;
         char late_reason[96];
-
-        /* Log lines noted under the lock, written without it. */
-        if (reg->lost_events > 0) {
-            unsigned lost = reg->lost_events;
-            reg->lost_events = 0;
-            pthread_mutex_unlock(&reg->mu);
-            swi_log(&reg->log, SW_LOG_ERROR,
-                    "registry: out of memory queueing events: %u watch event(s) lost", lost);
-            pthread_mutex_lock(&reg->mu);
-            continue;
-        }
 
         /* Log lines the backend's callback queued (swr_reg_note). */
         if (reg->nh != NULL || reg->notes_dropped > 0) {
@@ -250,52 +343,21 @@ swr_reg_tick(void *arg, int64_t now0)
             continue;
         }
 
-        /* Events, in order, one at a time, no lock held during callbacks. */
+        /* Watchers' news, one at a time, no lock held during callbacks: a
+         * new watcher's snapshot first (its ADDED come before any change),
+         * then every change not yet told. */
         if (reg->eh != NULL) {
             reg_event *e = reg->eh;
-            reg_watcher *snap;
-            size_t nsnap = reg->nw;
             reg->eh = e->next;
             if (reg->eh == NULL)
                 reg->et = NULL;
-            /* Call the watchers as they were when the event was taken; one
-             * removed meanwhile is skipped (sw_registry_unwatch), and one
-             * added after the event was queued is not called: its ADDED
-             * snapshot already has the change (ADDED first, registry.h). */
-            snap = malloc((nsnap ? nsnap : 1) * sizeof(*snap));
-            for (size_t i = 0; snap != NULL && i < nsnap; i++)
-                snap[i] = reg->w[i];
-            for (size_t i = 0; snap != NULL && i < nsnap; i++) {
-                reg_watcher w = snap[i];
-                sw_instance inst;
-                int present = 0;
-                if (e->target != 0 ? e->target != w.id : w.id >= e->below)
-                    continue;
-                for (size_t j = 0; j < reg->nw; j++)
-                    present |= reg->w[j].id == w.id;
-                if (!present)
-                    continue;
-                inst.instance_id = e->info->instance_id;
-                inst.endpoint = e->info->endpoint;
-                inst.request_subject = e->info->request_subject;
-                inst.control_subject = e->info->control_subject;
-                inst.host = e->info->host;
-                inst.pid = e->info->pid;
-                inst.started_unix_ms = (int64_t)e->info->started_unix_ms;
-                inst.lease_ms = e->info->lease_ms;
-                inst.revision = e->rev;
-                inst.age_ms = e->age_ms;
-                inst.draining = e->info->draining;
-                reg->dispatching = w.id;
-                pthread_mutex_unlock(&reg->mu);
-                w.fn(w.arg, e->ev, &inst);
-                pthread_mutex_lock(&reg->mu);
-                reg->dispatching = 0;
-                pthread_cond_broadcast(&reg->cv);
-            }
-            free(snap);
+            reg_deliver(reg, e->lo, e->hi, e->ev, e->info, e->rev, e->age_ms);
             swp_free(e->info);
             free(e);
+            continue;
+        }
+        if (reg->ndirty > 0) {
+            reg_tell(reg, now);
             continue;
         }
 
@@ -331,14 +393,14 @@ swr_reg_tick(void *arg, int64_t now0)
                 }
             }
             if (v->live && now - v->seen_ms >= lease) {
-                v->live = 0;
                 snprintf(expired, sizeof(expired), "%s", v->info->instance_id);
                 if (v->report_pending) {
                     v->report_pending = 0;
                     snprintf(late_reason, sizeof(late_reason), "%s", v->report_reason);
                 }
-                swr_reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
-            } else if (!v->live && now - v->seen_ms >= REG_FORGET_LEASES * lease) {
+                swr_reg_view_lapse(reg, v);
+            } else if (!v->live && v->told == NULL &&
+                       now - v->seen_ms >= REG_FORGET_LEASES * lease) {
                 /* The store's max age drops such entries without a delete
                  * event: forget them too, or the view only grows; their
                  * revision is kept as a delete's, while the store may

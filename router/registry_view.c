@@ -2,8 +2,9 @@
  * the backend's list and watch report (swr_reg_on_entry, on a backend
  * thread or on a writer's thread), judged by revision, opened when sealed,
  * checked against its key; a removal of one of our own live entries is
- * answered by registering again; watch events are queued here and
- * delivered by the ticker (registry_lease.c). Locks: registry.c. */
+ * answered by registering again; a change is marked on its entry here
+ * (swr_reg_dirty) and told to the watchers by the ticker
+ * (registry_lease.c). Locks: registry.c. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,32 +24,52 @@ swr_reg_info_copy(const swp_instance *in)
     return out;
 }
 
-/* Queues an event (reg->mu held). */
 void
-swr_reg_queue(sw_registry *reg, int target, sw_registry_event ev, const swp_instance *info,
-              uint64_t rev, int64_t age_ms)
+swr_reg_dirty(sw_registry *reg, reg_view *v)
 {
-    reg_event *e;
-    if (reg->nw == 0 && target == 0)
-        return;
-    if ((e = calloc(1, sizeof(*e))) == NULL || (e->info = swr_reg_info_copy(info)) == NULL) {
-        free(e);
-        /* Logged by swr_reg_tick, without the lock. */
-        reg->lost_events++;
-        swi_ticker_kick(&reg->ticker);
-        return;
+    if (!v->dirty) {
+        v->dirty = 1;
+        reg->ndirty++;
     }
-    e->target = target;
-    e->below = reg->next_id; /* a watcher added later has its ADDED snapshot from after this */
-    e->ev = ev;
-    e->rev = rev;
-    e->age_ms = age_ms;
-    if (reg->et)
-        reg->et->next = e;
-    else
-        reg->eh = e;
-    reg->et = e;
     swi_ticker_kick(&reg->ticker);
+}
+
+void
+swr_reg_info_drop(sw_registry *reg, const reg_view *v, swp_instance *p)
+{
+    if (p == NULL || p == reg->delivering || (v != NULL && (p == v->info || p == v->told)))
+        return;
+    swp_free(p);
+}
+
+void
+swr_reg_settle(sw_registry *reg, reg_view *v)
+{
+    swp_instance *old = v->told, *info = v->info;
+    v->told = v->live ? v->info : NULL;
+    v->told_rev = v->rev;
+    v->lapsed = 0;
+    if (v->dirty) {
+        v->dirty = 0;
+        reg->ndirty--;
+    }
+    if (v->gone && v->told == NULL) {
+        swr_reg_view_remove(reg, v); /* (drops info) */
+        if (old != info)
+            swr_reg_info_drop(reg, NULL, old);
+    } else {
+        swr_reg_info_drop(reg, v, old);
+    }
+}
+
+void
+swr_reg_view_lapse(sw_registry *reg, reg_view *v)
+{
+    if (!v->live)
+        return;
+    v->live = 0;
+    v->lapsed = 1;
+    swr_reg_dirty(reg, v);
 }
 
 reg_view *
@@ -64,7 +85,7 @@ reg_view *
 swr_reg_view_find_instance(sw_registry *reg, const char *instance)
 {
     for (size_t i = 0; i < reg->nview; i++)
-        if (strcmp(reg->view[i].info->instance_id, instance) == 0)
+        if (!reg->view[i].gone && strcmp(reg->view[i].info->instance_id, instance) == 0)
             return &reg->view[i];
     return NULL;
 }
@@ -164,8 +185,16 @@ tomb_note(sw_registry *reg, const char *key, uint64_t rev, int64_t now)
 void
 swr_reg_view_remove(sw_registry *reg, reg_view *v)
 {
-    swp_free(v->info);
+    swp_instance *info = v->info;
+    if (v->told != NULL) {
+        v->gone = 1; /* the ticker removes it once REMOVED is told */
+        swr_reg_dirty(reg, v);
+        return;
+    }
+    if (v->dirty)
+        reg->ndirty--;
     *v = reg->view[--reg->nview];
+    swr_reg_info_drop(reg, NULL, info);
 }
 
 void
@@ -340,19 +369,25 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     if (deleted || info->dead) {
         if (!deleted)
             reg->st.dead_reports_received++; /* mu held */
-        if (v != NULL && v->live)
-            swr_reg_queue(reg, 0, SW_REGISTRY_REMOVED, v->info, v->rev, now - v->seen_ms);
+        if (v != NULL)
+            swr_reg_view_lapse(reg, v);
         if (deleted) {
-            if (v != NULL)
+            if (v != NULL) {
+                /* Kept (gone) while its REMOVED is owed: older values of
+                 * the key are refused by this revision meanwhile. */
+                v->rev = e->revision;
                 swr_reg_view_remove(reg, v);
+            }
             tomb_note(reg, e->key, e->revision, now);
         } else if ((v = view_get_or_add(reg, e->key)) != NULL) {
-            swp_free(v->info);
+            swp_instance *old = v->info;
             v->info = info;
             info = NULL;
+            swr_reg_info_drop(reg, v, old); /* kept if the watchers' told one */
             v->rev = e->revision;
             v->seen_ms = now;
             v->live = 0;
+            v->gone = 0;
             swr_reg_due(reg, now + REG_FORGET_LEASES * swr_reg_view_lease(reg, v));
         }
         if (own != NULL) {
@@ -375,26 +410,30 @@ swr_reg_on_entry(void *arg, const sw_registry_entry *e, int deleted)
     }
     {
         int was_live = v->live;
-        int drain_changed = v->info != NULL && v->info->draining != info->draining;
+        swp_instance *old = v->info;
         /* Judged only by when this process saw the revision, on its own
          * monotonic clock: no other clock (the store's created_unix_ms, the
          * worker's refreshed_unix_ms) is compared with ours, so a router
          * whose clock disagrees still sees live workers. A first sight
          * counts as seen now: an entry abandoned before this process
          * started is live for at most one lease. */
-        swp_free(v->info);
         v->info = info;
         info = NULL;
         v->rev = e->revision;
         v->seen_ms = now;
         v->live = 1;
+        v->gone = 0;
         /* Its lease may be shorter than the ticker's rest (a new entry, or
          * one whose worker now announces a shorter lease). */
         swr_reg_due(reg, now + swr_reg_view_lease(reg, v));
-        if (!was_live)
-            swr_reg_queue(reg, 0, SW_REGISTRY_ADDED, v->info, v->rev, 0);
-        else if (drain_changed)
-            swr_reg_queue(reg, 0, SW_REGISTRY_UPDATED, v->info, v->rev, 0);
+        if (was_live && !v->dirty && v->told == old && old->draining == v->info->draining) {
+            /* A refresh, nothing to tell: the watchers' info is this one. */
+            v->told = v->info;
+            v->told_rev = v->rev;
+        } else {
+            swr_reg_dirty(reg, v); /* ADDED, UPDATED (draining), or owed already */
+        }
+        swr_reg_info_drop(reg, v, old);
     }
     pthread_mutex_unlock(&reg->mu);
 }

@@ -225,7 +225,14 @@ SW_API sw_err sw_registry_list(sw_registry *reg, const char *endpoint, sw_instan
 SW_API void sw_instances_free(sw_instance *v, size_t n);
 
 /* Adds a watcher. Current live instances are reported as ADDED first.
- * Returns a watcher id (> 0) in *id for sw_registry_unwatch. */
+ * Returns a watcher id (> 0) in *id for sw_registry_unwatch; SW_ENOMEM,
+ * with no watcher added, when there is no memory for that snapshot.
+ * Afterwards no change is lost, even while the registry's thread can
+ * allocate nothing: telling a watcher needs no memory. For one instance
+ * the events come in order (ADDED, then UPDATED or REMOVED); steps undone
+ * before they were told may be skipped (an instance that came and went
+ * within a tick may not be reported at all), so a watcher sees each
+ * instance's state, not every step of it. */
 SW_API sw_err sw_registry_watch(sw_registry *reg, sw_registry_watch_fn fn, void *arg, int *id);
 /* Removes a watcher; when it returns, the callback is not running and will
  * not be called again. Must not be called from the callback. */

@@ -133,6 +133,129 @@ registry_refresh_without_memory(void **state)
     sw_registry_close(reg);
 }
 
+/* Watch events, recorded without allocating (the callback runs on the
+ * registry's ticker, which may be failing its allocations). */
+typedef struct evrec {
+    pthread_mutex_t mu;
+    int n;
+    sw_registry_event ev[16];
+    char id[16][SW_MAX_TOKEN + 1];
+} evrec;
+static void
+evrec_on(void *arg, sw_registry_event ev, const sw_instance *inst)
+{
+    evrec *r = arg;
+    pthread_mutex_lock(&r->mu);
+    if (r->n < 16) {
+        r->ev[r->n] = ev;
+        snprintf(r->id[r->n], sizeof(r->id[0]), "%s", inst->instance_id);
+        r->n++;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+static int
+evrec_n(evrec *r)
+{
+    int n;
+    pthread_mutex_lock(&r->mu);
+    n = r->n;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+static sw_registry *
+memory_registry(void)
+{
+    sw_registry *reg = NULL;
+    sw_registry_opts o;
+    sw_registry_opts_init(&o);
+    o.backend = "memory";
+    o.lease_ms = 1500;
+    o.refresh_ms = 100;
+    o.log = NULL;
+    assert_int_equal(sw_registry_open(&reg, NULL, &o), SW_OK);
+    return reg;
+}
+
+/* A watcher is told of every change even while the registry's ticker,
+ * which delivers the news, can allocate nothing: an instance that comes
+ * and one that goes. The ticker used to copy its watcher list for each
+ * event (a malloc) and drop the event when that failed, and the change
+ * was then never told: a router's pool never routed to the instance, or
+ * routed to a dead one for good. */
+static void
+registry_watch_news_without_memory(void **state)
+{
+    sw_registry *reg = memory_registry();
+    sw_registration r = {"oom-2", "ns.oom.gen", "sw.req.ns.oom.gen.oom-2", "sw.ctl.oom-2"};
+    evrec rec;
+    int id = 0;
+    (void)state;
+    memset(&rec, 0, sizeof(rec));
+    pthread_mutex_init(&rec.mu, NULL);
+    assert_int_equal(sw_registry_watch(reg, evrec_on, &rec, &id), SW_OK);
+    __atomic_store_n(&g_failed, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_fail_others, 1, __ATOMIC_RELAXED);
+    assert_int_equal(sw_registry_register(reg, &r), SW_OK); /* (on this thread: memory backend) */
+    for (int i = 0; i < 200 && evrec_n(&rec) < 1; i++)
+        swh_sleep_ms(10);
+    __atomic_store_n(&g_fail_others, 0, __ATOMIC_RELAXED);
+    swh_sleep_ms(200);
+    assert_int_equal(evrec_n(&rec), 1);
+    assert_int_equal(rec.ev[0], SW_REGISTRY_ADDED);
+    assert_string_equal(rec.id[0], "oom-2");
+    __atomic_store_n(&g_fail_others, 1, __ATOMIC_RELAXED);
+    assert_int_equal(sw_registry_deregister(reg, "oom-2"), SW_OK);
+    for (int i = 0; i < 200 && evrec_n(&rec) < 2; i++)
+        swh_sleep_ms(10);
+    __atomic_store_n(&g_fail_others, 0, __ATOMIC_RELAXED);
+    print_message("failed allocations on other threads: %lu\n",
+                  __atomic_load_n(&g_failed, __ATOMIC_RELAXED));
+    swh_sleep_ms(200);
+    assert_int_equal(evrec_n(&rec), 2);
+    assert_int_equal(rec.ev[1], SW_REGISTRY_REMOVED);
+    assert_string_equal(rec.id[1], "oom-2");
+    sw_registry_unwatch(reg, id);
+    sw_registry_close(reg);
+    pthread_mutex_destroy(&rec.mu);
+}
+
+/* sw_registry_watch without memory for its snapshot says so (SW_ENOMEM)
+ * and adds no watcher; it used to add one that was never told of the
+ * live instances. With memory back, a watch gets its snapshot. */
+static void
+registry_watch_snapshot_without_memory(void **state)
+{
+    sw_registry *reg = memory_registry();
+    sw_registration r = {"oom-3", "ns.oom.gen", "sw.req.ns.oom.gen.oom-3", "sw.ctl.oom-3"};
+    evrec lost, got;
+    int id = 0;
+    (void)state;
+    memset(&lost, 0, sizeof(lost));
+    memset(&got, 0, sizeof(got));
+    pthread_mutex_init(&lost.mu, NULL);
+    pthread_mutex_init(&got.mu, NULL);
+    assert_int_equal(sw_registry_register(reg, &r), SW_OK);
+    __atomic_store_n(&g_fail_main_malloc, 1, __ATOMIC_RELAXED);
+    assert_int_equal(sw_registry_watch(reg, evrec_on, &lost, &id), SW_ENOMEM);
+    __atomic_store_n(&g_fail_main_malloc, 0, __ATOMIC_RELAXED);
+    assert_int_equal(sw_registry_watch(reg, evrec_on, &got, &id), SW_OK);
+    for (int i = 0; i < 200 && evrec_n(&got) < 1; i++)
+        swh_sleep_ms(10);
+    assert_int_equal(sw_registry_deregister(reg, "oom-3"), SW_OK);
+    for (int i = 0; i < 200 && evrec_n(&got) < 2; i++)
+        swh_sleep_ms(10);
+    swh_sleep_ms(100);
+    assert_int_equal(evrec_n(&got), 2);
+    assert_int_equal(got.ev[0], SW_REGISTRY_ADDED);
+    assert_int_equal(got.ev[1], SW_REGISTRY_REMOVED);
+    assert_string_equal(got.id[0], "oom-3");
+    assert_int_equal(evrec_n(&lost), 0); /* no watcher was added */
+    sw_registry_unwatch(reg, id);
+    sw_registry_close(reg);
+    pthread_mutex_destroy(&lost.mu);
+    pthread_mutex_destroy(&got.mu);
+}
+
 typedef struct consumer {
     sw_stream *s;
     int done;
@@ -637,6 +760,8 @@ main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(registry_refresh_without_memory),
+        cmocka_unit_test(registry_watch_news_without_memory),
+        cmocka_unit_test(registry_watch_snapshot_without_memory),
         cmocka_unit_test(router_destroy_without_memory),
         cmocka_unit_test(handler_return_without_memory),
         cmocka_unit_test(drain_without_memory),

@@ -320,11 +320,17 @@ void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
 int swe_stream_no_responders(sw_stream *s, const uint8_t *id, int may_move, const char *msg);
 /* The timer's look at one stream. */
 void swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet);
-/* 1 if the next item s hands its consumer is a terminal other than
- * completed or incomplete (nothing queued before it): sw_merge looks, so
+/* A terminal other than completed or incomplete that s decided and has not
+ * handed its consumer yet (ready: past final_linger_ms): sw_merge looks, so
  * that a stream that failed ends the merged result without the merge
- * reading any stream's data ahead of need. */
-int swe_stream_fails_next(sw_stream *s);
+ * reading any stream's data ahead of need. 0: none; 1: it is the next item
+ * (nothing queued before it); 2: data is queued before it. On 1 and 2, *t
+ * is a copy whose reason and message are copied into reason and message
+ * (the stream's own change if it is cancelled: a terminal queued behind
+ * data becomes CANCELLED, swe_rx_cancel); its instances stay valid while s
+ * is open. Takes s->mu. */
+int swe_stream_queued_failure(sw_stream *s, sw_terminal *t, char *reason, size_t reason_cap,
+                              char *message, size_t message_cap);
 void swe_dispatch(sw_stream *s);
 /* Ends s as sw_router_destroy ends every open stream: error "closed", a
  * terminal held back by final_linger_ms released, delivered now (no lock

@@ -331,6 +331,7 @@ sw_merge_next(sw_merge *m, const sw_merge_frame **frame, int64_t timeout_ms)
         size_t need = 0;
         uint64_t ref = 0;
         int st, r;
+        char f_reason[SWE_REASON_MAX], f_message[SWE_WMSG_MAX];
         if (m->done) { /* the terminal, once */
             m->eof = 1;
             *frame = &m->frame;
@@ -365,13 +366,24 @@ sw_merge_next(sw_merge *m, const sw_merge_frame **frame, int64_t timeout_ms)
         if ((r = pull(m, need)) != 0)
             continue; /* an item, an end, or the merged terminal */
         /* Nothing yet from the stream it needs: a stream it does not need
-         * now whose next item is its failure ends the merged result now
-         * (only that terminal is taken: no stream is read ahead). Before,
-         * it waited for the needed stream, for ever if that one only beat. */
-        for (size_t i = 0; i < m->n; i++)
-            if (i != need && !m->core.lanes[i].ended && swe_stream_fails_next(m->streams[i]) &&
-                pull(m, i) != 0)
-                break;
+         * now that has failed ends the merged result now, with that
+         * stream's terminal and no stream read ahead: taken if it is the
+         * stream's next item, else (items the merge has not read are
+         * queued before it) copied, before merge_end's cancel replaces it.
+         * Before, it waited for the needed stream, for ever if that one
+         * only beat. */
+        for (size_t i = 0; i < m->n && !m->done; i++) {
+            sw_terminal t;
+            int q;
+            if (i == need || m->core.lanes[i].ended)
+                continue;
+            q = swe_stream_queued_failure(m->streams[i], &t, f_reason, sizeof(f_reason), f_message,
+                                          sizeof(f_message));
+            if (q == 1)
+                (void)pull(m, i);
+            else if (q == 2)
+                merge_end(m, &t, (long)i);
+        }
         if (m->done)
             continue;
         /* nothing yet from the stream it needs: wait for a wake-up (and look

@@ -517,14 +517,26 @@ sw_stream_instance_id(const sw_stream *s)
 }
 
 int
-swe_stream_fails_next(sw_stream *s)
+swe_stream_queued_failure(sw_stream *s, sw_terminal *t, char *reason, size_t reason_cap,
+                          char *message, size_t message_cap)
 {
-    int fails;
+    int r = 0;
     pthread_mutex_lock(&s->mu);
-    fails = s->rx.qh == NULL && s->rx.term_state == SWE_TERM_QUEUED &&
-            s->rx.term.status != SW_STATUS_COMPLETED && s->rx.term.status != SW_STATUS_INCOMPLETE;
+    /* decided, not delivered, past final_linger_ms (what sw_stream_next would hand out,
+     * once the items before it are taken) */
+    if (s->rx.term_state == SWE_TERM_QUEUED && swi_now_ms() >= s->rx.term_ready_ms &&
+        s->rx.term.status != SW_STATUS_COMPLETED && s->rx.term.status != SW_STATUS_INCOMPLETE) {
+        *t = s->rx.term;
+        t->migrations = (unsigned)s->rx.st.migrations;
+        t->instances = swe_instances(s);
+        swi_textlcpy(reason, s->rx.term.reason ? s->rx.term.reason : "", reason_cap);
+        swi_textlcpy(message, s->rx.term.message ? s->rx.term.message : "", message_cap);
+        t->reason = reason;
+        t->message = message;
+        r = s->rx.qh == NULL ? 1 : 2;
+    }
     pthread_mutex_unlock(&s->mu);
-    return fails;
+    return r;
 }
 
 void

@@ -256,6 +256,38 @@ test_failure_seen_while_waiting_for_another(void **state)
     sw_merge_destroy(m);
 }
 
+/* The same, for a stream that fails after it sent an item: the merge has
+ * not read that item (it waits for the silent stream's first), so the
+ * failure is queued behind unread data. It still ends the merged result at
+ * once, with that stream's own terminal, and the silent stream is
+ * cancelled. Before, the merge noticed a failure only with nothing queued
+ * before it, and waited for the silent stream (no terminal within 1 s; with
+ * a deadline, the silent stream's deadline_exceeded and the wrong
+ * failed_stream). */
+static void
+test_failure_behind_items_seen_while_waiting(void **state)
+{
+    const char *p[2] = {"1 10 0 -1 1", "10 100 0 1 0"}; /* hangs; 10:d10, then fails */
+    const sw_merge_frame *f = NULL;
+    sw_merge *m;
+    int64_t t0;
+    (void)state;
+    reset_cancelled();
+    m = merge_of(p, 2, 0);
+    t0 = swh_now_ms();
+    assert_int_equal(sw_merge_next(m, &f, T(1000)), SW_OK);
+    print_message("    merged terminal after %lld ms\n", (long long)(swh_now_ms() - t0));
+    assert_int_equal(f->kind, SW_MERGE_TERMINAL);
+    assert_int_equal(f->terminal.status, SW_STATUS_FAILED);
+    assert_string_equal(f->terminal.reason, "detector_error");
+    assert_string_equal(f->terminal.message, "the detector broke");
+    assert_int_equal(f->failed_stream, 1);
+    assert_int_equal(f->frames, 0);
+    assert_int_equal(sw_merge_next(m, &f, 0), SW_EEOF);
+    assert_int_equal(wait_cancelled(1), 1); /* the silent one */
+    sw_merge_destroy(m);
+}
+
 /* A stream that ends INCOMPLETE (max_tokens) early does not end the
  * merge (merge.h: only a terminal other than completed or incomplete
  * does, and cancels the others): the frames go on with the other stream
@@ -489,6 +521,7 @@ main(void)
         cmocka_unit_test(test_empty_and_slow),
         cmocka_unit_test(test_failing_stream_cancels_the_others),
         cmocka_unit_test(test_failure_seen_while_waiting_for_another),
+        cmocka_unit_test(test_failure_behind_items_seen_while_waiting),
         cmocka_unit_test(test_incomplete_stream_does_not_end_the_merge),
         cmocka_unit_test(test_silent_stream_ends_at_its_deadline),
         cmocka_unit_test(test_far_index_is_bounded),

@@ -68,25 +68,46 @@ swm_core_end(swm_core *c, size_t lane)
     c->lanes[lane].ended = 1;
 }
 
+/* The lane's first item past the last frame's reference (the first of all
+ * before the first frame), or NULL: the items before it went back. */
+static const swm_item *
+lane_lead(const swm_core *c, const swm_lane *l)
+{
+    const swm_item *it = l->head;
+    if (c->framed)
+        while (it != NULL && it->index <= c->reference)
+            it = it->next;
+    return it;
+}
+
 int
 swm_core_step(const swm_core *c, size_t *need, uint64_t *reference)
 {
     uint64_t ref = 0;
-    int any = 0;
-    /* 1. every lane that goes on has a head */
+    int any = 0, queued = 0;
+    /* 1. every lane that goes on has an item past the last reference (its
+     * lead); the reference is the largest lead */
     for (size_t i = 0; i < c->n; i++) {
         const swm_lane *l = &c->lanes[i];
-        if (l->head == NULL && !l->ended) {
+        const swm_item *lead = lane_lead(c, l);
+        if (lead == NULL && !l->ended) {
             *need = i;
             return SWM_NEED;
         }
-        if (l->head != NULL && (!any || l->head->index > ref)) {
-            ref = l->head->index;
+        if (lead != NULL && (!any || lead->index > ref)) {
+            ref = lead->index;
             any = 1;
         }
+        if (l->head != NULL)
+            queued = 1;
     }
-    if (!any)
-        return SWM_DONE; /* every lane ended, nothing queued */
+    if (!any) {
+        if (!queued)
+            return SWM_DONE; /* every lane ended, nothing queued */
+        /* every lane ended with items that went back: the last of them */
+        *reference = c->reference;
+        return SWM_FRAME;
+    }
     /* 2. every lane that goes on has reached the reference */
     for (size_t i = 0; i < c->n; i++) {
         const swm_lane *l = &c->lanes[i];
@@ -113,6 +134,9 @@ swm_core_take(swm_core *c, size_t lane, uint64_t reference, size_t *n)
     swm_lane *l = &c->lanes[lane];
     swm_item *first = l->head, *last = NULL, *it = l->head;
     *n = 0;
+    if (!c->framed || reference > c->reference)
+        c->reference = reference;
+    c->framed = 1;
     while (it != NULL && it->index <= reference) {
         c->bytes -= it->size;
         last = it;

@@ -28,7 +28,9 @@ typedef struct swm_lane {
 typedef struct swm_core {
     swm_lane *lanes;
     size_t n, cap;
-    size_t bytes; /* the queued items' allocations, all lanes */
+    size_t bytes;       /* the queued items' allocations, all lanes */
+    uint64_t reference; /* the last frame's (the largest swm_core_take was given) */
+    int framed;         /* swm_core_take was called: reference is set */
 } swm_core;
 
 /* A new queued item: data copied, event copied ("" for NULL). NULL without memory. */
@@ -46,11 +48,15 @@ void swm_core_end(swm_core *c, size_t lane);
 enum { SWM_NEED = 1, SWM_FRAME = 2, SWM_DONE = 3 };
 /* What comes next: SWM_NEED (lane *need must get an item, or end),
  * SWM_FRAME (a frame up to *reference can be taken), SWM_DONE (every lane
- * ended and nothing is queued). */
+ * ended and nothing is queued). An item at or below the last frame's
+ * reference (an overlapping chunk that went back, read after the frame that
+ * took the item before it) is already covered: it sets no reference and
+ * goes with the next frame. References never decrease: once every lane
+ * ended, such items left over go in a frame at the last reference. */
 int swm_core_step(const swm_core *c, size_t *need, uint64_t *reference);
 /* Takes lane's items at the front whose index is <= reference: returns the
  * first (a list by next; the caller frees each) and their count in *n;
- * c->bytes no longer counts them. */
+ * c->bytes no longer counts them; reference is the last frame's from now. */
 swm_item *swm_core_take(swm_core *c, size_t lane, uint64_t reference, size_t *n);
 /* Frees every queued item and the lanes. */
 void swm_core_fini(swm_core *c);

@@ -6,8 +6,9 @@
  * `start_index`). sw_merge reads the N streams and returns merged frames in
  * order, each holding every stream's items up to one reference index:
  *
- *   1. wait until every stream that has not ended has at least one item;
- *   2. the reference is the largest processed_index at the heads;
+ *   1. wait until every stream that has not ended has an item past the
+ *      last frame's reference (at first: any item);
+ *   2. the reference is the largest processed_index among those items;
  *   3. wait until every stream has an item at or past the reference (or
  *      has ended), then take from each stream its items up to and including
  *      the reference; an item past it stays queued for the next frame;
@@ -24,11 +25,16 @@
  * incomplete, the merged result ends with that stream's terminal and the
  * other streams are cancelled. Exactly one terminal, as for every stream.
  *
- * Items whose indices go backwards within a stream (overlapping chunks that
- * end earlier than an earlier chunk) are taken in stream order: a frame
- * takes a stream's queued items from the front while their index is at or
- * below the reference, so such an item travels with the first frame whose
- * reference reaches the item before it. docs/MERGE.md has the details.
+ * References never decrease. Items whose indices go backwards within a
+ * stream (overlapping chunks that end earlier than an earlier chunk) are
+ * taken in stream order: a frame takes a stream's queued items from the
+ * front while their index is at or below the reference. Such an item
+ * travels with the item before it if the merge had read it when it made
+ * that frame (it reads a stream only as far as a frame needs); otherwise it
+ * comes with the next frame. It sets no reference of its own (it is covered
+ * already): the next frame waits for its stream's next item past the last
+ * reference as usual, or, once every stream ended, is a last frame at the
+ * same reference as the one before. docs/MERGE.md has the details.
  *
  * Threads: one consumer calls sw_merge_next; sw_merge_add before the first
  * sw_merge_next. The streams' on_ready hooks (set by sw_merge_request_opts)
@@ -102,7 +108,8 @@ typedef enum sw_merge_kind { SW_MERGE_FRAME = 1, SW_MERGE_TERMINAL = 2 } sw_merg
 
 typedef struct sw_merge_frame {
     sw_merge_kind kind;
-    uint64_t reference;         /* FRAME: the processed_index every part is complete up to */
+    uint64_t reference;         /* FRAME: the processed_index every part is complete up to;
+                                   never below the frame before's */
     const sw_merge_part *parts; /* FRAME: one per stream, in stream order */
     size_t nparts;
     sw_terminal terminal; /* TERMINAL: completed when every stream completed; else the first

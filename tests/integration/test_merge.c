@@ -407,6 +407,33 @@ test_overlapping_and_ranges(void **state)
     sw_merge_destroy(m);
 }
 
+/* Overlapping chunks where nothing makes the merge read stream 0 past 0-10
+ * before the first frame (the other stream is at 10 too): 5-8 comes with the
+ * next frame, whose reference stays 10. Before, that frame's reference was
+ * 8, below the first one's (a consumer that cuts its text at the reference,
+ * as cmd/fanout.c does, went back). */
+static void
+test_overlapping_item_after_its_frame(void **state)
+{
+    const char *p[2] = {"raw:0-10:da|5-8:db|", "raw:0-10:dz|"};
+    sw_merge *m = merge_of(p, 2, 0);
+    result r;
+    (void)state;
+    read_all(m, &r);
+    for (size_t i = 1; i < r.nframes; i++)
+        assert_true(r.refs[i] >= r.refs[i - 1]); /* references never decrease */
+    assert_int_equal(r.nframes, 2);
+    assert_int_equal(r.refs[0], 10);
+    assert_int_equal(r.counts[0][0], 1); /* 0-10 */
+    assert_int_equal(r.counts[0][1], 1);
+    assert_int_equal(r.refs[1], 10);
+    assert_int_equal(r.counts[1][0], 1); /* 5-8 */
+    assert_int_equal(r.counts[1][1], 0);
+    assert_int_equal(r.term.terminal.status, SW_STATUS_COMPLETED);
+    assert_int_equal(r.term.frames, 2);
+    sw_merge_destroy(m);
+}
+
 static void
 test_bad_header_is_decode_error(void **state)
 {
@@ -526,6 +553,7 @@ main(void)
         cmocka_unit_test(test_silent_stream_ends_at_its_deadline),
         cmocka_unit_test(test_far_index_is_bounded),
         cmocka_unit_test(test_overlapping_and_ranges),
+        cmocka_unit_test(test_overlapping_item_after_its_frame),
         cmocka_unit_test(test_bad_header_is_decode_error),
         cmocka_unit_test(test_api_errors),
     };

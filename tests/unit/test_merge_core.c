@@ -1,9 +1,10 @@
 /* tests/unit/test_merge_core.c -- the pure state machine of sw_merge
  * (egress/merge_core.c), without a server: the design document's example,
  * different chunk sizes, empty and late streams, overlapping chunks, and a
- * randomized run that checks the invariants (every item once, in order;
- * references increasing; nothing past the reference; the reference lane's
- * head always taken). */
+ * randomized run, with indices that go back, that checks the invariants
+ * (every item once, in order; references never decrease, and repeat only
+ * once every lane ended; nothing past the reference; every frame takes an
+ * item, and one at a new reference). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -70,15 +71,17 @@ run(script *sc, frame_log *fl)
             continue;
         }
         assert_int_equal(st, SWM_FRAME);
-        if (fl->nframes > 0)
-            assert_true(ref > fl->ref[fl->nframes - 1] || ref == fl->ref[fl->nframes - 1]);
+        if (fl->nframes > 0) /* references never decrease */
+            assert_true(ref >= fl->ref[fl->nframes - 1]);
         fl->ref[fl->nframes] = ref;
         {
             int took_ref = 0;
+            size_t took = 0;
             for (size_t i = 0; i < sc->lanes; i++) {
                 size_t cnt = 0, before = c.bytes, freed = 0;
                 swm_item *it = swm_core_take(&c, i, ref, &cnt);
                 fl->counts[fl->nframes][i] = cnt;
+                took += cnt;
                 for (swm_item *t = it; t != NULL; t = t->next)
                     freed += t->size;
                 assert_int_equal(c.bytes, before - freed); /* what it holds, exactly */
@@ -92,7 +95,15 @@ run(script *sc, frame_log *fl)
                     it = nx;
                 }
             }
-            assert_true(took_ref); /* progress */
+            assert_true(took > 0); /* progress */
+            if (fl->nframes == 0 || ref > fl->ref[fl->nframes - 1]) {
+                assert_true(took_ref); /* a new reference is an item's index */
+            } else {
+                /* the same reference again: only for items that went back,
+                 * left over once every lane ended */
+                for (size_t i = 0; i < sc->lanes; i++)
+                    assert_true(c.lanes[i].ended);
+            }
         }
         fl->nframes++;
     }
@@ -194,8 +205,8 @@ test_empty_and_short_streams(void **state)
 }
 
 /* Overlapping chunks: a later chunk ending before an earlier one's end
- * travels with the first frame that reaches the item before it (taken in
- * stream order). */
+ * is taken in stream order. Here the other lane's 20 makes the core read
+ * 8 and 20 before the first frame, so 8 travels with 10. */
 static void
 test_overlapping_chunks(void **state)
 {
@@ -208,7 +219,48 @@ test_overlapping_chunks(void **state)
     assert_int_equal(fl.counts[0][0], 3);
 }
 
-/* Random lanes: the invariants hold (checked in run). */
+/* Here nothing makes the core read past 10 before the first frame: 8 is
+ * read after it, already covered by that frame's reference, and comes with
+ * the next frame -- here, once both lanes ended, one at the same reference
+ * 10 (references never decrease). Before, that frame's reference was 8,
+ * below the first one's. */
+static void
+test_overlapping_chunk_after_its_frame(void **state)
+{
+    script sc = {{{10, 8}, {10}}, {2, 1}, {0, 0}, 2};
+    frame_log fl;
+    (void)state;
+    run(&sc, &fl); /* (checks that references never decrease) */
+    assert_int_equal(fl.nframes, 2);
+    assert_int_equal(fl.ref[0], 10);
+    assert_int_equal(fl.counts[0][0], 1);
+    assert_int_equal(fl.counts[0][1], 1);
+    assert_int_equal(fl.ref[1], 10);
+    assert_int_equal(fl.counts[1][0], 1); /* 8 */
+    assert_int_equal(fl.counts[1][1], 0);
+}
+
+/* An item that went back sets no reference of its own: 8, read after the
+ * frame at 10, waits for its lane's next item (20) and goes with that
+ * frame. Before, it made a frame at 8 between those at 10 and 20. */
+static void
+test_overlapping_chunk_goes_with_the_next_frame(void **state)
+{
+    script sc = {{{10, 8, 20}, {10}}, {3, 1}, {0, 0}, 2};
+    frame_log fl;
+    (void)state;
+    run(&sc, &fl);
+    assert_int_equal(fl.nframes, 2);
+    assert_int_equal(fl.ref[0], 10);
+    assert_int_equal(fl.counts[0][0], 1);
+    assert_int_equal(fl.counts[0][1], 1);
+    assert_int_equal(fl.ref[1], 20);
+    assert_int_equal(fl.counts[1][0], 2); /* 8, 20 */
+    assert_int_equal(fl.counts[1][1], 0);
+}
+
+/* Random lanes, some of whose indices go back or repeat (overlapping
+ * chunks): the invariants hold (checked in run). */
 static void
 test_random(void **state)
 {
@@ -223,6 +275,12 @@ test_random(void **state)
             uint64_t at = 0;
             size_t n = (size_t)(rand() % 40);
             for (size_t k = 0; k < n; k++) {
+                if (rand() % 4 == 0) {
+                    /* an overlapping chunk that ends before the last one's end
+                     * (or at it): the index goes back, or repeats */
+                    sc.idx[l][sc.n[l]++] = at - (uint64_t)rand() % (at + 1);
+                    continue;
+                }
                 at += (uint64_t)(rand() % 7); /* steps of 0 (repeats) allowed */
                 sc.idx[l][sc.n[l]++] = at;
             }
@@ -235,9 +293,14 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_design_doc_example),   cmocka_unit_test(test_chunk_sizes),
-        cmocka_unit_test(test_far_reference_queues), cmocka_unit_test(test_empty_and_short_streams),
-        cmocka_unit_test(test_overlapping_chunks),   cmocka_unit_test(test_random),
+        cmocka_unit_test(test_design_doc_example),
+        cmocka_unit_test(test_chunk_sizes),
+        cmocka_unit_test(test_far_reference_queues),
+        cmocka_unit_test(test_empty_and_short_streams),
+        cmocka_unit_test(test_overlapping_chunks),
+        cmocka_unit_test(test_overlapping_chunk_after_its_frame),
+        cmocka_unit_test(test_overlapping_chunk_goes_with_the_next_frame),
+        cmocka_unit_test(test_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,22 +116,24 @@ cli_fanout_run(sw_conn *conn, sw_router *router, const char *endpoint, const cha
         if (f->kind == SW_MERGE_TERMINAL)
             break;
         {
+            /* the text up to the reference, past what earlier frames printed
+             * (references never decrease: merge.h; a repeated one prints none) */
             size_t upto = f->reference < tlen ? (size_t)f->reference : tlen;
             if (json) {
                 printf("{\"frame\":%llu,\"text\":\"", (unsigned long long)f->reference);
-                cli_json_escape(stdout, text + covered, upto > covered ? upto - covered : 0);
+                cli_json_escape(stdout, text + covered, upto - covered);
                 printf("\",\"results\":[");
                 for (size_t i = 0; i < f->nparts; i++)
                     printf("%s%zu", i ? "," : "", f->parts[i].nitems);
                 printf("]}\n");
             } else {
                 printf("frame up to %4llu  \"%.*s\"", (unsigned long long)f->reference,
-                       (int)(upto > covered ? upto - covered : 0), text + covered);
+                       (int)(upto - covered), text + covered);
                 for (size_t i = 0; i < f->nparts; i++)
                     printf("  | d%zu: %zu", i, f->parts[i].nitems);
                 printf("\n");
             }
-            covered = upto > covered ? upto : covered;
+            covered = upto;
         }
     }
     if (json) {

@@ -120,8 +120,10 @@ typedef struct sw_merge_frame {
 
 /* The next frame, or the terminal (once). *frame stays valid until the next
  * call or sw_merge_destroy. SW_OK, SW_ETIMEDOUT (nothing within timeout_ms;
- * < 0 waits forever), SW_EEOF (the terminal was delivered), SW_EINVAL (no
- * stream added), SW_ENOMEM. */
+ * < 0 waits forever), SW_EEOF (the terminal was delivered), SW_EINVAL (NULL,
+ * or no stream added). Running out of memory is not a return value: the
+ * merged result ends (SW_OK, a terminal: error SW_ENOMEM, reason "no_memory";
+ * failed_stream -1, or the stream that could not be read). */
 SW_API sw_err sw_merge_next(sw_merge *m, const sw_merge_frame **frame, int64_t timeout_ms);
 
 /* Cancels streams still open, closes every stream, frees. NULL ok. */

@@ -457,11 +457,17 @@ sw_registry_watch(sw_registry *reg, sw_registry_watch_fn fn, void *arg, int *id)
      * ticker's steps, registry_lease.c), so that every watcher then knows
      * the view as it is; then the new one's snapshot of it: the live
      * instances, as sw_registry_list has them. All or nothing. */
-    for (size_t i = 0; ok && reg->nw > 0 && i < reg->nview; i++) {
-        const reg_view *v = &reg->view[i];
-        const swp_instance *want = v->live ? v->info : NULL, *told = v->told;
-        if (!v->dirty)
-            continue;
+    for (uint64_t last = 0; ok && reg->nw > 0;) { /* (in the order they changed) */
+        const reg_view *v = NULL;
+        const swp_instance *want, *told;
+        for (size_t i = 0; i < reg->nview; i++)
+            if (reg->view[i].dirty > last && (v == NULL || reg->view[i].dirty < v->dirty))
+                v = &reg->view[i];
+        if (v == NULL)
+            break;
+        last = v->dirty;
+        want = v->live ? v->info : NULL;
+        told = v->told;
         if (told != NULL && (want == NULL || v->lapsed)) {
             ok = watch_queue(&head, &tail, SW_REGISTRY_REMOVED, told, v->told_rev, now - v->seen_ms,
                              1, me);

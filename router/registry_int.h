@@ -37,7 +37,8 @@ typedef struct reg_view {
      * with the others, then the view (sw_registry_watch). */
     swp_instance *told;
     uint64_t told_rev;
-    int dirty, lapsed, gone;
+    uint64_t dirty; /* 0: clean; else when it changed (reg->dirty_seq) */
+    int lapsed, gone;
     /* A dead report of ours was refused (the entry looked refreshed, or
      * our view was behind the store): written when its lease lapses here. */
     int report_pending;
@@ -125,8 +126,9 @@ struct sw_registry {
     reg_watcher *w;
     size_t nw, capw;
     int next_id;
-    int dispatching; /* watcher id whose callback runs now */
-    unsigned ndirty; /* view entries with a change not yet told (mu) */
+    int dispatching;    /* watcher id whose callback runs now */
+    unsigned ndirty;    /* view entries with a change not yet told (mu) */
+    uint64_t dirty_seq; /* the last change's number (reg_view.dirty) */
     /* The info a callback is being given right now (mu): not freed while
      * it runs, whatever the view does meanwhile (swr_reg_info_drop). */
     swp_instance *delivering;

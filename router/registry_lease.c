@@ -249,14 +249,22 @@ reg_tell(sw_registry *reg, int64_t now)
     int hi = reg->next_id;
     char key[REG_KEY_MAX];
 
-    for (size_t i = 0; i < reg->nview && v == NULL; i++)
-        if (reg->view[i].dirty)
+    if (reg->nw == 0) {                       /* nobody to tell: every entry settles at once */
+        for (size_t i = reg->nview; i-- > 0;) /* (backwards: a settled entry may be dropped) */
+            if (reg->view[i].dirty)
+                swr_reg_settle(reg, &reg->view[i]);
+        return;
+    }
+    for (size_t i = 0; i < reg->nview; i++) /* the one that changed first */
+        if (reg->view[i].dirty && (v == NULL || reg->view[i].dirty < v->dirty))
             v = &reg->view[i];
     if (v == NULL) { /* (not reached: ndirty counts the dirty entries) */
         reg->ndirty = 0;
         return;
     }
     want = v->live ? v->info : NULL;
+    if (v->told == NULL)
+        v->lapsed = 0;
     if (v->told != NULL && (want == NULL || v->lapsed)) {
         ev = SW_REGISTRY_REMOVED;
         what = v->told;

@@ -28,7 +28,7 @@ void
 swr_reg_dirty(sw_registry *reg, reg_view *v)
 {
     if (!v->dirty) {
-        v->dirty = 1;
+        v->dirty = ++reg->dirty_seq; /* told in the order they changed */
         reg->ndirty++;
     }
     swi_ticker_kick(&reg->ticker);
@@ -68,7 +68,8 @@ swr_reg_view_lapse(sw_registry *reg, reg_view *v)
     if (!v->live)
         return;
     v->live = 0;
-    v->lapsed = 1;
+    if (v->told != NULL)
+        v->lapsed = 1; /* (never told: nothing to take back) */
     swr_reg_dirty(reg, v);
 }
 

@@ -3435,6 +3435,45 @@ new_watcher_skips_queued_events(void **state)
     assert_int_equal(b->bad, 0);
 }
 
+/* An instance reported dead and registered again before the watchers
+ * were told of it at all is one ADDED, not ADDED, REMOVED, ADDED: the
+ * REMOVED of a live instance made the router's pool take it out and
+ * probe it (review of 49cbb73, which marked such an entry as owing a
+ * REMOVED it was never told the ADDED of). The watcher's first callback is
+ * slow, so the changes wait behind it. */
+static void
+lapse_before_told_is_not_removed(void **state)
+{
+    fx *f = *state;
+    sw_registry *wreg = fx_reg(f, 0, 0, 0);
+    sw_registry *rreg = fx_reg(f, 1, 0, 0);
+    evlog *a = &f->log[0];
+
+    fx_worker(f, 0, EP1);
+    fx_worker(f, 1, EP1);
+    assert_int_equal(sw_registry_register(wreg, &f->rg[0]), SW_OK);
+    assert_true(wait_listed(rreg, fx_id(f, 0), 1, T(2000)));
+    pthread_mutex_lock(&a->mu);
+    a->cb_sleep_ms = (int)T(800);
+    pthread_mutex_unlock(&a->mu);
+    assert_int_equal(sw_registry_watch(rreg, on_event, a, NULL), SW_OK);
+    assert_true(evlog_wait(a, SW_REGISTRY_ADDED, fx_id(f, 0), 0, T(2000)) >= 0);
+    /* The ticker is inside that callback: instance 1 comes, is reported
+     * dead, and registers again (its worker sees the tombstone). */
+    assert_int_equal(sw_registry_register(wreg, &f->rg[1]), SW_OK);
+    assert_true(wait_listed(rreg, fx_id(f, 1), 1, T(2000)));
+    assert_int_equal(sw_registry_report_dead(rreg, fx_id(f, 1), 0, "test"), SW_OK);
+    assert_true(wait_listed(rreg, fx_id(f, 1), 1, T(2000)));
+    pthread_mutex_lock(&a->mu);
+    a->cb_sleep_ms = 0;
+    pthread_mutex_unlock(&a->mu);
+    assert_true(evlog_wait(a, SW_REGISTRY_ADDED, fx_id(f, 1), 0, T(3000)) >= 0);
+    swh_sleep_ms(T(300));
+    assert_int_equal(evlog_count(a, SW_REGISTRY_REMOVED, fx_id(f, 1), 0), 0);
+    assert_int_equal(evlog_count(a, SW_REGISTRY_ADDED, fx_id(f, 1), 0), 1);
+    assert_int_equal(a->bad, 0);
+}
+
 /* A watch that keeps the registry's callback where the test can call it:
  * to deliver an old value again, as a KV watch made again after a gap or a
  * reconnect does (deliver last per subject). */
@@ -3788,7 +3827,8 @@ report_dead_while_the_store_is_down(void **state)
         RT(refused_report_written_when_lease_lapses, be), RT(blind_watch_reads_the_store, be),     \
         RT(recorded_tombstone_put_back_is_ignored, be), RT(idle_registry_rests, be),               \
         RT(stale_list_after_delete, be), RT(forgotten_entry_replayed_stays_dead, be),              \
-        RT(new_watcher_skips_queued_events, be), RT(pool_seed_not_undone_by_events, be)
+        RT(new_watcher_skips_queued_events, be), RT(lapse_before_told_is_not_removed, be),         \
+        RT(pool_seed_not_undone_by_events, be)
 
 int
 main(int argc, char **argv)

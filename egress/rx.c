@@ -541,9 +541,14 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         }
         return;
     }
-    rx->last_rx_ms = now;
+    /* Only what moves the stream on is a sign of life (last_rx_ms, which
+     * also excuses the instance's unanswered probes): a heartbeat, and an
+     * item with a new seq (below). A duplicate may be a sealed item
+     * recorded on the bus and replayed: it opens, and must not keep a
+     * frozen worker's stream, or its instance, alive. */
     rx->answered = 1;
     if (is_hb) {
+        rx->last_rx_ms = now;
         rx->st.heartbeats++;
         /* Heartbeats follow the items they count on the wire: anything
          * missing up to last_seq was lost. */
@@ -610,6 +615,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             fail = SW_ENOMEM;
             goto fail;
         }
+        rx->last_rx_ms = now;
         rx->in_bytes += q->len;
         rx_accept(rx, q, now, act);
         while (rx->term_state == SWE_TERM_NONE && rx->held > 0) {
@@ -653,6 +659,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             fail = SW_ENOMEM;
             goto fail;
         }
+        rx->last_rx_ms = now;
         rx->in_bytes += (*slot)->len;
         rx->held++;
         if (in->seq > rx->hold_top)

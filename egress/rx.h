@@ -53,7 +53,8 @@
  *     item_after_final instead, even after the final if the terminal has not
  *     been delivered yet; two different finals are item_after_final too;
  *   - a gap not repaired within gap_ms ends it with sequence_gap, silence
- *     (no item or heartbeat) for inactivity_ms with stream_incomplete, the
+ *     (no new item or heartbeat: a duplicate, which a replay on the bus
+ *     can be, is no sign of life) for inactivity_ms with stream_incomplete, the
  *     deadline with deadline_exceeded; silence is judged up to `quiet`, the
  *     time up to which the caller has processed what it received;
  *   - the first terminal decided wins (except item_after_final over an
@@ -282,7 +283,7 @@ typedef struct swe_rx {
     sw_terminal term;
     uint64_t term_seq;
     /* timers */
-    int64_t last_rx_ms;
+    int64_t last_rx_ms; /* the last heartbeat or item with a new seq (never a duplicate) */
     int64_t gap_since_ms;
     int64_t last_resend_ms;
     /* migration */

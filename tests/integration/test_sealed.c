@@ -1072,6 +1072,98 @@ forged_probe_answers_do_not_hide_a_loss(void **state)
     sw_conn_close(fc);
 }
 
+/* A sealed item of a live stream, recorded on the bus and replayed on its
+ * own subject every 100 ms after the worker froze: it opens, and is
+ * dropped as a duplicate of a delivered position, and it is no sign of
+ * life: the router still declares the worker lost by its probes' timeouts.
+ * Every item that opened used to count as the stream's activity, which
+ * also excused the instance's unanswered probes: the stream never ended. */
+static void
+replayed_items_do_not_hide_a_loss(void **state)
+{
+    sw_conn *fc = conn_open(g_key1);
+    const char *argv[] = {"worker",   "--server",
+                          g_nats.url, "--endpoint",
+                          EP,         "--instance-id",
+                          "rw1",      "--tokens",
+                          "100000",   "--token-interval-ms",
+                          "10",       "--registry",
+                          "none",     "--key-file",
+                          g_key1,     "--quiet",
+                          NULL};
+    int wfd = -1;
+    pid_t wpid = swh_spawn(argv, &wfd);
+    sw_router *r = router(fc);
+    static capture rec;
+    natsConnection *nc = raw_conn();
+    natsSubscription *spy = NULL;
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t id[16];
+    sw_stream *s;
+    const sw_item *it = NULL;
+    int64_t t0, took;
+    int sent = 0, ndata = 0, n = 0;
+    sw_stream_stats ss;
+    sw_router_stats rs;
+    (void)state;
+    assert_true(wpid > 0);
+    assert_int_equal(swh_wait_line(wfd, "worker ready", NULL, 0, (int)T(10000)), 0);
+    s = slow_stream(r, "rw1", subj, sizeof(subj), id);
+    memset(&rec, 0, sizeof(rec));
+    pthread_mutex_init(&rec.mu, NULL);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, subj, on_capture, &rec), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    for (int i = 0; i < 5 * 300 * swh_slow() && n < 3; i++) {
+        swh_sleep_ms(10);
+        pthread_mutex_lock(&rec.mu);
+        n = rec.n;
+        pthread_mutex_unlock(&rec.mu);
+    }
+    natsSubscription_Unsubscribe(spy);
+    natsSubscription_Destroy(spy);
+    assert_true(rec.n >= 3);
+    assert_true(swt_env_is_sealed(rec.msgs[0], rec.lens[0]));
+    /* the worker freezes: nothing more from it, its subscriptions stay (so
+     * only probe timeouts can tell); the attacker replays one of its items */
+    swh_kill(wpid, SIGSTOP);
+    t0 = swi_now_ms();
+    for (;;) {
+        sw_err rv;
+        if (swi_now_ms() - t0 >= 100 * (int64_t)sent) {
+            assert_int_equal(natsConnection_Publish(nc, subj, rec.msgs[0], (int)rec.lens[0]),
+                             NATS_OK);
+            sent++;
+        }
+        rv = sw_stream_next(s, &it, 50);
+        if (rv == SW_OK && it->kind == SW_ITEM_TERMINAL)
+            break;
+        assert_true(rv == SW_OK || rv == SW_ETIMEDOUT);
+        ndata += rv == SW_OK;
+        if (swi_now_ms() - t0 > T(10000))
+            fail_msg("no terminal 10 s after the worker froze (%d replays)", sent);
+    }
+    took = swi_now_ms() - t0;
+    sw_stream_stats_get(s, &ss);
+    sw_router_stats_get(r, &rs);
+    print_message("    frozen worker, %d replays: %s after %lld ms (duplicates %llu, data items "
+                  "after the freeze %d)\n",
+                  sent, it->terminal.reason, (long long)took, (unsigned long long)ss.duplicates,
+                  ndata);
+    assert_int_equal(it->terminal.status, SW_STATUS_ERROR);
+    assert_string_equal(it->terminal.reason, "instance_lost");
+    assert_true(took < T(2000));
+    assert_true(ss.duplicates >= 1);       /* the replays opened and reached the stream ... */
+    assert_int_equal(rs.auth_failures, 0); /* ... none was refused by sealing */
+    sw_stream_close(s);
+    swh_kill(wpid, SIGCONT);
+    swh_terminate(wpid, 5000);
+    close(wfd);
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_conn_close(fc);
+    pthread_mutex_destroy(&rec.mu);
+}
+
 /* The registry of a sealed cluster: entries and tombstones are sealed under
  * their key. A sealed router sees sealed workers only; a forged (unsealed)
  * entry is not an instance; a forged tombstone for a live worker evicts
@@ -1351,6 +1443,7 @@ main(void)
         cmocka_unit_test(replayed_heartbeat_batches_refused),
         cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
+        cmocka_unit_test(replayed_items_do_not_hide_a_loss),
         cmocka_unit_test(sealed_registry),
         cmocka_unit_test(taps_see_sealed_bytes),
         cmocka_unit_test(items_at_the_size_limit),

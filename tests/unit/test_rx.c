@@ -1293,6 +1293,39 @@ test_inactivity(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A duplicate is no sign of life: it may be a sealed item recorded on the
+ * bus and replayed after the worker froze (it opens), so only an item with
+ * a new seq (delivered or held) or a heartbeat puts silence off. */
+static void
+test_duplicates_are_no_sign_of_life(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1100);
+    data(&rx, 2, 1200);
+    data(&rx, 1, 2000); /* replays of delivered positions */
+    data(&rx, 2, 2600);
+    assert_int_equal(rx.st.duplicates, 2);
+    assert_int_equal(rx.last_rx_ms, 1200);
+    assert_int_equal(swe_rx_next_due(&rx), 2700);
+    swe_rx_tick(&rx, 2700, 2700, &a);
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_fini(&rx);
+    /* a held item, and a copy of it */
+    start(&rx);
+    data(&rx, 3, 1100);
+    data(&rx, 3, 1400);
+    assert_int_equal(rx.held, 1);
+    assert_int_equal(rx.st.duplicates, 1);
+    assert_int_equal(rx.last_rx_ms, 1100);
+    data(&rx, 1, 1450); /* new: delivered, and the held 3 waits for 2 */
+    assert_int_equal(rx.last_rx_ms, 1450);
+    swe_rx_fini(&rx);
+}
+
 static void
 test_deadline(void **state)
 {
@@ -2695,6 +2728,7 @@ main(void)
         cmocka_unit_test(test_resend_range_clamped),
         cmocka_unit_test(test_heartbeat_resend_span),
         cmocka_unit_test(test_inactivity),
+        cmocka_unit_test(test_duplicates_are_no_sign_of_life),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_next_due_with_gap),
         cmocka_unit_test(test_quiet_bounded),

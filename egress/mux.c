@@ -275,6 +275,10 @@ swe_on_live_probe(const swt_msg *msg, void *arg)
         count_bad(r, &r->st.auth_failures, 1);
         return;
     }
+    if (msg->no_responders) { /* no probe, but a forged status: nothing to answer */
+        count_bad(r, &r->st.bad_messages, 1);
+        return;
+    }
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = r->id;
     if (msg->len > 0) { /* echo the probe's id (a worker judges answers by it) */

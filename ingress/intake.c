@@ -82,6 +82,23 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     sw_err rv;
     int overloaded = 0, dup = 0, refused = 0;
 
+    if (msg->no_responders) {
+        /* Never a request: the server sends this status only to a reply
+         * subject, so this one is forged (an empty message with "Status:
+         * 503"). Not answered at all: its reply subject is the sender's
+         * choice, another router's stream say, and an error final there
+         * (sealed by this worker, or a plain auth_failed) would end that
+         * stream. A sealing connection refused it (auth_failed): counted. */
+        if (msg->auth_failed) {
+            pthread_mutex_lock(&ing->mu);
+            ing->st.auth_failures++;
+            pthread_mutex_unlock(&ing->mu);
+        }
+        swi_log(&ing->log, SW_LOG_WARN,
+                "a \"no responders\" status on %s, where none can come: forged, ignored",
+                ing->req_subj);
+        goto done;
+    }
     if (msg->auth_failed) {
         /* Sealing does not match (a sealed request here without a key, an
          * unsealed one on a sealed worker, or one that did not open): never

@@ -184,6 +184,26 @@ swt_sub_free(swt_sub *sub)
     free(sub);
 }
 
+/* 1 if a "no responders" status may come on subject: a reply subject,
+ * where the server answers a request of ours (a stream's response
+ * subject, the reply subject of a probe or of a liveness probe, an inbox).
+ * A subject that carries requests, controls, workers' probes of a frontend
+ * or heartbeat batches is never one: a status there is forged (it cannot be
+ * sealed, and anyone may publish an empty message with "Status: 503"). */
+static int
+swt_no_responders_fit(const char *subject)
+{
+    switch (swt_subject_kind_of(subject)) {
+    case SWT_SUBJ_REQUEST:
+    case SWT_SUBJ_CONTROL:
+    case SWT_SUBJ_ROUTER:
+    case SWT_SUBJ_BEATS:
+        return 0;
+    default:
+        return 1;
+    }
+}
+
 static void
 swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
 {
@@ -212,7 +232,14 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     pthread_mutex_unlock(&sub->mu);
     if (!sub->plain)
         swt_conn_tap(sub->c, SWT_TAP_RX, m.data, m.len); /* (not dead: c is there) */
-    if (!m.no_responders && !sub->plain) {
+    if (m.no_responders && !sub->plain) {
+        /* Not sealed, by nature: a sealing connection takes it only where
+         * the server can send one, and refuses it elsewhere as anything
+         * unsealed (no_responders stays set: it is no request, no control
+         * and no probe, whatever the handler). */
+        if (sub->c->sealer != NULL && !swt_no_responders_fit(m.subject))
+            m.auth_failed = 1;
+    } else if (!sub->plain) {
         /* Sealed cluster: open before anyone looks; refuse what is not
          * sealed. Unsealed: refuse what is (a sealed peer we cannot read). */
         int sealed = swt_env_is_sealed(m.data, m.len);
@@ -235,11 +262,11 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
         } else if (sub->c->sealer != NULL || sealed) {
             m.auth_failed = 1;
         }
-        if (m.auth_failed) {
-            m.data = NULL;
-            m.len = 0;
-            swt_conn_count_auth_failure(sub->c);
-        }
+    }
+    if (m.auth_failed) {
+        m.data = NULL;
+        m.len = 0;
+        swt_conn_count_auth_failure(sub->c);
     }
     sub->fn(&m, sub->arg);
     /* Last: a failing swt_subscribe waits for in_cb to clear before it

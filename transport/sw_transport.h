@@ -151,9 +151,14 @@ typedef struct swt_msg {
     const char *reply; /* NULL if the sender set none */
     const uint8_t *data;
     size_t len;
-    int no_responders; /* the server's answer to a request of ours: nobody listens */
+    int no_responders; /* the server's answer to a request of ours: nobody listens (or a
+                          message forged to look like one: never sealed, so only as trusted as
+                          the subject it came on) */
     int auth_failed;   /* refused by sealing (data NULL, len 0): it did not open, it was not
-                          sealed on a sealing connection, or it was sealed on one that is not.
+                          sealed on a sealing connection, or it was sealed on one that is not;
+                          also a "no responders" (no_responders still set) that came on a
+                          sealing connection where the server never sends one: a request,
+                          control, router probe or heartbeat batch subject.
                           Already counted in swt_conn_auth_failures. */
     const void *impl;  /* internal (swt_msg_header); NULL in a message made by hand */
 } swt_msg;

@@ -85,6 +85,7 @@ typedef struct engine {
     int delay_ms; /* between items */
     pthread_mutex_t mu;
     int cancelled, served;
+    int start_delay_ms; /* before the first item */
 } engine;
 
 static void
@@ -103,6 +104,8 @@ handler(sw_responder *r, void *arg)
     pthread_mutex_lock(&e->mu);
     e->served++;
     pthread_mutex_unlock(&e->mu);
+    if (e->start_delay_ms > 0)
+        swh_sleep_ms(e->start_delay_ms);
     for (int i = 0; i < n; i++) {
         int k = snprintf(buf, sizeof(buf), "token-%d", i);
         if (i > 0 && e->delay_ms > 0)
@@ -185,7 +188,7 @@ static void
 sealed_cluster_streams(void **state)
 {
     sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
-    engine e = {50, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    engine e = {50, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
     sw_ingress *ing = worker(wc, "sw1", &e);
     sw_router *r = router(fc);
     sw_terminal t;
@@ -397,7 +400,7 @@ mixed_cluster_fails_fast(void **state)
     (void)state;
     for (int k = 0; k < 3; k++) {
         sw_conn *wc = conn_open(keys[k][0]), *fc = conn_open(keys[k][1]);
-        engine e = {20, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+        engine e = {20, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
         sw_ingress *ing = worker(wc, "mix1", &e);
         sw_router *r = router(fc);
         sw_terminal t;
@@ -433,7 +436,7 @@ rolling_key_rotation(void **state)
     for (int w = 0; w < 4; w++) {
         for (int f = 0; f < 4; f++) {
             sw_conn *wc = conn_open2(cur[w], opn[w]), *fc = conn_open2(cur[f], opn[f]);
-            engine e = {20, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+            engine e = {20, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
             sw_ingress *ing = worker(wc, "rot1", &e);
             sw_router *r = router(fc);
             sw_terminal t;
@@ -567,7 +570,7 @@ static void
 replayed_heartbeat_batches_refused(void **state)
 {
     sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
-    engine e = {2, 1500, PTHREAD_MUTEX_INITIALIZER, 0, 0}; /* idle 1.5 s between its 2 items */
+    engine e = {2, 1500, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0}; /* idle 1.5 s between its 2 items */
     sw_ingress *ing = worker(wc, "hb1", &e);
     sw_router_opts ro;
     sw_router *r = NULL;
@@ -640,7 +643,7 @@ static void
 heartbeats_count_with_rare_probes(void **state)
 {
     sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
-    engine e = {2, 1500, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    engine e = {2, 1500, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
     sw_ingress *ing = worker(wc, "hb2", &e);
     sw_router_opts ro;
     sw_router *r = NULL;
@@ -670,7 +673,7 @@ static void
 hostile_peer_against_sealed_cluster(void **state)
 {
     sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
-    engine e = {0, 20, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    engine e = {0, 20, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
     sw_ingress *ing = worker(wc, "hw1", &e);
     sw_router *r = router(fc);
     natsConnection *nc = raw_conn();
@@ -950,6 +953,120 @@ hostile_peer_against_sealed_cluster(void **state)
     sw_ingress_destroy(ing);
     sw_conn_close(fc);
     sw_conn_close(wc);
+}
+
+/* Publishes what looks like the server's "no responders" status: an empty
+ * message with the header "Status: 503", on subj with reply subject reply. */
+static void
+forged_503(natsConnection *nc, const char *subj, const char *reply)
+{
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, subj, reply, NULL, 0), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Status", "503"), NATS_OK);
+    assert_int_equal(natsConnection_PublishMsg(nc, m), NATS_OK);
+    natsMsg_Destroy(m);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+}
+
+/* The worker's auth_failures, once it reaches want (or after 3 s). */
+static uint64_t
+worker_auth_failures(sw_ingress *ing, uint64_t want)
+{
+    sw_ingress_stats is;
+    for (int i = 0; i < 300 * swh_slow(); i++) {
+        sw_ingress_stats_get(ing, &is);
+        if (is.auth_failures >= want)
+            break;
+        swh_sleep_ms(10);
+    }
+    return is.auth_failures;
+}
+
+/* "No responders" is a NATS status, never sealed: anyone may forge one. As
+ * a request to a sealed worker (nr2), with the response subject of another
+ * router's live stream (on nr1) as its reply subject, it was answered with
+ * a final sealed by the worker (the empty body did not decode), which ended
+ * that stream. A sealing connection takes the status only where the server
+ * can send one (reply subjects); on a request subject it is refused and
+ * counted (auth_failed), and never answered: the victim completes with its
+ * items. The same on a control subject, and on a router's probe subject,
+ * where the router answered the forgery with a sealed ProbeReply on the
+ * subject the sender chose. */
+static void
+forged_no_responders_refused(void **state)
+{
+    sw_conn *wc1 = conn_open(g_key1), *wc2 = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e1 = {3, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1500}; /* 1.5 s before its first item */
+    engine e2 = {3, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+    sw_ingress *ing1 = worker(wc1, "nr1", &e1), *ing2 = worker(wc2, "nr2", &e2);
+    sw_router *r = router(fc);
+    natsConnection *nc = raw_conn();
+    natsSubscription *spy = NULL;
+    capture cap;
+    char victim[SWT_SUBJECT_MAX], subj[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
+    sw_stream *s;
+    sw_terminal t;
+    char reason[64];
+    sw_router_stats rs;
+    uint64_t failures;
+    int n;
+    (void)state;
+    memset(&cap, 0, sizeof(cap));
+    pthread_mutex_init(&cap.mu, NULL);
+    s = open_stream(r, "nr1", "n=3");
+    assert_int_equal(
+        swt_subject_response(victim, sizeof(victim), sw_router_id(r), sw_stream_request_id(s)),
+        SW_OK);
+    for (int i = 0; i < 300 * swh_slow(); i++) { /* the victim's handler runs (and waits) */
+        pthread_mutex_lock(&e1.mu);
+        n = e1.served;
+        pthread_mutex_unlock(&e1.mu);
+        if (n == 1)
+            break;
+        swh_sleep_ms(10);
+    }
+    assert_int_equal(n, 1);
+    assert_int_equal(swt_subject_request(subj, sizeof(subj), EP, "nr2"), SW_OK);
+    forged_503(nc, subj, victim);
+    n = drain(s, &t, reason, sizeof(reason));
+    failures = worker_auth_failures(ing2, 1);
+    print_message("    victim on nr1: %d items, %s; nr2 auth_failures %llu\n", n, reason,
+                  (unsigned long long)failures);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_int_equal(n, 3);
+    assert_int_equal(failures, 1);
+    assert_int_equal(e2.served, 0);
+    sw_stream_close(s);
+    /* on the worker's control subject */
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), "nr2"), SW_OK);
+    forged_503(nc, subj, NULL);
+    assert_int_equal(worker_auth_failures(ing2, 2), 2);
+    /* on the router's probe subject, with a worker's probe-answer subject
+     * as the reply: no answer goes there */
+    assert_int_equal(swt_subject_live_reply(reply, sizeof(reply), "nr2", sw_router_id(r)), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, reply, on_capture, &cap), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(swt_subject_router(subj, sizeof(subj), sw_router_id(r)), SW_OK);
+    forged_503(nc, subj, reply);
+    for (int i = 0; i < 300 * swh_slow(); i++) {
+        sw_router_stats_get(r, &rs);
+        if (rs.auth_failures >= 1)
+            break;
+        swh_sleep_ms(10);
+    }
+    swh_sleep_ms(100); /* (an answer would be on its way by now) */
+    natsSubscription_Unsubscribe(spy);
+    natsSubscription_Destroy(spy);
+    assert_int_equal(rs.auth_failures, 1);
+    assert_int_equal(cap.n, 0);
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing1);
+    sw_ingress_destroy(ing2);
+    sw_conn_close(fc);
+    sw_conn_close(wc1);
+    sw_conn_close(wc2);
+    pthread_mutex_destroy(&cap.mu);
 }
 
 /* Forged probe answers (unsealed) and the worker's own earlier answers
@@ -1305,7 +1422,7 @@ static void
 sealed_registry(void **state)
 {
     sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1), *uc = conn_open(NULL);
-    engine e = {5, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    engine e = {5, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
     sw_ingress *ing = worker(wc, "rw1", &e);
     sw_registry_opts ro;
     sw_registry *wreg = NULL, *freg = NULL, *ureg = NULL;
@@ -1440,6 +1557,7 @@ main(void)
         cmocka_unit_test(mixed_cluster_fails_fast),
         cmocka_unit_test(rolling_key_rotation),
         cmocka_unit_test(hostile_peer_against_sealed_cluster),
+        cmocka_unit_test(forged_no_responders_refused),
         cmocka_unit_test(replayed_heartbeat_batches_refused),
         cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),

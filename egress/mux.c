@@ -113,6 +113,22 @@ beat_in(swe_rx_in *in, uint64_t last_seq, int stalled)
     in->stalled = stalled;
 }
 
+/* 1 if a worker's heartbeats with this incarnation and counter count: only
+ * from the incarnation a fresh probe answer named, with a counter above
+ * every one taken. A recorded batch or heartbeat wrapper replayed later
+ * (or one from a worker not answered yet) keeps no stream alive. */
+static int
+beats_take(sw_router *r, const char *instance, uint64_t incarnation, uint64_t counter)
+{
+    int take;
+    pthread_mutex_lock(&r->mu);
+    take = swi_peers_beats_take(&r->peers, instance, incarnation, counter);
+    pthread_mutex_unlock(&r->mu);
+    if (!take)
+        swi_ticker_wake(&r->ticker, SWE_REST_SHORT); /* (a new incarnation is asked at once) */
+    return take;
+}
+
 /* A worker's heartbeats for many of our streams: each beat is handled as
  * the heartbeat wrapper it stands for. */
 #define SWE_BEATS_RUN 64
@@ -128,20 +144,10 @@ on_beats(sw_router *r, const swt_msg *msg)
         swi_log(&r->log, SW_LOG_WARN, "a heartbeat batch did not decode: %s", sw_err_name(rv));
         return;
     }
-    {
-        /* Only from the incarnation a fresh probe answer named, with a
-         * counter above every one taken: a recorded batch replayed later
-         * (or one from a worker not answered yet) keeps no stream alive. */
-        int take;
-        pthread_mutex_lock(&r->mu);
-        take = swi_peers_beats_take(&r->peers, b->instance_id, b->incarnation, b->counter);
-        pthread_mutex_unlock(&r->mu);
-        if (!take) {
-            count_bad(r, &r->st.unknown_stream, b->n_beats);
-            swp_free(b);
-            swi_ticker_wake(&r->ticker, SWE_REST_SHORT); /* (a new incarnation is asked at once) */
-            return;
-        }
+    if (!beats_take(r, b->instance_id, b->incarnation, b->counter)) {
+        count_bad(r, &r->st.unknown_stream, b->n_beats);
+        swp_free(b);
+        return;
     }
     /* In runs: the streams of a run are looked up under one hold of r->mu,
      * and take the run's one clock read. */
@@ -248,9 +254,19 @@ swe_on_msg(const swt_msg *msg, void *arg)
         snprintf(m, sizeof(m), "a stream item did not decode (%s)", sw_err_name(rv));
         swe_stream_fail(s, SW_DECODE_ERROR, m, 1);
     } else if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT) {
-        swe_rx_in in;
-        beat_in(&in, w->heartbeat->last_seq, w->heartbeat->stalled);
-        swe_stream_on_item(s, id, &in);
+        /* (a stalled stream's): sealed under the stream's key, but a copy
+         * recorded on the bus opens as well as the original; it counts as a
+         * batch would, by its worker's incarnation and counter. One without
+         * them comes from a worker built before them (in a sealed cluster
+         * only a key holder can make one), and is taken as it comes. */
+        const swp_heartbeat *h = w->heartbeat;
+        if (h->incarnation == 0 || beats_take(r, swe_instance(s), h->incarnation, h->counter)) {
+            swe_rx_in in;
+            beat_in(&in, h->last_seq, h->stalled);
+            swe_stream_on_item(s, id, &in);
+        } else {
+            count_bad(r, &r->st.unknown_stream, 1);
+        }
     } else {
         /* With a batch: the items the worker had queued behind the first.
          * A final answers a cancel that waits for it, even if the stream

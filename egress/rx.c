@@ -542,10 +542,11 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         return;
     }
     /* Only what moves the stream on is a sign of life (last_rx_ms, which
-     * also excuses the instance's unanswered probes): a heartbeat, and an
-     * item with a new seq (below). A duplicate may be a sealed item
-     * recorded on the bus and replayed: it opens, and must not keep a
-     * frozen worker's stream, or its instance, alive. */
+     * also excuses the instance's unanswered probes): a heartbeat (the
+     * caller feeds only those its worker's counter shows fresh:
+     * egress/mux.c), and an item with a new seq (below). A duplicate may
+     * be a sealed item recorded on the bus and replayed: it opens, and
+     * must not keep a frozen worker's stream, or its instance, alive. */
     rx->answered = 1;
     if (is_hb) {
         rx->last_rx_ms = now;

@@ -267,7 +267,10 @@ beats_free(swn_beats *b)
  * router's own subject (sw.rsp.<router>.<id>) gets it in the tick's batch
  * for that router; any other response subject, and a stream waiting for
  * credit (it says `stalled`, which a batch's beats do not carry), gets a
- * heartbeat wrapper of its own on it. */
+ * heartbeat wrapper of its own on it. The wrapper carries the batches'
+ * replay defence: the incarnation, and the next value of their counter
+ * (the timer thread publishes both kinds, wrappers first, so the counter
+ * grows in the order a router receives them). */
 static void
 resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
 {
@@ -283,7 +286,7 @@ resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
     {
         swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
         swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
-        uint8_t buf[SWP_HDR_MAX + 32];
+        uint8_t buf[SWP_HDR_MAX + 64];
         size_t len;
         w.version = SW_PROTOCOL_VERSION;
         w.request_id.data = r->id;
@@ -292,6 +295,8 @@ resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
         w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
         h.last_seq = r->rg.pub_seq;
         h.stalled = r->starved;
+        h.incarnation = r->ing->incarnation;
+        h.counter = __atomic_add_fetch(&r->ing->beats_counter, 1, __ATOMIC_RELAXED);
         w.heartbeat = &h;
         if (swp_encode(&w, buf, sizeof(buf), &len) == SW_OK) {
             swn_sent d = {0, 0, 0, 1};

@@ -180,9 +180,9 @@ struct sw_ingress {
     atomic_int refs;
     char endpoint[SW_MAX_ENDPOINT + 1];
     char instance_id[SW_MAX_TOKEN + 1];
-    /* Heartbeat batches' replay defence (docs/PROTOCOL.md "Replays"): this
-     * process's random incarnation, and the counter of the last batch sent
-     * (atomic); probe answers carry both. */
+    /* Heartbeats' replay defence (docs/PROTOCOL.md "Replays"): this
+     * process's random incarnation, and the counter of the last batch or
+     * heartbeat wrapper sent (atomic); probe answers carry both. */
     uint64_t incarnation;
     uint64_t beats_counter;
     int64_t max_age_ms; /* sw_ingress_opts.max_request_age_ms; 0 = no limit */

@@ -96,6 +96,8 @@ static const it_field it_fields[K_COUNT][IT_MAX_FIELD + 1] =
                 [1] = {F_VARINT, 0}, /* last_seq */
                 [2] = {F_VARINT, 0}, /* inflight */
                 [3] = {F_VARINT, 0}, /* stalled */
+                [4] = {F_VARINT, 0}, /* incarnation */
+                [5] = {F_VARINT, 0}, /* counter */
             },
         [K_REQUEST] =
             {
@@ -273,8 +275,12 @@ it_heartbeat(const uint8_t *p, size_t len, it_mem *m)
             h->last_seq = f.v;
         else if (f.num == 2)
             h->inflight = (uint32_t)f.v;
+        else if (f.num == 3)
+            h->stalled = pb_rd_bool(&f);
+        else if (f.num == 4)
+            h->incarnation = f.v;
         else
-            h->stalled = pb_rd_bool(&f); /* 3 */
+            h->counter = f.v; /* 5 */
     }
     return h;
 }

@@ -1281,6 +1281,129 @@ replayed_items_do_not_hide_a_loss(void **state)
     pthread_mutex_destroy(&rec.mu);
 }
 
+/* The same with a heartbeat: a stream whose consumer stopped taking items
+ * runs out of credit, and its worker says so in a heartbeat wrapper of its
+ * own on the stream's subject (a stalled beat is never in a batch). One of
+ * those, recorded and replayed every 100 ms after the worker froze, opens
+ * (the stream's key and subject), but names a counter the router has taken
+ * already: it is refused (unknown_stream), and the worker is declared lost
+ * by its probes' timeouts. Without the counter every replay counted as the
+ * stream's heartbeat, and as its instance's activity: no terminal at all. */
+static void
+replayed_stalled_heartbeats_do_not_hide_a_loss(void **state)
+{
+    sw_conn *fc = conn_open(g_key1);
+    const char *argv[] = {"worker",        "--server",   g_nats.url, "--endpoint", EP,
+                          "--instance-id", "sh1",        "--tokens", "100000",     "--registry",
+                          "none",          "--key-file", g_key1,     "--quiet",    NULL};
+    int wfd = -1;
+    pid_t wpid = swh_spawn(argv, &wfd);
+    sw_router_opts ro;
+    sw_router *r = NULL;
+    sw_request_opts q;
+    static capture rec;
+    natsConnection *nc = raw_conn();
+    natsSubscription *spy = NULL;
+    swt_sealer *ks = NULL;
+    char subj[SWT_SUBJECT_MAX], why[SWT_SEAL_WHY_MAX];
+    sw_stream *s = NULL;
+    const sw_item *it = NULL;
+    int64_t t0, took;
+    int sent = 0, beat = -1;
+    sw_stream_stats ss;
+    sw_router_stats rs0, rs;
+    (void)state;
+    assert_true(wpid > 0);
+    assert_int_equal(swh_wait_line(wfd, "worker ready", NULL, 0, (int)T(10000)), 0);
+    sw_router_opts_init(&ro);
+    ro.heartbeat_ms = 100;
+    ro.inactivity_ms = 5000; /* (so that only the probes can end the stream) */
+    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "sh1";
+    q.credit_window = 8;
+    memset(&rec, 0, sizeof(rec));
+    pthread_mutex_init(&rec.mu, NULL);
+    assert_int_equal(sw_router_open(&s, r, &q, "x", 1), SW_OK);
+    assert_int_equal(
+        swt_subject_response(subj, sizeof(subj), sw_router_id(r), sw_stream_request_id(s)), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, subj, on_capture, &rec), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    /* the consumer takes nothing more: the worker stalls and beats; find a
+     * stalled heartbeat among what the spy recorded */
+    assert_int_equal(swt_sealer_load(&ks, g_key1, NULL, why, sizeof(why)), SW_OK);
+    memset(&ss, 0, sizeof(ss));
+    for (int i = 0, seen = 0; i < 5 * 300 * swh_slow() && beat < 0; i++) {
+        int n;
+        swh_sleep_ms(10);
+        pthread_mutex_lock(&rec.mu);
+        n = rec.n;
+        pthread_mutex_unlock(&rec.mu);
+        for (; seen < n && beat < 0; seen++) {
+            uint8_t pt[1024];
+            size_t plen = 0;
+            swp_item *w = NULL;
+            if (swt_env_open(ks, subj, rec.msgs[seen], rec.lens[seen], pt, sizeof(pt), &plen) !=
+                    SW_OK ||
+                swp_decode_item(pt, plen, sizeof(pt), &w) != SW_OK)
+                fail_msg("message %d on the stream's subject does not open", seen);
+            if (w->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT &&
+                w->heartbeat->stalled)
+                beat = seen;
+            swp_free(w);
+        }
+    }
+    natsSubscription_Unsubscribe(spy);
+    natsSubscription_Destroy(spy);
+    swt_sealer_free(ks);
+    assert_true(beat >= 0);
+    for (int i = 0; i < 300 * swh_slow() && ss.heartbeats < 2; i++) {
+        swh_sleep_ms(10);
+        sw_stream_stats_get(s, &ss);
+    }
+    assert_true(ss.heartbeats >= 2); /* the worker's own stalled beats count */
+    sw_router_stats_get(r, &rs0);
+    /* the worker freezes; the attacker replays the beat */
+    swh_kill(wpid, SIGSTOP);
+    t0 = swi_now_ms();
+    for (;;) {
+        sw_err rv;
+        if (swi_now_ms() - t0 >= 100 * (int64_t)sent) {
+            assert_int_equal(natsConnection_Publish(nc, subj, rec.msgs[beat], (int)rec.lens[beat]),
+                             NATS_OK);
+            sent++;
+        }
+        rv = sw_stream_next(s, &it, 50);
+        if (rv == SW_OK && it->kind == SW_ITEM_TERMINAL)
+            break;
+        assert_true(rv == SW_OK || rv == SW_ETIMEDOUT);
+        if (swi_now_ms() - t0 > T(10000))
+            fail_msg("no terminal 10 s after the worker froze (%d replays)", sent);
+    }
+    took = swi_now_ms() - t0;
+    sw_router_stats_get(r, &rs);
+    print_message("    frozen worker, stalled stream, %d replayed heartbeats: %s after %lld ms "
+                  "(unknown_stream +%llu)\n",
+                  sent, it->terminal.reason, (long long)took,
+                  (unsigned long long)(rs.unknown_stream - rs0.unknown_stream));
+    assert_int_equal(it->terminal.status, SW_STATUS_ERROR);
+    assert_string_equal(it->terminal.reason, "instance_lost");
+    assert_true(took < T(2000));
+    assert_true(rs.unknown_stream > rs0.unknown_stream); /* the replays, refused ... */
+    assert_int_equal(rs.auth_failures, 0);               /* ... after they opened */
+    sw_stream_close(s);
+    swh_kill(wpid, SIGCONT);
+    swh_terminate(wpid, 5000);
+    close(wfd);
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_conn_close(fc);
+    pthread_mutex_destroy(&rec.mu);
+}
+
 /* The registry of a sealed cluster: entries and tombstones are sealed under
  * their key. A sealed router sees sealed workers only; a forged (unsealed)
  * entry is not an instance; a forged tombstone for a live worker evicts
@@ -1562,6 +1685,7 @@ main(void)
         cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
         cmocka_unit_test(replayed_items_do_not_hide_a_loss),
+        cmocka_unit_test(replayed_stalled_heartbeats_do_not_hide_a_loss),
         cmocka_unit_test(sealed_registry),
         cmocka_unit_test(taps_see_sealed_bytes),
         cmocka_unit_test(items_at_the_size_limit),

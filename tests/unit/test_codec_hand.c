@@ -1361,6 +1361,46 @@ test_item_in_place_or_protobuf_c(void **state)
     }
 }
 
+/* 4c''. A stalled stream's heartbeat wrapper as the worker's timer writes
+ * it (through protobuf-c), with its replay defence (incarnation, counter):
+ * canonical, so built by hand in the arena, and the same as what
+ * swp_decode_item makes of it. */
+static void
+test_heartbeat_wrapper_in_place(void **state)
+{
+    swp_item m = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
+    uint8_t rid[SW_REQUEST_ID_BYTES];
+    item_pair p;
+    uint8_t *b;
+    size_t len;
+    (void)state;
+    fill_pattern(rid, sizeof(rid), 5, 3);
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = rid;
+    m.request_id.len = sizeof(rid);
+    m.instance_id = (char *)"inst-a";
+    m.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT;
+    h.last_seq = 300;
+    h.stalled = 1;
+    h.incarnation = UINT64_MAX - 5;
+    h.counter = 1234567;
+    m.heartbeat = &h;
+    b = encode_msg(&m, &len);
+    item_pair_decode(&p, b, len, SW_OK, "stalled heartbeat");
+    assert_int_equal(p.arena->hand, 1);
+    for (int k = 0; k < 2; k++) {
+        const swp_heartbeat *d = p.m[k]->heartbeat;
+        assert_int_equal(p.m[k]->body_case, STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT);
+        assert_int_equal(d->last_seq, 300);
+        assert_true(d->stalled);
+        assert_true(d->incarnation == UINT64_MAX - 5);
+        assert_int_equal(d->counter, 1234567);
+    }
+    item_pair_free(&p);
+    free(b);
+}
+
 /* 4c'. The one-pass path (proto/items.c, it_fast) takes a wrapper of
  * varint and bytes fields only, each once with its declared wire type;
  * anything else goes to the two passes (or protobuf-c), which decide it as
@@ -1859,6 +1899,7 @@ main(void)
         cmocka_unit_test(test_batch_decode),
         cmocka_unit_test(test_batch_large_arena_fallback),
         cmocka_unit_test(test_item_in_place_or_protobuf_c),
+        cmocka_unit_test(test_heartbeat_wrapper_in_place),
         cmocka_unit_test(test_item_densest_valid_within_bound),
         cmocka_unit_test(test_batch_count_cap),
         cmocka_unit_test(test_beats),

@@ -628,12 +628,23 @@ class Worker:
 class Stream:
     """One response stream, read in blocking mode: iterate it (or ``async
     for``) for its Items; .terminal is set once the iteration ends. For one
-    consumer at a time; cancel() and close() may be called from any thread."""
+    consumer at a time; cancel() and close() may be called from any thread.
+
+    close() from another thread while the consumer waits in next_item (or
+    an ``async for`` whose executor thread does, after its task was
+    cancelled): the stream is cancelled, which wakes that consumer with the
+    CANCELLED terminal (unless it had one already), and close() waits for it
+    to leave next_item before it frees the stream. A consumer that calls
+    next_item again after the close, without a terminal, gets ClosedError."""
 
     def __init__(self, handle, keep):
         self._h = handle
         self._keep = keep
-        self._lock = threading.Lock()
+        # guards _h, _readers, _closing: the C library's sw_stream_close
+        # must not run while a sw_stream_next of the stream is under way
+        self._lock = threading.Condition()
+        self._readers = 0  # threads in next_item's sw_stream_next (and reading its item)
+        self._closing = False
         self.terminal = None
         self._inst = ""
         self.request_id = lib.sw_stream_request_id(handle).decode()
@@ -649,13 +660,28 @@ class Stream:
     def next_item(self, timeout_ms=200):
         """The next Item, or None once the terminal has arrived (then
         .terminal is set). Raises TimeoutError when nothing came within
-        timeout_ms (the stream goes on)."""
+        timeout_ms (the stream goes on), ClosedError when the stream was
+        closed before its terminal was read."""
         if self.terminal is not None:
             return None
+        with self._lock:
+            h = self._h
+            if h is None or self._closing:
+                if self.terminal is not None:
+                    return None
+                raise error_class("closed")(_SW_ECLOSED)
+            self._readers += 1
+        try:
+            return self._next(h, timeout_ms)
+        finally:
+            with self._lock:
+                self._readers -= 1
+                self._lock.notify_all()
+
+    def _next(self, h, timeout_ms):
+        # the item *p points to is valid until the next call or close:
+        # copied out here, before next_item lets close() in
         p = ctypes.POINTER(_lib.CItem)()
-        h = self._h
-        if h is None:
-            raise error_class("closed")(_SW_ECLOSED)
         rv = lib.sw_stream_next(h, ctypes.byref(p), timeout_ms)
         if rv == _SW_ETIMEDOUT:
             raise builtins.TimeoutError("no item within %d ms" % timeout_ms)
@@ -715,11 +741,26 @@ class Stream:
                 lib.sw_stream_cancel(self._h)
 
     def close(self):
-        """Frees the stream (cancelling it if it is still open)."""
+        """Frees the stream (cancelling it if it is still open). From any
+        thread: a consumer blocked in next_item is woken (by the cancel)
+        and waited for first. A second close, or one racing it, returns
+        once the stream is freed."""
         with self._lock:
-            if self._h is not None:
-                h, self._h = self._h, None
-                lib.sw_stream_close(h)
+            if self._closing:
+                while self._h is not None:
+                    self._lock.wait()
+                return
+            if self._h is None:
+                return
+            self._closing = True
+            h = self._h
+            if self._readers:
+                lib.sw_stream_cancel(h)  # wakes them: the next item is the terminal
+                while self._readers:
+                    self._lock.wait()
+            self._h = None
+            lib.sw_stream_close(h)
+            self._lock.notify_all()
 
     def __enter__(self):
         return self

@@ -361,6 +361,104 @@ class TestCancel(Base):
         self.assertTrue(gone.wait(5))
 
 
+class TestStreamClose(Base):
+    """Stream.close() from another thread than the consumer's, which may be
+    blocked in sw_stream_next: close used to free the stream under it (a
+    heap corruption abort, or a use after free under ASan, within a few
+    hundred loops)."""
+
+    def endless(self, endpoint):
+        handled = []
+
+        def h(req):
+            try:
+                while True:
+                    time.sleep(0.005)
+                    yield "x"
+            except sw.Cancelled:
+                handled.append(req.request_id)
+                raise
+        return self.worker(endpoint, h, threads=8), handled
+
+    def test_close_from_another_thread(self):
+        w, handled = self.endless("py.sc.thr")
+        n = 150
+        outcomes = []
+        for i in range(n):
+            s = self.router.open("py.sc.thr", b"x", instance_id=w.instance_id)
+            seen = {"items": 0, "terminals": 0, "error": None}
+
+            def consume():
+                try:
+                    for item in s:
+                        assert item.data == b"x", item
+                        seen["items"] += 1
+                    seen["terminals"] += 1
+                    # iterating again: the terminal is not handed out twice
+                    seen["after"] = list(s)
+                except sw.ClosedError:
+                    seen["error"] = "closed"
+            t = threading.Thread(target=consume)
+            t.start()
+            time.sleep(0.002 + (i % 10) * 0.004)
+            s.close()
+            t.join(10)
+            self.assertFalse(t.is_alive(), "the consumer hangs after close (loop %d)" % i)
+            s.close()  # again: a no-op
+            outcomes.append((seen["terminals"], seen["error"],
+                             s.terminal.status if s.terminal else None, seen.get("after")))
+        for terminals, error, status, after in outcomes:
+            if error is None:
+                # close() cancelled the stream and woke the consumer with it
+                self.assertEqual((terminals, status, after), (1, "cancelled", []))
+            else:
+                # close() came between two reads: the next one is refused
+                self.assertEqual((terminals, status), (0, None))
+        self.assertEqual(len(outcomes), n)
+        self.assertGreater(sum(1 for o in outcomes if o[0] == 1), n // 2)
+        deadline = time.time() + 10
+        while len(handled) < n and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(len(handled), n, "every handler saw its stream cancelled")
+
+    def test_async_timeout_around_a_stream(self):
+        """asyncio.wait_for around `with router.open(..) as s: async for ..`:
+        on the timeout the task is cancelled while the executor thread is
+        still in next_item, and the with block's close() must wait for it."""
+        w, handled = self.endless("py.sc.async")
+        n = 150
+        got = []
+
+        async def consume():
+            with self.router.open("py.sc.async", b"x", instance_id=w.instance_id) as s:
+                got.append(s)
+                async for item in s:
+                    self.assertEqual(item.data, b"x")
+
+        async def main():
+            timeouts = 0
+            for i in range(n):
+                try:
+                    await asyncio.wait_for(consume(), 0.01 + (i % 10) * 0.005)
+                except asyncio.TimeoutError:
+                    timeouts += 1
+            return timeouts
+        self.assertEqual(asyncio.run(main()), n)
+        self.assertEqual(len(got), n)
+        for s in got:
+            self.assertIsNone(s._h)
+            self.assertIn(s.terminal and s.terminal.status, (None, "cancelled"))
+            if s.terminal is None:  # closed between two reads
+                with self.assertRaises(sw.ClosedError):
+                    s.next_item(0)
+            else:  # closed while a read waited: it got the CANCELLED terminal
+                self.assertIsNone(s.next_item(0))
+        deadline = time.time() + 10
+        while len(handled) < n and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(len(handled), n, "every handler saw its stream cancelled")
+
+
 class TestProcesses(Base):
     def test_worker_process_killed_mid_stream(self):
         env = dict(os.environ)

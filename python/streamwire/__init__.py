@@ -128,6 +128,18 @@ def _b(s):
     return s.encode() if isinstance(s, str) else bytes(s)
 
 
+def _data(v, what):
+    """The bytes of an item or payload: str (as UTF-8), bytes, bytearray or
+    memoryview. Anything else raises TypeError: bytes(5) would be five zero
+    bytes, not "5"."""
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError("%s must be str, bytes, bytearray or memoryview, not %s"
+                    % (what, type(v).__name__))
+
+
 # ---------------------------------------------------------------- results and items
 
 class Completed:
@@ -397,10 +409,10 @@ _LOOP_GRACE_S = 1.0
 def _send(resp, value):
     """Sends one yielded value; returns the C error code."""
     if isinstance(value, Event):
-        data = _b(value.data) or b""
+        data = b"" if value.data is None else _data(value.data, "an Event's data")
         return lib.sw_responder_send_event(resp, _b(value.name), data, len(data),
                                            1 if value.droppable else 0)
-    data = _b(value)
+    data = _data(value, "a yielded item")
     return lib.sw_responder_send(resp, data, len(data))
 
 
@@ -498,7 +510,11 @@ class Worker:
                 if isinstance(value, _RESULTS):
                     result = value
                     break
-                rv = _send(resp, value)
+                try:
+                    rv = _send(resp, value)
+                except TypeError:
+                    gen.close()
+                    raise
                 if rv in (_SW_ECANCELLED, _SW_ECLOSED):
                     try:
                         gen.throw(Cancelled())
@@ -835,7 +851,7 @@ class Router:
             keep.append(arr)
             q.headers = arr
             q.nheaders = len(headers)
-        data = _b(payload) or b""
+        data = b"" if payload is None else _data(payload, "the payload")
         h = ctypes.c_void_p()
         _raise_for(lib.sw_router_open(ctypes.byref(h), self._h, ctypes.byref(q), data, len(data)),
                    endpoint)

@@ -216,6 +216,46 @@ class TestTerminals(Base):
         self.assertEqual((term.status, term.reason, term.message),
                          ("failed", "send_failed", "invalid_argument"))
 
+    def test_item_types(self):
+        """bytearray and memoryview items are sent as their bytes; an int
+        (or any other type) fails the stream with handler_error instead of
+        being sent: bytes(3) is three zero bytes. A payload is checked the
+        same way, before anything is sent."""
+        def ok(req):
+            yield bytearray(b"ba")
+            yield memoryview(b"mv")
+            yield sw.Event("metrics", bytearray(b"{}"))
+        w = self.worker("py.t.types", ok)
+        data, term = self.run_stream("py.t.types", w.instance_id, bytearray(b"p"))
+        self.assertEqual(data, [b"ba", b"mv", b"{}"])
+        self.assertEqual(term.status, "completed")
+
+        closed = []
+
+        def bad(req):
+            try:
+                if req.text == "event":
+                    yield sw.Event("metrics", 5)
+                else:
+                    yield "a"
+                    yield 3  # a token id, say
+                yield "never sent"
+            finally:
+                closed.append(req.text)
+        w = self.worker("py.t.int", bad)
+        data, term = self.run_stream("py.t.int", w.instance_id, "int")
+        self.assertEqual(data, [b"a"])
+        self.assertEqual((term.status, term.reason), ("failed", "handler_error"))
+        self.assertIn("TypeError", term.message)
+        self.assertIn("not int", term.message)
+        data, term = self.run_stream("py.t.int", w.instance_id, "event")
+        self.assertEqual(data, [])
+        self.assertEqual((term.status, term.reason), ("failed", "handler_error"))
+        self.assertIn("not int", term.message)
+        self.assertEqual(sorted(closed), ["event", "int"])  # the generators were closed
+        with self.assertRaises(TypeError):
+            self.router.open("py.t.int", 5, instance_id=w.instance_id)
+
     def test_no_responders_and_no_instances(self):
         data, term = self.run_stream("py.t.nobody", "nobody")
         self.assertEqual((term.status, term.error), ("error", "no_responders"))

@@ -91,9 +91,13 @@ _classes = {}
 
 def error_class(name):
     """The StreamwireError subclass for a stable name: "no_instances" ->
-    NoInstancesError. Made on first use; the same class every time."""
+    NoInstancesError, "tls_error" -> TlsError (a name that ends in "_error"
+    gets no second "Error"), "timeout" -> StreamwireTimeoutError (also a
+    builtins.TimeoutError). Made on first use; the same class every time."""
     if name not in _classes:
-        cls_name = "".join(p.capitalize() for p in name.split("_")) + "Error"
+        cls_name = "".join(p.capitalize() for p in name.split("_"))
+        if not cls_name.endswith("Error"):
+            cls_name += "Error"
         bases = (StreamwireError,)
         if hasattr(builtins, cls_name):  # "timeout": never shadow a builtin
             if issubclass(getattr(builtins, cls_name), Exception):
@@ -113,8 +117,15 @@ def _raise_for(code, detail=None):
 for _code in list(range(0, 22)) + list(range(100, 110)):
     _n = lib.sw_err_name(_code).decode()
     if _n != "unknown_error" and _n != "ok":
-        globals()[error_class(_n).__name__] = error_class(_n)
-        __all__.append(error_class(_n).__name__)
+        _cls = error_class(_n)
+        globals()[_cls.__name__] = _cls
+        __all__.append(_cls.__name__)
+        if _n.endswith("_error"):
+            # the doubled name these classes had before (TlsErrorError,
+            # NatsErrorError, ...): an alias of the same class
+            _old = _cls.__name__ + "Error"
+            globals()[_old] = _cls
+            __all__.append(_old)
 
 
 class Cancelled(Exception):

@@ -296,6 +296,27 @@ class TestErrors(Base):
         with self.assertRaises(TypeError):
             sw.Connection(NATS.url, no_such_option=1)
 
+    def test_error_class_names(self):
+        """Stable names that end in _error are not given a second Error:
+        TlsError (as documented), NatsError, DecodeError, ProtocolError,
+        CryptoError; the doubled names they had stay as aliases."""
+        for name, cls in [("tls_error", "TlsError"), ("nats_error", "NatsError"),
+                          ("decode_error", "DecodeError"), ("protocol_error", "ProtocolError"),
+                          ("crypto_error", "CryptoError")]:
+            self.assertEqual(sw.error_class(name).__name__, cls)
+            self.assertIs(getattr(sw, cls), sw.error_class(name))
+            self.assertIs(getattr(sw, cls + "Error"), sw.error_class(name))
+            self.assertIn(cls, sw.__all__)
+        self.assertIs(sw.error_class("instance_lost"), sw.InstanceLostError)
+        self.assertFalse([n for n in dir(sw) if n.endswith("ErrorError")
+                          and getattr(sw, n).__name__.endswith("ErrorError")])
+        # a CA file that does not load: the library's SW_ETLS
+        with self.assertRaises(sw.TlsError) as cm:
+            sw.Connection(NATS.url, tls_ca_file="/nonexistent/ca.pem", connect_timeout_ms=1000,
+                          max_reconnect=0)
+        self.assertEqual(cm.exception.name, "tls_error")
+        self.assertEqual(type(cm.exception).__name__, "TlsError")
+
     def test_closed_router(self):
         r = sw.Router(self.conn)
         r.close()

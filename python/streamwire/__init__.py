@@ -328,11 +328,20 @@ class Registry:
 class Request:
     """What a handler gets: the payload (bytes; .text decodes it), the
     max_tokens hint, the request id, headers, the trace id, the deadline,
-    and whether the stream was cancelled."""
+    and whether the stream was cancelled.
+
+    A Request may be kept past its handler (handed to another thread, say),
+    but the library frees the request once the handler has returned (for
+    an async handler: once its handler thread is done with it). From then
+    on header() returns None, cancelled is True and deadline_left_ms is 0;
+    payload, text, max_tokens, resume_from, request_id and trace_id are
+    copies and keep their values."""
 
     def __init__(self, resp):
         self._r = resp
-        self._gate = None  # an async handler's _Gate
+        # shut when the handler thread is done with the request: the
+        # library may free the responder then (_Gate)
+        self._gate = _Gate()
         n = ctypes.c_size_t()
         p = lib.sw_responder_payload(resp, ctypes.byref(n))
         self.payload = ctypes.string_at(p, n.value) if p else b""
@@ -347,8 +356,6 @@ class Request:
         return self.payload.decode("utf-8", errors="replace")
 
     def _call(self, default, fn, *args):
-        if self._gate is None:
-            return fn(*args)
         return self._gate.call(default, fn, *args)
 
     def header(self, key):
@@ -363,7 +370,8 @@ class Request:
 
     @property
     def deadline_left_ms(self):
-        """Milliseconds left before the deadline, or None without one."""
+        """Milliseconds left before the deadline, or None without one (0
+        once the handler is done with the request)."""
         v = self._call(0, lib.sw_responder_deadline_left_ms, self._r)
         return None if v < 0 else v
 
@@ -490,8 +498,9 @@ class Worker:
 
     # Runs on a library handler thread (ctypes takes the GIL for it).
     def _on_request(self, resp, arg):
-        req = Request(resp)
+        req = None
         try:
+            req = Request(resp)
             if inspect.isasyncgenfunction(self._handler):
                 self._wait_async(resp, req)
             else:
@@ -501,6 +510,12 @@ class Worker:
                 lib.sw_responder_fail(resp, b"handler_error", _b(repr(e)[:400]))
             except BaseException:
                 pass
+        finally:
+            # this return lets the library free the responder: a Request
+            # the handler kept no longer reaches it (a call of another
+            # thread under way is waited for)
+            if req is not None:
+                req._gate.close()
 
     def _drive(self, resp, req):
         try:
@@ -554,8 +569,7 @@ class Worker:
         with handler_error, the coroutine is cancelled (when the loop runs
         again) and can no longer reach the responder, and this thread
         returns, so the worker can close."""
-        gate = _Gate()
-        req._gate = gate
+        gate = req._gate
         fut = asyncio.run_coroutine_threadsafe(self._drive_async(resp, req, gate), self._loop)
         idle_since = None
         why = None  # set: the stream is failed with it, waking a blocked send

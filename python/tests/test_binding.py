@@ -520,6 +520,59 @@ class TestStreamClose(Base):
         self.assertEqual(len(handled), n, "every handler saw its stream cancelled")
 
 
+class TestLifetimes(Base):
+    def test_request_used_after_the_handler_returned(self):
+        """A Request kept past its sync handler (here by another thread that
+        watches it): once the handler has returned the library frees the
+        responder, so the Request no longer reaches it -- header() is None,
+        cancelled is True, deadline_left_ms is 0 -- while its copies
+        (payload, request_id, ...) stay. It used to read the freed
+        responder (cancelled came back False, under ASan a use after
+        free)."""
+        kept = []
+        during = []
+        polls = {"n": 0, "stop": False}
+
+        def h(req):
+            during.append((req.header("k"), req.cancelled, req.deadline_left_ms is not None))
+            kept.append(req)
+            until = time.time() + 5
+            while polls["n"] < 20 and time.time() < until:  # the watcher is under way
+                time.sleep(0.001)
+            yield "a"
+
+        def watch():  # calls the Request across the handler's return
+            while not polls["stop"]:
+                if kept:
+                    kept[0].cancelled
+                    kept[0].header("k")
+                    polls["n"] += 1
+                time.sleep(0.0005)
+        t = threading.Thread(target=watch)
+        t.start()
+        try:
+            w = self.worker("py.l.req", h)
+            with self.router.open("py.l.req", b"hello", instance_id=w.instance_id,
+                                  headers={"k": "v"}, deadline_ms=60000) as s:
+                items, term = s.read_all()
+            self.assertEqual([i.data for i in items], [b"a"])
+            self.assertEqual(term.status, "completed")
+            self.assertEqual(during, [("v", False, True)])
+            req = kept[0]
+            deadline = time.time() + 5
+            while not req.cancelled and time.time() < deadline:
+                time.sleep(0.01)
+        finally:
+            polls["stop"] = True
+            t.join(5)
+        self.assertTrue(req.cancelled)
+        self.assertIsNone(req.header("k"))
+        self.assertEqual(req.deadline_left_ms, 0)
+        self.assertEqual((req.payload, req.text), (b"hello", "hello"))
+        self.assertEqual(req.request_id, s.request_id)
+        self.assertGreater(polls["n"], 0)
+
+
 class TestProcesses(Base):
     def test_worker_process_killed_mid_stream(self):
         env = dict(os.environ)

@@ -52,7 +52,6 @@ import functools
 import inspect
 import threading
 import time
-import weakref
 
 from . import _lib
 from ._lib import lib
@@ -254,13 +253,22 @@ class Connection:
         h = ctypes.c_void_p()
         _raise_for(lib.sw_conn_open(ctypes.byref(h), ctypes.byref(o)), url)
         self._h = h
-        # What uses this connection (workers, routers, registries; an
-        # object gone is gone from the set): the library requires them
-        # closed before the connection, so close() closes them first.
-        self._users = weakref.WeakSet()
+        # What uses this connection (workers, routers, registries), held
+        # until each is closed: the library requires them closed before
+        # the connection, so close() closes them first. Held strongly: a
+        # Worker dropped without close() still serves (its ingress runs),
+        # and its handler callback must live as long as the ingress.
+        self._users_lock = threading.Lock()
+        self._users = {}  # id -> object (insertion order)
 
     def _use(self, obj):
-        self._users.add(obj)
+        with self._users_lock:
+            self._users[id(obj)] = obj
+
+    def _unuse(self, obj):
+        with self._users_lock:
+            if self._users.get(id(obj)) is obj:
+                del self._users[id(obj)]
 
     @property
     def handle(self):
@@ -273,12 +281,14 @@ class Connection:
         connection that are still open (workers first, registries last),
         then the connection."""
         if self._h is not None:
-            users = list(self._users)
+            with self._users_lock:
+                users = list(self._users.values())
             for kind in (Worker, Router, Registry):
                 for u in users:
                     if isinstance(u, kind):
                         u.close()
-            self._users.clear()
+            with self._users_lock:
+                self._users.clear()
             lib.sw_conn_close(self._h)
             self._h = None
 
@@ -315,6 +325,7 @@ class Registry:
         if self._h is not None:
             lib.sw_registry_close(self._h)
             self._h = None
+        self._conn._unuse(self)
 
     def __enter__(self):
         return self
@@ -453,10 +464,16 @@ _RESULTS = (Completed, Incomplete, Failed)
 class Worker:
     """Serves an endpoint (an sw_ingress) with a Python handler, and
     registers it when a Registry is given. The handler gets a Request and is
-    a generator (or an async generator with loop=) that yields str, bytes or
-    Event items and returns -- or yields last -- a Completed, Incomplete or
-    Failed. An exception in it fails the stream with code "handler_error".
-    Options: instance_id, threads, max_inflight, send_timeout_ms, max_window."""
+    a generator (or an async generator with loop=) that yields str (sent as
+    UTF-8), bytes, bytearray, memoryview or Event items and returns -- or
+    yields last -- a Completed, Incomplete or Failed. An exception in it,
+    or an item of another type (an int, None, ...), fails the stream with
+    code "handler_error". Options: instance_id, threads, max_inflight,
+    send_timeout_ms, max_window.
+
+    The Connection holds the Worker until close() (or the connection's
+    close): one the program drops without closing serves on, and its
+    handler stays alive with it."""
 
     def __init__(self, conn, endpoint, handler, registry=None, instance_id=None, threads=0,
                  max_inflight=0, send_timeout_ms=0, max_window=0, loop=None):
@@ -483,6 +500,7 @@ class Worker:
             o.max_window = max_window
         h = ctypes.c_void_p()
         _raise_for(lib.sw_ingress_start(ctypes.byref(h), conn.handle, ctypes.byref(o)), endpoint)
+        self._lock = threading.Lock()
         self._h = h
         self._reg = registry
         self._conn = conn
@@ -650,11 +668,14 @@ class Worker:
             lib.sw_ingress_drain(self._h, grace_ms)
 
     def close(self):
-        """Deregisters, stops serving (open streams are cancelled), frees."""
+        """Deregisters, stops serving (open streams are cancelled), frees.
+        Must not be called from the handler."""
         self._deregister()
-        if self._h is not None:
+        with self._lock:
             h, self._h = self._h, None
-            lib.sw_ingress_destroy(h)
+            if h is not None:
+                lib.sw_ingress_destroy(h)
+        self._conn._unuse(self)
         self._stop.set()
 
     def __enter__(self):
@@ -886,6 +907,7 @@ class Router:
         if self._h is not None:
             h, self._h = self._h, None
             lib.sw_router_destroy(h)
+        self._conn._unuse(self)
 
     def __enter__(self):
         return self

@@ -12,6 +12,7 @@ between Python and the C CLI.
 """
 import asyncio
 import ctypes
+import gc
 import json
 import os
 import shutil
@@ -521,6 +522,42 @@ class TestStreamClose(Base):
 
 
 class TestLifetimes(Base):
+    def test_dropped_worker_keeps_serving(self):
+        """A Worker the program drops without close(): the Connection holds
+        it (and its handler callback) until the connection closes. It used
+        to be collected while its ingress still served: the next request
+        called a freed callback (a segfault)."""
+        c = sw.Connection(NATS.url)
+
+        def h(req):
+            yield "a"
+            yield req.text
+
+        def start():
+            w = sw.Worker(c, "py.l.drop", h, instance_id="pydropped")  # not kept
+            return w.instance_id
+        try:
+            iid = start()
+            for _ in range(3):
+                gc.collect()
+            for i in range(5):
+                data, term = self.run_stream("py.l.drop", iid, "r%d" % i)
+                self.assertEqual(data, [b"a", b"r%d" % i])
+                self.assertEqual(term.status, "completed")
+        finally:
+            c.close()
+        # the connection's close closed it: nobody serves the instance now
+        data, term = self.run_stream("py.l.drop", iid)
+        self.assertEqual(data, [])
+        self.assertEqual((term.status, term.error), ("error", "no_responders"))
+        # and a closed Worker is let go
+        w = sw.Worker(self.conn, "py.l.drop2", h)
+        ref = __import__("weakref").ref(w)
+        w.close()
+        del w
+        gc.collect()
+        self.assertIsNone(ref())
+
     def test_request_used_after_the_handler_returned(self):
         """A Request kept past its sync handler (here by another thread that
         watches it): once the handler has returned the library frees the

@@ -318,14 +318,36 @@ class Registry:
         h = ctypes.c_void_p()
         _raise_for(lib.sw_registry_open(ctypes.byref(h), conn.handle, ctypes.byref(o)))
         self._h = h
+        # Guards _h and _routers; held across the calls that use the
+        # handle, so close() cannot free it under them. Reentrant: close()
+        # closes the routers, which take it to leave _routers.
+        self._lock = threading.RLock()
+        self._routers = {}  # id -> Router made with registry=self, until closed
         self._conn = conn
         conn._use(self)
 
     def close(self):
-        if self._h is not None:
-            lib.sw_registry_close(self._h)
-            self._h = None
+        """Closes the Routers made with this registry that are still open
+        (the library requires the registry to outlive its routers: their
+        open streams end with error "closed"), then the registry. Workers
+        registered through it serve on, but their entries are no longer
+        kept alive (they expire after the lease): drain or close the
+        Workers first for a clean exit."""
+        with self._lock:
+            if self._h is None:
+                return
+            for r in list(self._routers.values()):
+                r.close()
+            self._routers.clear()
+            h, self._h = self._h, None
+            lib.sw_registry_close(h)
         self._conn._unuse(self)
+
+    def _handle(self):
+        # self._lock held
+        if self._h is None:
+            raise error_class("closed")(_SW_ECLOSED, "the registry is closed")
+        return self._h
 
     def __enter__(self):
         return self
@@ -508,8 +530,11 @@ class Worker:
         self.instance_id = lib.sw_ingress_instance_id(h).decode()
         if registry is not None:
             rg = _lib.Registration()
-            _raise_for(lib.sw_ingress_registration(h, ctypes.byref(rg)))
-            rv = lib.sw_registry_register(registry._h, ctypes.byref(rg))
+            rv = lib.sw_ingress_registration(h, ctypes.byref(rg))
+            if rv == 0:
+                with registry._lock:
+                    rv = (lib.sw_registry_register(registry._h, ctypes.byref(rg))
+                          if registry._h is not None else _SW_ECLOSED)
             if rv != 0:
                 self.close()
                 _raise_for(rv, "registering %s" % self.instance_id)
@@ -656,9 +681,11 @@ class Worker:
         return self._stop.wait(timeout)
 
     def _deregister(self):
-        if self._reg is not None and self._reg._h is not None and self._h is not None:
-            lib.sw_registry_deregister(self._reg._h, _b(self.instance_id))
-        self._reg = None
+        reg, self._reg = self._reg, None
+        if reg is not None and self._h is not None:
+            with reg._lock:
+                if reg._h is not None:
+                    lib.sw_registry_deregister(reg._h, _b(self.instance_id))
 
     def drain(self, grace_ms=5000):
         """Deregisters (routers stop picking this instance), stops taking
@@ -842,7 +869,8 @@ class Router:
     (instance_id=) or through a Registry by policy ("round_robin", "random",
     "least_inflight"). Options: router_id, credit_window, heartbeat_ms,
     migration_limit (streams move to another instance when theirs is lost or
-    drains, at most that many times; docs/MIGRATION.md)."""
+    drains, at most that many times; docs/MIGRATION.md). A Router made
+    with a registry is closed by that registry's close() if still open."""
 
     _POLICIES = {"round_robin": 0, "random": 1, "least_inflight": 2}
 
@@ -853,8 +881,6 @@ class Router:
         self._keep = [_b(router_id)]
         if router_id:
             o.router_id = self._keep[0]
-        if registry is not None:
-            o.registry = registry._h
         if policy not in self._POLICIES:
             raise ValueError("policy must be one of %s" % ", ".join(self._POLICIES))
         o.policy = self._POLICIES[policy]
@@ -863,11 +889,21 @@ class Router:
         if heartbeat_ms:
             o.heartbeat_ms = heartbeat_ms
         o.migration_limit = migration_limit
-        h = ctypes.c_void_p()
-        _raise_for(lib.sw_router_create(ctypes.byref(h), conn.handle, ctypes.byref(o)))
-        self._h = h
+        self._lock = threading.Lock()
         self._registry = registry
         self._conn = conn
+        h = ctypes.c_void_p()
+        if registry is None:
+            _raise_for(lib.sw_router_create(ctypes.byref(h), conn.handle, ctypes.byref(o)))
+            self._h = h
+        else:
+            # the registry must outlive the router: it holds the router
+            # until the router closes, and closes it first (Registry.close)
+            with registry._lock:
+                o.registry = registry._handle()
+                _raise_for(lib.sw_router_create(ctypes.byref(h), conn.handle, ctypes.byref(o)))
+                self._h = h
+                registry._routers[id(self)] = self
         conn._use(self)
 
     def open(self, endpoint, payload=b"", instance_id=None, max_tokens=0, deadline_ms=0,
@@ -904,9 +940,16 @@ class Router:
         return Stream(h, keep)
 
     def close(self):
-        if self._h is not None:
+        """Ends the router's open streams (error "closed"; their Streams
+        stay valid objects until closed) and frees it."""
+        with self._lock:
             h, self._h = self._h, None
-            lib.sw_router_destroy(h)
+            if h is not None:
+                lib.sw_router_destroy(h)
+        if self._registry is not None:
+            with self._registry._lock:
+                if self._registry._routers.get(id(self)) is self:
+                    del self._registry._routers[id(self)]
         self._conn._unuse(self)
 
     def __enter__(self):

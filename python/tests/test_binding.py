@@ -558,6 +558,55 @@ class TestLifetimes(Base):
         gc.collect()
         self.assertIsNone(ref())
 
+    def test_registry_close_closes_its_routers(self):
+        """The library requires a registry to outlive the routers made with
+        it. Registry.close() closes those still open first: their streams
+        end with error "closed", and they refuse new ones. It used to free
+        the registry under them (a use after free at the router's next
+        pick or close). A closed registry is refused for new Routers and
+        Workers."""
+        reg = sw.Registry(self.conn, backend="memory")
+        w = self.worker("py.l.reg", lambda req: iter([b"a", b"b"]), registry=reg)
+
+        def slow(req):
+            while True:
+                time.sleep(0.01)
+                yield "s"
+        ws = self.worker("py.l.regslow", slow, registry=reg)
+        r = sw.Router(self.conn, registry=reg)
+        other = sw.Router(self.conn)  # no registry: not the registry's
+        try:
+            with r.open("py.l.reg", b"x") as s:
+                items, term = s.read_all()
+            self.assertEqual([i.data for i in items], [b"a", b"b"])
+            self.assertEqual(term.status, "completed")
+            open_stream = r.open("py.l.regslow", b"x")
+            self.assertEqual(open_stream.next_item(5000).data, b"s")
+            reg.close()
+            self.assertIsNone(r._h)
+            self.assertIsNone(reg._h)
+            self.assertEqual(reg._routers, {})
+            items, term = open_stream.read_all()
+            self.assertEqual((term.status, term.error), ("error", "closed"))
+            open_stream.close()
+            with self.assertRaises(sw.ClosedError):
+                r.open("py.l.reg", b"x")
+            with self.assertRaises(sw.ClosedError):
+                sw.Router(self.conn, registry=reg)
+            with self.assertRaises(sw.ClosedError):
+                sw.Worker(self.conn, "py.l.reg2", lambda req: iter(()), registry=reg)
+            # the others go on
+            self.assertIsNotNone(other._h)
+            data, term = self.run_stream("py.l.reg", w.instance_id)
+            self.assertEqual(data, [b"a", b"b"])
+            r.close()  # a no-op now
+            reg.close()
+        finally:
+            other.close()
+            r.close()
+            reg.close()
+        self.assertIsNotNone(ws._h)
+
     def test_request_used_after_the_handler_returned(self):
         """A Request kept past its sync handler (here by another thread that
         watches it): once the handler has returned the library frees the

@@ -24,6 +24,8 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -685,6 +687,74 @@ class TestProcesses(Base):
         finally:
             p.kill()
             p.wait()
+
+    def test_example_worker_replicas_and_health(self):
+        """worker.py --replicas reaches the registry bucket it creates: a
+        single node cannot hold 3 copies, so the worker says it cannot open
+        the registry and exits 1 (it used to have no --replicas at all and
+        created the bucket with one copy, whatever the cluster). With
+        --health-listen it answers GET /healthz: 200 while it serves, 503
+        once SIGTERM drains it."""
+        worker = os.path.join(ROOT, "python", "examples", "worker.py")
+        p = subprocess.run([sys.executable, worker, "--server", NATS.url, "--endpoint",
+                            "py.p.r3", "--bucket", "py_p_r3", "--replicas", "3"],
+                           capture_output=True, timeout=60)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn("cannot open the nats-kv registry (bucket py_p_r3, 3 replicas)", err)
+        self.assertEqual(p.stdout, b"")
+
+        p = subprocess.Popen([sys.executable, worker, "--server", NATS.url, "--endpoint",
+                              "py.p.health", "--instance-id", "pyhealth", "--bucket", "py_p_r1",
+                              "--replicas", "1", "--tokens", "100000", "--token-interval-ms", "5",
+                              "--drain-grace-ms", "1500", "--health-listen", "127.0.0.1:0"],
+                             stdout=subprocess.PIPE)
+        try:
+            line = p.stdout.readline().decode()
+            self.assertIn("worker ready instance=pyhealth", line)
+            url = "http://%s/healthz" % line.split("health=")[1].strip()
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                self.assertEqual((resp.status, resp.read()), (200, b"ok\n"))
+            with sw.Registry(self.conn, bucket="py_p_r1") as reg, \
+                    sw.Router(self.conn, registry=reg) as r:
+                with r.open("py.p.health", b"x") as s:
+                    self.assertEqual(s.next_item(5000).data, b"token-0")
+                    p.send_signal(signal.SIGTERM)
+                    code = None
+                    deadline = time.time() + 5
+                    while code != 503 and time.time() < deadline:
+                        try:
+                            urllib.request.urlopen(url, timeout=5).close()
+                        except urllib.error.HTTPError as e:
+                            code = e.code
+                        time.sleep(0.05)
+                    self.assertEqual(code, 503)
+            self.assertEqual(p.wait(15), 0)
+        finally:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+
+    def test_compose_python_worker(self):
+        """docker-compose.yml: every service has a healthcheck, and every
+        worker that may create the registry bucket (the C workers, the
+        Python worker, the gateway) creates it with 3 replicas."""
+        try:
+            import yaml
+        except ImportError:
+            self.skipTest("PyYAML not installed")
+        with open(os.path.join(ROOT, "docker-compose.yml")) as f:
+            services = yaml.safe_load(f)["services"]
+        self.assertIn("workerpy", services)
+        for name, svc in services.items():
+            self.assertIn("test", svc.get("healthcheck", {}), name)
+            cmd = svc.get("command", [])
+            if not name.startswith("nats"):
+                self.assertIn("--replicas", cmd, name)
+                self.assertEqual(cmd[cmd.index("--replicas") + 1], "3", name)
+        py = services["workerpy"]
+        listen = py["command"][py["command"].index("--health-listen") + 1]
+        self.assertIn("http://%s/healthz" % listen, py["healthcheck"]["test"])
 
     def test_python_worker_to_c_frontend_and_back(self):
         """streamwire generate reads a Python worker; Python reads `streamwire worker`."""

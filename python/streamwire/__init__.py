@@ -7,7 +7,7 @@ Workers::
 
     def handler(req):                      # runs on one of the library's handler threads
         for i in range(16):
-            yield "token-%d" % i           # str (sent as UTF-8) or bytes
+            yield "token-%d" % i           # str (sent as UTF-8), bytes, bytearray, memoryview
         return sw.Completed()              # or sw.Incomplete("max_tokens"), sw.Failed(code, msg)
 
     with sw.Connection("nats://127.0.0.1:4222") as conn, \\
@@ -32,17 +32,26 @@ inside the generator (catch it to clean up; the library sends the CANCELLED
 terminal). Errors are ``StreamwireError`` subclasses named after the C
 library's stable names: ``sw_err_name(SW_INSTANCE_LOST)`` is
 ``"instance_lost"``, raised as ``InstanceLostError`` with ``.name ==
-"instance_lost"``.
+"instance_lost"``; a name that ends in ``_error`` gets no second Error
+(``"tls_error"`` is ``TlsError``; the doubled ``TlsErrorError`` is an
+alias).
 
 Threads: a Connection, Router or Worker may be used from any thread. A
-Stream is for one consumer at a time. Handlers run on the library's handler
+Stream is for one consumer at a time; its cancel() and close() may come
+from any thread (close waits for a consumer blocked in next_item, which the
+cancel wakes). Handlers run on the library's handler
 threads (``threads=``, default 4) and hold the GIL only while Python code
 runs: every blocking call into the library releases it, so a handler that
 sleeps or waits on I/O never stalls the other streams; a handler that
 computes in pure Python holds the GIL as any Python thread does.
 
-Ownership: Connection.close() closes the Workers, Routers and Registries
-made on it that are still open, then the connection.
+Ownership: a Connection holds the Workers, Routers and Registries made on
+it until they are closed (a Worker dropped without close() serves on), and
+Connection.close() closes those still open, then the connection.
+Registry.close() closes the Routers made with it that are still open (the
+library requires a registry to outlive its routers). A Request kept past
+its handler no longer reaches the library's request: header() is None,
+cancelled is True, deadline_left_ms is 0.
 """
 import asyncio
 import builtins

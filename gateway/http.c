@@ -3,6 +3,8 @@
  * socket; the routes; the wake-up pipe from library threads; the drain on
  * stop (the first loop sees the stop pipe and wakes the others).
  *
+ * An upgrade to h2c from HTTP/1.1 is refused (h2c_upgraded).
+ *
  * Routes: POST /v1/responses, POST /v1/responses/{id}/cancel,
  * GET /v1/models, GET /healthz, GET /readyz, GET /metrics, GET / (the
  * playground). Everything else is 404; a wrong method 405. */
@@ -240,6 +242,19 @@ models_ready(swg_loop *lp)
     return 1;
 }
 
+/* 1 if req came through an h2c upgrade (RFC 7540 3.2: an HTTP/1.1 request
+ * with Upgrade: h2c and HTTP2-Settings), or is a later request on such a
+ * connection: the connection is marked and closed (below). libh2o 2.2
+ * takes the upgrade itself -- its 101 has gone out before any handler runs
+ * -- and hands the request on as HTTP/2 stream 1, past length_ambiguous,
+ * with the bytes after the body h2o read (by the first Content-Length)
+ * parsed as HTTP/2 frames: a request smuggled there was served. The
+ * upgraded request is known by the HTTP2-Settings header it keeps, which a
+ * client speaking HTTP/2 cannot send (a connection-specific header). Turning
+ * h2o's upgrade off (http1.upgrade_to_http2) would turn prior knowledge
+ * off with it in 2.2. */
+static int h2c_upgraded(h2o_req_t *req);
+
 static int
 on_req(h2o_handler_t *self, h2o_req_t *req)
 {
@@ -256,6 +271,14 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
         if (is(p, "/v1/responses"))
             swg_log_refused(lp->o, req, 400, "bad_request", NULL, 0);
         send_err(req, 400, "invalid_request_error", "bad_request", ambiguous);
+        return 0;
+    }
+    if (h2c_upgraded(req)) {
+        if (is(p, "/v1/responses"))
+            swg_log_refused(lp->o, req, 400, "bad_request", NULL, 0);
+        send_err(req, 400, "invalid_request_error", "bad_request",
+                 "the gateway does not take an upgrade to h2c (Upgrade: h2c): use HTTP/1.1, or "
+                 "HTTP/2 with prior knowledge; nothing more is served on this connection");
         return 0;
     }
     if (is(p, "/v1/responses")) {
@@ -378,6 +401,7 @@ struct swg_conn {
     h2o_linklist_t link; /* on lp->conns while open */
     unsigned unfinished; /* responses started whose stream has not ended (HTTP/2) */
     int reset_closed;    /* past SWG_UNFINISHED_MAX: shut down */
+    int h2c_refused;     /* came through an h2c upgrade: nothing on it is served (on_req) */
 };
 
 static void
@@ -410,6 +434,27 @@ swg_sock_abort(h2o_socket_t *sock)
         return;
     (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
     (void)shutdown(fd, SHUT_RDWR);
+}
+
+static int
+h2c_upgraded(h2o_req_t *req)
+{
+    swg_conn *c;
+    int upgrade;
+    if (req->version < 0x200)
+        return 0;
+    c = conn_of(req);
+    upgrade = h2o_find_header(&req->headers, H2O_TOKEN_HTTP2_SETTINGS, -1) >= 0;
+    if (!upgrade && (c == NULL || !c->h2c_refused))
+        return 0;
+    if (c != NULL && !c->h2c_refused) {
+        c->h2c_refused = 1;
+        /* h2o reads the end, and closes the connection once it has written
+         * what it holds (the 400s) */
+        if (c->sock != NULL)
+            (void)shutdown(h2o_socket_get_fd(c->sock), SHUT_RD);
+    }
+    return 1;
 }
 
 int

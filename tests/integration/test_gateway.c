@@ -1697,6 +1697,86 @@ raw_until_close(const char *req, size_t len, char *buf, size_t cap, int *closed)
     return got;
 }
 
+static size_t h2_frame(uint8_t *b, size_t len, uint8_t type, uint8_t flags, uint32_t id);
+
+/* The same smuggling through an h2c upgrade (Upgrade: h2c, HTTP2-Settings),
+ * which libh2o 2.2 takes from HTTP/1.1: the upgraded request reaches the
+ * handler as HTTP/2 stream 1, where the ambiguous-length check did not look,
+ * and the bytes after the first Content-Length's body -- an HTTP/2 preface
+ * and a HEADERS frame for GET /v1/models on stream 3, which a proxy that
+ * went by the second Content-Length took for the body -- were served as a
+ * request of their own. Now the upgraded request gets 400 bad_request (the
+ * 101 has gone out: h2o answers it before the handler sees the request),
+ * nothing else on the connection is served, and the connection is closed. */
+static void
+h2c_upgrade_smuggled(void)
+{
+    static const char body[] = "{\"model\":\"ok\",\"input\":\"xyz\"}"; /* 28 bytes */
+    static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    static const uint8_t hdr[] = {
+        0x82,                                                       /* :method GET */
+        0x86,                                                       /* :scheme http */
+        0x04, 10, '/', 'v', '1', '/', 'm', 'o', 'd', 'e', 'l', 's', /* :path */
+        0x01, 1,  'x',                                              /* :authority */
+    };
+    static char buf[1 << 16];
+    uint8_t smuggled[128];
+    char req[1024], data1[4096] = "", data3[4096] = "";
+    size_t ns = sizeof(preface) - 1, got, at, n1 = 0, n3 = 0;
+    int n, closed, status1 = -1, status3 = -1;
+    const char *p;
+    memcpy(smuggled, preface, ns);
+    ns += h2_frame(smuggled + ns, 0, 4 /* SETTINGS */, 0, 0);
+    ns +=
+        h2_frame(smuggled + ns, sizeof(hdr), 1 /* HEADERS */, 0x5 /* END_STREAM|END_HEADERS */, 3);
+    memcpy(smuggled + ns, hdr, sizeof(hdr));
+    ns += sizeof(hdr);
+    n = snprintf(req, sizeof(req),
+                 "POST /v1/responses HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                 "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"
+                 "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                 "Content-Length: %zu\r\n\r\n%s",
+                 sizeof(body) - 1, sizeof(body) - 1 + ns, body);
+    assert_true(n > 0 && (size_t)n + ns < sizeof(req));
+    memcpy(req + n, smuggled, ns);
+    got = raw_until_close(req, (size_t)n + ns, buf, sizeof(buf), &closed);
+    print_message("    h2c upgrade with two Content-Lengths: %.*s, closed %d\n",
+                  (int)strcspn(buf, "\r\n"), buf, closed);
+    /* h2o switched protocols before the handler saw the request */
+    assert_memory_equal(buf, "HTTP/1.1 101 ", 13);
+    assert_non_null(p = strstr(buf, "\r\n\r\n"));
+    /* the HTTP/2 frames after it: each stream's status and body */
+    for (at = (size_t)(p + 4 - buf); at + 9 <= got;) {
+        const uint8_t *f = (const uint8_t *)buf + at;
+        size_t len = ((size_t)f[0] << 16) | ((size_t)f[1] << 8) | f[2];
+        uint32_t id =
+            ((uint32_t)(f[5] & 0x7f) << 24) | ((uint32_t)f[6] << 16) | ((uint32_t)f[7] << 8) | f[8];
+        if (at + 9 + len > got)
+            break;
+        if (f[3] == 1 && len > 0 && id == 1) /* HEADERS: :status, indexed (0x8c: 400) */
+            status1 = f[9];
+        else if (f[3] == 1 && len > 0 && id == 3)
+            status3 = f[9];
+        else if (f[3] == 0 && id == 1 && n1 + len < sizeof(data1)) {
+            memcpy(data1 + n1, f + 9, len);
+            data1[n1 += len] = '\0';
+        } else if (f[3] == 0 && id == 3 && n3 + len < sizeof(data3)) {
+            memcpy(data3 + n3, f + 9, len);
+            data3[n3 += len] = '\0';
+        }
+        at += 9 + len;
+    }
+    print_message("    stream 1: status 0x%x %.120s; stream 3: status 0x%x %.120s\n", status1,
+                  data1, status3, data3);
+    assert_int_equal(status1, 0x8c); /* 400 */
+    assert_non_null(strstr(data1, "\"code\":\"bad_request\""));
+    assert_non_null(strstr(data1, "h2c"));
+    /* the smuggled GET /v1/models went unserved */
+    assert_int_not_equal(status3, 0x88); /* not 200 */
+    assert_null(strstr(data3, "\"object\":\"list\""));
+    assert_true(closed);
+}
+
 /* A request whose body length is ambiguous -- two Content-Length headers
  * (equal or not), Content-Length next to Transfer-Encoding, or two
  * Transfer-Encoding headers -- gets 400
@@ -1784,6 +1864,7 @@ test_ambiguous_length(void **state)
     }
     assert_memory_equal(buf, "HTTP/1.1 200 OK\r\n", 17);
     assert_non_null(p = strstr(buf + 17, "HTTP/1.1 200 OK\r\n"));
+    h2c_upgrade_smuggled();
 }
 
 /* Waits until the gateway whose stdout is fd listens: its host:port into

@@ -89,8 +89,8 @@ cli_gateway_main(int argc, char **argv)
          "never)",
          &keepalive, 0, 3600000, NULL, 0},
         {"stall-ms", CLI_INT, "MS",
-         "a streamed response whose client takes nothing of a write\nfor this long is ended and "
-         "its stream cancelled\n(client_stalled; default 30000; 0 = never)",
+         "a response whose client takes nothing of a write for\nthis long is ended: its stream "
+         "cancelled, or its last\nwrite dropped (client_stalled; default 30000; 0 = never)",
          &stall, 0, 3600000, NULL, 0},
         {"max-body", CLI_INT, "BYTES", "largest request body (default 1048576): 413 beyond",
          &max_body, 1024, 64 * 1024 * 1024, NULL, 0},

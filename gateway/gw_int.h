@@ -62,6 +62,7 @@ struct swg_loop {
     int wake_fd[2];
     h2o_timeout_t ka_timeout;    /* keepalive_ms */
     h2o_timeout_t stall_timeout; /* stall_ms: a write the client has not taken */
+    h2o_timeout_t fin_timeout;   /* stall_ms / 4: a last write's progress (swg_fin, response.c) */
     h2o_timeout_t tick_timeout;  /* 100 ms: drain checks */
     h2o_timeout_t watch_timeout; /* SWG_WATCH_MS: HTTP/1 clients waiting for a whole answer */
     h2o_timeout_entry_t tick;
@@ -103,7 +104,8 @@ struct swg_rq {
     h2o_linklist_t active_link; /* on lp->active */
     h2o_linklist_t all_link;    /* on gw->all (gw->mu) */
     h2o_timeout_entry_t ka;
-    h2o_timeout_entry_t stall;      /* linked while writing (stall_ms > 0): see rq_stalled */
+    h2o_timeout_entry_t stall;      /* linked while writing (stall_ms > 0): see rq_stalled; the
+                                       last write has its own (swg_fin) */
     h2o_timeout_entry_t watch;      /* non-stream over HTTP/1: is the client still there? */
     struct swg_tok *tok;            /* in the request's pool: tells us when h2o disposes it */
     char trace_id[40];              /* of the traceparent sent to the worker */

@@ -359,8 +359,8 @@ on_req(h2o_handler_t *self, h2o_req_t *req)
                 "tokens never).\n"
                 "# TYPE streamwire_gateway_sse_dropped_total counter\n"
                 "streamwire_gateway_sse_dropped_total{event=\"metrics\"} %llu\n"
-                "# HELP streamwire_gateway_stalled_total Streamed responses this gateway ended "
-                "because the client took nothing of a write for --stall-ms.\n"
+                "# HELP streamwire_gateway_stalled_total Responses this gateway ended because "
+                "the client took nothing of a write (the last one too) for --stall-ms.\n"
                 "# TYPE streamwire_gateway_stalled_total counter\n"
                 "streamwire_gateway_stalled_total %llu\n"
                 "# HELP streamwire_gateway_rapid_reset_closed_total HTTP/2 connections this "
@@ -724,6 +724,8 @@ loop_init(swg_loop *lp, int fd)
                      (uint64_t)(o->keepalive_ms > 0 ? o->keepalive_ms : 1000));
     h2o_timeout_init(lp->ctx.loop, &lp->stall_timeout,
                      (uint64_t)(o->stall_ms > 0 ? o->stall_ms : 1000));
+    h2o_timeout_init(lp->ctx.loop, &lp->fin_timeout,
+                     (uint64_t)(o->stall_ms >= 4 ? o->stall_ms / 4 : 1));
     h2o_timeout_init(lp->ctx.loop, &lp->tick_timeout, 100);
     h2o_timeout_init(lp->ctx.loop, &lp->watch_timeout, SWG_WATCH_MS);
     h2o_timeout_init(lp->ctx.loop, &lp->run_timeout, 0);
@@ -789,6 +791,7 @@ loop_run(swg_loop *lp)
         h2o_evloop_run(lp->ctx.loop, 0);
     h2o_timeout_dispose(lp->ctx.loop, &lp->ka_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->stall_timeout);
+    h2o_timeout_dispose(lp->ctx.loop, &lp->fin_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->tick_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->watch_timeout);
     h2o_timeout_dispose(lp->ctx.loop, &lp->run_timeout);

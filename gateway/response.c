@@ -11,7 +11,8 @@
  * bounded amount of memory (the credit window's items, and at most
  * SWG_ROUND_BYTES of events). A write the client takes nothing of for
  * stall_ms ends the response (rq_stalled), so a client that never reads
- * does not hold the stream, its worker's handler and our memory for ever.
+ * does not hold the stream, its worker's handler and our memory for ever;
+ * the last write too, after q is gone (swg_fin).
  *
  * response.created waits for the first item, so a request that fails
  * before any response exists (no_instances, no_responders,
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <linux/tcp.h>
 #include <sys/socket.h>
 
 #include <sodium.h>
@@ -175,7 +177,8 @@ log_line(const char *trace_id, const char *response_id, const char *model, const
 }
 
 /* The access-log line of a request whose stream opened (unless --access-log
- * off), once: when its terminal is taken, or its client left or stalled.
+ * off), once: when its last write is done or stalled (rq_last), or its
+ * client left or stalled before.
  * status: the HTTP status it was (or is being) answered with -- 200 once a
  * stream's headers went out. */
 static void
@@ -203,6 +206,141 @@ swg_log_refused(const swg_opts *o, h2o_req_t *req, int status, const char *code,
         tid[0] = '\0';
     log_line(tid, "", model != NULL ? model : "", "", status, "error", code, 0, -1,
              t_start_ms > 0 ? mono_ms() - t_start_ms : 0);
+}
+
+/* ---------------------------------------------------------------- the last write */
+
+/* A response's last write -- a stream's terminal round, or a whole answer
+ * -- goes to h2o with H2O_SEND_STATE_FINAL, and its swg_rq is freed then.
+ * What must outlive it lives in the HTTP request's pool, which h2o disposes
+ * once it is done with the request: the last bytes written (HTTP/1: taken
+ * by the socket; HTTP/2: the stream's last frame flushed) or the connection
+ * closed. Until then:
+ * - the stall clock. libh2o 2.2 has no write timeout on HTTP/1 and
+ *   suspends HTTP/2's idle timeout while a response is pending: a client
+ *   that stops reading would keep the connection, and the bytes h2o holds
+ *   for it, for good. The last write can be megabytes (the terminal events
+ *   carry the whole text, four times), so the clock runs from the client's
+ *   last progress, not from the write's start: every stall_ms / 4 the
+ *   bytes of the connection it acknowledged are looked at, and it is let
+ *   go once they have not grown for stall_ms. A slow reader is not cut
+ *   off;
+ * - the access-log line, written when the write is done or stalled. */
+typedef struct swg_fin {
+    swg_loop *lp;
+    h2o_req_t *req;
+    h2o_timeout_entry_t stall; /* on lp->fin_timeout */
+    uint64_t acked;            /* the connection's bytes the client acknowledged, last seen */
+    int64_t since_ms;          /* when they last grew (monotonic) */
+    int log;                   /* the access-log line is still to be written */
+    char trace_id[40];
+    const char *response_id, *model, *instance, *terminal, *reason; /* the pool's, or static */
+    int status;
+    unsigned items;
+    int64_t ttfi_ms, t_start_ms;
+} swg_fin;
+
+/* The bytes of req's connection its client has acknowledged (TCP_INFO), or
+ * 0 if not known. */
+static uint64_t
+sock_acked(h2o_req_t *req)
+{
+    h2o_socket_t *sock = swg_req_socket(req);
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    int fd;
+    memset(&ti, 0, sizeof(ti));
+    if (sock == NULL || (fd = h2o_socket_get_fd(sock)) < 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof(ti.tcpi_bytes_acked))
+        return 0;
+    return ti.tcpi_bytes_acked;
+}
+
+static void
+fin_log(swg_fin *f)
+{
+    if (!f->log)
+        return;
+    f->log = 0;
+    log_line(f->trace_id, f->response_id, f->model, f->instance, f->status, f->terminal, f->reason,
+             f->items, f->ttfi_ms, mono_ms() - f->t_start_ms);
+}
+
+/* Every stall_ms / 4 of a last write: once the client has taken nothing
+ * for stall_ms, the connection is shut down under h2o as rq_stalled does,
+ * and h2o closes it and disposes the request. The stream has ended
+ * already; the line says which end the client did not take. */
+static void
+fin_stalled(h2o_timeout_entry_t *entry)
+{
+    swg_fin *f = H2O_STRUCT_FROM_MEMBER(swg_fin, stall, entry);
+    uint64_t acked = sock_acked(f->req);
+    int64_t now = mono_ms();
+    if (acked != f->acked) { /* it took some */
+        f->acked = acked;
+        f->since_ms = now;
+    }
+    if (now - f->since_ms < f->lp->o->stall_ms) {
+        h2o_timeout_link(f->lp->ctx.loop, &f->lp->fin_timeout, &f->stall);
+        return;
+    }
+    __atomic_fetch_add(&f->lp->gw->stalled, 1, __ATOMIC_RELAXED);
+    f->reason = f->terminal;
+    f->terminal = "client_stalled";
+    fin_log(f);
+    swg_sock_abort(swg_req_socket(f->req));
+}
+
+/* h2o is done with the request: the last write went out (or the
+ * connection closed). */
+static void
+fin_dispose(void *p)
+{
+    swg_fin *f = p;
+    if (h2o_timeout_is_linked(&f->stall))
+        h2o_timeout_unlink(&f->stall);
+    fin_log(f);
+}
+
+/* q's caller hands its last write to h2o next: the swg_fin that outlives q
+ * takes the access-log line (status, terminal, reason) and runs the stall
+ * clock. With no HTTP request left (its client went), just the line. */
+static void
+rq_last(swg_rq *q, int status, const char *terminal, const char *reason)
+{
+    h2o_req_t *req = q->req;
+    swg_loop *lp = q->lp;
+    swg_fin *f;
+    if (req == NULL) {
+        rq_log(q, status, terminal, reason);
+        return;
+    }
+    f = h2o_mem_alloc_shared(&req->pool, sizeof(*f), fin_dispose); /* never NULL */
+    memset(f, 0, sizeof(*f));
+    f->lp = lp;
+    f->req = req;
+    f->stall.cb = fin_stalled;
+    if (!q->logged && lp->o->access_log) {
+        f->log = 1;
+        snprintf(f->trace_id, sizeof(f->trace_id), "%s", q->trace_id);
+        f->response_id = h2o_strdup(&req->pool, q->r.id, SIZE_MAX).base;
+        f->model = q->r.model ? q->r.model : ""; /* the options' */
+        f->instance =
+            h2o_strdup(&req->pool, q->s != NULL ? sw_stream_instance_id(q->s) : "", SIZE_MAX).base;
+        f->terminal = terminal; /* end_of's, static */
+        f->reason = reason != NULL ? h2o_strdup(&req->pool, reason, SIZE_MAX).base : NULL;
+        f->status = status;
+        f->items = q->r.items;
+        f->ttfi_ms = q->t_first_ms ? q->t_first_ms - q->t_start_ms : -1;
+        f->t_start_ms = q->t_start_ms;
+    }
+    q->logged = 1;
+    if (lp->o->stall_ms > 0) {
+        f->acked = sock_acked(req);
+        f->since_ms = mono_ms();
+        h2o_timeout_link(lp->ctx.loop, &lp->fin_timeout, &f->stall);
+    }
 }
 
 /* ---------------------------------------------------------------- run queue */
@@ -534,6 +672,7 @@ rq_pump(swg_rq *q, unsigned max)
     const sw_item *it;
     int final = 0;
     unsigned taken = 0;
+    const char *lterm = NULL, *lreason = NULL; /* the terminal's, for its log line */
     if (q->writing || q->ended || q->s == NULL)
         return 0;
     while (q->out.len < SWG_ROUND_BYTES && taken < max && sw_stream_next(q->s, &it, 0) == SW_OK) {
@@ -582,9 +721,13 @@ rq_pump(swg_rq *q, unsigned max)
                 http = 200;
             }
             q->ended = 1;
-            rq_log(q, q->in.stream ? 200 : http, pre ? "error" : end.status,
-                   end.err_code ? end.err_code : end.inc_reason);
+            /* the access-log line: written once the last write is done
+             * (rq_last), from `it`'s strings, which hold until the next
+             * sw_stream_next */
+            lterm = pre ? "error" : end.status;
+            lreason = end.err_code ? end.err_code : end.inc_reason;
             if (!q->in.stream) {
+                rq_last(q, http, lterm, lreason);
                 if (q->req != NULL)
                     rq_answer(q, &end, pre, http);
                 swg_rq_free(q);
@@ -628,6 +771,8 @@ rq_pump(swg_rq *q, unsigned max)
             swg_rq_free(q);
             return taken;
         }
+        if (final)
+            rq_last(q, 200, lterm, lreason);
         rq_flush(q, final);
         if (final) {
             swg_rq_free(q);

@@ -2225,6 +2225,189 @@ test_stalled_client_http1(void **state)
     stalled_client(0);
 }
 
+/* Workers whose responses end in a large last write, more than the socket
+ * buffers hold (4 MiB at most here, /proc/sys/net/ipv4/tcp_wmem): a
+ * stream's terminal events carry the whole text four times (200,000
+ * tokens, about 2.3 MB: some 9 MB handed to h2o at once); a non-streamed
+ * answer has it once (500,000 tokens, about 6 MB). */
+static const worker_def BIG_WORKER = {"gw.big.gen", "wbig", {"--tokens", "200000", NULL}};
+static const worker_def HUGE_WORKER = {"gw.huge.gen", "whuge", {"--tokens", "500000", NULL}};
+
+/* A request to model on a new connection with a 64 KiB receive buffer;
+ * the socket. */
+static int
+big_request(const char *hp, const char *model, int stream)
+{
+    char req[512], body[128];
+    int n, fd = tcp_connect_rcvbuf(hp, 65536);
+    assert_true(fd >= 0);
+    snprintf(body, sizeof(body), "{\"model\":\"%s\",\"input\":\"x\"%s}", model,
+             stream ? ",\"stream\":true" : "");
+    n = snprintf(req, sizeof(req),
+                 "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\n\r\n%s",
+                 strlen(body), body);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    return fd;
+}
+
+/* Reads fd until marker has come (0), or the connection ends or ms pass
+ * (-1). *total: the bytes read. */
+static int
+read_past(int fd, const char *marker, int ms, size_t *total)
+{
+    static char buf[1 << 16];
+    size_t keep = 0, mlen = strlen(marker);
+    int64_t until = swh_now_ms() + ms;
+    while (swh_now_ms() < until) {
+        ssize_t n = read_some(fd, buf + keep, sizeof(buf) - keep, 200);
+        if (n == 0 || (n < 0 && errno != 0 && errno != EAGAIN && errno != EINTR))
+            return -1;
+        if (n < 0)
+            continue;
+        *total += (size_t)n;
+        keep += (size_t)n;
+        buf[keep] = '\0';
+        if (strstr(buf, marker) != NULL)
+            return 0;
+        /* the marker may straddle two reads: keep its length of the tail */
+        if (keep > mlen) {
+            memmove(buf, buf + keep - mlen, mlen);
+            keep = mlen;
+        }
+    }
+    return -1;
+}
+
+/* A client that stops reading once its response's last write has begun:
+ * the stream's terminal round (streamed), or the answer's first bytes (not
+ * streamed). Before, --stall-ms did not cover that write: the request was
+ * freed when the last bytes were handed to h2o, its stall timer with it,
+ * and libh2o 2.2 has no write timeout on HTTP/1, so the connection and the
+ * megabytes h2o held for it stayed for good, streamwire_gateway_stalled_total
+ * stayed 0 and the access log said completed. Now the clock runs until h2o
+ * is done with the request: the connection is closed about --stall-ms after
+ * the client's last read, counted, and logged client_stalled (reason: the
+ * end the client did not take). A client that reads that write slowly --
+ * its 9 MB at about 2.5 MB/s, several times --stall-ms -- is not cut off:
+ * the clock runs from its last progress. */
+static void
+test_stalled_last_write(void **state)
+{
+    char stall[16], hp[128], murl[200], gurl[200];
+    const char *extra[] = {
+        "--model", "big=gw.big.gen", "--model", "huge=gw.huge.gen", "--stall-ms", stall, NULL};
+    int gfd, st;
+    pid_t wp, wp2, gp;
+    (void)state;
+    snprintf(stall, sizeof(stall), "%d", 800 * swh_slow());
+    wp = own_worker(&BIG_WORKER, murl, sizeof(murl));
+    wp2 = own_worker(&HUGE_WORKER, murl, sizeof(murl));
+    gp = own_gateway(extra, hp, sizeof(hp), &gfd);
+    snprintf(gurl, sizeof(gurl), "http://%s/metrics", hp);
+    wait_readyz(hp); /* the registry entry reached the gateway's router */
+    for (int stream = 1; stream >= 0; stream--) {
+        char buf[4096], line[4096];
+        size_t total = 0;
+        double stalled = -1;
+        int64_t t0, waited;
+        int closed = 0, fd = big_request(hp, stream ? "big" : "huge", stream);
+        json_t *j = NULL;
+        /* streamed: read every event up to the terminal round; not streamed:
+         * the answer's headers */
+        assert_int_equal(read_past(fd, stream ? "event: response.output_text.done" : "\r\n\r\n",
+                                   60000 * swh_slow(), &total),
+                         0);
+        t0 = swh_now_ms(); /* and read no more */
+        while (swh_now_ms() < t0 + (800 + 5000) * swh_slow()) {
+            swh_sleep_ms(100);
+            if ((stalled = metric_at(gurl, "streamwire_gateway_stalled_total")) >= 2 - stream)
+                break;
+        }
+        waited = swh_now_ms() - t0;
+        print_message("    %s: stopped reading after %zu bytes; stalled_total %.0f after %lld ms "
+                      "(--stall-ms %s)\n",
+                      stream ? "streamed, in its terminal round" : "not streamed, in its answer",
+                      total, stalled, (long long)waited, stall);
+        assert_true(stalled == 2 - stream);
+        assert_true(waited <= (800 + 1000) * swh_slow());
+        /* the connection is closed: what was buffered, then the end (or a reset) */
+        for (int64_t end = swh_now_ms() + 5000 * swh_slow(); swh_now_ms() < end;) {
+            ssize_t n = read_some(fd, buf, sizeof(buf), 500);
+            if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+                closed = 1;
+                break;
+            }
+        }
+        close(fd);
+        assert_true(closed);
+        /* its access-log line, one */
+        while (j == NULL && swh_wait_line(gfd, "{", line, sizeof(line), 5000 * swh_slow()) == 0)
+            j = json_loads(line, 0, NULL);
+        assert_non_null(j);
+        print_message("    %s\n", line);
+        assert_string_equal(str_at(j, "terminal", NULL), "client_stalled");
+        assert_string_equal(str_at(j, "reason", NULL), "completed");
+        assert_int_equal(json_integer_value(json_object_get(j, "status")), 200);
+        assert_int_equal(json_integer_value(json_object_get(j, "items")), stream ? 200000 : 500000);
+        json_decref(j);
+    }
+    /* a slow reader: 256 KiB every 100 ms through the terminal round */
+    {
+        static char buf[1 << 18];
+        char line[4096];
+        size_t total = 0, got = 0;
+        int64_t t0;
+        int fd = big_request(hp, "big", 1), completed = 0;
+        json_t *j = NULL;
+        assert_int_equal(
+            read_past(fd, "event: response.output_text.done", 60000 * swh_slow(), &total), 0);
+        t0 = swh_now_ms();
+        for (size_t keep = 0;;) { /* keep: the last bytes before, where a marker may start */
+            ssize_t n = 0;
+            swh_sleep_ms(100);
+            got = keep;
+            while (got + 1 < sizeof(buf) &&
+                   (n = read_some(fd, buf + got, sizeof(buf) - got, 0)) > 0)
+                got += (size_t)n;
+            total += got - keep;
+            buf[got] = '\0';
+            if (strstr(buf, "event: response.completed\n") != NULL)
+                completed = 1;
+            if (got >= 5 && memcmp(buf + got - 5, "0\r\n\r\n", 5) == 0)
+                break; /* the chunked end */
+            if (got == keep && swh_now_ms() - t0 > 10000 * swh_slow())
+                break;
+            keep = got < 32 ? got : 32;
+            memmove(buf, buf + got - keep, keep);
+        }
+        close(fd);
+        print_message("    a slow reader: the terminal round in %lld ms, %zu bytes in all, "
+                      "terminal %d\n",
+                      (long long)(swh_now_ms() - t0), total, completed);
+        assert_true(completed);
+        assert_true(swh_now_ms() - t0 > 2 * 800 * swh_slow()); /* it was slow */
+        assert_true(metric_at(gurl, "streamwire_gateway_stalled_total") == 2);
+        while (j == NULL && swh_wait_line(gfd, "{", line, sizeof(line), 5000 * swh_slow()) == 0)
+            j = json_loads(line, 0, NULL);
+        assert_non_null(j);
+        assert_string_equal(str_at(j, "terminal", NULL), "completed");
+        json_decref(j);
+    }
+    assert_true(metric_at(gurl, "streamwire_frontend_open_streams") == 0);
+    swh_kill(gp, SIGTERM);
+    assert_int_equal(swh_wait_exit(gp, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    /* no other line: one per request */
+    {
+        char line[4096];
+        assert_int_not_equal(swh_wait_line(gfd, "{", line, sizeof(line), 2000 * swh_slow()), 0);
+    }
+    close(gfd);
+    swh_terminate(wp, 3000);
+    swh_terminate(wp2, 3000);
+}
+
 /* The same over h2c, the audit's case: a client that gives the stream no
  * HTTP/2 window. h2o suspends its idle timeout while a response is pending,
  * so only the stall limit ends it (and, with libh2o 2.2, the connection with
@@ -2654,6 +2837,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_out_of_descriptors),
         cmocka_unit_test(test_stalled_client_http1),
         cmocka_unit_test(test_stalled_client_http2),
+        cmocka_unit_test(test_stalled_last_write),
         cmocka_unit_test(test_non_stream_fails_after_items),
         cmocka_unit_test(test_rapid_reset),
         cmocka_unit_test(test_sigterm_cancels_hung_streams),

@@ -74,7 +74,8 @@ struct swg_loop {
     h2o_linklist_t run[2];     /* the run queue, see swg_rq_schedule */
     h2o_timeout_t run_timeout; /* 0 ms: the queue runs in the loop round's timeouts */
     h2o_timeout_entry_t run_entry;
-    int run_hold; /* the queue ran this round: it is linked again by the next round only */
+    int run_hold;    /* the queue ran this round: it is linked again by the next round only */
+    unsigned finals; /* last writes h2o has not finished (swg_fin, response.c): the drain waits */
     int draining, quit;
     int64_t drain_deadline, cancel_deadline;
     int accept_paused;      /* out of descriptors: the listener is read again at the next tick */

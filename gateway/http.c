@@ -627,7 +627,10 @@ on_stop(h2o_socket_t *sock, const char *err)
 }
 
 /* Every 100 ms: a listener paused for want of descriptors (accept_pause)
- * reads again; the drain's progress. */
+ * reads again; the drain's progress: it ends once nothing is open and no
+ * last write is under way, or when its grace and the 2 s after the cancel
+ * are over (a last write to a client that stopped reading ends sooner, by
+ * --stall-ms). */
 static void
 on_tick(h2o_timeout_entry_t *entry)
 {
@@ -638,7 +641,9 @@ on_tick(h2o_timeout_entry_t *entry)
     }
     if (lp->draining) {
         int64_t now = now_ms();
-        if (h2o_linklist_is_empty(&lp->active))
+        /* done when no request is open and every last write is out (the
+         * terminal round of a stream that ended is still in h2o's hands) */
+        if (h2o_linklist_is_empty(&lp->active) && lp->finals == 0)
             lp->quit = 1;
         else if (lp->cancel_deadline == 0 && now >= lp->drain_deadline) {
             /* grace over: cancel what is left; their terminals still go out */

@@ -225,6 +225,7 @@ swg_log_refused(const swg_opts *o, h2o_req_t *req, int status, const char *code,
  *   bytes of the connection it acknowledged are looked at, and it is let
  *   go once they have not grown for stall_ms. A slow reader is not cut
  *   off;
+ * - the loop's count of last writes, which its drain waits for;
  * - the access-log line, written when the write is done or stalled. */
 typedef struct swg_fin {
     swg_loop *lp;
@@ -301,6 +302,7 @@ fin_dispose(void *p)
     if (h2o_timeout_is_linked(&f->stall))
         h2o_timeout_unlink(&f->stall);
     fin_log(f);
+    f->lp->finals--;
 }
 
 /* q's caller hands its last write to h2o next: the swg_fin that outlives q
@@ -336,6 +338,7 @@ rq_last(swg_rq *q, int status, const char *terminal, const char *reason)
         f->t_start_ms = q->t_start_ms;
     }
     q->logged = 1;
+    lp->finals++;
     if (lp->o->stall_ms > 0) {
         f->acked = sock_acked(req);
         f->since_ms = mono_ms();

@@ -2408,6 +2408,64 @@ test_stalled_last_write(void **state)
     swh_terminate(wp2, 3000);
 }
 
+/* SIGTERM while a response's last write is under way, to a client that
+ * reads it slowly: the drain waits for that write (within --grace-ms), and
+ * the client gets the terminal event and the chunked end. Before, a loop
+ * ended its drain once its list of open requests was empty -- the last
+ * round handed to h2o, not sent -- and shut its connections down: the
+ * client lost the rest of the terminal round. */
+static void
+test_sigterm_last_write(void **state)
+{
+    const char *extra[] = {"--model", "big=gw.big.gen", "--grace-ms", "20000", NULL};
+    static char tail[1 << 16];
+    char hp[128], murl[200];
+    size_t total = 0, keep = 0;
+    int gfd, st, fd, completed = 0;
+    int64_t t0;
+    pid_t wp, gp;
+    (void)state;
+    wp = own_worker(&BIG_WORKER, murl, sizeof(murl));
+    gp = own_gateway(extra, hp, sizeof(hp), &gfd);
+    wait_readyz(hp);
+    fd = big_request(hp, "big", 1);
+    assert_int_equal(read_past(fd, "event: response.output_text.done", 60000 * swh_slow(), &total),
+                     0);
+    /* the terminal round is in h2o's hands and not read: stop, and wait
+     * past a few of the drain's checks (every 100 ms) */
+    t0 = swh_now_ms();
+    swh_kill(gp, SIGTERM);
+    swh_sleep_ms(1000);
+    for (;;) {
+        ssize_t n = read_some(fd, tail + keep, sizeof(tail) - keep, 5000 * swh_slow());
+        if (n <= 0)
+            break;
+        total += (size_t)n;
+        keep += (size_t)n;
+        tail[keep] = '\0';
+        if (strstr(tail, "event: response.completed\n") != NULL)
+            completed = 1;
+        if (keep > 4096) { /* the last 64 bytes carry on */
+            memmove(tail, tail + keep - 64, 64);
+            keep = 64;
+        }
+    }
+    close(fd);
+    print_message("    SIGTERM in the last write: %zu bytes read, terminal %d, ends %s after %lld "
+                  "ms\n",
+                  total, completed,
+                  keep >= 5 && memcmp(tail + keep - 5, "0\r\n\r\n", 5) == 0 ? "with 0 CRLF CRLF"
+                                                                            : "cut off",
+                  (long long)(swh_now_ms() - t0));
+    assert_true(completed);
+    assert_true(keep >= 5);
+    assert_memory_equal(tail + keep - 5, "0\r\n\r\n", 5);
+    assert_int_equal(swh_wait_exit(gp, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    close(gfd);
+    swh_terminate(wp, 3000);
+}
+
 /* The same over h2c, the audit's case: a client that gives the stream no
  * HTTP/2 window. h2o suspends its idle timeout while a response is pending,
  * so only the stall limit ends it (and, with libh2o 2.2, the connection with
@@ -2841,6 +2899,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_non_stream_fails_after_items),
         cmocka_unit_test(test_rapid_reset),
         cmocka_unit_test(test_sigterm_cancels_hung_streams),
+        cmocka_unit_test(test_sigterm_last_write),
         cmocka_unit_test(test_sigterm_drains),
     };
     if (argc > 1)

@@ -69,6 +69,29 @@ utf8_ok(const uint8_t *p, size_t n)
     return cp >= 0x10000 && cp <= 0x10ffff;
 }
 
+int
+swg_utf8_fix(const char *s, size_t n, swg_buf *out)
+{
+    static const char repl[] = "\xef\xbf\xbd";
+    const uint8_t *p = (const uint8_t *)s;
+    size_t i = 0, run = 0;
+    int ok = 1;
+    while (i < n) {
+        size_t k = utf8_len(p[i]);
+        if (k == 1 || (k > 1 && i + k <= n && utf8_ok(p + i, k))) {
+            i += k;
+            continue;
+        }
+        ok = 0;
+        swg_buf_add(out, s + run, i - run);
+        swg_buf_add(out, repl, 3);
+        run = ++i;
+    }
+    if (!ok)
+        swg_buf_add(out, s + run, n - run);
+    return ok;
+}
+
 void
 swg_resp_add(swg_resp *r, const void *data, size_t len, size_t *off, size_t *n)
 {

@@ -49,6 +49,10 @@ typedef struct swg_buf {
 
 void swg_buf_add(swg_buf *b, const char *s, size_t n);
 void swg_buf_free(swg_buf *b);
+/* 1 if s[0..n) is valid UTF-8; else 0, and out gets s with each byte that
+ * starts no well-formed character as U+FFFD (NUL-terminated; out->oom if
+ * it could not be written). */
+int swg_utf8_fix(const char *s, size_t n, swg_buf *out);
 
 /* One response as the events describe it. */
 typedef struct swg_resp {

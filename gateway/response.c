@@ -151,21 +151,39 @@ model_len(const char *m)
     return n;
 }
 
+/* s as valid UTF-8: s itself, or fix's text (bad bytes as U+FFFD; "" if
+ * it could not be written). NULL stays NULL. */
+static const char *
+utf8_or_fixed(const char *s, swg_buf *fix)
+{
+    if (s == NULL || swg_utf8_fix(s, strlen(s), fix))
+        return s;
+    return fix->oom || fix->p == NULL ? "" : fix->p;
+}
+
 /* One JSON line on stdout: trace id, response id, model, instance, the
  * HTTP status, terminal, reason, items, time to first item and duration,
- * in milliseconds. */
+ * in milliseconds. A string that is not UTF-8 -- a worker's reason is its
+ * bytes, passed on -- has its bad bytes as U+FFFD: jansson refuses it, and
+ * the line was lost. */
 static void
 log_line(const char *trace_id, const char *response_id, const char *model, const char *instance,
          int status, const char *terminal, const char *reason, unsigned items, int64_t ttfi_ms,
          int64_t duration_ms)
 {
+    swg_buf fix[3] = {{NULL, 0, 0, 0}, {NULL, 0, 0, 0}, {NULL, 0, 0, 0}};
     json_t *j;
     char *s;
+    model = utf8_or_fixed(model, &fix[0]);
+    instance = utf8_or_fixed(instance, &fix[1]);
+    reason = utf8_or_fixed(reason, &fix[2]);
     j = json_pack("{s:s, s:s, s:s%, s:s, s:i, s:s, s:s?, s:i, s:I, s:I}", "trace_id", trace_id,
                   "response_id", response_id, "model", model, model_len(model), "instance",
                   instance, "status", status, "terminal", terminal, "reason", reason, "items",
                   (int)items, "ttfi_ms", (json_int_t)ttfi_ms, "duration_ms",
                   (json_int_t)duration_ms);
+    for (int i = 0; i < 3; i++)
+        swg_buf_free(&fix[i]);
     if (j == NULL)
         return;
     if ((s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER)) != NULL) {

@@ -593,6 +593,89 @@ test_access_log_every_request(void **state)
     close(fd);
 }
 
+/* An in-process worker that sends one token and ends incomplete with a
+ * reason that is not UTF-8 (the library passes a worker's reason on as
+ * bytes). */
+static void
+bad_reason_handler(sw_responder *r, void *arg)
+{
+    (void)arg;
+    (void)sw_responder_send(r, "ok", 2);
+    (void)sw_responder_finish(r, SW_STATUS_INCOMPLETE, "length\xff\xfe");
+}
+
+/* A worker's reason that is not valid UTF-8 ("length\xff\xfe"): every
+ * request still has its one access-log line, the reason's bad bytes as
+ * U+FFFD, as the client's events and object have it. Before, jansson
+ * refused to pack the line and it was lost without a word. */
+static void
+test_log_reason_not_utf8(void **state)
+{
+    static const char fixed[] = "length\xef\xbf\xbd\xef\xbf\xbd";
+    const char *extra[] = {"--model", "badreason=gw.badreason.gen", NULL};
+    sw_conn_opts co;
+    sw_ingress_opts io;
+    sw_registry_opts ro;
+    sw_registration reg_entry;
+    sw_conn *c = NULL;
+    sw_ingress *ing = NULL;
+    sw_registry *reg = NULL;
+    char hp[128], line[4096];
+    int fd, st;
+    pid_t pid;
+    json_t *j;
+    (void)state;
+    sw_conn_opts_init(&co);
+    co.url = g_nats.url;
+    assert_int_equal(sw_conn_open(&c, &co), SW_OK);
+    sw_ingress_opts_init(&io);
+    io.endpoint = "gw.badreason.gen";
+    io.instance_id = "wbadreason";
+    io.handler = bad_reason_handler;
+    assert_int_equal(sw_ingress_start(&ing, c, &io), SW_OK);
+    sw_registry_opts_init(&ro);
+    assert_int_equal(sw_registry_open(&reg, c, &ro), SW_OK);
+    assert_int_equal(sw_ingress_registration(ing, &reg_entry), SW_OK);
+    assert_int_equal(sw_registry_register(reg, &reg_entry), SW_OK);
+    pid = own_gateway(extra, hp, sizeof(hp), &fd);
+    wait_readyz(hp);
+    /* streamed: the terminal event has the reason, fixed */
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses",
+                             "{\"model\":\"badreason\",\"input\":\"x\",\"stream\":true}", g_out,
+                             sizeof(g_out)),
+                     200);
+    assert_non_null(strstr(g_out, "event: response.incomplete\n"));
+    assert_non_null(strstr(g_out, fixed));
+    /* not streamed: the response object */
+    assert_int_equal(curl_at(hp, NULL, "/v1/responses", "{\"model\":\"badreason\",\"input\":\"x\"}",
+                             g_out, sizeof(g_out)),
+                     200);
+    assert_non_null(j = json_loads(g_out, 0, NULL));
+    assert_string_equal(str_at(j, "incomplete_details", "reason"), fixed);
+    json_decref(j);
+    /* one line each */
+    for (int k = 0; k < 2; k++) {
+        if (swh_wait_line(fd, "{", line, sizeof(line), 5000 * swh_slow()) != 0)
+            fail_msg("no access-log line for request %d", k);
+        print_message("    %s\n", line);
+        assert_non_null(j = json_loads(line, 0, NULL));
+        assert_string_equal(str_at(j, "model", NULL), "badreason");
+        assert_string_equal(str_at(j, "terminal", NULL), "incomplete");
+        assert_string_equal(str_at(j, "reason", NULL), fixed);
+        assert_int_equal(json_integer_value(json_object_get(j, "items")), 1);
+        json_decref(j);
+    }
+    swh_kill(pid, SIGTERM);
+    assert_int_equal(swh_wait_exit(pid, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    assert_int_not_equal(swh_wait_line(fd, "{", line, sizeof(line), 2000 * swh_slow()), 0);
+    close(fd);
+    assert_int_equal(sw_registry_deregister(reg, "wbadreason"), SW_OK);
+    sw_registry_close(reg);
+    sw_ingress_destroy(ing);
+    sw_conn_close(c);
+}
+
 static void
 test_completed_http2(void **state)
 {
@@ -2868,6 +2951,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_completed_http1),
         cmocka_unit_test(test_completed_http2),
         cmocka_unit_test(test_access_log_every_request),
+        cmocka_unit_test(test_log_reason_not_utf8),
         cmocka_unit_test(test_trace_headers),
         cmocka_unit_test(test_incomplete_max_tokens),
         cmocka_unit_test(test_failed),

@@ -510,6 +510,46 @@ test_error_object(void **state)
     swg_buf_free(&b);
 }
 
+/* swg_utf8_fix, which the access log's strings go through (a worker's
+ * reason is its bytes): valid UTF-8 is left alone; each byte that starts
+ * no well-formed character becomes U+FFFD -- stray continuation bytes,
+ * bytes that never occur, a character cut short, overlong forms and
+ * surrogates -- and the text around it is kept. */
+static void
+test_utf8_fix(void **state)
+{
+    static const struct {
+        const char *in, *out; /* out NULL: valid */
+    } cases[] = {
+        {"", NULL},
+        {"length", NULL},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", NULL},
+        {"length\xff\xfe", "length\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\x80x", "\xef\xbf\xbdx"},
+        {"a\xe2\x82", "a\xef\xbf\xbd\xef\xbf\xbd"},                 /* cut short */
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},                   /* overlong '/' */
+        {"\xed\xa0\x80!", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd!"}, /* a surrogate */
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        swg_buf b = {NULL, 0, 0, 0};
+        int ok = swg_utf8_fix(cases[i].in, strlen(cases[i].in), &b);
+        if (cases[i].out == NULL) {
+            assert_int_equal(ok, 1);
+            assert_int_equal(b.len, 0);
+        } else {
+            json_t *j;
+            assert_int_equal(ok, 0);
+            assert_false(b.oom);
+            assert_string_equal(b.p, cases[i].out);
+            /* jansson takes it */
+            assert_non_null(j = json_string(b.p));
+            json_decref(j);
+        }
+        swg_buf_free(&b);
+    }
+}
+
 int
 main(void)
 {
@@ -519,6 +559,7 @@ main(void)
         cmocka_unit_test(test_utf8_across_items), cmocka_unit_test(test_events_json),
         cmocka_unit_test(test_events_exact),      cmocka_unit_test(test_utf8_cut_at_the_end),
         cmocka_unit_test(test_error_object),      cmocka_unit_test(test_metadata_bounds),
+        cmocka_unit_test(test_utf8_fix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -175,6 +175,11 @@ header_line_is(const char *p, const char *end, const char *name)
  * sees the body end elsewhere: the bytes between the two ends are, to one
  * of them, the next request on the connection, which the other never saw
  * (request smuggling: RFC 9112 6.3 and 11.2 say to answer 400 and close).
+ * A header line folded onto the previous one (obs-fold: it starts with a
+ * space or a tab) is refused too, as RFC 9112 5.2 allows: h2o keeps the
+ * first line's value ("Transfer-Encoding: chunked" folded with ", identity"
+ * is read as chunked) and makes the rest a header without a name, where a
+ * proxy that unfolds it reads another value.
  * So the header block is read again where h2o parsed it: in place, at the
  * start of the connection's input buffer, which keeps it until the response
  * is sent (h2o consumes a request before it parses the next). If the
@@ -205,6 +210,9 @@ length_ambiguous(h2o_req_t *req)
         p = nl + 1;
         if (p < end && (*p == '\n' || *p == '\r'))
             break; /* the empty line (a CR is only ever followed by LF) */
+        if (p < end && (*p == ' ' || *p == '\t'))
+            return "a header line of the request starts with a space or a tab (obs-fold, RFC 9112 "
+                   "5.2): its headers, and its body's length, are ambiguous";
         if (header_line_is(p, end, "content-length"))
             ncl++;
         else if (header_line_is(p, end, "transfer-encoding"))

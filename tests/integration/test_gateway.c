@@ -1861,8 +1861,10 @@ h2c_upgrade_smuggled(void)
 }
 
 /* A request whose body length is ambiguous -- two Content-Length headers
- * (equal or not), Content-Length next to Transfer-Encoding, or two
- * Transfer-Encoding headers -- gets 400
+ * (equal or not), Content-Length next to Transfer-Encoding, two
+ * Transfer-Encoding headers, or a folded header line (obs-fold, which was
+ * taken as is: "Transfer-Encoding: chunked" folded with ", identity"
+ * read as chunked) -- gets 400
  * bad_request in the JSON error shape, and the connection is closed: the
  * bytes after the body h2o read are not taken as another request. h2o 2.2
  * reads a body by the first Content-Length and ignores the rest, so a
@@ -1880,7 +1882,7 @@ test_ambiguous_length(void **state)
     int n, closed;
     json_t *j;
     (void)state;
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 6; k++) {
         switch (k) {
         case 0: /* the first says no body; the second covers the smuggled request */
             n = snprintf(req, sizeof(req),
@@ -1907,12 +1909,20 @@ test_ambiguous_length(void **state)
                          "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n%s",
                          sizeof(body) - 1, sizeof(body) - 1, body, smuggled);
             break;
-        default: /* two Transfer-Encodings: h2o goes by the last (chunked), a proxy
-                    that went by the first saw no body, and the chunks as the next
-                    request (whose own end it then took for a third) */
+        case 4: /* two Transfer-Encodings: h2o goes by the last (chunked), a proxy
+                   that went by the first saw no body, and the chunks as the next
+                   request (whose own end it then took for a third) */
             n = snprintf(req, sizeof(req),
                          "POST /v1/responses HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n"
                          "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n%s",
+                         sizeof(body) - 1, body, smuggled);
+            break;
+        default: /* a folded header line (obs-fold): h2o takes "chunked" and makes the
+                    continuation a header of no name; a proxy that unfolds it reads
+                    "chunked , identity", whose last coding is not chunked */
+            n = snprintf(req, sizeof(req),
+                         "POST /v1/responses HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                         " , identity\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n%s",
                          sizeof(body) - 1, body, smuggled);
             break;
         }
@@ -1926,8 +1936,9 @@ test_ambiguous_length(void **state)
         assert_non_null(j);
         assert_string_equal(str_at(j, "error", "type"), "invalid_request_error");
         assert_string_equal(str_at(j, "error", "code"), "bad_request");
-        assert_non_null(
-            strstr(str_at(j, "error", "message"), k < 3 ? "Content-Length" : "Transfer-Encoding"));
+        assert_non_null(strstr(str_at(j, "error", "message"), k < 3   ? "Content-Length"
+                                                              : k < 5 ? "Transfer-Encoding"
+                                                                      : "obs-fold"));
         if (k == 4)
             assert_non_null(strstr(str_at(j, "error", "message"), "more than one"));
         json_decref(j);

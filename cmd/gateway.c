@@ -63,7 +63,7 @@ cli_gateway_main(int argc, char **argv)
     const char *policy = "round_robin", *cod = "on", *router_id = NULL, *access_log = "on";
     const char *narration = "on";
     long keepalive = 15000, stall = 30000, max_body = 1 << 20, max_conns = 10000, grace = 10000,
-         replicas = 1;
+         replicas = 1, req_timeout = 10000;
     long migration_limit = 0, loops = 0;
     int quiet = 0, rc, wake[2];
     swg_model models[GW_MAX_MODELS];
@@ -94,6 +94,12 @@ cli_gateway_main(int argc, char **argv)
          &stall, 0, 3600000, NULL, 0},
         {"max-body", CLI_INT, "BYTES", "largest request body (default 1048576): 413 beyond",
          &max_body, 1024, 64 * 1024 * 1024, NULL, 0},
+        {"request-timeout-ms", CLI_INT, "MS",
+         "HTTP/1.1: a request's headers and body must arrive within\nthis, from the connection's "
+         "start or the previous\nanswer's end (also the idle keep-alive limit); the\nconnection "
+         "is closed otherwise, unanswered (default\n10000; raise it with --max-body for slow "
+         "uploads)",
+         &req_timeout, 100, 3600000, NULL, 0},
         {"max-connections", CLI_INT, "N",
          "open HTTP connections at most (default 10000); more are\nclosed at once", &max_conns, 1,
          1000000, NULL, 0},
@@ -218,6 +224,7 @@ cli_gateway_main(int argc, char **argv)
     go.keepalive_ms = keepalive;
     go.stall_ms = stall;
     go.max_body = (size_t)max_body;
+    go.request_timeout_ms = req_timeout;
     go.max_connections = (unsigned)max_conns;
     {
         /* Each connection is a descriptor: raise the soft limit as far as

@@ -28,12 +28,14 @@ typedef struct swg_opts {
     size_t nmodels;
     sw_conn *conn;
     sw_router *router;
-    sw_registry *registry; /* for /readyz; may be NULL */
-    sw_metrics *metrics;   /* for /metrics; may be NULL */
-    int64_t keepalive_ms;  /* ": keep-alive" after this much silence; 0 = never */
-    int64_t stall_ms;      /* a stream's write the client has not taken for this long ends it
-                              (client_stalled); 0 = never */
-    size_t max_body;       /* request body bytes */
+    sw_registry *registry;      /* for /readyz; may be NULL */
+    sw_metrics *metrics;        /* for /metrics; may be NULL */
+    int64_t keepalive_ms;       /* ": keep-alive" after this much silence; 0 = never */
+    int64_t stall_ms;           /* a stream's write the client has not taken for this long ends it
+                                   (client_stalled); 0 = never */
+    size_t max_body;            /* request body bytes */
+    int64_t request_timeout_ms; /* HTTP/1: a request's headers and body arrive within this
+                                   (h2o's http1 req_timeout); 0 = h2o's default, 10 s */
     unsigned max_connections;
     int cancel_on_disconnect;
     int narration;    /* `narration` events at start, cancel and end of a stream */

@@ -877,6 +877,11 @@ swg_run(const swg_opts *o)
      * refuses bodies further over itself (a chunked body's limit there is
      * exclusive: max_body itself must pass) */
     gw->config.max_request_entity_size = o->max_body < SIZE_MAX ? o->max_body + 1 : SIZE_MAX;
+    /* HTTP/1: from a connection's start (or its previous answer's end) to
+     * the last byte of the next request's body. h2o closes a connection
+     * over it with no answer (libh2o 2.2 tells no one). */
+    if (o->request_timeout_ms > 0)
+        gw->config.http1.req_timeout = (uint64_t)o->request_timeout_ms;
     host = h2o_config_register_host(&gw->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     path = h2o_config_register_path(host, "/", 0);
     h = h2o_create_handler(path, sizeof(*h));

@@ -1961,6 +1961,70 @@ test_ambiguous_length(void **state)
     h2c_upgrade_smuggled();
 }
 
+/* --request-timeout-ms: how long an HTTP/1.1 connection may take for a
+ * request's headers and body (from its start, or the previous answer's
+ * end). It was libh2o's fixed 10 s, whatever --max-body allowed (64 MiB:
+ * 6.7 MB/s to get one in), with no way to raise it. With 1,500 ms a
+ * request whose body trickles in over about 600 ms is served, and one that
+ * stops halfway is closed about 1.5 s after the connection opened. */
+static void
+test_request_timeout(void **state)
+{
+    static const char body[] = "{\"model\":\"ok\",\"input\":\"slow upload\"}";
+    const char *extra[] = {"--model", "ok=gw.ok.gen", "--request-timeout-ms", "1500", NULL};
+    char hp[128], head[256], buf[4096];
+    int gfd, st, fd, hn, closed = 0;
+    size_t half = (sizeof(body) - 1) / 2, got = 0;
+    int64_t t0;
+    pid_t gp;
+    (void)state;
+    gp = own_gateway(extra, hp, sizeof(hp), &gfd);
+    wait_readyz(hp);
+    hn = snprintf(head, sizeof(head),
+                  "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  "Content-Length: %zu\r\n\r\n",
+                  sizeof(body) - 1);
+    /* a body in 6 pieces, 100 ms apart: served */
+    fd = tcp_connect(hp);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, head, (size_t)hn), hn);
+    for (size_t off = 0, step = (sizeof(body) - 1 + 5) / 6; off < sizeof(body) - 1; off += step) {
+        size_t n = sizeof(body) - 1 - off < step ? sizeof(body) - 1 - off : step;
+        swh_sleep_ms(100);
+        assert_int_equal(write(fd, body + off, n), (ssize_t)n);
+    }
+    got = read_responses(fd, buf, sizeof(buf), 1);
+    close(fd);
+    assert_true(got > 0);
+    assert_memory_equal(buf, "HTTP/1.1 200 OK\r\n", 17);
+    /* half a body, then nothing: closed when the request's time is up */
+    t0 = swh_now_ms();
+    fd = tcp_connect(hp);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, head, (size_t)hn), hn);
+    assert_int_equal(write(fd, body, half), (ssize_t)half);
+    for (int64_t end = t0 + 6000 * swh_slow(); swh_now_ms() < end;) {
+        ssize_t n;
+        errno = 0;
+        n = read_some(fd, buf, sizeof(buf), 100);
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+            closed = 1;
+            break;
+        }
+        assert_true(n < 0); /* no answer */
+    }
+    close(fd);
+    print_message("    half a body: closed %d after %lld ms (--request-timeout-ms 1500)\n", closed,
+                  (long long)(swh_now_ms() - t0));
+    assert_true(closed);
+    assert_true(swh_now_ms() - t0 >= 1400);
+    assert_true(swh_now_ms() - t0 <= 1500 + 1000 * swh_slow());
+    swh_kill(gp, SIGTERM);
+    assert_int_equal(swh_wait_exit(gp, 20000 * swh_slow(), &st), 0);
+    assert_int_equal(st, 0);
+    close(gfd);
+}
+
 /* Waits until the gateway whose stdout is fd listens: its host:port into
  * hp. spawn_gateway: runs the gateway of argv (the CLI's arguments,
  * NULL-terminated) and waits so, its stdout (the access log) into *fd. */
@@ -2984,6 +3048,7 @@ main(int argc, char **argv)
         cmocka_unit_test(test_idle_and_slowloris),
         cmocka_unit_test(test_header_floods),
         cmocka_unit_test(test_ambiguous_length),
+        cmocka_unit_test(test_request_timeout),
         cmocka_unit_test(test_head_and_methods),
         cmocka_unit_test(test_non_stream_client_leaves),
         cmocka_unit_test(test_max_connections),

@@ -18,7 +18,6 @@
  * before any response exists (no_instances, no_responders,
  * payload_too_large, overloaded) gets an `error` event instead. */
 #include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -424,8 +423,12 @@ swg_run_queue(h2o_timeout_entry_t *entry)
             return;
         q = RQ_OF(lp->run[first ? 0 : 1].next, run_link);
         run_unlink(q);
-        /* a first item goes out alone: the rest of its stream waits its turn */
-        n = rq_pump(q, first ? 1 : UINT_MAX) + 1; /* may free q */
+        /* a first item goes out alone: the rest of its stream waits its
+         * turn. The rest of the budget bounds the others: a streamed round
+         * also stops at SWG_ROUND_BYTES, but a non-streamed request writes
+         * nothing, and took everything ready at once (up to the credit
+         * window, 16,384 items); one stopped by max is scheduled again. */
+        n = rq_pump(q, first ? 1 : budget) + 1; /* may free q */
         budget = n >= budget ? 0 : budget - n;
     }
 }
@@ -1126,7 +1129,7 @@ swg_rq_start(swg_loop *lp, h2o_req_t *req)
      * a started response), or, over HTTP/1, by rq_watch. */
     if (req->version < 0x200)
         h2o_timeout_link(lp->ctx.loop, &lp->watch_timeout, &q->watch);
-    rq_pump(q, UINT_MAX);
+    rq_pump(q, SWG_RUN_BUDGET);
 }
 
 int

@@ -492,6 +492,53 @@ def _finish(resp, result):
 _RESULTS = (Completed, Incomplete, Failed)
 
 
+class _Held:
+    """A C handle that calls on other threads use while one closes it:
+    each call holds it while it runs (use/done), and close waits for them
+    before the handle is freed (the C library's destroy must not run while
+    another call on the handle is under way)."""
+
+    def __init__(self, h):
+        self._cv = threading.Condition()
+        self.h = h
+        self._n = 0
+        self._closing = False
+
+    def use(self):
+        """The handle, held until done(); None once closing or closed."""
+        with self._cv:
+            if self.h is None or self._closing:
+                return None
+            self._n += 1
+            return self.h
+
+    def done(self):
+        with self._cv:
+            self._n -= 1
+            self._cv.notify_all()
+
+    def close(self, free):
+        """Waits for the calls under way, then free(h), once. A close
+        racing another returns when the handle is freed."""
+        with self._cv:
+            if self._closing:
+                while self.h is not None:
+                    self._cv.wait()
+                return
+            if self.h is None:
+                return
+            self._closing = True
+            while self._n:
+                self._cv.wait()
+            h = self.h
+        try:
+            free(h)
+        finally:
+            with self._cv:
+                self.h = None
+                self._cv.notify_all()
+
+
 class Worker:
     """Serves an endpoint (an sw_ingress) with a Python handler, and
     registers it when a Registry is given. The handler gets a Request and is
@@ -531,8 +578,7 @@ class Worker:
             o.max_window = max_window
         h = ctypes.c_void_p()
         _raise_for(lib.sw_ingress_start(ctypes.byref(h), conn.handle, ctypes.byref(o)), endpoint)
-        self._lock = threading.Lock()
-        self._h = h
+        self._held = _Held(h)
         self._reg = registry
         self._conn = conn
         conn._use(self)
@@ -696,21 +742,28 @@ class Worker:
                 if reg._h is not None:
                     lib.sw_registry_deregister(reg._h, _b(self.instance_id))
 
+    @property
+    def _h(self):
+        return self._held.h
+
     def drain(self, grace_ms=5000):
         """Deregisters (routers stop picking this instance), stops taking
-        requests, and lets the open ones finish for up to grace_ms."""
+        requests, and lets the open ones finish for up to grace_ms. A
+        close() on another thread meanwhile waits for it."""
         self._deregister()
-        if self._h is not None:
-            lib.sw_ingress_drain(self._h, grace_ms)
+        h = self._held.use()
+        if h is not None:
+            try:
+                lib.sw_ingress_drain(h, grace_ms)
+            finally:
+                self._held.done()
 
     def close(self):
         """Deregisters, stops serving (open streams are cancelled), frees.
-        Must not be called from the handler."""
+        Must not be called from the handler. From any thread: a drain()
+        under way on another is waited for first."""
         self._deregister()
-        with self._lock:
-            h, self._h = self._h, None
-            if h is not None:
-                lib.sw_ingress_destroy(h)
+        self._held.close(lib.sw_ingress_destroy)
         self._conn._unuse(self)
         self._stop.set()
 
@@ -898,20 +951,19 @@ class Router:
         if heartbeat_ms:
             o.heartbeat_ms = heartbeat_ms
         o.migration_limit = migration_limit
-        self._lock = threading.Lock()
         self._registry = registry
         self._conn = conn
         h = ctypes.c_void_p()
         if registry is None:
             _raise_for(lib.sw_router_create(ctypes.byref(h), conn.handle, ctypes.byref(o)))
-            self._h = h
+            self._held = _Held(h)
         else:
             # the registry must outlive the router: it holds the router
             # until the router closes, and closes it first (Registry.close)
             with registry._lock:
                 o.registry = registry._handle()
                 _raise_for(lib.sw_router_create(ctypes.byref(h), conn.handle, ctypes.byref(o)))
-                self._h = h
+                self._held = _Held(h)
                 registry._routers[id(self)] = self
         conn._use(self)
 
@@ -921,8 +973,6 @@ class Router:
         anything is sent raise (InvalidArgumentError, ClosedError, ...);
         everything after arrives as the stream's terminal (no_instances,
         no_responders, instance_lost, ...)."""
-        if self._h is None:
-            raise error_class("closed")(_SW_ECLOSED)
         q = _lib.RequestOpts()
         lib.sw_request_opts_init(ctypes.byref(q))
         keep = [_b(endpoint), _b(instance_id)]
@@ -944,17 +994,26 @@ class Router:
             q.nheaders = len(headers)
         data = b"" if payload is None else _data(payload, "the payload")
         h = ctypes.c_void_p()
-        _raise_for(lib.sw_router_open(ctypes.byref(h), self._h, ctypes.byref(q), data, len(data)),
-                   endpoint)
+        r = self._held.use()
+        if r is None:
+            raise error_class("closed")(_SW_ECLOSED)
+        try:
+            rv = lib.sw_router_open(ctypes.byref(h), r, ctypes.byref(q), data, len(data))
+        finally:
+            self._held.done()
+        _raise_for(rv, endpoint)
         return Stream(h, keep)
+
+    @property
+    def _h(self):
+        return self._held.h
 
     def close(self):
         """Ends the router's open streams (error "closed"; their Streams
-        stay valid objects until closed) and frees it."""
-        with self._lock:
-            h, self._h = self._h, None
-            if h is not None:
-                lib.sw_router_destroy(h)
+        stay valid objects until closed) and frees it. From any thread: an
+        open() under way on another is waited for first (its Stream then
+        ends "closed" with the others); a later open() raises ClosedError."""
+        self._held.close(lib.sw_router_destroy)
         if self._registry is not None:
             with self._registry._lock:
                 if self._registry._routers.get(id(self)) is self:

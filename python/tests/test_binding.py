@@ -327,6 +327,71 @@ class TestErrors(Base):
             r.open("py.e.x", b"x", instance_id="w")
 
 
+    def test_router_close_racing_open(self):
+        """Router.close() on one thread while others open streams: an
+        open() under way is waited for (its stream ends "closed" or
+        completed), a later one raises ClosedError; the router was freed
+        under an open() in flight before."""
+        w = self.worker("py.race.ro", lambda req: iter([b"a"]))
+        outcomes = {"streams": 0, "closed": 0, "other": []}
+        lock = threading.Lock()
+        for loop in range(30):
+            r = sw.Router(self.conn)
+            go = threading.Event()
+
+            def opener():
+                go.wait()
+                for _ in range(50):
+                    try:
+                        s = r.open("py.race.ro", b"x", instance_id=w.instance_id)
+                    except sw.ClosedError:
+                        with lock:
+                            outcomes["closed"] += 1
+                        return
+                    items, term = s.read_all()
+                    s.close()
+                    with lock:
+                        outcomes["streams"] += 1
+                        if term.status != "completed" and term.error != "closed":
+                            outcomes["other"].append((term.status, term.error))
+            ts = [threading.Thread(target=opener) for _ in range(3)]
+            for t in ts:
+                t.start()
+            go.set()
+            time.sleep(0.001 * (loop % 5))
+            r.close()
+            for t in ts:
+                t.join(20)
+                self.assertFalse(t.is_alive(), "an opener hangs after close (loop %d)" % loop)
+            with self.assertRaises(sw.ClosedError):
+                r.open("py.race.ro", b"x", instance_id=w.instance_id)
+        self.assertEqual(outcomes["other"], [])
+        self.assertEqual(outcomes["closed"], 90)  # every opener ended on ClosedError
+        self.assertGreater(outcomes["streams"], 0)
+
+    def test_worker_close_racing_drain(self):
+        """Worker.close() while drain() runs on another thread waits for the
+        drain (which lets the open stream finish) instead of freeing the
+        ingress under it."""
+        def slow(req):
+            for _ in range(20):
+                time.sleep(0.01)
+                yield "s"
+        w = self.worker("py.race.wd", slow)
+        s = self.router.open("py.race.wd", b"x", instance_id=w.instance_id)
+        self.assertEqual(s.next_item(5000).data, b"s")
+        t = threading.Thread(target=w.drain, args=(5000,))
+        t.start()
+        time.sleep(0.02)
+        w.close()
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertIsNone(w._h)
+        items, term = s.read_all()
+        s.close()
+        self.assertEqual(term.status, "completed")
+        self.assertEqual(len(items), 19)
+
     def test_connection_close_closes_its_users(self):
         # The library requires routers, workers and registries closed
         # before their connection (their timers use it); Connection.close

@@ -479,7 +479,8 @@ test_connect_refusals(void **state)
 
 /* The CLI's connection flags: a worker process and `generate` with their
  * roles' credentials over TLS; generate without credentials exits 3 and
- * names the flags to use. */
+ * names the flags to use; the password may come from
+ * $STREAMWIRE_NATS_PASSWORD instead (a wrong or missing one: exit 3). */
 static void
 test_cli_flags(void **state)
 {
@@ -512,6 +513,22 @@ test_cli_flags(void **state)
     assert_non_null(strstr(out, "token-0"));
     assert_non_null(strstr(out, "token-2"));
     assert_int_equal(swh_run(bad, out, sizeof(out), 20000 * swh_slow()), 3);
+    {
+        /* The password from $STREAMWIRE_NATS_PASSWORD (README, SECURITY.md),
+         * kept off the command line; a wrong one is refused (exit 3). */
+        const char *envargv[] = {"generate", "--server",       g_nats.url,   "--endpoint",
+                                 EP,         "--bucket",       BUCKET,       "--router-id",
+                                 "fe1",      "--user",         "fe1",        "--tls-ca",
+                                 g_ca,       "--inbox-prefix", "_INBOX_fe1", NULL};
+        assert_int_equal(setenv("STREAMWIRE_NATS_PASSWORD", "fe1pass", 1), 0);
+        st = swh_run(envargv, out, sizeof(out), 20000 * swh_slow());
+        assert_int_equal(st, 0);
+        assert_non_null(strstr(out, "token-2"));
+        assert_int_equal(setenv("STREAMWIRE_NATS_PASSWORD", "not-the-password", 1), 0);
+        assert_int_equal(swh_run(envargv, out, sizeof(out), 20000 * swh_slow()), 3);
+        unsetenv("STREAMWIRE_NATS_PASSWORD");
+        assert_int_equal(swh_run(envargv, out, sizeof(out), 20000 * swh_slow()), 3);
+    }
     swh_kill(pid, SIGTERM);
     assert_int_equal(swh_wait_exit(pid, 10000 * swh_slow(), &st), 0);
     close(fd);

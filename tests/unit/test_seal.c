@@ -577,6 +577,23 @@ test_key_file_ok(void **state)
     assert_memory_equal(k.k, g.k, 32);
     assert_int_equal(k.id, g.id);
     unlink(g_path);
+    /* a symlink to a good key file: judged by the file it names
+     * (docs/SECURITY.md), as a Kubernetes secret volume's links are */
+    {
+        char link[160];
+        write_key_file(HEX64 "\n", 0400);
+        snprintf(link, sizeof(link), "%s/key-link", g_dir);
+        unlink(link);
+        assert_int_equal(symlink(g_path, link), 0);
+        assert_int_equal(swt_seal_key_load(link, &k, why, sizeof(why)), SW_OK);
+        assert_memory_equal(k.k, expect.k, 32);
+        /* ... and refused by that file's mode, named in the message */
+        assert_int_equal(chmod(g_path, 0644), 0);
+        assert_int_equal(swt_seal_key_load(link, &k, why, sizeof(why)), SW_EPERM);
+        assert_non_null(strstr(why, "chmod 600"));
+        unlink(link);
+        unlink(g_path);
+    }
     swt_seal_key_wipe(&k);
     swt_seal_key_wipe(&g);
 }

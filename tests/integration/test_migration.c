@@ -1161,6 +1161,48 @@ callback_rebuilds_prompt(void **state)
     sw_stream_close(s);
 }
 
+/* The migrate callback declines (returns an error): the stream ends with
+ * the terminal it would have had without migration (instance_lost, after
+ * the items so far), no move is made, and the router counts a failed one
+ * (streamwire.h: sw_migrate_fn, migration_failures). */
+static sw_err
+decline_migrate(sw_migration *m, void *arg)
+{
+    int *calls = arg;
+    (*calls)++;
+    if (m->attempt != 1 || m->why != SW_INSTANCE_LOST || m->nitems < 10)
+        (*calls) += 100;
+    return SW_EINVAL;
+}
+
+static void
+callback_declines(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    sw_router_stats rst;
+    int from, calls = 0;
+    s = begin(w, &c, 2, NULL, 2, 0, decline_migrate, &calls, &from);
+    swh_kill(w->pid[from], SIGKILL);
+    coll_wait(&c, -1, T(20000));
+    swh_sleep_ms(100); /* nothing more may come */
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.bad, 0);
+    assert_true(c.n >= 10 && c.n < TOKENS);
+    assert_int_equal(c.terminals, 1);
+    assert_int_equal(c.status, SW_STATUS_ERROR);
+    assert_int_equal(c.err, SW_INSTANCE_LOST);
+    assert_int_equal(c.migrations, 0);
+    assert_string_equal(c.last_inst, w->id[from]);
+    pthread_mutex_unlock(&c.mu);
+    assert_int_equal(calls, 1);
+    sw_router_stats_get(w->rt, &rst);
+    assert_int_equal(rst.migrations, 0);
+    assert_int_equal(rst.migration_failures, 1);
+    sw_stream_close(s);
+}
+
 /* The front door: `streamwire gateway --migration-limit 2`. The worker
  * serving an SSE response is SIGKILLed mid-stream; the client's response
  * carries every token once, in order, and completes. */
@@ -1310,6 +1352,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(stale_credit_after_migration, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(callback_rebuilds_prompt, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(callback_declines, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(gateway_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(bad_options, world_setup, world_teardown),
     };

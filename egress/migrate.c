@@ -275,9 +275,6 @@ swe_migrate(sw_stream *s)
         mig_give_up(s, none ? SW_NO_INSTANCES : SW_ENOMEM, msg);
         goto out;
     }
-    __atomic_fetch_add(&r->migrations, 1, __ATOMIC_RELAXED);
-    swi_log(&r->log, SW_LOG_INFO, "stream %s: %s on %s; migrated to %s as %s (%u of %u)",
-            swe_logtag(s, tag), sw_err_name(why), old_inst, next, new_hex, attempt, limit);
 
     /* Out it goes: the first request's fields, with what changed. */
     (void)swt_subject_response(resp_subj, sizeof(resp_subj), r->id, new_hex);
@@ -309,11 +306,18 @@ swe_migrate(sw_stream *s)
     if (rv == SW_OK)
         rv = swt_publish(r->conn, req_subj, resp_subj, buf, blen);
     free(buf);
-    if (rv != SW_OK)
+    if (rv != SW_OK) {
+        /* a move that did not happen: counted with the others that failed */
+        __atomic_fetch_add(&r->migration_failures, 1, __ATOMIC_RELAXED);
         swe_stream_fail(s, rv,
                         rv == SW_EMSGSIZE ? "the migrated request exceeds the server's max payload"
                                           : "the migrated request could not be published",
                         1);
+    } else {
+        __atomic_fetch_add(&r->migrations, 1, __ATOMIC_RELAXED);
+        swi_log(&r->log, SW_LOG_INFO, "stream %s: %s on %s; migrated to %s as %s (%u of %u)",
+                swe_logtag(s, tag), sw_err_name(why), old_inst, next, new_hex, attempt, limit);
+    }
 out:
     free(items);
     free(mg.new_payload);

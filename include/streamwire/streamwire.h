@@ -875,9 +875,11 @@ typedef struct sw_router_stats {
     uint64_t auth_failures;       /* messages refused by sealing (they did not open, or their
                                      sealing did not match the connection's): a stream's own
                                      ends it with auth_failed; others are dropped */
-    uint64_t migrations;          /* streams moved to another instance (each move counts) */
+    uint64_t migrations;          /* streams moved to another instance (each move whose request
+                                     went out counts) */
     uint64_t migration_failures;  /* moves that did not happen: no instance, the migrate callback
-                                     declined, no memory (the stream ended instead) */
+                                     declined, no memory, the moved request could not be
+                                     published (the stream ended instead) */
 } sw_router_stats;
 
 /* SW_STATUS_ERROR terminals this router delivered with the code `err` (a

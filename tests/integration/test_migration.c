@@ -1203,6 +1203,46 @@ callback_declines(void **state)
     sw_stream_close(s);
 }
 
+/* The migrate callback makes a request larger than the server takes: the
+ * move cannot be published, the stream ends with SW_EMSGSIZE after the
+ * items so far, and the router counts it as a failed move, not a move. */
+static sw_err
+huge_migrate(sw_migration *m, void *arg)
+{
+    size_t n = 2u << 20; /* the test server's max payload is 1 MiB */
+    (void)arg;
+    if ((m->new_payload = malloc(n)) == NULL)
+        return SW_ENOMEM;
+    memset(m->new_payload, 'p', n);
+    m->new_len = n;
+    return SW_OK;
+}
+
+static void
+callback_request_too_big(void **state)
+{
+    world *w = *state;
+    coll c;
+    sw_stream *s;
+    sw_router_stats rst;
+    int from;
+    s = begin(w, &c, 2, NULL, 2, 0, huge_migrate, NULL, &from);
+    swh_kill(w->pid[from], SIGKILL);
+    coll_wait(&c, -1, T(20000));
+    swh_sleep_ms(100);
+    pthread_mutex_lock(&c.mu);
+    assert_int_equal(c.bad, 0);
+    assert_true(c.n >= 10 && c.n < TOKENS);
+    assert_int_equal(c.terminals, 1);
+    assert_int_equal(c.status, SW_STATUS_ERROR);
+    assert_int_equal(c.err, SW_EMSGSIZE);
+    pthread_mutex_unlock(&c.mu);
+    sw_router_stats_get(w->rt, &rst);
+    assert_int_equal(rst.migrations, 0);
+    assert_int_equal(rst.migration_failures, 1);
+    sw_stream_close(s);
+}
+
 /* The front door: `streamwire gateway --migration-limit 2`. The worker
  * serving an SSE response is SIGKILLed mid-stream; the client's response
  * carries every token once, in order, and completes. */
@@ -1353,6 +1393,7 @@ main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(sealed_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(callback_rebuilds_prompt, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(callback_declines, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(callback_request_too_big, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(gateway_migrates, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(bad_options, world_setup, world_teardown),
     };

@@ -142,9 +142,16 @@ class Cancelled(Exception):
 
 
 def _b(s):
+    """A C string argument: None, str (as UTF-8), bytes or bytearray.
+    Anything else raises TypeError (bytes(1) would be one zero byte, which
+    C reads as an empty string)."""
     if s is None:
         return None
-    return s.encode() if isinstance(s, str) else bytes(s)
+    if isinstance(s, str):
+        return s.encode()
+    if isinstance(s, (bytes, bytearray)):
+        return bytes(s)
+    raise TypeError("expected str or bytes, not %s" % type(s).__name__)
 
 
 def _data(v, what):
@@ -492,6 +499,13 @@ def _finish(resp, result):
 _RESULTS = (Completed, Incomplete, Failed)
 
 
+# Open Workers, held until closed: a Worker's C ingress calls its ctypes
+# callback, so neither may be collected while it serves, even when the
+# program has dropped both the Worker and its Connection (a cycle the
+# garbage collector would otherwise free under the running ingress).
+_LIVE_WORKERS = set()
+
+
 class _Held:
     """A C handle that calls on other threads use while one closes it:
     each call holds it while it runs (use/done), and close waits for them
@@ -499,44 +513,63 @@ class _Held:
     another call on the handle is under way)."""
 
     def __init__(self, h):
-        self._cv = threading.Condition()
+        self._cv = threading.Condition(threading.RLock())
         self.h = h
-        self._n = 0
+        self._holders = {}  # thread id -> calls of that thread under way
         self._closing = False
+        self._free = None  # a close left to the last call (see close)
 
     def use(self):
         """The handle, held until done(); None once closing or closed."""
         with self._cv:
             if self.h is None or self._closing:
                 return None
-            self._n += 1
+            me = threading.get_ident()
+            self._holders[me] = self._holders.get(me, 0) + 1
             return self.h
 
     def done(self):
+        free = None
         with self._cv:
-            self._n -= 1
+            me = threading.get_ident()
+            self._holders[me] -= 1
+            if not self._holders[me]:
+                del self._holders[me]
+            if not self._holders and self._free is not None:
+                free, self._free = self._free, None
             self._cv.notify_all()
+        if free is not None:
+            self._finish(free)
 
-    def close(self, free):
-        """Waits for the calls under way, then free(h), once. A close
-        racing another returns when the handle is freed."""
-        with self._cv:
-            if self._closing:
-                while self.h is not None:
-                    self._cv.wait()
-                return
-            if self.h is None:
-                return
-            self._closing = True
-            while self._n:
-                self._cv.wait()
-            h = self.h
+    def _finish(self, free):
         try:
-            free(h)
+            free(self.h)
         finally:
             with self._cv:
                 self.h = None
                 self._cv.notify_all()
+
+    def close(self, free):
+        """Waits for the calls under way, then free(h), once. A close
+        racing another returns when the handle is freed. A close on a
+        thread that is itself inside a call (a signal handler that ran
+        while it was) cannot wait for that call: the handle is freed when
+        the call ends, and close returns at once."""
+        with self._cv:
+            if self._closing:
+                if threading.get_ident() not in self._holders:
+                    while self.h is not None:
+                        self._cv.wait()
+                return
+            if self.h is None:
+                return
+            self._closing = True
+            if threading.get_ident() in self._holders:
+                self._free = free
+                return
+            while self._holders:
+                self._cv.wait()
+        self._finish(free)
 
 
 class Worker:
@@ -582,6 +615,7 @@ class Worker:
         self._reg = registry
         self._conn = conn
         conn._use(self)
+        _LIVE_WORKERS.add(self)
         self.instance_id = lib.sw_ingress_instance_id(h).decode()
         if registry is not None:
             rg = _lib.Registration()
@@ -765,6 +799,7 @@ class Worker:
         self._deregister()
         self._held.close(lib.sw_ingress_destroy)
         self._conn._unuse(self)
+        _LIVE_WORKERS.discard(self)
         self._stop.set()
 
     def __enter__(self):
@@ -793,9 +828,11 @@ class Stream:
         self._keep = keep
         # guards _h, _readers, _closing: the C library's sw_stream_close
         # must not run while a sw_stream_next of the stream is under way
-        self._lock = threading.Condition()
+        self._lock = threading.Condition(threading.RLock())
         self._readers = 0  # threads in next_item's sw_stream_next (and reading its item)
+        self._reader_ids = {}  # their thread ids -> count
         self._closing = False
+        self._close_left = False  # close() left the free to the last reader
         self.terminal = None
         self._inst = ""
         self.request_id = lib.sw_stream_request_id(handle).decode()
@@ -822,11 +859,21 @@ class Stream:
                     return None
                 raise error_class("closed")(_SW_ECLOSED)
             self._readers += 1
+            me = threading.get_ident()
+            self._reader_ids[me] = self._reader_ids.get(me, 0) + 1
         try:
             return self._next(h, timeout_ms)
         finally:
             with self._lock:
                 self._readers -= 1
+                me = threading.get_ident()
+                self._reader_ids[me] -= 1
+                if not self._reader_ids[me]:
+                    del self._reader_ids[me]
+                if not self._readers and self._close_left:
+                    self._close_left = False
+                    h, self._h = self._h, None
+                    lib.sw_stream_close(h)
                 self._lock.notify_all()
 
     def _next(self, h, timeout_ms):
@@ -897,8 +944,9 @@ class Stream:
         and waited for first. A second close, or one racing it, returns
         once the stream is freed."""
         with self._lock:
+            mine = threading.get_ident() in self._reader_ids
             if self._closing:
-                while self._h is not None:
+                while self._h is not None and not mine:
                     self._lock.wait()
                 return
             if self._h is None:
@@ -907,6 +955,11 @@ class Stream:
             h = self._h
             if self._readers:
                 lib.sw_stream_cancel(h)  # wakes them: the next item is the terminal
+                if mine:
+                    # a signal handler that ran while this thread was in
+                    # next_item: that call frees the stream when it ends
+                    self._close_left = True
+                    return
                 while self._readers:
                     self._lock.wait()
             self._h = None

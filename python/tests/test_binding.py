@@ -625,6 +625,77 @@ class TestLifetimes(Base):
         gc.collect()
         self.assertIsNone(ref())
 
+    def test_dropped_connection_and_worker_keep_serving(self):
+        """The program drops the Connection as well as the Worker: the two
+        made a garbage cycle the collector freed under the running ingress
+        (a segfault at the next request). Open Workers are held until
+        closed."""
+        def h(req):
+            yield "b"
+
+        def start():
+            c = sw.Connection(NATS.url)
+            sw.Worker(c, "py.l.drop3", h, instance_id="pydropped3")  # neither kept
+        start()
+        for _ in range(3):
+            gc.collect()
+        for i in range(3):
+            data, term = self.run_stream("py.l.drop3", "pydropped3", "r%d" % i)
+            self.assertEqual(data, [b"b"])
+            self.assertEqual(term.status, "completed")
+        for w in list(sw._LIVE_WORKERS):
+            if w.instance_id == "pydropped3":
+                w._conn.close()
+        self.assertFalse([w for w in sw._LIVE_WORKERS if w.instance_id == "pydropped3"])
+
+    def test_close_from_a_signal_handler(self):
+        """Stream.close() in a signal handler that runs while the same
+        thread is in next_item, and Worker.close() in one that runs during
+        its drain(): neither can wait for a call of its own thread, so the
+        handle is freed when that call ends. Both used to wait for ever."""
+        import signal as sig
+
+        def slow(req):
+            for _ in range(300):
+                time.sleep(0.01)
+                yield "t"
+        w = self.worker("py.l.sig", slow)
+        s = self.router.open("py.l.sig", b"x", instance_id=w.instance_id)
+        old = sig.signal(sig.SIGALRM, lambda *a: s.close())
+        try:
+            sig.setitimer(sig.ITIMER_REAL, 0.3)
+            n = 0
+            t0 = time.time()
+            try:
+                for _ in s:
+                    n += 1
+            except sw.ClosedError:
+                pass
+            self.assertLess(time.time() - t0, 5)
+            self.assertGreater(n, 5)
+            self.assertIsNone(s._h)  # freed when next_item returned
+            # a drain interrupted by a close from a signal handler
+            s2 = self.router.open("py.l.sig", b"x", instance_id=w.instance_id)
+            self.assertEqual(s2.next_item(5000).data, b"t")
+            sig.signal(sig.SIGALRM, lambda *a: w.close())
+            sig.setitimer(sig.ITIMER_REAL, 0.2)
+            t0 = time.time()
+            w.drain(1500)
+            self.assertLess(time.time() - t0, 5)
+            self.assertIsNone(w._h)
+            s2.close()
+        finally:
+            sig.setitimer(sig.ITIMER_REAL, 0)
+            sig.signal(sig.SIGALRM, old)
+
+    def test_c_strings_are_str_or_bytes(self):
+        """A header value, an id or a reason that is not str or bytes raises
+        TypeError: bytes(1) was one zero byte, which C read as empty."""
+        with self.assertRaises(TypeError):
+            self.router.open("py.l.x", b"x", instance_id="w", headers={"n": 1})
+        with self.assertRaises(TypeError):
+            self.router.open("py.l.x", b"x", instance_id=7)
+
     def test_registry_close_closes_its_routers(self):
         """The library requires a registry to outlive the routers made with
         it. Registry.close() closes those still open first: their streams

@@ -276,6 +276,7 @@ class Connection:
         # and its handler callback must live as long as the ingress.
         self._users_lock = threading.Lock()
         self._users = {}  # id -> object (insertion order)
+        self._close_lock = threading.RLock()  # one close at a time
 
     def _use(self, obj):
         with self._users_lock:
@@ -295,18 +296,24 @@ class Connection:
     def close(self):
         """Closes the workers, routers and registries made on this
         connection that are still open (workers first, registries last),
-        then the connection."""
-        if self._h is not None:
-            with self._users_lock:
-                users = list(self._users.values())
-            for kind in (Worker, Router, Registry):
-                for u in users:
-                    if isinstance(u, kind):
-                        u.close()
-            with self._users_lock:
-                self._users.clear()
-            lib.sw_conn_close(self._h)
-            self._h = None
+        then the connection. From any thread: a close racing another
+        returns once the connection is closed. Making a worker, router or
+        registry on a connection while it closes is not allowed."""
+        with self._close_lock:
+            if self._h is None:
+                return
+            while True:
+                with self._users_lock:
+                    users = list(self._users.values())
+                    self._users.clear()
+                if not users:
+                    break
+                for kind in (Worker, Router, Registry):
+                    for u in users:
+                        if isinstance(u, kind):
+                            u.close()
+            h, self._h = self._h, None
+            lib.sw_conn_close(h)
 
     def __enter__(self):
         return self

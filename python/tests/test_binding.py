@@ -688,6 +688,28 @@ class TestLifetimes(Base):
             sig.setitimer(sig.ITIMER_REAL, 0)
             sig.signal(sig.SIGALRM, old)
 
+    def test_connection_closed_twice_at_once(self):
+        """Connection.close() on two threads at once closes its users and
+        the connection once (both called sw_conn_close before: a double
+        free)."""
+        for _ in range(20):
+            c = sw.Connection(NATS.url)
+            w = sw.Worker(c, "py.l.cc", lambda req: iter([b"a"]))
+            r = sw.Router(c)
+            go = threading.Event()
+            ts = [threading.Thread(target=lambda: (go.wait(), c.close())) for _ in range(2)]
+            for t in ts:
+                t.start()
+            go.set()
+            for t in ts:
+                t.join(10)
+                self.assertFalse(t.is_alive())
+            self.assertIsNone(c._h)
+            self.assertIsNone(w._h)
+            self.assertIsNone(r._h)
+            with self.assertRaises(sw.ClosedError):
+                c.handle
+
     def test_c_strings_are_str_or_bytes(self):
         """A header value, an id or a reason that is not str or bytes raises
         TypeError: bytes(1) was one zero byte, which C read as empty."""

@@ -49,28 +49,66 @@ swn_resp_cancel(sw_responder *r, int kill)
         swn_unregister_stream(r);
 }
 
+/* Republishes kept items from..to (r->mu held; clamped already). */
+static void
+resp_resend_span(sw_responder *r, uint64_t from, uint64_t to, swn_msgbuf *m)
+{
+    while (from <= to) {
+        uint64_t last;
+        unsigned k;
+        size_t len = swn_resp_build(r, from, to, 1, m, &last, &k, NULL);
+        if (last < from)
+            break; /* no memory */
+        if (k > 0) {
+            swn_sent d = {0, 0, k, 0};
+            (void)swn_resp_publish(r, m->p, len, &d);
+        }
+        from = last + 1;
+    }
+}
+
+/* A RESEND: what went out in from..to and was not acknowledged is
+ * published again, except the seqs resent less than SWN_RESEND_QUIET_MS
+ * ago. The control thread is the stream's and every other stream's on
+ * this instance: a flood of RESENDs for a whole window used to republish
+ * it for each one (2,000 RESENDs of 16,384 items: 32.8 M items, while a
+ * PROBE waited 4.5 s and another router's stream was declared lost). */
 static void
 resp_resend(sw_responder *r, uint64_t from, uint64_t to)
 {
     swn_msgbuf m;
+    int throttled = 0;
     swn_msgbuf_init(&m);
     pthread_mutex_lock(&r->mu);
     if (!r->closed && swn_ring_resend_range(&r->rg, &from, &to)) {
-        while (from <= to) {
-            uint64_t last;
-            unsigned k;
-            size_t len = swn_resp_build(r, from, to, 1, &m, &last, &k, NULL);
-            if (last < from)
-                break; /* no memory */
-            if (k > 0) {
-                swn_sent d = {0, 0, k, 0};
-                (void)swn_resp_publish(r, m.p, len, &d);
-            }
-            from = last + 1;
+        int64_t now = swi_now_ms();
+        if (r->resent_hi != 0 && now - r->resent_ms < SWN_RESEND_QUIET_MS) {
+            /* Within the spell: only the seqs outside resent_lo..hi (below
+             * and above it), and the spell covers them too from now on. */
+            uint64_t lo = r->resent_lo, hi = r->resent_hi;
+            throttled = from <= hi && to >= lo;
+            if (from < lo)
+                resp_resend_span(r, from, to < lo ? to : lo - 1, &m);
+            if (to > hi)
+                resp_resend_span(r, from > hi ? from : hi + 1, to, &m);
+            if (from < r->resent_lo)
+                r->resent_lo = from;
+            if (to > r->resent_hi)
+                r->resent_hi = to;
+        } else {
+            resp_resend_span(r, from, to, &m);
+            r->resent_lo = from;
+            r->resent_hi = to;
+            r->resent_ms = swi_now_ms(); /* from its end: a long resend is not followed at once */
         }
     }
     pthread_mutex_unlock(&r->mu);
     swn_msgbuf_free(&m);
+    if (throttled) {
+        pthread_mutex_lock(&r->ing->mu);
+        r->ing->st.resends_throttled++;
+        pthread_mutex_unlock(&r->ing->mu);
+    }
 }
 
 static void

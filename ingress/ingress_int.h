@@ -79,6 +79,12 @@
 #define SWN_BATCH_ITEMS 128
 #define SWN_BATCH_BYTES (32 * 1024)
 #define SWN_MSG_STACK 4096
+/* A seq resent less than this long ago is not resent again (control.c): a
+ * frontend asks again for what is still missing every gap_timeout/4 (125 ms
+ * by default) and after a heartbeat at most every 20 ms, so a legitimate
+ * repair loses nothing, while a flood of RESENDs for the whole window costs
+ * one window's worth per stream per interval, not one per RESEND. */
+#define SWN_RESEND_QUIET_MS 50
 /* A final's body is encoded on the stack up to this size (terminal.c): any
  * terminal without its message fits, with room for most messages. */
 #define SWN_FINAL_STACK 1024
@@ -132,6 +138,12 @@ struct sw_responder {
     int in_sendq;        /* on ing->sq (under ing->smu) */
     int held;            /* queued items wait for the inline handler's next one (sender.c) */
     uint64_t held_bytes; /* sent_bytes when the hold began */
+    /* RESEND throttle (control.c resp_resend): seqs resent_lo..resent_hi
+     * were resent since resent_ms (the end of the first resend of that
+     * spell); none of them is resent again until SWN_RESEND_QUIET_MS after
+     * it. resent_hi 0: nothing resent yet. */
+    uint64_t resent_lo, resent_hi;
+    int64_t resent_ms;
 #ifdef SW_CHAOS
     int lose_next;       /* chaos: the next kept item misses its first publish */
     int fail_builds;     /* chaos: so many next first-publish builds fail as without memory */

@@ -45,6 +45,10 @@ ingress_render(swi_prom *p, void *obj)
     swi_prom_value(p, F("bad_controls_total"), "counter",
                    "Control messages naming another frontend than the stream's.", l, 2,
                    (double)st.bad_controls);
+    swi_prom_value(p, F("resends_throttled_total"), "counter",
+                   "RESEND controls asking for items resent less than 50 ms before (not resent "
+                   "again).",
+                   l, 2, (double)st.resends_throttled);
     swi_prom_value(p, F("credit_stalls_total"), "counter",
                    "Blocking sends that waited for credit (the consumer was slower).", l, 2,
                    (double)st.credit_stalls);

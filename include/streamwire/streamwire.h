@@ -406,6 +406,10 @@ typedef struct sw_ingress_stats {
                                   yet (nats.c's queue for the request subscription; unbounded).
                                   With handler_inline, those waiting behind a running handler:
                                   neither heartbeaten nor counted in inflight */
+    /* RESEND controls asking for items this worker had resent less than
+     * 50 ms before: those were not resent again (the rest of the range
+     * was); a frontend asks again later if it still misses them. */
+    uint64_t resends_throttled;
 } sw_ingress_stats;
 
 SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);

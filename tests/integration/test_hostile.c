@@ -396,6 +396,7 @@ typedef struct engine {
     int tokens; /* per stream */
     int delay_ms;
     int cancel_cbs; /* cancel callbacks fired (each handler registers one) */
+    int item_bytes; /* > 0: each item is this long ("token-<i>" padded with x) */
 } engine;
 
 static void
@@ -419,8 +420,12 @@ engine_handler(sw_responder *r, void *arg)
     pthread_mutex_unlock(&e->mu);
     sw_responder_on_cancel(r, engine_on_cancel, e);
     for (int i = 0; i < e->tokens; i++) {
-        char tok[32];
+        char tok[1024];
         int len = snprintf(tok, sizeof(tok), "token-%d", i);
+        if (e->item_bytes > len && e->item_bytes <= (int)sizeof(tok)) {
+            memset(tok + len, 'x', (size_t)(e->item_bytes - len));
+            len = e->item_bytes;
+        }
         rv = sw_responder_send(r, tok, (size_t)len);
         if (rv != SW_OK)
             break;
@@ -1034,6 +1039,148 @@ forged_controls_are_counted(void **state)
     assert_int_equal(st.finals_dropped, 0);
     sw_ingress_destroy(ing);
     natsSubscription_Destroy(ans);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* ------------------------------------------------ RESEND floods */
+
+/* A RESEND from `router` for from..to of the stream with this id. */
+static void
+raw_resend(natsConnection *nc, const char *inst, const uint8_t *id, const char *router,
+           uint64_t from, uint64_t to)
+{
+    swp_control c = STREAMWIRE__V1__CONTROL__INIT;
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t buf[256];
+    size_t len;
+    c.version = SW_PROTOCOL_VERSION;
+    c.request_id.data = (uint8_t *)(uintptr_t)id;
+    c.request_id.len = SW_REQUEST_ID_BYTES;
+    c.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_RESEND;
+    c.router_id = (char *)router;
+    c.resend_from = from;
+    c.resend_to = to;
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), inst), SW_OK);
+    assert_int_equal(swp_encode(&c, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_Publish(nc, subj, buf, (int)len), NATS_OK);
+}
+
+/* Reads a stream to its end on a thread of its own, a little at a time
+ * (a millisecond's pause every 8 items). */
+typedef struct slow_reader {
+    sw_stream *s;
+    int items;
+    sw_status status;
+    sw_err rv;
+} slow_reader;
+
+static void *
+slow_reader_main(void *arg)
+{
+    slow_reader *a = arg;
+    const sw_item *it;
+    for (;;) {
+        a->rv = sw_stream_next(a->s, &it, 30000 * swh_slow());
+        if (a->rv != SW_OK)
+            return NULL;
+        if (it->kind == SW_ITEM_TERMINAL) {
+            a->status = it->terminal.status;
+            return NULL;
+        }
+        if (++a->items % 8 == 0)
+            swh_sleep_ms(1);
+    }
+}
+
+/* A frontend floods RESENDs for the whole window of its stream (a full
+ * window of 16,384 items it never acknowledges): 6 bursts of 500, 500 ms
+ * apart, 1,000 a second, items of 256 bytes, while another router's
+ * stream runs on the same worker. Each RESEND used to republish the window on the worker's one
+ * control thread (3,000 x 16,384 items): the other stream's credits and
+ * the router's probes queued behind them, and its stream ended
+ * instance_lost. Now a seq resent less than 50 ms ago is not resent again:
+ * about one window per burst goes out, the rest are counted as
+ * throttled, and the other stream completes. */
+static void
+resend_flood_is_throttled(void **state)
+{
+    enum { W = 16384, BURSTS = 6, PER_BURST = 500 };
+    sw_conn *wc = conn_open(), *fc = conn_open(), *lc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    natsSubscription *ans = probe_answerer(nc, "floodfe");
+    sw_router *lr = router_new(lc, 64);
+    sw_router_stats rs;
+    sw_request_opts q;
+    engine e;
+    sw_ingress *ing;
+    sw_ingress_stats before, after;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX];
+    slow_reader sr;
+    pthread_t t;
+    int64_t until, t0, probe_ms;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = W + 1; /* the flooder's stream fills its window and waits for credit */
+    e.item_bytes = 256;
+    ing = ingress_new(wc, "w-flood", &e, (unsigned)T(60000));
+    new_id(id, hex);
+    assert_int_equal(swt_subject_response(resp, sizeof(resp), "floodfe", hex), SW_OK);
+    raw_request(nc, "w-flood", id, resp, "floodfe", W, 250);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(20000);
+    do {
+        swh_sleep_ms(20);
+        sw_ingress_stats_get(ing, &before);
+    } while (before.items_sent < W && swh_now_ms() < until);
+    assert_int_equal(before.items_sent, W);
+    /* The other router's stream, read on a thread during the flood. */
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "w-flood";
+    memset(&sr, 0, sizeof(sr));
+    assert_int_equal(sw_router_open(&sr.s, lr, &q, "p", 1), SW_OK);
+    assert_int_equal(pthread_create(&t, NULL, slow_reader_main, &sr), 0);
+    for (int b = 0; b < BURSTS; b++) {
+        if (b > 0)
+            swh_sleep_ms(500);
+        for (int i = 0; i < PER_BURST; i++)
+            raw_resend(nc, "w-flood", id, "floodfe", 1, W);
+        assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    }
+    t0 = swh_now_ms();
+    controls_handled(nc, "w-flood"); /* behind the last burst */
+    probe_ms = swh_now_ms() - t0;
+    pthread_join(t, NULL);
+    sw_ingress_stats_get(ing, &after);
+    sw_router_stats_get(lr, &rs);
+    print_message("%d RESENDs of 1..%d: %llu items resent (%.1f windows), %llu throttled; a "
+                  "PROBE behind the last burst answered in %lld ms; the other stream: %d items, "
+                  "%s, instances_lost %llu\n",
+                  BURSTS * PER_BURST, W,
+                  (unsigned long long)(after.items_resent - before.items_resent),
+                  (double)(after.items_resent - before.items_resent) / W,
+                  (unsigned long long)(after.resends_throttled - before.resends_throttled),
+                  (long long)probe_ms, sr.items, sw_status_name(sr.status),
+                  (unsigned long long)rs.instances_lost);
+    assert_int_equal(sr.rv, SW_OK);
+    assert_int_equal(sr.status, SW_STATUS_COMPLETED);
+    assert_int_equal(sr.items, W + 1);
+    assert_int_equal(rs.instances_lost, 0);
+    /* about a window per burst (3 at most, for a slow machine) */
+    assert_true(after.items_resent - before.items_resent >= W);
+    assert_true(after.items_resent - before.items_resent <= (uint64_t)3 * BURSTS * W);
+    assert_true(after.resends_throttled - before.resends_throttled >=
+                (uint64_t)BURSTS * (PER_BURST - 3));
+    assert_true(probe_ms < T(1000));
+    sw_stream_close(sr.s);
+    sw_router_destroy(lr);
+    sw_ingress_destroy(ing);
+    natsSubscription_Destroy(ans);
+    sw_conn_close(lc);
     sw_conn_close(fc);
     sw_conn_close(wc);
     pthread_mutex_destroy(&e.mu);
@@ -1709,6 +1856,7 @@ main(int argc, char **argv)
         cmocka_unit_test(kills_do_not_push_out_held_finals),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(forged_controls_are_counted),
+        cmocka_unit_test(resend_flood_is_throttled),
         cmocka_unit_test(foreign_response_subject_is_refused),
         cmocka_unit_test(stale_request_is_refused),
         cmocka_unit_test(huge_credit_does_not_break_send),

@@ -111,15 +111,27 @@ resp_resend(sw_responder *r, uint64_t from, uint64_t to)
     }
 }
 
-static void
-ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r, uint64_t probe_id)
+/* Answers a PROBE, on the subject where its router takes probe answers,
+ * sw.prb.<router_id>.<this instance>, and nowhere else. 0 if answered or
+ * without a reply subject; -1 if the reply subject was another (not
+ * answered). A probe's reply subject is not in the sealed plaintext: a
+ * recorded PROBE published again with another router's stream subject
+ * sw.rsp.<R>.<id> as its reply used to have this worker publish a
+ * ProbeReply sealed by it there, which ended that stream (decode_error). */
+static int
+ing_probe_reply(sw_ingress *ing, const swt_msg *msg, const char *router_id, sw_responder *r,
+                uint64_t probe_id)
 {
     swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
     uint8_t buf[256];
+    char own[SWT_SUBJECT_MAX];
     size_t len;
     const char *reply = msg->reply;
     if (reply == NULL)
-        return;
+        return 0;
+    if (swt_subject_probe_reply(own, sizeof(own), router_id, ing->instance_id) != SW_OK ||
+        strcmp(own, reply) != 0)
+        return -1;
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = ing->instance_id;
     p.probe_id = probe_id;
@@ -137,6 +149,7 @@ ing_probe_reply(sw_ingress *ing, const swt_msg *msg, sw_responder *r, uint64_t p
     }
     if (swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
         (void)swt_publish(ing->conn, reply, NULL, buf, len);
+    return 0;
 }
 
 /* 1 if a CANCEL or KILL is to be lost on the bus (the chaos build's test
@@ -171,7 +184,8 @@ ing_find(sw_ingress *ing, const uint8_t *id, const char *early_for)
     return r;
 }
 
-/* Counts a control that names another frontend than its stream's. */
+/* Counts a control that names another frontend than its stream's, or a
+ * PROBE whose reply subject is not its router's probe-answer subject. */
 static void
 ing_bad_control(sw_ingress *ing)
 {
@@ -217,7 +231,7 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
     sw_ingress *ing = arg;
     swp_control *c = NULL;
     sw_responder *r = NULL;
-    int cancel;
+    int cancel, other_router = 0;
     sw_err rv;
     if (msg->auth_failed) { /* forged, replayed elsewhere, or of another cluster: never acted on */
         pthread_mutex_lock(&ing->mu);
@@ -237,6 +251,7 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
     if (r != NULL && strcmp(c->router_id, r->router_id) != 0) {
         /* Not from the stream's own frontend (issue 11 #12): ignored. */
         ing_bad_control(ing);
+        other_router = 1;
         if (c->kind != STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE)
             goto done;
         swn_resp_unref(r);
@@ -244,7 +259,9 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
     }
     switch (c->kind) {
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE:
-        ing_probe_reply(ing, msg, r, c->probe_id);
+        /* (one count for a probe that is foreign on both counts) */
+        if (ing_probe_reply(ing, msg, c->router_id, r, c->probe_id) != 0 && !other_router)
+            ing_bad_control(ing);
         break;
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL:
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL:

@@ -392,7 +392,9 @@ typedef struct sw_ingress_stats {
     uint64_t bad_controls;     /* control messages for a stream naming another frontend
                                   (router_id) than the stream's: ignored (an ACK_FINALS
                                   counts once however many such streams it names, and its
-                                  acks for the sender's own streams are taken) */
+                                  acks for the sender's own streams are taken); PROBEs whose
+                                  reply subject is not sw.prb.<router_id>.<instance>, where
+                                  the router they name takes probe answers: not answered */
     uint64_t finals_dropped;   /* finished streams let go before their final was
                                   acknowledged, to keep at most max_held_finals */
     uint64_t auth_failures;    /* requests, controls and probes refused by sealing: they did not

@@ -722,23 +722,30 @@ raw_ack_finals(natsConnection *nc, const char *inst, const uint8_t *id, const ch
 
 /* Returns once `inst` has handled the controls published on nc before: a
  * PROBE naming no stream, answered by the control subscription, which
- * takes its messages one at a time, in order. */
+ * takes its messages one at a time, in order. Its answer comes on the
+ * probe-answer subject of the router it names, "sync" (a worker answers a
+ * probe nowhere else). */
 static void
 controls_handled(natsConnection *nc, const char *inst)
 {
     swp_control c = STREAMWIRE__V1__CONTROL__INIT;
-    char subj[SWT_SUBJECT_MAX];
+    char subj[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
     uint8_t buf[128];
     size_t len;
+    natsSubscription *sub = NULL;
     natsMsg *m = NULL;
     c.version = SW_PROTOCOL_VERSION;
     c.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
     c.router_id = (char *)"sync";
     c.probe_id = 7;
     assert_int_equal(swt_subject_control(subj, sizeof(subj), inst), SW_OK);
+    assert_int_equal(swt_subject_probe_reply(reply, sizeof(reply), "sync", inst), SW_OK);
     assert_int_equal(swp_encode(&c, buf, sizeof(buf), &len), SW_OK);
-    assert_int_equal(natsConnection_Request(&m, nc, subj, buf, (int)len, T(5000)), NATS_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, reply), NATS_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, subj, reply, buf, (int)len), NATS_OK);
+    assert_int_equal(natsSubscription_NextMsg(&m, sub, (int64_t)T(5000)), NATS_OK);
     natsMsg_Destroy(m);
+    natsSubscription_Destroy(sub);
 }
 
 /* ------------------------------------------------ #4 held streams bounded */
@@ -1181,6 +1188,104 @@ resend_flood_is_throttled(void **state)
     sw_ingress_destroy(ing);
     natsSubscription_Destroy(ans);
     sw_conn_close(lc);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
+/* ------------------------------------------------ probes answered where they belong */
+
+/* A PROBE naming `router` and no stream, with reply subject `reply`. */
+static void
+raw_probe(natsConnection *nc, const char *inst, const char *router, uint64_t probe_id,
+          const char *reply)
+{
+    swp_control c = STREAMWIRE__V1__CONTROL__INIT;
+    char subj[SWT_SUBJECT_MAX];
+    uint8_t buf[128];
+    size_t len;
+    c.version = SW_PROTOCOL_VERSION;
+    c.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
+    c.router_id = (char *)router;
+    c.probe_id = probe_id;
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), inst), SW_OK);
+    assert_int_equal(swp_encode(&c, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, subj, reply, buf, (int)len), NATS_OK);
+}
+
+/* A worker answers a PROBE only on the subject where the router it names
+ * takes probe answers, sw.prb.<router_id>.<instance>. It used to answer on
+ * any reply subject: a PROBE with a live stream's response subject as its
+ * reply had it publish a ProbeReply into that stream, which ended
+ * decode_error (sealed, a recorded probe replayed does the same:
+ * test_sealed replayed_probe_not_answered_on_a_stream). Now that stream
+ * completes, a PROBE whose reply is another router's probe subject gets no
+ * answer either, both count in bad_controls, and a probe on its own
+ * router's subject is still answered. */
+static void
+probe_answered_only_on_its_routers_subject(void **state)
+{
+    sw_conn *wc = conn_open(), *fc = conn_open(), *ac = conn_open();
+    natsConnection *nc = sw_conn_nats(ac);
+    natsSubscription *spy = NULL;
+    sw_router *r = router_new(fc, 64);
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    const sw_item *it;
+    engine e;
+    sw_ingress *ing;
+    sw_ingress_stats before, after;
+    char victim[SWT_SUBJECT_MAX], other[SWT_SUBJECT_MAX];
+    uint64_t seqs[64];
+    size_t n;
+    sw_terminal term;
+    int spied = 0;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 40;
+    e.delay_ms = 10;
+    ing = ingress_new(wc, "w-prb", &e, 5000);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "w-prb";
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    assert_int_equal(it->seq, 1);
+    sw_ingress_stats_get(ing, &before);
+    assert_int_equal(
+        swt_subject_response(victim, sizeof(victim), sw_router_id(r), sw_stream_request_id(s)),
+        SW_OK);
+    assert_int_equal(swt_subject_probe_reply(other, sizeof(other), "victimfe", "w-prb"), SW_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&spy, nc, other), NATS_OK);
+    raw_probe(nc, "w-prb", "anyone", 4242, victim);
+    raw_probe(nc, "w-prb", "anyone", 4243, other);
+    controls_handled(nc, "w-prb"); /* (answered: its own router's subject) */
+    read_all(s, seqs, 64, &n, &term);
+    for (;;) {
+        natsMsg *m = NULL;
+        if (natsSubscription_NextMsg(&m, spy, 100) != NATS_OK)
+            break;
+        spied++;
+        natsMsg_Destroy(m);
+    }
+    sw_ingress_stats_get(ing, &after);
+    print_message("victim: %zu more items, %s; answers on another router's probe subject: %d; "
+                  "bad_controls +%llu\n",
+                  n, sw_status_name(term.status), spied,
+                  (unsigned long long)(after.bad_controls - before.bad_controls));
+    assert_int_equal(term.status, SW_STATUS_COMPLETED);
+    assert_int_equal(n, 39);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(seqs[i], i + 2);
+    assert_int_equal(spied, 0);
+    assert_int_equal(after.bad_controls - before.bad_controls, 2);
+    natsSubscription_Destroy(spy);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(ac);
     sw_conn_close(fc);
     sw_conn_close(wc);
     pthread_mutex_destroy(&e.mu);
@@ -1857,6 +1962,7 @@ main(int argc, char **argv)
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(forged_controls_are_counted),
         cmocka_unit_test(resend_flood_is_throttled),
+        cmocka_unit_test(probe_answered_only_on_its_routers_subject),
         cmocka_unit_test(foreign_response_subject_is_refused),
         cmocka_unit_test(stale_request_is_refused),
         cmocka_unit_test(huge_credit_does_not_break_send),

@@ -1069,6 +1069,101 @@ forged_no_responders_refused(void **state)
     pthread_mutex_destroy(&cap.mu);
 }
 
+/* The first message on the subscription whose reply subject starts with
+ * sw.prb. (a router's probe of an instance), recorded. */
+typedef struct probe_rec {
+    pthread_mutex_t mu;
+    uint8_t msg[1024];
+    size_t len;
+} probe_rec;
+
+static void
+on_probe(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    probe_rec *p = arg;
+    const char *reply = natsMsg_GetReply(m);
+    (void)nc;
+    (void)sub;
+    pthread_mutex_lock(&p->mu);
+    if (p->len == 0 && reply != NULL && strncmp(reply, "sw.prb.", 7) == 0 &&
+        (size_t)natsMsg_GetDataLength(m) <= sizeof(p->msg)) {
+        memcpy(p->msg, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
+        p->len = (size_t)natsMsg_GetDataLength(m);
+    }
+    pthread_mutex_unlock(&p->mu);
+    natsMsg_Destroy(m);
+}
+
+/* A router's sealed PROBE, recorded on the bus and published again with a
+ * live stream's response subject as its reply (the reply subject is not
+ * sealed): the worker answered it there with a ProbeReply sealed by it,
+ * which ended the stream (decode_error). It now answers a probe only on
+ * sw.prb.<router_id>.<instance> (the router id is in the sealed plaintext),
+ * counts the other in bad_controls, and the stream completes. */
+static void
+replayed_probe_not_answered_on_a_stream(void **state)
+{
+    sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e = {30, 20, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+    sw_ingress *ing = worker(wc, "pr1", &e);
+    sw_router *r = router(fc);
+    natsConnection *nc = raw_conn();
+    natsSubscription *spy = NULL;
+    probe_rec rec;
+    char victim[SWT_SUBJECT_MAX], ctl[SWT_SUBJECT_MAX], reason[64];
+    sw_ingress_stats st;
+    sw_terminal t;
+    sw_stream *s;
+    size_t len = 0;
+    int n;
+    (void)state;
+    memset(&rec, 0, sizeof(rec));
+    pthread_mutex_init(&rec.mu, NULL);
+    assert_int_equal(swt_subject_control(ctl, sizeof(ctl), "pr1"), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, ctl, on_probe, &rec), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    s = open_stream(r, "pr1", "n=30");
+    assert_int_equal(
+        swt_subject_response(victim, sizeof(victim), sw_router_id(r), sw_stream_request_id(s)),
+        SW_OK);
+    for (int i = 0; i < 300 * swh_slow() && len == 0; i++) { /* probes go every 100 ms */
+        swh_sleep_ms(10);
+        pthread_mutex_lock(&rec.mu);
+        len = rec.len;
+        pthread_mutex_unlock(&rec.mu);
+    }
+    natsSubscription_Unsubscribe(spy);
+    natsSubscription_Destroy(spy);
+    assert_true(len > 0);
+    pthread_mutex_lock(&e.mu);
+    n = e.served; /* (its handler runs: 30 items, 20 ms apart) */
+    pthread_mutex_unlock(&e.mu);
+    assert_int_equal(n, 1);
+    assert_int_equal(natsConnection_PublishRequest(nc, ctl, victim, rec.msg, (int)len), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    n = drain(s, &t, reason, sizeof(reason));
+    for (int i = 0; i < 300 * swh_slow(); i++) {
+        sw_ingress_stats_get(ing, &st);
+        if (st.bad_controls >= 1)
+            break;
+        swh_sleep_ms(10);
+    }
+    print_message("    victim: %d items, %s %s; worker bad_controls %llu, auth_failures %llu\n", n,
+                  sw_status_name(t.status), reason, (unsigned long long)st.bad_controls,
+                  (unsigned long long)st.auth_failures);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_int_equal(n, 30);
+    assert_int_equal(st.bad_controls, 1);
+    assert_int_equal(st.auth_failures, 0);
+    sw_stream_close(s);
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&rec.mu);
+}
+
 /* Forged probe answers (unsealed) and the worker's own earlier answers
  * (recorded, sealed) replayed for a worker that froze: the router still
  * declares it lost, by its probes' timeouts (a sealed cluster takes no
@@ -1681,6 +1776,7 @@ main(void)
         cmocka_unit_test(rolling_key_rotation),
         cmocka_unit_test(hostile_peer_against_sealed_cluster),
         cmocka_unit_test(forged_no_responders_refused),
+        cmocka_unit_test(replayed_probe_not_answered_on_a_stream),
         cmocka_unit_test(replayed_heartbeat_batches_refused),
         cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),

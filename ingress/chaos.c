@@ -195,6 +195,12 @@ swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users)
     return n;
 }
 
+uint64_t
+swx_ingress_request_bytes(sw_ingress *ing)
+{
+    return __atomic_load_n(&ing->req_bytes, __ATOMIC_RELAXED);
+}
+
 void
 swx_ingress_on_frontend_gone(sw_ingress *ing, swx_ingress_gone_fn fn, void *arg)
 {

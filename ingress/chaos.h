@@ -79,6 +79,10 @@ void swx_ingress_send_counts(sw_ingress *ing, uint64_t *handoffs, uint64_t *time
  * in the table). */
 size_t swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users);
 
+/* Test-only: the bytes of request payloads and headers the ingress keeps
+ * (each from the request's arrival until its responder's last release). */
+uint64_t swx_ingress_request_bytes(sw_ingress *ing);
+
 /* Test-only: an inline handler's hold window (ingress/sender.c resp_hold)
  * becomes us microseconds (0: no hold), whatever the connection's mode; set
  * before the first request (chaos build only). */

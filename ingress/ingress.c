@@ -60,13 +60,25 @@ resp_tryref(sw_responder *r)
 }
 
 void
+swn_resp_free_request(sw_responder *r)
+{
+    __atomic_fetch_sub(&r->ing->req_bytes, (uint64_t)(r->plen + r->hbytes), __ATOMIC_RELAXED);
+    free(r->payload);
+    free(r->hdr);
+    r->payload = NULL;
+    r->plen = 0;
+    r->hdr = NULL;
+    r->nhdr = 0;
+    r->hbytes = 0;
+}
+
+void
 swn_resp_unref(sw_responder *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
     swn_ring_free(&r->rg);
-    free(r->payload);
-    free(r->hdr);
+    swn_resp_free_request(r);
     pthread_mutex_lock(&r->ing->mu);
     if (r->all_prev != NULL)
         r->all_prev->all_next = r->all_next;

@@ -105,6 +105,7 @@ struct sw_responder {
     char **hdr; /* the request headers: key, value, key, value, ... (one block, with the
                    strings); NULL when none */
     size_t nhdr;
+    size_t hbytes;                       /* the size of that block */
     char trace_id[SWI_TRACE_ID_LEN + 1]; /* of a valid traceparent header, else "" */
     char logtag[SWI_LOGTAG_MAX];         /* idhex, and the trace id when there is one */
     uint32_t max_tokens;
@@ -197,6 +198,10 @@ struct sw_ingress {
      * heartbeat wrapper sent (atomic); probe answers carry both. */
     uint64_t incarnation;
     uint64_t beats_counter;
+    /* Bytes of request payloads and headers its responders keep (atomic):
+     * from the request's intake until the last hold on its responder goes
+     * (swn_resp_free_request). */
+    uint64_t req_bytes;
     int64_t max_age_ms; /* sw_ingress_opts.max_request_age_ms; 0 = no limit */
     char req_subj[SWT_SUBJECT_MAX];
     char ctl_subj[SWT_SUBJECT_MAX];
@@ -310,6 +315,10 @@ void swn_early_fini(sw_ingress *ing);
 /* ingress/ingress.c */
 void swn_resp_ref(sw_responder *r);
 void swn_resp_unref(sw_responder *r);
+/* Frees the request's payload and headers (r->mu held, or r not shared):
+ * the API lets the user read them only until the last release, and a
+ * finished stream may be held long after it for its final's ack. */
+void swn_resp_free_request(sw_responder *r);
 
 /* ingress/frame.c */
 sw_err swn_resp_pack_final(const uint8_t id[SW_REQUEST_ID_BYTES], const char *instance,

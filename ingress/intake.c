@@ -49,8 +49,11 @@ intake_headers(sw_responder *r, const swp_request *req)
     if (req->n_headers > 0) {
         for (size_t i = 0; i < req->n_headers; i++)
             bytes += strlen(req->headers[i]->key) + strlen(req->headers[i]->value) + 2;
-        if ((r->hdr = malloc(2 * req->n_headers * sizeof(char *) + bytes)) == NULL)
+        bytes += 2 * req->n_headers * sizeof(char *);
+        if ((r->hdr = malloc(bytes)) == NULL)
             return -1;
+        r->hbytes = bytes;
+        __atomic_fetch_add(&r->ing->req_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
         at = (char *)(r->hdr + 2 * req->n_headers);
         for (size_t i = 0; i < req->n_headers; i++) {
             for (int k = 0; k < 2; k++) {
@@ -250,6 +253,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
             goto nomem;
         memcpy(r->payload, req->payload.data, req->payload.len);
         r->plen = req->payload.len;
+        __atomic_fetch_add(&ing->req_bytes, (uint64_t)r->plen, __ATOMIC_RELAXED);
     }
     if (intake_headers(r, req) != 0 || swn_ring_init(&r->rg, r->wmax) != 0)
         goto nomem;
@@ -341,8 +345,7 @@ nomem:
 free_r:
     if (r != NULL) {
         swn_ring_free(&r->rg);
-        free(r->payload);
-        free(r->hdr);
+        swn_resp_free_request(r);
         pthread_mutex_destroy(&r->mu);
         pthread_cond_destroy(&r->cv);
         swi_duetab_release(&ing->due, r->next_tick);

@@ -312,6 +312,12 @@ swn_resp_drop_hold(sw_responder *r, const char *code, const char *message)
         failed = 1;
         (void)swn_resp_send_failed(r, SW_OK, code, message, SWN_BY_PRODUCER);
     }
+    /* Nobody may read the request any more (sw_responder_payload and
+     * _header: until released), while the stream may stay in the table
+     * for a while yet, its final held for an ack: 600 finished streams
+     * of 900 KiB requests used to keep 537 MB. */
+    if (last)
+        swn_resp_free_request(r);
     pthread_mutex_unlock(&r->mu);
     /* Logged with no lock held (r->idhex never changes; r is still ours). */
     if (failed)

@@ -418,7 +418,10 @@ SW_API void sw_ingress_stats_get(sw_ingress *ing, sw_ingress_stats *out);
 
 /* --- responder. All functions are thread-safe. --------------------------- */
 
-/* The request payload; owned by the responder, valid until it is released. */
+/* The request payload; owned by the responder, valid until it is released
+ * (its last release, or the handler's return without a retain: the
+ * library frees it then, while the stream may wait on for its final's
+ * acknowledgement). */
 SW_API const void *sw_responder_payload(const sw_responder *r, size_t *len);
 /* max_tokens hint from the request (0 = unset). */
 SW_API uint32_t sw_responder_max_tokens(const sw_responder *r);

@@ -923,6 +923,121 @@ kills_do_not_push_out_held_finals(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* ------------------------------------------------ held finals keep no request */
+
+/* A request of `plen` bytes of payload (all 'p') and one header, from
+ * router fe, window `window`, heartbeat 1 s. */
+static void
+raw_request_payload(natsConnection *nc, const char *inst, const uint8_t *id, const char *fe,
+                    uint32_t window, size_t plen)
+{
+    swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+    Streamwire__V1__Request__HeadersEntry h = STREAMWIRE__V1__REQUEST__HEADERS_ENTRY__INIT;
+    Streamwire__V1__Request__HeadersEntry *hs[1] = {&h};
+    char subj[SWT_SUBJECT_MAX], resp[SWT_SUBJECT_MAX], hex[SW_REQUEST_ID_HEX];
+    uint8_t *buf = NULL, *pl = malloc(plen);
+    size_t len = 0;
+    assert_non_null(pl);
+    memset(pl, 'p', plen);
+    swi_hex(hex, id, SW_REQUEST_ID_BYTES);
+    assert_int_equal(swt_subject_response(resp, sizeof(resp), fe, hex), SW_OK);
+    h.key = (char *)"x-tenant";
+    h.value = (char *)"acme";
+    m.version = SW_PROTOCOL_VERSION;
+    m.request_id.data = (uint8_t *)(uintptr_t)id;
+    m.request_id.len = SW_REQUEST_ID_BYTES;
+    m.response_subject = resp;
+    m.router_id = (char *)fe;
+    m.credit_window = window;
+    m.heartbeat_ms = 1000;
+    m.endpoint = (char *)EP;
+    m.payload.data = pl;
+    m.payload.len = plen;
+    m.n_headers = 1;
+    m.headers = hs;
+    assert_int_equal(swt_subject_request(subj, sizeof(subj), EP, inst), SW_OK);
+    assert_int_equal(swp_encode_alloc(&m, SIZE_MAX, &buf, &len), SW_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, subj, resp, buf, (int)len), NATS_OK);
+    free(buf);
+    free(pl);
+}
+
+/* A finished stream whose final waits for its frontend's ack (up to
+ * 4 x heartbeat + 2 s, up to max_held_finals of them) kept its request's
+ * payload and headers until it left the table, although nobody may read
+ * them after the responder's release: 600 such streams of 900 KiB
+ * requests held 537 MB. They are freed at the release now. 20 finished
+ * streams of 900 KiB requests, never acknowledged, and one still running
+ * (waiting for credit): before, the ingress kept 21 requests' bytes; now
+ * only the running one's, and nothing once it finishes too. */
+static void
+held_finals_keep_no_request(void **state)
+{
+    enum { HELD = 20, PLEN = 900 * 1024 };
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    natsSubscription *ans = probe_answerer(nc, "plfe");
+    engine e, snap;
+    sw_ingress *ing;
+    sw_ingress_stats st;
+    uint8_t live[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX];
+    uint64_t running, held, done;
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 2;
+    ing = ingress_new(wc, "w-plen", &e, (unsigned)T(10000));
+    /* a window of 1: the handler waits for credit after its first item */
+    new_id(live, hex);
+    raw_request_payload(nc, "w-plen", live, "plfe", 1, PLEN);
+    for (int i = 0; i < HELD; i++) {
+        uint8_t id[SW_REQUEST_ID_BYTES];
+        new_id(id, hex);
+        raw_request_payload(nc, "w-plen", id, "plfe", 16, PLEN);
+    }
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(10000);
+    do {
+        swh_sleep_ms(10);
+        engine_snapshot(&e, &snap);
+    } while ((snap.started < HELD + 1 || snap.ended < HELD) && swh_now_ms() < until);
+    swh_sleep_ms(50); /* (the last handler's return releases its responder) */
+    sw_ingress_stats_get(ing, &st);
+    running = swx_ingress_request_bytes(ing);
+    assert_int_equal(snap.started, HELD + 1);
+    assert_int_equal(snap.ended, HELD);
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], HELD);
+    assert_int_equal(st.streams_held, HELD + 1); /* the finished ones wait for their acks */
+    /* Its own frontend's credit: the last one finishes, held too. */
+    raw_control(nc, "w-plen", live, "plfe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, 10, 1);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    do {
+        swh_sleep_ms(10);
+        engine_snapshot(&e, &snap);
+    } while (snap.ended < HELD + 1 && swh_now_ms() < until);
+    swh_sleep_ms(50);
+    sw_ingress_stats_get(ing, &st);
+    held = st.streams_held;
+    done = swx_ingress_request_bytes(ing);
+    print_message("%d finished streams held for their acks and 1 running, requests of %d bytes: "
+                  "the ingress keeps %llu bytes of requests (%.1f requests); all %llu finished: "
+                  "%llu bytes\n",
+                  HELD, PLEN, (unsigned long long)running, (double)running / PLEN,
+                  (unsigned long long)held, (unsigned long long)done);
+    assert_int_equal(held, HELD + 1);
+    /* the running one's payload, and its header block (two pointers and
+     * "x-tenant", "acme") */
+    assert_int_equal(running, PLEN + 2 * sizeof(char *) + sizeof("x-tenant") + sizeof("acme"));
+    assert_int_equal(done, 0);
+    sw_ingress_destroy(ing);
+    natsSubscription_Destroy(ans);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
 /* ------------------------------------------------ #12 checked controls */
 
 /* A CANCEL that names another router than the stream's is ignored: the
@@ -1959,6 +2074,7 @@ main(int argc, char **argv)
         cmocka_unit_test(unacked_finals_are_bounded),
         cmocka_unit_test(held_finals_follow_max_held_finals),
         cmocka_unit_test(kills_do_not_push_out_held_finals),
+        cmocka_unit_test(held_finals_keep_no_request),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(forged_controls_are_counted),
         cmocka_unit_test(resend_flood_is_throttled),

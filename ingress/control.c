@@ -321,4 +321,5 @@ swn_early_fini(sw_ingress *ing)
 {
     swi_idq_fini(&ing->early);
     swi_idq_fini(&ing->seen);
+    swi_idq_fini(&ing->refused);
 }

@@ -196,6 +196,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
     if (swi_idmap_init(&ing->streams, 64) != 0 ||
         swi_idq_init(&ing->early, SWN_EARLY_MAX, SWN_EARLY_TTL_MS) != 0 ||
         swi_idq_init(&ing->seen, SWN_SEEN_MAX, SWN_SEEN_TTL_MS) != 0 ||
+        swi_idq_init(&ing->refused, SWN_REFUSED_MAX, SWN_SEEN_TTL_MS) != 0 ||
         (ing->threads = calloc(ing->nthreads ? ing->nthreads : 1, sizeof(pthread_t))) == NULL) {
         rv = SW_ENOMEM;
         goto fail;

@@ -242,6 +242,8 @@ struct sw_ingress {
      * SWN_EARLY_TTL_MS (ing->mu). */
     swi_idq early;     /* CANCEL/KILL for requests not seen yet (SWN_EARLY_MAX, 30 s) */
     swi_idq seen;      /* requests served recently: a replay is never run twice (SWN_SEEN_MAX) */
+    swi_idq refused;   /* requests refused recently (overloaded, draining, starting, cancelled
+                          first): a replay never runs later (SWN_REFUSED_MAX) */
     sw_responder *all; /* every responder not yet freed, registered or not */
     sw_responder *q_head, *q_tail;
     pthread_t *threads;
@@ -304,6 +306,10 @@ void swn_fin_unlink(sw_ingress *ing, sw_responder *r);
  * not run again; sealing review finding A3). */
 #define SWN_SEEN_MAX 65536
 #define SWN_SEEN_TTL_MS (10 * 60 * 1000)
+/* Request ids this worker refused without running them, for as long: a
+ * table of their own, so that a flood of refusals (cheap to cause) cannot
+ * push the served ones out of `seen`. */
+#define SWN_REFUSED_MAX 16384
 
 /* A CANCEL/KILL for a request not seen yet (ing->mu held). */
 void swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, int64_t now);

@@ -84,6 +84,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
     uint8_t rid[SW_REQUEST_ID_BYTES];
     sw_err rv;
     int overloaded = 0, dup = 0, refused = 0;
+    int64_t now;
 
     if (msg->no_responders) {
         /* Never a request: the server sends this status only to a reply
@@ -259,6 +260,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         goto nomem;
 
     pthread_mutex_lock(&ing->mu);
+    now = swi_now_ms();
     if (!ing->started) {
         /* Delivered while sw_ingress_start is under way, which may still
          * fail (and its caller free what the handler uses): never run. */
@@ -273,14 +275,20 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
          * has already ended the stream). */
         dup = 1;
         ing->st.cancels++;
-    } else if (swi_idq_find(&ing->seen, r->id, swi_now_ms()) != NULL) {
-        /* Served here already and over: a replay (a frontend never sends a
-         * request again once its stream ended). Never run twice. */
+        swi_idq_add(&ing->refused, r->id, r->router_id, now);
+    } else if (swi_idq_find(&ing->seen, r->id, now) != NULL ||
+               swi_idq_find(&ing->refused, r->id, now) != NULL) {
+        /* Served here already and over, or refused here: a replay (a
+         * frontend never sends a request again once its stream ended;
+         * another instance gets it after "no responders"). Never run
+         * twice, nor later: a refused request replayed once the worker
+         * had room used to run. */
         dup = 1;
         ing->st.replays++;
     } else if (ing->inflight >= ing->max_inflight) {
         overloaded = 1;
         ing->st.rejected_overload++;
+        swi_idq_add(&ing->refused, r->id, r->router_id, now);
     } else if (swi_idmap_put(&ing->streams, r->id, r) != 0) {
         pthread_mutex_unlock(&ing->mu);
         goto nomem;
@@ -296,7 +304,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         ing->inflight++;
         ing->st.inflight = ing->inflight;
         ing->st.requests++;
-        swi_idq_add(&ing->seen, r->id, r->router_id, swi_now_ms());
+        swi_idq_add(&ing->seen, r->id, r->router_id, now);
         if (!ing->inline_handlers) {
             if (ing->q_tail)
                 ing->q_tail->qnext = r;
@@ -308,6 +316,8 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
          * and must find it registered and counted. */
         swi_duetab_attach(&ing->due, r->next_tick, r);
     }
+    if (refused)
+        swi_idq_add(&ing->refused, r->id, r->router_id, now);
     pthread_mutex_unlock(&ing->mu);
     swi_ticker_wake(&ing->timer, 1); /* (a resting timer: a stream to time now) */
     if (refused) {

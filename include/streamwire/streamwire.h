@@ -403,7 +403,9 @@ typedef struct sw_ingress_stats {
     uint64_t credit_stalls;    /* blocking sends that had to wait for credit (the frontend's
                                   consumer was slower than the handler) */
     uint64_t replays;          /* requests this worker had already served (within the last 10
-                                  minutes, the last 65,536): dropped, never run twice */
+                                  minutes, the last 65,536) or refused unrun (overloaded,
+                                  draining, cancelled first: the last 16,384): dropped,
+                                  never run twice, nor later */
     uint64_t requests_waiting; /* gauge: requests this process received but has not taken in
                                   yet (nats.c's queue for the request subscription; unbounded).
                                   With handler_inline, those waiting behind a running handler:

@@ -1038,6 +1038,96 @@ held_finals_keep_no_request(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* ------------------------------------------------ refused requests replayed */
+
+/* A request the worker refused without running it was not remembered (only
+ * accepted ones were): the same request replayed once the worker had room
+ * ran. Now a refused id is remembered as a served one is: a request
+ * answered "overloaded" (max_inflight 1, taken by a stream waiting for
+ * credit) and one whose CANCEL came first are each sent again, the same
+ * bytes, after the worker has room: neither runs, both count as replays. */
+static void
+refused_request_replayed_does_not_run(void **state)
+{
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    natsSubscription *ans = probe_answerer(nc, "rffe");
+    sw_ingress_opts o;
+    engine e, snap;
+    sw_ingress *ing = NULL;
+    sw_ingress_stats st;
+    uint8_t busy[SW_REQUEST_ID_BYTES], over[SW_REQUEST_ID_BYTES], early[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX];
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 2;
+    sw_ingress_opts_init(&o);
+    o.endpoint = EP;
+    o.instance_id = "w-refused";
+    o.handler = engine_handler;
+    o.handler_arg = &e;
+    o.send_timeout_ms = (sw_duration)T(10000);
+    o.max_inflight = 1;
+    assert_int_equal(sw_ingress_start(&ing, wc, &o), SW_OK);
+    /* window 1: it waits for credit after its first item, in flight */
+    new_id(busy, hex);
+    raw_request_payload(nc, "w-refused", busy, "rffe", 1, 16);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(wait_started(&e, 1), 1);
+    new_id(over, hex);
+    raw_request_payload(nc, "w-refused", over, "rffe", 16, 16);
+    /* a CANCEL from its router, then its request */
+    new_id(early, hex);
+    raw_control(nc, "w-refused", early, "rffe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+    controls_handled(nc, "w-refused");
+    raw_request_payload(nc, "w-refused", early, "rffe", 16, 16);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(5000);
+    do {
+        swh_sleep_ms(10);
+        sw_ingress_stats_get(ing, &st);
+    } while ((st.rejected_overload < 1 || st.cancels < 1) && swh_now_ms() < until);
+    assert_int_equal(st.rejected_overload, 1);
+    assert_int_equal(st.cancels, 1);
+    /* room again: the busy one gets its credit and finishes */
+    raw_control(nc, "w-refused", busy, "rffe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CREDIT, 10, 1);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    do {
+        swh_sleep_ms(10);
+        sw_ingress_stats_get(ing, &st);
+    } while (st.inflight > 0 && swh_now_ms() < until);
+    assert_int_equal(st.inflight, 0);
+    /* the two refused requests again, as recorded */
+    raw_request_payload(nc, "w-refused", over, "rffe", 16, 16);
+    raw_request_payload(nc, "w-refused", early, "rffe", 16, 16);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    do {
+        swh_sleep_ms(10);
+        sw_ingress_stats_get(ing, &st);
+        engine_snapshot(&e, &snap);
+    } while (st.replays + st.requests < 3 && swh_now_ms() < until);
+    swh_sleep_ms(100); /* (a handler would have started by now) */
+    sw_ingress_stats_get(ing, &st);
+    engine_snapshot(&e, &snap);
+    print_message("replayed after the worker had room: an overloaded and an early-cancelled "
+                  "request: handlers started %d (1 = only the first request), requests %llu, "
+                  "replays %llu, overloaded %llu\n",
+                  snap.started, (unsigned long long)st.requests, (unsigned long long)st.replays,
+                  (unsigned long long)st.rejected_overload);
+    assert_int_equal(snap.started, 1);
+    assert_int_equal(st.requests, 1);
+    assert_int_equal(st.replays, 2);
+    assert_int_equal(st.rejected_overload, 1);
+    assert_int_equal(st.cancels, 1);
+    sw_ingress_destroy(ing);
+    natsSubscription_Destroy(ans);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
 /* ------------------------------------------------ #12 checked controls */
 
 /* A CANCEL that names another router than the stream's is ignored: the
@@ -2075,6 +2165,7 @@ main(int argc, char **argv)
         cmocka_unit_test(held_finals_follow_max_held_finals),
         cmocka_unit_test(kills_do_not_push_out_held_finals),
         cmocka_unit_test(held_finals_keep_no_request),
+        cmocka_unit_test(refused_request_replayed_does_not_run),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(forged_controls_are_counted),
         cmocka_unit_test(resend_flood_is_throttled),

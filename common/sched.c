@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "common/sched.h"
 
 /* ---------------------------------------------------------------- ticker */
@@ -624,6 +626,18 @@ swi_idq_take(swi_idq *q, const uint8_t *id, const char *tag)
     swi_idmap_del(&q->map, id);
     e->live = 0; /* freed when it leaves the ring */
     return 1;
+}
+
+void
+swi_idq_pair_key(uint8_t key[16], const uint8_t *id, const char *tag)
+{
+    crypto_generichash_state st;
+    const char *t = tag != NULL ? tag : "";
+    (void)crypto_generichash_init(&st, NULL, 0, 16);
+    (void)crypto_generichash_update(&st, id, 16);
+    /* (with its length: no two pairs share their bytes) */
+    (void)crypto_generichash_update(&st, (const unsigned char *)t, strlen(t) + 1);
+    (void)crypto_generichash_final(&st, key, 16);
 }
 
 void

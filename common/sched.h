@@ -391,6 +391,11 @@ void swi_idq_add(swi_idq *q, const uint8_t *id, const char *tag, int64_t now);
 swi_idq_entry *swi_idq_find(swi_idq *q, const uint8_t *id, int64_t now);
 /* 1 and forgets it if id is there with this tag (tag NULL: any), else 0. */
 int swi_idq_take(swi_idq *q, const uint8_t *id, const char *tag);
+/* The 16-byte key of the pair (id, tag) (a BLAKE2b digest of both), for a
+ * set that keeps one entry per pair rather than per id: added and taken
+ * by it (with the tag, as usual), an entry of one tag does not stand in
+ * the way of another's for the same id. tag NULL is "". */
+void swi_idq_pair_key(uint8_t key[16], const uint8_t *id, const char *tag);
 void swi_idq_fini(swi_idq *q);
 
 #endif

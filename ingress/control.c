@@ -304,16 +304,24 @@ done:
 
 /* ---------------------------------------------------------------- early cancels */
 
+/* Keyed by the pair (id, router): a CANCEL naming another router used to
+ * take the id's place first (an add of an id present is a no-op), and the
+ * take, which checks the router, then found no entry of the request's own
+ * router: the request ran. */
 void
 swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, int64_t now)
 {
-    swi_idq_add(&ing->early, id, router_id, now);
+    uint8_t key[SW_REQUEST_ID_BYTES];
+    swi_idq_pair_key(key, id, router_id);
+    swi_idq_add(&ing->early, key, router_id, now);
 }
 
 int
 swn_early_take(sw_ingress *ing, const uint8_t *id, const char *router_id)
 {
-    return swi_idq_take(&ing->early, id, router_id);
+    uint8_t key[SW_REQUEST_ID_BYTES];
+    swi_idq_pair_key(key, id, router_id);
+    return swi_idq_take(&ing->early, key, router_id);
 }
 
 void

@@ -1178,6 +1178,58 @@ forged_cancel_from_other_router_is_ignored(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* A CANCEL for a request not seen yet is remembered so that the request,
+ * arriving after it, never starts; the memory was keyed by the request id
+ * alone, and its take checks the router. A forged CANCEL naming another
+ * router ("evil") first took the id's place: the genuine CANCEL's entry
+ * was then a no-op, the take found evil's, and the request ran. Now the
+ * entries are keyed by (id, router): the request is cancelled before it
+ * starts, counted once in cancels. */
+static void
+forged_early_cancel_does_not_take_the_place(void **state)
+{
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    natsSubscription *ans = probe_answerer(nc, "efe");
+    engine e, snap;
+    sw_ingress *ing;
+    sw_ingress_stats st;
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX];
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 1;
+    ing = ingress_new(wc, "w-early", &e, 5000);
+    new_id(id, hex);
+    raw_control(nc, "w-early", id, "evil", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+    raw_control(nc, "w-early", id, "efe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+    controls_handled(nc, "w-early");
+    raw_request_payload(nc, "w-early", id, "efe", 16, 16);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(3000);
+    do {
+        swh_sleep_ms(10);
+        sw_ingress_stats_get(ing, &st);
+        engine_snapshot(&e, &snap);
+    } while (st.cancels + st.requests < 1 && swh_now_ms() < until);
+    swh_sleep_ms(100); /* (a handler would have started by now) */
+    sw_ingress_stats_get(ing, &st);
+    engine_snapshot(&e, &snap);
+    print_message("CANCEL from evil, then from the request's router, then the request: "
+                  "handler started %d, cancels %llu, requests %llu\n",
+                  snap.started, (unsigned long long)st.cancels, (unsigned long long)st.requests);
+    assert_int_equal(snap.started, 0);
+    assert_int_equal(st.cancels, 1);
+    assert_int_equal(st.requests, 0);
+    sw_ingress_destroy(ing);
+    natsSubscription_Destroy(ans);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
 /* Every control that names another frontend than its stream's is ignored
  * and counted in bad_controls, once: a CANCEL, a KILL, a CREDIT and a PROBE
  * naming a live stream, and an ACK_FINALS naming it once its final waits
@@ -2167,6 +2219,7 @@ main(int argc, char **argv)
         cmocka_unit_test(held_finals_keep_no_request),
         cmocka_unit_test(refused_request_replayed_does_not_run),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
+        cmocka_unit_test(forged_early_cancel_does_not_take_the_place),
         cmocka_unit_test(forged_controls_are_counted),
         cmocka_unit_test(resend_flood_is_throttled),
         cmocka_unit_test(probe_answered_only_on_its_routers_subject),

@@ -1071,6 +1071,40 @@ test_idq(void **state)
     swi_idq_fini(&q);
 }
 
+/* Keyed by (id, tag) (the early cancels): one tag's entry for an id does
+ * not stand in the way of another's. Keyed by the id alone, a forged entry
+ * (another router) made the genuine one's add a no-op, and its take then
+ * failed on the tag. */
+static void
+test_idq_pairs(void **state)
+{
+    swi_idq q;
+    uint8_t id[16], k1[16], k2[16], k3[16], k4[16];
+    (void)state;
+    memset(id, 7, sizeof(id));
+    swi_idq_pair_key(k1, id, "evil");
+    swi_idq_pair_key(k2, id, "r1");
+    swi_idq_pair_key(k3, id, "r1");
+    assert_memory_not_equal(k1, k2, 16);
+    assert_memory_equal(k2, k3, 16);
+    swi_idq_pair_key(k3, id, "r"); /* ("r", "1..." never meets "r1") */
+    assert_memory_not_equal(k2, k3, 16);
+    swi_idq_pair_key(k4, id, NULL);
+    swi_idq_pair_key(k3, id, "");
+    assert_memory_equal(k3, k4, 16);
+    id[15] ^= 1;
+    swi_idq_pair_key(k3, id, "r1");
+    assert_memory_not_equal(k2, k3, 16);
+    assert_int_equal(swi_idq_init(&q, 16, 1000), 0);
+    swi_idq_add(&q, k1, "evil", 0);
+    swi_idq_add(&q, k2, "r1", 0);
+    assert_int_equal(q.n, 2);
+    assert_int_equal(swi_idq_take(&q, k2, "r1"), 1);
+    assert_int_equal(swi_idq_take(&q, k2, "r1"), 0);
+    assert_non_null(swi_idq_find(&q, k1, 10)); /* the other stays */
+    swi_idq_fini(&q);
+}
+
 int
 main(void)
 {
@@ -1094,6 +1128,7 @@ main(void)
         cmocka_unit_test(test_peers_no_responders),
         cmocka_unit_test(test_peers_no_responders_then_back),
         cmocka_unit_test(test_idq),
+        cmocka_unit_test(test_idq_pairs),
         cmocka_unit_test(test_peers_probe_ids),
         cmocka_unit_test(test_peers_beats_replay),
         cmocka_unit_test(test_peers_suspect),

@@ -195,6 +195,16 @@ swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users)
     return n;
 }
 
+size_t
+swx_ingress_early_cancels(sw_ingress *ing)
+{
+    size_t n;
+    pthread_mutex_lock(&ing->mu);
+    n = ing->early.map.live;
+    pthread_mutex_unlock(&ing->mu);
+    return n;
+}
+
 uint64_t
 swx_ingress_request_bytes(sw_ingress *ing)
 {

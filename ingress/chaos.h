@@ -79,6 +79,10 @@ void swx_ingress_send_counts(sw_ingress *ing, uint64_t *handoffs, uint64_t *time
  * in the table). */
 size_t swx_ingress_frontends(sw_ingress *ing, const char *router_id, unsigned *users);
 
+/* Test-only: the CANCELs and KILLs the ingress remembers for requests not
+ * seen yet (early cancels, ingress/control.c), expired ones included. */
+size_t swx_ingress_early_cancels(sw_ingress *ing);
+
 /* Test-only: the bytes of request payloads and headers the ingress keeps
  * (each from the request's arrival until its responder's last release). */
 uint64_t swx_ingress_request_bytes(sw_ingress *ing);

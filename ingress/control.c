@@ -170,16 +170,24 @@ ing_cancel_lost(sw_ingress *ing)
  * stream is remembered under the same lock: its request may still be on
  * its way (another subscription), and is then never started (issue 11 #2).
  * One lookup, so a stream that registers meanwhile is found here and its
- * router checked as any other's. */
+ * router checked as any other's. Not for a request that came here already
+ * (served, or refused): its stream is over, and a frontend repeats its
+ * CANCEL and KILL until it hears so (a KILL, 5 times): each repeat used to
+ * take an entry for 30 s, and above ~546 kills a second they pushed out
+ * the cancels of requests still on their way. */
 static sw_responder *
 ing_find(sw_ingress *ing, const uint8_t *id, const char *early_for)
 {
     sw_responder *r;
     pthread_mutex_lock(&ing->mu);
-    if ((r = swi_idmap_get(&ing->streams, id)) != NULL)
+    if ((r = swi_idmap_get(&ing->streams, id)) != NULL) {
         swn_resp_ref(r);
-    else if (early_for != NULL && !ing_cancel_lost(ing))
-        swn_early_add(ing, id, early_for, swi_now_ms());
+    } else if (early_for != NULL && !ing_cancel_lost(ing)) {
+        int64_t now = swi_now_ms();
+        if (swi_idq_find(&ing->seen, id, now) == NULL &&
+            swi_idq_find(&ing->refused, id, now) == NULL)
+            swn_early_add(ing, id, early_for, now);
+    }
     pthread_mutex_unlock(&ing->mu);
     return r;
 }

@@ -1230,6 +1230,77 @@ forged_early_cancel_does_not_take_the_place(void **state)
     pthread_mutex_destroy(&e.mu);
 }
 
+/* A frontend repeats a KILL (5 sends in all) and a CANCEL until it hears
+ * the stream is over; after a KILL nothing more comes. Each repeat found
+ * no stream and was remembered as an early cancel for 30 s (16,384 at
+ * most): above ~546 kills a second they pushed out the cancels of requests
+ * still on their way. A cancel for a request the worker has served (or
+ * refused) is no longer remembered: after a stream's KILL and 4 repeats,
+ * and a CANCEL of a finished stream, the memory is empty; a cancel for a
+ * request not seen yet is still remembered. */
+static void
+kill_repeats_are_not_early_cancels(void **state)
+{
+    sw_conn *wc = conn_open(), *fc = conn_open();
+    natsConnection *nc = sw_conn_nats(fc);
+    natsSubscription *ans = probe_answerer(nc, "kfe");
+    engine e, snap;
+    sw_ingress *ing;
+    sw_ingress_stats st;
+    uint8_t killed[SW_REQUEST_ID_BYTES], done[SW_REQUEST_ID_BYTES], early[SW_REQUEST_ID_BYTES];
+    char hex[SW_REQUEST_ID_HEX];
+    size_t after_repeats, after_early;
+    int64_t until;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    pthread_mutex_init(&e.mu, NULL);
+    e.tokens = 2;
+    ing = ingress_new(wc, "w-kills2", &e, (unsigned)T(10000));
+    /* one waits for credit (window 1), one finishes */
+    new_id(killed, hex);
+    raw_request_payload(nc, "w-kills2", killed, "kfe", 1, 16);
+    new_id(done, hex);
+    raw_request_payload(nc, "w-kills2", done, "kfe", 16, 16);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    until = swh_now_ms() + T(5000);
+    do {
+        swh_sleep_ms(10);
+        engine_snapshot(&e, &snap);
+    } while ((snap.started < 2 || snap.ended < 1) && swh_now_ms() < until);
+    assert_int_equal(snap.started, 2);
+    assert_int_equal(snap.ended, 1);
+    for (int i = 0; i < 5; i++)
+        raw_control(nc, "w-kills2", killed, "kfe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL, 0,
+                    0);
+    raw_ack_finals(nc, "w-kills2", done, "kfe");
+    controls_handled(nc, "w-kills2");
+    raw_control(nc, "w-kills2", done, "kfe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+    controls_handled(nc, "w-kills2");
+    after_repeats = swx_ingress_early_cancels(ing);
+    new_id(early, hex);
+    raw_control(nc, "w-kills2", early, "kfe", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+    controls_handled(nc, "w-kills2");
+    after_early = swx_ingress_early_cancels(ing);
+    sw_ingress_stats_get(ing, &st);
+    print_message("a KILL sent 5 times and a CANCEL of a finished stream: %zu early cancels "
+                  "remembered; with one for a request not seen yet: %zu\n",
+                  after_repeats, after_early);
+    assert_int_equal(st.cancels, 1);
+    assert_int_equal(st.streams_held, 0);
+    assert_int_equal(after_repeats, 0);
+    assert_int_equal(after_early, 1);
+    do {
+        swh_sleep_ms(10);
+        engine_snapshot(&e, &snap);
+    } while (snap.ended < 2 && swh_now_ms() < until);
+    assert_int_equal(snap.cancelled, 1);
+    sw_ingress_destroy(ing);
+    natsSubscription_Destroy(ans);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&e.mu);
+}
+
 /* Every control that names another frontend than its stream's is ignored
  * and counted in bad_controls, once: a CANCEL, a KILL, a CREDIT and a PROBE
  * naming a live stream, and an ACK_FINALS naming it once its final waits
@@ -2220,6 +2291,7 @@ main(int argc, char **argv)
         cmocka_unit_test(refused_request_replayed_does_not_run),
         cmocka_unit_test(forged_cancel_from_other_router_is_ignored),
         cmocka_unit_test(forged_early_cancel_does_not_take_the_place),
+        cmocka_unit_test(kill_repeats_are_not_early_cancels),
         cmocka_unit_test(forged_controls_are_counted),
         cmocka_unit_test(resend_flood_is_throttled),
         cmocka_unit_test(probe_answered_only_on_its_routers_subject),

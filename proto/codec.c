@@ -420,6 +420,10 @@ swp_check_item(swp_item *m)
     if (m->complete_final) {
         if (m->seq == 0 || m->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT)
             return SW_EPROTO;
+        /* A final carries no data, alone as in a batch (swp_check_batch):
+         * the frontend takes only its terminal, and would drop the data. */
+        if (m->body_case == STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA && m->data.len != 0)
+            return SW_EPROTO;
         return swp_check_terminal(m->terminal);
     }
     switch (m->body_case) {

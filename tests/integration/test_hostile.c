@@ -230,6 +230,52 @@ held_item_beyond_final_is_item_after_final(void **state)
     fake_close(&f);
 }
 
+/* ------------------------------------------------ a final carries no data */
+
+/* A worker sends item 1, then a final wrapper of its own (seq 2) whose body
+ * is data. The decoder took it and the frontend made it the stream's final,
+ * ignoring its data: the consumer got item 1 and "completed", the last
+ * chunk lost without a word (a batched final with data was refused). Now
+ * such a final is a decode_error, as in a batch: item 1, then decode_error,
+ * and nothing else. */
+static void
+final_with_data_is_a_decode_error(void **state)
+{
+    fake_env f;
+    swp_item w = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
+    swp_terminal t = STREAMWIRE__V1__TERMINAL__INIT;
+    uint64_t seqs[8];
+    uint8_t buf[256];
+    size_t n, len;
+    sw_terminal term;
+    sw_stream_stats st;
+    (void)state;
+    fake_open(&f, "fake-final-data", 16, NULL, NULL);
+    raw_item(f.nc, f.req->response_subject, f.id, 1, "one", 0);
+    w.version = SW_PROTOCOL_VERSION;
+    w.request_id = f.req->request_id;
+    w.seq = 2;
+    w.complete_final = 1;
+    t.status = STREAMWIRE__V1__STATUS__STATUS_COMPLETED;
+    t.finish_reason = (char *)"stop";
+    w.terminal = &t;
+    w.body_case = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_DATA;
+    w.data.data = (uint8_t *)"the last chunk";
+    w.data.len = strlen("the last chunk");
+    assert_int_equal(swp_encode(&w, buf, sizeof(buf), &len), SW_OK);
+    assert_int_equal(natsConnection_Publish(f.nc, f.req->response_subject, buf, (int)len), NATS_OK);
+    assert_int_equal(natsConnection_Flush(f.nc), NATS_OK);
+    read_all(f.s, seqs, 8, &n, &term);
+    assert_int_equal(n, 1);
+    assert_int_equal(seqs[0], 1);
+    assert_int_equal(term.status, SW_STATUS_ERROR);
+    assert_int_equal(term.error, SW_DECODE_ERROR);
+    assert_string_equal(term.reason, "decode_error");
+    sw_stream_stats_get(f.s, &st);
+    assert_int_equal(st.items, 1);
+    fake_close(&f);
+}
+
 /* ------------------------------------------------ several items a message */
 
 /* What a callback consumer got: the data seqs in order, the terminal. */
@@ -2281,6 +2327,7 @@ main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(credit_overrun_ends_with_flow_violation),
         cmocka_unit_test(held_item_beyond_final_is_item_after_final),
+        cmocka_unit_test(final_with_data_is_a_decode_error),
         cmocka_unit_test(cancel_in_callback_mid_message_is_answered_by_its_final),
         cmocka_unit_test(items_in_order_across_gap_fill_and_duplicate),
         cmocka_unit_test(immediate_cancel_reaches_or_prevents),

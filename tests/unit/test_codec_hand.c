@@ -1132,7 +1132,6 @@ test_batch_rules_rejected(void **state)
         {"batch ending in a final", "dddf", {5, 6, 9, 10}, SW_OK},
         {"batch ending in a FAILED final", "dedg", {5, 6, 7, 8}, SW_OK},
         {"wrapper empty data + final", "ef", {1, 2}, SW_OK},
-        {"final with data, no batch", "X", {5}, SW_OK},
         {"final, no batch", "f", {5}, SW_OK},
         {"heartbeat, no batch", "h", {0}, SW_OK},
         {"batch at the top of the seq range", "dd", {UINT64_MAX - 1, UINT64_MAX}, SW_OK},
@@ -1151,7 +1150,9 @@ test_batch_rules_rejected(void **state)
         {"final in the middle", "dfd", {5, 6, 7}, SW_EPROTO},
         {"FAILED final in the middle", "dge", {5, 6, 7}, SW_EPROTO},
         {"two finals", "dff", {5, 6, 7}, SW_EPROTO},
-        /* what a batched final / data item may carry */
+        /* what a final / batched data item may carry: a final no data, alone
+         * as in a batch (the frontend would drop it) */
+        {"final with data, no batch", "X", {5}, SW_EPROTO},
         {"batched final with data", "dX", {5, 6}, SW_EPROTO},
         {"batched final with data after data", "ddX", {5, 6, 7}, SW_EPROTO},
         {"batched data item with a terminal", "dt", {5, 6}, SW_EPROTO},
@@ -1184,7 +1185,7 @@ test_batch_rules_rejected(void **state)
             rejected++;
         free(w.b);
     }
-    assert_int_equal(rejected, 28);
+    assert_int_equal(rejected, 29);
 
     /* the same rules through protobuf-c's encoding of a whole wrapper */
     {

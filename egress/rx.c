@@ -473,6 +473,32 @@ rx_note_final(swe_rx *rx, const swe_rx_in *in)
     return rx->held > 0 && rx->hold_top > in->seq ? -1 : 0;
 }
 
+/* 1 if final in says what the final recorded (rx_note_final) says: its
+ * status, error and texts, cut as they were kept (a resend of it is the
+ * same bytes). Without texts kept (none, or no memory for them) only the
+ * status and error are compared. */
+static int
+rx_same_final(const swe_rx *rx, const swe_rx_in *in)
+{
+    char reason[SWE_REASON_MAX], msg[SWE_WMSG_MAX];
+    if (in->status != rx->w_status || in->err != rx->w_err)
+        return 0;
+    if (rx->txt == NULL)
+        return 1;
+    swi_textlcpy(reason, in->reason ? in->reason : "", sizeof(reason));
+    swi_textlcpy(msg, in->message ? in->message : "", sizeof(msg));
+    return strcmp(reason, rx->txt->w_reason) == 0 && strcmp(msg, rx->txt->w_msg) == 0;
+}
+
+/* 1 if in is a final at the recorded final's seq that says something else
+ * (two different finals). */
+static int
+rx_other_final(const swe_rx *rx, const swe_rx_in *in)
+{
+    return in->kind == SWE_IN_FINAL && rx->final_seq != 0 && in->seq == rx->final_seq &&
+           !rx_same_final(rx, in);
+}
+
 static int
 rx_was_granted(const swe_rx *rx, uint64_t limit)
 {
@@ -527,8 +553,10 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
     if (rx->migrating)
         return; /* from the worker left behind */
     if (rx->term_state != SWE_TERM_NONE) {
-        /* Something arrived after the terminal was decided. */
-        if (!is_hb && rx->final_seq != 0 && in->seq > rx->final_seq) {
+        /* Something arrived after the terminal was decided: an item past
+         * the final, or another final at its seq, is item_after_final while
+         * the worker's final is not delivered, and counted after. */
+        if (!is_hb && rx->final_seq != 0 && (in->seq > rx->final_seq || rx_other_final(rx, in))) {
             if (rx->term_state == SWE_TERM_QUEUED && rx->term_from_wire) {
                 if (rx_set_terminal(rx, SW_STATUS_ERROR, SW_ITEM_AFTER_FINAL, NULL,
                                     "the worker sent an item after its final marker", 0, 0, now)) {
@@ -599,6 +627,19 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             fail = SW_ITEM_AFTER_FINAL;
             fail_msg = "the worker sent two final markers";
             goto fail;
+        }
+        if (rx->final_seq == in->seq) {
+            /* The final is held (past a gap): this one is a resend of it,
+             * a duplicate, or says something else. Either way what the
+             * held one said stays recorded: the second used to overwrite
+             * it before the hold found the slot taken. */
+            if (!rx_same_final(rx, in)) {
+                fail = SW_ITEM_AFTER_FINAL;
+                fail_msg = "the worker sent two different final markers";
+                goto fail;
+            }
+            rx->st.duplicates++;
+            return;
         }
         if (rx_note_final(rx, in) != 0) {
             fail = SW_ITEM_AFTER_FINAL;

@@ -51,7 +51,10 @@
  *   - the worker's final decides the terminal once every item before it has
  *     arrived; an item (or a held item) past the final ends the stream with
  *     item_after_final instead, even after the final if the terminal has not
- *     been delivered yet; two different finals are item_after_final too;
+ *     been delivered yet; two different finals are item_after_final too,
+ *     at two seqs or at one (a final at the recorded final's seq that says
+ *     something else: status, error or texts; the same final again is a
+ *     duplicate, and never replaces what the first said);
  *   - a gap not repaired within gap_ms ends it with sequence_gap, silence
  *     (no new item or heartbeat: a duplicate, which a replay on the bus
  *     can be, is no sign of life) for inactivity_ms with stream_incomplete, the

@@ -398,6 +398,87 @@ test_final_resent(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A final that waits behind a gap (held), then another final at the same
+ * seq with other contents: two different finals, item_after_final. The
+ * second used to overwrite what the first said before the hold found the
+ * slot taken (and counted a duplicate), so the stream ended with the
+ * second's terminal (incomplete, max_tokens) where, in order, it would
+ * have had the first's (completed, stop). The same final again stays a
+ * duplicate (test_final_resent), and the first's texts stay. */
+static void
+test_second_final_at_a_held_final(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1);
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "stop", 2); /* held: 2 is missing */
+    assert_false(a.ended);
+    assert_true(a.resend);
+    a = final_at(&rx, 3, SW_STATUS_INCOMPLETE, "max_tokens", 3);
+    assert_true(a.ended);
+    assert_true(a.kill);
+    data(&rx, 2, 4);
+    assert_int_equal(drain(&rx, 4, seqs, 4, &t), 1);
+    assert_int_equal(seqs[0], 1);
+    assert_int_equal(t.status, SW_STATUS_ERROR);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    assert_string_equal(t.message, "the worker sent two different final markers");
+    assert_int_equal(rx.st.duplicates, 0);
+    swe_rx_fini(&rx);
+
+    /* the same status, another reason: different too */
+    start(&rx);
+    data(&rx, 1, 1);
+    final_at(&rx, 3, SW_STATUS_COMPLETED, "stop", 2);
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "length", 3);
+    assert_true(a.ended);
+    assert_int_equal(drain(&rx, 3, seqs, 4, &t), 1);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+
+    /* the same final again: a duplicate; the held one decides, texts whole */
+    start(&rx);
+    data(&rx, 1, 1);
+    final_at(&rx, 3, SW_STATUS_INCOMPLETE, "max_tokens", 2);
+    a = final_at(&rx, 3, SW_STATUS_INCOMPLETE, "max_tokens", 3);
+    assert_false(a.ended);
+    assert_int_equal(rx.st.duplicates, 1);
+    a = data(&rx, 2, 4);
+    assert_true(a.ack_final);
+    assert_int_equal(drain(&rx, 4, seqs, 4, &t), 2);
+    assert_seqs(seqs, 2, 1);
+    assert_int_equal(t.status, SW_STATUS_INCOMPLETE);
+    assert_int_equal(t.error, SW_OK);
+    assert_string_equal(t.reason, "max_tokens");
+    swe_rx_fini(&rx);
+
+    /* a different final while the first's terminal lingers (decided, not
+     * delivered): item_after_final replaces it, as an item past it would */
+    {
+        swe_rx_cfg c = cfg_default();
+        c.linger_ms = 100;
+        swe_rx_init(&rx, &c, 1000);
+    }
+    data(&rx, 1, 1001);
+    a = final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 1002);
+    assert_true(a.ack_final);
+    a = final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 1003); /* the same: nothing */
+    assert_false(a.ended);
+    a = final_at(&rx, 2, SW_STATUS_CANCELLED, "cancelled", 1004);
+    assert_true(a.ended);
+    assert_int_equal(drain(&rx, 1200, seqs, 4, &t), 1);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    /* after the terminal was delivered: counted, like an item past it */
+    a = final_at(&rx, 2, SW_STATUS_INCOMPLETE, "length", 1300);
+    assert_true(a.after_final);
+    assert_false(a.ended);
+    swe_rx_fini(&rx);
+}
+
 /* A final with a gap before it waits for the gap: the terminal comes only
  * after every item before it. */
 static void
@@ -2694,6 +2775,7 @@ main(void)
         cmocka_unit_test(test_item_after_delivered_final_is_counted),
         cmocka_unit_test(test_two_finals),
         cmocka_unit_test(test_final_resent),
+        cmocka_unit_test(test_second_final_at_a_held_final),
         cmocka_unit_test(test_final_with_gap_before_it),
         cmocka_unit_test(test_held_item_beyond_later_final),
         cmocka_unit_test(test_final_against_the_highest_held),

@@ -123,6 +123,7 @@ rx_worker_start(swe_rx *rx, int64_t now)
     rx->ngrants = rx->gnext = 1;
     rx->gap_since_ms = 0;
     rx->last_resend_ms = 0;
+    rx->regrant_ms = INT64_MIN; /* (no terminal yet: the union's open-stream half) */
     rx->last_rx_ms = now;
     rx->answered = 0;
 }
@@ -581,13 +582,17 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         rx->st.heartbeats++;
         /* Heartbeats follow the items they count on the wire: anything
          * missing up to last_seq was lost. */
-        if (in->last_seq >= rx->expected && now - rx->last_resend_ms >= 20) {
+        if (in->last_seq >= rx->expected && now - rx->last_resend_ms >= SWE_BEAT_ASK_MS) {
             if (rx->gap_since_ms == 0)
                 rx->gap_since_ms = now;
             rx_ask_resend(rx, rx->expected, in->last_seq, now, act);
-        } else if (rx_grant_lost(rx, in)) {
+        } else if (rx_grant_lost(rx, in) &&
+                   (rx->regrant_ms == INT64_MIN || now - rx->regrant_ms >= SWE_BEAT_ASK_MS)) {
             /* Nothing missing, and the worker stopped where an earlier
-             * grant ended although we granted more since. */
+             * grant ended although we granted more since: the grant again,
+             * once per SWE_BEAT_ASK_MS (every beat of a batch that names
+             * the stream 4,096 times used to send one). */
+            rx->regrant_ms = now;
             rx_credit_act(rx, act);
         }
         return;

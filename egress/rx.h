@@ -22,7 +22,8 @@
  *     (NATS is at most once), so a heartbeat with nothing missing that
  *     says the worker is stalled (it waits for credit) while the latest
  *     grant allows it more, or that shows it stopped exactly at an earlier
- *     item limit (a worker that does not say `stalled`), repeats the grant;
+ *     item limit (a worker that does not say `stalled`), repeats the grant,
+ *     at most once per SWE_BEAT_ASK_MS (as a heartbeat's resend);
  *   - the window grows: when the worker accepted a larger one (it answers
  *     with credit_window_max in seq 1's header), a grant that comes within
  *     SW_WINDOW_GROW_MS of the previous one, with at most a quarter of the
@@ -282,7 +283,14 @@ typedef struct swe_rx {
     swe_q *qh, *qt;
     size_t qlen;
     swe_q *cur; /* the item last popped (its bytes stay valid until the next pop) */
-    int64_t term_ready_ms;
+    /* One time for two states (sw_stream has no room for another field:
+     * egress_int.h's budget): */
+    union {
+        int64_t term_ready_ms; /* term_state != SWE_TERM_NONE: when the terminal may be
+                                  taken (or SWE_TERM_WOKEN) */
+        int64_t regrant_ms;    /* term_state == SWE_TERM_NONE: when a heartbeat last repeated
+                                  a grant (SWE_BEAT_ASK_MS; INT64_MIN: never) */
+    };
     sw_terminal term;
     uint64_t term_seq;
     /* timers */
@@ -299,6 +307,11 @@ typedef struct swe_rx {
                            received nothing yet, carries a pointer, not the counts) */
     swe_rx_stats st;
 } swe_rx;
+
+/* What a heartbeat asks of the worker (a RESEND of what it shows missing,
+ * a grant it shows lost, repeated) is asked at most once per this many ms
+ * per stream: one HeartbeatBatch may name a stream 4,096 times. */
+#define SWE_BEAT_ASK_MS 20
 
 /* Most seqs one RESEND may span (what the worker's decoder accepts). */
 #define SWE_RESEND_SPAN_MAX ((uint64_t)(1u << 20) - 1)

@@ -805,6 +805,61 @@ test_lost_credit_repeated(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A heartbeat that shows the worker at an earlier limit repeats the grant
+ * at most once per SWE_BEAT_ASK_MS, as a heartbeat's resend is: one
+ * HeartbeatBatch may name a stream 4,096 times (or a forger replay beats),
+ * and each beat used to repeat the CREDIT: 4,096 publishes from one
+ * message. */
+static void
+test_repeated_grant_spaced(void **state)
+{
+    swe_rx rx;
+    sw_item it;
+    swe_rx_act a;
+    int credits = 0;
+    (void)state;
+    start(&rx);
+    for (uint64_t i = 1; i <= W; i++)
+        data(&rx, i, 1);
+    for (int i = 0; i < W / 2; i++)
+        swe_rx_pop(&rx, 2, &it, &a);
+    assert_true(a.credit); /* half the window taken: a grant to 12 */
+    assert_int_equal(a.credit_limit, W + W / 2);
+    for (int i = 0; i < 4096; i++) {
+        a = beat(&rx, W, 300); /* stopped at the first limit, 8 */
+        if (a.credit) {
+            credits++;
+            assert_int_equal(a.credit_limit, W + W / 2);
+            assert_int_equal(a.credit_ack, W);
+        }
+        assert_false(a.resend);
+    }
+    assert_int_equal(credits, 1);
+    assert_int_equal(rx.st.heartbeats, 4096);
+    a = beat(&rx, W, 300 + SWE_BEAT_ASK_MS - 1);
+    assert_false(a.credit);
+    a = beat(&rx, W, 300 + SWE_BEAT_ASK_MS);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_limit, W + W / 2);
+    /* the stalled form (a worker that says it waits) likewise */
+    credits = 0;
+    for (int i = 0; i < 100; i++)
+        credits += beat_st(&rx, W, 1, 400).credit;
+    assert_int_equal(credits, 1);
+    /* nothing held back: the stream goes on and completes */
+    for (uint64_t i = W + 1; i <= W + W / 2; i++)
+        data(&rx, i, 401);
+    final_at(&rx, W + W / 2 + 1, SW_STATUS_COMPLETED, "stop", 402);
+    {
+        uint64_t seqs[16];
+        sw_terminal t;
+        assert_int_equal(drain(&rx, 402, seqs, 16, &t), W);
+        assert_seqs(seqs, W, W / 2 + 1);
+        assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    }
+    swe_rx_fini(&rx);
+}
+
 /* The worker's smaller window is adopted: credit goes out by it. */
 static void
 test_window_shrinks(void **state)
@@ -2806,6 +2861,7 @@ main(void)
         cmocka_unit_test(test_bytes_stalled_repeats_the_grant),
         cmocka_unit_test(test_bytes_migration_restarts),
         cmocka_unit_test(test_lost_credit_repeated),
+        cmocka_unit_test(test_repeated_grant_spaced),
         cmocka_unit_test(test_heartbeat_shows_loss),
         cmocka_unit_test(test_resend_range_clamped),
         cmocka_unit_test(test_heartbeat_resend_span),

@@ -318,6 +318,11 @@ void swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill);
  * (may_move: unsealed), else it ends (swe_rx_no_responders). Returns -1 if
  * it was ignored: id is no longer s's, or s's worker has answered. */
 int swe_stream_no_responders(sw_stream *s, const uint8_t *id, int may_move, const char *msg);
+/* A plain message on s's subject, refused by a sealing connection
+ * (swe_rx_unsealed): the stream ends auth_failed unless its worker has
+ * answered sealed. Returns -1 if it was ignored: id is no longer s's, or
+ * s's worker has answered. */
+int swe_stream_unsealed(sw_stream *s, const uint8_t *id, const char *msg);
 /* The timer's look at one stream. */
 void swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet);
 /* A terminal other than completed or incomplete that s decided and has not

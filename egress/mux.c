@@ -219,6 +219,20 @@ swe_on_msg(const swt_msg *msg, void *arg)
         swe_cancels_answer(r, id, msg); /* the final of a stream we cancelled? */
         return;
     }
+    if (msg->auth_failed && msg->unsealed) {
+        /* Plain, on a sealing connection: a worker whose sealing differs,
+         * or a sealed worker's plain auth_failed answer to a request that
+         * did not open, sent on the reply subject the request named: by
+         * anyone, for any stream. After the stream's worker has answered
+         * sealed it cannot be that worker's: dropped (counted), not the
+         * stream's end (SECURITY.md). */
+        count_bad(r, &r->st.auth_failures, 1);
+        (void)swe_stream_unsealed(s, id,
+                                  "a stream item was not sealed (from a worker that does not "
+                                  "seal, or one that could not open the request)");
+        swe_stream_unref(s);
+        return;
+    }
     if (msg->auth_failed) {
         /* Forged, tampered, of another key, or from a worker whose sealing
          * differs: nothing of it reaches the consumer. */
@@ -226,7 +240,7 @@ swe_on_msg(const swt_msg *msg, void *arg)
         swe_stream_fail(s, SW_AUTH_FAILED,
                         sw_conn_sealed(r->conn)
                             ? "a stream item did not open with the cluster key (forged, tampered, "
-                              "or from a worker that does not seal)"
+                              "or sealed with another key)"
                             : "a stream item is sealed and this frontend has no key",
                         1);
         swe_stream_unref(s);

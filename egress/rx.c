@@ -292,6 +292,17 @@ swe_rx_no_responders(swe_rx *rx, int may_move, const char *msg, int64_t now, swe
 }
 
 int
+swe_rx_unsealed(swe_rx *rx, const char *msg, int64_t now, swe_rx_act *act)
+{
+    act_zero(rx, act);
+    /* (while the stream migrates, answered is still the worker it leaves:
+     * a plain message then is no more that worker's) */
+    if (rx->answered)
+        return -1;
+    return rx_end_error(rx, SW_AUTH_FAILED, msg, 1, now, act);
+}
+
+int
 swe_rx_cancel(swe_rx *rx, int kill)
 {
     if (rx->term_state == SWE_TERM_QUEUED && rx->qh != NULL) {

@@ -346,6 +346,18 @@ int swe_rx_fail(swe_rx *rx, sw_err err, const char *msg, int kill, int64_t now, 
  * terminal, 0 if not. */
 int swe_rx_no_responders(swe_rx *rx, int may_move, const char *msg, int64_t now, swe_rx_act *act);
 
+/* A message on the stream's subject that the sealing connection refused
+ * because it was not sealed at all. Once the current worker has answered
+ * (something of it opened: its sealing works), it is not that worker's: a
+ * sealed worker answers a request that does not open with a plain
+ * auth_failed final on the reply subject the request named, whoever sent
+ * it, so anyone who may publish a request could end any stream with one.
+ * It is ignored, and -1 returned (the caller counts it). Before that (and
+ * after a migration, before the new worker's first item) it is the sign
+ * of a worker whose sealing differs: the stream ends with auth_failed
+ * (kill), 1 if this decided the terminal, 0 if not. */
+int swe_rx_unsealed(swe_rx *rx, const char *msg, int64_t now, swe_rx_act *act);
+
 /* The consumer cancels (kill: and asks the worker to drop everything).
  * Queued data is dropped. Returns 1 if this decided the terminal, 2 if it
  * replaced one already queued behind data (the data is dropped, the

@@ -199,6 +199,23 @@ swe_stream_no_responders(sw_stream *s, const uint8_t *id, int may_move, const ch
     return 0;
 }
 
+int
+swe_stream_unsealed(sw_stream *s, const uint8_t *id, const char *msg)
+{
+    swe_rx_act act;
+    int set = -1;
+    memset(&act, 0, sizeof(act));
+    pthread_mutex_lock(&s->mu);
+    if (memcmp(s->id, id, SW_REQUEST_ID_BYTES) == 0) /* (not the request it left) */
+        set = swe_rx_unsealed(&s->rx, msg, swi_now_ms(), &act);
+    st_plan_tick(s);
+    pthread_mutex_unlock(&s->mu);
+    if (set < 0)
+        return -1;
+    st_failed(s, SW_AUTH_FAILED, set, &act);
+    return 0;
+}
+
 void
 swe_stream_fail(sw_stream *s, sw_err err, const char *msg, int kill)
 {

@@ -217,6 +217,7 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
     m.len = (size_t)natsMsg_GetDataLength(msg);
     m.no_responders = natsMsg_IsNoResponders(msg) ? 1 : 0;
     m.auth_failed = 0;
+    m.unsealed = 0;
     m.impl = msg;
     /* Dead first: an orphan (a subscribe that failed after subscribing)
      * may outlive its connection, whose keys the opening below reads; in_cb
@@ -261,6 +262,7 @@ swt_on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *msg, void *arg)
             }
         } else if (sub->c->sealer != NULL || sealed) {
             m.auth_failed = 1;
+            m.unsealed = !sealed;
         }
     }
     if (m.auth_failed) {

@@ -160,6 +160,8 @@ typedef struct swt_msg {
                           sealing connection where the server never sends one: a request,
                           control, router probe or heartbeat batch subject.
                           Already counted in swt_conn_auth_failures. */
+    int unsealed;      /* with auth_failed: a sealing connection refused it because it was not
+                          sealed at all (a plain message; not one that failed to open) */
     const void *impl;  /* internal (swt_msg_header); NULL in a message made by hand */
 } swt_msg;
 typedef void (*swt_msg_fn)(const swt_msg *m, void *arg);

@@ -539,6 +539,32 @@ expect_auth_failed(sw_stream *s)
     assert_string_equal(it->terminal.reason, "auth_failed");
 }
 
+/* A forged plain message on the subject of s, whose worker has answered:
+ * refused and counted (the router's auth_failures reaches want), and the
+ * stream goes on: its next 10 items are the worker's own, in order after
+ * token-0 (slow_stream read it). */
+static void
+expect_dropped(sw_router *r, sw_stream *s, uint64_t want)
+{
+    const sw_item *it;
+    sw_router_stats rs;
+    for (int i = 0; i < 300 * swh_slow(); i++) {
+        sw_router_stats_get(r, &rs);
+        if (rs.auth_failures >= want)
+            break;
+        swh_sleep_ms(10);
+    }
+    assert_int_equal(rs.auth_failures, want);
+    for (int n = 1; n <= 10; n++) {
+        char want_tok[32];
+        int k = snprintf(want_tok, sizeof(want_tok), "token-%d", n);
+        assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+        assert_int_equal(it->kind, SW_ITEM_DATA);
+        assert_int_equal(it->len, (size_t)k);
+        assert_memory_equal(it->data, want_tok, (size_t)k);
+    }
+}
+
 typedef struct capture {
     pthread_mutex_t mu;
     uint8_t msgs[64][1024];
@@ -688,16 +714,19 @@ hostile_peer_against_sealed_cluster(void **state)
     memset(&cap, 0, sizeof(cap));
     pthread_mutex_init(&cap.mu, NULL);
 
-    /* 1. forged item (unsealed) on a live stream's subject */
+    /* 1. forged item (unsealed) on a live stream's subject, whose worker
+     * has answered (sealed): refused, counted, and the stream goes on (it
+     * used to end with auth_failed: a worker's plain answer to a junk
+     * request, unsealed_junk_request_does_not_end_a_stream) */
     s = slow_stream(r, "hw1", subj, sizeof(subj), id);
     raw_item(nc, subj, id, 2, "FORGED", 0);
-    expect_auth_failed(s);
+    expect_dropped(r, s, 1);
     sw_stream_close(s);
 
-    /* 2. forged final */
+    /* 2. forged final (unsealed): the same */
     s = slow_stream(r, "hw1", subj, sizeof(subj), id);
     raw_item(nc, subj, id, 2, NULL, 1);
-    expect_auth_failed(s);
+    expect_dropped(r, s, 2);
     sw_stream_close(s);
 
     /* 3. an eavesdropper records a stream's sealed items ... */
@@ -739,7 +768,8 @@ hostile_peer_against_sealed_cluster(void **state)
         }
     }
     sw_stream_close(s);
-    /* 3b. the recorded items replayed into another stream: they do not open */
+    /* 3b. the recorded items replayed into another stream: they do not
+     * open (sealed, not plain: the stream ends auth_failed) */
     s = slow_stream(r, "hw1", subj, sizeof(subj), id);
     assert_int_equal(natsConnection_Publish(nc, subj, cap.msgs[1], (int)cap.lens[1]), NATS_OK);
     expect_auth_failed(s);
@@ -1162,6 +1192,101 @@ replayed_probe_not_answered_on_a_stream(void **state)
     sw_conn_close(fc);
     sw_conn_close(wc);
     pthread_mutex_destroy(&rec.mu);
+}
+
+/* Unsealed junk published on a sealed worker's request subject, with the
+ * response subject of another router's live stream as its reply: the
+ * worker refuses it and answers a plain auth_failed final there (the
+ * diagnostic for a frontend whose sealing differs), and the router that
+ * owns the stream ended it with auth_failed. Anyone who may publish a
+ * request (a frontend credential) could so end any stream. Now a plain
+ * message on a stream whose worker has answered sealed is dropped and
+ * counted (auth_failures): the victim completes with all its items. Before
+ * the worker's first item the plain final still ends the stream (the
+ * window SECURITY.md describes): the second stream, whose worker waits
+ * 1.5 s before its first item, ends auth_failed with nothing. */
+static void
+unsealed_junk_request_does_not_end_a_stream(void **state)
+{
+    sw_conn *wc1 = conn_open(g_key1), *wc2 = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e1 = {30, 20, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+    engine e2 = {3, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1500};
+    sw_ingress *ing1 = worker(wc1, "uj1", &e1), *ing2 = worker(wc2, "uj2", &e2);
+    sw_router *r = router(fc);
+    natsConnection *nc = raw_conn();
+    static const uint8_t junk[] = {0xff, 0xff, 0xff, 0xff, 0x02, 0x17};
+    char victim[SWT_SUBJECT_MAX], subj[SWT_SUBJECT_MAX];
+    const sw_item *it;
+    sw_stream *s;
+    sw_router_stats rs;
+    sw_terminal t;
+    char reason[64];
+    int n = 0, served = 0;
+    (void)state;
+    s = open_stream(r, "uj1", "n=30");
+    assert_int_equal(
+        swt_subject_response(victim, sizeof(victim), sw_router_id(r), sw_stream_request_id(s)),
+        SW_OK);
+    /* the victim has taken a sealed item */
+    assert_int_equal(sw_stream_next(s, &it, T(5000)), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    assert_int_equal(it->len, 7);
+    assert_memory_equal(it->data, "token-0", 7);
+    n = 1;
+    assert_int_equal(swt_subject_request(subj, sizeof(subj), EP, "uj2"), SW_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, subj, victim, junk, (int)sizeof(junk)),
+                     NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(worker_auth_failures(ing2, 1), 1); /* refused, and answered plain */
+    for (;;) {
+        char want[32];
+        int k;
+        assert_int_equal(sw_stream_next(s, &it, T(15000)), SW_OK);
+        if (it->kind == SW_ITEM_TERMINAL)
+            break;
+        k = snprintf(want, sizeof(want), "token-%d", n++);
+        assert_int_equal(it->len, (size_t)k);
+        assert_memory_equal(it->data, want, (size_t)k);
+    }
+    print_message("    victim: %d items, %s\n", n, it->terminal.reason);
+    assert_int_equal(it->terminal.status, SW_STATUS_COMPLETED);
+    assert_int_equal(n, 30);
+    sw_router_stats_get(r, &rs);
+    assert_int_equal(rs.auth_failures, 1); /* the plain final, dropped */
+    assert_int_equal(e2.served, 0);
+    sw_stream_close(s);
+
+    /* before the worker's first item: the plain final ends the stream */
+    s = open_stream(r, "uj2", "n=3");
+    assert_int_equal(
+        swt_subject_response(victim, sizeof(victim), sw_router_id(r), sw_stream_request_id(s)),
+        SW_OK);
+    for (int i = 0; i < 300 * swh_slow() && served == 0; i++) { /* its handler waits */
+        pthread_mutex_lock(&e2.mu);
+        served = e2.served;
+        pthread_mutex_unlock(&e2.mu);
+        if (served == 0)
+            swh_sleep_ms(10);
+    }
+    assert_int_equal(served, 1);
+    assert_int_equal(swt_subject_request(subj, sizeof(subj), EP, "uj1"), SW_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, subj, victim, junk, (int)sizeof(junk)),
+                     NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(drain(s, &t, reason, sizeof(reason)), 0);
+    assert_int_equal(t.status, SW_STATUS_ERROR);
+    assert_int_equal(t.error, SW_AUTH_FAILED);
+    assert_int_equal(worker_auth_failures(ing1, 1), 1);
+    sw_router_stats_get(r, &rs);
+    assert_int_equal(rs.auth_failures, 2);
+    sw_stream_close(s);
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing1);
+    sw_ingress_destroy(ing2);
+    sw_conn_close(fc);
+    sw_conn_close(wc1);
+    sw_conn_close(wc2);
 }
 
 /* Forged probe answers (unsealed) and the worker's own earlier answers
@@ -1767,9 +1892,12 @@ group_teardown(void **state)
     return 0;
 }
 
+/* test_sealed [<glob>]: only the tests whose names match. */
 int
-main(void)
+main(int argc, char **argv)
 {
+    if (argc > 1 && argv[1][0] != '\0')
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sealed_cluster_streams),
         cmocka_unit_test(mixed_cluster_fails_fast),
@@ -1777,6 +1905,7 @@ main(void)
         cmocka_unit_test(hostile_peer_against_sealed_cluster),
         cmocka_unit_test(forged_no_responders_refused),
         cmocka_unit_test(replayed_probe_not_answered_on_a_stream),
+        cmocka_unit_test(unsealed_junk_request_does_not_end_a_stream),
         cmocka_unit_test(replayed_heartbeat_batches_refused),
         cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),

@@ -2209,6 +2209,48 @@ test_migrate_continues_sequence(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A plain message on a sealing connection (swe_rx_unsealed): before the
+ * worker answered it ends the stream auth_failed (a worker whose sealing
+ * differs); after, it is ignored (a worker's plain answer to someone
+ * else's junk request, sent on this stream's subject), and the stream goes
+ * on to its own terminal. A heartbeat is an answer too. */
+static void
+test_unsealed_after_an_answer_ignored(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[4];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    assert_int_equal(swe_rx_unsealed(&rx, "plain", 10, &a), 1);
+    assert_true(a.ended);
+    assert_true(a.kill);
+    assert_int_equal(drain(&rx, 10, seqs, 4, &t), 0);
+    assert_int_equal(t.status, SW_STATUS_ERROR);
+    assert_int_equal(t.error, SW_AUTH_FAILED);
+    assert_string_equal(t.message, "plain");
+    swe_rx_fini(&rx);
+
+    start(&rx);
+    data(&rx, 1, 10);
+    assert_int_equal(swe_rx_unsealed(&rx, "plain", 11, &a), -1);
+    assert_true(swe_rx_act_quiet(&a));
+    assert_false(a.wake);
+    data(&rx, 2, 12);
+    final_at(&rx, 3, SW_STATUS_COMPLETED, "stop", 13);
+    assert_int_equal(drain(&rx, 13, seqs, 4, &t), 2);
+    assert_seqs(seqs, 2, 1);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_string_equal(t.reason, "stop");
+    swe_rx_fini(&rx);
+
+    start(&rx);
+    beat(&rx, 0, 10);
+    assert_int_equal(swe_rx_unsealed(&rx, "plain", 11, &a), -1);
+    swe_rx_fini(&rx);
+}
+
 /* "No responders": a first request ends with no_responders; a migrated
  * one (the instance picked went away before the publish) migrates again,
  * why no_responders, nothing to cancel, while migrations are left and it
@@ -2891,6 +2933,7 @@ main(void)
         cmocka_unit_test(test_migrate_never_on_other_ends),
         cmocka_unit_test(test_migration_failed),
         cmocka_unit_test(test_no_responders_after_migration),
+        cmocka_unit_test(test_unsealed_after_an_answer_ignored),
         cmocka_unit_test(test_migrate_credit_bound),
         cmocka_unit_test(test_migrate_history),
     };

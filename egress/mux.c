@@ -293,7 +293,12 @@ swe_on_msg(const swt_msg *msg, void *arg)
 }
 
 /* A worker asks whether this frontend still exists: the answer echoes the
- * probe's id. */
+ * probe's id, on the probe's reply subject if it is the protocol's,
+ * sw.lv.<instance>.<this router>, and nowhere else: the reply subject is
+ * the sender's choice, and a worker's sealed probe recorded on the bus
+ * and published again with a live stream's response subject as its reply
+ * made the router send that stream a sealed answer (it opened there, did
+ * not decode as an item, and ended the stream with decode_error). */
 void
 swe_on_live_probe(const swt_msg *msg, void *arg)
 {
@@ -309,6 +314,10 @@ swe_on_live_probe(const swt_msg *msg, void *arg)
         count_bad(r, &r->st.bad_messages, 1);
         return;
     }
+    if (!swt_is_live_reply_for(msg->reply, r->id)) { /* no reply, or not where one goes */
+        count_bad(r, &r->st.bad_messages, 1);
+        return;
+    }
     p.version = SW_PROTOCOL_VERSION;
     p.instance_id = r->id;
     if (msg->len > 0) { /* echo the probe's id (a worker judges answers by it) */
@@ -317,6 +326,6 @@ swe_on_live_probe(const swt_msg *msg, void *arg)
             p.probe_id = c->probe_id;
         swp_free(c);
     }
-    if (msg->reply != NULL && swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
+    if (swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
         (void)swt_publish(r->conn, msg->reply, NULL, buf, len);
 }

@@ -100,6 +100,25 @@ swt_subject_live_reply(char *out, size_t cap, const char *instance, const char *
 }
 
 int
+swt_is_live_reply_for(const char *subject, const char *router)
+{
+    char inst[SW_MAX_TOKEN + 1];
+    const char *dot;
+    size_t n;
+    if (subject == NULL || router == NULL || strncmp(subject, "sw.lv.", 6) != 0)
+        return 0;
+    subject += 6;
+    if ((dot = strchr(subject, '.')) == NULL || strcmp(dot + 1, router) != 0)
+        return 0; /* (a router id has no '.': the subject ends with it) */
+    n = (size_t)(dot - subject);
+    if (n == 0 || n > SW_MAX_TOKEN)
+        return 0;
+    memcpy(inst, subject, n);
+    inst[n] = '\0';
+    return swi_token_len(inst) == n;
+}
+
+int
 swt_is_response_subject(const char *subject)
 {
     return subject != NULL && strncmp(subject, "sw.rsp.", 7) == 0 && swp_valid_subject(subject);

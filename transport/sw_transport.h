@@ -30,6 +30,10 @@ sw_err swt_subject_probe_reply(char *out, size_t cap, const char *router, const 
 /* sw.lv.<instance>.<router>: where a frontend answers a worker's liveness
  * probe; router NULL gives the worker's wildcard sw.lv.<instance>.* */
 sw_err swt_subject_live_reply(char *out, size_t cap, const char *instance, const char *router);
+/* 1 if subject is sw.lv.<instance>.<router> for this router and a valid
+ * instance name: the only reply subject a frontend answers a liveness
+ * probe on (any other is the sender's choice: a reflection). */
+int swt_is_live_reply_for(const char *subject, const char *router);
 /* 1 if subject starts with the response prefix "sw.rsp." (and is a valid
  * subject to publish to): a request's reply must be one. */
 int swt_is_response_subject(const char *subject);

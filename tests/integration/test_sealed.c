@@ -1289,6 +1289,117 @@ unsealed_junk_request_does_not_end_a_stream(void **state)
     sw_conn_close(wc2);
 }
 
+/* A worker's liveness probe of a router (sw.rtr.<router>), recorded on the
+ * bus and published again with a reply subject of the attacker's choice:
+ * it opens (sealed for that subject), and the router answered with a
+ * sealed ProbeReply on whatever reply subject it named, a live stream's
+ * response subject among them (the same reflection as a worker answering
+ * PROBEs anywhere). The router now answers only on the protocol's reply
+ * subject for it, sw.lv.<instance>.<its own id>: nothing reaches another
+ * reply subject, the victim completes with all its items, and the replay
+ * with the right reply subject is still answered. */
+static void
+replayed_live_probe_answered_only_on_its_subject(void **state)
+{
+    sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e = {40, 25, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+    sw_ingress *ing = worker(wc, "lp1", &e);
+    sw_router *r = router(fc);
+    natsConnection *nc = raw_conn();
+    natsSubscription *rec = NULL, *spy = NULL, *lv = NULL;
+    capture probes, seen, answers;
+    char rtr[SWT_SUBJECT_MAX], victim[SWT_SUBJECT_MAX], other[SWT_SUBJECT_MAX];
+    char good[SWT_SUBJECT_MAX], wrong[SWT_SUBJECT_MAX];
+    sw_stream *s;
+    sw_terminal t;
+    char reason[64];
+    int n;
+    (void)state;
+    memset(&probes, 0, sizeof(probes));
+    memset(&seen, 0, sizeof(seen));
+    memset(&answers, 0, sizeof(answers));
+    pthread_mutex_init(&probes.mu, NULL);
+    pthread_mutex_init(&seen.mu, NULL);
+    pthread_mutex_init(&answers.mu, NULL);
+    assert_int_equal(swt_subject_router(rtr, sizeof(rtr), sw_router_id(r)), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&rec, nc, rtr, on_capture, &probes), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    s = open_stream(r, "lp1", "n=40"); /* 1 s of items: the worker probes the router */
+    assert_int_equal(
+        swt_subject_response(victim, sizeof(victim), sw_router_id(r), sw_stream_request_id(s)),
+        SW_OK);
+    for (int i = 0; i < 300 * swh_slow(); i++) {
+        pthread_mutex_lock(&probes.mu);
+        n = probes.n;
+        pthread_mutex_unlock(&probes.mu);
+        if (n >= 1)
+            break;
+        swh_sleep_ms(10);
+    }
+    natsSubscription_Unsubscribe(rec);
+    natsSubscription_Destroy(rec);
+    assert_true(probes.n >= 1);
+    /* another reply subject the attacker reads: a response subject of no
+     * stream, a made-up one, the worker's reply subject with another
+     * router's id, and the victim's own */
+    assert_int_equal(swt_subject_response(other, sizeof(other), sw_router_id(r),
+                                          "00112233445566778899aabbccddeeff"),
+                     SW_OK);
+    assert_int_equal(swt_subject_live_reply(wrong, sizeof(wrong), "lp1", "another-router"), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, other, on_capture, &seen), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    {
+        const char *replies[] = {other, "attacker.inbox", wrong, victim};
+        for (size_t k = 0; k < sizeof(replies) / sizeof(replies[0]); k++)
+            assert_int_equal(natsConnection_PublishRequest(nc, rtr, replies[k], probes.msgs[0],
+                                                           (int)probes.lens[0]),
+                             NATS_OK);
+        assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    }
+    n = drain(s, &t, reason, sizeof(reason));
+    print_message("    victim: %d items, %s; answers on another stream's subject: %d\n", n, reason,
+                  seen.n);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_int_equal(n, 40);
+    {
+        sw_router_stats rs;
+        sw_router_stats_get(r, &rs);
+        assert_int_equal(rs.bad_messages, 4); /* the four probes, unanswered */
+    }
+    swh_sleep_ms(100); /* (an answer on `other` would be there by now) */
+    natsSubscription_Unsubscribe(spy);
+    natsSubscription_Destroy(spy);
+    assert_int_equal(seen.n, 0);
+    sw_stream_close(s);
+    /* the protocol's reply subject is still answered (the worker has its
+     * own subscription there too; ours sees the same answer) */
+    assert_int_equal(swt_subject_live_reply(good, sizeof(good), "lp1", sw_router_id(r)), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&lv, nc, good, on_capture, &answers), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(
+        natsConnection_PublishRequest(nc, rtr, good, probes.msgs[0], (int)probes.lens[0]), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    for (int i = 0; i < 300 * swh_slow(); i++) {
+        pthread_mutex_lock(&answers.mu);
+        n = answers.n;
+        pthread_mutex_unlock(&answers.mu);
+        if (n >= 1)
+            break;
+        swh_sleep_ms(10);
+    }
+    natsSubscription_Unsubscribe(lv);
+    natsSubscription_Destroy(lv);
+    assert_true(answers.n >= 1);
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&probes.mu);
+    pthread_mutex_destroy(&seen.mu);
+    pthread_mutex_destroy(&answers.mu);
+}
+
 /* Forged probe answers (unsealed) and the worker's own earlier answers
  * (recorded, sealed) replayed for a worker that froze: the router still
  * declares it lost, by its probes' timeouts (a sealed cluster takes no
@@ -1906,6 +2017,7 @@ main(int argc, char **argv)
         cmocka_unit_test(forged_no_responders_refused),
         cmocka_unit_test(replayed_probe_not_answered_on_a_stream),
         cmocka_unit_test(unsealed_junk_request_does_not_end_a_stream),
+        cmocka_unit_test(replayed_live_probe_answered_only_on_its_subject),
         cmocka_unit_test(replayed_heartbeat_batches_refused),
         cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),

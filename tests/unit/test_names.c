@@ -168,6 +168,38 @@ test_transport_subjects(void **state)
 }
 
 /* The heartbeat-batch subject of a router, and its recognition on the mux. */
+/* The one reply subject a router answers a worker's liveness probe on:
+ * sw.lv.<instance>.<this router>. */
+static void
+test_live_reply_for(void **state)
+{
+    char out[SWT_SUBJECT_MAX], tok[SW_MAX_TOKEN + 2];
+    (void)state;
+    assert_int_equal(swt_subject_live_reply(out, sizeof(out), "inst-1", "rtr-1"), SW_OK);
+    assert_string_equal(out, "sw.lv.inst-1.rtr-1");
+    assert_true(swt_is_live_reply_for(out, "rtr-1"));
+    assert_false(swt_is_live_reply_for(out, "rtr-2"));
+    assert_false(swt_is_live_reply_for(out, "rtr"));
+    assert_false(swt_is_live_reply_for(out, NULL));
+    assert_false(swt_is_live_reply_for(NULL, "rtr-1"));
+    assert_false(swt_is_live_reply_for("sw.rsp.rtr-1." RID_HEX, "rtr-1"));
+    assert_false(swt_is_live_reply_for("sw.lv.rtr-1", "rtr-1"));
+    assert_false(swt_is_live_reply_for("sw.lv..rtr-1", "rtr-1"));
+    assert_false(swt_is_live_reply_for("sw.lv.a.b.rtr-1", "rtr-1"));
+    assert_false(swt_is_live_reply_for("sw.lv.*.rtr-1", "rtr-1"));
+    assert_false(swt_is_live_reply_for("sw.lv.>.rtr-1", "rtr-1"));
+    assert_false(swt_is_live_reply_for("sw.lv.a b.rtr-1", "rtr-1"));
+    assert_false(swt_is_live_reply_for("sw.lv.inst-1.rtr-1.x", "rtr-1"));
+    assert_false(swt_is_live_reply_for("xsw.lv.inst-1.rtr-1", "rtr-1"));
+    assert_false(swt_is_live_reply_for("attacker.inbox", "rtr-1"));
+    /* the longest instance name, and one longer */
+    repeat(tok, 'i', SW_MAX_TOKEN);
+    assert_int_equal(swt_subject_live_reply(out, sizeof(out), tok, "rtr-1"), SW_OK);
+    assert_true(swt_is_live_reply_for(out, "rtr-1"));
+    snprintf(out, sizeof(out), "sw.lv.%si.rtr-1", tok);
+    assert_false(swt_is_live_reply_for(out, "rtr-1"));
+}
+
 static void
 test_beats_subject(void **state)
 {
@@ -336,6 +368,7 @@ main(void)
         cmocka_unit_test(test_longest_request_subject_is_valid),
         cmocka_unit_test(test_response_subject_id),
         cmocka_unit_test(test_beats_subject),
+        cmocka_unit_test(test_live_reply_for),
         cmocka_unit_test(test_js_ack_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,6 +21,8 @@
  *   - swt_is_response_subject implies the prefix "sw.rsp.";
  *   - swt_subject_kind_of is one of the kinds, and SWT_SUBJ_BEATS only for a
  *     subject that swt_is_beats_subject accepts;
+ *   - swt_is_live_reply_for(s, "rtr-1") is 1 exactly when s is "sw.lv." +
+ *     a name sw_validate_token accepts + ".rtr-1";
  *   - swt_js_ack_parse accepts exactly a "$JS.ACK." subject shorter than
  *     SWT_SUBJECT_MAX of 9 or 11-16 non-empty tokens whose five numbers
  *     (from the 5th, or the 7th) are 1-20 digits within 64 bits, gives
@@ -131,6 +133,24 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check(kind >= (int)SWT_SUBJ_OTHER && kind <= (int)SWT_SUBJ_ROUTER, "an unknown kind", s);
     if (kind == (int)SWT_SUBJ_BEATS)
         check(swt_is_beats_subject(s), "kind BEATS for a subject that is not one", s);
+    {
+        /* a liveness probe's reply subject for router rtr-1 */
+        static const char tail[] = ".rtr-1";
+        size_t tl = sizeof(tail) - 1;
+        int want = 0;
+        if (n > 6 + tl && strncmp(s, "sw.lv.", 6) == 0 && strcmp(s + n - tl, tail) == 0) {
+            size_t in = n - 6 - tl;
+            char *inst = malloc(in + 1);
+            if (inst != NULL) {
+                memcpy(inst, s + 6, in);
+                inst[in] = '\0';
+                want = sw_validate_token(inst) == SW_OK;
+                free(inst);
+            }
+        }
+        check(swt_is_live_reply_for(s, "rtr-1") == want,
+              "swt_is_live_reply_for disagrees with the reference", s);
+    }
     {
         /* a JetStream reply: accepted exactly in the reference's form, and
          * its numbers are the tokens at their places */

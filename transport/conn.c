@@ -47,7 +47,8 @@ sw_err_from_nats(int nats_status)
         return SW_EAUTH;
     if (nats_status == NATS_NOT_PERMITTED)
         return SW_EPERM;
-    if (nats_status == NATS_SECURE_CONNECTION_REQUIRED || nats_status == NATS_SSL_ERROR)
+    if (nats_status == NATS_SECURE_CONNECTION_REQUIRED ||
+        nats_status == NATS_SECURE_CONNECTION_WANTED || nats_status == NATS_SSL_ERROR)
         return SW_ETLS;
     if (nats_status < 0 || nats_status >= SWI_NATS_STATUS_MAX)
         return SW_ENATS;

@@ -169,8 +169,9 @@ SW_API void sw_conn_opts_init(sw_conn_opts *opts);
  * nkey file could not be read or parsed; with a creds or nkey file a refused
  * connect is made up to 4 times, since nats.c 3.4.1 leaves the signature
  * out of 1 connect in 256), SW_ETLS (TLS required by the
- * server but not set here, a certificate file that does not load, or a
- * failed handshake), SW_ENOMEM, or a wrapped NATS status. Thread-safe. */
+ * server but not set here, TLS set here and the server has none, a
+ * certificate file that does not load, or a failed handshake), SW_ENOMEM,
+ * or a wrapped NATS status. Thread-safe. */
 SW_API SW_NODISCARD sw_err sw_conn_open(sw_conn **out, const sw_conn_opts *opts);
 
 /* Closes the NATS connection and gives up the handle; NULL is a no-op. Close

@@ -475,6 +475,22 @@ test_connect_refusals(void **state)
     o.creds_file = "/nonexistent/user.creds";
     assert_int_equal(sw_conn_open(&c, &o), SW_EAUTH);
     assert_null(c);
+    {
+        /* TLS asked of a server without it: SW_ETLS, as the other TLS
+         * refusals (it was a bare NATS error, "Secure Connection not
+         * available") */
+        swh_nats bare;
+        assert_int_equal(swh_nats_start(&bare, NULL), 0);
+        o.url = bare.url;
+        o.creds_file = NULL;
+        o.user = NULL;
+        o.password = NULL;
+        o.tls_cert_file = NULL;
+        o.tls_key_file = NULL;
+        assert_int_equal(sw_conn_open(&c, &o), SW_ETLS);
+        assert_null(c);
+        swh_nats_stop(&bare);
+    }
 }
 
 /* The CLI's connection flags: a worker process and `generate` with their

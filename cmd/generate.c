@@ -157,8 +157,8 @@ cli_generate_main(int argc, char **argv)
          "silence that ends the stream with stream_incomplete\n(default 4 * heartbeat + 500)",
          &inactivity, 0, 3600000, NULL, 0},
         {"gap-timeout-ms", CLI_INT, "MS",
-         "how long a sequence gap may stay open before\nsequence_gap (default 500)", &gap_timeout,
-         0, 3600000, NULL, 0},
+         "how long a sequence gap may stay open before\nsequence_gap (default 500, at least 200)",
+         &gap_timeout, 0, 3600000, NULL, 0},
         {"window", CLI_INT, "N",
          "first credit window: items in flight (default 256);\nit grows for a fast stream up to "
          "--window-max",

@@ -133,6 +133,11 @@ swe_rx_init(swe_rx *rx, const swe_rx_cfg *cfg, int64_t now)
 {
     memset(rx, 0, sizeof(*rx));
     rx->cfg = *cfg;
+    /* A gap gets at least SW_GAP_TIMEOUT_MIN_MS: a worker resends a seq at
+     * most every 50 ms (a RESEND flood's bound), and the asks every
+     * gap_ms/4 need room for a second resend of a copy that was lost. */
+    if (rx->cfg.gap_ms < SW_GAP_TIMEOUT_MIN_MS)
+        rx->cfg.gap_ms = SW_GAP_TIMEOUT_MIN_MS;
     /* The reorder window covers what the worker may have sent past a gap. */
     rx->hold_cap = (size_t)cfg->window + 2;
     rx->mig_left = cfg->migrations;

@@ -644,6 +644,12 @@ typedef struct sw_migration {
  * is honoured: no new request is sent). */
 typedef sw_err (*sw_migrate_fn)(sw_migration *m, void *arg);
 
+/* The shortest gap timeout: a worker resends one seq at most every 50 ms
+ * (docs/PROTOCOL.md, RESEND bounds), and a frontend asks again every
+ * gap_timeout_ms / 4; below 200 ms a resent copy that is lost could not be
+ * asked for again in time. */
+#define SW_GAP_TIMEOUT_MIN_MS 200
+
 typedef struct sw_router_opts {
     const char *router_id;         /* default: 16 random hex characters */
     unsigned credit_window;        /* a stream's first credit window, in items; default 256. A
@@ -655,7 +661,9 @@ typedef struct sw_router_opts {
                                       (Request.idle_heartbeat_ms: one lost beat is harmless) */
     sw_duration inactivity_ms;     /* silence (incl. heartbeats) that ends a stream with
                                       stream_incomplete; default 4 * heartbeat_ms + 500 */
-    sw_duration gap_timeout_ms;    /* how long a sequence gap may stay open; default 500 */
+    sw_duration gap_timeout_ms;    /* how long a sequence gap may stay open; default 500, at
+                                      least SW_GAP_TIMEOUT_MIN_MS (a smaller value is raised to
+                                      it) */
     sw_duration final_linger_ms;   /* hold the terminal this long after the final to catch
                                       items sent after it (item_after_final); default 0 */
     unsigned max_streams;          /* open streams; default 65536 */

@@ -285,6 +285,33 @@ test_gap_times_out(void **state)
     swe_rx_fini(&rx);
 }
 
+/* A gap timeout below SW_GAP_TIMEOUT_MIN_MS is raised to it: with 50 ms,
+ * a worker's resend throttle (one seq at most every 50 ms) would leave no
+ * second ask for a resent copy that was lost (review of d24fb32). The gap
+ * opened at 1000 is asked for again at 1050 and 1100, and ends at 1200. */
+static void
+test_gap_timeout_floor(void **state)
+{
+    swe_rx rx;
+    swe_rx_cfg c = cfg_default();
+    swe_rx_act a;
+    int asks = 0;
+    (void)state;
+    c.gap_ms = 50;
+    swe_rx_init(&rx, &c, 1000);
+    data(&rx, 1, 1000);
+    data(&rx, 3, 1000);
+    for (int64_t now = 1001; now < 1200; now++) {
+        swe_rx_tick(&rx, now, now, &a);
+        assert_false(a.ended);
+        asks += a.resend != 0;
+    }
+    assert_true(asks >= 3);
+    swe_rx_tick(&rx, 1200, 1200, &a);
+    assert_true(a.ended);
+    swe_rx_fini(&rx);
+}
+
 /* The gap is judged up to `quiet`: a router behind on its queue does not
  * blame the worker. */
 static void
@@ -2866,6 +2893,7 @@ main(void)
         cmocka_unit_test(test_duplicate_of_held),
         cmocka_unit_test(test_gap_repaired_by_resend),
         cmocka_unit_test(test_gap_times_out),
+        cmocka_unit_test(test_gap_timeout_floor),
         cmocka_unit_test(test_gap_judged_up_to_quiet),
         cmocka_unit_test(test_beyond_reorder_window),
         cmocka_unit_test(test_item_after_final),

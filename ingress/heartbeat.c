@@ -263,11 +263,11 @@ beats_free(swn_beats *b)
 
 /* Heartbeats r if it has been quiet for resp_beat_every and nothing is
  * queued (r->mu held). The beat counts only what went out (pub_seq), so the frontend asks
- * for anything missing up to there. A stream answered on a streamwire
- * router's own subject (sw.rsp.<router>.<id>) gets it in the tick's batch
- * for that router; any other response subject, and a stream waiting for
- * credit (it says `stalled`, which a batch's beats do not carry), gets a
- * heartbeat wrapper of its own on it. The wrapper carries the batches'
+ * for anything missing up to there. Every stream answers on its router's
+ * own subject (sw.rsp.<router>.<id>: intake refuses another) and gets its
+ * beat in the tick's batch for that router, but a stream waiting for
+ * credit (it says `stalled`, which a batch's beats do not carry): that one
+ * gets a heartbeat wrapper of its own on its subject. The wrapper carries the batches'
  * replay defence: the incarnation, and the next value of their counter
  * (the timer thread publishes both kinds, wrappers first, so the counter
  * grows in the order a router receives them). */

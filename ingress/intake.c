@@ -169,11 +169,13 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
             int known;
             pthread_mutex_lock(&ing->mu);
             ing->st.replays++;
-            /* A copy of a request that runs here, or ran recently: dropped
-             * in silence, as any duplicate (an error final on its subject
-             * could end the live stream). */
+            /* A copy of a request that runs here, ran recently, or was
+             * refused here: dropped in silence, as any duplicate (an error
+             * final on its subject could end the live stream, or the one
+             * it moved to). */
             known = swi_idmap_get(&ing->streams, req->request_id.data) != NULL ||
-                    swi_idq_find(&ing->seen, req->request_id.data, swi_now_ms()) != NULL;
+                    swi_idq_find(&ing->seen, req->request_id.data, swi_now_ms()) != NULL ||
+                    swi_idq_find(&ing->refused, req->request_id.data, swi_now_ms()) != NULL;
             pthread_mutex_unlock(&ing->mu);
             if (known)
                 goto done;

@@ -1824,6 +1824,38 @@ stale_request_is_refused(void **state)
         assert_int_equal(after.replays - before.replays, 1);
         sw_ingress_destroy(ing);
     }
+    /* A copy of a request the worker refused (here: cancelled before it
+     * came), arriving after the age limit: dropped in silence too. It used
+     * to get a protocol_error final on the subject (review of 06fa3c7). */
+    {
+        const uint64_t issued = (uint64_t)swi_unix_ms();
+        natsSubscription *sub2 = NULL;
+        natsMsg *m = NULL;
+        assert_int_equal(ingress_try(wc, "w-old4", &e, 1000, 1000, &ing), SW_OK);
+        assert_int_equal(natsConnection_SubscribeSync(&sub2, nc, "sw.rsp.oldq.>"), NATS_OK);
+        new_id(id, hex);
+        snprintf(resp, sizeof(resp), "sw.rsp.oldq.%s", hex);
+        raw_control(nc, "w-old4", id, "oldq", STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL, 0, 0);
+        assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+        swh_sleep_ms(100); /* (the cancel first: another subscription) */
+        raw_request_at(nc, "w-old4", id, resp, "oldq", 16, 250, issued);
+        assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+        sw_ingress_stats_get(ing, &before);
+        for (int i = 0; i < 100 && before.cancels == 0; i++) {
+            swh_sleep_ms(10);
+            sw_ingress_stats_get(ing, &before);
+        }
+        assert_int_equal(before.cancels, 1); /* refused: never started */
+        swh_sleep_ms(1300);                  /* older than the limit now */
+        raw_request_at(nc, "w-old4", id, resp, "oldq", 16, 250, issued);
+        assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+        assert_int_equal(natsSubscription_NextMsg(&m, sub2, (int64_t)T(1000)), NATS_TIMEOUT);
+        sw_ingress_stats_get(ing, &after);
+        assert_int_equal(after.replays - before.replays, 1);
+        assert_int_equal(e.started, 4);
+        natsSubscription_Destroy(sub2);
+        sw_ingress_destroy(ing);
+    }
     natsSubscription_Destroy(sub);
     sw_conn_close(ac);
     sw_conn_close(wc);

@@ -2510,7 +2510,8 @@ test_stalled_last_write(void **state)
         assert_int_equal(json_integer_value(json_object_get(j, "items")), stream ? 200000 : 500000);
         json_decref(j);
     }
-    /* a slow reader: 256 KiB every 100 ms through the terminal round */
+    /* a slow reader: 256 KiB every 100 ms (times the sanitizers' slowness,
+     * as the stall is) through the terminal round */
     {
         static char buf[1 << 18];
         char line[4096];
@@ -2523,7 +2524,7 @@ test_stalled_last_write(void **state)
         t0 = swh_now_ms();
         for (size_t keep = 0;;) { /* keep: the last bytes before, where a marker may start */
             ssize_t n = 0;
-            swh_sleep_ms(100);
+            swh_sleep_ms(100 * swh_slow());
             got = keep;
             while (got + 1 < sizeof(buf) &&
                    (n = read_some(fd, buf + got, sizeof(buf) - got, 0)) > 0)

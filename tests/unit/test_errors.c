@@ -193,6 +193,7 @@ test_nats_special_statuses(void **state)
     assert_int_equal(sw_err_from_nats(NATS_CONNECTION_AUTH_FAILED), SW_EAUTH);
     assert_int_equal(sw_err_from_nats(NATS_NOT_PERMITTED), SW_EPERM);
     assert_int_equal(sw_err_from_nats(NATS_SECURE_CONNECTION_REQUIRED), SW_ETLS);
+    assert_int_equal(sw_err_from_nats(NATS_SECURE_CONNECTION_WANTED), SW_ETLS);
     assert_int_equal(sw_err_from_nats(NATS_SSL_ERROR), SW_ETLS);
     assert_string_equal(sw_err_name(SW_EAUTH), "not_authorized");
     assert_string_equal(sw_err_name(SW_ETLS), "tls_error");
@@ -219,7 +220,8 @@ test_nats_wrap_round_trip(void **state)
         sw_err e = sw_err_from_nats(s);
         if (s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS || s == NATS_NO_MEMORY ||
             s == NATS_MAX_PAYLOAD || s == NATS_CONNECTION_AUTH_FAILED || s == NATS_NOT_PERMITTED ||
-            s == NATS_SECURE_CONNECTION_REQUIRED || s == NATS_SSL_ERROR) {
+            s == NATS_SECURE_CONNECTION_REQUIRED || s == NATS_SECURE_CONNECTION_WANTED ||
+            s == NATS_SSL_ERROR) {
             assert_int_equal(sw_err_is_nats(e), 0);
             continue;
         }

@@ -459,24 +459,21 @@ sw_registry_watch(sw_registry *reg, sw_registry_watch_fn fn, void *arg, int *id)
      * instances, as sw_registry_list has them. All or nothing. */
     for (uint64_t last = 0; ok && reg->nw > 0;) { /* (in the order they changed) */
         const reg_view *v = NULL;
-        const swp_instance *want, *told;
+        int ev;
         for (size_t i = 0; i < reg->nview; i++)
             if (reg->view[i].dirty > last && (v == NULL || reg->view[i].dirty < v->dirty))
                 v = &reg->view[i];
         if (v == NULL)
             break;
         last = v->dirty;
-        want = v->live ? v->info : NULL;
-        told = v->told;
-        if (told != NULL && (want == NULL || v->lapsed)) {
-            ok = watch_queue(&head, &tail, SW_REGISTRY_REMOVED, told, v->told_rev, now - v->seen_ms,
-                             1, me);
-            told = NULL;
+        ev = swr_reg_step(v, v->told, v->lapsed);
+        if (ev == SW_REGISTRY_REMOVED) {
+            ok = watch_queue(&head, &tail, SW_REGISTRY_REMOVED, v->told, v->told_rev,
+                             now - v->seen_ms, 1, me);
+            ev = swr_reg_step(v, NULL, 0); /* then ADDED, if live again */
         }
-        if (ok && told == NULL && want != NULL)
-            ok = watch_queue(&head, &tail, SW_REGISTRY_ADDED, want, v->rev, 0, 1, me);
-        else if (ok && told != NULL && want != NULL && told->draining != want->draining)
-            ok = watch_queue(&head, &tail, SW_REGISTRY_UPDATED, want, v->rev, 0, 1, me);
+        if (ok && ev != 0) /* ADDED, UPDATED: of the entry as it is */
+            ok = watch_queue(&head, &tail, (sw_registry_event)ev, v->info, v->rev, 0, 1, me);
     }
     for (size_t i = 0; ok && i < reg->nview; i++)
         if (reg->view[i].live)

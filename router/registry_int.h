@@ -164,6 +164,12 @@ void swr_reg_dirty(sw_registry *reg, reg_view *v);
 /* Frees p unless v (NULL: none) or a running callback still holds it (mu
  * held). */
 void swr_reg_info_drop(sw_registry *reg, const reg_view *v, swp_instance *p);
+/* The next step that brings watchers told `told` (NULL: absent; lapsed:
+ * it stopped being live since) towards v as it is: SW_REGISTRY_REMOVED
+ * (first, even if live again), _ADDED, _UPDATED (only the draining flag
+ * differs), or 0 when nothing is owed. Pure; the one rule for the ticker's
+ * steps (reg_tell) and a new watcher's pending ones (sw_registry_watch). */
+int swr_reg_step(const reg_view *v, const swp_instance *told, int lapsed);
 /* Takes v's state as told (mu held): sw_registry_watch has queued the
  * steps for the watchers. A deleted entry (gone) is then dropped. */
 void swr_reg_settle(sw_registry *reg, reg_view *v);

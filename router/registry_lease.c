@@ -243,7 +243,7 @@ reg_tell(sw_registry *reg, int64_t now)
 {
     reg_view *v = NULL;
     swp_instance *want, *what = NULL, *old = NULL;
-    sw_registry_event ev = SW_REGISTRY_ADDED;
+    int ev;
     uint64_t rev = 0;
     int64_t age = 0;
     int hi = reg->next_id;
@@ -263,31 +263,22 @@ reg_tell(sw_registry *reg, int64_t now)
         return;
     }
     want = v->live ? v->info : NULL;
-    if (v->told == NULL)
-        v->lapsed = 0;
-    if (v->told != NULL && (want == NULL || v->lapsed)) {
-        ev = SW_REGISTRY_REMOVED;
+    ev = swr_reg_step(v, v->told, v->lapsed);
+    if (ev == SW_REGISTRY_REMOVED) {
         what = v->told;
         rev = v->told_rev;
         age = now - v->seen_ms;
         v->told = NULL;
-    } else if (v->told == NULL && want != NULL) {
-        what = want;
-        rev = v->rev;
-        v->told = want;
-        v->told_rev = v->rev;
-    } else if (v->told != NULL && want != NULL) {
-        old = v->told;
-        if (old->draining != want->draining) {
-            ev = SW_REGISTRY_UPDATED;
+        v->lapsed = 0;
+    } else {
+        if (ev != 0) { /* ADDED, UPDATED */
             what = want;
             rev = v->rev;
         }
+        old = v->told; /* (want itself, or one it replaced with nothing to tell) */
         v->told = want;
         v->told_rev = v->rev;
     }
-    if (v->told == NULL)
-        v->lapsed = 0;
     reg->delivering = what; /* kept, whatever the view does during the calls */
     snprintf(key, sizeof(key), "%s", v->key);
     if (v->told == want && !v->lapsed) {

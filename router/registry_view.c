@@ -42,6 +42,19 @@ swr_reg_info_drop(sw_registry *reg, const reg_view *v, swp_instance *p)
     swp_free(p);
 }
 
+int
+swr_reg_step(const reg_view *v, const swp_instance *told, int lapsed)
+{
+    const swp_instance *want = v->live ? v->info : NULL;
+    if (told != NULL && (want == NULL || lapsed))
+        return SW_REGISTRY_REMOVED;
+    if (told == NULL && want != NULL)
+        return SW_REGISTRY_ADDED;
+    if (told != NULL && want != NULL && told->draining != want->draining)
+        return SW_REGISTRY_UPDATED;
+    return 0;
+}
+
 void
 swr_reg_settle(sw_registry *reg, reg_view *v)
 {

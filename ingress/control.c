@@ -184,8 +184,7 @@ ing_find(sw_ingress *ing, const uint8_t *id, const char *early_for)
         swn_resp_ref(r);
     } else if (early_for != NULL && !ing_cancel_lost(ing)) {
         int64_t now = swi_now_ms();
-        if (swi_idq_find(&ing->seen, id, now) == NULL &&
-            swi_idq_find(&ing->refused, id, now) == NULL)
+        if (!swn_ing_was_here(ing, id, now))
             swn_early_add(ing, id, early_for, now);
     }
     pthread_mutex_unlock(&ing->mu);
@@ -330,6 +329,13 @@ swn_early_take(sw_ingress *ing, const uint8_t *id, const char *router_id)
     uint8_t key[SW_REQUEST_ID_BYTES];
     swi_idq_pair_key(key, id, router_id);
     return swi_idq_take(&ing->early, key, router_id);
+}
+
+int
+swn_ing_was_here(sw_ingress *ing, const uint8_t *id, int64_t now)
+{
+    return swi_idq_find(&ing->seen, id, now) != NULL ||
+           swi_idq_find(&ing->refused, id, now) != NULL;
 }
 
 void

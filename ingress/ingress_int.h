@@ -316,6 +316,9 @@ void swn_early_add(sw_ingress *ing, const uint8_t *id, const char *router_id, in
 /* 1 if a cancel for this request came first; forgets it (ing->mu held). */
 int swn_early_take(sw_ingress *ing, const uint8_t *id, const char *router_id);
 void swn_early_fini(sw_ingress *ing);
+/* 1 if request id came here already and is over: served (seen) or refused
+ * without running (ing->mu held). */
+int swn_ing_was_here(sw_ingress *ing, const uint8_t *id, int64_t now);
 #define SWN_RESP_AT(vec, i) ((sw_responder *)(vec).v[i])
 
 /* ingress/ingress.c */

@@ -174,8 +174,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
              * final on its subject could end the live stream, or the one
              * it moved to). */
             known = swi_idmap_get(&ing->streams, req->request_id.data) != NULL ||
-                    swi_idq_find(&ing->seen, req->request_id.data, swi_now_ms()) != NULL ||
-                    swi_idq_find(&ing->refused, req->request_id.data, swi_now_ms()) != NULL;
+                    swn_ing_was_here(ing, req->request_id.data, swi_now_ms());
             pthread_mutex_unlock(&ing->mu);
             if (known)
                 goto done;
@@ -278,8 +277,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         dup = 1;
         ing->st.cancels++;
         swi_idq_add(&ing->refused, r->id, r->router_id, now);
-    } else if (swi_idq_find(&ing->seen, r->id, now) != NULL ||
-               swi_idq_find(&ing->refused, r->id, now) != NULL) {
+    } else if (swn_ing_was_here(ing, r->id, now)) {
         /* Served here already and over, or refused here: a replay (a
          * frontend never sends a request again once its stream ended;
          * another instance gets it after "no responders"). Never run

@@ -46,6 +46,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <malloc.h>
 #include <math.h>
 #include <poll.h>
@@ -198,6 +199,9 @@ typedef struct stream_run {
     unsigned rate;
     int64_t *lat;       /* n entries, or NULL */
     stage_times *stage; /* the latency breakdown (n entries each), or NULL */
+    int hold_all;       /* raw: the subscription's pending limits hold all n items (lossless,
+                           as a nats.c user who must not lose any sets them); else nats.c's
+                           defaults, whose drops are counted */
     /* out */
     double secs;
     double cpu_us, srv_cpu_us; /* this process / nats-server CPU during the run */

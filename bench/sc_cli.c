@@ -180,6 +180,7 @@ scen_cli(void)
             memset(&r, 0, sizeof(r));
             r.n = n;
             r.size = CLI_RAW_SIZE;
+            r.hold_all = 1; /* lossless, as generate is (session 38) */
             progress("10 CLI end to end: raw %s, %lu x %d B, rep %u/%u", g_raw_mode_name[m], n,
                      CLI_RAW_SIZE, rep + 1, reps);
             g_raw_mode = m;
@@ -200,8 +201,8 @@ scen_cli(void)
         raw_cpu = raw_best(median(rcpu[RAW_ASAP], k), median(rcpu[RAW_BUFFERED], k), 1, &which_cpu);
     }
     snprintf(note, sizeof(note),
-             "generate's clock, open to terminal; raw: %d B items, best: %s (send-asap %.0f, "
-             "buffered %.0f)",
+             "generate's clock, open to terminal; raw: %d B items, pending limits holding all, "
+             "best: %s (send-asap %.0f, buffered %.0f)",
              CLI_RAW_SIZE, g_raw_mode_name[which], median(rips[RAW_ASAP], reps < 32 ? reps : 32),
              median(rips[RAW_BUFFERED], reps < 32 ? reps : 32));
     add_row("10 CLI end to end", param, "items/s", raw_ips, sw_ips, 0, 0, note);

@@ -97,7 +97,7 @@ static unsigned long g_subj_seq;
 /* Raw: a publisher thread on the worker connection publishes n messages on a
  * fresh subject; an async subscription on the frontend connection counts
  * them. nats.c's default pending limits apply (no flow control): drops are
- * reported. */
+ * reported; with r->hold_all the limits hold every message instead. */
 void
 run_raw_stream(stream_run *r)
 {
@@ -117,6 +117,13 @@ run_raw_stream(stream_run *r)
     a.size = r->size;
     a.rate = r->rate;
     s = natsConnection_Subscribe(&sub, raw_front(), a.subj, raw_sink_cb, k);
+    if (s == NATS_OK && r->hold_all) {
+        /* n messages of size bytes, nats.c's per-message overhead aside */
+        double bytes = (double)r->n * (double)(r->size + 256);
+        s = natsSubscription_SetPendingLimits(sub,
+                                              r->n < (unsigned long)INT_MAX ? (int)r->n : INT_MAX,
+                                              bytes < INT_MAX ? (int)bytes : INT_MAX);
+    }
     if (s == NATS_OK)
         s = natsConnection_Flush(raw_front());
     if (s != NATS_OK)

@@ -292,6 +292,26 @@ swh_wait_exit(pid_t pid, int timeout_ms, int *status)
 }
 
 int
+swh_freeze(pid_t pid, int timeout_ms)
+{
+    long long deadline = swh_now_ms() + timeout_ms;
+    int st = 0;
+
+    if (pid <= 0 || kill(pid, SIGSTOP) != 0)
+        return -1;
+    for (;;) {
+        /* the stop is reported once every thread of pid has stopped */
+        pid_t r = waitpid(pid, &st, WUNTRACED | WNOHANG);
+
+        if (r == pid && WIFSTOPPED(st))
+            return 0;
+        if ((r < 0 && errno != EINTR) || r == pid || swh_now_ms() >= deadline)
+            return -1;
+        swh_sleep_ms(1);
+    }
+}
+
+int
 swh_terminate(pid_t pid, int grace_ms)
 {
     int st = 0;

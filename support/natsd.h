@@ -69,6 +69,13 @@ int swh_wait_line(int fd, const char *prefix, char *buf, size_t cap, int timeout
 /* kill(pid, sig) when pid > 0; errors ignored. */
 void swh_kill(pid_t pid, int sig);
 
+/* SIGSTOPs pid, a child of ours, and waits up to timeout_ms for the stop
+ * to take hold: kill() returns once the signal is queued, and the child's
+ * threads run on until one of them takes it (a nats-server answered
+ * requests sent a few ms after kill returned). 0 once it is stopped, -1 on
+ * timeout or error. */
+int swh_freeze(pid_t pid, int timeout_ms);
+
 /* Waits up to timeout_ms (< 0: forever) for pid to exit and reaps it.
  * *status (may be NULL) gets the raw waitpid status (use WIFEXITED etc.).
  * Returns 0 when it exited, -1 on timeout or error. */

@@ -92,6 +92,16 @@ rx_clear_hold(swe_rx *rx)
     rx->held = 0;
 }
 
+/* A sign of life at now (a heartbeat, an item with a new seq, a worker
+ * starting): silence counts from here, and no ask is due before
+ * cfg.idle_hb_ms + cfg.hb_ms of it. */
+static void
+rx_alive(swe_rx *rx, int64_t now)
+{
+    rx->last_rx_ms = now;
+    rx->ask_wait = 0;
+}
+
 static void
 act_zero(const swe_rx *rx, swe_rx_act *act)
 {
@@ -124,7 +134,7 @@ rx_worker_start(swe_rx *rx, int64_t now)
     rx->gap_since_ms = 0;
     rx->last_resend_ms = 0;
     rx->regrant_ms = INT64_MIN; /* (no terminal yet: the union's open-stream half) */
-    rx->last_rx_ms = now;
+    rx_alive(rx, now);
     rx->answered = 0;
 }
 
@@ -594,7 +604,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
      * must not keep a frozen worker's stream, or its instance, alive. */
     rx->answered = 1;
     if (is_hb) {
-        rx->last_rx_ms = now;
+        rx_alive(rx, now);
         rx->st.heartbeats++;
         /* Heartbeats follow the items they count on the wire: anything
          * missing up to last_seq was lost. */
@@ -678,7 +688,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             fail = SW_ENOMEM;
             goto fail;
         }
-        rx->last_rx_ms = now;
+        rx_alive(rx, now);
         rx->in_bytes += q->len;
         rx_accept(rx, q, now, act);
         while (rx->term_state == SWE_TERM_NONE && rx->held > 0) {
@@ -722,7 +732,7 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
             fail = SW_ENOMEM;
             goto fail;
         }
-        rx->last_rx_ms = now;
+        rx_alive(rx, now);
         rx->in_bytes += (*slot)->len;
         rx->held++;
         if (in->seq > rx->hold_top)
@@ -740,6 +750,18 @@ fail:
     (void)rx_fail(rx, fail, fail_msg, 1, now, act);
 }
 
+/* When the next ask is due (rx.h: a stream that asked for idle heartbeats,
+ * silent idle_hb_ms + hb_ms, then every hb_ms), INT64_MAX if it asked for
+ * none. */
+static int64_t
+rx_ask_due(const swe_rx *rx)
+{
+    if (rx->cfg.idle_hb_ms <= rx->cfg.hb_ms)
+        return INT64_MAX;
+    return rx->last_rx_ms + (rx->ask_wait != 0 ? (int64_t)rx->ask_wait
+                                               : (int64_t)rx->cfg.idle_hb_ms + rx->cfg.hb_ms);
+}
+
 int64_t
 swe_rx_next_due(const swe_rx *rx)
 {
@@ -751,6 +773,8 @@ swe_rx_next_due(const swe_rx *rx)
             return due; /* only the deadline is judged */
         if (rx->last_rx_ms + rx->cfg.inactivity_ms < due)
             due = rx->last_rx_ms + rx->cfg.inactivity_ms;
+        if (rx_ask_due(rx) < due)
+            due = rx_ask_due(rx);
         if (rx->gap_since_ms != 0) {
             if (rx->gap_since_ms + gap < due)
                 due = rx->gap_since_ms + gap;
@@ -786,6 +810,15 @@ swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
             if (to > rx->granted + 1)
                 to = rx->granted + 1;
             rx_ask_resend(rx, rx->expected, to, now, act);
+        }
+        if (rx->term_state == SWE_TERM_NONE && !rx->migrating && quiet >= rx_ask_due(rx)) {
+            /* Silent past the idle spacing and a heartbeat more: an idle
+             * beat was lost, or the worker lost the stream. Asked again
+             * at most every hb_ms while the silence lasts (counted from
+             * now: a late scan does not bring the next ask closer). */
+            int64_t wait = now - rx->last_rx_ms + rx->cfg.hb_ms;
+            act->ask = 1;
+            rx->ask_wait = wait < (int64_t)UINT32_MAX ? (uint32_t)wait : UINT32_MAX;
         }
     } else if (rx->term_state == SWE_TERM_QUEUED && now >= rx->term_ready_ms &&
                rx->term_ready_ms != SWE_TERM_WOKEN) {
@@ -959,6 +992,23 @@ swe_rx_migrated(swe_rx *rx, int64_t now)
     rx->gen_items = 0;
     rx_clear_hold(rx);
     rx_worker_start(rx, now);
+}
+
+void
+swe_rx_not_known(swe_rx *rx)
+{
+    if (rx->cfg.idle_hb_ms > rx->cfg.hb_ms)
+        rx->ask_wait = UINT32_MAX;
+}
+
+void
+swe_rx_silence_from(swe_rx *rx, int64_t since)
+{
+    if (since <= rx->last_rx_ms)
+        return;
+    rx_alive(rx, since);
+    if (rx->gap_since_ms != 0 && rx->gap_since_ms < since)
+        rx->gap_since_ms = since;
 }
 
 int64_t

@@ -61,6 +61,13 @@
  *     can be, is no sign of life) for inactivity_ms with stream_incomplete, the
  *     deadline with deadline_exceeded; silence is judged up to `quiet`, the
  *     time up to which the caller has processed what it received;
+ *   - a stream that asked for idle heartbeats (cfg.idle_hb_ms above
+ *     cfg.hb_ms: while nothing is new the worker beats it only that often)
+ *     and has been silent (as above) for idle_hb_ms + hb_ms is asked after
+ *     (act->ask: the caller sends a stream PROBE and feeds a fresh answer
+ *     that knows the stream as a heartbeat with its last_seq); again every
+ *     hb_ms while the silence lasts, until inactivity ends it. So one lost
+ *     idle beat costs nothing, although the next comes idle_hb_ms later;
  *   - the first terminal decided wins (except item_after_final over an
  *     undelivered final); a wire terminal is held back linger_ms to catch a
  *     late item after it; a cancel drops queued data;
@@ -142,6 +149,7 @@ typedef struct swe_rx_text {
     char term_msg[SWE_MSG_MAX];
 } swe_rx_text;
 
+/* (56 bytes: it is part of sw_stream, whose size is budgeted, egress_int.h) */
 typedef struct swe_rx_cfg {
     uint32_t window;         /* credit window asked of the worker (> 0) */
     uint32_t window_max;     /* the window may grow to this (>= window; = window: fixed) */
@@ -149,12 +157,15 @@ typedef struct swe_rx_cfg {
                                 window grows to no more bytes than this (0: neither) */
     size_t window_bytes_max; /* with a window that may grow, the byte window may grow to
                                 this (<= window_bytes: it stays window_bytes) */
-    int64_t inactivity_ms;   /* silence that ends the stream */
-    int64_t gap_ms;          /* how long a gap may stay open */
-    int64_t linger_ms;       /* hold a wire terminal this long */
     int64_t deadline_ms;     /* absolute time, or -1 = none */
+    uint32_t inactivity_ms;  /* silence that ends the stream */
+    uint32_t gap_ms;         /* how long a gap may stay open */
+    uint32_t linger_ms;      /* hold a wire terminal this long */
     unsigned migrations;     /* migrations allowed (0 = none) */
-    int keep_history;        /* keep the data items received (a migrate callback reads them) */
+    uint16_t hb_ms;          /* the request's heartbeat_ms (0: none) */
+    uint16_t idle_hb_ms;     /* the request's idle_heartbeat_ms: above hb_ms, a silent stream
+                                is asked after (act->ask, below); 0: never */
+    uint8_t keep_history;    /* keep the data items received (a migrate callback reads them) */
 } swe_rx_cfg;
 
 /* What the caller must do after a call. Zeroed by each call that fills it. */
@@ -171,6 +182,9 @@ typedef struct swe_rx_act {
     int wake;        /* something new for the consumer */
     int after_final; /* an item came after a delivered terminal (a counter) */
     int migrate;     /* the stream must move to another instance (rx.migrating) */
+    int ask;         /* ask the worker whether it still has the stream (a stream PROBE; its
+                        answer is fed as a heartbeat): it asked for idle heartbeats and was
+                        silent idle_hb_ms + hb_ms */
     unsigned gen;    /* the worker (rx.gen) it was decided for: its CREDIT, RESEND and KILL
                         go to that worker only, never to the one a migration put in its
                         place meanwhile (their seqs and credit start anew) */
@@ -183,7 +197,7 @@ static inline int
 swe_rx_act_quiet(const swe_rx_act *a)
 {
     return !(a->resend || a->credit || a->ack_final || a->ended || a->kill || a->after_final ||
-             a->migrate);
+             a->migrate || a->ask);
 }
 
 /* A decoded item. */
@@ -236,11 +250,16 @@ typedef struct swe_rx_hist {
 
 typedef struct swe_rx {
     swe_rx_cfg cfg;
-    uint32_t window;  /* may shrink to the worker's, and grows (tuning) */
-    uint32_t window0; /* the first window (the worker may have lowered it): the floor */
-    uint32_t wmax;    /* the most the window may grow to: 0 until the worker answers */
-    sw_err mig_why;   /* migration: SW_INSTANCE_LOST, SW_STREAM_INCOMPLETE or SW_NO_RESPONDERS */
-    size_t max_cost;  /* the largest item seen, + SW_ITEM_COST */
+    uint32_t window;   /* may shrink to the worker's, and grows (tuning) */
+    uint32_t window0;  /* the first window (the worker may have lowered it): the floor */
+    uint32_t wmax;     /* the most the window may grow to: 0 until the worker answers */
+    sw_err mig_why;    /* migration: SW_INSTANCE_LOST, SW_STREAM_INCOMPLETE or SW_NO_RESPONDERS */
+    uint32_t ask_wait; /* the silence (ms since last_rx_ms) at which the next ask is due; 0:
+                          none asked since the last sign of life, the first is due at
+                          cfg.idle_hb_ms + cfg.hb_ms */
+    uint32_t ask_tag;  /* the caller's, not the state machine's: which of its stream probes
+                          is out for this stream (0: none; egress/sprobe.h, under r->mu) */
+    size_t max_cost;   /* the largest item seen, + SW_ITEM_COST */
     int64_t last_grant_ms;
     /* reassembly */
     uint64_t expected; /* next seq to hand to the queue */
@@ -379,6 +398,16 @@ void swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act);
 
 /* When the timer next has anything to do (INT64_MAX: never). */
 int64_t swe_rx_next_due(const swe_rx *rx);
+
+/* The worker answered an ask (act->ask) that it does not know the stream
+ * (it lost or never had it): no more asks until a sign of life; the
+ * silence decides, as without the asks. */
+void swe_rx_not_known(swe_rx *rx);
+
+/* Silence, and a gap's time, are counted from `since` (not before): the
+ * caller's own connection came back then, and nothing could arrive while
+ * it was down. */
+void swe_rx_silence_from(swe_rx *rx, int64_t since);
 
 /* The consumer takes the next item into *out: 1 data, 2 the terminal (once;
  * from then on the stream is done), 0 nothing ready. A data item's bytes

@@ -239,11 +239,9 @@ swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet)
         /* Our own connection is down: silence proves nothing (only the
          * deadline is judged). */
         quiet = INT64_MIN / 4;
-    } else if (up > s->rx.last_rx_ms) {
+    } else {
         /* It came back: silence counts from then, for gaps too. */
-        s->rx.last_rx_ms = up;
-        if (s->rx.gap_since_ms != 0 && s->rx.gap_since_ms < up)
-            s->rx.gap_since_ms = up;
+        swe_rx_silence_from(&s->rx, up);
     }
     swe_rx_tick(&s->rx, now, quiet, &act);
     st_unlock_apply(s, &act);

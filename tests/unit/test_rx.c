@@ -1456,6 +1456,219 @@ test_inactivity(void **state)
     swe_rx_fini(&rx);
 }
 
+/* Idle heartbeats (rx.h): a stream that asked for them (idle_hb_ms above
+ * hb_ms) is asked after (act->ask: a stream PROBE) once it has been silent
+ * idle_hb_ms + hb_ms, as inactivity judges silence (a duplicate is none
+ * of it, and only up to quiet); an item or a beat before then moves the
+ * ask; one asked for no spacing is never asked after. */
+static swe_rx_cfg
+cfg_idle(int64_t inactivity_ms)
+{
+    swe_rx_cfg c = cfg_default();
+    c.inactivity_ms = (uint32_t)inactivity_ms;
+    c.hb_ms = 250;
+    c.idle_hb_ms = 1000;
+    return c;
+}
+
+static void
+test_idle_ask_due(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    swe_rx_cfg c = cfg_idle(1500);
+    (void)state;
+    swe_rx_init(&rx, &c, 1000);
+    assert_int_equal(swe_rx_next_due(&rx), 2250); /* silent since the open */
+    data(&rx, 1, 1100);
+    assert_int_equal(swe_rx_next_due(&rx), 2350); /* 1,250 ms of silence */
+    swe_rx_tick(&rx, 2349, 2349, &a);
+    assert_false(a.ask);
+    assert_true(swe_rx_act_quiet(&a));
+    swe_rx_tick(&rx, 2400, 2349, &a); /* the router is behind on its queue */
+    assert_false(a.ask);
+    data(&rx, 1, 2300); /* a duplicate is no sign of life */
+    assert_int_equal(swe_rx_next_due(&rx), 2350);
+    swe_rx_tick(&rx, 2350, 2350, &a);
+    assert_true(a.ask);
+    assert_false(swe_rx_act_quiet(&a));
+    assert_false(a.ended);
+    /* asked: the next at most a heartbeat later; here the silence limit
+     * (1100 + 1500) comes first */
+    assert_int_equal(swe_rx_next_due(&rx), 2600);
+    swe_rx_tick(&rx, 2375, 2375, &a);
+    assert_false(a.ask);
+    /* an item moves it */
+    data(&rx, 2, 2380);
+    assert_int_equal(swe_rx_next_due(&rx), 2380 + 1250);
+    swe_rx_tick(&rx, 3629, 3629, &a);
+    assert_false(a.ask);
+    /* and a beat */
+    beat(&rx, 2, 3600);
+    assert_int_equal(swe_rx_next_due(&rx), 3600 + 1250);
+    swe_rx_tick(&rx, 4849, 4849, &a);
+    assert_false(a.ask);
+    swe_rx_tick(&rx, 4850, 4850, &a);
+    assert_true(a.ask);
+    swe_rx_fini(&rx);
+
+    /* Asked again every hb_ms while the silence lasts, counted from the ask
+     * (a late scan does not bring the next one closer). */
+    c = cfg_idle(3000);
+    swe_rx_init(&rx, &c, 1000);
+    swe_rx_tick(&rx, 2300, 2300, &a); /* 50 ms late */
+    assert_true(a.ask);
+    assert_int_equal(swe_rx_next_due(&rx), 2550);
+    swe_rx_tick(&rx, 2549, 2549, &a);
+    assert_false(a.ask);
+    swe_rx_tick(&rx, 2550, 2550, &a);
+    assert_true(a.ask);
+    swe_rx_tick(&rx, 2800, 2800, &a);
+    assert_true(a.ask);
+    swe_rx_tick(&rx, 3999, 3999, &a); /* (asked at 3050, 3300, ...: not checked here) */
+    swe_rx_tick(&rx, 4000, 4000, &a); /* the silence limit, as before */
+    assert_true(a.ended);
+    assert_false(a.ask);
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_tick(&rx, 5000, 5000, &a);
+    assert_false(a.ask); /* never once it has its terminal */
+    swe_rx_fini(&rx);
+
+    /* No spacing asked (0, or not above hb_ms): never asked after. */
+    for (int k = 0; k < 2; k++) {
+        c = cfg_idle(1500);
+        c.idle_hb_ms = k == 0 ? 0 : 250;
+        swe_rx_init(&rx, &c, 1000);
+        assert_int_equal(swe_rx_next_due(&rx), 2500);
+        for (int64_t t = 1025; t < 2500; t += 25) {
+            swe_rx_tick(&rx, t, t, &a);
+            assert_false(a.ask);
+        }
+        swe_rx_tick(&rx, 2500, 2500, &a);
+        assert_true(a.ended);
+        swe_rx_fini(&rx);
+    }
+}
+
+/* The answer to an ask, fed as the heartbeat it stands for, keeps the
+ * stream alive past the silence limit it would have met, as often as it
+ * is needed; with a last_seq beyond what arrived it asks for the rest, as
+ * a heartbeat does; then the stream completes. */
+static void
+test_idle_ask_answer_keeps_alive(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[8];
+    sw_terminal t;
+    swe_rx_cfg c = cfg_idle(1500);
+    int64_t now = 1100;
+    (void)state;
+    swe_rx_init(&rx, &c, 1000);
+    data(&rx, 1, now);
+    assert_int_equal(drain(&rx, now, seqs, 8, &t), 1);
+    /* every idle beat lost: each ask is answered 10 ms later */
+    for (int i = 0; i < 8; i++) {
+        int64_t due = swe_rx_next_due(&rx);
+        assert_int_equal(due, now + 1250);
+        swe_rx_tick(&rx, due, due, &a);
+        assert_true(a.ask);
+        now = due + 10;
+        a = beat(&rx, 1, now);
+        assert_true(swe_rx_act_quiet(&a));
+        swe_rx_tick(&rx, now + 1240, now + 1240, &a);
+        assert_false(a.ended);
+    }
+    assert_true(now > 1100 + 5 * 1500); /* long past the old silence limit */
+    /* an answer that shows item 2 went out: it is asked for */
+    swe_rx_tick(&rx, now + 1250, now + 1250, &a);
+    assert_true(a.ask);
+    now += 1260;
+    a = beat(&rx, 2, now);
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 2);
+    assert_int_equal(a.resend_to, 2);
+    data(&rx, 2, now + 5);
+    final_at(&rx, 3, SW_STATUS_COMPLETED, "stop", now + 6);
+    assert_int_equal(drain(&rx, now + 6, seqs, 8, &t), 1);
+    assert_int_equal(seqs[0], 2);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    assert_int_equal(rx.st.heartbeats, 9);
+    swe_rx_fini(&rx);
+}
+
+/* Unanswered, or answered that the worker does not know the stream:
+ * inactivity ends it at inactivity_ms, as without the asks; after a "not
+ * known" no more asks (until a sign of life). */
+static void
+test_idle_ask_unanswered(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    swe_rx_cfg c = cfg_idle(1500);
+    (void)state;
+    swe_rx_init(&rx, &c, 1000);
+    data(&rx, 1, 1100);
+    swe_rx_tick(&rx, 2350, 2350, &a);
+    assert_true(a.ask);
+    swe_rx_tick(&rx, 2599, 2599, &a);
+    assert_false(a.ended);
+    swe_rx_tick(&rx, 2600, 2600, &a);
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_fini(&rx);
+
+    c = cfg_idle(3000);
+    swe_rx_init(&rx, &c, 1000);
+    data(&rx, 1, 1100);
+    swe_rx_tick(&rx, 2350, 2350, &a);
+    assert_true(a.ask);
+    swe_rx_not_known(&rx);
+    assert_int_equal(swe_rx_next_due(&rx), 4100);
+    for (int64_t t = 2375; t < 4100; t += 25) {
+        swe_rx_tick(&rx, t, t, &a);
+        assert_false(a.ask);
+        assert_false(a.ended);
+    }
+    swe_rx_tick(&rx, 4100, 4100, &a);
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_fini(&rx);
+
+    /* a sign of life after a "not known" asks again when it is silent */
+    swe_rx_init(&rx, &c, 1000);
+    swe_rx_tick(&rx, 2250, 2250, &a);
+    assert_true(a.ask);
+    swe_rx_not_known(&rx);
+    beat(&rx, 0, 2300);
+    assert_int_equal(swe_rx_next_due(&rx), 3550);
+    swe_rx_tick(&rx, 3550, 3550, &a);
+    assert_true(a.ask);
+    swe_rx_fini(&rx);
+}
+
+/* A stream that moves asks nothing while it moves (only the deadline is
+ * judged); its new worker's silence starts at the move. */
+static void
+test_idle_ask_not_while_migrating(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    swe_rx_cfg c = cfg_idle(1500);
+    (void)state;
+    c.migrations = 1;
+    swe_rx_init(&rx, &c, 1000);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, NULL, 1, 1100, &a);
+    assert_true(a.migrate);
+    swe_rx_tick(&rx, 2400, 2400, &a);
+    assert_false(a.ask);
+    swe_rx_migrated(&rx, 2500);
+    assert_int_equal(swe_rx_next_due(&rx), 3750);
+    swe_rx_tick(&rx, 3750, 3750, &a);
+    assert_true(a.ask);
+    swe_rx_fini(&rx);
+}
+
 /* A duplicate is no sign of life: it may be a sealed item recorded on the
  * bus and replayed after the worker froze (it opens), so only an item with
  * a new seq (delivered or held) or a heartbeat puts silence off. */
@@ -2937,6 +3150,10 @@ main(void)
         cmocka_unit_test(test_heartbeat_resend_span),
         cmocka_unit_test(test_inactivity),
         cmocka_unit_test(test_duplicates_are_no_sign_of_life),
+        cmocka_unit_test(test_idle_ask_due),
+        cmocka_unit_test(test_idle_ask_answer_keeps_alive),
+        cmocka_unit_test(test_idle_ask_unanswered),
+        cmocka_unit_test(test_idle_ask_not_while_migrating),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_next_due_with_gap),
         cmocka_unit_test(test_quiet_bounded),

@@ -437,6 +437,28 @@ swi_peers_suspect(swi_peers *p, const char *id)
     e->suspect = 1; /* swi_peers_round probes it at once */
 }
 
+int
+swi_peers_probe_out(swi_peers *p, const char *id)
+{
+    const swi_peer *e = swi_peers_find(p, id);
+    return e != NULL && e->outstanding;
+}
+
+int
+swi_peers_deciding(swi_peers *p, const char *id)
+{
+    const swi_peer *e = swi_peers_find(p, id);
+    return e != NULL && (e->suspect || e->nr_pending);
+}
+
+void
+swi_peers_probe_soon(swi_peers *p, const char *id)
+{
+    swi_peer *e = swi_peers_find(p, id);
+    if (e != NULL)
+        e->probe_soon = 1;
+}
+
 /* 1 if this side's connection was up, and settled, for the whole time
  * since `since`. */
 static int

@@ -301,6 +301,14 @@ void swi_peers_release_all(swi_peers *p, const char *id);
 /* Someone says the peer may be gone (the registry removed it): probe it at
  * the next round, and let one miss decide. */
 void swi_peers_suspect(swi_peers *p, const char *id);
+/* 1 if a probe to the peer is out (sent, neither answered nor timed out). */
+int swi_peers_probe_out(swi_peers *p, const char *id);
+/* 1 if the peer's loss is being decided: it is suspect, or a "no
+ * responders" waits to be confirmed (swi_peers_answer). */
+int swi_peers_deciding(swi_peers *p, const char *id);
+/* Probe the peer at the next round, whatever the interval; not a
+ * suspicion: its answer, bounce or misses decide as usual. */
+void swi_peers_probe_soon(swi_peers *p, const char *id);
 
 /* One round at `now`.
  *   - A probe out longer than timeout_ms is a miss, unless alive(arg, id,

@@ -1,6 +1,7 @@
 /* egress/egress_int.h -- the frontend side's internals, shared by its files:
  *
  *   rx.c        a stream's receive logic, a pure state machine (rx.h)
+ *   sprobe.c    the table of stream probes out (sprobe.h), pure
  *   stream.c    sw_stream: the state machine behind a mutex, delivery to
  *               the consumer (blocking or callbacks), cancel, close, stats
  *   control.c   control messages to workers: credit, resend, kill, cancel,
@@ -9,7 +10,8 @@
  *               and heartbeat batches to streams; answers to workers'
  *               liveness probes
  *   probe.c     instances with open streams are probed (common/sched.h's
- *               peer table); a lost instance ends its streams
+ *               peer table); a lost instance ends its streams; a silent
+ *               stream's worker is asked after it (stream probes, sprobe.h)
  *   timer.c     the router's ticker: stream deadlines, probes, ack flushes
  *   open.c      sw_router_open and the one-time re-route on no responders
  *   migrate.c   migration: a stream whose worker was lost moves to another
@@ -22,7 +24,8 @@
  * by s->dispatching).
  *
  * Locks and their order (docs/RATIONALE.md has the table for the library):
- *   r->mu     the stream table, the peer table, counters;
+ *   r->mu     the stream table, the peer table, the stream probes out (and
+ *             each stream's tag of its own, rx.ask_tag), counters;
  *   s->mu     one stream (its swe_rx);
  *   r->ack_mu the queue of acknowledgements; r->flush_mu one flusher.
  * r->mu may be taken before s->mu (re-routing, instance loss read a
@@ -44,6 +47,7 @@
 #include "common/sw_common.h"
 #include "egress/cancels.h"
 #include "egress/rx.h"
+#include "egress/sprobe.h"
 #include "proto/sw_codec.h"
 #include "router/sw_pool.h"
 #include "transport/sw_transport.h"
@@ -106,7 +110,8 @@ struct sw_router {
     swt_sub *live; /* sw.rtr.<id>: answers workers' liveness probes */
     swt_sub *prb;  /* sw.prb.<id>.*: answers to our instance probes */
     swr_pool *pool;
-    swi_peers peers; /* instances with open streams (r->mu) */
+    swi_peers peers;     /* instances with open streams (r->mu) */
+    swe_sprobes sprobes; /* stream probes out: silent streams asked after (r->mu) */
     pthread_mutex_t mu;
     swi_idmap streams;
     swi_duetab due; /* each stream's next check time (the scan reads only this) */
@@ -325,6 +330,12 @@ int swe_stream_no_responders(sw_stream *s, const uint8_t *id, int may_move, cons
 int swe_stream_unsealed(sw_stream *s, const uint8_t *id, const char *msg);
 /* The timer's look at one stream. */
 void swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet);
+/* The worker answered a stream probe of s (sent for request id `id`; the
+ * caller checked that it is fresh and from the stream's instance): known,
+ * it counts as a heartbeat with last_seq; not known, no more asks until a
+ * sign of life (inactivity decides). Returns 1 if it counted (the stream
+ * was open on that request, not moving). */
+int swe_stream_answered(sw_stream *s, const uint8_t *id, int known, uint64_t last_seq);
 /* A terminal other than completed or incomplete that s decided and has not
  * handed its consumer yet (ready: past final_linger_ms): sw_merge looks, so
  * that a stream that failed ends the merged result without the merge
@@ -388,6 +399,9 @@ void swe_cancels_settle(sw_router *r, const uint8_t id[SW_REQUEST_ID_BYTES]);
  * one count of them). Caller holds r->mu. */
 unsigned swe_instance_load(void *arg, const char *instance);
 void swe_probe_round(sw_router *r, int64_t now);
+/* Carries out act->ask for s (decided for worker gen): a stream PROBE
+ * (no lock held). */
+void swe_stream_ask(sw_stream *s, unsigned gen);
 void swe_instance_lost(sw_router *r, const char *id, const char *why, int64_t silent_ms,
                        int64_t unanswered_ms);
 

@@ -17,6 +17,7 @@ swe_router_unref(sw_router *r)
     swi_duetab_fini(&r->due);
     swr_pool_destroy(r->pool);
     swi_peers_fini(&r->peers);
+    swe_sprobes_fini(&r->sprobes);
     free(r->scan_vec.v);
     free(r->deferred.v);
     pthread_mutex_destroy(&r->mu);
@@ -63,6 +64,8 @@ stream_unlink(sw_router *r, sw_stream *s)
 {
     s->in_table = 0;
     swi_idmap_del(&r->streams, s->id);
+    swe_sprobes_drop(&r->sprobes, s->rx.ask_tag); /* its stream probe, if one is out */
+    s->rx.ask_tag = 0;
     swi_duetab_detach(&r->due, s->next_tick);
     r->st.open_streams--;
     if (s->pooled) {
@@ -233,6 +236,11 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
     swi_peers_init(&r->peers, o->probe_interval_ms ? o->probe_interval_ms : 100,
                    o->probe_timeout_ms ? o->probe_timeout_ms : 300,
                    o->probe_misses ? o->probe_misses : 2);
+    {
+        uint64_t base;
+        swi_random(&base, sizeof(base));
+        swe_sprobes_init(&r->sprobes, base);
+    }
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->ack_mu, NULL);
     pthread_mutex_init(&r->flush_mu, NULL);

@@ -104,6 +104,15 @@ router_render(swi_prom *p, void *obj)
                    l, 1, (double)st.migration_failures);
     swi_prom_value(p, F("probes_sent_total"), "counter", "Liveness probes sent to instances.", l, 1,
                    (double)st.probes_sent);
+    swi_prom_value(p, F("stream_probes_sent_total"), "counter",
+                   "Silent streams asked after (an idle heartbeat may have been lost).", l, 1,
+                   (double)st.stream_probes_sent);
+    swi_prom_value(p, F("stream_probes_answered_total"), "counter",
+                   "Stream probe answers that counted as the stream's heartbeat.", l, 1,
+                   (double)st.stream_probes_answered);
+    swi_prom_value(p, F("stream_probes_full_total"), "counter",
+                   "Stream probes not sent: too many were out.", l, 1,
+                   (double)st.stream_probes_full);
     swi_prom_value(p, F("loss_detection_seconds"), "gauge",
                    "Detection latency of the last instance loss: last sign of life to the "
                    "declaration.",

@@ -209,6 +209,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     cfg.deadline_ms = o->deadline_ms ? now + o->deadline_ms : -1;
     cfg.migrations = migrations;
     cfg.keep_history = migrations > 0 && o->migrate != NULL;
+    cfg.hb_ms = (uint16_t)(o->heartbeat_ms ? o->heartbeat_ms : r->hb_ms); /* (<= 10,000) */
+    cfg.idle_hb_ms = (uint16_t)swe_idle_heartbeat(cfg.hb_ms, cfg.inactivity_ms);
     swe_rx_init(&s->rx, &cfg, now);
     s->last_rx_ms = now;
     /* Its due-time cell, detached until the stream is in the table. */
@@ -229,8 +231,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.credit_window = cfg.window;
     m.credit_window_max = cfg.window_max > cfg.window ? cfg.window_max : 0;
     m.credit_bytes = cfg.window_bytes;
-    m.heartbeat_ms = o->heartbeat_ms ? (uint32_t)o->heartbeat_ms : r->hb_ms;
-    m.idle_heartbeat_ms = swe_idle_heartbeat(m.heartbeat_ms, cfg.inactivity_ms);
+    m.heartbeat_ms = cfg.hb_ms;
+    m.idle_heartbeat_ms = cfg.idle_hb_ms;
     m.deadline_ms = (uint32_t)o->deadline_ms;
     m.endpoint = (char *)o->endpoint;
     m.max_tokens = o->max_tokens;

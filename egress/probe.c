@@ -7,7 +7,13 @@
  * meanwhile. Nothing is judged while this router's own connection is down
  * or came back after the probe went out. A lost instance ends its streams
  * with instance_lost (telling the worker to stop, in case it is alive but
- * cut off), is quarantined here and reported to the registry. */
+ * cut off), is quarantined here and reported to the registry.
+ *
+ * Stream probes: a stream that asked for idle heartbeats and went silent
+ * past its idle spacing and a heartbeat more (rx.h, act->ask) is asked
+ * after with a PROBE naming it, on the same subjects; the answers share
+ * sw.prb.<router>.<id> with the instance probes' and are told apart by
+ * their probe ids (sprobe.h). Locks: r->mu, then s->mu. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +67,82 @@ count_auth(sw_router *r)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* The answer p to a stream probe, on the probe-answer subject of instance
+ * inst. It counts, as its stream's heartbeat with last_seq, only if its
+ * probe id is one out now (then it is taken: one answer counts; a recorded
+ * answer replayed later counts for nothing), the stream is still on the
+ * request asked about and on inst (a re-route may have moved it), and the
+ * worker knows the stream. */
+static void
+stream_probe_answer(sw_router *r, const char *inst, const swp_probe_reply *p)
+{
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    sw_stream *s = NULL;
+    int counted;
+    pthread_mutex_lock(&r->mu);
+    if (swe_sprobes_take(&r->sprobes, p->probe_id, swi_now_ms(), id) &&
+        (s = swi_idmap_get(&r->streams, id)) != NULL) {
+        swe_stream_ref(s);
+        s->rx.ask_tag = 0; /* (the entry taken was its one probe out) */
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (s == NULL)
+        return;
+    counted = strcmp(swe_instance(s), inst) == 0 &&
+              swe_stream_answered(s, id, p->known != 0, p->last_seq);
+    swe_stream_unref(s);
+    if (counted) {
+        pthread_mutex_lock(&r->mu);
+        r->st.stream_probes_answered++;
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+void
+swe_stream_ask(sw_stream *s, unsigned gen)
+{
+    sw_router *r = s->r;
+    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+    char inst[SW_MAX_TOKEN + 1];
+    char ctl[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
+    uint8_t id[SW_REQUEST_ID_BYTES];
+    uint8_t buf[192];
+    uint64_t pid = 0;
+    size_t len;
+    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&s->mu);
+    swi_strlcpy(inst, swe_instance(s), sizeof(inst));
+    /* Not for a worker the stream has left, nor for one whose loss the
+     * instance probes are deciding (a bounce of this probe would be
+     * taken for theirs). */
+    if (s->in_table && s->rx.gen == gen && s->rx.term_state == SWE_TERM_NONE && !s->rx.migrating &&
+        inst[0] != '\0' && !swi_peers_deciding(&r->peers, inst)) {
+        memcpy(id, s->id, sizeof(id));
+        pid =
+            swe_sprobes_add(&r->sprobes, id, &s->rx.ask_tag, swi_now_ms(), s->rx.cfg.inactivity_ms);
+        if (pid != 0)
+            r->st.stream_probes_sent++;
+        else
+            r->st.stream_probes_full++; /* the stream is judged by its silence alone */
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&r->mu);
+    if (pid == 0)
+        return;
+    /* An instance probe's form, naming the stream: any worker answers it
+     * with whether it knows the stream, and its last seq (ingress/control.c) */
+    m.version = SW_PROTOCOL_VERSION;
+    m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
+    m.request_id.data = id;
+    m.request_id.len = sizeof(id);
+    m.router_id = r->id;
+    m.probe_id = pid;
+    if (swt_subject_control(ctl, sizeof(ctl), inst) == SW_OK &&
+        swt_subject_probe_reply(reply, sizeof(reply), r->id, inst) == SW_OK &&
+        swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
+        (void)swt_publish(r->conn, ctl, reply, buf, len);
+}
+
 void
 swe_on_probe_reply(const swt_msg *msg, void *arg)
 {
@@ -83,7 +165,28 @@ swe_on_probe_reply(const swt_msg *msg, void *arg)
     if (!msg->no_responders &&
         swp_decode_probe_reply(msg->data, msg->len, SWP_MAX_PROBE_REPLY, &p) == SW_OK)
         pid = p->probe_id;
+    if (p != NULL && swe_sprobe_is(pid)) {
+        /* A stream probe's answer (its id has the top bit, an instance
+         * probe's never): it counts for its stream, if at all, and takes
+         * no part in the instance's probing. */
+        stream_probe_answer(r, id, p);
+        swp_free(p);
+        return;
+    }
     pthread_mutex_lock(&r->mu);
+    if (msg->no_responders && !swi_peers_probe_out(&r->peers, id)) {
+        /* A bounce names no probe. With no instance probe out it can only
+         * be a stream probe's (or forged): not taken as an instance
+         * probe's (it would be judged by that probe's time), but the
+         * instance is probed at the next round, whose own bounce or answer
+         * decides. A bounce while an instance probe is out is taken as
+         * that probe's, as always (stream probes are not sent to an
+         * instance whose loss is being decided: swe_stream_ask). */
+        swi_peers_probe_soon(&r->peers, id);
+        pthread_mutex_unlock(&r->mu);
+        swi_ticker_wake(&r->ticker, SWE_REST_SHORT);
+        return;
+    }
     if (p != NULL && swi_peers_is_current(&r->peers, id, pid))
         /* A fresh answer names the worker's incarnation and its batches'
          * counter: heartbeat batches recorded before it never count. */

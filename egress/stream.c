@@ -66,6 +66,8 @@ swe_apply(sw_stream *s, const swe_rx_act *act)
         swe_dispatch(s);
     if (act->migrate)
         swe_migrate(s);
+    if (act->ask)
+        swe_stream_ask(s, act->gen);
 }
 
 /* After a state machine call (s->mu held): plans the next tick, releases
@@ -245,6 +247,32 @@ swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet)
     }
     swe_rx_tick(&s->rx, now, quiet, &act);
     st_unlock_apply(s, &act);
+}
+
+int
+swe_stream_answered(sw_stream *s, const uint8_t *id, int known, uint64_t last_seq)
+{
+    swe_rx_act act;
+    swe_rx_in in;
+    int took;
+    if (!st_lock_as(s, id)) /* (a migration moved it to a new request since) */
+        return 0;
+    took = known && s->rx.term_state == SWE_TERM_NONE && !s->rx.migrating;
+    if (!known) {
+        swe_rx_not_known(&s->rx);
+        st_plan_tick(s);
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    /* exactly as a heartbeat that says last_seq (it was fresh: the probe's
+     * id, answered once) */
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_HEARTBEAT;
+    in.last_seq = last_seq;
+    swe_rx_on_item(&s->rx, &in, swi_now_ms(), &act);
+    __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
+    st_unlock_apply(s, &act);
+    return took;
 }
 
 /* ---------------------------------------------------------------- delivery */

@@ -137,6 +137,20 @@ swn_chaos_drop_cancel(sw_ingress *ing)
 }
 
 void
+swx_ingress_drop_beats(sw_ingress *ing, int on)
+{
+    if (ing != NULL)
+        __atomic_store_n(&ing->drop_beats, on != 0, __ATOMIC_RELAXED);
+}
+
+void
+swx_ingress_drop_stream_probes(sw_ingress *ing, int on)
+{
+    if (ing != NULL)
+        __atomic_store_n(&ing->drop_stream_probes, on != 0, __ATOMIC_RELAXED);
+}
+
+void
 swx_ingress_hold_sender(sw_ingress *ing, int hold)
 {
     if (ing == NULL)

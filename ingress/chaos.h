@@ -59,6 +59,18 @@ void swx_ingress_set_drop_rate(sw_ingress *ing, double rate);
  * dropped as if the bus had lost them (chaos build only). */
 void swx_ingress_drop_cancels(sw_ingress *ing, int n);
 
+/* Test-only: while on is 1, every heartbeat this ingress sends (a beat in
+ * a HeartbeatBatch, or a stalled stream's heartbeat wrapper) is lost as if
+ * the bus had dropped it: the worker goes on as though it went out (chaos
+ * build only). */
+void swx_ingress_drop_beats(sw_ingress *ing, int on);
+
+/* Test-only: while on is 1, every PROBE naming a stream (a frontend's
+ * stream probe) that reaches this ingress is lost as if the bus had
+ * dropped it: not answered. Instance probes are answered as usual (chaos
+ * build only). */
+void swx_ingress_drop_stream_probes(sw_ingress *ing, int on);
+
 /* Test-only: while hold is 1, the sender thread takes no stream off its
  * queue (streams handed to it wait; see ingress/sender.c), so a test can
  * see which thread publishes what. 0 lets it go on (chaos build only). */

@@ -266,6 +266,10 @@ swn_ing_on_control(const swt_msg *msg, void *arg)
     }
     switch (c->kind) {
     case STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE:
+#ifdef SW_CHAOS
+        if (c->request_id.len != 0 && __atomic_load_n(&ing->drop_stream_probes, __ATOMIC_RELAXED))
+            break; /* lost on the bus (swx_ingress_drop_stream_probes) */
+#endif
         /* (one count for a probe that is foreign on both counts) */
         if (ing_probe_reply(ing, msg, c->router_id, r, c->probe_id) != 0 && !other_router)
             ing_bad_control(ing);

@@ -276,6 +276,14 @@ resp_heartbeat(sw_responder *r, int64_t now, swn_beats *beats)
 {
     if (r->hb_ms == 0 || now < resp_beat_due(r) || r->sending || r->rg.pub_seq + 1 < r->rg.next_seq)
         return;
+#ifdef SW_CHAOS
+    if (__atomic_load_n(&r->ing->drop_beats, __ATOMIC_RELAXED)) {
+        /* lost on the bus (swx_ingress_drop_beats): as if it went out */
+        r->last_pub_ms = now;
+        r->beat_seq = r->rg.pub_seq;
+        return;
+    }
+#endif
     if (r->beats_batched && !r->starved) {
         if (beats_add(beats, r->router_id, r->id, r->rg.pub_seq) == 0) {
             r->last_pub_ms = now;

@@ -888,18 +888,24 @@ typedef struct sw_router_stats {
     uint64_t open_streams;      /* gauge */
     uint64_t instances_lost;    /* instances this router declared dead */
     uint64_t probes_sent;
-    uint64_t last_loss_detect_ms; /* detection latency of the last loss: from the last sign of
-                                     life of the instance to its declaration */
-    uint64_t bad_messages;        /* heartbeat batches that did not decode (a stream's own
-                                     undecodable item ends it with decode_error instead) */
-    uint64_t auth_failures;       /* messages refused by sealing (they did not open, or their
-                                     sealing did not match the connection's): a stream's own
-                                     ends it with auth_failed; others are dropped */
-    uint64_t migrations;          /* streams moved to another instance (each move whose request
-                                     went out counts) */
-    uint64_t migration_failures;  /* moves that did not happen: no instance, the migrate callback
-                                     declined, no memory, the moved request could not be
-                                     published (the stream ended instead) */
+    uint64_t last_loss_detect_ms;    /* detection latency of the last loss: from the last sign of
+                                        life of the instance to its declaration */
+    uint64_t bad_messages;           /* heartbeat batches that did not decode (a stream's own
+                                        undecodable item ends it with decode_error instead) */
+    uint64_t auth_failures;          /* messages refused by sealing (they did not open, or their
+                                        sealing did not match the connection's): a stream's own
+                                        ends it with auth_failed; others are dropped */
+    uint64_t migrations;             /* streams moved to another instance (each move whose request
+                                        went out counts) */
+    uint64_t migration_failures;     /* moves that did not happen: no instance, the migrate callback
+                                        declined, no memory, the moved request could not be
+                                        published (the stream ended instead) */
+    uint64_t stream_probes_sent;     /* silent streams asked after (an idle heartbeat may have been
+                                        lost): a PROBE naming the stream to its worker */
+    uint64_t stream_probes_answered; /* answers to them that counted as the stream's heartbeat
+                                        (fresh, from its instance, the stream known there) */
+    uint64_t stream_probes_full;     /* asks not sent: 16,384 stream probes were out; the
+                                        stream is judged by its silence alone */
 } sw_router_stats;
 
 /* SW_STATUS_ERROR terminals this router delivered with the code `err` (a

@@ -258,6 +258,93 @@ idle_heartbeat_then_loss_repaired_soon(void **state)
     got_free(g);
 }
 
+/* Lost idle beats (issue 17: an idle stream is beaten only every
+ * Request.idle_heartbeat_ms, so one lost beat would leave it silent past
+ * its limit): a stream silent for its idle spacing and a heartbeat more is
+ * asked after with a stream PROBE, and the worker's answer counts as its
+ * heartbeat. Here every heartbeat the worker sends is lost
+ * (swx_ingress_drop_beats): the stream lives through a pause of three
+ * silence limits (4.5 s; the default limit is 1.5 s) on the answers alone,
+ * then completes. With its probes lost too, or answered "not known" (a
+ * stream the worker abandoned), it ends stream_incomplete at the silence
+ * limit, as without the asks. */
+static sw_stream *
+lost_beats_open(env *e, int mode, int drop_probes, int64_t *t0)
+{
+    e->w.mode = mode;
+    e->w.k = 1;
+    e->w.n = 2;
+    e->w.delay_ms = mode == M_PAUSE ? 4500 : 0; /* (M_ABANDON: at once after its token) */
+    env_start(e, NULL, NULL);
+    swx_ingress_drop_beats(e->ing, 1);
+    swx_ingress_drop_stream_probes(e->ing, drop_probes);
+    *t0 = swh_now_ms();
+    return env_open(e);
+}
+
+static void
+idle_beats_lost_probes_keep_alive(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_router_stats rs;
+    sw_stream_stats ss;
+    int64_t t0;
+    sw_stream *s = lost_beats_open(e, M_PAUSE, 0, &t0);
+    assert_true(collect(s, g, 0, T(15000)));
+    assert_tokens(g, 2);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_true(swh_now_ms() - t0 >= 4500);
+    sw_stream_stats_get(s, &ss);
+    sw_router_stats_get(e->rt, &rs);
+    /* about one ask per 1.25 s of the 4.5 s, each answered and counted as
+     * a heartbeat (no beat of the worker's arrived) */
+    if (rs.stream_probes_answered < 3 || rs.stream_probes_answered > rs.stream_probes_sent ||
+        ss.heartbeats < 3 || ss.heartbeats > rs.stream_probes_answered)
+        fail_msg("%llu stream probes sent, %llu answered, %llu heartbeats (want 3 or more "
+                 "answered, each a heartbeat)",
+                 (unsigned long long)rs.stream_probes_sent,
+                 (unsigned long long)rs.stream_probes_answered, (unsigned long long)ss.heartbeats);
+    assert_int_equal(rs.stream_probes_full, 0);
+    got_free(g);
+}
+
+static void
+lost_beats_end_at_the_limit(env *e, int mode, int drop_probes, const char *what)
+{
+    got *g = new_got(e);
+    sw_router_stats rs;
+    int64_t t0, took;
+    sw_stream *s = lost_beats_open(e, mode, drop_probes, &t0);
+    assert_true(collect(s, g, 0, T(15000)));
+    took = swh_now_ms() - t0;
+    assert_tokens(g, 1);
+    assert_terminal(g, SW_STATUS_ERROR, SW_STREAM_INCOMPLETE, "stream_incomplete");
+    if (took < 1450 || took > 1500 + T(500))
+        fail_msg("%s: ended after %lld ms (want the silence limit, 1,500 ms)", what,
+                 (long long)took);
+    sw_router_stats_get(e->rt, &rs);
+    if (rs.stream_probes_sent < 1 || rs.stream_probes_answered != 0)
+        fail_msg("%s: %llu stream probes sent, %llu answered (want 1 or more, none)", what,
+                 (unsigned long long)rs.stream_probes_sent,
+                 (unsigned long long)rs.stream_probes_answered);
+    got_free(g);
+}
+
+static void
+idle_beats_lost_probes_unanswered(void **state)
+{
+    lost_beats_end_at_the_limit(*state, M_PAUSE, 1, "probes lost");
+}
+
+/* (the worker abandoned the stream after its first token: it sends
+ * nothing more, and answers that it does not know it) */
+static void
+idle_beats_lost_stream_not_known(void **state)
+{
+    lost_beats_end_at_the_limit(*state, M_ABANDON, 0, "not known");
+}
+
 /* Heartbeats travel batched per frontend (HeartbeatBatch on
  * sw.rsp.<router>.hb). Many idle streams at once are all kept alive by
  * them, with far fewer messages than beats; a batch that does not decode
@@ -592,6 +679,9 @@ main(int argc, char **argv)
         T_(idle_heartbeats_tight_limit),
         T_(idle_beats_on_a_grid),
         T_(idle_heartbeat_then_loss_repaired_soon),
+        T_(idle_beats_lost_probes_keep_alive),
+        T_(idle_beats_lost_probes_unanswered),
+        T_(idle_beats_lost_stream_not_known),
         T_(heartbeat_batches),
         T_(loss_repair),
         T_(window_capped_by_ingress),

@@ -1,15 +1,19 @@
-/* tests/unit/test_cancels.c -- egress/cancels.c, the pure table of
- * cancels that wait for the worker's answer: schedule (100 ms, then
- * doubling), the last send, answers, the cap, duplicates, clearing. */
+/* tests/unit/test_cancels.c -- the router's pure tables of what waits for
+ * a worker's answer: egress/cancels.c, the cancels (schedule: 100 ms, then
+ * doubling; the last send, answers, the cap, duplicates, clearing), and
+ * egress/sprobe.c, the stream probes out (one answer counts, stale and
+ * replayed ones do not, one out per stream, expiry, the bound). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "egress/cancels.h"
+#include "egress/sprobe.h"
 
 static void
 id_of(uint8_t id[SW_REQUEST_ID_BYTES], int k)
@@ -131,6 +135,106 @@ test_due_is_bounded_per_call(void **state)
     swe_cancels_clear(&c, NULL);
 }
 
+/* A stream probe's answer counts once, with its stream's id; a replay of
+ * it, an answer to the stream's earlier probe (it asked again), to a probe
+ * whose stream left, one after its time, and an instance probe's id (no
+ * top bit) count for nothing. */
+static void
+test_sprobes_answers(void **state)
+{
+    swe_sprobes t;
+    uint8_t id[SW_REQUEST_ID_BYTES], a[SW_REQUEST_ID_BYTES], b[SW_REQUEST_ID_BYTES];
+    uint32_t ta = 0, tb = 0;
+    uint64_t pa, pa2, pb;
+    (void)state;
+    id_of(a, 1);
+    id_of(b, 2);
+    swe_sprobes_init(&t, UINT64_C(0x7ffffffffffffff0)); /* ids wrap past 2^63 */
+    pa = swe_sprobes_add(&t, a, &ta, 1000, 1500);
+    pb = swe_sprobes_add(&t, b, &tb, 1000, 1500);
+    assert_true(swe_sprobe_is(pa) && swe_sprobe_is(pb) && pa != pb);
+    assert_true(ta != 0 && tb != 0 && ta != tb);
+    assert_int_equal(t.live, 2);
+    assert_false(swe_sprobes_take(&t, pa & ~SWE_SPROBE_BIT, 1001, id)); /* an instance id */
+    assert_false(swe_sprobes_take(&t, pa + 2, 1001, id));               /* never given */
+    /* a asks again: its first probe is no longer out */
+    pa2 = swe_sprobes_add(&t, a, &ta, 1250, 1500);
+    assert_int_equal(t.live, 2);
+    assert_false(swe_sprobes_take(&t, pa, 1260, id));
+    assert_true(swe_sprobes_take(&t, pa2, 1260, id));
+    assert_memory_equal(id, a, sizeof(id));
+    assert_false(swe_sprobes_take(&t, pa2, 1261, id)); /* replayed */
+    assert_int_equal(t.live, 1);
+    /* b's stream leaves: its answer counts for nothing */
+    swe_sprobes_drop(&t, tb);
+    assert_false(swe_sprobes_take(&t, pb, 1300, id));
+    assert_int_equal(t.live, 0);
+    assert_null(t.v);         /* nothing out: the ring is freed */
+    swe_sprobes_drop(&t, tb); /* (again: nothing) */
+    swe_sprobes_drop(&t, 0);
+    /* too late: ttl after it was sent */
+    tb = 0;
+    pb = swe_sprobes_add(&t, b, &tb, 2000, 1500);
+    assert_false(swe_sprobes_take(&t, pb, 3500, id));
+    pb = swe_sprobes_add(&t, b, &tb, 4000, 1500);
+    assert_true(swe_sprobes_take(&t, pb, 5499, id));
+    assert_memory_equal(id, b, sizeof(id));
+    swe_sprobes_fini(&t);
+}
+
+/* At most SWE_SPROBES_MAX out: then no probe (0, no tag); room comes back
+ * as the oldest are answered or expire. The ring grows by doubling without
+ * losing any. */
+static void
+test_sprobes_bound(void **state)
+{
+    swe_sprobes *t = malloc(sizeof(*t));
+    uint64_t *pid = calloc(SWE_SPROBES_MAX + 1, sizeof(*pid));
+    uint32_t *tag = calloc(SWE_SPROBES_MAX + 1, sizeof(*tag));
+    uint8_t id[SW_REQUEST_ID_BYTES], want[SW_REQUEST_ID_BYTES];
+    (void)state;
+    assert_non_null(t);
+    assert_non_null(pid);
+    assert_non_null(tag);
+    swe_sprobes_init(t, 12345);
+    for (int k = 0; k < SWE_SPROBES_MAX; k++) {
+        id_of(want, k);
+        pid[k] = swe_sprobes_add(t, want, &tag[k], 1000 + k / 64, 1500);
+        assert_true(pid[k] != 0);
+    }
+    assert_int_equal(t->cap, SWE_SPROBES_MAX);
+    id_of(want, SWE_SPROBES_MAX);
+    assert_int_equal(swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300, 1500), 0);
+    assert_int_equal(tag[SWE_SPROBES_MAX], 0);
+    /* an answer in the middle makes no room; the oldest's does */
+    assert_true(swe_sprobes_take(t, pid[100], 1300, id));
+    assert_int_equal(swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300, 1500), 0);
+    assert_true(swe_sprobes_take(t, pid[0], 1300, id));
+    pid[SWE_SPROBES_MAX] = swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300, 1500);
+    assert_true(pid[SWE_SPROBES_MAX] != 0);
+    /* each is still there with its own id (the ring grew 8 times) */
+    for (int k = 1; k <= SWE_SPROBES_MAX; k++) {
+        if (k == 100)
+            continue;
+        id_of(want, k);
+        assert_true(swe_sprobes_take(t, pid[k], 1400, id));
+        assert_memory_equal(id, want, sizeof(id));
+    }
+    assert_int_equal(t->live, 0);
+    /* the full table again, all expired by the next add */
+    for (int k = 0; k < SWE_SPROBES_MAX; k++) {
+        tag[k] = 0;
+        assert_true(swe_sprobes_add(t, want, &tag[k], 2000, 100) != 0);
+    }
+    tag[0] = 0;
+    assert_true(swe_sprobes_add(t, want, &tag[0], 2100, 100) != 0);
+    assert_int_equal(t->live, 1);
+    swe_sprobes_fini(t);
+    free(t);
+    free(pid);
+    free(tag);
+}
+
 int
 main(void)
 {
@@ -139,6 +243,8 @@ main(void)
         cmocka_unit_test(test_answer_stops_repeats),
         cmocka_unit_test(test_duplicate_and_cap),
         cmocka_unit_test(test_due_is_bounded_per_call),
+        cmocka_unit_test(test_sprobes_answers),
+        cmocka_unit_test(test_sprobes_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

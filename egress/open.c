@@ -9,14 +9,23 @@
 #include "egress/egress_int.h"
 
 /* The heartbeat interval a stream with nothing new may have (Request.
- * idle_heartbeat_ms): two of them, 500 ms short of the silence that ends
- * the stream, so one lost beat costs nothing (the default silence, 4 x
- * heartbeat_ms + 500, gives 2 x heartbeat_ms: half the beats of an idle
- * stream). 0 (every heartbeat_ms) when the silence allows no more. */
+ * idle_heartbeat_ms): 500 ms short of the silence that ends the stream,
+ * or heartbeat_ms + SWE_ASK_ROOM_MS short of it when that is more. A lost
+ * idle beat is made up for by asking the worker: a stream PROBE once the
+ * stream has been silent this interval and a heartbeat more (rx.h
+ * act->ask, probe.c), which leaves at least SWE_ASK_ROOM_MS for the answer
+ * before the silence limit; so one lost beat still costs nothing. The
+ * default silence, 4 x heartbeat_ms + 500, gives 4 x heartbeat_ms (3 x
+ * heartbeat_ms + 250 above a heartbeat of 250 ms): 1,000 ms with the
+ * default 250, half the idle beats of the 500 ms asked before the stream
+ * probes ((silence - 500) / 2: two beats in the limit). 0 (every
+ * heartbeat_ms) when the silence allows no more. */
+#define SWE_ASK_ROOM_MS 250
 static uint32_t
 swe_idle_heartbeat(uint32_t hb_ms, int64_t inactivity_ms)
 {
-    int64_t idle = (inactivity_ms - 500) / 2;
+    int64_t room = (int64_t)hb_ms + SWE_ASK_ROOM_MS > 500 ? (int64_t)hb_ms + SWE_ASK_ROOM_MS : 500;
+    int64_t idle = inactivity_ms - room;
     if (hb_ms == 0 || idle <= (int64_t)hb_ms)
         return 0;
     return idle < (int64_t)SWP_MAX_HEARTBEAT_MS ? (uint32_t)idle : SWP_MAX_HEARTBEAT_MS;

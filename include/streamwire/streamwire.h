@@ -657,10 +657,15 @@ typedef struct sw_router_opts {
                                       adopts that. */
     sw_duration heartbeat_ms;      /* asked of workers; default 250. A stream with nothing
                                       new since its last heartbeat is beaten every
-                                      (inactivity_ms - 500) / 2 ms when that is longer
-                                      (Request.idle_heartbeat_ms: one lost beat is harmless) */
-    sw_duration inactivity_ms;     /* silence (incl. heartbeats) that ends a stream with
-                                      stream_incomplete; default 4 * heartbeat_ms + 500 */
+                                      inactivity_ms - 500 ms (- heartbeat_ms - 250 when that
+                                      is less) when that is longer (Request.
+                                      idle_heartbeat_ms; 1,000 ms by default). A stream
+                                      silent that long + heartbeat_ms is asked after (a
+                                      stream probe, whose answer counts as a heartbeat), so
+                                      one lost beat is harmless */
+    sw_duration inactivity_ms;     /* silence (incl. heartbeats and answers to stream
+                                      probes) that ends a stream with stream_incomplete;
+                                      default 4 * heartbeat_ms + 500 */
     sw_duration gap_timeout_ms;    /* how long a sequence gap may stay open; default 500, at
                                       least SW_GAP_TIMEOUT_MIN_MS (a smaller value is raised to
                                       it) */

@@ -45,10 +45,12 @@ heartbeats_keep_slow_stream_alive(void **state)
 
 /* An idle stream (nothing new since its last heartbeat) is beaten every
  * Request.idle_heartbeat_ms: with the default silence limit (4 x 250 + 500
- * ms) that is every 500 ms, half the beats of every 250 ms, and the stream
- * lives through a 2.2 s pause. A frontend whose silence limit allows no
- * spacing (1,000 ms: (1000 - 500) / 2 is not above 250) asks for none and
- * gets a beat every 250 ms. Counted at the frontend. */
+ * ms) that is every 1,000 ms (the limit less 500; a lost one is made up
+ * for by a stream probe: idle_beats_lost_*), a quarter of the beats of
+ * every 250 ms, and the stream lives through a 2.2 s pause. A frontend
+ * whose silence limit allows no spacing (750 ms: 750 - 500 is not above
+ * 250) asks for none and gets a beat every 250 ms. Counted at the
+ * frontend. */
 static void
 idle_heartbeats_run(env *e, int tight)
 {
@@ -56,12 +58,12 @@ idle_heartbeats_run(env *e, int tight)
     uint64_t beats;
     sw_router_opts_init(&ro);
     if (tight)
-        ro.inactivity_ms = 1000;
+        ro.inactivity_ms = 750;
     beats = paused_stream_heartbeats(e, &ro, 0, 1, 2200);
-    /* 2.2 s: about 4 beats at 500 ms, 8 at 250 ms (a loaded machine may
-     * beat late, never early) */
-    if (!tight && (beats < 2 || beats > 6))
-        fail_msg("idle stream: %llu heartbeats in 2.2 s (want 2-6: every 500 ms)",
+    /* 2.2 s: the first beat at 250 ms, then about 2 at 1,000 ms; 8 at 250
+     * ms (a loaded machine may beat late, never early) */
+    if (!tight && (beats < 1 || beats > 3))
+        fail_msg("idle stream: %llu heartbeats in 2.2 s (want 1-3: every 1,000 ms)",
                  (unsigned long long)beats);
     if (tight && (beats < 6 || beats > 10))
         fail_msg("tight silence limit: %llu heartbeats in 2.2 s (want 6-10: every 250 ms)",
@@ -84,9 +86,9 @@ idle_heartbeats_tight_limit(void **state)
  * resp_beat_due): streams opened at different moments, once idle, are
  * beaten together, in one HeartbeatBatch per grid point at most, where
  * they used to go in a small batch each at its own tick; and a stream's
- * beats are still never further apart than the idle spacing (500 ms with
- * the defaults). Watched on the frontend's connection, on the batches'
- * subject. */
+ * beats are still never further apart than the idle spacing (1,000 ms
+ * with the defaults). Watched on the frontend's connection, on the
+ * batches' subject. */
 #define GRID_K 8
 #define GRID_MAX_BEATS 64
 typedef struct grid_log {
@@ -145,10 +147,10 @@ idle_beats_on_a_grid(void **state)
     e->w.mode = M_PAUSE;
     e->w.k = 0;
     e->w.n = 1;
-    /* Each idle for 3 s or more, past the counting window (which ends
-     * about 2.7 s after the first open); the defaults: beats every 250
-     * ms, idle ones every 500. */
-    e->w.delay_ms = (int)(2000 + T(1000));
+    /* Each idle for 5 s or more, past the counting window (which ends
+     * about 3.8 s after the first open); the defaults: beats every 250
+     * ms, idle ones every 1,000. */
+    e->w.delay_ms = (int)(4000 + T(1000));
     env_start(e, &io, NULL);
     assert_int_equal(swt_subject_beats(subj, sizeof(subj), sw_router_id(e->rt)), SW_OK);
     assert_int_equal(natsConnection_Subscribe(&sub, sw_conn_nats(e->fc), subj, grid_on_batch, l),
@@ -162,12 +164,13 @@ idle_beats_on_a_grid(void **state)
         assert_int_equal(swt_response_subject_id(rs, ids[i]), 0);
         swh_sleep_ms(60); /* each at its own phase of the grid */
     }
-    /* From 1.2 s after the last open every stream is on the grid. */
-    swh_sleep_ms(1200);
+    /* From 1.4 s after the last open every stream is on the grid (its
+     * first idle beat, at most 1,250 ms after its request). */
+    swh_sleep_ms(1400);
     pthread_mutex_lock(&l->mu);
     l->t0 = swh_now_ms();
     pthread_mutex_unlock(&l->mu);
-    swh_sleep_ms(1000);
+    swh_sleep_ms(2000);
     pthread_mutex_lock(&l->mu);
     window = swh_now_ms() - l->t0;
     batches = l->n;
@@ -202,23 +205,24 @@ idle_beats_on_a_grid(void **state)
     }
     pthread_mutex_destroy(&l->mu);
     free(l);
-    /* About K beats per 500 ms, in at most one batch per 250 ms grid point
-     * (two phases of the grid at most). Without the grid: a batch per
-     * stream per 500 ms, K times as many. */
-    if (beats < GRID_K * (int)(window / 500) - GRID_K || beats > GRID_K * (int)(window / 500 + 2))
-        fail_msg("%d beats of %d idle streams in %lld ms (want about one per stream per 500 ms)",
+    /* About K beats per 1,000 ms, in at most one batch per 250 ms grid
+     * point (two phases of the grid at most). Without the grid: a batch
+     * per stream per 1,000 ms, K times as many. */
+    if (beats < GRID_K * (int)(window / 1000) - GRID_K || beats > GRID_K * (int)(window / 1000 + 2))
+        fail_msg("%d beats of %d idle streams in %lld ms (want about one per stream per 1,000 "
+                 "ms)",
                  beats, GRID_K, (long long)window);
     if (batches > (int)(window / 250) + 2)
         fail_msg("%d heartbeat batches in %lld ms for %d idle streams (want at most one per 250 ms "
                  "grid point: %d)",
                  batches, (long long)window, GRID_K, (int)(window / 250) + 2);
-    if (max_gap > 500 + T(250))
-        fail_msg("an idle stream went %lld ms between beats (the idle spacing is 500 ms)",
+    if (max_gap > 1000 + T(250))
+        fail_msg("an idle stream went %lld ms between beats (the idle spacing is 1,000 ms)",
                  (long long)max_gap);
 }
 
 /* Spaced idle beats never delay a repair: after a long idle spell (beats
- * every (10,000 - 500) / 2 = 4,750 ms) the worker sends token 0, which the
+ * every 10,000 - 500 = 9,500 ms) the worker sends token 0, which the
  * bus loses; the next beat comes heartbeat_ms (100) after it, not at the
  * idle spacing, so the frontend asks for it again and has it long before
  * the final (1.5 s later) would have shown the gap. */
@@ -414,8 +418,8 @@ heartbeat_batches(void **state)
         assert_tokens(g, 2);
         assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
         sw_stream_stats_get(s[i], &ss);
-        if (ss.heartbeats < 5)
-            fail_msg("stream %d: %llu heartbeats in a 1.2 s pause at 50 ms", i,
+        if (ss.heartbeats < 4) /* the first 50 ms in, then every 200 (700 - 500) */
+            fail_msg("stream %d: %llu heartbeats in a 1.2 s pause at 50 ms, idle ones 200 apart", i,
                      (unsigned long long)ss.heartbeats);
         got_free(g);
     }

@@ -17,8 +17,17 @@
  * migrations with a tuned window: a first window of 4 that may grow to 64,
  * workers that accept 32 at most, a byte bound of 2,048 on every other
  * stream, which half of those may grow fourfold), bytes (chaos + one migration + workers that
- * ignore credit, on a fixed window of 64 items with 1 KiB of byte credit: bytes bind), all (each in
- * turn; the default). Items are 24 to 151 bytes.
+ * ignore credit, on a fixed window of 64 items with 1 KiB of byte credit: bytes bind), idle
+ * (the default heartbeat of 250 ms and silence limit of 1,500 ms; workers pause 1 to 4 s
+ * between items and lose half their heartbeats, on a bus that loses nothing else: stream
+ * probes must keep every stream alive), idlelossy (the same on a lossy bus, with killed and
+ * frozen workers and cancels), all (each in turn; the default). Items are 24 to 151 bytes.
+ *
+ * Every profile's workers beat as real ones do with Request.idle_heartbeat_ms: a stream with
+ * nothing new since its last beat, not waiting for credit and not finished, only every idle
+ * spacing; and answer a PROBE naming a stream with whether they know it and its last seq. The
+ * frontend asks (egress/rx.h act->ask) as egress/probe.c does, one probe out per stream, and
+ * feeds an answer to its probe out, from the stream's worker, as a heartbeat.
  *
  * Checked after every step (an invariant broken aborts with the seed):
  *   I1 exactly one terminal per stream, and nothing after it;
@@ -77,6 +86,13 @@
  *      the worker's final had come while items waited (the stream then ends
  *      CANCELLED, not with the final's terminal). The run must see such a
  *      cancel.
+ *   I16 lost idle heartbeats cost nothing while the asks are answered: in
+ *      the idle profile (I3's conditions, heartbeats lost) every stream
+ *      completes with every item, although workers go silent for longer
+ *      than the silence limit; the run must see asks answered, and a
+ *      stream kept alive by answers alone past its silence limit. Every
+ *      profile checks that an answer is fed only for the probe out, from
+ *      the stream's worker, and that no stream has two probes out.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,7 +104,7 @@
 #include "proto/sw_codec.h"
 #include "tests/sim/sim.h"
 
-enum { K_REQ = 1, K_ITEM, K_CTL, K_BOUNCE };
+enum { K_REQ = 1, K_ITEM, K_CTL, K_BOUNCE, K_PRB };
 
 #define MAX_STREAMS 512
 #define NWORKERS 4
@@ -106,19 +122,24 @@ typedef struct profile {
     uint32_t window_max; /* window tuning: 0 = a fixed window */
     uint32_t worker_max; /* the workers' max_window */
     size_t window_bytes;
+    double p_pause;     /* before an item, a worker pauses 1 to 4 s (idle) */
+    double p_beat_lost; /* a worker's heartbeat is lost (as swx_ingress_drop_beats) */
 } profile;
 
 static const profile profiles[] = {
-    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0},
-    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0},
-    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0, 0, 0, 0},
-    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0, 0, 0, 0},
+    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0},
+    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0},
+    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0},
+    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0, 0, 0, 0, 0, 0},
     /* rare heartbeats: gaps are repaired by the timer's resends */
-    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0, 0, 0, 0},
-    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2, 0, 0, 0},
-    {"grow", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0, 4, 50, 2, 0.1, 64, 32, 2048},
+    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0, 0, 0, 0, 0, 0},
+    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2, 0, 0, 0, 0, 0},
+    {"grow", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0, 4, 50, 2, 0.1, 64, 32, 2048, 0, 0},
     /* a fixed window of 64 items and 1 KiB of byte credit: bytes bind */
-    {"bytes", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0.1, 64, 50, 1, 0.05, 0, 0, 1024},
+    {"bytes", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0.1, 64, 50, 1, 0.05, 0, 0, 1024, 0, 0},
+    /* idle streams whose beats are lost: only the asks keep them alive */
+    {"idle", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.5},
+    {"idlelossy", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0, 16, 250, 1, 0.05, 0, 0, 0, 0.02, 0.3},
 };
 
 /* ---------------------------------------------------------------- state */
@@ -150,6 +171,9 @@ typedef struct wstream {
     swn_ring rg;         /* I14: the library's ring, beside ring[] (window > 0) */
     uint8_t *rg_kept;    /* I14: by seq, 1 if rg took it */
     uint64_t rg_unacked; /* I14: bytes kept in rg above rg.acked */
+    int64_t idle_hb;     /* Request.idle_heartbeat_ms, used above hb_ms (0: none) */
+    int64_t last_beat;   /* when it last beat (sent or lost) */
+    uint64_t beat_seq;   /* the last_seq of that beat (UINT64_MAX: none yet) */
 } wstream;
 
 typedef struct fstream {
@@ -173,6 +197,9 @@ typedef struct fstream {
     uint32_t max_window; /* the largest window the frontend used */
     size_t max_bytes;    /* the most data bytes queued and held (byte credit) */
     uint64_t max_wbytes; /* the largest byte window the frontend used */
+    uint64_t ask_pid;    /* the stream probe out (0: none), as egress/sprobe.c keeps it */
+    int64_t answered_at; /* the last answer fed as a heartbeat after a lost beat (I16) */
+    int pauses;          /* its workers' idle pauses so far */
     wstream w[NWORKERS]; /* the worker side, one per worker the stream was on */
 } fstream;
 
@@ -196,6 +223,8 @@ typedef struct world {
     uint64_t bgrown;      /* streams whose byte window grew */
     uint64_t byte_stalls; /* a worker waited for byte credit (item credit left) */
     uint64_t batches;     /* messages of more than one item */
+    uint64_t probe_seq;   /* the last stream probe id given out */
+    uint64_t asks, answers, beats_lost;
 } world;
 
 /* Queue nodes found sharing a block (I13), over the whole run: the blocks
@@ -205,6 +234,9 @@ static uint64_t g_block_nodes;
 /* I14: items a RESEND found in a worker's resend ring, over the whole run. */
 static uint64_t g_ring_resent;
 static uint64_t g_cancel_behind_final; /* cancels that replaced a terminal queued behind data */
+/* I16: asks answered (fed as heartbeats), and streams that an answer kept
+ * alive past their silence limit (its beats lost all along), over the run */
+static uint64_t g_asks_answered, g_kept_by_answers;
 
 /* What a bus node points to: its world and its node index. */
 typedef struct node_box {
@@ -477,6 +509,14 @@ ev_produce(sim *s, void *arg, uint64_t idx, uint64_t b)
         return;
     }
     if (w->produced < w->n) {
+        if (wd->p->p_pause > 0 && w->produced > 0 && !w->stalled && f->pauses < 2 &&
+            sim_rng_chance(sim_rand(s), wd->p->p_pause)) {
+            /* idle for 1 to 4 s, twice a stream at most (so that every
+             * stream can end within the run's last 20 s) */
+            f->pauses++;
+            sim_at(s, 1000 + (int64_t)sim_rng_below(sim_rand(s), 3000), ev_produce, wd, idx, b);
+            return;
+        }
         if ((w->next_seq > w->credit_limit ||
              (w->credit_bytes != 0 && w->sent_bytes >= w->byte_limit)) &&
             !w->hostile_credit) {
@@ -527,9 +567,21 @@ ev_heartbeat(sim *s, void *arg, uint64_t idx, uint64_t b)
     wstream *w = &f->w[k];
     swp_item m = STREAMWIRE__V1__STREAM_ITEM_WRAPPER__INIT;
     swp_heartbeat h = STREAMWIRE__V1__HEARTBEAT__INIT;
+    int64_t every = wd->p->hb_ms;
     if (!sim_alive(s, wd->wnode[k]) || w->killed || w->final_acked)
         return;
-    if (!sim_frozen(s, wd->wnode[k])) {
+    /* Nothing new since the last beat, not stalled, not finished: only every
+     * idle spacing (ingress/heartbeat.c resp_beat_every). */
+    if (w->idle_hb > every && !w->stalled && w->final_seq == 0 && w->beat_seq == w->next_seq - 1)
+        every = w->idle_hb;
+    if (!sim_frozen(s, wd->wnode[k]) && sim_now(s) - w->last_beat >= every) {
+        w->last_beat = sim_now(s);
+        w->beat_seq = w->next_seq - 1;
+        if (wd->p->p_beat_lost > 0 && sim_rng_chance(sim_rand(s), wd->p->p_beat_lost)) {
+            wd->beats_lost++; /* lost on the bus: the worker goes on as though it went out */
+            sim_at(s, wd->p->hb_ms, ev_heartbeat, wd, idx, b);
+            return;
+        }
         m.version = SW_PROTOCOL_VERSION;
         m.request_id.data = w->wid;
         m.request_id.len = 16;
@@ -595,6 +647,9 @@ worker_on_request(world *wd, int node, const uint8_t *data, size_t len)
     }
     w->credit_bytes = req->credit_window != 0 ? req->credit_bytes : 0;
     w->byte_limit = w->credit_bytes;
+    w->idle_hb = req->idle_heartbeat_ms > req->heartbeat_ms ? req->idle_heartbeat_ms : 0;
+    w->last_beat = sim_now(wd->s);
+    w->beat_seq = UINT64_MAX;
     w->n = f->n - (int)w->base;
     w->ring_cap = (size_t)w->n + 3;
     w->ring = calloc(w->ring_cap, sizeof(*w->ring));
@@ -639,6 +694,29 @@ worker_on_control(world *wd, int node, const uint8_t *data, size_t len)
         return;
     }
     f = find_wstream(wd, k, c->request_id.data);
+    if (c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE) {
+        /* ingress/control.c ing_probe_reply: known while not finished or
+         * its final not acknowledged (a killed stream is let go) */
+        swp_probe_reply p = STREAMWIRE__V1__PROBE_REPLY__INIT;
+        uint8_t buf[128];
+        size_t plen;
+        char inst[16];
+        snprintf(inst, sizeof(inst), "w%d", k);
+        p.version = SW_PROTOCOL_VERSION;
+        p.instance_id = inst;
+        p.probe_id = c->probe_id;
+        if (f != NULL) {
+            w = &f->w[k];
+            p.known = !w->killed && (w->final_seq == 0 || !w->final_acked);
+            p.last_seq = w->next_seq - 1;
+        }
+        if (swp_encode(&p, buf, sizeof(buf), &plen) != SW_OK)
+            abort();
+        sim_send(wd->s, wd->wnode[k], wd->fnode, K_PRB, buf, plen, 0, 0);
+        wd->messages++;
+        swp_free(c);
+        return;
+    }
     if (f == NULL) {
         swp_free(c);
         return;
@@ -853,6 +931,7 @@ fe_send_request(world *wd, fstream *f, uint64_t resume)
     m.credit_window_max = f->rx.cfg.window_max > f->rx.cfg.window ? f->rx.cfg.window_max : 0;
     m.credit_bytes = f->rx.cfg.window_bytes;
     m.heartbeat_ms = (uint32_t)wd->p->hb_ms;
+    m.idle_heartbeat_ms = f->rx.cfg.idle_hb_ms;
     m.resume_from_seq = resume;
     m.migratable = f->rx.mig_left > 0;
     if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
@@ -895,10 +974,72 @@ fe_migrate(world *wd, fstream *f)
         f->wid[j] = (uint8_t)sim_rng_next(sim_rand(s));
     f->worker = k;
     f->used_mask |= 1u << k;
+    f->ask_pid = 0; /* (asked under the old id: the router finds no stream by it) */
     f->moves++;
     wd->migrations++;
     swe_rx_migrated(&f->rx, sim_now(s));
     fe_send_request(wd, f, resume);
+}
+
+/* act->ask, as egress/probe.c swe_stream_ask does it: a PROBE naming the
+ * stream with a fresh id, which replaces its probe out (one per stream). */
+static void
+fe_ask(world *wd, fstream *f)
+{
+    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+    uint8_t buf[256];
+    size_t len;
+    if (f->rx.term_state != SWE_TERM_NONE || f->rx.migrating)
+        FAIL(wd, "I16: an ask for a stream that has its terminal or moves");
+    f->ask_pid = (UINT64_C(1) << 63) | ++wd->probe_seq;
+    m.version = SW_PROTOCOL_VERSION;
+    m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
+    m.router_id = (char *)"simfe";
+    m.request_id.data = f->wid;
+    m.request_id.len = 16;
+    m.probe_id = f->ask_pid;
+    if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
+        abort();
+    sim_send(wd->s, wd->fnode, wd->wnode[f->worker], K_CTL, buf, len, 0, 0);
+    wd->messages++;
+    wd->asks++;
+}
+
+/* A ProbeReply from node `from`: it counts only for the stream whose probe
+ * out it answers, from that stream's worker (egress/probe.c
+ * stream_probe_answer); then no probe is out. Known, it is the stream's
+ * heartbeat; not known, no more asks until a sign of life. */
+static void
+fe_on_answer(world *wd, int from, const uint8_t *data, size_t len)
+{
+    swp_probe_reply *p = NULL;
+    fstream *f = NULL;
+    swe_rx_act a;
+    if (swp_decode_probe_reply(data, len, 1 << 16, &p) != SW_OK)
+        FAIL(wd, "a worker's probe answer did not decode");
+    for (int i = 0; p->probe_id != 0 && f == NULL && i < wd->nstreams; i++)
+        if (wd->st[i].ask_pid == p->probe_id)
+            f = &wd->st[i];
+    if (f != NULL && wd->wnode[f->worker] == from && !f->terminal) {
+        f->ask_pid = 0;
+        if (p->known) {
+            int64_t silent = sim_now(wd->s) - f->rx.last_rx_ms;
+            swe_rx_in in;
+            memset(&in, 0, sizeof(in));
+            in.kind = SWE_IN_HEARTBEAT;
+            in.last_seq = p->last_seq;
+            swe_rx_on_item(&f->rx, &in, sim_now(wd->s), &a);
+            wd->answers++;
+            g_asks_answered++;
+            /* after the silence that asks: a beat was lost (I16) */
+            if (silent >= (int64_t)f->rx.cfg.idle_hb_ms + f->rx.cfg.hb_ms)
+                f->answered_at = sim_now(wd->s);
+            fe_apply(wd, f, &a);
+        } else {
+            swe_rx_not_known(&f->rx);
+        }
+    }
+    swp_free(p);
 }
 
 static void
@@ -918,6 +1059,8 @@ fe_apply(world *wd, fstream *f, const swe_rx_act *a)
     if (a->after_final)
         wd->after_final_seen++;
     fe_check_bounds(wd, f);
+    if (a->ask)
+        fe_ask(wd, f);
     if (a->migrate)
         fe_migrate(wd, f);
 }
@@ -1034,7 +1177,10 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
     swp_item *w = NULL;
     fstream *f;
     swe_rx_act a;
-    (void)from;
+    if (kind == K_PRB) {
+        fe_on_answer(wd, from, data, len);
+        return;
+    }
     if (kind != K_ITEM)
         return;
     if (swp_decode_item(data, len, 1 << 20, &w) != SW_OK) {
@@ -1161,6 +1307,14 @@ ev_open(sim *s, void *arg, uint64_t idx, uint64_t b)
     cfg.linger_ms = 0;
     cfg.deadline_ms = -1;
     cfg.migrations = wd->p->migrations;
+    /* the spacing egress/open.c asks for (swe_idle_heartbeat): 500 ms
+     * short of the silence limit, or a heartbeat + 250 when that is more */
+    cfg.hb_ms = (uint16_t)wd->p->hb_ms;
+    {
+        int64_t room = wd->p->hb_ms + 250 > 500 ? wd->p->hb_ms + 250 : 500;
+        if ((int64_t)cfg.inactivity_ms - room > wd->p->hb_ms)
+            cfg.idle_hb_ms = (uint16_t)(cfg.inactivity_ms - room);
+    }
     /* A cancel (or a hostile peer's garbage) may have reached this stream's
      * zeroed rx before it opened: let go of what that allocated. */
     swe_rx_fini(&f->rx);
@@ -1299,6 +1453,8 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                  f->term.migrations, f->moves, p->migrations);
         if (f->moves > 0 && f->term.status == SW_STATUS_COMPLETED)
             wd->moved_completed++;
+        if (f->answered_at != 0 && f->term.status == SW_STATUS_COMPLETED)
+            g_kept_by_answers++;
         if (f->max_window > p->window)
             wd->grown++;
         if (f->max_wbytes > f->rx.cfg.window_bytes)
@@ -1428,14 +1584,24 @@ main(int argc, char **argv)
                         "exercised\n");
         return 1;
     }
+    if ((strcmp(pname, "all") == 0 || strcmp(pname, "idle") == 0) &&
+        (g_asks_answered == 0 || g_kept_by_answers == 0)) {
+        fprintf(stderr,
+                "sim_streams: %llu asks answered, %llu streams completed on answers after "
+                "a lost beat: I16 was not exercised\n",
+                (unsigned long long)g_asks_answered, (unsigned long long)g_kept_by_answers);
+        return 1;
+    }
     if (total > 0 && g_cancel_behind_final == 0) {
         fprintf(stderr, "sim_streams: no cancel came behind a queued final: I15 was not "
                         "exercised\n");
         return 1;
     }
     printf("sim_streams: %llu simulated messages in all (queue nodes seen in blocks: %llu, items "
-           "resent from rings: %llu, cancels behind a queued final: %llu): ok\n",
+           "resent from rings: %llu, cancels behind a queued final: %llu, asks answered: %llu, "
+           "streams completed on answers after a lost beat: %llu): ok\n",
            (unsigned long long)total, (unsigned long long)g_block_nodes,
-           (unsigned long long)g_ring_resent, (unsigned long long)g_cancel_behind_final);
+           (unsigned long long)g_ring_resent, (unsigned long long)g_cancel_behind_final,
+           (unsigned long long)g_asks_answered, (unsigned long long)g_kept_by_answers);
     return total > 0 ? 0 : 1;
 }

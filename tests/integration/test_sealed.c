@@ -28,6 +28,7 @@
 #include <streamwire/metrics.h>
 #include <streamwire/registry.h>
 #include "harness.h"
+#include "ingress/chaos.h"
 #include "proto/sw_codec.h"
 #include "transport/envelope.h"
 #include "transport/seal.h"
@@ -693,6 +694,101 @@ heartbeats_count_with_rare_probes(void **state)
     sw_ingress_destroy(ing);
     sw_conn_close(fc);
     sw_conn_close(wc);
+}
+
+/* Stream probes in a sealed cluster (issue 17): with every heartbeat of
+ * the worker lost (swx_ingress_drop_beats), an idle stream lives through a
+ * 4 s pause (its silence limit is 1.5 s) on the answers to its stream
+ * probes, sealed as instance probes are (the probe under its stream's key,
+ * the answer instance-wide on the router's probe-answer subject), and
+ * completes. Those answers, recorded on the bus (sealed: they open
+ * wherever they are published again on that subject) and replayed every
+ * 50 ms while a second stream's probes go unanswered, keep it from
+ * nothing: it ends stream_incomplete at its silence limit, and no answer
+ * more counts. */
+static void
+stream_probes_sealed(void **state)
+{
+    sw_conn *wc = conn_open(g_key1), *fc = conn_open(g_key1);
+    engine e = {2, 4000, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+    sw_ingress *ing = worker(wc, "sp1", &e);
+    sw_router_opts ro;
+    sw_router *r = NULL;
+    natsConnection *nc = raw_conn();
+    natsSubscription *spy = NULL;
+    char prb[SWT_SUBJECT_MAX];
+    capture *cap = calloc(1, sizeof(*cap));
+    sw_router_stats rs0, rs1;
+    const sw_item *it = NULL;
+    sw_stream *s;
+    sw_terminal t;
+    char reason[64];
+    int64_t t0, took;
+    int items = 0, replays = 0;
+    (void)state;
+    assert_non_null(cap);
+    pthread_mutex_init(&cap->mu, NULL);
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
+    swx_ingress_drop_beats(ing, 1);
+    assert_int_equal(swt_subject_probe_reply(prb, sizeof(prb), sw_router_id(r), "sp1"), SW_OK);
+    assert_int_equal(natsConnection_Subscribe(&spy, nc, prb, on_capture, cap), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    s = open_stream(r, "sp1", "n=2");
+    assert_int_equal(drain(s, &t, reason, sizeof(reason)), 2);
+    if (t.status != SW_STATUS_COMPLETED)
+        fail_msg("an idle stream whose beats were all lost ended %s", reason);
+    sw_stream_close(s);
+    sw_router_stats_get(r, &rs0);
+    if (rs0.stream_probes_answered < 2 || rs0.auth_failures != 0)
+        fail_msg("%llu stream probes answered, %llu auth failures (want 2 or more, none)",
+                 (unsigned long long)rs0.stream_probes_answered,
+                 (unsigned long long)rs0.auth_failures);
+    pthread_mutex_lock(&cap->mu);
+    assert_true(cap->n >= 3);
+    assert_true(swt_env_is_sealed(cap->msgs[0], cap->lens[0]));
+    pthread_mutex_unlock(&cap->mu);
+    /* The second stream: its probes lost, the recorded answers replayed. */
+    swx_ingress_drop_stream_probes(ing, 1);
+    s = open_stream(r, "sp1", "n=2");
+    t0 = swh_now_ms();
+    for (;;) {
+        sw_err rv = sw_stream_next(s, &it, 50);
+        if (rv == SW_OK && it->kind == SW_ITEM_TERMINAL)
+            break;
+        if (rv == SW_OK) {
+            items++;
+            continue;
+        }
+        assert_int_equal(rv, SW_ETIMEDOUT);
+        assert_true(swh_now_ms() - t0 < T(10000));
+        pthread_mutex_lock(&cap->mu);
+        for (int i = 0; i < cap->n && i < 32; i++)
+            assert_int_equal(natsConnection_Publish(nc, prb, cap->msgs[i], (int)cap->lens[i]),
+                             NATS_OK);
+        pthread_mutex_unlock(&cap->mu);
+        replays++;
+    }
+    took = swh_now_ms() - t0;
+    assert_int_equal(items, 1);
+    assert_int_equal(it->terminal.status, SW_STATUS_ERROR);
+    assert_int_equal(it->terminal.error, SW_STREAM_INCOMPLETE);
+    if (took < 1450 || took > 1500 + T(500))
+        fail_msg("ended after %lld ms with replayed answers (want the silence limit, 1,500 ms)",
+                 (long long)took);
+    assert_true(replays >= 10);
+    sw_router_stats_get(r, &rs1);
+    assert_int_equal(rs1.stream_probes_answered, rs0.stream_probes_answered);
+    assert_true(rs1.stream_probes_sent > rs0.stream_probes_sent);
+    sw_stream_close(s);
+    natsSubscription_Destroy(spy);
+    natsConnection_Destroy(nc);
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+    pthread_mutex_destroy(&cap->mu);
+    free(cap);
 }
 
 static void
@@ -2022,6 +2118,7 @@ main(int argc, char **argv)
         cmocka_unit_test(heartbeats_count_with_rare_probes),
         cmocka_unit_test(forged_probe_answers_do_not_hide_a_loss),
         cmocka_unit_test(replayed_items_do_not_hide_a_loss),
+        cmocka_unit_test(stream_probes_sealed),
         cmocka_unit_test(replayed_stalled_heartbeats_do_not_hide_a_loss),
         cmocka_unit_test(sealed_registry),
         cmocka_unit_test(taps_see_sealed_bytes),

@@ -237,8 +237,9 @@ idle_sw(child *c, unsigned n, idle_res *r)
             ended += rs1.terminals[i] - rs0.terminals[i];
         snprintf(r->note, sizeof(r->note),
                  "%u sw_router_open, window %u; %" PRIu64 " streams ended early (want 0), "
-                 "open gauge %" PRIu64,
-                 n, cfg.window ? cfg.window : g_default_window, ended, rs1.open_streams);
+                 "open gauge %" PRIu64 "; stream probes %" PRIu64 " (a lost or late idle beat)",
+                 n, cfg.window ? cfg.window : g_default_window, ended, rs1.open_streams,
+                 rs1.stream_probes_sent - rs0.stream_probes_sent);
     }
     for (unsigned i = 0; i < n; i++)
         sw_stream_close(ss[i]);

@@ -21,6 +21,11 @@
 #include "egress/egress_int.h"
 
 #define SWE_PROBES_MAX 64 /* probes sent per round; the rest next round */
+/* An encoded PROBE's room: version, kind, a request id (stream probes), a
+ * router id of up to SW_MAX_TOKEN characters and a probe id take under 110
+ * bytes. (Instance probes had 64: a router id over ~48 characters failed
+ * the encode, and no probe was ever sent.) */
+#define SWE_PROBE_MSG_MAX 192
 #define SWE_LOST_MAX 8
 
 void
@@ -106,7 +111,7 @@ swe_stream_ask(sw_stream *s, unsigned gen)
     char inst[SW_MAX_TOKEN + 1];
     char ctl[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
     uint8_t id[SW_REQUEST_ID_BYTES];
-    uint8_t buf[192];
+    uint8_t buf[SWE_PROBE_MSG_MAX];
     uint64_t pid = 0;
     size_t len;
     pthread_mutex_lock(&r->mu);
@@ -268,7 +273,7 @@ swe_probe_round(sw_router *r, int64_t now)
     for (size_t i = 0; i < nsend; i++) {
         swp_control m = STREAMWIRE__V1__CONTROL__INIT;
         char ctl[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
-        uint8_t buf[64];
+        uint8_t buf[SWE_PROBE_MSG_MAX];
         size_t len;
         m.version = SW_PROTOCOL_VERSION;
         m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;

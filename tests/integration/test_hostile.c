@@ -1587,6 +1587,75 @@ raw_probe(natsConnection *nc, const char *inst, const char *router, uint64_t pro
     assert_int_equal(natsConnection_PublishRequest(nc, subj, reply, buf, (int)len), NATS_OK);
 }
 
+/* A router id may have SW_MAX_TOKEN (64) characters: such a router
+ * probes its instances as any other. Its instance PROBE used to be encoded
+ * into 64 bytes, too few for the id, so the encode failed and no probe was
+ * ever sent (a frozen worker was then never found lost by probes). The
+ * fake worker's control subscription sees the PROBE: the whole router id,
+ * no request id, a probe id, the reply on sw.prb.<router>.<instance>. */
+static void
+long_router_id_probes_its_instances(void **state)
+{
+    char rid[SW_MAX_TOKEN + 1], subj[SWT_SUBJECT_MAX], want_reply[SWT_SUBJECT_MAX];
+    sw_conn *fc = conn_open(), *wc = conn_open();
+    natsConnection *nc = sw_conn_nats(wc);
+    natsSubscription *reqs, *ctls = NULL;
+    natsMsg *m = NULL;
+    swp_control *c = NULL;
+    swp_request *req;
+    sw_router_opts o;
+    sw_router *r = NULL;
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    int64_t until;
+    int probed = 0;
+    (void)state;
+    memset(rid, 'r', SW_MAX_TOKEN);
+    rid[SW_MAX_TOKEN] = '\0';
+    reqs = fake_worker_sub(nc, "w-long");
+    assert_int_equal(swt_subject_control(subj, sizeof(subj), "w-long"), SW_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&ctls, nc, subj), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    assert_int_equal(swt_subject_probe_reply(want_reply, sizeof(want_reply), rid, "w-long"), SW_OK);
+    sw_router_opts_init(&o);
+    o.router_id = rid;
+    assert_int_equal(sw_router_create(&r, fc, &o), SW_OK);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "w-long";
+    assert_int_equal(sw_router_open(&s, r, &q, "p", 1), SW_OK);
+    req = fake_worker_take(reqs);
+    assert_string_equal(req->router_id, rid);
+    swp_free(req);
+    /* probes every 100 ms by default: within 2 s, a few */
+    until = swh_now_ms() + T(2000);
+    while (!probed && swh_now_ms() < until) {
+        if (natsSubscription_NextMsg(&m, ctls, 100) != NATS_OK)
+            continue;
+        if (swp_decode_control((const uint8_t *)natsMsg_GetData(m),
+                               (size_t)natsMsg_GetDataLength(m), 1 << 16, &c) == SW_OK &&
+            c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE && c->request_id.len == 0) {
+            assert_string_equal(c->router_id, rid);
+            assert_true(c->probe_id != 0);
+            assert_non_null(natsMsg_GetReply(m));
+            assert_string_equal(natsMsg_GetReply(m), want_reply);
+            probed = 1;
+        }
+        swp_free(c);
+        c = NULL;
+        natsMsg_Destroy(m);
+        m = NULL;
+    }
+    if (!probed)
+        fail_msg("no instance PROBE from a router whose id has %d characters in 2 s", SW_MAX_TOKEN);
+    sw_stream_close(s);
+    sw_router_destroy(r);
+    natsSubscription_Destroy(ctls);
+    natsSubscription_Destroy(reqs);
+    sw_conn_close(wc);
+    sw_conn_close(fc);
+}
+
 /* A worker answers a PROBE only on the subject where the router it names
  * takes probe answers, sw.prb.<router_id>.<instance>. It used to answer on
  * any reply subject: a PROBE with a live stream's response subject as its
@@ -2374,6 +2443,7 @@ main(int argc, char **argv)
         cmocka_unit_test(forged_controls_are_counted),
         cmocka_unit_test(resend_flood_is_throttled),
         cmocka_unit_test(probe_answered_only_on_its_routers_subject),
+        cmocka_unit_test(long_router_id_probes_its_instances),
         cmocka_unit_test(foreign_response_subject_is_refused),
         cmocka_unit_test(stale_request_is_refused),
         cmocka_unit_test(huge_credit_does_not_break_send),

@@ -64,7 +64,7 @@ stream_unlink(sw_router *r, sw_stream *s)
 {
     s->in_table = 0;
     swi_idmap_del(&r->streams, s->id);
-    swe_sprobes_drop(&r->sprobes, s->rx.ask_tag); /* its stream probe, if one is out */
+    swe_sprobes_drop(&r->sprobes, s->rx.ask_tag, s->id); /* its newest stream probe, if out */
     s->rx.ask_tag = 0;
     swi_duetab_detach(&r->due, s->next_tick);
     r->st.open_streams--;

@@ -148,6 +148,7 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     int full = 0, closing = 0, no_instances = 0, pending;
     char picked[SW_MAX_TOKEN + 1];
     int64_t now;
+    uint32_t hb, idle_hb;
     unsigned migrations;
 
     if (out == NULL || r == NULL || o == NULL || (payload == NULL && len != 0))
@@ -218,8 +219,12 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     cfg.deadline_ms = o->deadline_ms ? now + o->deadline_ms : -1;
     cfg.migrations = migrations;
     cfg.keep_history = migrations > 0 && o->migrate != NULL;
-    cfg.hb_ms = (uint16_t)(o->heartbeat_ms ? o->heartbeat_ms : r->hb_ms); /* (<= 10,000) */
-    cfg.idle_hb_ms = (uint16_t)swe_idle_heartbeat(cfg.hb_ms, cfg.inactivity_ms);
+    hb = o->heartbeat_ms ? (uint32_t)o->heartbeat_ms : r->hb_ms;
+    idle_hb = swe_idle_heartbeat(hb, cfg.inactivity_ms);
+    /* The asks are timed by what the worker does: it beats at least every
+     * SWP_BEAT_MAX_MS whatever was asked (both clamped; 16 bits hold it) */
+    cfg.hb_ms = (uint16_t)(hb < SWP_BEAT_MAX_MS ? hb : SWP_BEAT_MAX_MS);
+    cfg.idle_hb_ms = (uint16_t)(idle_hb < SWP_BEAT_MAX_MS ? idle_hb : SWP_BEAT_MAX_MS);
     swe_rx_init(&s->rx, &cfg, now);
     s->last_rx_ms = now;
     /* Its due-time cell, detached until the stream is in the table. */
@@ -240,8 +245,8 @@ sw_router_open(sw_stream **out, sw_router *r, const sw_request_opts *o, const vo
     m.credit_window = cfg.window;
     m.credit_window_max = cfg.window_max > cfg.window ? cfg.window_max : 0;
     m.credit_bytes = cfg.window_bytes;
-    m.heartbeat_ms = cfg.hb_ms;
-    m.idle_heartbeat_ms = cfg.idle_hb_ms;
+    m.heartbeat_ms = hb; /* (as asked: the worker clamps) */
+    m.idle_heartbeat_ms = idle_hb;
     m.deadline_ms = (uint32_t)o->deadline_ms;
     m.endpoint = (char *)o->endpoint;
     m.max_tokens = o->max_tokens;

@@ -73,10 +73,11 @@ count_auth(sw_router *r)
 }
 
 /* The answer p to a stream probe, on the probe-answer subject of instance
- * inst. It counts, as its stream's heartbeat with last_seq, only if its
- * probe id is one out now (then it is taken: one answer counts; a recorded
- * answer replayed later counts for nothing), the stream is still on the
- * request asked about and on inst (a re-route may have moved it), and the
+ * inst. It counts, as a sign of its stream's life, only if its probe id
+ * is one out now (then it is taken: one answer counts; a recorded answer
+ * replayed later counts for nothing), the stream is still on the request
+ * asked about and on inst (a re-route may have moved it: an answer from
+ * elsewhere takes nothing, and the right one still counts), and the
  * worker knows the stream. */
 static void
 stream_probe_answer(sw_router *r, const char *inst, const swp_probe_reply *p)
@@ -84,17 +85,20 @@ stream_probe_answer(sw_router *r, const char *inst, const swp_probe_reply *p)
     uint8_t id[SW_REQUEST_ID_BYTES];
     sw_stream *s = NULL;
     int counted;
+    int64_t now = swi_now_ms();
     pthread_mutex_lock(&r->mu);
-    if (swe_sprobes_take(&r->sprobes, p->probe_id, swi_now_ms(), id) &&
-        (s = swi_idmap_get(&r->streams, id)) != NULL) {
+    if (swe_sprobes_peek(&r->sprobes, p->probe_id, now, id) &&
+        (s = swi_idmap_get(&r->streams, id)) != NULL &&
+        strcmp(swe_instance(s), inst) == 0) { /* (published: r->mu is enough) */
         swe_stream_ref(s);
-        s->rx.ask_tag = 0; /* (the entry taken was its one probe out) */
+        (void)swe_sprobes_take(&r->sprobes, p->probe_id, now, id);
+    } else {
+        s = NULL;
     }
     pthread_mutex_unlock(&r->mu);
     if (s == NULL)
         return;
-    counted = strcmp(swe_instance(s), inst) == 0 &&
-              swe_stream_answered(s, id, p->known != 0, p->last_seq);
+    counted = swe_stream_answered(s, id, p->known != 0, p->last_seq);
     swe_stream_unref(s);
     if (counted) {
         pthread_mutex_lock(&r->mu);
@@ -113,7 +117,9 @@ swe_stream_ask(sw_stream *s, unsigned gen)
     uint8_t id[SW_REQUEST_ID_BYTES];
     uint8_t buf[SWE_PROBE_MSG_MAX];
     uint64_t pid = 0;
+    uint32_t tag = 0;
     size_t len;
+    int sent;
     pthread_mutex_lock(&r->mu);
     pthread_mutex_lock(&s->mu);
     swi_strlcpy(inst, swe_instance(s), sizeof(inst));
@@ -123,10 +129,9 @@ swe_stream_ask(sw_stream *s, unsigned gen)
     if (s->in_table && s->rx.gen == gen && s->rx.term_state == SWE_TERM_NONE && !s->rx.migrating &&
         inst[0] != '\0' && !swi_peers_deciding(&r->peers, inst)) {
         memcpy(id, s->id, sizeof(id));
-        pid =
-            swe_sprobes_add(&r->sprobes, id, &s->rx.ask_tag, swi_now_ms(), s->rx.cfg.inactivity_ms);
+        pid = swe_sprobes_add(&r->sprobes, id, &tag, swi_now_ms());
         if (pid != 0)
-            r->st.stream_probes_sent++;
+            s->rx.ask_tag = tag;
         else
             r->st.stream_probes_full++; /* the stream is judged by its silence alone */
     }
@@ -142,10 +147,16 @@ swe_stream_ask(sw_stream *s, unsigned gen)
     m.request_id.len = sizeof(id);
     m.router_id = r->id;
     m.probe_id = pid;
-    if (swt_subject_control(ctl, sizeof(ctl), inst) == SW_OK &&
-        swt_subject_probe_reply(reply, sizeof(reply), r->id, inst) == SW_OK &&
-        swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
-        (void)swt_publish(r->conn, ctl, reply, buf, len);
+    sent = swt_subject_control(ctl, sizeof(ctl), inst) == SW_OK &&
+           swt_subject_probe_reply(reply, sizeof(reply), r->id, inst) == SW_OK &&
+           swp_encode(&m, buf, sizeof(buf), &len) == SW_OK &&
+           swt_publish(r->conn, ctl, reply, buf, len) == SW_OK;
+    pthread_mutex_lock(&r->mu);
+    if (sent)
+        r->st.stream_probes_sent++;
+    else
+        swe_sprobes_drop(&r->sprobes, tag, id); /* no answer can come */
+    pthread_mutex_unlock(&r->mu);
 }
 
 void

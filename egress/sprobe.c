@@ -106,58 +106,74 @@ swe_sprobes_fini(swe_sprobes *t)
 }
 
 void
-swe_sprobes_drop(swe_sprobes *t, uint32_t tag)
+swe_sprobes_drop(swe_sprobes *t, uint32_t tag, const uint8_t id[SW_REQUEST_ID_BYTES])
 {
     uint64_t pos = pos_of_tag(t, tag);
     swe_sprobe *e;
     if (pos == UINT64_MAX)
         return;
     e = slot(t, pos);
-    if (e->probe_id == pid_of(t, pos)) {
+    if (e->probe_id == pid_of(t, pos) && memcmp(e->id, id, SW_REQUEST_ID_BYTES) == 0) {
         release(t, e);
         trim(t, INT64_MIN);
     }
 }
 
 uint64_t
-swe_sprobes_add(swe_sprobes *t, const uint8_t id[SW_REQUEST_ID_BYTES], uint32_t *tag, int64_t now,
-                int64_t ttl_ms)
+swe_sprobes_add(swe_sprobes *t, const uint8_t id[SW_REQUEST_ID_BYTES], uint32_t *tag, int64_t now)
 {
     uint64_t pos;
     swe_sprobe *e;
-    swe_sprobes_drop(t, *tag); /* one out per stream */
-    *tag = 0;
     trim(t, now);
     if (grow(t) != 0)
         return 0;
     pos = t->tail++;
     e = slot(t, pos);
     e->probe_id = pid_of(t, pos);
-    e->expires_ms = now + ttl_ms;
+    e->expires_ms = now + SWE_SPROBE_TTL_MS; /* (the same for all: they expire in order) */
     memcpy(e->id, id, SW_REQUEST_ID_BYTES);
     t->live++;
     *tag = tag_of(pos);
     return e->probe_id;
 }
 
+/* The position of an answer's probe id if it is out and not expired at
+ * now, or UINT64_MAX. */
+static uint64_t
+find(const swe_sprobes *t, uint64_t probe_id, int64_t now)
+{
+    uint64_t pos;
+    if (!swe_sprobe_is(probe_id) || t->v == NULL)
+        return UINT64_MAX;
+    pos = ((probe_id & SPROBE_MASK) - t->base) & SPROBE_MASK;
+    if (pos < t->head || pos >= t->tail)
+        return UINT64_MAX;
+    if (slot(t, pos)->probe_id != probe_id || now >= slot(t, pos)->expires_ms)
+        return UINT64_MAX; /* answered, dropped or too late */
+    return pos;
+}
+
+int
+swe_sprobes_peek(const swe_sprobes *t, uint64_t probe_id, int64_t now,
+                 uint8_t id[SW_REQUEST_ID_BYTES])
+{
+    uint64_t pos = find(t, probe_id, now);
+    if (pos == UINT64_MAX)
+        return 0;
+    memcpy(id, slot(t, pos)->id, SW_REQUEST_ID_BYTES);
+    return 1;
+}
+
 int
 swe_sprobes_take(swe_sprobes *t, uint64_t probe_id, int64_t now, uint8_t id[SW_REQUEST_ID_BYTES])
 {
-    uint64_t pos;
-    swe_sprobe *e;
-    int ok;
-    if (!swe_sprobe_is(probe_id) || t->v == NULL)
+    uint64_t pos = find(t, probe_id, now);
+    if (pos == UINT64_MAX) {
+        trim(t, now);
         return 0;
-    pos = ((probe_id & SPROBE_MASK) - t->base) & SPROBE_MASK;
-    if (pos < t->head || pos >= t->tail)
-        return 0;
-    e = slot(t, pos);
-    if (e->probe_id != probe_id)
-        return 0; /* answered, or dropped */
-    ok = now < e->expires_ms;
-    if (ok)
-        memcpy(id, e->id, SW_REQUEST_ID_BYTES);
-    release(t, e); /* one answer counts; an expired one is gone anyway */
+    }
+    memcpy(id, slot(t, pos)->id, SW_REQUEST_ID_BYTES);
+    release(t, slot(t, pos)); /* one answer counts */
     trim(t, now);
-    return ok;
+    return 1;
 }

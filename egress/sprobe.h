@@ -11,14 +11,19 @@
  * if its probe id is one out now, once, so an answer recorded on the bus
  * and replayed counts for nothing (the rule of instance probes).
  *
- * Bounded: at most SWE_SPROBES_MAX probes out per router, each dropped
- * when answered, when its stream asks again (one out per stream: the
- * stream keeps the entry's tag, rx.ask_tag), when its stream leaves the
- * table, or ttl_ms after it was sent; full, no probe is sent (the caller
- * counts it) and the stream is judged by its silence alone, as without
- * the asks. Entries are kept in the order they were sent, in a ring that
- * starts at 64 slots when the first is asked and grows to the bound; it is
- * freed once nothing is out. Probe ids of streams have the top bit set
+ * Bounded: at most SWE_SPROBES_MAX positions, each probe dropped when
+ * answered, when its stream leaves the table, or SWE_SPROBE_TTL_MS after
+ * it was sent (an answer later than that could not save its stream: the
+ * ask leaves at most that much of the silence limit). Every entry has the
+ * same time to live, so they expire in the order sent and the ring frees
+ * its oldest positions first: at most the asks of the last
+ * SWE_SPROBE_TTL_MS are in it (a long-lived entry cannot pin it). A stream
+ * that asks again keeps its earlier probe out too (an answer slower than
+ * the re-ask still counts); its tag (rx.ask_tag) names the newest. Full,
+ * no probe is sent (the caller counts it) and the stream is judged by its
+ * silence alone, as without the asks. The ring starts at 64 slots when
+ * the first is asked and grows to the bound; it is freed once nothing is
+ * out. Probe ids of streams have the top bit set
  * (SWE_SPROBE_BIT), which instance probe ids never have (common/sched.c
  * gives those out from below 2^62), so neither kind of answer is ever
  * taken for the other. Pure: no lock (the router's r->mu), no clock. */
@@ -31,6 +36,7 @@
 #include "common/sw_common.h"
 
 #define SWE_SPROBES_MAX 16384
+#define SWE_SPROBE_TTL_MS 1000
 #define SWE_SPROBE_BIT (UINT64_C(1) << 63)
 
 typedef struct swe_sprobe {
@@ -59,21 +65,26 @@ swe_sprobe_is(uint64_t probe_id)
 void swe_sprobes_init(swe_sprobes *t, uint64_t base);
 void swe_sprobes_fini(swe_sprobes *t);
 
-/* A probe for the stream with request id `id`, sent at now: its entry
- * replaces the one *tag names (the stream's previous probe, if still out),
- * and *tag names the new one. Returns its probe id, or 0 when the table is
- * full or out of memory (*tag is then 0: nothing out). */
+/* A probe for the stream with request id `id`, sent at now, out for
+ * SWE_SPROBE_TTL_MS; *tag names it (an earlier probe of the stream stays
+ * out). Returns its probe id, or 0 when the table is full or out of memory
+ * (*tag is then unchanged). */
 uint64_t swe_sprobes_add(swe_sprobes *t, const uint8_t id[SW_REQUEST_ID_BYTES], uint32_t *tag,
-                         int64_t now, int64_t ttl_ms);
+                         int64_t now);
 
 /* An answer with probe_id at now: 1 if it is a probe out and not expired,
- * whose entry is then dropped (one answer counts) and its request id copied
- * to id; 0 otherwise. */
+ * whose request id is then copied to id; 0 otherwise. Peeking takes
+ * nothing: the caller checks the answer against the stream first. */
+int swe_sprobes_peek(const swe_sprobes *t, uint64_t probe_id, int64_t now,
+                     uint8_t id[SW_REQUEST_ID_BYTES]);
+
+/* As peek, and the entry is dropped (one answer counts). */
 int swe_sprobes_take(swe_sprobes *t, uint64_t probe_id, int64_t now,
                      uint8_t id[SW_REQUEST_ID_BYTES]);
 
-/* Drops the entry tag names, if it is still out (the stream left the
- * table). 0 is no entry. */
-void swe_sprobes_drop(swe_sprobes *t, uint32_t tag);
+/* Drops the entry tag names, if it is still out and asked for request id
+ * `id` (a stale tag of a stream whose probe was answered or expired long
+ * ago names another stream's position after 2^31 more). 0 is no entry. */
+void swe_sprobes_drop(swe_sprobes *t, uint32_t tag, const uint8_t id[SW_REQUEST_ID_BYTES]);
 
 #endif

@@ -264,11 +264,16 @@ swe_stream_answered(sw_stream *s, const uint8_t *id, int known, uint64_t last_se
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
-    /* exactly as a heartbeat that says last_seq (it was fresh: the probe's
-     * id, answered once) */
+    /* as a heartbeat (it was fresh: the probe's id, answered once), but a
+     * sign of life only: its last_seq is at most what arrived. A worker
+     * answers with the last seq it numbered, published or not (heartbeats
+     * say what went out): items it cannot send yet (a send wedged without
+     * memory) would open a gap no resend repairs, and end the stream
+     * sequence_gap instead of by its silence. A lost item shows at the
+     * next heartbeat or the final. */
     memset(&in, 0, sizeof(in));
     in.kind = SWE_IN_HEARTBEAT;
-    in.last_seq = last_seq;
+    in.last_seq = last_seq < s->rx.expected ? last_seq : s->rx.expected - 1;
     swe_rx_on_item(&s->rx, &in, swi_now_ms(), &act);
     __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
     st_unlock_apply(s, &act);

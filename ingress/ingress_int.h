@@ -61,7 +61,7 @@
 /* Bounds on what a peer chooses (issue 11 #4), documented in PROTOCOL.md:
  * a request's heartbeat interval and deadline are clamped to these. */
 #define SWN_MIN_HEARTBEAT_MS 10
-#define SWN_MAX_HEARTBEAT_MS 10000
+#define SWN_MAX_HEARTBEAT_MS SWP_BEAT_MAX_MS
 #define SWN_MAX_DEADLINE_MS (24 * 3600 * 1000)
 /* Coalescing: a stream whose last publish ended less than SWN_HOT_US ago
  * hands its items to the ingress's sender thread, which puts every item

@@ -33,6 +33,9 @@ typedef Streamwire__V1__StreamBeat swp_beat;
 
 #define SWP_MAX_WINDOW (1u << 20)
 #define SWP_MAX_HEARTBEAT_MS 3600000u
+/* A worker beats a stream at least this often: it clamps a request's
+ * heartbeat_ms and idle_heartbeat_ms to it (PROTOCOL.md, bounds). */
+#define SWP_BEAT_MAX_MS 10000u
 /* Most items one StreamItemWrapper may carry in `batch` (the worker sends at
  * most 128). Checked on the raw bytes before unpacking, so a hostile message
  * cannot make the decoder allocate a struct per 2 bytes of input. */

@@ -907,10 +907,11 @@ typedef struct sw_router_stats {
                                         published (the stream ended instead) */
     uint64_t stream_probes_sent;     /* silent streams asked after (an idle heartbeat may have been
                                         lost): a PROBE naming the stream to its worker */
-    uint64_t stream_probes_answered; /* answers to them that counted as the stream's heartbeat
-                                        (fresh, from its instance, the stream known there) */
-    uint64_t stream_probes_full;     /* asks not sent: 16,384 stream probes were out; the
-                                        stream is judged by its silence alone */
+    uint64_t stream_probes_answered; /* answers to them that counted as a sign of the stream's
+                                        life (fresh, from its instance, the stream known there) */
+    uint64_t stream_probes_full;     /* asks not sent: the 16,384 positions of the last second's
+                                        stream probes were taken; the stream is judged by its
+                                        silence alone */
 } sw_router_stats;
 
 /* SW_STATUS_ERROR terminals this router delivered with the code `err` (a

@@ -349,6 +349,39 @@ idle_beats_lost_stream_not_known(void **state)
     lost_beats_end_at_the_limit(*state, M_ABANDON, 0, "not known");
 }
 
+/* A heartbeat_ms above 65,535 (up to SWP_MAX_HEARTBEAT_MS is valid; the
+ * worker beats at least every SWP_BEAT_MAX_MS, 10 s, whatever was asked):
+ * the asks are timed by what the worker does. The router's copy of the
+ * intervals was cut to 16 bits: 65,537 ms became 1 ms (and the idle
+ * spacing 4 ms), so the stream, silent in its pause, was asked after some
+ * 40 times a second. Now no ask in a 1.2 s pause, and it completes. */
+static void
+huge_heartbeat_asks_nothing(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_request_opts o;
+    sw_router_stats rs;
+    sw_stream *s;
+    e->w.mode = M_PAUSE;
+    e->w.k = 1;
+    e->w.n = 2;
+    e->w.delay_ms = 1200;
+    env_start(e, NULL, NULL);
+    ropts(e, &o);
+    o.heartbeat_ms = 65537;
+    s = env_open_with(e, &o, "prompt", 6);
+    assert_true(collect(s, g, 0, T(15000)));
+    assert_tokens(g, 2);
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    sw_router_stats_get(e->rt, &rs);
+    if (rs.stream_probes_sent != 0)
+        fail_msg("%llu stream probes in a 1.2 s pause (want none: the worker beats every 10 s "
+                 "at most, the silence limit is 262 s)",
+                 (unsigned long long)rs.stream_probes_sent);
+    got_free(g);
+}
+
 /* Heartbeats travel batched per frontend (HeartbeatBatch on
  * sw.rsp.<router>.hb). Many idle streams at once are all kept alive by
  * them, with far fewer messages than beats; a batch that does not decode
@@ -686,6 +719,7 @@ main(int argc, char **argv)
         T_(idle_beats_lost_probes_keep_alive),
         T_(idle_beats_lost_probes_unanswered),
         T_(idle_beats_lost_stream_not_known),
+        T_(huge_heartbeat_asks_nothing),
         T_(heartbeat_batches),
         T_(loss_repair),
         T_(window_capped_by_ingress),

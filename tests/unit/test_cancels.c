@@ -136,55 +136,70 @@ test_due_is_bounded_per_call(void **state)
 }
 
 /* A stream probe's answer counts once, with its stream's id; a replay of
- * it, an answer to the stream's earlier probe (it asked again), to a probe
- * whose stream left, one after its time, and an instance probe's id (no
- * top bit) count for nothing. */
+ * it, an answer to a probe whose stream left, one after SWE_SPROBE_TTL_MS,
+ * and an instance probe's id (no top bit) count for nothing. A stream
+ * that asks again keeps its earlier probe out: a slow answer to it still
+ * counts. Peeking takes nothing. A stale tag drops nothing of another
+ * stream's. */
 static void
 test_sprobes_answers(void **state)
 {
     swe_sprobes t;
     uint8_t id[SW_REQUEST_ID_BYTES], a[SW_REQUEST_ID_BYTES], b[SW_REQUEST_ID_BYTES];
-    uint32_t ta = 0, tb = 0;
+    uint32_t ta = 0, ta2 = 0, tb = 0;
     uint64_t pa, pa2, pb;
     (void)state;
     id_of(a, 1);
     id_of(b, 2);
     swe_sprobes_init(&t, UINT64_C(0x7ffffffffffffff0)); /* ids wrap past 2^63 */
-    pa = swe_sprobes_add(&t, a, &ta, 1000, 1500);
-    pb = swe_sprobes_add(&t, b, &tb, 1000, 1500);
+    pa = swe_sprobes_add(&t, a, &ta, 1000);
+    pb = swe_sprobes_add(&t, b, &tb, 1000);
     assert_true(swe_sprobe_is(pa) && swe_sprobe_is(pb) && pa != pb);
     assert_true(ta != 0 && tb != 0 && ta != tb);
     assert_int_equal(t.live, 2);
     assert_false(swe_sprobes_take(&t, pa & ~SWE_SPROBE_BIT, 1001, id)); /* an instance id */
     assert_false(swe_sprobes_take(&t, pa + 2, 1001, id));               /* never given */
-    /* a asks again: its first probe is no longer out */
-    pa2 = swe_sprobes_add(&t, a, &ta, 1250, 1500);
-    assert_int_equal(t.live, 2);
-    assert_false(swe_sprobes_take(&t, pa, 1260, id));
+    /* a asks again: both of its probes are out, each answered once */
+    pa2 = swe_sprobes_add(&t, a, &ta2, 1250);
+    assert_true(pa2 != pa && ta2 != ta);
+    assert_int_equal(t.live, 3);
+    assert_true(swe_sprobes_peek(&t, pa2, 1260, id));
+    assert_memory_equal(id, a, sizeof(id));
+    assert_int_equal(t.live, 3); /* (a peek takes nothing) */
     assert_true(swe_sprobes_take(&t, pa2, 1260, id));
     assert_memory_equal(id, a, sizeof(id));
     assert_false(swe_sprobes_take(&t, pa2, 1261, id)); /* replayed */
+    assert_false(swe_sprobes_peek(&t, pa2, 1261, id));
+    assert_true(swe_sprobes_take(&t, pa, 1300, id)); /* the slower answer to the first */
+    assert_memory_equal(id, a, sizeof(id));
+    assert_int_equal(t.live, 1);
+    /* a's stale tag names b's position only if b asked at it; it drops
+     * nothing of b's (the ids differ) */
+    swe_sprobes_drop(&t, tb, a);
     assert_int_equal(t.live, 1);
     /* b's stream leaves: its answer counts for nothing */
-    swe_sprobes_drop(&t, tb);
+    swe_sprobes_drop(&t, tb, b);
     assert_false(swe_sprobes_take(&t, pb, 1300, id));
     assert_int_equal(t.live, 0);
-    assert_null(t.v);         /* nothing out: the ring is freed */
-    swe_sprobes_drop(&t, tb); /* (again: nothing) */
-    swe_sprobes_drop(&t, 0);
-    /* too late: ttl after it was sent */
-    tb = 0;
-    pb = swe_sprobes_add(&t, b, &tb, 2000, 1500);
-    assert_false(swe_sprobes_take(&t, pb, 3500, id));
-    pb = swe_sprobes_add(&t, b, &tb, 4000, 1500);
-    assert_true(swe_sprobes_take(&t, pb, 5499, id));
+    assert_null(t.v);            /* nothing out: the ring is freed */
+    swe_sprobes_drop(&t, tb, b); /* (again: nothing) */
+    swe_sprobes_drop(&t, 0, b);
+    /* too late: SWE_SPROBE_TTL_MS after it was sent */
+    pb = swe_sprobes_add(&t, b, &tb, 2000);
+    assert_false(swe_sprobes_peek(&t, pb, 2000 + SWE_SPROBE_TTL_MS, id));
+    assert_false(swe_sprobes_take(&t, pb, 2000 + SWE_SPROBE_TTL_MS, id));
+    pb = swe_sprobes_add(&t, b, &tb, 4000);
+    assert_true(swe_sprobes_take(&t, pb, 4000 + SWE_SPROBE_TTL_MS - 1, id));
     assert_memory_equal(id, b, sizeof(id));
     swe_sprobes_fini(&t);
 }
 
-/* At most SWE_SPROBES_MAX out: then no probe (0, no tag); room comes back
- * as the oldest are answered or expire. The ring grows by doubling without
- * losing any. */
+/* At most SWE_SPROBES_MAX positions: then no probe (0, the tag as it
+ * was); positions come back as the oldest are answered or expire, every
+ * entry after the same SWE_SPROBE_TTL_MS, so an entry answered in the
+ * middle frees its position once those before it went, and none can pin
+ * the ring for longer than that. The ring grows by doubling without losing
+ * any. */
 static void
 test_sprobes_bound(void **state)
 {
@@ -199,18 +214,19 @@ test_sprobes_bound(void **state)
     swe_sprobes_init(t, 12345);
     for (int k = 0; k < SWE_SPROBES_MAX; k++) {
         id_of(want, k);
-        pid[k] = swe_sprobes_add(t, want, &tag[k], 1000 + k / 64, 1500);
+        pid[k] = swe_sprobes_add(t, want, &tag[k], 1000 + k / 64);
         assert_true(pid[k] != 0);
     }
     assert_int_equal(t->cap, SWE_SPROBES_MAX);
     id_of(want, SWE_SPROBES_MAX);
-    assert_int_equal(swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300, 1500), 0);
-    assert_int_equal(tag[SWE_SPROBES_MAX], 0);
-    /* an answer in the middle makes no room; the oldest's does */
+    tag[SWE_SPROBES_MAX] = 77;
+    assert_int_equal(swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300), 0);
+    assert_int_equal(tag[SWE_SPROBES_MAX], 77);
+    /* an answer in the middle makes no room yet; the oldest's does */
     assert_true(swe_sprobes_take(t, pid[100], 1300, id));
-    assert_int_equal(swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300, 1500), 0);
+    assert_int_equal(swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300), 0);
     assert_true(swe_sprobes_take(t, pid[0], 1300, id));
-    pid[SWE_SPROBES_MAX] = swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300, 1500);
+    pid[SWE_SPROBES_MAX] = swe_sprobes_add(t, want, &tag[SWE_SPROBES_MAX], 1300);
     assert_true(pid[SWE_SPROBES_MAX] != 0);
     /* each is still there with its own id (the ring grew 8 times) */
     for (int k = 1; k <= SWE_SPROBES_MAX; k++) {
@@ -221,13 +237,12 @@ test_sprobes_bound(void **state)
         assert_memory_equal(id, want, sizeof(id));
     }
     assert_int_equal(t->live, 0);
-    /* the full table again, all expired by the next add */
-    for (int k = 0; k < SWE_SPROBES_MAX; k++) {
-        tag[k] = 0;
-        assert_true(swe_sprobes_add(t, want, &tag[k], 2000, 100) != 0);
-    }
-    tag[0] = 0;
-    assert_true(swe_sprobes_add(t, want, &tag[0], 2100, 100) != 0);
+    /* the full table again, none answered: all expired by an add
+     * SWE_SPROBE_TTL_MS later, and one left out then finds room */
+    for (int k = 0; k < SWE_SPROBES_MAX; k++)
+        assert_true(swe_sprobes_add(t, want, &tag[k], 2000) != 0);
+    assert_int_equal(swe_sprobes_add(t, want, &tag[0], 2000 + SWE_SPROBE_TTL_MS - 1), 0);
+    assert_true(swe_sprobes_add(t, want, &tag[0], 2000 + SWE_SPROBE_TTL_MS) != 0);
     assert_int_equal(t->live, 1);
     swe_sprobes_fini(t);
     free(t);

@@ -498,8 +498,10 @@ class TestStreamClose(Base):
 
     def endless(self, endpoint):
         handled = []
+        started = []
 
         def h(req):
+            started.append(req.request_id)
             try:
                 while True:
                     time.sleep(0.005)
@@ -507,10 +509,22 @@ class TestStreamClose(Base):
             except sw.Cancelled:
                 handled.append(req.request_id)
                 raise
-        return self.worker(endpoint, h, threads=8), handled
+        return self.worker(endpoint, h, threads=8), handled, started
+
+    def assert_handlers_cancelled(self, handled, started, n):
+        # A close right after the open can overtake its request (the CANCEL
+        # goes to the worker's control subscription, the request to its
+        # request one): the worker then never starts it, and there is no
+        # handler to tell. Every handler that did start sees the cancel.
+        deadline = time.time() + 10
+        while sorted(handled) != sorted(started) and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(sorted(handled), sorted(started),
+                         "every handler that started saw its stream cancelled")
+        self.assertGreaterEqual(len(started), n - n // 10, "most requests ran")
 
     def test_close_from_another_thread(self):
-        w, handled = self.endless("py.sc.thr")
+        w, handled, started = self.endless("py.sc.thr")
         n = 150
         outcomes = []
         for i in range(n):
@@ -545,16 +559,13 @@ class TestStreamClose(Base):
                 self.assertEqual((terminals, status), (0, None))
         self.assertEqual(len(outcomes), n)
         self.assertGreater(sum(1 for o in outcomes if o[0] == 1), n // 2)
-        deadline = time.time() + 10
-        while len(handled) < n and time.time() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(len(handled), n, "every handler saw its stream cancelled")
+        self.assert_handlers_cancelled(handled, started, n)
 
     def test_async_timeout_around_a_stream(self):
         """asyncio.wait_for around `with router.open(..) as s: async for ..`:
         on the timeout the task is cancelled while the executor thread is
         still in next_item, and the with block's close() must wait for it."""
-        w, handled = self.endless("py.sc.async")
+        w, handled, started = self.endless("py.sc.async")
         n = 150
         got = []
 
@@ -582,10 +593,7 @@ class TestStreamClose(Base):
                     s.next_item(0)
             else:  # closed while a read waited: it got the CANCELLED terminal
                 self.assertIsNone(s.next_item(0))
-        deadline = time.time() + 10
-        while len(handled) < n and time.time() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(len(handled), n, "every handler saw its stream cancelled")
+        self.assert_handlers_cancelled(handled, started, n)
 
 
 class TestLifetimes(Base):

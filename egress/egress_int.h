@@ -332,7 +332,8 @@ int swe_stream_unsealed(sw_stream *s, const uint8_t *id, const char *msg);
 void swe_stream_tick(sw_stream *s, int64_t now, int64_t quiet);
 /* The worker answered a stream probe of s (sent for request id `id`; the
  * caller checked that it is fresh and from the stream's instance): known,
- * it counts as a heartbeat with last_seq; not known, no more asks until a
+ * it counts as a heartbeat, a sign of life only (last_seq at most what
+ * arrived); not known, no more asks until a
  * sign of life (inactivity decides). Returns 1 if it counted (the stream
  * was open on that request, not moving). */
 int swe_stream_answered(sw_stream *s, const uint8_t *id, int known, uint64_t last_seq);

@@ -103,16 +103,6 @@ feed_message(sw_stream *s, const uint8_t *id, const swp_item *w)
     return in[n - 1].kind == SWE_IN_FINAL; /* (a final is only ever the last item) */
 }
 
-/* A heartbeat, from a batch or a wrapper of its own. */
-static void
-beat_in(swe_rx_in *in, uint64_t last_seq, int stalled)
-{
-    memset(in, 0, sizeof(*in));
-    in->kind = SWE_IN_HEARTBEAT;
-    in->last_seq = last_seq;
-    in->stalled = stalled;
-}
-
 /* 1 if a worker's heartbeats with this incarnation and counter count: only
  * from the incarnation a fresh probe answer named, with a counter above
  * every one taken. A recorded batch or heartbeat wrapper replayed later
@@ -177,7 +167,8 @@ on_beats(sw_router *r, const swt_msg *msg)
                 swe_stream_unref(s);
                 continue;
             }
-            beat_in(&in, b->beats[at + j]->last_seq, 0); /* (a stalled stream's comes alone) */
+            swe_rx_beat_in(&in, b->beats[at + j]->last_seq,
+                           0); /* (a stalled stream's comes alone) */
             swe_stream_on_items_at(s, ids[j], &in, 1, now);
             swe_stream_unref(s);
         }
@@ -276,7 +267,7 @@ swe_on_msg(const swt_msg *msg, void *arg)
         const swp_heartbeat *h = w->heartbeat;
         if (h->incarnation == 0 || beats_take(r, swe_instance(s), h->incarnation, h->counter)) {
             swe_rx_in in;
-            beat_in(&in, h->last_seq, h->stalled);
+            swe_rx_beat_in(&in, h->last_seq, h->stalled);
             swe_stream_on_item(s, id, &in);
         } else {
             count_bad(r, &r->st.unknown_stream, 1);

@@ -72,6 +72,32 @@ count_auth(sw_router *r)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* Publishes a PROBE with probe_id to instance inst, naming the stream
+ * with request id `id` (a stream probe) or none (NULL: an instance probe),
+ * with the reply subject sw.prb.<router>.<inst>: any worker answers it
+ * there (ingress/control.c), with whether it knows the stream and its
+ * last seq when one is named. 1 if it went out. */
+static int
+probe_publish(sw_router *r, const char *inst, const uint8_t *id, uint64_t probe_id)
+{
+    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
+    char ctl[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
+    uint8_t buf[SWE_PROBE_MSG_MAX];
+    size_t len;
+    m.version = SW_PROTOCOL_VERSION;
+    m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
+    if (id != NULL) {
+        m.request_id.data = (uint8_t *)id;
+        m.request_id.len = SW_REQUEST_ID_BYTES;
+    }
+    m.router_id = r->id;
+    m.probe_id = probe_id;
+    return swt_subject_control(ctl, sizeof(ctl), inst) == SW_OK &&
+           swt_subject_probe_reply(reply, sizeof(reply), r->id, inst) == SW_OK &&
+           swp_encode(&m, buf, sizeof(buf), &len) == SW_OK &&
+           swt_publish(r->conn, ctl, reply, buf, len) == SW_OK;
+}
+
 /* The answer p to a stream probe, on the probe-answer subject of instance
  * inst. It counts, as a sign of its stream's life, only if its probe id
  * is one out now (then it is taken: one answer counts; a recorded answer
@@ -111,14 +137,10 @@ void
 swe_stream_ask(sw_stream *s, unsigned gen)
 {
     sw_router *r = s->r;
-    swp_control m = STREAMWIRE__V1__CONTROL__INIT;
     char inst[SW_MAX_TOKEN + 1];
-    char ctl[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
     uint8_t id[SW_REQUEST_ID_BYTES];
-    uint8_t buf[SWE_PROBE_MSG_MAX];
     uint64_t pid = 0;
     uint32_t tag = 0;
-    size_t len;
     int sent;
     pthread_mutex_lock(&r->mu);
     pthread_mutex_lock(&s->mu);
@@ -139,18 +161,7 @@ swe_stream_ask(sw_stream *s, unsigned gen)
     pthread_mutex_unlock(&r->mu);
     if (pid == 0)
         return;
-    /* An instance probe's form, naming the stream: any worker answers it
-     * with whether it knows the stream, and its last seq (ingress/control.c) */
-    m.version = SW_PROTOCOL_VERSION;
-    m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
-    m.request_id.data = id;
-    m.request_id.len = sizeof(id);
-    m.router_id = r->id;
-    m.probe_id = pid;
-    sent = swt_subject_control(ctl, sizeof(ctl), inst) == SW_OK &&
-           swt_subject_probe_reply(reply, sizeof(reply), r->id, inst) == SW_OK &&
-           swp_encode(&m, buf, sizeof(buf), &len) == SW_OK &&
-           swt_publish(r->conn, ctl, reply, buf, len) == SW_OK;
+    sent = probe_publish(r, inst, id, pid);
     pthread_mutex_lock(&r->mu);
     if (sent)
         r->st.stream_probes_sent++;
@@ -281,20 +292,8 @@ swe_probe_round(sw_router *r, int64_t now)
         ids[i] = swi_peers_probe_id(&r->peers, send[i]);
     r->st.probes_sent += nsend;
     pthread_mutex_unlock(&r->mu);
-    for (size_t i = 0; i < nsend; i++) {
-        swp_control m = STREAMWIRE__V1__CONTROL__INIT;
-        char ctl[SWT_SUBJECT_MAX], reply[SWT_SUBJECT_MAX];
-        uint8_t buf[SWE_PROBE_MSG_MAX];
-        size_t len;
-        m.version = SW_PROTOCOL_VERSION;
-        m.kind = STREAMWIRE__V1__CONTROL_KIND__CONTROL_PROBE;
-        m.router_id = r->id;
-        m.probe_id = ids[i];
-        if (swt_subject_control(ctl, sizeof(ctl), send[i]) == SW_OK &&
-            swt_subject_probe_reply(reply, sizeof(reply), r->id, send[i]) == SW_OK &&
-            swp_encode(&m, buf, sizeof(buf), &len) == SW_OK)
-            (void)swt_publish(r->conn, ctl, reply, buf, len);
-    }
+    for (size_t i = 0; i < nsend; i++)
+        (void)probe_publish(r, send[i], NULL, ids[i]);
     for (size_t i = 0; i < nlost; i++)
         swe_instance_lost(r, lost[i].id, "it did not answer probes (frozen or partitioned)",
                           lost[i].silent_ms, lost[i].unanswered_ms);

@@ -65,7 +65,7 @@
  *     cfg.hb_ms: while nothing is new the worker beats it only that often)
  *     and has been silent (as above) for idle_hb_ms + hb_ms is asked after
  *     (act->ask: the caller sends a stream PROBE and feeds a fresh answer
- *     that knows the stream as a heartbeat with its last_seq); again every
+ *     that knows the stream as a heartbeat, a sign of life only); again every
  *     hb_ms while the silence lasts, until inactivity ends it. So one lost
  *     idle beat costs nothing, although the next comes idle_hb_ms later;
  *   - the first terminal decided wins (except item_after_final over an
@@ -88,6 +88,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <streamwire/streamwire.h>
 
@@ -183,8 +184,8 @@ typedef struct swe_rx_act {
     int after_final; /* an item came after a delivered terminal (a counter) */
     int migrate;     /* the stream must move to another instance (rx.migrating) */
     int ask;         /* ask the worker whether it still has the stream (a stream PROBE; its
-                        answer is fed as a heartbeat): it asked for idle heartbeats and was
-                        silent idle_hb_ms + hb_ms */
+                        answer is fed as a heartbeat, a sign of life only): it asked for idle
+                        heartbeats and was silent idle_hb_ms + hb_ms */
     unsigned gen;    /* the worker (rx.gen) it was decided for: its CREDIT, RESEND and KILL
                         go to that worker only, never to the one a migration put in its
                         place meanwhile (their seqs and credit start anew) */
@@ -225,6 +226,17 @@ typedef struct swe_rx_in {
                          sets it with swe_rx_runs; the items must then be fed in order. */
 } swe_rx_in;
 
+/* A heartbeat saying last_seq (and whether the worker waits for credit),
+ * as the caller feeds it. */
+static inline void
+swe_rx_beat_in(swe_rx_in *in, uint64_t last_seq, int stalled)
+{
+    memset(in, 0, sizeof(*in));
+    in->kind = SWE_IN_HEARTBEAT;
+    in->last_seq = last_seq;
+    in->stalled = stalled;
+}
+
 /* The bytes of a node for len data bytes and an event name of elen (a
  * final: 0, 0), rounded to 16. */
 size_t swe_q_bytes(size_t len, size_t elen);
@@ -257,8 +269,8 @@ typedef struct swe_rx {
     uint32_t ask_wait; /* the silence (ms since last_rx_ms) at which the next ask is due; 0:
                           none asked since the last sign of life, the first is due at
                           cfg.idle_hb_ms + cfg.hb_ms */
-    uint32_t ask_tag;  /* the caller's, not the state machine's: which of its stream probes
-                          is out for this stream (0: none; egress/sprobe.h, under r->mu) */
+    uint32_t ask_tag;  /* the caller's, not the state machine's: its newest stream probe for
+                          this stream (0: none; egress/sprobe.h, under r->mu) */
     size_t max_cost;   /* the largest item seen, + SW_ITEM_COST */
     int64_t last_grant_ms;
     /* reassembly */

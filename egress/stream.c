@@ -271,9 +271,7 @@ swe_stream_answered(sw_stream *s, const uint8_t *id, int known, uint64_t last_se
      * memory) would open a gap no resend repairs, and end the stream
      * sequence_gap instead of by its silence. A lost item shows at the
      * next heartbeat or the final. */
-    memset(&in, 0, sizeof(in));
-    in.kind = SWE_IN_HEARTBEAT;
-    in.last_seq = last_seq < s->rx.expected ? last_seq : s->rx.expected - 1;
+    swe_rx_beat_in(&in, last_seq < s->rx.expected ? last_seq : s->rx.expected - 1, 0);
     swe_rx_on_item(&s->rx, &in, swi_now_ms(), &act);
     __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */
     st_unlock_apply(s, &act);

@@ -179,6 +179,12 @@ swx_ingress_tick_counts(sw_ingress *ing, uint64_t *timer, uint64_t *live)
         *live = ing ? __atomic_load_n(&ing->live_ticks, __ATOMIC_RELAXED) : 0;
 }
 
+size_t
+swx_ingress_batch_bytes(sw_ingress *ing)
+{
+    return ing != NULL ? ing->batch_bytes : 0;
+}
+
 void
 swx_ingress_set_hold_us(sw_ingress *ing, int64_t us)
 {

@@ -99,6 +99,11 @@ size_t swx_ingress_early_cancels(sw_ingress *ing);
  * (each from the request's arrival until its responder's last release). */
 uint64_t swx_ingress_request_bytes(sw_ingress *ing);
 
+/* Test-only: the most bytes the ingress puts in one message of items
+ * (ing->batch_bytes: SWN_BATCH_BYTES, or SWN_BATCH_BYTES_SEALED on a
+ * sealing connection; the max payload may cap it further). */
+size_t swx_ingress_batch_bytes(sw_ingress *ing);
+
 /* Test-only: an inline handler's hold window (ingress/sender.c resp_hold)
  * becomes us microseconds (0: no hold), whatever the connection's mode; set
  * before the first request (chaos build only). */

@@ -89,7 +89,7 @@ swn_msgbuf_free(swn_msgbuf *m)
 
 /* Builds one message of the kept items from seq `from` up to `to` (r->mu
  * held): the first one in the wrapper, the rest in `batch`, as many as fit
- * in SWN_BATCH_ITEMS, SWN_BATCH_BYTES and the max payload (always at least
+ * in SWN_BATCH_ITEMS, ing->batch_bytes and the max payload (always at least
  * one). Numbers with no kept body are passed over, and so, on a first send
  * (!resent), are items the test-only loss injection marked. *last gets the
  * highest seq the message accounts for, *nitems the items in it (0: nothing
@@ -101,7 +101,7 @@ swn_resp_build(sw_responder *r, uint64_t from, uint64_t to, int resent, swn_msgb
                uint64_t *last, unsigned *nitems, unsigned *data_items)
 {
     size_t max = resp_max_payload(r), total = SWP_HDR_MAX, n;
-    size_t limit = max < SWN_BATCH_BYTES ? max : SWN_BATCH_BYTES;
+    size_t limit = max < r->ing->batch_bytes ? max : r->ing->batch_bytes;
     uint64_t first = 0, q;
     unsigned k = 0, final = 0;
     swp_hdr h;

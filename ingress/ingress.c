@@ -173,6 +173,7 @@ sw_ingress_start(sw_ingress **out, sw_conn *conn, const sw_ingress_opts *o)
                   : o->coalesce_us                  ? o->coalesce_us
                                                     : SWN_HOT_US;
     ing->buffered = !swt_conn_send_asap(conn);
+    ing->batch_bytes = swt_conn_sealer(conn) != NULL ? SWN_BATCH_BYTES_SEALED : SWN_BATCH_BYTES;
     ing->hold_us = ing->buffered || ing->hot_us < SWN_ASAP_HOLD_US ? ing->hot_us : SWN_ASAP_HOLD_US;
     ing->probe_ms = o->frontend_probe_ms ? o->frontend_probe_ms : 250;
     ing->probe_timeout_ms = o->frontend_timeout_ms ? o->frontend_timeout_ms : 1000;

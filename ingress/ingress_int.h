@@ -66,7 +66,7 @@
 /* Coalescing: a stream whose last publish ended less than SWN_HOT_US ago
  * hands its items to the ingress's sender thread, which puts every item
  * queued meanwhile into one message (at most SWN_BATCH_ITEMS items and
- * SWN_BATCH_BYTES bytes). A stream that was quiet publishes inline. An
+ * ing->batch_bytes bytes). A stream that was quiet publishes inline. An
  * inline handler's items instead wait for its next one while it sends them
  * less than the hold window apart (coalesce_us; at most SWN_ASAP_HOLD_US on
  * a send-asap connection, and there only while the stream is quiet: a
@@ -77,7 +77,13 @@
 #define SWN_HOT_US 200 /* default of sw_ingress_opts.coalesce_us */
 #define SWN_ASAP_HOLD_US 20
 #define SWN_BATCH_ITEMS 128
-#define SWN_BATCH_BYTES (32 * 1024)
+/* A message's bytes at most: 16 KiB on an unsealed connection, where
+ * nats-server and nats.c's 32 KiB buffers handle two such messages with
+ * less CPU per byte than one of 32 KiB; 32 KiB on a sealing one, where
+ * each message costs a key derivation on both sides (BENCHMARKS.md,
+ * session 39). ing->batch_bytes holds the one that applies. */
+#define SWN_BATCH_BYTES (16 * 1024)
+#define SWN_BATCH_BYTES_SEALED (32 * 1024)
 #define SWN_MSG_STACK 4096
 /* A seq resent less than this long ago is not resent again (control.c): a
  * frontend asks again for what is still missing every gap_timeout/4 (125 ms
@@ -215,11 +221,12 @@ struct sw_ingress {
     int inline_handlers; /* sw_ingress_opts.handler_inline */
     unsigned send_timeout_ms;
     unsigned max_window;
-    int64_t hot_us;  /* coalesce_us; 0 = off */
-    int64_t hold_us; /* an inline handler's hold window (sender.c resp_hold): hot_us, at most
-                        SWN_ASAP_HOLD_US on a send-asap connection; 0 = no hold */
-    int buffered;    /* the connection is not send-asap: with hot_us > 0, every stream coalesces
-                        (sender.c) */
+    int64_t hot_us;     /* coalesce_us; 0 = off */
+    int64_t hold_us;    /* an inline handler's hold window (sender.c resp_hold): hot_us, at most
+                           SWN_ASAP_HOLD_US on a send-asap connection; 0 = no hold */
+    int buffered;       /* the connection is not send-asap: with hot_us > 0, every stream coalesces
+                           (sender.c) */
+    size_t batch_bytes; /* SWN_BATCH_BYTES, or SWN_BATCH_BYTES_SEALED if the connection seals */
     size_t max_req;
     swp_arena *req_arena; /* each request decodes here (intake.c): only the request
                              subscription's callback uses it, one message at a time */

@@ -281,7 +281,7 @@ resp_hold(sw_responder *r, int64_t now)
     tl_inline_last_us = now;
     if (!hot || r->terminated || r->rg.next_seq - r->rg.pub_seq > SWN_BATCH_ITEMS ||
         (r->held &&
-         (now - tl_hold_since_us >= w || r->sent_bytes - r->held_bytes >= SWN_BATCH_BYTES)))
+         (now - tl_hold_since_us >= w || r->sent_bytes - r->held_bytes >= r->ing->batch_bytes)))
         return 0;
     if (!r->held) {
         r->held = 1;

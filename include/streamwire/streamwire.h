@@ -284,9 +284,10 @@ typedef struct sw_ingress_opts {
                                         the handler returns, ends the stream, sends again after a
                                         longer gap or once the first of them has waited the
                                         window, runs out of credit, or has a message's worth
-                                        waiting (128 items or about 32 KiB of data), and at the
-                                        latest at the ingress timer's next tick (25 ms: a handler
-                                        that blocks right after a send) */
+                                        waiting (128 items or about 16 KiB of data, 32 KiB on a
+                                        sealing connection), and at the latest at the ingress
+                                        timer's next tick (25 ms: a handler that blocks right
+                                        after a send) */
     sw_log_fn log;
     void *log_arg;
     unsigned frontend_probe_misses; /* unanswered probes in a row that mean a frontend is gone

@@ -458,6 +458,72 @@ inline_asap_items_before_pause_bounded(void **state)
     collect_completed(s, g, 4);
 }
 
+/* The size of a message of items: on an unsealed connection a run of
+ * 1 KiB items goes in messages of at most 16 KiB (SWN_BATCH_BYTES: nats.c's
+ * 32 KiB buffers then hold two; BENCHMARKS.md session 39), and the run is
+ * coalesced near that size, not item by item. An inline handler on a
+ * buffered connection, whose hold window (10 s) holds every item until a
+ * message's worth waits: each message but the last is nearly full. The
+ * publishing connection's tap sees every message's length as it goes out. */
+typedef struct sizetap {
+    pthread_mutex_t mu;
+    size_t max;
+    unsigned msgs, over_12k;
+} sizetap;
+
+static void
+sizetap_rec(void *arg, swt_tap_point at, const uint8_t *data, size_t len)
+{
+    sizetap *t = arg;
+    (void)data;
+    if (at != SWT_TAP_PUB_END)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->msgs++;
+    if (len > t->max)
+        t->max = len;
+    if (len > 12 * 1024)
+        t->over_12k++;
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void
+inline_big_items_16k_messages(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sizetap t;
+    sw_stream *s;
+    const int N = 64;
+    const size_t LEN = 1024;
+    memset(&t, 0, sizeof(t));
+    pthread_mutex_init(&t.mu, NULL);
+    e->w.big_len = LEN;
+    inline_start(e, 1, M_BIG, 0, N, 0);
+    assert_int_equal(swx_ingress_batch_bytes(e->ing), 16 * 1024);
+    swt_conn_set_tap(e->wc, sizetap_rec, &t);
+    s = env_open(e);
+    assert_true(collect(s, g, 0, T(20000)));
+    swt_conn_set_tap(e->wc, NULL, NULL);
+    assert_int_equal(g->n, (size_t)N);
+    for (int i = 0; i < N; i++) {
+        char want[32];
+        int k = snprintf(want, sizeof(want), "token-%d", i);
+        if (strlen(g->data[i]) != LEN || strncmp(g->data[i], want, (size_t)k) != 0)
+            fail_msg("item %d is not %s padded to %zu bytes", i, want, LEN);
+    }
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_done(g);
+    if (t.max > 16 * 1024)
+        fail_msg("a message of %zu bytes: more than 16 KiB", t.max);
+    /* 64 KiB of items: at least four messages, three or more of them nearly
+     * full (15 items of 1 KiB); more than 12 KiB each */
+    if (t.over_12k < 3)
+        fail_msg("%u of %u messages over 12 KiB (largest %zu): the items were not coalesced",
+                 t.over_12k, t.msgs, t.max);
+    pthread_mutex_destroy(&t.mu);
+}
+
 /* ======================================================================== */
 
 int
@@ -478,6 +544,7 @@ main(int argc, char **argv)
         T_(inline_asap_paced_items_not_held),
         T_(inline_asap_default_window_holds_burst),
         T_(inline_asap_items_before_pause_bounded),
+        T_(inline_big_items_16k_messages),
     };
     sf_filters(argc, argv);
     return cmocka_run_group_tests_name("streams.coalescing", tests, sf_group_setup,

@@ -196,8 +196,9 @@ sealed_cluster_streams(void **state)
     char reason[64];
     sw_stream *s;
     (void)state;
-    /* a sealing worker's messages of items may hold 32 KiB (each costs a
-     * key derivation on both sides; unsealed: 16 KiB, test_coalescing) */
+    /* a sealing worker's messages of items may hold 32 KiB (each is sealed
+     * and opened with a key derivation of its own; unsealed: 16 KiB,
+     * test_coalescing) */
     assert_int_equal(swx_ingress_batch_bytes(ing), 32 * 1024);
     for (int i = 0; i < 5; i++) {
         s = open_stream(r, "sw1", "n=300"); /* beyond the credit window: credit flows sealed */

@@ -248,7 +248,7 @@ scen_slow(void)
 {
     unsigned n = cfg.slow_streams, m = cfg.slow_items;
     unsigned window = cfg.window ? cfg.window : g_default_window;
-    enum { cal_streams = 128 };
+    enum { cal_max = 128 };
     child wk;
     sw_conn *conn;
     sw_router *rt = NULL;
@@ -260,6 +260,7 @@ scen_slow(void)
     long base, peak, cal0, cal1, wrss = -1;
     int have_peak;
     double item_cost = NAN, secs, fixed, estimate_mib;
+    unsigned cal_streams = n < cal_max ? n : cal_max;
     uint64_t max_pending = 0, resends = 0, dups = 0, sum_pending = 0;
     unsigned full_windows = 0;
     int64_t t0, last_change;
@@ -290,7 +291,8 @@ scen_slow(void)
         die("sw_router_create: %s", sw_err_name(e));
 
     /* Per-item cost at the frontend, as the scenario's streams hold them:
-     * cal_streams streams of the scenario's window, whose consumers do not
+     * cal_streams streams (128, or n if fewer: the slow worker takes n + 64
+     * at once) of the scenario's window, whose consumers do not
      * read until every window is queued; RSS per queued item, each
      * stream's own share (its state, its partly filled queue-node blocks)
      * included. It gives the estimate row; the goal's bound is the
@@ -299,7 +301,7 @@ scen_slow(void)
      * peak crossed it once within its spread. */
     {
         sw_request_opts ro;
-        sw_stream *cs[cal_streams];
+        sw_stream *cs[cal_max];
         sw_stream_stats st;
         breq cq = {BREQ_MAGIC, K_SEND, window, 64, 0, 0};
         const sw_item *it;
@@ -436,9 +438,9 @@ scen_slow(void)
              item_cost);
     add_row("9 slow consumers", param, "estimate MiB", NAN, estimate_mib, 1, 1, note);
     snprintf(note, sizeof(note),
-             "RSS per queued 64 B item, the stream's own share included: %d streams, window "
+             "RSS per queued 64 B item, the stream's own share included: %u streams, window "
              "%u, all queued before reading",
-             (int)cal_streams, window);
+             cal_streams, window);
     add_row("9 slow consumers", param, "B/queued item", NAN, item_cost, 1, 0, note);
     snprintf(note, sizeof(note),
              "max over streams of sw_stream_stats peak_pending (<= window %u); mean %.0f; %u "

@@ -144,7 +144,7 @@ ing_probe_reply(sw_ingress *ing, const swt_msg *msg, const char *router_id, sw_r
     if (r != NULL) {
         pthread_mutex_lock(&r->mu);
         p.known = !r->terminated || r->final_seq != 0;
-        p.last_seq = r->rg.next_seq - 1;
+        p.last_seq = r->rg.pub_seq; /* what went out, as a heartbeat says (not what waits) */
         pthread_mutex_unlock(&r->mu);
     }
     if (swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)

@@ -167,8 +167,8 @@ on_beats(sw_router *r, const swt_msg *msg)
                 swe_stream_unref(s);
                 continue;
             }
-            swe_rx_beat_in(&in, b->beats[at + j]->last_seq,
-                           0); /* (a stalled stream's comes alone) */
+            /* (a stalled stream's beat comes alone, not in a batch) */
+            swe_rx_beat_in(&in, b->beats[at + j]->last_seq, 0);
             swe_stream_on_items_at(s, ids[j], &in, 1, now);
             swe_stream_unref(s);
         }

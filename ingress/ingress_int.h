@@ -77,12 +77,11 @@
 #define SWN_HOT_US 200 /* default of sw_ingress_opts.coalesce_us */
 #define SWN_ASAP_HOLD_US 20
 #define SWN_BATCH_ITEMS 128
-/* A message's bytes at most: 16 KiB on an unsealed connection (nats.c's
- * 32 KiB buffers hold two; measured faster than 32 KiB, with less of
- * nats-server's CPU per item); 32 KiB on a sealing one, where each message
- * is sealed and opened with a key derivation of its own and 16 KiB cost
- * more CPU per item (BENCHMARKS.md, session 39). ing->batch_bytes holds
- * the one that applies. */
+/* A message's bytes at most: 16 KiB on an unsealed connection (measured
+ * faster than 32 KiB, with less of nats-server's CPU per item); 32 KiB on
+ * a sealing one, where each message is sealed and opened with a key
+ * derivation of its own and 16 KiB cost more CPU per item (BENCHMARKS.md,
+ * session 39). ing->batch_bytes holds the one that applies. */
 #define SWN_BATCH_BYTES (16 * 1024)
 #define SWN_BATCH_BYTES_SEALED (32 * 1024)
 #define SWN_MSG_STACK 4096

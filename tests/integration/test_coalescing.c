@@ -5,6 +5,8 @@
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
 
+#include "common/sw_common.h"
+
 /* Reads s to its end: n tokens in order, then COMPLETED, nothing after. */
 static void
 collect_completed(sw_stream *s, got *g, size_t n)
@@ -584,11 +586,7 @@ probe_answer_counts_what_went_out(void **state)
     hex = sw_stream_request_id(s);
     inst = sw_ingress_instance_id(e->ing);
     assert_int_equal(strlen(hex), 2 * SW_REQUEST_ID_BYTES);
-    for (size_t i = 0; i < SW_REQUEST_ID_BYTES; i++) {
-        unsigned v;
-        assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
-        id[i] = (uint8_t)v;
-    }
+    assert_int_equal(swi_unhex(id, hex, sizeof(id)), 0);
     rid.data = id;
     rid.len = sizeof(id);
     c.version = SW_PROTOCOL_VERSION;

@@ -136,7 +136,7 @@ struct sw_router {
      * to first data item delivered, between data items delivered, open to
      * terminal delivered. */
     swi_hist h_ttfi, h_inter, h_duration;
-    int timing_off; /* STREAMWIRE_METRICS=off: no per-item clock reads or histograms */
+    int timing_off;                                   /* STREAMWIRE_METRICS=off: no histograms */
     uint64_t duplicates, resend_requests, heartbeats; /* of finished streams (atomic) */
     uint64_t migrations, migration_failures;          /* (atomic) */
     swe_cancels cancels;        /* cancelled streams whose worker has not answered (r->mu) */

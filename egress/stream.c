@@ -265,12 +265,14 @@ swe_stream_answered(sw_stream *s, const uint8_t *id, int known, uint64_t last_se
         return 0;
     }
     /* as a heartbeat (it was fresh: the probe's id, answered once), but a
-     * sign of life only: its last_seq is at most what arrived. A worker
-     * answers with the last seq it numbered, published or not (heartbeats
-     * say what went out): items it cannot send yet (a send wedged without
-     * memory) would open a gap no resend repairs, and end the stream
-     * sequence_gap instead of by its silence. A lost item shows at the
-     * next heartbeat or the final. */
+     * sign of life only: its last_seq is at most what arrived. The answer
+     * comes on another subscription than the items it counts, so it may
+     * be handled before them; and a worker from before 2026-12-07 answered
+     * with the last seq it had numbered, sent or not (heartbeats say what
+     * went out): items it could not send yet (a send wedged without memory)
+     * opened a gap no resend repairs, and ended the stream sequence_gap
+     * instead of by its silence (test_loss probe_answer_ahead_is_no_gap).
+     * A lost item shows at the next heartbeat or the final. */
     swe_rx_beat_in(&in, last_seq < s->rx.expected ? last_seq : s->rx.expected - 1, 0);
     swe_rx_on_item(&s->rx, &in, swi_now_ms(), &act);
     __atomic_store_n(&s->last_rx_ms, s->rx.last_rx_ms, __ATOMIC_RELAXED); /* probe rounds */

@@ -151,6 +151,13 @@ swx_ingress_drop_stream_probes(sw_ingress *ing, int on)
 }
 
 void
+swx_ingress_probe_seq_ahead(sw_ingress *ing, uint64_t n)
+{
+    if (ing != NULL)
+        __atomic_store_n(&ing->probe_seq_ahead, n, __ATOMIC_RELAXED);
+}
+
+void
 swx_ingress_hold_sender(sw_ingress *ing, int hold)
 {
     if (ing == NULL)

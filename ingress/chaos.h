@@ -71,6 +71,12 @@ void swx_ingress_drop_beats(sw_ingress *ing, int on);
  * build only). */
 void swx_ingress_drop_stream_probes(sw_ingress *ing, int on);
 
+/* Test-only: every answer to a stream probe claims n items more than went
+ * out (ProbeReply.last_seq = pub_seq + n), as a worker from before
+ * 2026-12-07 did when items it had numbered were still waiting to be sent.
+ * 0 answers truly again (chaos build only). */
+void swx_ingress_probe_seq_ahead(sw_ingress *ing, uint64_t n);
+
 /* Test-only: while hold is 1, the sender thread takes no stream off its
  * queue (streams handed to it wait; see ingress/sender.c), so a test can
  * see which thread publishes what. 0 lets it go on (chaos build only). */

@@ -146,6 +146,9 @@ ing_probe_reply(sw_ingress *ing, const swt_msg *msg, const char *router_id, sw_r
         p.known = !r->terminated || r->final_seq != 0;
         p.last_seq = r->rg.pub_seq; /* what went out, as a heartbeat says (not what waits) */
         pthread_mutex_unlock(&r->mu);
+#ifdef SW_CHAOS
+        p.last_seq += __atomic_load_n(&ing->probe_seq_ahead, __ATOMIC_RELAXED);
+#endif
     }
     if (swp_encode(&p, buf, sizeof(buf), &len) == SW_OK)
         (void)swt_publish(ing->conn, reply, NULL, buf, len);

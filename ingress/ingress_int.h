@@ -284,10 +284,11 @@ struct sw_ingress {
     int destroyed;
     unsigned inflight;
 #ifdef SW_CHAOS
-    double drop_rate;       /* chaos: loss injection of first publishes */
-    int drop_cancels;       /* chaos: CANCEL/KILL controls still to drop (atomic) */
-    int drop_beats;         /* chaos: heartbeats are lost (swx_ingress_drop_beats; atomic) */
-    int drop_stream_probes; /* chaos: PROBEs naming a stream are lost (atomic) */
+    double drop_rate;         /* chaos: loss injection of first publishes */
+    int drop_cancels;         /* chaos: CANCEL/KILL controls still to drop (atomic) */
+    int drop_beats;           /* chaos: heartbeats are lost (swx_ingress_drop_beats; atomic) */
+    int drop_stream_probes;   /* chaos: PROBEs naming a stream are lost (atomic) */
+    uint64_t probe_seq_ahead; /* chaos: added to a stream probe answer's last_seq (atomic) */
     void (*gone_fn)(const char *router_id, void *arg); /* swx_ingress_on_frontend_gone (live_mu) */
     void *gone_arg;
 #endif

@@ -349,6 +349,42 @@ idle_beats_lost_stream_not_known(void **state)
     lost_beats_end_at_the_limit(*state, M_ABANDON, 0, "not known");
 }
 
+/* A stream probe's answer is a sign of life only: what it says went out
+ * (last_seq) is taken up to what arrived, never as news of a gap. A worker
+ * from before 2026-12-07 answered with the last seq it had numbered, sent
+ * or not (and a wedged send numbers items it cannot send): taken as a
+ * heartbeat, that opened a gap no RESEND repairs. Here every answer claims
+ * five items more than went out while the worker pauses 4.5 s between its
+ * two tokens, its heartbeats lost: the stream lives on the answers, asks
+ * for no resend, and completes with both tokens. (With the router's clamp
+ * in egress/stream.c swe_stream_answered taken out, it asked for items 2-6
+ * and ended sequence_gap, "a sequence gap was not repaired in time".) */
+static void
+probe_answer_ahead_is_no_gap(void **state)
+{
+    env *e = *state;
+    got *g = new_got(e);
+    sw_router_stats rs;
+    sw_stream_stats ss;
+    sw_ingress_stats is;
+    int64_t t0;
+    sw_stream *s = lost_beats_open(e, M_PAUSE, 0, &t0);
+    swx_ingress_probe_seq_ahead(e->ing, 5);
+    assert_true(collect(s, g, 0, T(15000)));
+    assert_terminal(g, SW_STATUS_COMPLETED, SW_OK, "stop");
+    assert_tokens(g, 2);
+    assert_true(swh_now_ms() - t0 >= 4500);
+    sw_stream_stats_get(s, &ss);
+    sw_router_stats_get(e->rt, &rs);
+    ingress_stats(e, &is);
+    if (rs.stream_probes_answered < 3 || ss.resend_requests != 0 || is.items_resent != 0)
+        fail_msg("%llu stream probes answered (want 3 or more), %llu resend requests, %llu items "
+                 "resent (want none: the answers claimed items that never went out)",
+                 (unsigned long long)rs.stream_probes_answered,
+                 (unsigned long long)ss.resend_requests, (unsigned long long)is.items_resent);
+    got_free(g);
+}
+
 /* A heartbeat_ms above 65,535 (up to SWP_MAX_HEARTBEAT_MS is valid; the
  * worker beats at least every SWP_BEAT_MAX_MS, 10 s, whatever was asked):
  * the asks are timed by what the worker does. The router's copy of the
@@ -719,6 +755,7 @@ main(int argc, char **argv)
         T_(idle_beats_lost_probes_keep_alive),
         T_(idle_beats_lost_probes_unanswered),
         T_(idle_beats_lost_stream_not_known),
+        T_(probe_answer_ahead_is_no_gap),
         T_(huge_heartbeat_asks_nothing),
         T_(heartbeat_batches),
         T_(loss_repair),

@@ -45,6 +45,7 @@
 #include "common/metrics.h"
 #include "common/sched.h"
 #include "common/sw_common.h"
+#include "egress/backlog.h"
 #include "egress/cancels.h"
 #include "egress/rx.h"
 #include "egress/sprobe.h"
@@ -122,7 +123,7 @@ struct sw_router {
     int no_defer;               /* the ticker is gone (destroy): dispatch at once (r->mu) */
     int closing;                /* no new streams */
     int closed;                 /* no more publishing (atomic) */
-    int64_t mux_idle_ms;        /* last time the mux had nothing queued (ticker thread only) */
+    swe_backlog backlog;        /* the mux's progress: the quiet time (ticker thread only) */
     uint64_t items;             /* data items delivered (atomic) */
     uint64_t items_after_final; /* (atomic) */
     uint64_t err_counts[SWE_ERR_SLOTS]; /* error terminals by code (r->mu) */

@@ -1010,12 +1010,3 @@ swe_rx_silence_from(swe_rx *rx, int64_t since)
     if (rx->gap_since_ms != 0 && rx->gap_since_ms < since)
         rx->gap_since_ms = since;
 }
-
-int64_t
-swe_rx_quiet(int64_t now, int64_t idle_since, int64_t grace_ms)
-{
-    int64_t quiet = idle_since < now ? idle_since : now;
-    if (now - quiet > grace_ms)
-        quiet = now - grace_ms;
-    return quiet;
-}

@@ -427,13 +427,6 @@ void swe_rx_silence_from(swe_rx *rx, int64_t since);
  * (act->credit). */
 int swe_rx_pop(swe_rx *rx, int64_t now, sw_item *out, swe_rx_act *act);
 
-/* The `quiet` to judge silence by: the time up to which the router had
- * processed what it received (idle_since: when its queue was last empty),
- * but never more than grace_ms back, so that a queue that never empties
- * (sustained load, junk on the wildcard) cannot suspend inactivity and gap
- * detection for good. */
-int64_t swe_rx_quiet(int64_t now, int64_t idle_since, int64_t grace_ms);
-
 /* 1 once the terminal was popped. */
 static inline int
 swe_rx_done(const swe_rx *rx)

@@ -9,12 +9,6 @@
 
 #include "egress/egress_int.h"
 
-/* How long a backlog on the mux may suspend silence checks: a router behind
- * on its own queue does not blame workers for its delay, but a queue that
- * never empties (sustained load, junk on the wildcard) must not suspend
- * inactivity and gap detection for good. */
-#define SWE_BACKLOG_GRACE_MS 2000
-
 void
 swe_defer_dispatch(sw_stream *s)
 {
@@ -137,14 +131,14 @@ swe_on_tick(void *arg, int64_t now)
     swe_run_deferred(r);
     if (now >= r->next_scan) {
         int64_t quiet;
+        uint64_t done, taken;
         r->next_scan = now + SWE_SCAN_MS;
         if (sw_conn_status(r->conn) == SW_CONN_CLOSED)
             swe_end_all_closed(r);
-        if (swt_sub_pending(r->mux) == 0)
-            r->mux_idle_ms = now;
-        /* Silence is judged up to the time this router had processed what
-         * it received, at most SWE_BACKLOG_GRACE_MS back. */
-        quiet = swe_rx_quiet(now, r->mux_idle_ms, SWE_BACKLOG_GRACE_MS);
+        /* Silence is judged up to the time this router had handled all it
+         * had received (egress/backlog.h): never for its own delay. */
+        swt_sub_progress(r->mux, &done, &taken);
+        quiet = swe_backlog_look(&r->backlog, now, done, taken);
         swe_snapshot(r, &r->scan_vec, &now); /* only streams with something due */
         for (size_t i = 0; i < r->scan_vec.n; i++) {
             swe_stream_tick(SWE_AT(r->scan_vec, i), now, quiet);

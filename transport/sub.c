@@ -414,6 +414,19 @@ swt_sub_pending(swt_sub *s)
     return pending;
 }
 
+void
+swt_sub_progress(swt_sub *s, uint64_t *done, uint64_t *taken)
+{
+    uint64_t queued = (uint64_t)swt_sub_pending(s);
+    *done = *taken = 0;
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    *done = s->nmsg;
+    *taken = s->nmsg + (s->in_cb ? 1 : 0) + queued;
+    pthread_mutex_unlock(&s->mu);
+}
+
 unsigned
 swt_conn_kept(sw_conn *c)
 {

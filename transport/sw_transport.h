@@ -188,6 +188,10 @@ sw_err swt_conn_new_inbox(sw_conn *c, char *out, size_t cap);
 sw_err swt_subscribe_plain(sw_conn *c, swt_sub **out, const char *subj, swt_msg_fn fn, void *arg);
 /* Messages received and not yet handed to the callback (0 if unknown). */
 int swt_sub_pending(swt_sub *s);
+/* The subscription's progress (egress/backlog.h): *done messages handled
+ * so far, *taken those plus the one in the callback and those queued (the
+ * queue read first: a message handed on meanwhile counts twice). */
+void swt_sub_progress(swt_sub *s, uint64_t *done, uint64_t *taken);
 /* Messages the client library dropped for this subscription. */
 uint64_t swt_sub_dropped(swt_sub *s);
 /* A subscription keeps the messages its callback has handled and destroys

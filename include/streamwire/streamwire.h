@@ -597,8 +597,9 @@ typedef struct sw_item {
  * is valid only during the call. The callback may call sw_stream_cancel and,
  * after (or on) the terminal, sw_stream_close. It usually runs on the
  * router's one delivery thread, shared by all its streams: a slow callback
- * delays every stream of the router (never ends them: silence is measured
- * only while the router is not behind). Hand heavy work to another thread.
+ * delays every stream of the router (never ends them: their silence is
+ * judged only up to the time the router had handled all it received; their
+ * deadlines still apply). Hand heavy work to another thread.
  * That thread is nats.c's (its default stack: 8 MiB with glibc), and the
  * callback runs with about 25 KiB of the library's frames below it (the
  * message's decode arena, proto/sw_codec.h SWP_ARENA_BYTES); mind it on a

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "egress/backlog.h"
 #include "egress/rx.h"
 
 #define W 8 /* window */
@@ -1732,25 +1733,100 @@ test_next_due_with_gap(void **state)
     swe_rx_fini(&rx);
 }
 
-/* Issue 11 #10: a mux queue that never empties suspends silence checks for
- * at most the grace time; a stream whose worker went silent still ends. */
+/* Issue 11 #10, egress/backlog.h: silence is judged up to the time the
+ * router had handled all it received. A queue that never empties but
+ * moves (sustained load) moves the quiet time on, late by the queue's own
+ * delay, so a stream whose worker went silent still ends; before, the
+ * queue's age was excused for at most 2 s, whatever its cause. */
 static void
-test_quiet_bounded(void **state)
+test_backlog_moving_queue(void **state)
 {
+    swe_backlog b;
+    swe_rx rx;
+    swe_rx_act a;
+    int64_t now, quiet = 0, ended_at = 0;
+    uint64_t taken = 0;
+    (void)state;
+    swe_backlog_init(&b, 0);
+    assert_int_equal(swe_backlog_look(&b, 1000, 5, 5), 1000); /* nothing queued: now */
+    start(&rx); /* silent from 1000 on; inactivity 1500 */
+    /* 100 messages a look, each look's taken in handled by the next */
+    for (now = 1000; now <= 4000 && !ended_at; now += 100) {
+        quiet = swe_backlog_look(&b, now, taken, taken + 100);
+        taken += 100;
+        if (now > 1000)
+            assert_int_equal(quiet, now - 100); /* late by the queue's delay */
+        swe_rx_tick(&rx, now, quiet, &a);
+        if (a.ended)
+            ended_at = now;
+    }
+    assert_true(ended_at >= 2600 && ended_at <= 2700); /* silent 1,500 ms by quiet */
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_fini(&rx);
+}
+
+/* A callback that holds the mux's thread (nothing handled) keeps the quiet
+ * time where it was, however long: no stream ends for the silence it
+ * causes. When it returns and the queue is handled, the quiet time is now
+ * again. Before: after 2 s of it every stream was judged silent (a
+ * callback holding the thread 8 s ended a live stream whose 40 items and
+ * final waited in the queue: test_flow router_backlog_never_ends_streams). */
+static void
+test_backlog_held_callback(void **state)
+{
+    swe_backlog b;
     swe_rx rx;
     swe_rx_act a;
     (void)state;
-    assert_int_equal(swe_rx_quiet(1000, 1000, 2000), 1000); /* idle now */
-    assert_int_equal(swe_rx_quiet(1000, 900, 2000), 900);   /* 100 ms behind */
-    assert_int_equal(swe_rx_quiet(10000, 0, 2000), 8000);   /* never idle: bounded */
-    assert_int_equal(swe_rx_quiet(1000, 5000, 2000), 1000); /* never ahead of now */
+    swe_backlog_init(&b, 0);
+    assert_int_equal(swe_backlog_look(&b, 1000, 10, 10), 1000);
     start(&rx); /* silent from 1000 on; inactivity 1500 */
-    swe_rx_tick(&rx, 4000, swe_rx_quiet(4000, 1000, 2000), &a);
-    assert_false(a.ended); /* quiet 2000: within the grace */
-    swe_rx_tick(&rx, 5000, swe_rx_quiet(5000, 1000, 2000), &a);
-    assert_true(a.ended); /* quiet 3000: silent for 2000 ms > 1500 */
-    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    for (int64_t now = 1100; now <= 60000; now += 100) {
+        /* one message in its callback, more queued behind it */
+        int64_t quiet = swe_backlog_look(&b, now, 10, 11 + (uint64_t)(now / 100));
+        assert_int_equal(quiet, 1000);
+        swe_rx_tick(&rx, now, quiet, &a);
+        assert_false(a.ended);
+    }
+    assert_true(b.n <= SWE_BACKLOG_MARKS); /* bounded */
+    /* the callback returned, all but the last few handled: the quiet time
+     * is the newest look whose messages were all handled */
+    assert_int_equal(swe_backlog_look(&b, 60100, 11 + 60000 / 100, 11 + 60100 / 100 + 5), 60000);
+    /* all handled */
+    assert_int_equal(swe_backlog_look(&b, 60200, 700, 700), 60200);
+    assert_int_equal(b.n, 0);
     swe_rx_fini(&rx);
+}
+
+/* The quiet time never goes back, nor ahead of now; a look that took in
+ * nothing new dates the last one on (once it is handled, so was all that
+ * arrived before this look); when the looks fill, the newest stands for
+ * the ones after it (a later quiet time, never a wrong one). */
+static void
+test_backlog_edges(void **state)
+{
+    swe_backlog b;
+    (void)state;
+    swe_backlog_init(&b, 500);
+    assert_int_equal(swe_backlog_look(&b, 400, 0, 0), 500); /* never back */
+    assert_int_equal(swe_backlog_look(&b, 1000, 0, 10), 500);
+    assert_int_equal(b.n, 1);
+    assert_int_equal(swe_backlog_look(&b, 2000, 3, 10), 500); /* nothing new */
+    assert_int_equal(b.n, 1);
+    assert_int_equal(swe_backlog_look(&b, 2100, 10, 11), 2000); /* reached: dated 2000 */
+    assert_int_equal(b.n, 1);                                   /* (2100, 11) waits */
+    /* fill: targets 100..; one more than fits replaces the newest */
+    swe_backlog_init(&b, 0);
+    for (unsigned i = 0; i <= SWE_BACKLOG_MARKS; i++)
+        assert_int_equal(swe_backlog_look(&b, 1000 + (int64_t)i, 0, 100 + i), 0);
+    assert_int_equal(b.n, SWE_BACKLOG_MARKS);
+    assert_int_equal(b.m[SWE_BACKLOG_MARKS - 1].target, 100 + SWE_BACKLOG_MARKS);
+    assert_int_equal(b.m[SWE_BACKLOG_MARKS - 1].at, 1000 + SWE_BACKLOG_MARKS);
+    /* the one replaced (target 99 + MARKS) is covered by the next */
+    assert_int_equal(swe_backlog_look(&b, 5000, 99 + SWE_BACKLOG_MARKS, 1000),
+                     1000 + SWE_BACKLOG_MARKS - 2);
+    assert_int_equal(swe_backlog_look(&b, 5001, 100 + SWE_BACKLOG_MARKS, 1000),
+                     1000 + SWE_BACKLOG_MARKS);
 }
 
 /* ---------------------------------------------------------------- terminal */
@@ -3156,7 +3232,9 @@ main(void)
         cmocka_unit_test(test_idle_ask_not_while_migrating),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_next_due_with_gap),
-        cmocka_unit_test(test_quiet_bounded),
+        cmocka_unit_test(test_backlog_moving_queue),
+        cmocka_unit_test(test_backlog_held_callback),
+        cmocka_unit_test(test_backlog_edges),
         cmocka_unit_test(test_terminal_decided_once),
         cmocka_unit_test(test_cancel_drops_queued),
         cmocka_unit_test(test_cancel_after_final_queued),

@@ -37,6 +37,30 @@ ing_reject(sw_ingress *ing, const char *subject, const uint8_t id[SW_REQUEST_ID_
     ing_reject_as(ing, subject, id, code, message, 0);
 }
 
+/* The trace id of the request's last valid traceparent header into out
+ * ("" if none), as the router takes it (egress/open.c). */
+static void
+intake_trace_id(const swp_request *req, char out[SWI_TRACE_ID_LEN + 1])
+{
+    char t[SWI_TRACE_ID_LEN + 1];
+    out[0] = '\0';
+    for (size_t i = 0; i < req->n_headers; i++)
+        if (strcmp(req->headers[i]->key, "traceparent") == 0 &&
+            swi_trace_id(req->headers[i]->value, t))
+            memcpy(out, t, sizeof(t));
+}
+
+/* The tag a log line about a request refused before it has a responder
+ * names it by: its id, and its trace id (streamwire.h, sw_header). */
+static void
+intake_logtag(const swp_request *req, char out[SWI_LOGTAG_MAX])
+{
+    char hex[SW_REQUEST_ID_HEX], trace[SWI_TRACE_ID_LEN + 1];
+    swi_hex(hex, req->request_id.data, SW_REQUEST_ID_BYTES);
+    intake_trace_id(req, trace);
+    swi_logtag(out, hex, trace);
+}
+
 /* Copies the request's headers into r (one block: the pointer pairs, then
  * the strings; the decoder has bounded their count and sizes) and finds
  * the trace id. 0, or -1 without memory. */
@@ -63,10 +87,9 @@ intake_headers(sw_responder *r, const swp_request *req)
                 r->hdr[2 * i + (size_t)k] = at;
                 at += n;
             }
-            if (strcmp(req->headers[i]->key, "traceparent") == 0)
-                (void)swi_trace_id(req->headers[i]->value, r->trace_id);
         }
         r->nhdr = req->n_headers;
+        intake_trace_id(req, r->trace_id);
     }
     swi_logtag(r->logtag, r->idhex, r->trace_id);
     return 0;
@@ -151,8 +174,10 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
             pthread_mutex_lock(&ing->mu);
             ing->st.bad_requests++;
             pthread_mutex_unlock(&ing->mu);
+            char tag[SWI_LOGTAG_MAX];
+            intake_logtag(req, tag);
             swi_log(&ing->log, SW_LOG_WARN,
-                    "request on %s names a response subject that is not its own; dropped",
+                    "request %s on %s names a response subject that is not its own; dropped", tag,
                     ing->req_subj);
             goto done;
         }
@@ -165,7 +190,7 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
         int64_t issued = req->issued_unix_ms > INT64_MAX ? 0 : (int64_t)req->issued_unix_ms;
         int64_t age_ms = swi_unix_ms() - issued;
         if (age_ms > ing->max_age_ms) {
-            char why[160];
+            char why[160], tag[SWI_LOGTAG_MAX];
             int known;
             pthread_mutex_lock(&ing->mu);
             ing->st.replays++;
@@ -182,15 +207,21 @@ swn_ing_on_request(const swt_msg *msg, void *arg)
                      "the request was issued %lld s ago by its sender's clock (at most %lld s): "
                      "a replay, or clocks apart",
                      (long long)(age_ms / 1000), (long long)(ing->max_age_ms / 1000));
-            swi_log(&ing->log, SW_LOG_WARN, "request on %s refused: %s", ing->req_subj, why);
+            intake_logtag(req, tag);
+            swi_log(&ing->log, SW_LOG_WARN, "request %s on %s refused: %s", tag, ing->req_subj,
+                    why);
             ing_reject(ing, req->response_subject, req->request_id.data, SW_EPROTO, why);
             goto done;
         }
     }
     if (req->endpoint[0] != '\0' && strcmp(req->endpoint, ing->endpoint) != 0) {
+        char tag[SWI_LOGTAG_MAX];
         pthread_mutex_lock(&ing->mu);
         ing->st.bad_requests++;
         pthread_mutex_unlock(&ing->mu);
+        intake_logtag(req, tag);
+        swi_log(&ing->log, SW_LOG_WARN, "request %s on %s refused: it is for endpoint %.128s", tag,
+                ing->req_subj, req->endpoint);
         ing_reject(ing, req->response_subject, req->request_id.data, SW_EINVAL,
                    "request for another endpoint");
         goto done;

@@ -14,9 +14,13 @@
 
 #include <cmocka.h>
 
+#include <nats/nats.h>
 #include <streamwire/streamwire.h>
 
+#include "common/sw_common.h"
 #include "harness.h"
+#include "proto/sw_codec.h"
+#include "transport/sw_transport.h"
 
 #define EP "trc.demo.gen"
 #define TRACE "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -56,6 +60,8 @@ handler(sw_responder *r, void *arg)
     pthread_mutex_unlock(&g_seen.mu);
     if (len == 6 && memcmp(p, "noterm", 6) == 0)
         return;
+    if (len == 4 && memcmp(p, "slow", 4) == 0)
+        swh_sleep_ms(300); /* past the deadline of the stream that asks so */
     (void)sw_responder_send(r, "x", 1);
     (void)sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
 }
@@ -208,6 +214,115 @@ test_headers_and_trace(void **state)
     sw_conn_close(wc);
 }
 
+/* Waits up to 5 s for `what` in the log lines; 1 if it came. */
+static int
+logged(const char *what)
+{
+    for (int i = 0; i < 500; i++) {
+        int found;
+        pthread_mutex_lock(&g_seen.mu);
+        found = strstr(g_seen.logs, what) != NULL;
+        pthread_mutex_unlock(&g_seen.mu);
+        if (found)
+            return 1;
+        swh_sleep_ms(10);
+    }
+    return 0;
+}
+
+/* The trace id tags the lines on both sides (streamwire.h, sw_header):
+ * the router's line about a stream it ended (deadline_exceeded), and the
+ * worker's lines about requests it refused before serving them (issued too
+ * long ago; for another endpoint), which named neither the request nor its
+ * trace (the second wrote no line at all). */
+static void
+test_trace_on_both_sides(void **state)
+{
+    sw_conn *wc = conn(), *fc = conn(), *ac = conn();
+    natsConnection *nc = sw_conn_nats(ac);
+    sw_ingress *ing;
+    sw_router *r;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_request_opts q;
+    sw_stream *s = NULL;
+    const sw_item *it;
+    const sw_header h[1] = {{"traceparent", TRACEPARENT}};
+    const char *endpoints[2] = {EP, "trc.other.gen"};
+    const uint64_t issued[2] = {(uint64_t)swi_unix_ms() - 10 * 60 * 1000, 0};
+    (void)state;
+    pthread_mutex_lock(&g_seen.mu);
+    g_seen.logs[0] = '\0';
+    pthread_mutex_unlock(&g_seen.mu);
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP;
+    io.instance_id = "tw2";
+    io.handler = handler;
+    io.log = log_cb;
+    io.max_request_age_ms = 5 * 60 * 1000;
+    assert_int_equal(sw_ingress_start(&ing, wc, &io), SW_OK);
+    sw_router_opts_init(&ro);
+    ro.log = log_cb;
+    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
+
+    /* the router: a stream it ends on its deadline */
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "tw2";
+    q.headers = h;
+    q.nheaders = 1;
+    q.deadline_ms = 100;
+    assert_int_equal(sw_router_open(&s, r, &q, "slow", 4), SW_OK);
+    do
+        assert_int_equal(sw_stream_next(s, &it, 10000 * swh_slow()), SW_OK);
+    while (it->kind == SW_ITEM_DATA);
+    assert_int_equal(it->terminal.error, SW_DEADLINE_EXCEEDED);
+    sw_stream_close(s);
+    if (!logged("trace=" TRACE ": deadline_exceeded"))
+        fail_msg("no router line with the trace id; lines:\n%s", g_seen.logs);
+
+    /* the worker: requests refused before they are served, written by hand
+     * (a router sends neither) */
+    for (int k = 0; k < 2; k++) {
+        swp_request m = STREAMWIRE__V1__REQUEST__INIT;
+        Streamwire__V1__Request__HeadersEntry tp = STREAMWIRE__V1__REQUEST__HEADERS_ENTRY__INIT;
+        Streamwire__V1__Request__HeadersEntry *hv[1] = {&tp};
+        uint8_t id[SW_REQUEST_ID_BYTES], *buf = NULL;
+        char hex[SW_REQUEST_ID_HEX], resp[SWT_SUBJECT_MAX], subj[SWT_SUBJECT_MAX], line[160];
+        size_t len = 0;
+        for (int i = 0; i < SW_REQUEST_ID_BYTES; i++)
+            id[i] = (uint8_t)(0x40 + 16 * k + i);
+        swi_hex(hex, id, SW_REQUEST_ID_BYTES);
+        snprintf(resp, sizeof(resp), "sw.rsp.trcr.%s", hex);
+        tp.key = (char *)"traceparent";
+        tp.value = (char *)TRACEPARENT;
+        m.version = SW_PROTOCOL_VERSION;
+        m.request_id.data = id;
+        m.request_id.len = SW_REQUEST_ID_BYTES;
+        m.response_subject = resp;
+        m.router_id = (char *)"trcr";
+        m.credit_window = 16;
+        m.heartbeat_ms = 250;
+        m.endpoint = (char *)endpoints[k];
+        m.issued_unix_ms = issued[k];
+        m.n_headers = 1;
+        m.headers = hv;
+        assert_int_equal(swt_subject_request(subj, sizeof(subj), EP, "tw2"), SW_OK);
+        assert_int_equal(swp_encode_alloc(&m, SIZE_MAX, &buf, &len), SW_OK);
+        assert_int_equal(natsConnection_PublishRequest(nc, subj, resp, buf, (int)len), NATS_OK);
+        free(buf);
+        assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+        snprintf(line, sizeof(line), "request %s trace=" TRACE " on ", hex);
+        if (!logged(line))
+            fail_msg("no worker line \"%s...\" for refusal %d; lines:\n%s", line, k, g_seen.logs);
+    }
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(ac);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+}
+
 static int
 group_setup(void **state)
 {
@@ -228,6 +343,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_headers_and_trace),
+        cmocka_unit_test(test_trace_on_both_sides),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -233,8 +233,9 @@ logged(const char *what)
 /* The trace id tags the lines on both sides (streamwire.h, sw_header):
  * the router's line about a stream it ended (deadline_exceeded), and the
  * worker's lines about requests it refused before serving them (issued too
- * long ago; for another endpoint), which named neither the request nor its
- * trace (the second wrote no line at all). */
+ * long ago; for another endpoint; a reply subject not its router's), which
+ * named neither the request nor its trace (the second wrote no line at
+ * all). */
 static void
 test_trace_on_both_sides(void **state)
 {
@@ -248,8 +249,11 @@ test_trace_on_both_sides(void **state)
     sw_stream *s = NULL;
     const sw_item *it;
     const sw_header h[1] = {{"traceparent", TRACEPARENT}};
-    const char *endpoints[2] = {EP, "trc.other.gen"};
-    const uint64_t issued[2] = {(uint64_t)swi_unix_ms() - 10 * 60 * 1000, 0};
+    /* issued too long ago; for another endpoint; a reply subject of
+     * another router's */
+    const char *endpoints[3] = {EP, "trc.other.gen", EP};
+    const uint64_t issued[3] = {(uint64_t)swi_unix_ms() - 10 * 60 * 1000, 0, 0};
+    const char *routers[3] = {"trcr", "trcr", "elsewhere"};
     (void)state;
     pthread_mutex_lock(&g_seen.mu);
     g_seen.logs[0] = '\0';
@@ -283,7 +287,7 @@ test_trace_on_both_sides(void **state)
 
     /* the worker: requests refused before they are served, written by hand
      * (a router sends neither) */
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         swp_request m = STREAMWIRE__V1__REQUEST__INIT;
         Streamwire__V1__Request__HeadersEntry tp = STREAMWIRE__V1__REQUEST__HEADERS_ENTRY__INIT;
         Streamwire__V1__Request__HeadersEntry *hv[1] = {&tp};
@@ -293,14 +297,14 @@ test_trace_on_both_sides(void **state)
         for (int i = 0; i < SW_REQUEST_ID_BYTES; i++)
             id[i] = (uint8_t)(0x40 + 16 * k + i);
         swi_hex(hex, id, SW_REQUEST_ID_BYTES);
-        snprintf(resp, sizeof(resp), "sw.rsp.trcr.%s", hex);
+        snprintf(resp, sizeof(resp), "sw.rsp.%s.%s", routers[k], hex);
         tp.key = (char *)"traceparent";
         tp.value = (char *)TRACEPARENT;
         m.version = SW_PROTOCOL_VERSION;
         m.request_id.data = id;
         m.request_id.len = SW_REQUEST_ID_BYTES;
         m.response_subject = resp;
-        m.router_id = (char *)"trcr";
+        m.router_id = (char *)"trcr"; /* (its own subject: sw.rsp.trcr.<id>) */
         m.credit_window = 16;
         m.heartbeat_ms = 250;
         m.endpoint = (char *)endpoints[k];

@@ -8,8 +8,9 @@
  * as events, and gives them to h2o in one h2o_send. While h2o has not
  * called proceed (the client has not taken the bytes), nothing more is
  * taken from the stream: credits stop the worker, so a slow client costs a
- * bounded amount of memory (the credit window's items, and at most
- * SWG_ROUND_BYTES of events). A write the client takes nothing of for
+ * bounded amount of memory (the credit window's items, and a round of
+ * events: taken while under SWG_ROUND_BYTES, the last item's event whole,
+ * up to 6 times its bytes once JSON-escaped). A write the client takes nothing of for
  * stall_ms ends the response (rq_stalled), so a client that never reads
  * does not hold the stream, its worker's handler and our memory for ever;
  * the last write too, after q is gone (swg_fin).
@@ -30,7 +31,7 @@
 #include "common/sw_common.h"
 #include "gateway/gw_int.h"
 
-#define SWG_ROUND_BYTES (64 * 1024) /* events taken per round, at most (about) */
+#define SWG_ROUND_BYTES (64 * 1024) /* a round takes items while its events are under it */
 /* A client with this many items waiting for it is behind: metrics are shed. */
 #define SWG_BEHIND_ITEMS 8
 

@@ -210,9 +210,18 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
     /* Last: it may drop mu while publishing. With nothing more to come the
      * producer has nothing to coalesce with: it publishes now rather than
      * hand the stream to the sender thread. */
-    if (kept && (by & SWN_BY_PRODUCER) && !r->sending)
+    if (kept && (by & SWN_BY_PRODUCER) && !r->sending) {
         swn_resp_run_drain(r);
-    else if (kept)
+        if (rv == SW_OK && r->pub_err != SW_OK) {
+            /* This call's own publish (of the final, and of the items
+             * queued before it) failed: told now, if NATS's (as above);
+             * the final is kept and resent if asked. Nothing else would
+             * tell it: the stream is over. */
+            rv = swn_resp_take_pub_err(r);
+            if (!sw_err_is_nats(rv))
+                rv = SW_OK;
+        }
+    } else if (kept)
         swn_resp_kick(r);
     pthread_mutex_lock(&ing->mu);
     ing->st.finished[counted_as]++;

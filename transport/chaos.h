@@ -16,4 +16,13 @@
  * fails with the status nats.c gives a closed subscription. */
 void swx_conn_fail_sub_complete(sw_conn *c, int n);
 
+/* The next n publishes on c to a subject that starts with prefix fail
+ * with nats_status (a natsStatus) and send nothing, as a publish nats.c
+ * refused would (a connection closed or broken meanwhile). Set once, before
+ * the publishes it is for. */
+void swx_conn_fail_publishes(sw_conn *c, const char *prefix, int n, int nats_status);
+
+/* How many of those are still to fail. */
+int swx_conn_publishes_to_fail(sw_conn *c);
+
 #endif

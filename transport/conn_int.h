@@ -36,6 +36,13 @@ struct sw_conn {
     swt_sealer *sealer;     /* sw_conn_opts.seal_key_file: seals and opens every message */
     uint64_t auth_failures; /* messages refused: did not open, or unsealed (atomic) */
     int chaos_no_complete;  /* swx_conn_fail_sub_complete (chaos build; atomic) */
+#ifdef SW_CHAOS
+    /* swx_conn_fail_publishes: publishes still to fail (atomic), on
+     * subjects that start with the prefix, with this natsStatus */
+    int chaos_fail_pubs;
+    int chaos_fail_status;
+    char chaos_fail_prefix[SWT_SUBJECT_MAX];
+#endif
     /* The open subscriptions, for swt_conn_trim (sub.c). subs_mu is taken
      * before a subscription's own mu, never after it. */
     pthread_mutex_t subs_mu;
@@ -68,5 +75,11 @@ swt_conn_tap(sw_conn *c, swt_tap_point at, const void *data, size_t len)
     if (fn != NULL)
         fn(c->tap_arg, at, (const uint8_t *)data, len);
 }
+
+#ifdef SW_CHAOS
+/* The natsStatus a publish on subj is to fail with (swx_conn_fail_publishes;
+ * one of them counted), or 0 (NATS_OK) to publish it. */
+int swt_chaos_fail_publish(sw_conn *c, const char *subj);
+#endif
 
 #endif

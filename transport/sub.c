@@ -18,6 +18,10 @@ swt_publish_plain(sw_conn *c, const char *subj, const char *reply, const void *d
     int64_t max = __atomic_load_n(&c->max_payload, __ATOMIC_ACQUIRE);
     if ((max > 0 && len > (size_t)max) || len > (size_t)INT32_MAX)
         return SW_EMSGSIZE;
+#ifdef SW_CHAOS
+    if ((s = (natsStatus)swt_chaos_fail_publish(c, subj)) != NATS_OK)
+        return sw_err_from_nats(s); /* swx_conn_fail_publishes */
+#endif
     swt_conn_tap(c, SWT_TAP_PUB_BEGIN, data, len);
     if (reply != NULL)
         s = natsConnection_PublishRequest(c->nc, subj, reply, data, (int)len);

@@ -503,10 +503,10 @@ SW_API sw_err sw_responder_send_event(sw_responder *r, const char *event, const 
  * terminated, or the ingress closed). Ending a stream needs no memory (the
  * final is built on the stack), so SW_ENOMEM never comes from here (nor
  * from an earlier send's publish that found no memory: its items are kept
- * and resent). A NATS error, or one an earlier send's publish left
- * (sw_err_is_nats): the final was queued, and is resent if the frontend
- * asks, but a publish failed; the stream is terminated all the same (a
- * second call is SW_ECLOSED). */
+ * and resent). A NATS error (sw_err_is_nats), of this call's own publish
+ * of the final or one an earlier send's publish left: the final was
+ * queued, and is resent if the frontend asks, but a publish failed; the
+ * stream is terminated all the same (a second call is SW_ECLOSED). */
 SW_API sw_err sw_responder_finish(sw_responder *r, sw_status status, const char *reason);
 
 /* Ends the stream with FAILED, an application error code token (1..64 chars

@@ -6,6 +6,7 @@
  * deadline, inactivity, overloaded), callback mode, responder API edges.
  * Fixture, threads and locks: streams_fixture.h. */
 #include "streams_fixture.h"
+#include "transport/chaos.h"
 
 /* ======================================================================== */
 /* 1. Completed stream                                                       */
@@ -271,6 +272,91 @@ on_cancel_after_the_cancel(void **state)
     assert_int_equal(late_calls(&lc, NULL), 2);
     pthread_mutex_destroy(&lc.mu);
     got_free(g);
+}
+
+/* The next item of s is data `want` at seq `seq`. */
+static void
+next_is(sw_stream *s, const char *want, uint64_t seq)
+{
+    const sw_item *it = NULL;
+    assert_int_equal(sw_stream_next(s, &it, T(10000)), SW_OK);
+    assert_int_equal(it->kind, SW_ITEM_DATA);
+    assert_int_equal(it->seq, seq);
+    assert_int_equal(it->len, strlen(want));
+    assert_memory_equal(it->data, want, it->len);
+}
+
+/* Waits until the publishes swx_conn_fail_publishes armed have failed. */
+static void
+publishes_failed(sw_conn *c)
+{
+    for (int64_t until = now_ms() + T(5000); swx_conn_publishes_to_fail(c) > 0 && now_ms() < until;)
+        sleep_ms(2);
+    assert_int_equal(swx_conn_publishes_to_fail(c), 0);
+}
+
+/* sw_responder_send and _finish (streamwire.h): "A publish of queued items
+ * that failed leaves them kept (the frontend asks for them again); its
+ * error is returned by the next send (which then takes nothing), or by
+ * finish or fail if it is a NATS error." Here publishes on the stream's
+ * subject fail as nats.c would refuse them (NATS_IO_ERROR): item 2's
+ * publish, told by the next send, which takes nothing; then the final's
+ * own publish, made by finish itself, which returned SW_OK for it. The
+ * consumer still gets every item in order and the completed terminal (the
+ * items and the final resent when asked). */
+static void
+publish_failures_are_told(void **state)
+{
+    env *e = *state;
+    char subj[SWT_SUBJECT_MAX];
+    const sw_item *it = NULL;
+    sw_stream_stats ss;
+    sw_ingress_stats st;
+    sw_responder *r;
+    sw_stream *s;
+    sw_err rv;
+
+    e->w.mode = M_KEEP;
+    env_start(e, NULL, NULL);
+    s = env_open(e);
+    r = kept_responder(e, 1);
+    assert_int_equal(
+        swt_subject_response(subj, sizeof(subj), sw_router_id(e->rt), sw_stream_request_id(s)),
+        SW_OK);
+    assert_int_equal(sw_responder_send(r, "a", 1), SW_OK);
+    next_is(s, "a", 1); /* (it went out) */
+
+    swx_conn_fail_publishes(e->wc, subj, 1, NATS_IO_ERROR);
+    assert_int_equal(sw_responder_send(r, "b", 1), SW_OK); /* queued; its publish fails */
+    publishes_failed(e->wc);
+    rv = sw_responder_send(r, "c", 1);
+    if (!sw_err_is_nats(rv) || sw_err_nats_status(rv) != NATS_IO_ERROR)
+        fail_msg("the send after a failed publish returned %s (want the NATS error)",
+                 sw_err_name(rv));
+    assert_int_equal(sw_responder_send(r, "c", 1), SW_OK); /* the first took nothing */
+    next_is(s, "b", 2);                                    /* resent when asked */
+    next_is(s, "c", 3);
+
+    swx_conn_fail_publishes(e->wc, subj, 1, NATS_IO_ERROR);
+    rv = sw_responder_finish(r, SW_STATUS_COMPLETED, NULL);
+    if (!sw_err_is_nats(rv) || sw_err_nats_status(rv) != NATS_IO_ERROR)
+        fail_msg("finish, whose own publish of the final failed, returned %s (want the NATS "
+                 "error)",
+                 sw_err_name(rv));
+    assert_int_equal(swx_conn_publishes_to_fail(e->wc), 0);
+    assert_int_equal(sw_responder_finish(r, SW_STATUS_COMPLETED, NULL), SW_ECLOSED);
+    assert_int_equal(sw_stream_next(s, &it, T(10000)), SW_OK); /* the final, resent */
+    assert_int_equal(it->kind, SW_ITEM_TERMINAL);
+    assert_int_equal(it->terminal.status, SW_STATUS_COMPLETED);
+    assert_int_equal(it->seq, 4);
+    sw_stream_stats_get(s, &ss);
+    assert_int_equal(ss.items, 3);
+    assert_true(ss.resend_requests >= 2);
+    kept_release(e, r);
+    ingress_stats(e, &st);
+    assert_int_equal(st.items_sent, 2); /* a and c: b's first publish failed, */
+    assert_true(st.items_resent >= 1);  /* it went out resent */
+    assert_int_equal(st.finished[SW_STATUS_COMPLETED], 1);
 }
 
 /* ======================================================================== */
@@ -883,6 +969,7 @@ main(int argc, char **argv)
         T_(router_stats_count_items),
         T_(responder_api_edges),
         T_(on_cancel_after_the_cancel),
+        T_(publish_failures_are_told),
         T_(incomplete_max_tokens),
         T_(failed_engine_error),
         T_(handler_returned_without_terminal),

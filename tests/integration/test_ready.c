@@ -32,10 +32,15 @@ static int g_sent; /* items the handler managed to send (atomic) */
 static void
 handler(sw_responder *r, void *arg)
 {
+    size_t plen = 0;
+    const char *p = sw_responder_payload(r, &plen);
+    int slow = plen == 4 && memcmp(p, "slow", 4) == 0; /* an item every 2 ms */
     (void)arg;
     for (int i = 0; i < N; i++) {
         char tok[16];
         int k = snprintf(tok, sizeof(tok), "t%d", i);
+        if (slow)
+            swh_sleep_ms(2);
         if (sw_responder_send(r, tok, (size_t)k) != SW_OK)
             return;
         __atomic_fetch_add(&g_sent, 1, __ATOMIC_RELAXED);
@@ -171,6 +176,76 @@ test_on_ready(void **state)
     sw_conn_close(wc);
 }
 
+/* An on_ready that takes its time: in_call while it runs. */
+typedef struct slow_ready {
+    int in_call, calls; /* atomic */
+} slow_ready;
+
+static void
+on_ready_slow(sw_stream *s, void *arg)
+{
+    slow_ready *x = arg;
+    (void)s;
+    __atomic_store_n(&x->in_call, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&x->calls, 1, __ATOMIC_RELAXED);
+    swh_sleep_ms(20);
+    __atomic_store_n(&x->in_call, 0, __ATOMIC_RELEASE);
+}
+
+/* "After sw_stream_close returns it is never called again (close waits for
+ * a call in progress)": close is called while on_ready runs (items keep
+ * arriving, nothing takes them), and when it returns no call is under way,
+ * none comes later, and the argument can be freed (ASan would see a call
+ * that touched it). */
+static void
+test_close_waits_for_on_ready(void **state)
+{
+    sw_conn *wc = conn(), *fc = conn();
+    sw_ingress *ing;
+    sw_router *r;
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_request_opts q;
+    sw_stream *s;
+    slow_ready *x = calloc(1, sizeof(*x));
+    int calls, in_call;
+    (void)state;
+    assert_non_null(x);
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP;
+    io.instance_id = "rw2";
+    io.handler = handler;
+    assert_int_equal(sw_ingress_start(&ing, wc, &io), SW_OK);
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
+    sw_request_opts_init(&q);
+    q.endpoint = EP;
+    q.instance_id = "rw2";
+    q.credit_window = 1024;
+    q.on_ready = on_ready_slow;
+    q.on_ready_arg = x;
+    assert_int_equal(sw_router_open(&s, r, &q, "slow", 4), SW_OK);
+    for (int64_t until = swh_now_ms() + 10000 * swh_slow();
+         !(__atomic_load_n(&x->calls, __ATOMIC_ACQUIRE) >= 2 &&
+           __atomic_load_n(&x->in_call, __ATOMIC_ACQUIRE)) &&
+         swh_now_ms() < until;)
+        swh_sleep_ms(1);
+    assert_int_equal(__atomic_load_n(&x->in_call, __ATOMIC_ACQUIRE), 1);
+    sw_stream_close(s);
+    in_call = __atomic_load_n(&x->in_call, __ATOMIC_ACQUIRE);
+    calls = __atomic_load_n(&x->calls, __ATOMIC_ACQUIRE);
+    if (in_call)
+        fail_msg("sw_stream_close returned while on_ready ran");
+    swh_sleep_ms(300);
+    assert_int_equal(__atomic_load_n(&x->calls, __ATOMIC_ACQUIRE), calls);
+    free(x);
+    swh_sleep_ms(100); /* (a call now would touch freed memory) */
+    sw_router_destroy(r);
+    sw_ingress_destroy(ing);
+    sw_conn_close(fc);
+    sw_conn_close(wc);
+}
+
 /* A comma-separated server list (a cluster's URLs): the first that answers
  * is used; none answering is SW_ECONNECT. */
 static void
@@ -216,6 +291,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_on_ready),
+        cmocka_unit_test(test_close_waits_for_on_ready),
         cmocka_unit_test(test_url_list),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -1,5 +1,6 @@
 /* egress/backlog.c -- the router's quiet time from its mux queue's
  * progress (egress/backlog.h). */
+#include <stdint.h>
 #include <string.h>
 
 #include "egress/backlog.h"
@@ -9,6 +10,27 @@ swe_backlog_init(swe_backlog *b, int64_t now)
 {
     b->caught_ms = now;
     b->n = 0;
+}
+
+/* Full: drops the inner look whose neighbours are closest in time (the
+ * oldest and the newest stay), so the looks kept stay spread over the
+ * queue's delay and the quiet time lags it by about one gap between them.
+ * (Overwriting the newest instead let the newest chase the queue's tail:
+ * with a delay of 8 s the quiet time lagged 14 s.) */
+static void
+backlog_thin(swe_backlog *b)
+{
+    unsigned drop = 1;
+    int64_t best = INT64_MAX;
+    for (unsigned i = 1; i + 1 < b->n; i++) {
+        int64_t span = b->m[i + 1].at - b->m[i - 1].at;
+        if (span < best) {
+            best = span;
+            drop = i;
+        }
+    }
+    memmove(b->m + drop, b->m + drop + 1, (b->n - drop - 1) * sizeof(b->m[0]));
+    b->n--;
 }
 
 int64_t
@@ -36,7 +58,7 @@ swe_backlog_look(swe_backlog *b, int64_t now, uint64_t done, uint64_t target)
         return b->caught_ms;
     }
     if (b->n == SWE_BACKLOG_MARKS)
-        b->n--; /* full: this look stands for the newest too */
+        backlog_thin(b);
     b->m[b->n].at = now;
     b->m[b->n].target = target;
     b->n++;

@@ -124,6 +124,7 @@ struct sw_router {
     int closing;                /* no new streams */
     int closed;                 /* no more publishing (atomic) */
     swe_backlog backlog;        /* the mux's progress: the quiet time (ticker thread only) */
+    int64_t behind_warned_ms;   /* the last "behind" warning (ticker thread only) */
     uint64_t items;             /* data items delivered (atomic) */
     uint64_t items_after_final; /* (atomic) */
     uint64_t err_counts[SWE_ERR_SLOTS]; /* error terminals by code (r->mu) */

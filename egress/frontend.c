@@ -291,6 +291,7 @@ sw_router_create(sw_router **out, sw_conn *conn, const sw_router_opts *o)
         goto fail;
     }
     swe_backlog_init(&r->backlog, swi_now_ms());
+    r->behind_warned_ms = INT64_MIN / 2;
     if (swi_ticker_start(&r->ticker, SWE_TICK_MS, swe_on_tick, r) != 0) {
         rv = SW_ENOMEM;
         goto fail;

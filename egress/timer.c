@@ -139,6 +139,14 @@ swe_on_tick(void *arg, int64_t now)
          * had received (egress/backlog.h): never for its own delay. */
         swt_sub_progress(r->mux, &done, &taken);
         quiet = swe_backlog_look(&r->backlog, now, done, taken);
+        if (now - quiet >= SWE_BEHIND_WARN_MS && now - r->behind_warned_ms >= SWE_BEHIND_WARN_MS) {
+            r->behind_warned_ms = now;
+            swi_log(&r->log, SW_LOG_WARN,
+                    "router %s: %lld ms behind on what it received (%llu messages waiting; a "
+                    "callback that blocks its delivery thread?): its streams' silence is not "
+                    "judged meanwhile",
+                    r->id, (long long)(now - quiet), (unsigned long long)(taken - done));
+        }
         swe_snapshot(r, &r->scan_vec, &now); /* only streams with something due */
         for (size_t i = 0; i < r->scan_vec.n; i++) {
             swe_stream_tick(SWE_AT(r->scan_vec, i), now, quiet);

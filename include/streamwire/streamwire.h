@@ -599,7 +599,10 @@ typedef struct sw_item {
  * router's one delivery thread, shared by all its streams: a slow callback
  * delays every stream of the router (never ends them: their silence is
  * judged only up to the time the router had handled all it received; their
- * deadlines still apply). Hand heavy work to another thread.
+ * deadlines still apply, and a callback that never returns leaves the
+ * router's streams without a deadline open for good: the router logs a
+ * warning every 10 s it is that far behind). Hand heavy work to another
+ * thread.
  * That thread is nats.c's (its default stack: 8 MiB with glibc), and the
  * callback runs with about 25 KiB of the library's frames below it (the
  * message's decode arena, proto/sw_codec.h SWP_ARENA_BYTES); mind it on a

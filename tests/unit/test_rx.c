@@ -1815,18 +1815,53 @@ test_backlog_edges(void **state)
     assert_int_equal(b.n, 1);
     assert_int_equal(swe_backlog_look(&b, 2100, 10, 11), 2000); /* reached: dated 2000 */
     assert_int_equal(b.n, 1);                                   /* (2100, 11) waits */
-    /* fill: targets 100..; one more than fits replaces the newest */
+    /* fill: looks 1 ms apart, then one 10 ms later; one more than fits
+     * drops an inner look between the closest neighbours (the first such,
+     * the second look), keeping the oldest and the newest */
     swe_backlog_init(&b, 0);
-    for (unsigned i = 0; i <= SWE_BACKLOG_MARKS; i++)
+    for (unsigned i = 0; i < SWE_BACKLOG_MARKS; i++)
         assert_int_equal(swe_backlog_look(&b, 1000 + (int64_t)i, 0, 100 + i), 0);
     assert_int_equal(b.n, SWE_BACKLOG_MARKS);
-    assert_int_equal(b.m[SWE_BACKLOG_MARKS - 1].target, 100 + SWE_BACKLOG_MARKS);
-    assert_int_equal(b.m[SWE_BACKLOG_MARKS - 1].at, 1000 + SWE_BACKLOG_MARKS);
-    /* the one replaced (target 99 + MARKS) is covered by the next */
-    assert_int_equal(swe_backlog_look(&b, 5000, 99 + SWE_BACKLOG_MARKS, 1000),
-                     1000 + SWE_BACKLOG_MARKS - 2);
-    assert_int_equal(swe_backlog_look(&b, 5001, 100 + SWE_BACKLOG_MARKS, 1000),
-                     1000 + SWE_BACKLOG_MARKS);
+    assert_int_equal(swe_backlog_look(&b, 2000, 0, 1000), 0);
+    assert_int_equal(b.n, SWE_BACKLOG_MARKS);
+    assert_int_equal(b.m[0].at, 1000);
+    assert_int_equal(b.m[1].at, 1002); /* 1001 dropped */
+    assert_int_equal(b.m[SWE_BACKLOG_MARKS - 2].at, 1000 + SWE_BACKLOG_MARKS - 1);
+    assert_int_equal(b.m[SWE_BACKLOG_MARKS - 1].at, 2000);
+    /* reaching the dropped look's target counts the one before it */
+    assert_int_equal(swe_backlog_look(&b, 2001, 101, 1000), 1000);
+    assert_int_equal(swe_backlog_look(&b, 2002, 102, 1000), 1002);
+    /* (the newest re-dated by the two looks that took in nothing new) */
+    assert_int_equal(swe_backlog_look(&b, 2003, 1000, 1001), 2002);
+}
+
+/* A queue whose delay is far longer than the looks kept cover (64 looks,
+ * one per 25 ms scan: 1.6 s): the quiet time lags it by about the delay,
+ * not twice it. Messages arrive at 1,000 a second; each is handled
+ * `delay` ms after it arrived. (Overwriting the newest look when full let
+ * it chase the queue's tail: 2.4 s behind for a delay of 2 s, 14.4 s for
+ * 8 s.) */
+static void
+test_backlog_long_delay(void **state)
+{
+    (void)state;
+    for (int64_t delay = 2000; delay <= 8000; delay *= 2) {
+        swe_backlog b;
+        int64_t worst = 0;
+        swe_backlog_init(&b, 0);
+        for (int64_t now = 25; now <= 60000; now += 25) {
+            uint64_t taken = (uint64_t)now; /* one a ms */
+            uint64_t done = now > delay ? (uint64_t)(now - delay) : 0;
+            int64_t lag = now - swe_backlog_look(&b, now, done, taken);
+            if (now > 3 * delay && lag > worst)
+                worst = lag;
+            assert_true(b.n <= SWE_BACKLOG_MARKS);
+        }
+        if (worst > delay + delay / 10 + 50)
+            fail_msg("a queue %lld ms behind: the quiet time lagged %lld ms", (long long)delay,
+                     (long long)worst);
+        assert_true(worst >= delay); /* never ahead of what was handled */
+    }
 }
 
 /* ---------------------------------------------------------------- terminal */
@@ -3235,6 +3270,7 @@ main(void)
         cmocka_unit_test(test_backlog_moving_queue),
         cmocka_unit_test(test_backlog_held_callback),
         cmocka_unit_test(test_backlog_edges),
+        cmocka_unit_test(test_backlog_long_delay),
         cmocka_unit_test(test_terminal_decided_once),
         cmocka_unit_test(test_cancel_drops_queued),
         cmocka_unit_test(test_cancel_after_final_queued),

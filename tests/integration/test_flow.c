@@ -894,7 +894,7 @@ scale_1000_streams(void **state)
 typedef struct slowcb {
     cbgot c; /* first: allocated and finalised as a cbgot by the fixture */
     int slept;
-    int sleep_for; /* ms; 0: 2,000 */
+    int sleep_for; /* ms */
 } slowcb;
 
 static void
@@ -903,7 +903,7 @@ slow_cb_item(sw_stream *s, const sw_item *it, void *arg)
     slowcb *x = arg;
     if (it->kind == SW_ITEM_DATA && !x->slept) {
         x->slept = 1;
-        sleep_ms(x->sleep_for ? x->sleep_for : 2000);
+        sleep_ms(x->sleep_for);
     }
     cb_item(s, it, &x->c);
 }
@@ -1079,32 +1079,42 @@ cancel_from_another_thread_waits_for_callback(void **state)
     env_close(e, s);
 }
 
+/* Stream A, whose callback sleeps `sleep_ms` on its first item, and B, a
+ * blocking consumer, from a live, steady worker (40 items 50 ms apart:
+ * ~2 s a stream; heartbeat 250 ms: inactivity 1,500 ms), on a router made
+ * with ro (NULL: the defaults): both complete with all 40 items. */
 static void
-router_backlog_no_spurious_incomplete(void **state)
+backlog_both_complete(env *e, int sleep_ms, sw_router_opts *ro)
 {
-    env *e = *state;
     sw_request_opts o;
     got *gb = new_got(e);
     sw_stream *a, *b;
     slowcb *x = (slowcb *)new_cbgot_sized(e, sizeof(slowcb));
 
+    x->sleep_for = sleep_ms;
     e->w.mode = M_STREAM;
     e->w.n = 40;
-    e->w.delay_ms = 50;       /* a live, steady worker: ~2 s per stream */
-    env_start(e, NULL, NULL); /* heartbeat 250 ms: inactivity 1500 ms */
+    e->w.delay_ms = 50;
+    env_start(e, NULL, ro);
     ropts(e, &o);
     o.on_item = slow_cb_item;
     o.on_item_arg = x;
     a = env_open_with(e, &o, "a", 1);
     b = env_open(e);
-    assert_true(collect(b, gb, 0, T(20000)));
-    assert_true(cb_wait(&x->c, T(20000)));
+    assert_true(collect(b, gb, 0, T(30000)));
+    assert_true(cb_wait(&x->c, T(30000)));
     assert_terminal(gb, SW_STATUS_COMPLETED, SW_OK, "stop");
     assert_tokens(gb, 40);
     assert_terminal(&x->c.g, SW_STATUS_COMPLETED, SW_OK, "stop");
     assert_tokens(&x->c.g, 40);
     env_close(e, a);
     env_close(e, b);
+}
+
+static void
+router_backlog_no_spurious_incomplete(void **state)
+{
+    backlog_both_complete(*state, 2000, NULL);
 }
 
 /* The router's warnings: how many said it was behind. */
@@ -1122,35 +1132,12 @@ behind_log(void *arg, sw_log_level level, const char *msg)
 static void
 router_backlog_never_ends_streams(void **state)
 {
-    env *e = *state;
-    sw_request_opts o;
     sw_router_opts ro;
-    got *gb = new_got(e);
-    sw_stream *a, *b;
-    slowcb *x = (slowcb *)new_cbgot_sized(e, sizeof(slowcb));
-
-    x->sleep_for = 10500;
-    e->w.mode = M_STREAM;
-    e->w.n = 40;
-    e->w.delay_ms = 50;
     __atomic_store_n(&g_behind_warnings, 0, __ATOMIC_RELAXED);
     sw_router_opts_init(&ro);
     ro.log = behind_log;
-    env_start(e, NULL, &ro); /* heartbeat 250 ms: inactivity 1500 ms */
-    ropts(e, &o);
-    o.on_item = slow_cb_item;
-    o.on_item_arg = x;
-    a = env_open_with(e, &o, "a", 1);
-    b = env_open(e);
-    assert_true(collect(b, gb, 0, T(30000)));
-    assert_true(cb_wait(&x->c, T(30000)));
-    assert_terminal(gb, SW_STATUS_COMPLETED, SW_OK, "stop");
-    assert_tokens(gb, 40);
-    assert_terminal(&x->c.g, SW_STATUS_COMPLETED, SW_OK, "stop");
-    assert_tokens(&x->c.g, 40);
+    backlog_both_complete(*state, 10500, &ro);
     assert_int_equal(__atomic_load_n(&g_behind_warnings, __ATOMIC_RELAXED), 1);
-    env_close(e, a);
-    env_close(e, b);
 }
 
 /* An instance that streams steadily is alive, whatever its control thread

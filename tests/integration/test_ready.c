@@ -86,14 +86,35 @@ wait_wake(waker *w, int ms)
     return 1;
 }
 
+/* A worker "inst" on wc running handler, a router on fc, and the request
+ * options of a stream to it that notifies on_ready(arg). */
+static void
+pair_start(sw_conn *wc, sw_conn *fc, const char *inst, sw_ingress **ing, sw_router **r,
+           sw_request_opts *q, unsigned window, void (*ready)(sw_stream *, void *), void *arg)
+{
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP;
+    io.instance_id = inst;
+    io.handler = handler;
+    assert_int_equal(sw_ingress_start(ing, wc, &io), SW_OK);
+    sw_router_opts_init(&ro);
+    assert_int_equal(sw_router_create(r, fc, &ro), SW_OK);
+    sw_request_opts_init(q);
+    q->endpoint = EP;
+    q->instance_id = inst;
+    q->credit_window = window;
+    q->on_ready = ready;
+    q->on_ready_arg = arg;
+}
+
 static void
 test_on_ready(void **state)
 {
     sw_conn *wc = conn(), *fc = conn();
     sw_ingress *ing;
     sw_router *r;
-    sw_ingress_opts io;
-    sw_router_opts ro;
     sw_request_opts q;
     sw_stream *s;
     waker w = {{-1, -1}, 0};
@@ -101,19 +122,7 @@ test_on_ready(void **state)
     int got = 0, done = 0, calls;
     (void)state;
     assert_int_equal(pipe(w.fd), 0);
-    sw_ingress_opts_init(&io);
-    io.endpoint = EP;
-    io.instance_id = "rw1";
-    io.handler = handler;
-    assert_int_equal(sw_ingress_start(&ing, wc, &io), SW_OK);
-    sw_router_opts_init(&ro);
-    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
-    sw_request_opts_init(&q);
-    q.endpoint = EP;
-    q.instance_id = "rw1";
-    q.credit_window = WINDOW;
-    q.on_ready = on_ready;
-    q.on_ready_arg = &w;
+    pair_start(wc, fc, "rw1", &ing, &r, &q, WINDOW, on_ready, &w);
     assert_int_equal(sw_router_open(&s, r, &q, "go", 2), SW_OK);
 
     /* Take nothing for a while: the worker stops at the window. */
@@ -203,27 +212,13 @@ test_close_waits_for_on_ready(void **state)
     sw_conn *wc = conn(), *fc = conn();
     sw_ingress *ing;
     sw_router *r;
-    sw_ingress_opts io;
-    sw_router_opts ro;
     sw_request_opts q;
     sw_stream *s;
     slow_ready *x = calloc(1, sizeof(*x));
     int calls, in_call;
     (void)state;
     assert_non_null(x);
-    sw_ingress_opts_init(&io);
-    io.endpoint = EP;
-    io.instance_id = "rw2";
-    io.handler = handler;
-    assert_int_equal(sw_ingress_start(&ing, wc, &io), SW_OK);
-    sw_router_opts_init(&ro);
-    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
-    sw_request_opts_init(&q);
-    q.endpoint = EP;
-    q.instance_id = "rw2";
-    q.credit_window = 1024;
-    q.on_ready = on_ready_slow;
-    q.on_ready_arg = x;
+    pair_start(wc, fc, "rw2", &ing, &r, &q, 1024, on_ready_slow, x);
     assert_int_equal(sw_router_open(&s, r, &q, "slow", 4), SW_OK);
     for (int64_t until = swh_now_ms() + 10000 * swh_slow();
          !(__atomic_load_n(&x->calls, __ATOMIC_ACQUIRE) >= 2 &&

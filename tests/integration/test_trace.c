@@ -110,14 +110,32 @@ run(sw_router *r, const sw_header *h, size_t n, const char *payload)
     return status;
 }
 
+/* A worker "inst" on wc (requests older than max_age_ms refused; 0: no
+ * limit) and a router on fc, both logging to log_cb. */
+static void
+pair_start(sw_conn *wc, sw_conn *fc, const char *inst, int64_t max_age_ms, sw_ingress **ing,
+           sw_router **r)
+{
+    sw_ingress_opts io;
+    sw_router_opts ro;
+    sw_ingress_opts_init(&io);
+    io.endpoint = EP;
+    io.instance_id = inst;
+    io.handler = handler;
+    io.log = log_cb;
+    io.max_request_age_ms = max_age_ms;
+    assert_int_equal(sw_ingress_start(ing, wc, &io), SW_OK);
+    sw_router_opts_init(&ro);
+    ro.log = log_cb;
+    assert_int_equal(sw_router_create(r, fc, &ro), SW_OK);
+}
+
 static void
 test_headers_and_trace(void **state)
 {
     sw_conn *wc = conn(), *fc = conn();
     sw_ingress *ing;
     sw_router *r;
-    sw_ingress_opts io;
-    sw_router_opts ro;
     sw_request_opts q;
     sw_stream *s = NULL;
     const sw_header h[3] = {
@@ -127,15 +145,7 @@ test_headers_and_trace(void **state)
     char keys[SW_MAX_HEADERS + 1][8];
     static char big[4098];
     (void)state;
-    sw_ingress_opts_init(&io);
-    io.endpoint = EP;
-    io.instance_id = "tw1";
-    io.handler = handler;
-    io.log = log_cb;
-    assert_int_equal(sw_ingress_start(&ing, wc, &io), SW_OK);
-    sw_router_opts_init(&ro);
-    ro.log = log_cb;
-    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
+    pair_start(wc, fc, "tw1", 0, &ing, &r);
 
     /* headers arrive as sent; the trace id is the traceparent's */
     assert_int_equal(run(r, h, 3, "ok"), SW_STATUS_COMPLETED);
@@ -243,8 +253,6 @@ test_trace_on_both_sides(void **state)
     natsConnection *nc = sw_conn_nats(ac);
     sw_ingress *ing;
     sw_router *r;
-    sw_ingress_opts io;
-    sw_router_opts ro;
     sw_request_opts q;
     sw_stream *s = NULL;
     const sw_item *it;
@@ -258,16 +266,7 @@ test_trace_on_both_sides(void **state)
     pthread_mutex_lock(&g_seen.mu);
     g_seen.logs[0] = '\0';
     pthread_mutex_unlock(&g_seen.mu);
-    sw_ingress_opts_init(&io);
-    io.endpoint = EP;
-    io.instance_id = "tw2";
-    io.handler = handler;
-    io.log = log_cb;
-    io.max_request_age_ms = 5 * 60 * 1000;
-    assert_int_equal(sw_ingress_start(&ing, wc, &io), SW_OK);
-    sw_router_opts_init(&ro);
-    ro.log = log_cb;
-    assert_int_equal(sw_router_create(&r, fc, &ro), SW_OK);
+    pair_start(wc, fc, "tw2", 5 * 60 * 1000, &ing, &r);
 
     /* the router: a stream it ends on its deadline */
     sw_request_opts_init(&q);

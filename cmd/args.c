@@ -1,4 +1,5 @@
 /* cmd/args.c -- the one option parser every subcommand uses. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -232,11 +233,21 @@ cli_parse(const cli_cmd *cmd, int argc, char **argv)
     return CLI_PARSE_OK;
 }
 
+/* 1 if a --server value names no server: empty, blanks and commas only. */
+static int
+cli_blank_urls(const char *s)
+{
+    for (; *s != '\0'; s++)
+        if (!isspace((unsigned char)*s) && *s != ',')
+            return 0;
+    return 1;
+}
+
 int
 cli_check_names(const cli_cmd *cmd, const char *server, const char *endpoint, int endpoint_required,
                 const char *instance)
 {
-    if (server != NULL && server[0] == '\0')
+    if (server != NULL && cli_blank_urls(server))
         return cli_usage_error(cmd, "--server: empty URL");
     if ((endpoint != NULL || endpoint_required) && sw_validate_endpoint(endpoint) != SW_OK)
         return cli_usage_error(cmd,

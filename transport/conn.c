@@ -1,6 +1,7 @@
 /* transport/conn.c -- sw_conn: one NATS connection, its options (URLs,
  * credentials, TLS, the sealing key), its state and reconnects. Publishing
  * and subscriptions are in sub.c. */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,28 +197,37 @@ swt_on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *ar
 }
 
 /* One URL, or a comma-separated list of servers of one cluster (nats.c
- * 3.4's SetURL takes one; SetServers takes the list). */
+ * 3.4's SetURL takes one; SetServers takes the list), each trimmed of
+ * blanks. None that is not blank is NATS_INVALID_ARG (SW_EINVAL): nats.c
+ * 3.4.1 took "" and failed the connect with a status of its own, and took
+ * " " and then freed a pointer it had not allocated when the options were
+ * destroyed (the process aborted). */
 static natsStatus
 swt_set_urls(natsOptions *no, const char *url)
 {
     const char *list[16];
     char buf[2048], *save = NULL, *tok;
     int n = 0;
-    if (strchr(url, ',') == NULL) {
-        natsStatus s = natsOptions_SetServers(no, NULL, 0);
-        return s == NATS_OK ? natsOptions_SetURL(no, url) : s;
-    }
+    natsStatus s;
     if (strlen(url) >= sizeof(buf))
         return NATS_INVALID_ARG;
     strcpy(buf, url);
     for (tok = strtok_r(buf, ",", &save); tok != NULL && n < 16; tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ')
+        char *end;
+        while (isspace((unsigned char)*tok))
             tok++;
+        end = tok + strlen(tok);
+        while (end > tok && isspace((unsigned char)end[-1]))
+            *--end = '\0';
         if (*tok != '\0')
             list[n++] = tok;
     }
     if (n == 0)
         return NATS_INVALID_ARG;
+    if (n == 1) {
+        s = natsOptions_SetServers(no, NULL, 0);
+        return s == NATS_OK ? natsOptions_SetURL(no, list[0]) : s;
+    }
     (void)natsOptions_SetURL(no, NULL);
     return natsOptions_SetServers(no, list, n);
 }

@@ -160,8 +160,10 @@ typedef struct sw_conn_opts {
 SW_API void sw_conn_opts_init(sw_conn_opts *opts);
 
 /* Connects. On success *out owns a connection; destroy it with sw_conn_close.
- * Errors: SW_EINVAL (NULL out/opts, an empty URL list, both creds_file and
- * nkey_seed_file, a TLS key file without a certificate or the reverse, a
+ * Errors: SW_EINVAL (NULL out/opts, a URL list that names no server (empty,
+ * or blanks and commas only; blanks around a URL are dropped) or is 2 KiB
+ * or longer, both creds_file and nkey_seed_file, a TLS key file without a
+ * certificate or the reverse, a
  * seal_open_key_file without a seal_key_file or with the same key id, a
  * cluster key file that does not parse), SW_EPERM / SW_ENOTFOUND (a cluster
  * key file's mode or absence), SW_ECONNECT (no server

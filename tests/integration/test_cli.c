@@ -1318,6 +1318,10 @@ test_usage_errors(void **state)
     expect_usage(ARGS("worker", "--server", "", "--endpoint", "a.b.c"), "--server");
     expect_usage(ARGS("demo", "--server", ""), "--server");
     expect_usage(ARGS("instances", "--server", ""), "--server");
+    /* blanks and commas name no server either (" " aborted the process in
+     * nats.c 3.4.1: exit 134) */
+    expect_usage(ARGS("instances", "--server", " "), "--server");
+    expect_usage(ARGS("generate", "--server", " ,\t", "--endpoint", "a.b.c"), "--server");
 }
 
 static void

@@ -262,8 +262,23 @@ test_url_list(void **state)
     o.url = "nats://127.0.0.1:1,nats://127.0.0.1:2";
     assert_int_equal(sw_conn_open(&c, &o), SW_ECONNECT);
     assert_null(c);
-    o.url = ",";
-    assert_int_equal(sw_conn_open(&c, &o), SW_EINVAL);
+    /* a list that names no server: SW_EINVAL, and no connection (" " made
+     * nats.c 3.4.1 free a pointer it had not allocated: the process
+     * aborted; "" failed the connect with a NATS status) */
+    {
+        const char *blank[] = {",", "", " ", "\t", " , \t ,"};
+        for (size_t i = 0; i < sizeof(blank) / sizeof(blank[0]); i++) {
+            o.url = blank[i];
+            c = NULL;
+            assert_int_equal(sw_conn_open(&c, &o), SW_EINVAL);
+            assert_null(c);
+        }
+    }
+    /* blanks around a URL are not part of it */
+    snprintf(url, sizeof(url), " %s\t", g_nats.url);
+    o.url = url;
+    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
+    sw_conn_close(c);
 }
 
 static int

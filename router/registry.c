@@ -227,6 +227,18 @@ copy_str(char *dst, size_t cap, const char *src)
     return 1;
 }
 
+/* This handle's registration of `instance` (mu held): an instance id is
+ * registered once per handle, whatever its endpoint, since deregister,
+ * set_draining and report_dead name it alone. */
+static reg_own *
+own_find_instance(sw_registry *reg, const char *instance)
+{
+    for (size_t i = 0; i < reg->nown; i++)
+        if (strcmp(reg->own[i].instance, instance) == 0)
+            return &reg->own[i];
+    return NULL;
+}
+
 sw_err
 sw_registry_register(sw_registry *reg, const sw_registration *r)
 {
@@ -257,7 +269,7 @@ sw_registry_register(sw_registry *reg, const sw_registration *r)
 
     pthread_mutex_lock(&reg->wmu);
     pthread_mutex_lock(&reg->mu);
-    if (swr_reg_own_find(reg, o.key) != NULL) {
+    if (swr_reg_own_find(reg, o.key) != NULL || own_find_instance(reg, o.instance) != NULL) {
         pthread_mutex_unlock(&reg->mu);
         pthread_mutex_unlock(&reg->wmu);
         return SW_EEXIST;
@@ -292,15 +304,6 @@ sw_registry_register(sw_registry *reg, const sw_registration *r)
     swi_log(&reg->log, SW_LOG_INFO, "registry: registered %s (revision %llu)", o.instance,
             (unsigned long long)rev);
     return SW_OK;
-}
-
-static reg_own *
-own_find_instance(sw_registry *reg, const char *instance)
-{
-    for (size_t i = 0; i < reg->nown; i++)
-        if (strcmp(reg->own[i].instance, instance) == 0)
-            return &reg->own[i];
-    return NULL;
 }
 
 sw_err

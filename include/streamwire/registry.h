@@ -184,7 +184,8 @@ SW_API sw_err sw_ingress_registration(const sw_ingress *ing, sw_registration *ou
  * Every field of *r is validated and copied: the caller may free or reuse
  * *r and its strings as soon as the call returns.
  * Errors: SW_EINVAL (reg or r NULL, a field NULL or invalid), SW_EEXIST
- * (already registered via this handle), SW_ENOMEM, backend errors. */
+ * (its instance id is already registered via this handle, on any endpoint:
+ * the calls below name the id alone), SW_ENOMEM, backend errors. */
 SW_API sw_err sw_registry_register(sw_registry *reg, const sw_registration *r);
 
 /* Marks the entry draining (routers stop picking it) without removing it. */

@@ -949,6 +949,15 @@ api_errors(void **state)
     fx_worker(f, 0, EP1);
     assert_int_equal(sw_registry_register(reg, &f->rg[0]), SW_OK);
     assert_int_equal(sw_registry_register(reg, &f->rg[0]), SW_EEXIST);
+    {
+        /* the same instance id on another endpoint: deregister,
+         * set_draining and report_dead name the id alone, and reached one
+         * of the two (the other stayed listed after a deregister that
+         * returned SW_OK) */
+        sw_registration other = f->rg[0];
+        other.endpoint = EP2;
+        assert_int_equal(sw_registry_register(reg, &other), SW_EEXIST);
+    }
     assert_int_equal(sw_registry_deregister(reg, "nosuch"), SW_ENOTFOUND);
     assert_int_equal(sw_registry_set_draining(reg, "nosuch"), SW_ENOTFOUND);
     assert_int_equal(sw_registry_report_dead(reg, "nosuch", 0, NULL), SW_ENOTFOUND);

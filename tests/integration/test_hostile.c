@@ -2303,6 +2303,45 @@ connection_states_and_destroy_while_down(void **state)
     pthread_mutex_destroy(&sr.mu);
 }
 
+/* on_state "is told of every change" (README, sw_conn_opts.on_state): a
+ * server that goes away and comes back is told as reconnecting, then
+ * connected, once each (only closing was asserted before). */
+static void
+reconnect_is_told_both_ways(void **state)
+{
+    sw_conn_opts o;
+    sw_conn *c = NULL;
+    state_rec sr;
+    int64_t until;
+    (void)state;
+    memset(&sr, 0, sizeof(sr));
+    pthread_mutex_init(&sr.mu, NULL);
+    sw_conn_opts_init(&o);
+    o.url = g_nats.url;
+    o.reconnect_wait_ms = 100;
+    o.on_state = on_state;
+    o.on_state_arg = &sr;
+    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
+    swh_nats_stop_keep(&g_nats);
+    until = swh_now_ms() + T(5000);
+    while (sw_conn_status(c) != SW_CONN_RECONNECTING && swh_now_ms() < until)
+        swh_sleep_ms(10);
+    assert_int_equal(sw_conn_status(c), SW_CONN_RECONNECTING);
+    assert_int_equal(swh_nats_restart(&g_nats, 0), 0);
+    until = swh_now_ms() + T(10000);
+    while (sw_conn_status(c) != SW_CONN_CONNECTED && swh_now_ms() < until)
+        swh_sleep_ms(10);
+    assert_int_equal(sw_conn_status(c), SW_CONN_CONNECTED);
+    assert_int_equal(sw_conn_reconnects(c), 1);
+    pthread_mutex_lock(&sr.mu);
+    assert_int_equal(sr.seen[SW_CONN_RECONNECTING], 1);
+    assert_int_equal(sr.seen[SW_CONN_CONNECTED], 1);
+    assert_int_equal(sr.seen[SW_CONN_CLOSED], 0);
+    pthread_mutex_unlock(&sr.mu);
+    sw_conn_close(c);
+    pthread_mutex_destroy(&sr.mu);
+}
+
 /* max_reconnect SW_RECONNECT_NONE: a lost server closes the connection at
  * once, with no reconnect attempt and no reconnecting state in between. */
 static void
@@ -2452,6 +2491,7 @@ main(int argc, char **argv)
         cmocka_unit_test(stream_survives_nats_restart),
         cmocka_unit_test(connection_states_and_destroy_while_down),
         cmocka_unit_test(no_reconnect_closes_at_once),
+        cmocka_unit_test(reconnect_is_told_both_ways),
         cmocka_unit_test(lost_cancel_is_sent_again),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -193,16 +193,6 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
             return rv;
         }
         r->rg.pub_seq = seq;
-    } else if (r->pub_err != SW_OK) {
-        /* The final is kept, and resent if asked for; so are the items
-         * whose publish failed. An earlier publish's failure is told only
-         * if it was NATS's: one for lack of memory (sealing a message of
-         * more than about 2 KB, transport/sub.c) would read as "nothing
-         * sent, try again" (sw_responder_fail) from a call that ended the
-         * stream, and finish promises no SW_ENOMEM at all. */
-        rv = swn_resp_take_pub_err(r);
-        if (!sw_err_is_nats(rv))
-            rv = SW_OK;
     }
     if (buf != stack)
         free(buf); /* kept: the ring has its copy */
@@ -210,19 +200,23 @@ swn_resp_send_final(sw_responder *r, const swp_terminal *t, sw_status counted_as
     /* Last: it may drop mu while publishing. With nothing more to come the
      * producer has nothing to coalesce with: it publishes now rather than
      * hand the stream to the sender thread. */
-    if (kept && (by & SWN_BY_PRODUCER) && !r->sending) {
+    if (kept && (by & SWN_BY_PRODUCER) && !r->sending)
         swn_resp_run_drain(r);
-        if (rv == SW_OK && r->pub_err != SW_OK) {
-            /* This call's own publish (of the final, and of the items
-             * queued before it) failed: told now, if NATS's (as above);
-             * the final is kept and resent if asked. Nothing else would
-             * tell it: the stream is over. */
-            rv = swn_resp_take_pub_err(r);
-            if (!sw_err_is_nats(rv))
-                rv = SW_OK;
-        }
-    } else if (kept)
+    else if (kept)
         swn_resp_kick(r);
+    if (kept && r->pub_err != SW_OK) {
+        /* The final is kept, and resent if asked for; so are the items
+         * whose publish failed. A failed publish, an earlier send's or
+         * this call's own (of the final and the items queued before it),
+         * is told now, and only if it was NATS's: one for lack of memory
+         * (sealing a message of more than about 2 KB, transport/sub.c)
+         * would read as "nothing sent, try again" (sw_responder_fail) from
+         * a call that ended the stream, and finish promises no SW_ENOMEM
+         * at all. Nothing else would tell it: the stream is over. */
+        rv = swn_resp_take_pub_err(r);
+        if (!sw_err_is_nats(rv))
+            rv = SW_OK;
+    }
     pthread_mutex_lock(&ing->mu);
     ing->st.finished[counted_as]++;
     pthread_mutex_unlock(&ing->mu);

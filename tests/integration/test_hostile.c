@@ -2220,6 +2220,36 @@ on_state(sw_conn *c, sw_conn_state st, void *arg)
     pthread_mutex_unlock(&sr->mu);
 }
 
+/* A connection to the test server that tells sr (set up here) of its
+ * states, with max_reconnect and reconnect_wait_ms (0: the defaults). */
+static sw_conn *
+state_conn(state_rec *sr, int max_reconnect, sw_duration reconnect_wait_ms)
+{
+    sw_conn_opts o;
+    sw_conn *c = NULL;
+    memset(sr, 0, sizeof(*sr));
+    pthread_mutex_init(&sr->mu, NULL);
+    sw_conn_opts_init(&o);
+    o.url = g_nats.url;
+    o.max_reconnect = max_reconnect;
+    o.reconnect_wait_ms = reconnect_wait_ms;
+    o.on_state = on_state;
+    o.on_state_arg = sr;
+    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
+    assert_int_equal(sw_conn_status(c), SW_CONN_CONNECTED);
+    return c;
+}
+
+/* Waits up to ms for c's status to be want; returns the status then. */
+static sw_conn_state
+wait_status(sw_conn *c, sw_conn_state want, int64_t ms)
+{
+    int64_t until = swh_now_ms() + ms;
+    while (sw_conn_status(c) != want && swh_now_ms() < until)
+        swh_sleep_ms(10);
+    return sw_conn_status(c);
+}
+
 /* Issue 11 #6 and #9: the application hears of every connection state, a
  * connection whose reconnects run out says CLOSED (nothing spins), and a
  * router and an ingress destroyed while disconnected, with a stream open,
@@ -2227,8 +2257,7 @@ on_state(sw_conn *c, sw_conn_state st, void *arg)
 static void
 connection_states_and_destroy_while_down(void **state)
 {
-    sw_conn_opts o;
-    sw_conn *c = NULL, *wc = conn_open();
+    sw_conn *c, *wc = conn_open();
     state_rec sr;
     engine e;
     sw_ingress *ing;
@@ -2236,22 +2265,12 @@ connection_states_and_destroy_while_down(void **state)
     sw_request_opts q;
     sw_stream *s = NULL;
     sw_registry *reg = NULL;
-    int64_t until;
     (void)state;
-    memset(&sr, 0, sizeof(sr));
-    pthread_mutex_init(&sr.mu, NULL);
     memset(&e, 0, sizeof(e));
     pthread_mutex_init(&e.mu, NULL);
     e.tokens = 100000;
     e.delay_ms = 5;
-    sw_conn_opts_init(&o);
-    o.url = g_nats.url;
-    o.max_reconnect = 2;
-    o.reconnect_wait_ms = 100;
-    o.on_state = on_state;
-    o.on_state_arg = &sr;
-    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
-    assert_int_equal(sw_conn_status(c), SW_CONN_CONNECTED);
+    c = state_conn(&sr, 2, 100);
     ing = ingress_new(wc, "w-down", &e, 30000);
     r = router_new(c, 64);
     sw_request_opts_init(&q);
@@ -2266,10 +2285,7 @@ connection_states_and_destroy_while_down(void **state)
     }
     swh_sleep_ms(100);
     swh_nats_stop_keep(&g_nats);
-    until = swh_now_ms() + T(10000);
-    while (sw_conn_status(c) != SW_CONN_CLOSED && swh_now_ms() < until)
-        swh_sleep_ms(20);
-    assert_int_equal(sw_conn_status(c), SW_CONN_CLOSED);
+    assert_int_equal(wait_status(c, SW_CONN_CLOSED, T(10000)), SW_CONN_CLOSED);
     {
         /* Nothing spins once the connection is closed for good (the KV
          * watch thread used to take a whole core): this process uses well
@@ -2309,29 +2325,15 @@ connection_states_and_destroy_while_down(void **state)
 static void
 reconnect_is_told_both_ways(void **state)
 {
-    sw_conn_opts o;
-    sw_conn *c = NULL;
     state_rec sr;
+    sw_conn *c = state_conn(&sr, 0, 100);
     int64_t until;
     (void)state;
-    memset(&sr, 0, sizeof(sr));
-    pthread_mutex_init(&sr.mu, NULL);
-    sw_conn_opts_init(&o);
-    o.url = g_nats.url;
-    o.reconnect_wait_ms = 100;
-    o.on_state = on_state;
-    o.on_state_arg = &sr;
-    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
     swh_nats_stop_keep(&g_nats);
-    until = swh_now_ms() + T(5000);
-    while (sw_conn_status(c) != SW_CONN_RECONNECTING && swh_now_ms() < until)
-        swh_sleep_ms(10);
-    assert_int_equal(sw_conn_status(c), SW_CONN_RECONNECTING);
+    assert_int_equal(wait_status(c, SW_CONN_RECONNECTING, T(5000)), SW_CONN_RECONNECTING);
     assert_int_equal(swh_nats_restart(&g_nats, 0), 0);
     until = swh_now_ms() + T(10000);
-    while (sw_conn_status(c) != SW_CONN_CONNECTED && swh_now_ms() < until)
-        swh_sleep_ms(10);
-    assert_int_equal(sw_conn_status(c), SW_CONN_CONNECTED);
+    assert_int_equal(wait_status(c, SW_CONN_CONNECTED, T(10000)), SW_CONN_CONNECTED);
     assert_int_equal(sw_conn_reconnects(c), 1);
     /* (the status changes before the callback is told: under ASan the
      * test saw CONNECTED before on_state had been called with it) */
@@ -2357,25 +2359,13 @@ reconnect_is_told_both_ways(void **state)
 static void
 no_reconnect_closes_at_once(void **state)
 {
-    sw_conn_opts o;
-    sw_conn *c = NULL;
     state_rec sr;
+    sw_conn *c = state_conn(&sr, SW_RECONNECT_NONE, 0);
     int64_t t0;
     (void)state;
-    memset(&sr, 0, sizeof(sr));
-    pthread_mutex_init(&sr.mu, NULL);
-    sw_conn_opts_init(&o);
-    o.url = g_nats.url;
-    o.max_reconnect = SW_RECONNECT_NONE;
-    o.on_state = on_state;
-    o.on_state_arg = &sr;
-    assert_int_equal(sw_conn_open(&c, &o), SW_OK);
-    assert_int_equal(sw_conn_status(c), SW_CONN_CONNECTED);
     swh_nats_stop_keep(&g_nats);
     t0 = swh_now_ms();
-    while (sw_conn_status(c) != SW_CONN_CLOSED && swh_now_ms() - t0 < T(2000))
-        swh_sleep_ms(10);
-    assert_int_equal(sw_conn_status(c), SW_CONN_CLOSED);
+    assert_int_equal(wait_status(c, SW_CONN_CLOSED, T(2000)), SW_CONN_CLOSED);
     printf("    closed %lld ms after the server stopped\n", (long long)(swh_now_ms() - t0));
     assert_int_equal(swh_nats_restart(&g_nats, 0), 0);
     swh_sleep_ms(300); /* nothing reconnects a closed connection */

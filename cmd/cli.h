@@ -137,6 +137,11 @@ size_t cli_conn_argv(const cli_conn_flags *f, const char **argv, size_t cap);
 /* "streamwire CMD: cannot connect to NATS server at URL: ..." with a hint
  * naming the flag to check for auth and TLS failures. */
 void cli_conn_error(const char *cmd, const char *url, const cli_conn_flags *f, sw_err err);
+/* "streamwire CMD: cannot WHAT: ..." for a failed registry call, with a
+ * hint when the error is what a server without JetStream gives
+ * (no_responders, or a timeout), followed by alt (" or pass --instance-id";
+ * "" for none). */
+void cli_registry_error(const char *cmd, const char *what, sw_err err, const char *alt);
 
 /* ------------------------------------------------------------------------ */
 /* --metrics-listen (cmd/metrics_http.c): GET /metrics from one thread.       */

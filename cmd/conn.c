@@ -181,3 +181,12 @@ cli_conn_error(const char *cmd, const char *url, const cli_conn_flags *f, sw_err
     fprintf(stderr, "streamwire %s: cannot connect to NATS server at %s: %s (%s)%s\n", cmd, url,
             sw_strerror(err), sw_err_name(err), hint);
 }
+
+void
+cli_registry_error(const char *cmd, const char *what, sw_err err, const char *alt)
+{
+    fprintf(stderr, "streamwire %s: cannot %s: %s (%s)\n", cmd, what, sw_strerror(err),
+            sw_err_name(err));
+    if (err == SW_NO_RESPONDERS || err == SW_ETIMEDOUT)
+        fprintf(stderr, "  (does the server run JetStream, nats-server -js?%s)\n", alt);
+}

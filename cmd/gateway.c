@@ -192,8 +192,7 @@ cli_gateway_main(int argc, char **argv)
     gopts.log = quiet ? NULL : cli_log_stderr;
     gopts.log_arg = (void *)"gateway";
     if ((err = sw_registry_open(&reg, conn, &gopts)) != SW_OK) {
-        fprintf(stderr, "streamwire gateway: cannot open the registry: %s (%s)\n", sw_strerror(err),
-                sw_err_name(err));
+        cli_registry_error("gateway", "open the registry", err, "");
         rc = CLI_EXIT_FAIL;
         goto out;
     }

@@ -295,10 +295,7 @@ cli_generate_main(int argc, char **argv)
         gopts.log_arg = (void *)"generate";
         err = sw_registry_open(&reg, conn, &gopts);
         if (err != SW_OK) {
-            fprintf(stderr,
-                    "streamwire generate: cannot open the registry: %s (%s)\n"
-                    "  (does the server run JetStream, nats-server -js? or pass --instance-id)\n",
-                    sw_strerror(err), sw_err_name(err));
+            cli_registry_error("generate", "open the registry", err, " or pass --instance-id");
             rc = CLI_EXIT_FAIL;
             goto out;
         }

@@ -87,10 +87,7 @@ cli_instances_main(int argc, char **argv)
     if (err == SW_OK)
         err = sw_registry_list(reg, endpoint, &v, &n);
     if (err != SW_OK) {
-        fprintf(stderr,
-                "streamwire instances: cannot read the registry: %s (%s)\n"
-                "  (does the server run JetStream, nats-server -js?)\n",
-                sw_strerror(err), sw_err_name(err));
+        cli_registry_error("instances", "read the registry", err, "");
         rc = CLI_EXIT_FAIL;
         goto out;
     }

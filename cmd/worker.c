@@ -448,11 +448,9 @@ cli_worker_main(int argc, char **argv)
                 err = sw_registry_register(reg, &rg);
         }
         if (err != SW_OK) {
-            fprintf(stderr,
-                    "streamwire worker: cannot register in the %s registry: %s (%s)\n"
-                    "  (does the server run JetStream, nats-server -js? --registry none "
-                    "serves without it)\n",
-                    registry, sw_strerror(err), sw_err_name(err));
+            char what[64];
+            snprintf(what, sizeof(what), "register in the %s registry", registry);
+            cli_registry_error("worker", what, err, " --registry none serves without it");
             rc = CLI_EXIT_FAIL;
             goto out;
         }

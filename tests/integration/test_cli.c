@@ -1356,6 +1356,66 @@ test_unreachable_server(void **state)
     assert_null(strstr(g_out, "gateway ready"));
 }
 
+/* A server without JetStream: every command that needs the registry exits 1
+ * (a runtime error, not "cannot connect") and says what to check, naming
+ * the way around it where there is one; a worker with --registry none
+ * serves there, and generate --instance-id reaches it. */
+static void
+test_no_jetstream(void **state)
+{
+    swh_nats n;
+    const char *url;
+    const char *argv[MAX_ARGS];
+    char want[128];
+    int rc, fd = -1;
+    pid_t pid;
+
+    (void)state;
+    assert_int_equal(swh_nats_start_no_js(&n, NULL), 0);
+    url = n.url;
+    rc = cli_run2(ARGS("instances", "--server", url), T(30000));
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(g_err, "streamwire instances: cannot read the registry"));
+    assert_non_null(strstr(g_err, "(no_responders)"));
+    assert_non_null(strstr(g_err, "(does the server run JetStream, nats-server -js?)"));
+    assert_string_equal(g_out, "");
+    rc = cli_run2(ARGS("generate", "--server", url, "--endpoint", "cli.nojs.gen", "--json"),
+                  T(30000));
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(g_err, "streamwire generate: cannot open the registry"));
+    assert_non_null(strstr(g_err, "nats-server -js? or pass --instance-id)"));
+    assert_string_equal(g_out, ""); /* no terminal line: no stream ever existed */
+    rc = cli_run2(ARGS("worker", "--server", url, "--endpoint", "cli.nojs.gen", "--quiet"),
+                  T(30000));
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(g_err, "streamwire worker: cannot register in the nats-kv registry"));
+    assert_non_null(strstr(g_err, "nats-server -js? --registry none serves without it)"));
+    rc = cli_run2(ARGS("gateway", "--server", url, "--model", "m=cli.nojs.gen", "--listen",
+                       "127.0.0.1:0", "--quiet"),
+                  T(30000));
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(g_err, "streamwire gateway: cannot open the registry"));
+    assert_non_null(strstr(g_err, "(does the server run JetStream, nats-server -js?)"));
+    assert_null(strstr(g_out, "gateway ready"));
+
+    /* Without the registry: served, and reached by its instance id. */
+    args_join(argv,
+              ARGS("worker", "--server", url, "--endpoint", "cli.nojs.gen", "--instance-id", "nojs",
+                   "--registry", "none", "--tokens", "5", "--quiet"),
+              NULL);
+    pid = swh_spawn(argv, &fd);
+    assert_true(pid > 0);
+    kid_add(pid, fd, 0);
+    snprintf(want, sizeof(want), "worker ready instance=nojs endpoint=cli.nojs.gen subject=");
+    assert_int_equal(swh_wait_line(fd, want, NULL, 0, T(15000)), 0);
+    rc = cli_run(ARGS("generate", "--server", url, "--endpoint", "cli.nojs.gen", "--instance-id",
+                      "nojs", "--json"),
+                 NULL, T(30000));
+    check_gen(rc, "completed", "stop", "nojs", 5, 0);
+    worker_stop_clean(pid, T(15000));
+    swh_nats_stop(&n);
+}
+
 /* ======================================================================== */
 /* 4. `instances`; drain and deregistration on SIGTERM.                        */
 
@@ -2105,6 +2165,7 @@ main(int argc, char **argv)
         T_(test_gateway_flags_documented),
         T_(test_usage_errors),
         T_(test_unreachable_server),
+        T_(test_no_jetstream),
         T_(test_instances_and_drain),
         T_(test_bucket_and_registry_none),
         T_(test_metrics_listen_fails_unregistered),

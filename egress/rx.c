@@ -762,6 +762,21 @@ rx_ask_due(const swe_rx *rx)
                                                : (int64_t)rx->cfg.idle_hb_ms + rx->cfg.hb_ms);
 }
 
+/* The silence that ends the stream (rx.h): inactivity_ms, later by how
+ * late its first ask was when it asks; INT64_MAX while it has not asked
+ * yet (the ask, due first, comes before it). */
+static int64_t
+rx_silence_limit(const swe_rx *rx)
+{
+    int64_t on_time = (int64_t)rx->cfg.idle_hb_ms + rx->cfg.hb_ms;
+    if (rx->cfg.idle_hb_ms <= rx->cfg.hb_ms || on_time >= (int64_t)rx->cfg.inactivity_ms ||
+        rx->ask_wait == UINT32_MAX) /* no asks, none before the limit, or not known */
+        return rx->cfg.inactivity_ms;
+    if (rx->ask_wait == 0)
+        return INT64_MAX;
+    return (int64_t)rx->cfg.inactivity_ms + rx->ask_late;
+}
+
 int64_t
 swe_rx_next_due(const swe_rx *rx)
 {
@@ -771,8 +786,8 @@ swe_rx_next_due(const swe_rx *rx)
             due = rx->cfg.deadline_ms;
         if (rx->migrating)
             return due; /* only the deadline is judged */
-        if (rx->last_rx_ms + rx->cfg.inactivity_ms < due)
-            due = rx->last_rx_ms + rx->cfg.inactivity_ms;
+        if (rx_silence_limit(rx) != INT64_MAX && rx->last_rx_ms + rx_silence_limit(rx) < due)
+            due = rx->last_rx_ms + rx_silence_limit(rx);
         if (rx_ask_due(rx) < due)
             due = rx_ask_due(rx);
         if (rx->gap_since_ms != 0) {
@@ -799,7 +814,7 @@ swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
         } else if (rx->gap_since_ms != 0 && quiet - rx->gap_since_ms >= rx->cfg.gap_ms) {
             (void)rx_fail(rx, SW_SEQUENCE_GAP, "a sequence gap was not repaired in time", 1, now,
                           act);
-        } else if (quiet - rx->last_rx_ms >= rx->cfg.inactivity_ms) {
+        } else if (quiet - rx->last_rx_ms >= rx_silence_limit(rx)) {
             (void)rx_fail(rx, SW_STREAM_INCOMPLETE,
                           "no item or heartbeat within the inactivity timeout", 1, now, act);
         } else if (rx->gap_since_ms != 0 && now - rx->last_resend_ms >= rx->cfg.gap_ms / 4) {
@@ -817,8 +832,11 @@ swe_rx_tick(swe_rx *rx, int64_t now, int64_t quiet, swe_rx_act *act)
              * at most every hb_ms while the silence lasts (counted from
              * now: a late scan does not bring the next ask closer). */
             int64_t wait = now - rx->last_rx_ms + rx->cfg.hb_ms;
+            int64_t late = quiet - rx->last_rx_ms - rx->cfg.idle_hb_ms - rx->cfg.hb_ms;
             act->ask = 1;
-            rx->ask_wait = wait < (int64_t)UINT32_MAX ? (uint32_t)wait : UINT32_MAX;
+            if (rx->ask_wait == 0) /* the first: the silence limit moves by its lateness */
+                rx->ask_late = late < (int64_t)UINT32_MAX / 2 ? (uint32_t)late : UINT32_MAX / 2;
+            rx->ask_wait = wait < (int64_t)UINT32_MAX - 1 ? (uint32_t)wait : UINT32_MAX - 1;
         }
     } else if (rx->term_state == SWE_TERM_QUEUED && now >= rx->term_ready_ms &&
                rx->term_ready_ms != SWE_TERM_WOKEN) {

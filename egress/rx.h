@@ -67,7 +67,12 @@
  *     (act->ask: the caller sends a stream PROBE and feeds a fresh answer
  *     that knows the stream as a heartbeat, a sign of life only); again every
  *     hb_ms while the silence lasts, until inactivity ends it. So one lost
- *     idle beat costs nothing, although the next comes idle_hb_ms later;
+ *     idle beat costs nothing, although the next comes idle_hb_ms later.
+ *     Silence ends such a stream only once it was asked, and the first ask
+ *     has had the time to be answered that it has on time (inactivity_ms -
+ *     idle_hb_ms - hb_ms): a caller behind on what it received asks late
+ *     (quiet lagged, then caught up), and the stream's limit moves by as
+ *     much;
  *   - the first terminal decided wins (except item_after_final over an
  *     undelivered final); a wire terminal is held back linger_ms to catch a
  *     late item after it; a cancel drops queued data;
@@ -262,10 +267,16 @@ typedef struct swe_rx_hist {
 
 typedef struct swe_rx {
     swe_rx_cfg cfg;
-    uint32_t window;   /* may shrink to the worker's, and grows (tuning) */
-    uint32_t window0;  /* the first window (the worker may have lowered it): the floor */
-    uint32_t wmax;     /* the most the window may grow to: 0 until the worker answers */
-    sw_err mig_why;    /* migration: SW_INSTANCE_LOST, SW_STREAM_INCOMPLETE or SW_NO_RESPONDERS */
+    uint32_t window;       /* may shrink to the worker's, and grows (tuning) */
+    uint32_t window0;      /* the first window (the worker may have lowered it): the floor */
+    uint32_t wmax;         /* the most the window may grow to: 0 until the worker answers */
+    union {                /* (sw_stream has no room for another field: egress_int.h's budget) */
+        sw_err mig_why;    /* migrating: SW_INSTANCE_LOST, SW_STREAM_INCOMPLETE or
+                              SW_NO_RESPONDERS */
+        uint32_t ask_late; /* not migrating, ask_wait set: how late (ms of silence past
+                              idle_hb_ms + hb_ms) the first ask since the last sign of life
+                              was made */
+    };
     uint32_t ask_wait; /* the silence (ms since last_rx_ms) at which the next ask is due; 0:
                           none asked since the last sign of life, the first is due at
                           cfg.idle_hb_ms + cfg.hb_ms */

@@ -21,7 +21,8 @@
  * (the default heartbeat of 250 ms and silence limit of 1,500 ms; workers pause 1 to 4 s
  * between items and lose half their heartbeats, on a bus that loses nothing else: stream
  * probes must keep every stream alive), idlelossy (the same on a lossy bus, with killed and
- * frozen workers and cancels), all (each in turn; the default). Items are 24 to 151 bytes.
+ * frozen workers and cancels), backlog (idle streams behind a frontend whose delivery is held
+ * 1 to 8 s now and then, I17), all (each in turn; the default). Items are 24 to 151 bytes.
  *
  * Every profile's workers beat as real ones do with Request.idle_heartbeat_ms: a stream with
  * nothing new since its last beat, not waiting for credit and not finished, only every idle
@@ -93,11 +94,20 @@
  *      stream kept alive by answers alone past its silence limit. Every
  *      profile checks that an answer is fed only for the probe out, from
  *      the stream's worker, and that no stream has two probes out.
+ *   I17 a frontend behind on its own queue never ends a stream for the
+ *      silence it caused (egress/backlog.h): in the backlog profile the
+ *      frontend's delivery is held 1 to 8 s now and then (what the bus
+ *      delivers waits, in order, while its timer runs on and judges silence
+ *      by the backlog's quiet time, looked at every scan), and I3 holds;
+ *      the quiet time never runs ahead of now, and the run must see healthy
+ *      streams complete although the frontend was behind them by more than
+ *      their silence limit.
  * Exit status 0 when every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "egress/backlog.h"
 #include "egress/cancels.h"
 #include "egress/rx.h"
 #include "ingress/ring.h"
@@ -124,22 +134,42 @@ typedef struct profile {
     size_t window_bytes;
     double p_pause;     /* before an item, a worker pauses 1 to 4 s (idle) */
     double p_beat_lost; /* a worker's heartbeat is lost (as swx_ingress_drop_beats) */
+    double p_hold;      /* the frontend's delivery is held 1 to 8 s (I17) */
 } profile;
 
 static const profile profiles[] = {
-    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0},
-    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0},
-    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0},
-    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0, 0, 0, 0, 0, 0},
+    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0, 0, 0, 0, 0, 0, 0},
     /* rare heartbeats: gaps are repaired by the timer's resends */
-    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0, 0, 0, 0, 0, 0},
-    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2, 0, 0, 0, 0, 0},
-    {"grow", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0, 4, 50, 2, 0.1, 64, 32, 2048, 0, 0},
+    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2, 0, 0, 0, 0, 0, 0},
+    {"grow", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0, 4, 50, 2, 0.1, 64, 32, 2048, 0, 0, 0},
     /* a fixed window of 64 items and 1 KiB of byte credit: bytes bind */
-    {"bytes", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0.1, 64, 50, 1, 0.05, 0, 0, 1024, 0, 0},
+    {"bytes", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0.1, 64, 50, 1, 0.05, 0, 0, 1024, 0, 0, 0},
     /* idle streams whose beats are lost: only the asks keep them alive */
-    {"idle", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.5},
-    {"idlelossy", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0, 16, 250, 1, 0.05, 0, 0, 0, 0.02, 0.3},
+    {"idle", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.5, 0},
+    {"idlelossy",
+     {0.03, 0.02, 0, 8, 0},
+     0.1,
+     0.1,
+     0.05,
+     0,
+     16,
+     250,
+     1,
+     0.05,
+     0,
+     0,
+     0,
+     0.02,
+     0.3,
+     0},
+    /* idle streams, some of their beats lost, behind a frontend whose
+     * delivery is held now and then, as a consumer's callback holds the
+     * mux's thread */
+    {"backlog", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.3, 1},
 };
 
 /* ---------------------------------------------------------------- state */
@@ -200,6 +230,7 @@ typedef struct fstream {
     uint64_t ask_pid;    /* the stream probe out (0: none), as egress/sprobe.c keeps it */
     int64_t answered_at; /* the last answer fed as a heartbeat after a lost beat (I16) */
     int pauses;          /* its workers' idle pauses so far */
+    int behind;          /* open while the frontend was behind by more than its silence limit */
     wstream w[NWORKERS]; /* the worker side, one per worker the stream was on */
 } fstream;
 
@@ -225,6 +256,18 @@ typedef struct world {
     uint64_t batches;     /* messages of more than one item */
     uint64_t probe_seq;   /* the last stream probe id given out */
     uint64_t asks, answers, beats_lost;
+    /* I17: what the bus delivered to the frontend waits here, in order,
+     * while its delivery is held (profiles with holds) */
+    struct fe_msg {
+        int from, kind;
+        uint8_t *data;
+        size_t len;
+    } * fq;
+    size_t fq_head, fq_n, fq_cap;
+    uint64_t taken, done; /* messages delivered to the frontend, and handled */
+    int64_t held_until;   /* its delivery is held until then */
+    swe_backlog bl;       /* egress/backlog.c, looked at every scan */
+    int64_t quiet;        /* the quiet time of the last look */
 } world;
 
 /* Queue nodes found sharing a block (I13), over the whole run: the blocks
@@ -237,6 +280,9 @@ static uint64_t g_cancel_behind_final; /* cancels that replaced a terminal queue
 /* I16: asks answered (fed as heartbeats), and streams that an answer kept
  * alive past their silence limit (its beats lost all along), over the run */
 static uint64_t g_asks_answered, g_kept_by_answers;
+/* I17: holds of the frontend's delivery, and streams that completed
+ * although the frontend was behind by more than their silence limit */
+static uint64_t g_holds, g_kept_behind;
 
 /* What a bus node points to: its world and its node index. */
 typedef struct node_box {
@@ -1122,7 +1168,7 @@ fe_tick(sim *s, void *arg, uint64_t idx, uint64_t b)
     (void)b;
     if (f->terminal)
         return;
-    swe_rx_tick(&f->rx, sim_now(s), sim_now(s), &a);
+    swe_rx_tick(&f->rx, sim_now(s), wd->p->p_hold > 0 ? wd->quiet : sim_now(s), &a);
     fe_apply(wd, f, &a);
     sim_at(s, TICK_MS, fe_tick, wd, idx, 0);
 }
@@ -1170,9 +1216,8 @@ fe_cancels_tick(sim *s, void *arg, uint64_t a, uint64_t b)
 }
 
 static void
-fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
+fe_handle(sim *s, world *wd, int from, int kind, const uint8_t *data, size_t len)
 {
-    world *wd = ((node_box *)node)->wd;
     uint8_t id[16];
     swp_item *w = NULL;
     fstream *f;
@@ -1248,6 +1293,93 @@ fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
         }
     }
     swp_free(w);
+}
+
+/* I17: handles what waits, in order, unless the delivery is held. */
+static void
+fe_drain(sim *s, void *arg, uint64_t a, uint64_t b)
+{
+    world *wd = arg;
+    (void)a;
+    (void)b;
+    while (wd->fq_n > 0 && sim_now(s) >= wd->held_until) {
+        struct fe_msg *m = &wd->fq[wd->fq_head];
+        wd->fq_head = (wd->fq_head + 1) % wd->fq_cap;
+        wd->fq_n--;
+        fe_handle(s, wd, m->from, m->kind, m->data, m->len);
+        free(m->data);
+        m->data = NULL;
+        wd->done++;
+    }
+}
+
+static void
+fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
+{
+    world *wd = ((node_box *)node)->wd;
+    struct fe_msg *m;
+    if (wd->p->p_hold == 0) {
+        fe_handle(s, wd, from, kind, data, len);
+        return;
+    }
+    /* I17: taken in; handled in order, once nothing holds the delivery */
+    if (wd->fq_n == wd->fq_cap) {
+        size_t ncap = wd->fq_cap ? 2 * wd->fq_cap : 256;
+        struct fe_msg *nq = malloc(ncap * sizeof(*nq));
+        if (nq == NULL)
+            abort();
+        for (size_t i = 0; i < wd->fq_n; i++)
+            nq[i] = wd->fq[(wd->fq_head + i) % wd->fq_cap];
+        free(wd->fq);
+        wd->fq = nq;
+        wd->fq_cap = ncap;
+        wd->fq_head = 0;
+    }
+    m = &wd->fq[(wd->fq_head + wd->fq_n) % wd->fq_cap];
+    m->from = from;
+    m->kind = kind;
+    m->len = len;
+    m->data = malloc(len ? len : 1);
+    if (m->data == NULL)
+        abort();
+    memcpy(m->data, data, len);
+    wd->fq_n++;
+    wd->taken++;
+    fe_drain(s, wd, 0, 0);
+}
+
+/* I17: the frontend's delivery is held for `ms` (a consumer's callback
+ * holding the mux's thread); its timer runs on. */
+static void
+ev_hold(sim *s, void *arg, uint64_t ms, uint64_t b)
+{
+    world *wd = arg;
+    (void)b;
+    if (sim_now(s) + (int64_t)ms > wd->held_until)
+        wd->held_until = sim_now(s) + (int64_t)ms;
+    g_holds++;
+    sim_at(s, (int64_t)ms, fe_drain, wd, 0, 0);
+}
+
+/* I17: the router's scan looks at its backlog (egress/timer.c): the quiet
+ * time by which the streams' ticks judge silence. Notes the open healthy
+ * streams while the frontend is behind by more than their silence limit. */
+static void
+fe_scan(sim *s, void *arg, uint64_t a, uint64_t b)
+{
+    world *wd = arg;
+    (void)a;
+    (void)b;
+    wd->quiet = swe_backlog_look(&wd->bl, sim_now(s), wd->done, wd->taken);
+    if (wd->quiet > sim_now(s))
+        FAIL(wd, "I17: the quiet time %lld is ahead of now", (long long)wd->quiet);
+    for (int i = 0; i < wd->nstreams; i++) {
+        fstream *f = &wd->st[i];
+        if (f->used && !f->terminal && f->rx.cfg.inactivity_ms > 0 &&
+            sim_now(s) - wd->quiet > (int64_t)f->rx.cfg.inactivity_ms)
+            f->behind = 1;
+    }
+    sim_at(s, TICK_MS, fe_scan, wd, 0, 0);
 }
 
 /* ---------------------------------------------------------------- run */
@@ -1349,6 +1481,10 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
     boxes[NWORKERS].index = NWORKERS;
     wd->fnode = sim_node_add(wd->s, &boxes[NWORKERS], fe_recv);
     sim_at(wd->s, TICK_MS, fe_cancels_tick, wd, 0, 0);
+    if (p->p_hold > 0) {
+        swe_backlog_init(&wd->bl, 0);
+        sim_at(wd->s, TICK_MS, fe_scan, wd, 0, 0);
+    }
     /* The workload: streams open over the first seconds, each on a worker. */
     while (wd->nstreams < MAX_STREAMS && wd->messages < budget) {
         int batch = 1 + (int)sim_rng_below(r, 32);
@@ -1407,6 +1543,12 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                 if (wd->st[i].worker == k)
                     wd->st[i].faulty = 1;
         }
+        if (sim_rng_chance(r, p->p_hold / 8)) {
+            /* not a fault of any stream: I3 must hold through it */
+            int64_t at = t + (int64_t)sim_rng_below(r, 100);
+            uint64_t ms = 1000 + sim_rng_below(r, 7000);
+            sim_at(wd->s, at, ev_hold, wd, ms, 0);
+        }
         t += 20 + (int64_t)sim_rng_below(r, 80);
         sim_run(wd->s, t);
     }
@@ -1455,6 +1597,8 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
             wd->moved_completed++;
         if (f->answered_at != 0 && f->term.status == SW_STATUS_COMPLETED)
             g_kept_by_answers++;
+        if (f->behind && !f->faulty && f->term.status == SW_STATUS_COMPLETED)
+            g_kept_behind++;
         if (f->max_window > p->window)
             wd->grown++;
         if (f->max_wbytes > f->rx.cfg.window_bytes)
@@ -1487,6 +1631,9 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
                (unsigned long long)wd->errors_by[SW_DECODE_ERROR]);
     *msgs = wd->messages;
     swe_cancels_clear(&wd->fc, NULL);
+    for (size_t i = 0; i < wd->fq_n; i++)
+        free(wd->fq[(wd->fq_head + i) % wd->fq_cap].data);
+    free(wd->fq);
     for (int i = 0; i < wd->nstreams; i++) {
         swe_rx_fini(&wd->st[i].rx);
         for (int k = 0; k < NWORKERS; k++) {
@@ -1522,11 +1669,13 @@ main(int argc, char **argv)
         else if (!strcmp(argv[i], "--verbose"))
             verbose = 1;
         else {
-            fprintf(stderr,
-                    "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
-                    "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|grow|bytes|all] "
-                    "[--verbose]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
+                "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|grow|bytes|idle|idlelossy|"
+                "backlog|all] "
+                "[--verbose]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -1592,6 +1741,14 @@ main(int argc, char **argv)
                 (unsigned long long)g_asks_answered, (unsigned long long)g_kept_by_answers);
         return 1;
     }
+    if ((strcmp(pname, "all") == 0 || strcmp(pname, "backlog") == 0) &&
+        (g_holds == 0 || g_kept_behind == 0)) {
+        fprintf(stderr,
+                "sim_streams: %llu holds of the frontend's delivery, %llu healthy streams "
+                "completed behind them past their silence limit: I17 was not exercised\n",
+                (unsigned long long)g_holds, (unsigned long long)g_kept_behind);
+        return 1;
+    }
     if (total > 0 && g_cancel_behind_final == 0) {
         fprintf(stderr, "sim_streams: no cancel came behind a queued final: I15 was not "
                         "exercised\n");
@@ -1599,9 +1756,11 @@ main(int argc, char **argv)
     }
     printf("sim_streams: %llu simulated messages in all (queue nodes seen in blocks: %llu, items "
            "resent from rings: %llu, cancels behind a queued final: %llu, asks answered: %llu, "
-           "streams completed on answers after a lost beat: %llu): ok\n",
+           "streams completed on answers after a lost beat: %llu, holds of the frontend: %llu, "
+           "streams completed behind one past their silence limit: %llu): ok\n",
            (unsigned long long)total, (unsigned long long)g_block_nodes,
            (unsigned long long)g_ring_resent, (unsigned long long)g_cancel_behind_final,
-           (unsigned long long)g_asks_answered, (unsigned long long)g_kept_by_answers);
+           (unsigned long long)g_asks_answered, (unsigned long long)g_kept_by_answers,
+           (unsigned long long)g_holds, (unsigned long long)g_kept_behind);
     return total > 0 ? 0 : 1;
 }

@@ -1472,6 +1472,75 @@ cfg_idle(int64_t inactivity_ms)
     return c;
 }
 
+/* A router behind on its queue (quiet held, then caught up past both the
+ * ask and the silence limit) asks before the silence may end the stream,
+ * and the ask has the time to be answered that it has on time (here 250
+ * ms): answered, the stream lives on; unanswered, it ends that much
+ * later; a "not known" answer gives the silence back its own limit; a
+ * stream that never asks is judged by its silence at once, as before. */
+static void
+test_idle_ask_late_router(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    swe_rx_cfg c = cfg_idle(1500);
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        swe_rx_init(&rx, &c, 1000);
+        data(&rx, 1, 1100);
+        swe_rx_tick(&rx, 2000, 1150, &a); /* behind: the ask is not due by quiet */
+        assert_false(a.ask);
+        assert_false(a.ended);
+        swe_rx_tick(&rx, 3000, 1150, &a);
+        assert_false(a.ask);
+        assert_false(a.ended);
+        swe_rx_tick(&rx, 3100, 3100, &a); /* caught up: 2,000 ms of silence */
+        assert_true(a.ask);
+        assert_false(a.ended);
+        assert_int_equal(rx.term_state, SWE_TERM_NONE);
+        assert_int_equal(swe_rx_next_due(&rx), 3350);
+        swe_rx_tick(&rx, 3349, 3349, &a);
+        assert_false(a.ended);
+        if (k == 0) { /* answered (fed as a heartbeat) */
+            beat(&rx, 1, 3200);
+            swe_rx_tick(&rx, 3350, 3350, &a);
+            assert_false(a.ended);
+            assert_int_equal(swe_rx_next_due(&rx), 3200 + 1250);
+            swe_rx_tick(&rx, 4449, 4449, &a);
+            assert_false(a.ended);
+            assert_false(a.ask);
+            /* and the next silence has its limit on time again */
+            swe_rx_tick(&rx, 4450, 4450, &a);
+            assert_true(a.ask);
+            swe_rx_tick(&rx, 4699, 4699, &a);
+            assert_false(a.ended);
+            swe_rx_tick(&rx, 4700, 4700, &a);
+            assert_true(a.ended);
+        } else if (k == 1) { /* unanswered */
+            swe_rx_tick(&rx, 3350, 3350, &a);
+            assert_true(a.ended);
+        } else { /* the worker does not know it */
+            swe_rx_not_known(&rx);
+            assert_int_equal(swe_rx_next_due(&rx), 2600);
+            swe_rx_tick(&rx, 3200, 3200, &a);
+            assert_true(a.ended);
+        }
+        assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+        swe_rx_fini(&rx);
+    }
+    /* no asks: the silence alone, at once */
+    c.idle_hb_ms = 0;
+    swe_rx_init(&rx, &c, 1000);
+    data(&rx, 1, 1100);
+    swe_rx_tick(&rx, 3000, 1150, &a);
+    assert_false(a.ended);
+    swe_rx_tick(&rx, 3100, 3100, &a);
+    assert_false(a.ask);
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_fini(&rx);
+}
+
 static void
 test_idle_ask_due(void **state)
 {
@@ -1526,8 +1595,12 @@ test_idle_ask_due(void **state)
     assert_true(a.ask);
     swe_rx_tick(&rx, 2800, 2800, &a);
     assert_true(a.ask);
-    swe_rx_tick(&rx, 3999, 3999, &a); /* (asked at 3050, 3300, ...: not checked here) */
-    swe_rx_tick(&rx, 4000, 4000, &a); /* the silence limit, as before */
+    swe_rx_tick(&rx, 4049, 4049, &a); /* (asked at 3050, 3300, ...: not checked here) */
+    assert_false(a.ended);
+    /* the silence limit, 50 ms later: the first ask was 50 ms late, and has
+     * the time to be answered that it has on time */
+    assert_int_equal(swe_rx_next_due(&rx), 4050);
+    swe_rx_tick(&rx, 4050, 4050, &a);
     assert_true(a.ended);
     assert_false(a.ask);
     assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
@@ -3262,6 +3335,7 @@ main(void)
         cmocka_unit_test(test_inactivity),
         cmocka_unit_test(test_duplicates_are_no_sign_of_life),
         cmocka_unit_test(test_idle_ask_due),
+        cmocka_unit_test(test_idle_ask_late_router),
         cmocka_unit_test(test_idle_ask_answer_keeps_alive),
         cmocka_unit_test(test_idle_ask_unanswered),
         cmocka_unit_test(test_idle_ask_not_while_migrating),

@@ -21,7 +21,8 @@
  * that asks again keeps its earlier probe out too (an answer slower than
  * the re-ask still counts); its tag (rx.ask_tag) names the newest. Full,
  * no probe is sent (the caller counts it) and the stream is judged by its
- * silence alone, as without the asks. The ring starts at 64 slots when
+ * silence alone, as without the asks (its limit later by as much as the
+ * ask was late: rx.h). The ring starts at 64 slots when
  * the first is asked and grows to the bound; it is freed once nothing is
  * out. Probe ids of streams have the top bit set
  * (SWE_SPROBE_BIT), which instance probe ids never have (common/sched.c

@@ -1022,9 +1022,10 @@ swe_rx_not_known(swe_rx *rx)
 void
 swe_rx_silence_from(swe_rx *rx, int64_t since)
 {
-    if (since <= rx->last_rx_ms)
-        return;
-    rx_alive(rx, since);
+    if (since > rx->last_rx_ms)
+        rx_alive(rx, since);
+    /* (also when something arrived since then: a gap open before is
+     * still judged from then) */
     if (rx->gap_since_ms != 0 && rx->gap_since_ms < since)
         rx->gap_since_ms = since;
 }

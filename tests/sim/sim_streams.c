@@ -21,8 +21,9 @@
  * (the default heartbeat of 250 ms and silence limit of 1,500 ms; workers pause 1 to 4 s
  * between items and lose half their heartbeats, on a bus that loses nothing else: stream
  * probes must keep every stream alive), idlelossy (the same on a lossy bus, with killed and
- * frozen workers and cancels), backlog (idle streams behind a frontend whose delivery is held
- * 1 to 8 s now and then, I17), all (each in turn; the default). Items are 24 to 151 bytes.
+ * frozen workers and cancels), backlog (idle streams behind a frontend whose delivery is held * 1
+ * to 8 s now and then, I17), reconnect (streams behind a frontend whose connection drops now and
+ * then, I18), all (each in turn; the default). Items are 24 to 151 bytes.
  *
  * Every profile's workers beat as real ones do with Request.idle_heartbeat_ms: a stream with
  * nothing new since its last beat, not waiting for credit and not finished, only every idle
@@ -99,10 +100,15 @@
  *      frontend's delivery is held 1 to 8 s now and then (what the bus
  *      delivers waits, in order, while its timer runs on and judges silence
  *      by the backlog's quiet time, looked at every scan), and I3 holds;
- *      the quiet time never runs ahead of now, and the run must see healthy
- *      streams complete although the frontend was behind them by more than
- *      their silence limit.
- * Exit status 0 when every seed held every invariant. */
+ *      the quiet time never runs ahead of now, and the run must see healthy *      streams complete
+ * although the frontend was behind them by more than their silence limit. I18 a frontend whose own
+ * connection drops (0.2 to 3 s) loses nothing for good: in the reconnect profile what the bus
+ * delivers to it meanwhile is lost (NATS cannot deliver to a client that is not connected), what it
+ * sends waits and goes out in order when it is back (nats.c's reconnect buffer), and its timer
+ * judges no silence while it is down and counts silence and gaps from its return
+ * (swe_rx_silence_from, as egress/stream.c does); I3 holds, and the run must see healthy streams
+ * complete with every item although items of theirs were lost while it was down. Exit status 0 when
+ * every seed held every invariant. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,42 +141,34 @@ typedef struct profile {
     double p_pause;     /* before an item, a worker pauses 1 to 4 s (idle) */
     double p_beat_lost; /* a worker's heartbeat is lost (as swx_ingress_drop_beats) */
     double p_hold;      /* the frontend's delivery is held 1 to 8 s (I17) */
+    double p_down;      /* the frontend's connection is down 0.2 to 3 s (I18) */
 } profile;
 
+/* clang-format off */
 static const profile profiles[] = {
-    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"clean", {0, 0, 0, 2, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"lossy", {0.03, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"chaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.1, 0, 16, 50, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"hostile", {0.02, 0.02, 0, 6, 0}, 0.1, 0.1, 0.1, 0.3, 8, 50, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* rare heartbeats: gaps are repaired by the timer's resends */
-    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2, 0, 0, 0, 0, 0, 0},
-    {"grow", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0, 4, 50, 2, 0.1, 64, 32, 2048, 0, 0, 0},
+    {"bigwindow", {0.03, 0.01, 0, 8, 0}, 0, 0, 0, 0, 1u << 20, 400, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"migrate", {0.03, 0.02, 0, 8, 0}, 0.3, 0.2, 0.05, 0, 16, 50, 2, 0.2, 0, 0, 0, 0, 0, 0, 0},
+    {"grow", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0, 4, 50, 2, 0.1, 64, 32, 2048, 0, 0, 0, 0},
     /* a fixed window of 64 items and 1 KiB of byte credit: bytes bind */
-    {"bytes", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0.1, 64, 50, 1, 0.05, 0, 0, 1024, 0, 0, 0},
+    {"bytes", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0.1, 64, 50, 1, 0.05, 0, 0, 1024, 0, 0, 0, 0},
     /* idle streams whose beats are lost: only the asks keep them alive */
-    {"idle", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.5, 0},
-    {"idlelossy",
-     {0.03, 0.02, 0, 8, 0},
-     0.1,
-     0.1,
-     0.05,
-     0,
-     16,
-     250,
-     1,
-     0.05,
-     0,
-     0,
-     0,
-     0.02,
-     0.3,
-     0},
+    {"idle", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.5, 0, 0},
+    {"idlelossy", {0.03, 0.02, 0, 8, 0}, 0.1, 0.1, 0.05, 0, 16, 250, 1, 0.05, 0, 0, 0, 0.02, 0.3, 0, 0},
     /* idle streams, some of their beats lost, behind a frontend whose
      * delivery is held now and then, as a consumer's callback holds the
      * mux's thread */
-    {"backlog", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.3, 1},
+    {"backlog", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.3, 1, 0},
+    /* idle and busy streams behind a frontend whose connection drops now
+     * and then: what is delivered to it meanwhile is lost, what it sends
+     * waits for the reconnect (nats.c's reconnect buffer) */
+    {"reconnect", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.3, 0, 1},
 };
+/* clang-format on */
 
 /* ---------------------------------------------------------------- state */
 
@@ -231,6 +229,7 @@ typedef struct fstream {
     int64_t answered_at; /* the last answer fed as a heartbeat after a lost beat (I16) */
     int pauses;          /* its workers' idle pauses so far */
     int behind;          /* open while the frontend was behind by more than its silence limit */
+    int lost_down;       /* an item of it was lost while the frontend's connection was down */
     wstream w[NWORKERS]; /* the worker side, one per worker the stream was on */
 } fstream;
 
@@ -260,6 +259,7 @@ typedef struct world {
      * while its delivery is held (profiles with holds) */
     struct fe_msg {
         int from, kind;
+        int64_t delay; /* oq: a request's reliable delay (-1: not a request) */
         uint8_t *data;
         size_t len;
     } * fq;
@@ -268,6 +268,14 @@ typedef struct world {
     int64_t held_until;   /* its delivery is held until then */
     swe_backlog bl;       /* egress/backlog.c, looked at every scan */
     int64_t quiet;        /* the quiet time of the last look */
+    /* I18: the frontend's connection is down until down_until; up_ms: when
+     * it last came back (0: never went down). What it sends meanwhile
+     * waits in oq (`from`: the node it goes to; a request goes reliably,
+     * after `delay` ms), and goes out in order when it is back. */
+    int64_t down_until, up_ms;
+    struct fe_msg *oq;
+    size_t oq_n, oq_cap;
+    uint64_t lost_down; /* deliveries to the frontend lost while it was down */
 } world;
 
 /* Queue nodes found sharing a block (I13), over the whole run: the blocks
@@ -283,7 +291,9 @@ static uint64_t g_asks_answered, g_kept_by_answers;
 /* I17: holds of the frontend's delivery, and streams that completed
  * although the frontend was behind by more than their silence limit */
 static uint64_t g_holds, g_kept_behind;
-
+/* I18: the frontend's connection drops, and healthy streams that completed
+ * with every item although some were lost while it was down */
+static uint64_t g_downs, g_repaired_after_down;
 /* What a bus node points to: its world and its node index. */
 typedef struct node_box {
     world *wd;
@@ -821,6 +831,51 @@ worker_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t 
 
 static void fe_pop(sim *s, void *arg, uint64_t idx, uint64_t b);
 
+/* Appends a copy of a message to a queue of them (fq or oq). */
+static void
+msgq_push(struct fe_msg **q, size_t *head, size_t *n, size_t *cap, int from, int kind,
+          int64_t delay, const uint8_t *data, size_t len)
+{
+    struct fe_msg *m;
+    if (*n == *cap) {
+        size_t ncap = *cap ? 2 * *cap : 256;
+        struct fe_msg *nq = malloc(ncap * sizeof(*nq));
+        if (nq == NULL)
+            abort();
+        for (size_t i = 0; i < *n; i++)
+            nq[i] = (*q)[(*head + i) % *cap];
+        free(*q);
+        *q = nq;
+        *cap = ncap;
+        *head = 0;
+    }
+    m = &(*q)[(*head + *n) % *cap];
+    m->from = from;
+    m->kind = kind;
+    m->delay = delay;
+    m->len = len;
+    m->data = malloc(len ? len : 1);
+    if (m->data == NULL)
+        abort();
+    memcpy(m->data, data, len);
+    (*n)++;
+}
+
+/* What the frontend sends to node `to`: at once, or once its connection
+ * is back (I18). delay >= 0: a request, sent reliably after delay ms. */
+static void
+fe_out(world *wd, int to, int kind, const uint8_t *data, size_t len, int64_t delay)
+{
+    size_t head = 0;
+    if (sim_now(wd->s) < wd->down_until) {
+        msgq_push(&wd->oq, &head, &wd->oq_n, &wd->oq_cap, to, kind, delay, data, len);
+        return;
+    }
+    if (delay >= 0)
+        sim_send_reliable(wd->s, wd->fnode, to, kind, data, len, delay);
+    else
+        sim_send(wd->s, wd->fnode, to, kind, data, len, 0, 0);
+}
 /* A control to worker k about request id. */
 static void
 fe_send_ctl_to(world *wd, int k, const uint8_t *id, int kind, uint64_t limit, uint64_t ack,
@@ -849,7 +904,7 @@ fe_send_ctl_to(world *wd, int k, const uint8_t *id, int kind, uint64_t limit, ui
     m.byte_limit = bytes;
     if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
         abort();
-    sim_send(wd->s, wd->fnode, wd->wnode[k], K_CTL, buf, len, 0, 0);
+    fe_out(wd, wd->wnode[k], K_CTL, buf, len, -1);
     wd->messages++;
 }
 
@@ -982,8 +1037,8 @@ fe_send_request(world *wd, fstream *f, uint64_t resume)
     m.migratable = f->rx.mig_left > 0;
     if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
         abort();
-    sim_send_reliable(wd->s, wd->fnode, wd->wnode[f->worker], K_REQ, buf, len,
-                      1 + (int64_t)sim_rng_below(sim_rand(wd->s), 3));
+    fe_out(wd, wd->wnode[f->worker], K_REQ, buf, len,
+           1 + (int64_t)sim_rng_below(sim_rand(wd->s), 3));
     wd->messages++;
 }
 
@@ -1046,7 +1101,7 @@ fe_ask(world *wd, fstream *f)
     m.probe_id = f->ask_pid;
     if (swp_encode(&m, buf, sizeof(buf), &len) != SW_OK)
         abort();
-    sim_send(wd->s, wd->fnode, wd->wnode[f->worker], K_CTL, buf, len, 0, 0);
+    fe_out(wd, wd->wnode[f->worker], K_CTL, buf, len, -1);
     wd->messages++;
     wd->asks++;
 }
@@ -1168,7 +1223,17 @@ fe_tick(sim *s, void *arg, uint64_t idx, uint64_t b)
     (void)b;
     if (f->terminal)
         return;
-    swe_rx_tick(&f->rx, sim_now(s), wd->p->p_hold > 0 ? wd->quiet : sim_now(s), &a);
+    {
+        /* as egress/stream.c swe_stream_tick: while the frontend's own
+         * connection is down silence proves nothing; once it is back,
+         * silence (and a gap's time) counts from then (I18) */
+        int64_t quiet = wd->p->p_hold > 0 ? wd->quiet : sim_now(s);
+        if (sim_now(s) < wd->down_until)
+            quiet = INT64_MIN / 4;
+        else if (wd->up_ms > 0)
+            swe_rx_silence_from(&f->rx, wd->up_ms);
+        swe_rx_tick(&f->rx, sim_now(s), quiet, &a);
+    }
     fe_apply(wd, f, &a);
     sim_at(s, TICK_MS, fe_tick, wd, idx, 0);
 }
@@ -1317,33 +1382,24 @@ static void
 fe_recv(sim *s, void *node, int from, int kind, const uint8_t *data, size_t len)
 {
     world *wd = ((node_box *)node)->wd;
-    struct fe_msg *m;
+    if (sim_now(s) < wd->down_until) {
+        /* I18: the server cannot deliver to a client that is not connected */
+        swp_item *w = NULL;
+        wd->lost_down++;
+        if (kind == K_ITEM && swp_decode_item(data, len, 1 << 20, &w) == SW_OK) {
+            fstream *f = find_stream(wd, w->request_id.data);
+            if (f != NULL && w->body_case != STREAMWIRE__V1__STREAM_ITEM_WRAPPER__BODY_HEARTBEAT)
+                f->lost_down = 1;
+        }
+        swp_free(w);
+        return;
+    }
     if (wd->p->p_hold == 0) {
         fe_handle(s, wd, from, kind, data, len);
         return;
     }
     /* I17: taken in; handled in order, once nothing holds the delivery */
-    if (wd->fq_n == wd->fq_cap) {
-        size_t ncap = wd->fq_cap ? 2 * wd->fq_cap : 256;
-        struct fe_msg *nq = malloc(ncap * sizeof(*nq));
-        if (nq == NULL)
-            abort();
-        for (size_t i = 0; i < wd->fq_n; i++)
-            nq[i] = wd->fq[(wd->fq_head + i) % wd->fq_cap];
-        free(wd->fq);
-        wd->fq = nq;
-        wd->fq_cap = ncap;
-        wd->fq_head = 0;
-    }
-    m = &wd->fq[(wd->fq_head + wd->fq_n) % wd->fq_cap];
-    m->from = from;
-    m->kind = kind;
-    m->len = len;
-    m->data = malloc(len ? len : 1);
-    if (m->data == NULL)
-        abort();
-    memcpy(m->data, data, len);
-    wd->fq_n++;
+    msgq_push(&wd->fq, &wd->fq_head, &wd->fq_n, &wd->fq_cap, from, kind, -1, data, len);
     wd->taken++;
     fe_drain(s, wd, 0, 0);
 }
@@ -1359,6 +1415,37 @@ ev_hold(sim *s, void *arg, uint64_t ms, uint64_t b)
         wd->held_until = sim_now(s) + (int64_t)ms;
     g_holds++;
     sim_at(s, (int64_t)ms, fe_drain, wd, 0, 0);
+}
+
+/* I18: the frontend's connection is back (unless a later drop extended
+ * the outage): what it sent meanwhile goes out, in order. */
+static void
+ev_up(sim *s, void *arg, uint64_t a, uint64_t b)
+{
+    world *wd = arg;
+    (void)a;
+    (void)b;
+    if (sim_now(s) < wd->down_until)
+        return;
+    wd->up_ms = sim_now(s);
+    for (size_t i = 0; i < wd->oq_n; i++) {
+        struct fe_msg *m = &wd->oq[i];
+        fe_out(wd, m->from, m->kind, m->data, m->len, m->delay);
+        free(m->data);
+    }
+    wd->oq_n = 0;
+}
+
+/* I18: the frontend's connection drops for `ms`. */
+static void
+ev_down(sim *s, void *arg, uint64_t ms, uint64_t b)
+{
+    world *wd = arg;
+    (void)b;
+    if (sim_now(s) + (int64_t)ms > wd->down_until)
+        wd->down_until = sim_now(s) + (int64_t)ms;
+    g_downs++;
+    sim_at(s, (int64_t)ms, ev_up, wd, 0, 0);
 }
 
 /* I17: the router's scan looks at its backlog (egress/timer.c): the quiet
@@ -1549,6 +1636,12 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
             uint64_t ms = 1000 + sim_rng_below(r, 7000);
             sim_at(wd->s, at, ev_hold, wd, ms, 0);
         }
+        if (sim_rng_chance(r, p->p_down / 8)) {
+            /* not a fault of any stream either: I3 must hold through it */
+            int64_t at = t + (int64_t)sim_rng_below(r, 100);
+            uint64_t ms = 200 + sim_rng_below(r, 2800);
+            sim_at(wd->s, at, ev_down, wd, ms, 0);
+        }
         t += 20 + (int64_t)sim_rng_below(r, 80);
         sim_run(wd->s, t);
     }
@@ -1599,6 +1692,8 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
             g_kept_by_answers++;
         if (f->behind && !f->faulty && f->term.status == SW_STATUS_COMPLETED)
             g_kept_behind++;
+        if (f->lost_down && !f->faulty && f->term.status == SW_STATUS_COMPLETED)
+            g_repaired_after_down++;
         if (f->max_window > p->window)
             wd->grown++;
         if (f->max_wbytes > f->rx.cfg.window_bytes)
@@ -1634,6 +1729,9 @@ run_seed(const profile *p, uint64_t seed, uint64_t budget, int verbose, uint64_t
     for (size_t i = 0; i < wd->fq_n; i++)
         free(wd->fq[(wd->fq_head + i) % wd->fq_cap].data);
     free(wd->fq);
+    for (size_t i = 0; i < wd->oq_n; i++)
+        free(wd->oq[i].data);
+    free(wd->oq);
     for (int i = 0; i < wd->nstreams; i++) {
         swe_rx_fini(&wd->st[i].rx);
         for (int k = 0; k < NWORKERS; k++) {
@@ -1673,7 +1771,7 @@ main(int argc, char **argv)
                 stderr,
                 "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
                 "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|grow|bytes|idle|idlelossy|"
-                "backlog|all] "
+                "backlog|reconnect|all] "
                 "[--verbose]\n",
                 argv[0]);
             return 2;
@@ -1749,6 +1847,14 @@ main(int argc, char **argv)
                 (unsigned long long)g_holds, (unsigned long long)g_kept_behind);
         return 1;
     }
+    if ((strcmp(pname, "all") == 0 || strcmp(pname, "reconnect") == 0) &&
+        (g_downs == 0 || g_repaired_after_down == 0)) {
+        fprintf(stderr,
+                "sim_streams: %llu drops of the frontend's connection, %llu healthy streams "
+                "completed with items lost meanwhile: I18 was not exercised\n",
+                (unsigned long long)g_downs, (unsigned long long)g_repaired_after_down);
+        return 1;
+    }
     if (total > 0 && g_cancel_behind_final == 0) {
         fprintf(stderr, "sim_streams: no cancel came behind a queued final: I15 was not "
                         "exercised\n");
@@ -1757,10 +1863,12 @@ main(int argc, char **argv)
     printf("sim_streams: %llu simulated messages in all (queue nodes seen in blocks: %llu, items "
            "resent from rings: %llu, cancels behind a queued final: %llu, asks answered: %llu, "
            "streams completed on answers after a lost beat: %llu, holds of the frontend: %llu, "
-           "streams completed behind one past their silence limit: %llu): ok\n",
+           "streams completed behind one past their silence limit: %llu, drops of the frontend's "
+           "connection: %llu, streams completed with items lost in one: %llu): ok\n",
            (unsigned long long)total, (unsigned long long)g_block_nodes,
            (unsigned long long)g_ring_resent, (unsigned long long)g_cancel_behind_final,
            (unsigned long long)g_asks_answered, (unsigned long long)g_kept_by_answers,
-           (unsigned long long)g_holds, (unsigned long long)g_kept_behind);
+           (unsigned long long)g_holds, (unsigned long long)g_kept_behind,
+           (unsigned long long)g_downs, (unsigned long long)g_repaired_after_down);
     return total > 0 ? 0 : 1;
 }

@@ -1472,6 +1472,58 @@ cfg_idle(int64_t inactivity_ms)
     return c;
 }
 
+/* The router's own connection was down (egress/stream.c judges no silence
+ * meanwhile) and came back at `up`: silence and an open gap count from
+ * then, also when an item or a beat arrived between the return and the
+ * next tick (the gap then ended the stream with sequence_gap at once,
+ * judged from before the outage: found by the simulation's reconnect
+ * profile, I18). */
+static void
+test_silence_from_reconnect(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    swe_rx_cfg c = cfg_default();
+    (void)state;
+    c.inactivity_ms = 1500;
+    c.gap_ms = 500;
+    for (int k = 0; k < 2; k++) {
+        swe_rx_init(&rx, &c, 1000);
+        data(&rx, 1, 1000);
+        data(&rx, 3, 1010); /* 2 is missing: a gap since 1010 */
+        assert_int_equal(rx.gap_since_ms, 1010);
+        /* down from 1020 to 4000: the ticks judge nothing (quiet far past) */
+        swe_rx_tick(&rx, 3000, INT64_MIN / 4, &a);
+        assert_false(a.ended);
+        if (k == 1)
+            beat(&rx, 4, 4001); /* back: a beat before the first tick */
+        swe_rx_silence_from(&rx, 4000);
+        assert_int_equal(rx.gap_since_ms, 4000);
+        swe_rx_tick(&rx, 4010, 4010, &a);
+        assert_false(a.ended);
+        assert_int_equal(rx.term_state, SWE_TERM_NONE);
+        swe_rx_tick(&rx, 4499, 4499, &a);
+        assert_false(a.ended);
+        /* not repaired within gap_ms of the return: ended */
+        swe_rx_silence_from(&rx, 4000); /* (every tick calls it: no change) */
+        swe_rx_tick(&rx, 4500, 4500, &a);
+        assert_true(a.ended);
+        assert_int_equal(rx.term.error, SW_SEQUENCE_GAP);
+        swe_rx_fini(&rx);
+    }
+    /* silence, likewise, from the return */
+    swe_rx_init(&rx, &c, 1000);
+    data(&rx, 1, 1000);
+    swe_rx_silence_from(&rx, 4000);
+    assert_int_equal(rx.last_rx_ms, 4000);
+    swe_rx_tick(&rx, 5499, 5499, &a);
+    assert_false(a.ended);
+    swe_rx_tick(&rx, 5500, 5500, &a);
+    assert_true(a.ended);
+    assert_int_equal(rx.term.error, SW_STREAM_INCOMPLETE);
+    swe_rx_fini(&rx);
+}
+
 /* A router behind on its queue (quiet held, then caught up past both the
  * ask and the silence limit) asks before the silence may end the stream,
  * and the ask has the time to be answered that it has on time (here 250
@@ -3336,6 +3388,7 @@ main(void)
         cmocka_unit_test(test_duplicates_are_no_sign_of_life),
         cmocka_unit_test(test_idle_ask_due),
         cmocka_unit_test(test_idle_ask_late_router),
+        cmocka_unit_test(test_silence_from_reconnect),
         cmocka_unit_test(test_idle_ask_answer_keeps_alive),
         cmocka_unit_test(test_idle_ask_unanswered),
         cmocka_unit_test(test_idle_ask_not_while_migrating),

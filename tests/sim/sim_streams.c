@@ -21,9 +21,10 @@
  * (the default heartbeat of 250 ms and silence limit of 1,500 ms; workers pause 1 to 4 s
  * between items and lose half their heartbeats, on a bus that loses nothing else: stream
  * probes must keep every stream alive), idlelossy (the same on a lossy bus, with killed and
- * frozen workers and cancels), backlog (idle streams behind a frontend whose delivery is held * 1
- * to 8 s now and then, I17), reconnect (streams behind a frontend whose connection drops now and
- * then, I18), all (each in turn; the default). Items are 24 to 151 bytes.
+ * frozen workers and cancels), backlog (idle streams behind a frontend whose delivery is held
+ * 1 to 8 s now and then, I17), reconnect (streams behind a frontend whose connection drops now
+ * and then, I18), frontend (both the holds and the drops), all (each in turn; the default).
+ * Items are 24 to 151 bytes.
  *
  * Every profile's workers beat as real ones do with Request.idle_heartbeat_ms: a stream with
  * nothing new since its last beat, not waiting for credit and not finished, only every idle
@@ -167,6 +168,8 @@ static const profile profiles[] = {
      * and then: what is delivered to it meanwhile is lost, what it sends
      * waits for the reconnect (nats.c's reconnect buffer) */
     {"reconnect", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.3, 0, 1},
+    /* both: a frontend held now and then, and its connection dropping */
+    {"frontend", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.3, 0.6, 0.6},
 };
 /* clang-format on */
 
@@ -1771,7 +1774,7 @@ main(int argc, char **argv)
                 stderr,
                 "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
                 "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|grow|bytes|idle|idlelossy|"
-                "backlog|reconnect|all] "
+                "backlog|reconnect|frontend|all] "
                 "[--verbose]\n",
                 argv[0]);
             return 2;

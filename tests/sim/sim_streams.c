@@ -23,8 +23,8 @@
  * probes must keep every stream alive), idlelossy (the same on a lossy bus, with killed and
  * frozen workers and cancels), backlog (idle streams behind a frontend whose delivery is held
  * 1 to 8 s now and then, I17), reconnect (streams behind a frontend whose connection drops now
- * and then, I18), frontend (both the holds and the drops), all (each in turn; the default).
- * Items are 24 to 151 bytes.
+ * and then, I18), frontend (both the holds and the drops), fechaos (those and every other
+ * fault), all (each in turn; the default). Items are 24 to 151 bytes.
  *
  * Every profile's workers beat as real ones do with Request.idle_heartbeat_ms: a stream with
  * nothing new since its last beat, not waiting for credit and not finished, only every idle
@@ -170,6 +170,8 @@ static const profile profiles[] = {
     {"reconnect", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.3, 0, 1},
     /* both: a frontend held now and then, and its connection dropping */
     {"frontend", {0, 0.02, 0, 8, 0}, 0, 0, 0, 0, 16, 250, 0, 0, 0, 0, 0, 0.02, 0.3, 0.6, 0.6},
+    /* and with every other fault: loss, kills, freezes, drains, cancels, hostile workers, a move */
+    {"fechaos", {0.03, 0.02, 0, 8, 0}, 0.2, 0.2, 0.05, 0.1, 16, 250, 1, 0.05, 0, 0, 0, 0.02, 0.3, 0.6, 0.6},
 };
 /* clang-format on */
 
@@ -205,6 +207,8 @@ typedef struct wstream {
     int64_t idle_hb;     /* Request.idle_heartbeat_ms, used above hb_ms (0: none) */
     int64_t last_beat;   /* when it last beat (sent or lost) */
     uint64_t beat_seq;   /* the last_seq of that beat (UINT64_MAX: none yet) */
+    int early_cancel;    /* a CANCEL or KILL came before the request (ingress/control.c's
+                            early cancels): it is never started */
 } wstream;
 
 typedef struct fstream {
@@ -692,6 +696,11 @@ worker_on_request(world *wd, int node, const uint8_t *data, size_t len)
         FAIL(wd, "a stream came back to worker %d", k);
     w->used = 1;
     memcpy(w->wid, req->request_id.data, 16);
+    if (w->early_cancel) { /* never started, nothing sent */
+        w->cancelled = 1;
+        swp_free(req);
+        return;
+    }
     w->base = req->resume_from_seq ? req->resume_from_seq - 1 : 0;
     if (w->base > (uint64_t)f->n)
         FAIL(wd, "resume_from_seq %llu past the stream's %d items",
@@ -777,6 +786,14 @@ worker_on_control(world *wd, int node, const uint8_t *data, size_t len)
         return;
     }
     if (f == NULL) {
+        /* A cancel before its request (a frontend whose connection came
+         * back sends both at once; they go to different subscriptions):
+         * kept, as the worker's early cancels are, and the request is
+         * never started. */
+        if ((c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_CANCEL ||
+             c->kind == STREAMWIRE__V1__CONTROL_KIND__CONTROL_KILL) &&
+            (f = find_stream(wd, c->request_id.data)) != NULL)
+            f->w[k].early_cancel = 1;
         swp_free(c);
         return;
     }
@@ -1774,7 +1791,7 @@ main(int argc, char **argv)
                 stderr,
                 "usage: %s [--seed S] [--seeds N] [--messages M per seed] "
                 "[--profile clean|lossy|chaos|hostile|bigwindow|migrate|grow|bytes|idle|idlelossy|"
-                "backlog|reconnect|frontend|all] "
+                "backlog|reconnect|frontend|fechaos|all] "
                 "[--verbose]\n",
                 argv[0]);
             return 2;

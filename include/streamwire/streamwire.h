@@ -674,9 +674,9 @@ typedef struct sw_router_opts {
                                       probes) that ends a stream with stream_incomplete;
                                       default 4 * heartbeat_ms + 500. A stream that is
                                       asked after ends only once its first ask has had
-                                      the time to answer it has on time (a router
-                                      behind on its queue asks late: the limit moves by
-                                      as much) */
+                                      as long to be answered as one made on time (a
+                                      router behind on its queue asks late: the limit
+                                      moves by as much) */
     sw_duration gap_timeout_ms;    /* how long a sequence gap may stay open; default 500, at
                                       least SW_GAP_TIMEOUT_MIN_MS (a smaller value is raised to
                                       it) */

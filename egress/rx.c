@@ -496,8 +496,11 @@ rx_note_final(swe_rx *rx, const swe_rx_in *in)
         swi_textlcpy(rx->txt->w_msg, in->message ? in->message : "", sizeof(rx->txt->w_msg));
     }
     /* (not a scan of the hold: with a window of 1<<20 that was a million
-     * slots at every final after a gap) */
-    return rx->held > 0 && rx->hold_top > in->seq ? -1 : 0;
+     * slots at every final after a gap). A data item held at the final's
+     * own seq counts too: two different items at one seq (the final was
+     * taken for a duplicate of it, and the stream then had its data and no
+     * final). */
+    return rx->held > 0 && rx->hold_top >= in->seq ? -1 : 0;
 }
 
 /* 1 if final in says what the final recorded (rx_note_final) says: its
@@ -517,13 +520,13 @@ rx_same_final(const swe_rx *rx, const swe_rx_in *in)
     return strcmp(reason, rx->txt->w_reason) == 0 && strcmp(msg, rx->txt->w_msg) == 0;
 }
 
-/* 1 if in is a final at the recorded final's seq that says something else
- * (two different finals). */
+/* 1 if in is another item at the recorded final's seq: a data item, or a
+ * final that says something else (two different finals). */
 static int
 rx_other_final(const swe_rx *rx, const swe_rx_in *in)
 {
-    return in->kind == SWE_IN_FINAL && rx->final_seq != 0 && in->seq == rx->final_seq &&
-           !rx_same_final(rx, in);
+    return rx->final_seq != 0 && in->seq == rx->final_seq &&
+           (in->kind == SWE_IN_DATA || (in->kind == SWE_IN_FINAL && !rx_same_final(rx, in)));
 }
 
 static int
@@ -623,7 +626,8 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
         }
         return;
     }
-    if (rx->final_seq != 0 && in->seq > rx->final_seq) {
+    if (rx->final_seq != 0 &&
+        (in->seq > rx->final_seq || (in->kind == SWE_IN_DATA && in->seq == rx->final_seq))) {
         fail = SW_ITEM_AFTER_FINAL;
         fail_msg = "the worker sent an item after its final marker";
         goto fail;

@@ -55,7 +55,8 @@
  *     been delivered yet; two different finals are item_after_final too,
  *     at two seqs or at one (a final at the recorded final's seq that says
  *     something else: status, error or texts; the same final again is a
- *     duplicate, and never replaces what the first said);
+ *     duplicate, and never replaces what the first said), and so is a data
+ *     item at the final's seq, before the final or after it;
  *   - a gap not repaired within gap_ms ends it with sequence_gap, silence
  *     (no new item or heartbeat: a duplicate, which a replay on the bus
  *     can be, is no sign of life) for inactivity_ms with stream_incomplete, the

@@ -1472,6 +1472,64 @@ cfg_idle(int64_t inactivity_ms)
     return c;
 }
 
+/* A data item and a final at one seq (a worker that numbers two items
+ * alike) end the stream with item_after_final at once, whichever came
+ * first: a final at a held data item's seq was taken for a duplicate of it
+ * and recorded as the final's seq, so the stream had its data and no
+ * final and waited for its silence limit (found by mutation testing); a
+ * data item at a held final's seq, or after the final was taken, was
+ * dropped as a duplicate. */
+static void
+test_data_and_final_at_one_seq(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[8];
+    sw_terminal t;
+    (void)state;
+    /* the data item held first, then the final at its seq */
+    start(&rx);
+    data(&rx, 1, 1001);
+    data(&rx, 3, 1001); /* held: 2 is missing */
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "x", 1002);
+    assert_true(a.ended);
+    assert_true(a.kill);
+    assert_int_equal(drain(&rx, 1003, seqs, 8, &t), 1);
+    assert_int_equal(seqs[0], 1);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+    /* the final held first, then a data item at its seq */
+    start(&rx);
+    data(&rx, 1, 1001);
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "x", 1001);
+    assert_false(a.ended);
+    a = data(&rx, 3, 1002);
+    assert_true(a.ended);
+    assert_int_equal(drain(&rx, 1003, seqs, 8, &t), 1);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+    /* the final taken (its terminal not delivered yet), then a data item
+     * at its seq */
+    start(&rx);
+    data(&rx, 1, 1001);
+    final_at(&rx, 2, SW_STATUS_COMPLETED, "x", 1001);
+    a = data(&rx, 2, 1002);
+    assert_true(a.ended);
+    assert_int_equal(drain(&rx, 1003, seqs, 8, &t), 1);
+    assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+    swe_rx_fini(&rx);
+    /* and the same final again is still a duplicate */
+    start(&rx);
+    data(&rx, 1, 1001);
+    final_at(&rx, 3, SW_STATUS_COMPLETED, "x", 1001);
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "x", 1002);
+    assert_false(a.ended);
+    data(&rx, 2, 1003);
+    assert_int_equal(drain(&rx, 1004, seqs, 8, &t), 2);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
 /* The router's own connection was down (egress/stream.c judges no silence
  * meanwhile) and came back at `up`: silence and an open gap count from
  * then, also when an item or a beat arrived between the return and the
@@ -3389,6 +3447,7 @@ main(void)
         cmocka_unit_test(test_idle_ask_due),
         cmocka_unit_test(test_idle_ask_late_router),
         cmocka_unit_test(test_silence_from_reconnect),
+        cmocka_unit_test(test_data_and_final_at_one_seq),
         cmocka_unit_test(test_idle_ask_answer_keeps_alive),
         cmocka_unit_test(test_idle_ask_unanswered),
         cmocka_unit_test(test_idle_ask_not_while_migrating),

@@ -250,6 +250,58 @@ test_sprobes_bound(void **state)
     free(tag);
 }
 
+/* Tests from a mutation-testing pass (session 41): each fails with a
+ * mutant of the module that every test before it let live. */
+
+/* A waiting cancel keeps the subject it goes to (control.c sends each due
+ * one to due[i].subj); without one, "" (kills cancels.c:34, the subject's
+ * snprintf deleted: the subject was whatever the table's memory held). */
+static void
+test_cancel_keeps_its_subject(void **state)
+{
+    swe_cancels c;
+    swe_cancel due[4];
+    uint8_t a[SW_REQUEST_ID_BYTES], b[SW_REQUEST_ID_BYTES];
+    int sa, sb;
+    (void)state;
+    memset(&c, 0, sizeof(c));
+    memset(a, 1, sizeof(a));
+    memset(b, 2, sizeof(b));
+    assert_int_equal(swe_cancels_add_to(&c, a, "sw.w.inst1.ctl", &sa, 0, 0), 0);
+    assert_int_equal(swe_cancels_add(&c, b, &sb, 1, 0), 0);
+    assert_int_equal(swe_cancels_due(&c, SWE_CANCEL_FIRST_MS, due, 4), 2);
+    for (int i = 0; i < 2; i++) {
+        if (due[i].s == &sa)
+            assert_string_equal(due[i].subj, "sw.w.inst1.ctl");
+        else
+            assert_string_equal(due[i].subj, "");
+    }
+    swe_cancels_clear(&c, NULL);
+}
+
+/* An answer for a cancel already answered finds nothing, even when that
+ * cancel was the table's last entry, whose bytes stay in the slot past the
+ * end (kills cancels.c:67 `i < c->n` -> `<=`: the second answer found the
+ * stale copy, handed its stream out twice, and dropped A by counting n down). */
+static void
+test_seen_twice_finds_nothing(void **state)
+{
+    swe_cancels c;
+    uint8_t a[SW_REQUEST_ID_BYTES], b[SW_REQUEST_ID_BYTES];
+    int sa, sb;
+    (void)state;
+    memset(&c, 0, sizeof(c));
+    memset(a, 1, sizeof(a));
+    memset(b, 2, sizeof(b));
+    assert_int_equal(swe_cancels_add(&c, a, &sa, 0, 0), 0);
+    assert_int_equal(swe_cancels_add(&c, b, &sb, 0, 0), 0);
+    assert_ptr_equal(swe_cancels_seen(&c, b), &sb);
+    assert_null(swe_cancels_seen(&c, b));
+    assert_int_equal(c.n, 1);
+    assert_ptr_equal(swe_cancels_seen(&c, a), &sa);
+    swe_cancels_clear(&c, NULL);
+}
+
 int
 main(void)
 {
@@ -259,6 +311,8 @@ main(void)
         cmocka_unit_test(test_duplicate_and_cap),
         cmocka_unit_test(test_due_is_bounded_per_call),
         cmocka_unit_test(test_sprobes_answers),
+        cmocka_unit_test(test_cancel_keeps_its_subject),
+        cmocka_unit_test(test_seen_twice_finds_nothing),
         cmocka_unit_test(test_sprobes_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

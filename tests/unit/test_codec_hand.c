@@ -1890,6 +1890,54 @@ test_item_densest_valid_within_bound(void **state)
     free(w.b);
 }
 
+/* Tests from a mutation-testing pass (session 41): each fails with a
+ * mutant of the module that every test before it let live. */
+
+/* A batch entry whose first field is a bytes field with a length past the
+ * entry (22 18: field 4, 24 bytes, with 1 byte left) is malformed: both
+ * decoders refuse it. The one-pass decoder must stop at the failed read,
+ * not go on at the length byte, which here reads as a valid `seq` (18 02)
+ * (kills items.c:442 `pb_rd_next(...) != 0 || f.num > IT_MAX_FIELD` ->
+ * `&&`: the entry was taken as {data: empty, seq: 2}). */
+static void
+test_hand_batched_truncated_bytes_refused(void **state)
+{
+    static const uint8_t msg[] = {
+        0x08, 0x01,                                                                 /* version 1 */
+        0x12, 0x10, 1,    2,    3,    4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, /* request_id */
+        0x18, 0x01,                                                                 /* seq 1 */
+        0x22, 0x00,                   /* data: empty */
+        0x62, 0x03, 0x22, 0x18, 0x02, /* batch: [22 18 02] */
+    };
+    item_pair p;
+    (void)state;
+    item_pair_decode(&p, msg, sizeof(msg), SW_EPROTO,
+                     "batch entry with a bytes length past its end");
+}
+
+/* A message of exactly max bytes is within the limit, for the arena
+ * decoders as for swp_decode_item (kills items.c:502 `len > max` -> `>=`). */
+static void
+test_hand_exactly_max_accepted(void **state)
+{
+    static const uint8_t msg[] = {
+        0x08, 0x01, 0x12, 0x10, 1,  2,  3,  4,    5,    6,    7,    8,   9,
+        10,   11,   12,   13,   14, 15, 16, 0x18, 0x01, 0x22, 0x02, 'h', 'i',
+    };
+    swp_arena *a = malloc(sizeof(*a));
+    swp_item *w = NULL;
+    swp_item *m = NULL;
+    (void)state;
+    assert_non_null(a);
+    assert_int_equal(swp_decode_item(msg, sizeof(msg), sizeof(msg), &m), SW_OK);
+    swp_free(m);
+    assert_int_equal(swp_decode_item_arena(msg, sizeof(msg), sizeof(msg), a, &w), SW_OK);
+    assert_int_equal(w->seq, 1);
+    swp_free_arena(w, a);
+    assert_int_equal(swp_decode_item_arena(msg, sizeof(msg), sizeof(msg) - 1, a, &w), SW_EMSGSIZE);
+    free(a);
+}
+
 int
 main(void)
 {
@@ -1913,6 +1961,8 @@ main(void)
         cmocka_unit_test(test_request_in_place_or_protobuf_c),
         cmocka_unit_test(test_request_large_block),
         cmocka_unit_test(test_request_encoder_matches_protobuf_c),
+        cmocka_unit_test(test_hand_batched_truncated_bytes_refused),
+        cmocka_unit_test(test_hand_exactly_max_accepted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -289,6 +289,36 @@ test_random(void **state)
     }
 }
 
+/* Tests from a mutation-testing pass (session 41): each fails with a
+ * mutant of the module that every test before it let live. */
+
+/* An item holds what it was made of: its stream's start, its index, its
+ * bytes and its event name ("" for none). test_merge_core checks only the
+ * indexes and the framing (kills merge_core.c:18 `it->start = start;`,
+ * :20 `it->len = len;`, :23 the event's memcpy, :24 its NUL and :25
+ * `it->event = ...`, each deleted). */
+static void
+test_item_holds_its_fields(void **state)
+{
+    swm_item *a = swm_item_new(7, 42, "abc", 3, "ev-name");
+    swm_item *b = swm_item_new(8, 43, "", 0, NULL);
+    (void)state;
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(a->start, 7);
+    assert_int_equal(a->index, 42);
+    assert_int_equal(a->len, 3);
+    assert_memory_equal(a->data, "abc", 3);
+    assert_ptr_equal(a->event, (const char *)a->data + 3);
+    assert_string_equal(a->event, "ev-name");
+    assert_null(a->next);
+    assert_int_equal(b->start, 8);
+    assert_int_equal(b->len, 0);
+    assert_string_equal(b->event, "");
+    free(a);
+    free(b);
+}
+
 int
 main(void)
 {
@@ -300,6 +330,7 @@ main(void)
         cmocka_unit_test(test_overlapping_chunks),
         cmocka_unit_test(test_overlapping_chunk_after_its_frame),
         cmocka_unit_test(test_overlapping_chunk_goes_with_the_next_frame),
+        cmocka_unit_test(test_item_holds_its_fields),
         cmocka_unit_test(test_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -738,6 +738,59 @@ test_chunk_bound_random(void **state)
     swn_ring_free(&g);
 }
 
+/* Tests from a mutation-testing pass (session 41): each fails with a
+ * mutant of the module that every test before it let live. */
+
+/* The bound is acked + window + 1 whatever is kept: a seq past it is
+ * refused even when its slot (seq % cap) happens to be free. test_ring's
+ * cases fill the ring first, so the slot collision refused it anyway
+ * (kills ring.c:77 `g->cap >= limit` -> `>` and ring.c:78 `return -1` ->
+ * `return 0`: the ring was rebuilt at the same size and took seq 7 into
+ * slot 2, where it later stands for seq 2). */
+static void
+test_keep_beyond_window_with_free_slot(void **state)
+{
+    swn_ring g;
+    size_t len;
+    uint8_t *b;
+    (void)state;
+    assert_int_equal(swn_ring_init(&g, 4), 0); /* limit: 5 slots, all there from the start */
+    keep(&g, 1);
+    b = body(7, &len);
+    assert_int_equal(swn_ring_keep(&g, 7, b, len, 0), SW_ENOMEM);
+    free(b);
+    assert_null(swn_ring_get(&g, 7, NULL, NULL));
+    b = body(5, &len); /* acked + window + 1: still kept */
+    assert_int_equal(swn_ring_keep(&g, 5, b, len, 0), SW_OK);
+    free(b);
+    swn_ring_free(&g);
+}
+
+/* A resend of one item (from == to) is something to resend (kills
+ * ring.c:210 `*from <= *to` -> `<`: a single lost item was never resent,
+ * the frontend's gap then timed out). */
+static void
+test_resend_range_single_item(void **state)
+{
+    swn_ring g;
+    uint64_t from, to;
+    (void)state;
+    assert_int_equal(swn_ring_init(&g, 8), 0);
+    for (uint64_t q = 1; q <= 3; q++)
+        keep(&g, q);
+    g.pub_seq = 3;
+    from = 2;
+    to = 2;
+    assert_true(swn_ring_resend_range(&g, &from, &to));
+    assert_int_equal(from, 2);
+    assert_int_equal(to, 2);
+    from = 3;
+    to = 9; /* clamped to what went out: 3 .. 3 */
+    assert_true(swn_ring_resend_range(&g, &from, &to));
+    assert_int_equal(to, 3);
+    swn_ring_free(&g);
+}
+
 int
 main(void)
 {
@@ -765,6 +818,8 @@ main(void)
         cmocka_unit_test(test_chunk_bound_random),
         cmocka_unit_test(test_growth_after_ack),
         cmocka_unit_test(test_free_with_items),
+        cmocka_unit_test(test_keep_beyond_window_with_free_slot),
+        cmocka_unit_test(test_resend_range_single_item),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3390,6 +3390,468 @@ test_bytes_migration_restarts(void **state)
     swe_rx_fini(&rx);
 }
 
+/* Tests from a mutation-testing pass (session 41): each fails with a
+ * mutant of the module that every test before it let live. */
+
+/* A data item's event name reaches the consumer, in order and from the hold
+ * (kills rx.c:18 `in->kind != SWE_IN_DATA` -> `==`: every event dropped). */
+static void
+test_event_names_delivered(void **state)
+{
+    swe_rx rx;
+    swe_rx_in in;
+    swe_rx_act act;
+    sw_item it;
+    (void)state;
+    start(&rx);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_DATA;
+    in.data = (const uint8_t *)"xy";
+    in.len = 2;
+    in.seq = 2;
+    in.event = "second"; /* held: 1 is missing */
+    swe_rx_on_item(&rx, &in, 1001, &act);
+    in.seq = 1;
+    in.event = "first";
+    swe_rx_on_item(&rx, &in, 1002, &act);
+    assert_int_equal(swe_rx_pop(&rx, 1003, &it, &act), 1);
+    assert_int_equal(it.kind, SW_ITEM_DATA); /* (rx.c:943, `out->kind = SW_ITEM_DATA;` deleted) */
+    assert_int_equal(it.seq, 1);
+    assert_string_equal(it.event, "first");
+    assert_memory_equal(it.data, "xy", 2);
+    assert_int_equal(swe_rx_pop(&rx, 1003, &it, &act), 1);
+    assert_string_equal(it.event, "second");
+    swe_rx_fini(&rx);
+}
+
+/* Every action names the worker it was decided for: after a migration, the
+ * new worker's (gen 1), or the mux drops its CREDIT/RESEND/KILL
+ * (kills rx.c:109 `act->gen = rx->gen;` deleted). */
+static void
+test_actions_name_the_current_worker(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    start_migrating(&rx, 1, 0);
+    data(&rx, 1, 1001);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1100, &a), 0);
+    assert_true(a.migrate);
+    assert_int_equal(a.gen, 0);
+    swe_rx_migrated(&rx, 1200);
+    a = data(&rx, 1, 1201);
+    assert_true(a.wake);
+    assert_int_equal(a.gen, 1);
+    a = data(&rx, 3, 1202); /* a gap: the RESEND goes to worker 1 */
+    assert_true(a.resend);
+    assert_int_equal(a.gen, 1);
+    while (swe_rx_pop(&rx, 1203, &it, &a) == 1)
+        assert_int_equal(a.gen, 1);
+    swe_rx_fini(&rx);
+}
+
+/* The droppable flag reaches the consumer (kills rx.c:377 `q->droppable =
+ * in->droppable;` deleted). */
+static void
+test_droppable_delivered(void **state)
+{
+    swe_rx rx;
+    swe_rx_in in;
+    swe_rx_act act;
+    sw_item it;
+    (void)state;
+    start(&rx);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_DATA;
+    in.data = (const uint8_t *)"xy";
+    in.len = 2;
+    in.seq = 1;
+    in.droppable = 1;
+    swe_rx_on_item(&rx, &in, 1001, &act);
+    in.seq = 2;
+    in.droppable = 0;
+    swe_rx_on_item(&rx, &in, 1001, &act);
+    assert_int_equal(swe_rx_pop(&rx, 1002, &it, &act), 1);
+    assert_true(it.droppable);
+    assert_int_equal(swe_rx_pop(&rx, 1002, &it, &act), 1);
+    assert_false(it.droppable);
+    swe_rx_fini(&rx);
+}
+
+/* A synthesized terminal's message is a copy: the caller's buffer may be
+ * reused at once, also once the texts exist (a held final allocated them)
+ * (kills rx.c:228 `rx->txt != NULL && msg == rx->txt->w_msg` -> `||`,
+ * which points at the caller's buffer). */
+static void
+test_terminal_message_copied(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[8];
+    sw_terminal t;
+    char buf[32];
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1001);
+    final_at(&rx, 3, SW_STATUS_COMPLETED, "done", 1002); /* held past the gap at 2: texts kept */
+    assert_non_null(rx.txt);
+    strcpy(buf, "the caller's words");
+    assert_int_equal(swe_rx_fail(&rx, SW_DECODE_ERROR, buf, 1, 1003, &a), 1);
+    memset(buf, 'X', sizeof(buf) - 1);
+    buf[sizeof(buf) - 1] = '\0';
+    assert_int_equal(drain(&rx, 1004, seqs, 8, &t), 1);
+    assert_int_equal(t.error, SW_DECODE_ERROR);
+    assert_string_equal(t.message, "the caller's words");
+    swe_rx_fini(&rx);
+}
+
+/* The history keeps a copy of each item, event name and all, that outlives
+ * the consumer's pops (kills rx.c:416 `c->event = ...` deleted: the copy's
+ * event then points into the queue node, freed once popped). */
+static void
+test_history_copies_event(void **state)
+{
+    swe_rx rx;
+    swe_rx_in in;
+    swe_rx_act act;
+    sw_item it;
+    (void)state;
+    start_migrating(&rx, 1, 1);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_DATA;
+    in.data = (const uint8_t *)"abc";
+    in.len = 3;
+    in.seq = 1;
+    in.event = "ev-one";
+    swe_rx_on_item(&rx, &in, 1001, &act);
+    while (swe_rx_pop(&rx, 1002, &it, &act) != 0)
+        ;
+    assert_int_equal(swe_rx_nhist(&rx), 1);
+    assert_ptr_equal(rx.hist->v[0]->event, (const char *)rx.hist->v[0]->data + rx.hist->v[0]->len);
+    assert_string_equal(rx.hist->v[0]->event, "ev-one");
+    assert_memory_equal(rx.hist->v[0]->data, "abc", 3);
+    swe_rx_fini(&rx);
+}
+
+/* A final without texts, held past a gap, then resent identically: a
+ * duplicate, not "two different final markers" (kills rx.c:514 `return 1`
+ * -> `return 0` in rx_same_final, the no-texts case). */
+static void
+test_textless_final_resent_is_duplicate(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    uint64_t seqs[8];
+    sw_terminal t;
+    (void)state;
+    start(&rx);
+    data(&rx, 1, 1001);
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "", 1002); /* held: 2 is missing */
+    assert_false(a.ended);
+    assert_null(rx.txt);                                 /* nothing to keep */
+    a = final_at(&rx, 3, SW_STATUS_COMPLETED, "", 1003); /* the worker's resend */
+    assert_false(a.ended);
+    assert_int_equal(rx.st.duplicates, 1);
+    data(&rx, 2, 1004);
+    assert_int_equal(drain(&rx, 1005, seqs, 8, &t), 2);
+    assert_int_equal(t.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
+/* A worker stalled exactly at its item limit, nothing consumed: no grant
+ * was lost, no CREDIT (kills rx.c:547 `last_seq < credit_sent` -> `<=`). */
+static void
+test_stalled_at_the_limit_no_regrant(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    for (uint64_t s = 1; s <= W; s++)
+        data(&rx, s, 1001);
+    a = beat_st(&rx, W, 1, 1100);
+    assert_false(a.credit);
+    assert_false(a.resend);
+    swe_rx_fini(&rx);
+}
+
+/* The same with byte credit: 4 x 250 bytes = exactly the 1,000 granted
+ * (kills rx.c:548 `in_bytes < byte_sent` -> `<=`). */
+static void
+test_stalled_at_the_byte_limit_no_regrant(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start_bytes(&rx, 1000);
+    for (uint64_t s = 1; s <= 4; s++) {
+        a = data_b(&rx, s, 250, 1, 1000);
+        assert_false(a.ended);
+    }
+    assert_int_equal(rx.in_bytes, 1000);
+    assert_int_equal(rx.byte_sent, 1000);
+    a = beat_st(&rx, 4, 1, 1100);
+    assert_false(a.credit);
+    swe_rx_fini(&rx);
+}
+
+/* The worker's window answer (credit_window_max) counts once, from its
+ * first item (kills rx.c:640 `&&` -> `||`: a later item's answer replaced it). */
+static void
+test_window_answer_taken_once(void **state)
+{
+    swe_rx rx;
+    (void)state;
+    start_tuned(&rx, 64, 0);
+    data_tuned(&rx, 1, 0, 16, 1001);
+    assert_int_equal(rx.wmax, 16);
+    data_tuned(&rx, 2, 0, 32, 1002);
+    assert_int_equal(rx.wmax, 16);
+    swe_rx_fini(&rx);
+}
+
+/* A run whose nodes fill SWE_QBLOCK_MAX exactly is one block (kills
+ * rx.c:54 `sum > SWE_QBLOCK_MAX` -> `>=` and rx.c:359 `run_bytes <=
+ * SWE_QBLOCK_MAX` -> `<`). */
+static void
+test_run_filling_a_block_exactly(void **state)
+{
+    static uint8_t buf[SWE_QBLOCK_MAX];
+    swe_rx rx;
+    swe_rx_in in[2];
+    swe_rx_act a;
+    size_t len = SWE_QBLOCK_MAX / 2 - sizeof(swe_q) - 1;
+    (void)state;
+    assert_int_equal(swe_q_bytes(len, 0), SWE_QBLOCK_MAX / 2);
+    memset(in, 0, sizeof(in));
+    for (int i = 0; i < 2; i++) {
+        in[i].kind = SWE_IN_DATA;
+        in[i].seq = (uint64_t)i + 1;
+        in[i].data = buf;
+        in[i].len = len;
+    }
+    swe_rx_runs(in, 2);
+    assert_int_equal(in[0].run_bytes, SWE_QBLOCK_MAX);
+    start(&rx);
+    swe_rx_on_item(&rx, &in[0], 1001, &a);
+    swe_rx_on_item(&rx, &in[1], 1001, &a);
+    assert_int_equal(rx.qlen, 2);
+    assert_non_null(rx.qh->blk);
+    assert_ptr_equal(rx.qh->next->blk, rx.qh->blk);
+    assert_int_equal(rx.qh->blk->used, SWE_QBLOCK_MAX);
+    swe_rx_fini(&rx);
+}
+
+/* A new worker (after a migration) is asked for what its first heartbeat
+ * shows missing at once, whatever the old worker was asked just before
+ * (kills rx.c:135 `rx->last_resend_ms = 0;` deleted). */
+static void
+test_new_worker_asked_at_once(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    (void)state;
+    start_migrating(&rx, 1, 0);
+    data(&rx, 1, 1001);
+    a = data(&rx, 3, 1001); /* a gap: the old worker is asked at 1001 */
+    assert_true(a.resend);
+    assert_int_equal(swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1002, &a), 0);
+    assert_true(a.migrate);
+    swe_rx_migrated(&rx, 1003);
+    a = beat(&rx, 2, 1010); /* the new worker sent 1 and 2, both lost */
+    assert_true(a.resend);
+    assert_int_equal(a.resend_from, 1);
+    assert_int_equal(a.resend_to, 2);
+    swe_rx_fini(&rx);
+}
+
+/* A worker that stopped at an earlier grant (not the first, not the
+ * latest) while we granted more since is granted again: the last 4 limits
+ * are remembered (kills rx.c:920 `rx->grants[rx->gnext] = ...` deleted and
+ * rx.c:921 `(gnext + 1) % 4` -> `gnext % 4`). */
+static void
+test_regrant_remembers_earlier_grants(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    sw_item it;
+    uint64_t next = 1;
+    (void)state;
+    start(&rx); /* W = 8: the limits 8, 12, 16, 20 as the consumer takes 4 at a time */
+    for (int g = 0; g < 3; g++) {
+        uint64_t limit = rx.credit_sent;
+        while (next <= limit && next <= 12)
+            data(&rx, next++, 1001);
+        for (int i = 0; i < W / 2; i++)
+            assert_int_equal(swe_rx_pop(&rx, 1001, &it, &a), 1);
+    }
+    assert_int_equal(rx.credit_sent, 20); /* grants 8, 12, 16, 20 */
+    assert_int_equal(rx.expected, 13);    /* the worker stopped at 12 */
+    a = beat(&rx, 12, 1100);
+    assert_true(a.credit);
+    assert_int_equal(a.credit_limit, 20);
+    swe_rx_fini(&rx);
+}
+
+/* The window grows while the consumer keeps up: at most a quarter of the
+ * window queued at the grant (kills rx.c:871 `qlen <= window / 4` -> `<`). */
+static void
+test_window_grows_at_a_quarter_queued(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    start_tuned(&rx, 64, 0);
+    data_tuned(&rx, 1, 0, 64, 1001); /* the worker answers: up to 64 */
+    for (uint64_t s = 2; s <= 6; s++)
+        data(&rx, s, 1001);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(swe_rx_pop(&rx, 1002, &it, &a), 1);
+    /* at the grant: 4 consumed, 2 queued = W / 4 */
+    assert_true(a.credit);
+    assert_int_equal(rx.window, 2 * W);
+    assert_int_equal(a.credit_limit, 4 + 2 * W);
+    swe_rx_fini(&rx);
+}
+
+/* The terminal item carries nothing of the data item popped before it
+ * into the same sw_item (kills rx.c:960 `memset(out, 0, ...)` deleted). */
+static void
+test_terminal_item_is_clean(void **state)
+{
+    swe_rx rx;
+    swe_rx_in in;
+    swe_rx_act a;
+    sw_item it;
+    (void)state;
+    start(&rx);
+    memset(&in, 0, sizeof(in));
+    in.kind = SWE_IN_DATA;
+    in.seq = 1;
+    in.data = (const uint8_t *)"abc";
+    in.len = 3;
+    in.droppable = 1;
+    swe_rx_on_item(&rx, &in, 1001, &a);
+    final_at(&rx, 2, SW_STATUS_COMPLETED, "stop", 1001);
+    assert_int_equal(swe_rx_pop(&rx, 1002, &it, &a), 1);
+    assert_int_equal(swe_rx_pop(&rx, 1002, &it, &a), 2);
+    assert_int_equal(it.kind, SW_ITEM_TERMINAL);
+    assert_non_null(it.event); /* (rx.c:962, `out->event = "";` deleted) */
+    assert_string_equal(it.event, "");
+    assert_null(it.data);
+    assert_int_equal(it.len, 0);
+    assert_false(it.droppable);
+    assert_int_equal(it.terminal.status, SW_STATUS_COMPLETED);
+    swe_rx_fini(&rx);
+}
+
+/* A migration that fails for a loss migration would repair (the why the
+ * stream began migrating: instance_lost) ends the stream; it does not start
+ * migrating again (kills rx.c:978 `rx->mig_left = 0;` deleted). And the act
+ * is all the call's own: nothing left of what the caller's struct held
+ * (kills rx.c:974 `act_zero(rx, act);` deleted). */
+static void
+test_migration_failed_for_a_loss_ends(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[16];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start_migrating(&rx, 3, 0);
+    data(&rx, 1, 1001);
+    swe_rx_fail(&rx, SW_INSTANCE_LOST, "lost", 1, 1002, &a);
+    assert_true(a.migrate);
+    memset(&a, 0xff, sizeof(a)); /* what mig_give_up's stack may hold */
+    assert_int_equal(swe_rx_migration_failed(&rx, SW_INSTANCE_LOST, "not kept", 1003, &a), 1);
+    assert_true(a.ended);
+    assert_false(a.migrate);
+    assert_false(a.resend || a.credit || a.ack_final || a.kill || a.after_final || a.ask);
+    assert_int_equal(a.gen, 0);
+    assert_false(rx.migrating);
+    assert_int_equal(drain(&rx, 1003, seqs, 16, &t), 1);
+    assert_int_equal(t.status, SW_STATUS_ERROR);
+    assert_int_equal(t.error, SW_INSTANCE_LOST);
+    swe_rx_fini(&rx);
+}
+
+/* A reconnect (swe_rx_silence_from): silence counts from then, not from
+ * the last item before the disconnect (kills rx.c:1009 `rx_alive(rx,
+ * since);` deleted), and a `since` that moves nothing leaves the pending
+ * ask's spacing alone (kills rx.c:1007 `since <= last_rx_ms` -> `<`). */
+static void
+test_silence_counts_from_the_reconnect(void **state)
+{
+    swe_rx rx;
+    swe_rx_act a;
+    swe_rx_cfg c = cfg_idle(1500);
+    (void)state;
+    swe_rx_init(&rx, &c, 1000);
+    data(&rx, 1, 1100);
+    swe_rx_tick(&rx, 2350, 2350, &a); /* silent 1,250 ms: asked */
+    assert_true(a.ask);
+    assert_int_not_equal(rx.ask_wait, 0);
+    {
+        uint32_t w = rx.ask_wait;
+        swe_rx_silence_from(&rx, rx.last_rx_ms); /* nothing new */
+        assert_int_equal(rx.ask_wait, w);
+    }
+    swe_rx_silence_from(&rx, 2500); /* reconnected at 2500 */
+    assert_int_equal(rx.last_rx_ms, 2500);
+    assert_int_equal(rx.ask_wait, 0);
+    swe_rx_tick(&rx, 2700, 2700, &a); /* 1,600 ms after the item, 200 after the reconnect */
+    assert_false(a.ended);
+    assert_int_equal(swe_rx_next_due(&rx), 2500 + 1250);
+    swe_rx_fini(&rx);
+}
+
+/* A synthesized error without a message gets its error's own text
+ * (kills rx.c:221 `rx->term.message = ... sw_strerror(err) ...` deleted). */
+static void
+test_error_without_message_has_text(void **state)
+{
+    swe_rx rx;
+    uint64_t seqs[8];
+    sw_terminal t;
+    swe_rx_act a;
+    (void)state;
+    start(&rx);
+    assert_int_equal(swe_rx_fail(&rx, SW_DECODE_ERROR, NULL, 1, 1001, &a), 1);
+    assert_int_equal(drain(&rx, 1002, seqs, 8, &t), 0);
+    assert_non_null(t.message);
+    assert_string_equal(t.message, sw_strerror(SW_DECODE_ERROR));
+    assert_string_equal(t.reason, sw_err_name(SW_DECODE_ERROR));
+    swe_rx_fini(&rx);
+}
+
+/* backlog: full, the look dropped is the inner one whose two neighbours
+ * are closest in time, not the one closest to its predecessor. Looks at
+ * 0, 10, ..., 630 but the tenth at 95: neighbours' spans are 20 except 15
+ * around look 9 (80..95) and 25 around look 11; the gap to the predecessor
+ * is smallest at look 10 (90 -> 95). Look 9 (at 90) goes, 95 stays
+ * (kills backlog.c:26 `b->m[i + 1].at` -> `b->m[i].at`). */
+static void
+test_backlog_thins_by_neighbours(void **state)
+{
+    swe_backlog b;
+    int has90 = 0, has95 = 0;
+    (void)state;
+    swe_backlog_init(&b, 0);
+    for (unsigned i = 0; i < SWE_BACKLOG_MARKS; i++)
+        (void)swe_backlog_look(&b, i == 10 ? 95 : (int64_t)i * 10, 0, i + 1);
+    assert_int_equal(b.n, SWE_BACKLOG_MARKS);
+    (void)swe_backlog_look(&b, 10000, 0, SWE_BACKLOG_MARKS + 1); /* full: one goes */
+    assert_int_equal(b.n, SWE_BACKLOG_MARKS);
+    for (unsigned i = 0; i < b.n; i++) {
+        has90 |= b.m[i].at == 90;
+        has95 |= b.m[i].at == 95;
+    }
+    assert_false(has90);
+    assert_true(has95);
+}
+
 int
 main(void)
 {
@@ -3481,6 +3943,24 @@ main(void)
         cmocka_unit_test(test_unsealed_after_an_answer_ignored),
         cmocka_unit_test(test_migrate_credit_bound),
         cmocka_unit_test(test_migrate_history),
+        cmocka_unit_test(test_event_names_delivered),
+        cmocka_unit_test(test_actions_name_the_current_worker),
+        cmocka_unit_test(test_droppable_delivered),
+        cmocka_unit_test(test_terminal_message_copied),
+        cmocka_unit_test(test_history_copies_event),
+        cmocka_unit_test(test_textless_final_resent_is_duplicate),
+        cmocka_unit_test(test_stalled_at_the_limit_no_regrant),
+        cmocka_unit_test(test_stalled_at_the_byte_limit_no_regrant),
+        cmocka_unit_test(test_window_answer_taken_once),
+        cmocka_unit_test(test_run_filling_a_block_exactly),
+        cmocka_unit_test(test_new_worker_asked_at_once),
+        cmocka_unit_test(test_regrant_remembers_earlier_grants),
+        cmocka_unit_test(test_window_grows_at_a_quarter_queued),
+        cmocka_unit_test(test_terminal_item_is_clean),
+        cmocka_unit_test(test_migration_failed_for_a_loss_ends),
+        cmocka_unit_test(test_silence_counts_from_the_reconnect),
+        cmocka_unit_test(test_error_without_message_has_text),
+        cmocka_unit_test(test_backlog_thins_by_neighbours),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1105,6 +1105,210 @@ test_idq_pairs(void **state)
     swi_idq_fini(&q);
 }
 
+/* Tests from a mutation-testing pass (session 41): each fails with a
+ * mutant of the module that every test before it let live. */
+
+/* swi_idmap_snapshot_all (the router's every-stream snapshot, frontend.c)
+ * takes every value, each referenced once (kills sched.c:112 `return 1`
+ * -> `return 0` in swi_take_all: nothing taken). */
+static void
+test_idmap_snapshot_all_takes_all(void **state)
+{
+    swi_idmap m;
+    swi_ptrvec vec = {NULL, 0, 0};
+    due_obj o[3];
+    (void)state;
+    assert_int_equal(swi_idmap_init(&m, 8), 0);
+    for (int i = 0; i < 3; i++) {
+        memset(&o[i], 0, sizeof(o[i]));
+        o[i].id[0] = (uint8_t)(i + 1);
+        assert_int_equal(swi_idmap_put(&m, o[i].id, &o[i]), 0);
+    }
+    swi_idmap_snapshot_all(&m, &vec, due_ref);
+    assert_int_equal(vec.n, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_true(vec_has(&vec, &o[i]));
+        assert_int_equal(o[i].refs, 1);
+    }
+    free(vec.v);
+    swi_idmap_fini(&m);
+}
+
+/* A cell the table did not give out (another table's, a stray pointer, or
+ * a chunk's mark) is ignored by attach, detach and release: the count of
+ * attached cells stays, and the mark is never given out (kills sched.c:208
+ * `k < nchunks` -> `<=`, sched.c:213 `return -1` -> `return 0`, and
+ * sched.c:210 `cell > d` -> `>=`). */
+static void
+test_duetab_foreign_cell_ignored(void **state)
+{
+    swi_duetab t;
+    due_obj o, x;
+    int64_t stray = 5;
+    int64_t *c2;
+    (void)state;
+    swi_duetab_init(&t);
+    memset(&o, 0, sizeof(o));
+    memset(&x, 0, sizeof(x));
+    assert_non_null(o.due = swi_duetab_add(&t, &o, 100));
+    assert_int_equal(swi_duetab_attached(&t), 1);
+    swi_duetab_attach(&t, &stray, &x);
+    assert_int_equal(swi_duetab_attached(&t), 1);
+    swi_duetab_attach(&t, swi_due_mark(o.due), &x); /* the chunk's mark */
+    assert_int_equal(swi_duetab_attached(&t), 1);
+    swi_duetab_release(&t, &stray);
+    swi_duetab_release(&t, swi_due_mark(o.due));
+    assert_int_equal(swi_duetab_attached(&t), 1);
+    assert_int_equal(stray, 5);
+    /* what is given out next is a cell, not a mark */
+    assert_non_null(c2 = swi_duetab_add(&t, &x, 200));
+    assert_ptr_not_equal(c2, swi_due_mark(c2));
+    assert_ptr_not_equal(c2, o.due);
+    assert_int_equal(swi_duetab_attached(&t), 2);
+    swi_duetab_release(&t, c2);
+    swi_duetab_release(&t, o.due);
+    assert_int_equal(swi_duetab_attached(&t), 0);
+    swi_duetab_fini(&t);
+}
+
+/* Probe ids start at a random point below 2^62 (unguessable, and they never
+ * wrap to 0): kills sched.c:318 `swi_random(...)` deleted (all start at 0),
+ * sched.c:319 `& ((1 << 62) - 1)` -> `& (1 << 62)` (two values only) and
+ * the mask deleted (a start above 2^62). A false pass needs 8 draws to
+ * collide or all 8 to fall below 2^62 by chance (4^-8). */
+static void
+test_peers_probe_ids_random_start(void **state)
+{
+    uint64_t seen[8];
+    size_t distinct = 0;
+    (void)state;
+    for (int i = 0; i < 8; i++) {
+        swi_peers p;
+        swi_peers_init(&p, 1000, 500, 3);
+        assert_true(p.probe_seq < (UINT64_C(1) << 62));
+        seen[i] = p.probe_seq;
+        swi_peers_fini(&p);
+    }
+    for (int i = 0; i < 8; i++) {
+        int dup = 0;
+        for (int j = 0; j < i; j++)
+            dup |= seen[j] == seen[i];
+        distinct += !dup;
+    }
+    assert_true(distinct >= 3);
+}
+
+/* swi_peers_probe_out (probe.c: a "no responders" for a peer with no probe
+ * out is not about a probe) and swi_peers_deciding (probe.c: no new probe
+ * answer is trusted while a peer is being decided): neither is exercised
+ * by test_sched (kills sched.c:444 `&&` -> `||`, sched.c:451 `&&` -> `||`
+ * and `suspect || nr_pending` -> `&&`). */
+static void
+test_peers_probe_out_and_deciding(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int64_t silent = -1;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
+    assert_false(swi_peers_probe_out(&p, "nobody"));
+    assert_false(swi_peers_deciding(&p, "nobody"));
+    swi_peers_use(&p, "a", 0);
+    assert_false(swi_peers_probe_out(&p, "a"));
+    assert_false(swi_peers_deciding(&p, "a"));
+    assert_int_equal(round_at(&p, 100, UP, send, lost, &nlost), 1);
+    assert_true(swi_peers_probe_out(&p, "a"));
+    assert_false(swi_peers_deciding(&p, "a"));
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 120, UP, &silent, NULL), 0);
+    assert_false(swi_peers_probe_out(&p, "a"));
+    /* suspected (a stream's silence): deciding, without any bounce */
+    swi_peers_suspect(&p, "a");
+    assert_true(swi_peers_deciding(&p, "a"));
+    assert_int_equal(round_at(&p, 130, UP, send, lost, &nlost), 1); /* probed at once */
+    assert_int_equal(swi_peers_answer(&p, "a", 0, 140, UP, &silent, NULL), 0);
+    assert_false(swi_peers_deciding(&p, "a"));
+    /* a bounce inside the grace: pending (and suspect) until decided */
+    assert_int_equal(round_at(&p, 300, UP, send, lost, &nlost), 1);
+    assert_int_equal(swi_peers_answer(&p, "a", 1, 301, UP, &silent, NULL), 0);
+    assert_true(swi_peers_deciding(&p, "a"));
+    swi_peers_fini(&p);
+}
+
+/* A probe that timed out while the peer proved alive some other way (it
+ * streams) ends the run of misses; and a peer reported lost starts its
+ * count afresh (kills sched.c:500 and sched.c:512, `e->misses = 0;` deleted). */
+static void
+test_peers_misses_restart(void **state)
+{
+    swi_peers p;
+    swi_peer_id send[8];
+    swi_peer_lost lost[8];
+    size_t nlost;
+    int alive = 0;
+    (void)state;
+    swi_peers_init(&p, 100, 300, 2);
+    p.settle_ms = 0;
+    swi_peers_use(&p, "a", 0);
+    assert_int_equal(swi_peers_round(&p, 100, UP, alive_if, &alive, send, 8, lost, 8, &nlost), 1);
+    assert_int_equal(swi_peers_round(&p, 400, UP, alive_if, &alive, send, 8, lost, 8, &nlost), 1);
+    assert_int_equal(nlost, 0); /* miss 1 */
+    alive = 1;
+    assert_int_equal(swi_peers_round(&p, 700, UP, alive_if, &alive, send, 8, lost, 8, &nlost), 1);
+    assert_int_equal(nlost, 0); /* alive: the run ends */
+    alive = 0;
+    assert_int_equal(swi_peers_round(&p, 1000, UP, alive_if, &alive, send, 8, lost, 8, &nlost), 1);
+    assert_int_equal(nlost, 0); /* miss 1 of a new run, not 2 */
+    swi_peers_round(&p, 1300, UP, alive_if, &alive, send, 8, lost, 8, &nlost);
+    assert_int_equal(nlost, 1); /* miss 2: lost */
+    /* not released by the caller: the next loss needs two misses again */
+    swi_peers_round(&p, 1400, UP, alive_if, &alive, send, 8, lost, 8, &nlost);
+    swi_peers_round(&p, 1700, UP, alive_if, &alive, send, 8, lost, 8, &nlost);
+    assert_int_equal(nlost, 0);
+    swi_peers_round(&p, 2000, UP, alive_if, &alive, send, 8, lost, 8, &nlost);
+    assert_int_equal(nlost, 1);
+    swi_peers_fini(&p);
+}
+
+/* idq: entries are dated when added, whatever the clock reads (kills
+ * sched.c:625 `e->at = now;` deleted: every entry dated 0, so expired past
+ * ttl_ms of process time); a taken entry that leaves the ring later does
+ * not take a re-added entry of the same id with it (kills sched.c:649
+ * `e->live = 0;` deleted); an entry exactly ttl_ms old is forgotten when
+ * the next one is added (kills sched.c:613 `< ttl_ms` -> `<=`). */
+static void
+test_idq_dates_and_reuse(void **state)
+{
+    swi_idq q;
+    uint8_t x[16], y[16], z[16];
+    (void)state;
+    memset(x, 0, 16);
+    memset(y, 0, 16);
+    memset(z, 0, 16);
+    x[0] = 1;
+    y[0] = 2;
+    z[0] = 3;
+    assert_int_equal(swi_idq_init(&q, 2, 1000), 0);
+    swi_idq_add(&q, x, "r", 50000);
+    assert_non_null(swi_idq_find(&q, x, 50001));
+    /* taken, then the same id again, then another: the second X stays */
+    assert_int_equal(swi_idq_take(&q, x, "r"), 1);
+    swi_idq_add(&q, x, "r", 50002);
+    swi_idq_add(&q, y, "r", 50003);
+    assert_non_null(swi_idq_find(&q, x, 50004));
+    assert_int_equal(swi_idq_take(&q, x, "r"), 1);
+    swi_idq_fini(&q);
+    /* expiry at exactly ttl_ms: gone for find and for take */
+    assert_int_equal(swi_idq_init(&q, 4, 1000), 0);
+    swi_idq_add(&q, x, "r", 0);
+    swi_idq_add(&q, z, "r", 1000);
+    assert_null(swi_idq_find(&q, x, 1000));
+    assert_int_equal(swi_idq_take(&q, x, "r"), 0);
+    swi_idq_fini(&q);
+}
+
 int
 main(void)
 {
@@ -1136,6 +1340,12 @@ main(void)
         cmocka_unit_test(test_peers_own_connection_down),
         cmocka_unit_test(test_peers_round_caps),
         cmocka_unit_test(test_peers_settle_after_reconnect),
+        cmocka_unit_test(test_idmap_snapshot_all_takes_all),
+        cmocka_unit_test(test_duetab_foreign_cell_ignored),
+        cmocka_unit_test(test_peers_probe_ids_random_start),
+        cmocka_unit_test(test_peers_probe_out_and_deciding),
+        cmocka_unit_test(test_peers_misses_restart),
+        cmocka_unit_test(test_idq_dates_and_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

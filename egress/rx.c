@@ -647,6 +647,13 @@ swe_rx_on_item(swe_rx *rx, const swe_rx_in *in, int64_t now, swe_rx_act *act)
     if (in->credit_bytes != 0 && rx->cfg.window_bytes != 0)
         rx->bytes_on = 1;
     if (in->seq < rx->expected) {
+        if (in->kind == SWE_IN_FINAL && rx->final_seq == 0) {
+            /* No final was taken, so that seq was a data item's: two
+             * items at one seq. */
+            fail = SW_ITEM_AFTER_FINAL;
+            fail_msg = "the worker sent a final marker at a data item's seq";
+            goto fail;
+        }
         rx->st.duplicates++;
         return;
     }

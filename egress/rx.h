@@ -67,7 +67,7 @@
  *     and has been silent (as above) for idle_hb_ms + hb_ms is asked after
  *     (act->ask: the caller sends a stream PROBE and feeds a fresh answer
  *     that knows the stream as a heartbeat, a sign of life only); again every
- *     hb_ms while the silence lasts, until inactivity ends it. So one lost
+ *     hb_ms while the silence lasts, until its silence limit ends it. So one lost
  *     idle beat costs nothing, although the next comes idle_hb_ms later.
  *     Silence ends such a stream only once it was asked, and the first ask
  *     has had the time to be answered that it has on time (inactivity_ms -

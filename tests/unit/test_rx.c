@@ -1518,6 +1518,24 @@ test_data_and_final_at_one_seq(void **state)
     assert_int_equal(drain(&rx, 1003, seqs, 8, &t), 1);
     assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
     swe_rx_fini(&rx);
+    /* a data item taken in order, then a final at its seq (no final was
+     * taken: the seq was a data item's), also once the consumer popped it */
+    for (int popped = 0; popped < 2; popped++) {
+        sw_item it;
+        start(&rx);
+        data(&rx, 1, 1001);
+        data(&rx, 2, 1001);
+        if (popped) {
+            assert_int_equal(swe_rx_pop(&rx, 1001, &it, &a), 1);
+            assert_int_equal(swe_rx_pop(&rx, 1001, &it, &a), 1);
+            assert_int_equal(it.seq, 2);
+        }
+        a = final_at(&rx, 2, SW_STATUS_COMPLETED, "x", 1002);
+        assert_true(a.ended);
+        assert_int_equal(drain(&rx, 1003, seqs, 8, &t), popped ? 0 : 2);
+        assert_int_equal(t.error, SW_ITEM_AFTER_FINAL);
+        swe_rx_fini(&rx);
+    }
     /* and the same final again is still a duplicate */
     start(&rx);
     data(&rx, 1, 1001);

@@ -761,13 +761,21 @@ fail:
     (void)rx_fail(rx, fail, fail_msg, 1, now, act);
 }
 
+/* 1 if the stream asked for idle heartbeats, so that its silence is asked
+ * after (rx.h). */
+static int
+rx_asks(const swe_rx *rx)
+{
+    return rx->cfg.idle_hb_ms > rx->cfg.hb_ms;
+}
+
 /* When the next ask is due (rx.h: a stream that asked for idle heartbeats,
  * silent idle_hb_ms + hb_ms, then every hb_ms), INT64_MAX if it asked for
  * none. */
 static int64_t
 rx_ask_due(const swe_rx *rx)
 {
-    if (rx->cfg.idle_hb_ms <= rx->cfg.hb_ms)
+    if (!rx_asks(rx))
         return INT64_MAX;
     return rx->last_rx_ms + (rx->ask_wait != 0 ? (int64_t)rx->ask_wait
                                                : (int64_t)rx->cfg.idle_hb_ms + rx->cfg.hb_ms);
@@ -780,7 +788,7 @@ static int64_t
 rx_silence_limit(const swe_rx *rx)
 {
     int64_t on_time = (int64_t)rx->cfg.idle_hb_ms + rx->cfg.hb_ms;
-    if (rx->cfg.idle_hb_ms <= rx->cfg.hb_ms || on_time >= (int64_t)rx->cfg.inactivity_ms ||
+    if (!rx_asks(rx) || on_time >= (int64_t)rx->cfg.inactivity_ms ||
         rx->ask_wait == UINT32_MAX) /* no asks, none before the limit, or not known */
         return rx->cfg.inactivity_ms;
     if (rx->ask_wait == 0)
@@ -791,14 +799,15 @@ rx_silence_limit(const swe_rx *rx)
 int64_t
 swe_rx_next_due(const swe_rx *rx)
 {
-    int64_t due = INT64_MAX, gap = rx->cfg.gap_ms;
+    int64_t due = INT64_MAX, gap = rx->cfg.gap_ms, limit;
     if (rx->term_state == SWE_TERM_NONE) {
         if (rx->cfg.deadline_ms >= 0)
             due = rx->cfg.deadline_ms;
         if (rx->migrating)
             return due; /* only the deadline is judged */
-        if (rx_silence_limit(rx) != INT64_MAX && rx->last_rx_ms + rx_silence_limit(rx) < due)
-            due = rx->last_rx_ms + rx_silence_limit(rx);
+        limit = rx_silence_limit(rx);
+        if (limit != INT64_MAX && rx->last_rx_ms + limit < due)
+            due = rx->last_rx_ms + limit;
         if (rx_ask_due(rx) < due)
             due = rx_ask_due(rx);
         if (rx->gap_since_ms != 0) {
@@ -1026,7 +1035,7 @@ swe_rx_migrated(swe_rx *rx, int64_t now)
 void
 swe_rx_not_known(swe_rx *rx)
 {
-    if (rx->cfg.idle_hb_ms > rx->cfg.hb_ms)
+    if (rx_asks(rx))
         rx->ask_wait = UINT32_MAX;
 }
 
